@@ -1,0 +1,1 @@
+"""Config spaces of the shipped templates, one TOML file per kernel module."""

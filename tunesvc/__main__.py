@@ -1,0 +1,3 @@
+from tunesvc.cli import main
+
+main()

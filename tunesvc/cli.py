@@ -1,0 +1,279 @@
+"""`tune`: the command line. Each command is a thin layer over a library call."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+from typing import Any
+from typing import Callable
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn
+from rich.progress import MofNCompleteColumn
+from rich.progress import Progress
+from rich.progress import TextColumn
+from rich.progress import TimeElapsedColumn
+from rich.table import Table
+
+from tunesvc.errors import TunesvcError
+
+app = typer.Typer(
+    name="tune",
+    help="Tune Triton kernels once per GPU and shape, keep the results, look them up at run time.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+DbOption = Annotated[
+    Optional[str],
+    typer.Option("--db", envvar="TUNESVC_DB", help="SQLite file or SQLAlchemy URL [default: ./tune.db]."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+
+
+def user_errors(fn: Callable) -> Callable:
+    """A TunesvcError becomes one line on stderr and exit code 1, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TunesvcError as exc:
+            Console(stderr=True).print(f"[bold red]Error:[/bold red] {exc}", markup=True, highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+_SHORT = {"num_warps": "warps", "num_stages": "stages"}
+
+
+def _config_text(config: dict[str, int] | None) -> str:
+    """Compact, so a config fits a table cell: BLOCK_M=128 -> BM=128."""
+    if not config:
+        return "-"
+    return " ".join(f"{_SHORT.get(k, k.replace('BLOCK_', 'B'))}={v}" for k, v in config.items())
+
+
+def _problems(template, shapes: list[str], preset: str | None, dtype: str) -> list[dict]:
+    problems = [template.parse_shape(s, dtype) for s in shapes]
+    if preset is not None:
+        if preset not in template.presets:
+            names = ", ".join(template.presets) or "none"
+            raise TunesvcError(f"{template.name} has no preset '{preset}'; its presets: {names}.")
+        problems += [template.problem(**{"dtype": dtype, **p}) for p in template.presets[preset]]
+    if not problems:
+        raise TunesvcError("Give at least one --shape (e.g. 4096x4096x4096) or a --preset.")
+    return problems
+
+
+@app.command()
+@user_errors
+def kernels(as_json: JsonOption = False) -> None:
+    """List the kernel templates, their dims, version and space size."""
+    from tunesvc.template import list_templates
+
+    rows = [
+        {
+            "name": t.name, "dims": list(t.dims), "version": t.version, "space_size": t.space.size,
+            "presets": sorted(t.presets), "space_file": str(t.space_path),
+        }
+        for t in list_templates()
+    ]
+    if as_json:
+        return _print_json(rows)
+    table = Table(title="Kernel templates")
+    for column in ("kernel", "dims", "version", "configs", "presets"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["name"], "x".join(r["dims"]), r["version"], str(r["space_size"]), ", ".join(r["presets"]))
+    console.print(table)
+
+
+@app.command()
+@user_errors
+def space(
+    kernel: Annotated[str, typer.Argument(help="Kernel name (see `tune kernels`) or module:attribute.")],
+    shape: Annotated[Optional[str], typer.Option(help="Count feasible configs for this shape, e.g. 4096x4096x4096.")] = None,
+    dtype: Annotated[str, typer.Option(help="float16, bfloat16 or float32.")] = "float16",
+    as_json: JsonOption = False,
+) -> None:
+    """Show a kernel's config space: parameters, constraints, and feasible configs for a shape."""
+    from tunesvc.device import current_device
+    from tunesvc.template import get_template
+
+    template = get_template(kernel)
+    sp = template.space
+    data: dict[str, Any] = {
+        "kernel": template.name, "file": sp.source, "size": sp.size,
+        "parameters": {n: list(p.choices) for n, p in sp.parameters.items()},
+        "constraints": {n: e.source for n, e in sp.constraints.items()},
+    }
+    if shape is not None:
+        problem = template.parse_shape(shape, dtype)
+        device = current_device()
+        data.update(shape_key=str(template.key(problem)), device=device.name,
+                    feasible=len(template.feasible(problem, device)), heuristic=template.heuristic(problem, device))
+    if as_json:
+        return _print_json(data)
+    table = Table(title=f"{template.name}: {sp.size} configs ({sp.source})")
+    table.add_column("parameter")
+    table.add_column("choices")
+    for name, choices in data["parameters"].items():
+        table.add_row(name, ", ".join(map(str, choices)))
+    console.print(table)
+    constraints = Table(title="Constraints")
+    constraints.add_column("name")
+    constraints.add_column("expression")
+    for name, source in data["constraints"].items():
+        constraints.add_row(name, source)
+    console.print(constraints)
+    if shape is not None:
+        console.print(
+            f"{data['shape_key']} on {data['device']}: {data['feasible']} feasible of {sp.size}; "
+            f"heuristic {_config_text(data['heuristic'])}"
+        )
+
+
+@app.command()
+@user_errors
+def sweep(
+    kernel: Annotated[str, typer.Argument(help="Kernel name (see `tune kernels`) or module:attribute.")],
+    shape: Annotated[Optional[list[str]], typer.Option("--shape", "-s", help="A problem shape, e.g. 4096x4096x4096 (repeatable).")] = None,
+    preset: Annotated[Optional[str], typer.Option(help="A named problem set of the kernel (see `tune kernels`).")] = None,
+    dtype: Annotated[str, typer.Option(help="float16, bfloat16 or float32.")] = "float16",
+    strategy: Annotated[str, typer.Option(help="grid (every feasible config) or optuna (TPE).")] = "grid",
+    budget: Annotated[Optional[int], typer.Option(help="Most trials per shape, stored ones included [grid: all; optuna: 50].")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the sampler.")] = 0,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Benchmark configs for each shape on this device, store every trial and the winners."""
+    from tunesvc.device import current_device
+    from tunesvc.store import Store
+    from tunesvc.sweep import run_sweep
+    from tunesvc.template import get_template
+
+    template = get_template(kernel)
+    problems = _problems(template, shape or [], preset, dtype)
+    store = Store(db)
+    device = current_device()
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[best]}"),
+        TimeElapsedColumn(), console=Console(stderr=True), disable=as_json,
+    )
+    tasks: dict[str, Any] = {}
+
+    def on_start(problem: dict, key: str, limit: int) -> None:
+        tasks[key] = progress.add_task(key, total=limit, best="")
+
+    def on_trial(event) -> None:
+        best = f"best {event.best_ms:.4g} ms" if event.best_ms is not None else ""
+        progress.update(tasks[event.shape_key], completed=event.index, best=best)
+
+    with progress:
+        results = run_sweep(template, problems, store, strategy=strategy, budget=budget, seed=seed,
+                            device=device, on_start=on_start, on_trial=on_trial)
+    if as_json:
+        return _print_json([r.__dict__ for r in results])
+    table = Table(title=f"{template.name} on {device.name} ({store.url})")
+    for column in ("shape key", "winner", "ms", "heuristic ms", "speed-up", "trials", "failed", "s"):
+        table.add_column(column)
+    for r in results:
+        speedup = f"{r.heuristic_ms / r.winner_ms:.2f}x" if r.heuristic_ms and r.winner_ms else "-"
+        table.add_row(
+            r.shape_key, _config_text(r.winner), f"{r.winner_ms:.4g}" if r.winner_ms else "-",
+            f"{r.heuristic_ms:.4g}" if r.heuristic_ms else "-", speedup,
+            f"{r.trials_stored} (+{r.trials_new})", str(r.failures), f"{r.wall_seconds:.1f}",
+        )
+    console.print(table)
+
+
+@app.command()
+@user_errors
+def show(
+    kernel: Annotated[Optional[str], typer.Option(help="Only this kernel.")] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the stored winners, one row per kernel, device and shape key."""
+    from tunesvc.store import Store
+
+    store = Store(db, readonly=True)
+    winners = store.winners(kernel=kernel)
+    counts = store.trial_counts(kernel=kernel)
+    if as_json:
+        return _print_json({"winners": [w.to_dict() for w in winners], "trials": counts})
+    table = Table(title=f"Winners in {store.url}")
+    for column in ("kernel", "version", "device", "shape key", "config", "ms"):
+        table.add_column(column)
+    for w in winners:
+        table.add_row(w.kernel, w.kernel_version, w.device, w.shape_key, _config_text(w.config), f"{w.time_ms:.4g}")
+    console.print(table)
+    failed = sum(n for status, n in counts.items() if status != "ok")
+    console.print(f"{len(winners)} winners, {sum(counts.values())} trials, {failed} failed or invalid.")
+
+
+@app.command()
+@user_errors
+def lookup(
+    kernel: Annotated[str, typer.Argument(help="Kernel name or module:attribute.")],
+    shape: Annotated[str, typer.Option("--shape", "-s", help="The problem, e.g. 1000x3000x777.")],
+    dtype: Annotated[str, typer.Option(help="float16, bfloat16 or float32.")] = "float16",
+    db: DbOption = None,
+    bundle: Annotated[Optional[Path], typer.Option(help="Read winners from this bundle instead of a database.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The config the runtime would launch with on this device, and how it was found."""
+    from tunesvc.runtime import Runtime
+    from tunesvc.store import resolve_url
+    from tunesvc.template import get_template
+
+    template = get_template(kernel)
+    problem = template.parse_shape(shape, dtype)
+    runtime = Runtime(bundle=bundle) if bundle is not None else Runtime(db=resolve_url(db))
+    result = runtime.lookup(template, **problem)
+    if as_json:
+        return _print_json(result.to_dict())
+    where = f" (tuned key {result.matched_key}, distance {result.distance:.2f})" if result.source == "nearest" else ""
+    console.print(f"{result.key} on {runtime.device.name}: [bold]{result.source}[/bold]{where}")
+    console.print(_config_text(result.config))
+
+
+@app.command()
+@user_errors
+def export(
+    out: Annotated[Path, typer.Option(help="A .json file (one device) or a folder (one file per device).")] = Path("tunesvc-bundles"),
+    kernel: Annotated[Optional[str], typer.Option(help="Only this kernel.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="Only this device hardware id (see `tune show --json`).")] = None,
+    db: DbOption = None,
+) -> None:
+    """Write the winners as JSON bundles for deployment (one per device)."""
+    from tunesvc.export import build_bundles
+    from tunesvc.export import write_bundles
+    from tunesvc.store import Store
+
+    store = Store(db, readonly=True)
+    for path in write_bundles(build_bundles(store, kernel=kernel, hardware_id=device), out):
+        console.print(f"wrote {path}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
+
+

@@ -1,0 +1,117 @@
+"""What a measurement was taken on: a GPU's fingerprint, or Triton's CPU interpreter.
+
+Timings are only comparable on the same hardware, so every trial and winner points at a
+device row. Two ids matter: ``hardware_id`` (GPU model, compute capability, SM count) decides
+whose winners the runtime may use; ``fingerprint`` adds driver, CUDA, torch and Triton versions,
+so a software upgrade is visible in the store without hiding the tuned configs from the runtime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import asdict
+from dataclasses import dataclass
+from functools import cache
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str  # "cuda" or "interpreter"
+    name: str
+    capability: str
+    sm_count: int
+    memory_bytes: int
+    max_shared_memory: int
+    max_num_regs: int
+    driver: str
+    cuda: str
+    torch: str
+    triton: str
+
+    @property
+    def hardware_id(self) -> str:
+        return f"{self.name}|sm_{self.capability.replace('.', '')}|{self.sm_count}SM"
+
+    @property
+    def fingerprint(self) -> str:
+        data = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == "cuda"
+
+    def limits(self) -> dict[str, int]:
+        """The names that space constraints may use."""
+        return {
+            "max_shared_memory": self.max_shared_memory,
+            "sm_count": self.sm_count,
+            "max_num_regs": self.max_num_regs,
+        }
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "hardware_id": self.hardware_id, "fingerprint": self.fingerprint}
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@cache
+def current_device() -> Device:
+    """The device this process measures on: the current CUDA GPU, else the interpreter."""
+    import torch
+    import triton
+
+    if torch.cuda.is_available() and not interpreting():
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        limits = triton.runtime.driver.active.utils.get_device_properties(index)
+        return Device(
+            kind="cuda",
+            name=props.name,
+            capability=f"{props.major}.{props.minor}",
+            sm_count=props.multi_processor_count,
+            memory_bytes=props.total_memory,
+            max_shared_memory=int(limits["max_shared_mem"]),
+            max_num_regs=int(limits["max_num_regs"]),
+            driver=_nvidia_driver(),
+            cuda=str(torch.version.cuda),
+            torch=torch.__version__,
+            triton=triton.__version__,
+        )
+    # The interpreter has no shared memory or register file: its limits never prune a config,
+    # and its timings are its own, stored under this device and never mixed with a GPU's.
+    return Device(
+        kind="interpreter",
+        name=f"triton-interpreter ({platform.machine()})",
+        capability="0.0",
+        sm_count=os.cpu_count() or 1,
+        memory_bytes=0,
+        max_shared_memory=1 << 30,
+        max_num_regs=1 << 30,
+        driver="",
+        cuda="",
+        torch=torch.__version__,
+        triton=triton.__version__,
+    )
+
+
+def _nvidia_driver() -> str:
+    try:
+        import pynvml  # nvidia-ml-py, present where the CUDA stack is
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:
+        return "unknown"
+
+
+def torch_device() -> str:
+    """Where tensors for the current device live."""
+    return "cuda" if current_device().is_gpu else "cpu"

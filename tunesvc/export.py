@@ -1,0 +1,99 @@
+"""Deployment bundles: the winners of one device as a reviewable, diff-friendly JSON file.
+
+Format (``format_version`` 1)::
+
+    {"format": "tunesvc-bundle", "format_version": 1,
+     "device": {"hardware_id": ..., "name": ..., "capability": ..., "sm_count": ...},
+     "kernels": {"matmul": {"version": "<source hash>", "torch": ..., "triton": ...,
+                            "winners": {"<shape key>": {"config": {...}, "time_ms": ...}}}}}
+
+Keys are sorted and the file is indented, so a re-tune shows up as a readable diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+
+from tunesvc.errors import TunesvcError
+
+if TYPE_CHECKING:
+    from tunesvc.store import Store
+
+FORMAT = "tunesvc-bundle"
+FORMAT_VERSION = 1
+
+
+def build_bundles(store: Store, kernel: str | None = None, hardware_id: str | None = None) -> dict[str, dict[str, Any]]:
+    """One bundle per device hardware id in the store (filtered by kernel / device).
+
+    Where a kernel was tuned in several versions, a bundle holds the most recently tuned one;
+    where several software stacks tuned one key, the newest measurement.
+    """
+    devices = {d.hardware_id: d for d in store.devices()}  # later rows win: the newest software
+    entries = sorted(store.winners(kernel=kernel, hardware_id=hardware_id), key=lambda e: e.updated_at)
+    latest = {(e.hardware_id, e.kernel): e.kernel_version for e in entries}
+    bundles: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        if latest[(entry.hardware_id, entry.kernel)] != entry.kernel_version:
+            continue
+        device = devices[entry.hardware_id]
+        bundle = bundles.setdefault(entry.hardware_id, {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "device": {
+                "hardware_id": device.hardware_id, "name": device.name,
+                "capability": device.capability, "sm_count": device.sm_count,
+            },
+            "kernels": {},
+        })
+        section = bundle["kernels"].setdefault(entry.kernel, {
+            "version": entry.kernel_version, "torch": device.torch, "triton": device.triton, "winners": {},
+        })
+        section["winners"][entry.shape_key] = {"config": entry.config, "time_ms": round(entry.time_ms, 6)}
+    return bundles
+
+
+def bundle_filename(hardware_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", hardware_id).strip("_") + ".json"
+
+
+def write_bundles(bundles: dict[str, dict[str, Any]], out: str | os.PathLike) -> list[Path]:
+    """Write to ``out``: a .json file for one device, else a folder with one file per device."""
+    out = Path(out)
+    if not bundles:
+        raise TunesvcError("Nothing to export: the store has no winners for that kernel and device; run `tune sweep` first.")
+    if out.suffix == ".json":
+        if len(bundles) > 1:
+            raise TunesvcError(
+                f"The store has winners of {len(bundles)} devices; pass --device or give --out a folder."
+            )
+        targets = {out: next(iter(bundles.values()))}
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        targets = {out / bundle_filename(hw): b for hw, b in bundles.items()}
+    for path, bundle in targets.items():
+        path.write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
+    return list(targets)
+
+
+def read_bundle(path: str | os.PathLike) -> dict[str, Any]:
+    """Load and check a bundle; a corrupt or foreign file is one clear error."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TunesvcError(f"No bundle at {path}; check the path or run `tune export`.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TunesvcError(f"{path} is not valid JSON ({exc}); re-export it with `tune export`.") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise TunesvcError(f"{path} is not a tunesvc bundle; re-export it with `tune export`.")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise TunesvcError(
+            f"{path} has bundle format {data.get('format_version')}, this tunesvc reads {FORMAT_VERSION}; re-export it."
+        )
+    return data

@@ -1,0 +1,50 @@
+"""The search protocol.
+
+A :class:`Strategy` proposes configs and learns from their measurements, one at a time::
+
+    strategy = make_strategy("optuna", space, candidates, seed=0)
+    for config, measurement in already_stored:      # resume: replay what is known
+        strategy.tell(config, measurement)
+    while (config := strategy.ask()) is not None:   # None: nothing left to propose
+        strategy.tell(config, bench.measure(config))
+
+``candidates`` is the feasible set for the problem and device (constraints already applied);
+``initial`` configs are proposed first (warm start: the heuristic, neighbouring winners).
+The sweep owns the budget; a strategy only decides what to try next.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING
+
+from tunesvc.space import config_hash
+
+if TYPE_CHECKING:
+    from tunesvc.bench import Measurement
+    from tunesvc.space import Config
+    from tunesvc.space import Space
+
+
+class Strategy(abc.ABC):
+    name: str
+
+    def __init__(self, space: Space, candidates: list[Config], *, seed: int = 0, initial: list[Config] = ()) -> None:
+        self.space = space
+        self.candidates = candidates
+        self.seed = seed
+        self._feasible = {config_hash(c) for c in candidates}
+        self.initial = [c for c in initial if config_hash(c) in self._feasible]
+        self.told: dict[str, Measurement] = {}
+
+    @property
+    def exhausted(self) -> bool:
+        return self._feasible <= self.told.keys()
+
+    @abc.abstractmethod
+    def ask(self) -> Config | None:
+        """The next config to measure, or None when the strategy has nothing left."""
+
+    def tell(self, config: Config, measurement: Measurement) -> None:
+        """Record a measurement (of a config this strategy proposed, or a stored one)."""
+        self.told[config_hash(config)] = measurement

@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from tunesvc.search._base import Strategy
+from tunesvc.space import Config
+from tunesvc.space import config_hash
+
+
+class GridStrategy(Strategy):
+    """Every feasible config once, warm-start configs first, then in the space's order."""
+
+    name = "grid"
+
+    def ask(self) -> Config | None:
+        for config in (*self.initial, *self.candidates):
+            if config_hash(config) not in self.told:
+                return config
+        return None

@@ -1,0 +1,297 @@
+"""Config spaces: declared in TOML, enumerated for a grid, sampled through Optuna, hashed.
+
+A space file looks like::
+
+    [params]                    # kernel meta-parameters (tl.constexpr)
+    BLOCK_M = [32, 64, 128]     # an explicit list of choices
+    BLOCK_K = { pow2 = [16, 128] }   # every power of two in [16, 128]
+
+    [launch]                    # launch options: num_warps, num_stages, ...
+    num_warps = [4, 8]
+
+    [constraints]               # name = boolean expression over params, launch options,
+    smem = "(BLOCK_M + BLOCK_N) * BLOCK_K * elem_bytes * num_stages <= max_shared_memory"
+
+Constraint expressions see the config's names, the template's problem variables (e.g. M, N,
+K, elem_bytes) and the device's limits (max_shared_memory, sm_count, max_num_regs). They are
+parsed with :mod:`ast` and evaluated by a small whitelist interpreter, never ``eval``: a space
+file may come from anyone on the team.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+import json
+import math
+import operator
+import tomllib
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+
+from tunesvc.errors import TunesvcError
+
+if TYPE_CHECKING:
+    import optuna
+
+Config = dict[str, int]
+
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+DEVICE_VARS = ("max_shared_memory", "sm_count", "max_num_regs")
+
+
+def config_hash(config: Config) -> str:
+    """Canonical hash of a config: the same names and values give the same hash in any order."""
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _next_pow2(x: int) -> int:
+    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
+
+
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_CMPOPS = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
+_FUNCS = {"min": min, "max": max, "abs": abs, "next_pow2": _next_pow2, "cdiv": lambda a, b: -(-a // b)}
+
+
+class Expression:
+    """A constraint expression, checked at load time and evaluated without ``eval``.
+
+    Written by hand because the grammar is a dozen AST node types; a dependency would be
+    larger than this class.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        try:
+            self._tree = ast.parse(source, mode="eval").body
+        except SyntaxError as exc:
+            raise ValueError(f"is not a valid expression ({exc.msg})") from None
+        self.names = set()
+        self._check(self._tree)
+
+    def _check(self, node: ast.AST) -> None:
+        if isinstance(node, ast.Constant):
+            if not isinstance(node.value, (int, float, bool)):
+                raise ValueError(f"uses the literal {node.value!r}; only numbers are allowed")
+        elif isinstance(node, ast.Name):
+            self.names.add(node.id)
+        elif isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            self._check(node.left)
+            self._check(node.right)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
+            self._check(node.operand)
+        elif isinstance(node, ast.Compare) and all(type(op) in _CMPOPS for op in node.ops):
+            self._check(node.left)
+            for comparator in node.comparators:
+                self._check(comparator)
+        elif isinstance(node, ast.BoolOp):
+            for value in node.values:
+                self._check(value)
+        elif isinstance(node, ast.IfExp):
+            for part in (node.test, node.body, node.orelse):
+                self._check(part)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _FUNCS
+            and not node.keywords
+        ):
+            for arg in node.args:
+                self._check(arg)
+        else:
+            allowed = ", ".join(sorted(_FUNCS))
+            raise ValueError(
+                f"uses '{ast.unparse(node)}', which is not allowed "
+                f"(arithmetic, comparisons, and/or/not, and {allowed} only)"
+            )
+
+    def __call__(self, env: dict[str, Any]) -> Any:
+        return self._eval(self._tree, env)
+
+    def _eval(self, node: ast.AST, env: dict[str, Any]) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return env[node.id]
+        if isinstance(node, ast.BinOp):
+            return _BINOPS[type(node.op)](self._eval(node.left, env), self._eval(node.right, env))
+        if isinstance(node, ast.UnaryOp):
+            value = self._eval(node.operand, env)
+            return -value if isinstance(node.op, ast.USub) else not value
+        if isinstance(node, ast.Compare):
+            left = self._eval(node.left, env)
+            for op, comparator in zip(node.ops, node.comparators):
+                right = self._eval(comparator, env)
+                if not _CMPOPS[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(node, ast.BoolOp):
+            values = (self._eval(v, env) for v in node.values)
+            return all(values) if isinstance(node.op, ast.And) else any(values)
+        if isinstance(node, ast.IfExp):
+            branch = node.body if self._eval(node.test, env) else node.orelse
+            return self._eval(branch, env)
+        assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        return _FUNCS[node.func.id](*(self._eval(arg, env) for arg in node.args))
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    choices: tuple[int, ...]
+    is_launch_option: bool = False
+
+
+@dataclass
+class Space:
+    """The configs a template can be launched with, and the rules that prune them."""
+
+    parameters: dict[str, Parameter]
+    constraints: dict[str, Expression] = field(default_factory=dict)
+    source: str = "<memory>"
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.parameters)
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(p.choices) for p in self.parameters.values())
+
+    @classmethod
+    def from_toml(cls, path: str | Path, problem_vars: tuple[str, ...] = ()) -> Space:
+        """Load and validate a space file; any problem is one line naming the file and key."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise TunesvcError(f"{path}: space file not found; check the path.") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise TunesvcError(f"{path}: not valid TOML ({exc}); fix the syntax.") from None
+        return cls.from_dict(data, source=str(path), problem_vars=problem_vars)
+
+    @classmethod
+    def from_dict(
+        cls, data: dict[str, Any], source: str = "<memory>", problem_vars: tuple[str, ...] = ()
+    ) -> Space:
+        def fail(key: str, problem: str) -> TunesvcError:
+            return TunesvcError(f"{source}: [{key}] {problem}.")
+
+        unknown = set(data) - {"params", "launch", "constraints"}
+        if unknown:
+            raise fail(sorted(unknown)[0], "is not a known section; use [params], [launch] or [constraints]")
+        parameters: dict[str, Parameter] = {}
+        for section in ("params", "launch"):
+            table = data.get(section, {})
+            if not isinstance(table, dict):
+                raise fail(section, "must be a table of name = choices")
+            for name, spec in table.items():
+                key = f"{section}.{name}"
+                if section == "launch" and name not in LAUNCH_OPTIONS:
+                    raise fail(key, f"is not a launch option; use one of {', '.join(LAUNCH_OPTIONS)}")
+                if section == "params" and name in LAUNCH_OPTIONS:
+                    raise fail(key, "is a launch option; declare it under [launch]")
+                if name in parameters:
+                    raise fail(key, "is declared twice")
+                parameters[name] = Parameter(name, _parse_choices(spec, lambda p, k=key: fail(k, p)), section == "launch")
+        if not parameters:
+            raise fail("params", "declares no parameters; a space needs at least one")
+        known = set(parameters) | set(problem_vars) | set(DEVICE_VARS)
+        constraints: dict[str, Expression] = {}
+        table = data.get("constraints", {})
+        if not isinstance(table, dict):
+            raise fail("constraints", 'must be a table of name = "expression"')
+        for name, text in table.items():
+            key = f"constraints.{name}"
+            if not isinstance(text, str):
+                raise fail(key, 'must be an expression in a string, e.g. "BLOCK_M <= 128"')
+            try:
+                expr = Expression(text)
+            except ValueError as exc:
+                raise fail(key, str(exc)) from None
+            missing = sorted(expr.names - known)
+            if missing:
+                raise fail(key, f"uses unknown name '{missing[0]}'; known names are {', '.join(sorted(known))}")
+            constraints[name] = expr
+        return cls(parameters, constraints, source)
+
+    def violations(self, config: Config, problem_env: dict[str, Any], device_env: dict[str, Any]) -> list[str]:
+        """Names of the constraints this config breaks (empty when it is feasible)."""
+        env = {**device_env, **problem_env, **config}
+        return [name for name, expr in self.constraints.items() if not expr(env)]
+
+    def validate(self, config: Config) -> None:
+        """Raise a one-line error if a config names unknown parameters or values outside the space."""
+        for name, value in config.items():
+            if name not in self.parameters:
+                raise TunesvcError(
+                    f"Unknown parameter '{name}' in config; this space has {', '.join(self.names)}."
+                )
+            if value not in self.parameters[name].choices:
+                choices = ", ".join(map(str, self.parameters[name].choices))
+                raise TunesvcError(f"{name}={value} is outside the space; choose one of {choices}.")
+        missing = [n for n in self.parameters if n not in config]
+        if missing:
+            raise TunesvcError(f"Config lacks {', '.join(missing)}; give a value for every parameter.")
+
+    def enumerate(self) -> list[Config]:
+        """Every config in the space, constraints not applied, in a stable order."""
+        names = self.names
+        return [dict(zip(names, values)) for values in itertools.product(*(self.parameters[n].choices for n in names))]
+
+    def feasible(self, problem_env: dict[str, Any], device_env: dict[str, Any]) -> list[Config]:
+        return [c for c in self.enumerate() if not self.violations(c, problem_env, device_env)]
+
+    def suggest(self, trial: optuna.Trial) -> Config:
+        """Draw a config through an Optuna trial (one categorical per parameter)."""
+        return {name: trial.suggest_categorical(name, list(p.choices)) for name, p in self.parameters.items()}
+
+    def distributions(self) -> dict[str, Any]:
+        import optuna
+
+        return {name: optuna.distributions.CategoricalDistribution(list(p.choices)) for name, p in self.parameters.items()}
+
+
+def _parse_choices(spec: Any, fail) -> tuple[int, ...]:
+    if isinstance(spec, list):
+        if not spec:
+            raise fail("has no choices; list at least one value")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in spec):
+            raise fail("must list integers only")
+        if len(set(spec)) != len(spec):
+            raise fail("lists a value twice")
+        return tuple(spec)
+    if isinstance(spec, dict) and set(spec) == {"pow2"}:
+        bounds = spec["pow2"]
+        if (
+            not isinstance(bounds, list)
+            or len(bounds) != 2
+            or not all(isinstance(v, int) and v > 0 and v & (v - 1) == 0 for v in bounds)
+            or bounds[0] > bounds[1]
+        ):
+            raise fail("pow2 must be [low, high], two powers of two with low <= high")
+        low, high = bounds
+        return tuple(1 << e for e in range(low.bit_length() - 1, high.bit_length()))
+    raise fail("must be a list of integers or { pow2 = [low, high] }")

@@ -1,0 +1,291 @@
+"""The store's logic: one :class:`Store` over any SQLAlchemy URL (SQLite file by default).
+
+Every write is its own transaction, committed before the sweep moves on: a sweep killed
+midway loses at most the trial in flight, and the next run finds the rest.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import asdict
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Iterator
+
+from sqlalchemy import create_engine
+from sqlalchemy import event
+from sqlalchemy import func
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import DatabaseError
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+from sqlalchemy.orm import sessionmaker
+
+from tunesvc.errors import TunesvcError
+from tunesvc.store.models import SCHEMA_VERSION
+from tunesvc.store.models import Base
+from tunesvc.store.models import KernelVersion
+from tunesvc.store.models import Meta
+from tunesvc.store.models import StoredDevice
+from tunesvc.store.models import Sweep
+from tunesvc.store.models import Trial
+from tunesvc.store.models import Winner
+from tunesvc.store.models import utcnow
+
+if TYPE_CHECKING:
+    from tunesvc.bench import Measurement
+    from tunesvc.device import Device
+    from tunesvc.space import Config
+    from tunesvc.template import Template
+
+DEFAULT_DB = "tune.db"
+
+
+def resolve_url(db: str | os.PathLike | None = None) -> str:
+    """--db value, else $TUNESVC_DB, else ./tune.db; a plain path means a SQLite file."""
+    db = str(db) if db is not None else os.environ.get("TUNESVC_DB", DEFAULT_DB)
+    return db if "://" in db else f"sqlite:///{db}"
+
+
+@dataclass(frozen=True)
+class WinnerEntry:
+    """A winner as users see it (detached from the ORM session)."""
+
+    kernel: str
+    kernel_version: str
+    device: str
+    hardware_id: str
+    shape_key: str
+    config: dict[str, int]
+    time_ms: float
+    updated_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "updated_at": self.updated_at.isoformat()}
+
+
+class Store:
+    """Database access for sweeps, the CLI and the runtime loader.
+
+    ``readonly=True`` opens a SQLite file without changing it in any way (not even its journal
+    mode) and refuses a path with no database: inspection must never create or alter files.
+    """
+
+    def __init__(self, db: str | os.PathLike | None = None, *, readonly: bool = False) -> None:
+        self.url = resolve_url(db)
+        try:
+            url = make_url(self.url)
+        except ArgumentError:
+            raise TunesvcError(f"'{self.url}' is not a database URL; pass a file path or a SQLAlchemy URL to --db.") from None
+        self.is_sqlite = url.get_backend_name() == "sqlite"
+        self.path = url.database if self.is_sqlite else None
+        self.readonly = readonly
+        if self.is_sqlite and self.path not in (None, "", ":memory:"):
+            path = Path(self.path)
+            if readonly and not path.exists():
+                raise TunesvcError(f"No database at {path}; run `tune sweep` first or pass --db.")
+            if path.is_dir():
+                raise TunesvcError(f"{path} is a directory; pass a database file to --db.")
+            if not readonly and not path.parent.exists():
+                raise TunesvcError(f"Cannot create {path}: folder {path.parent} does not exist.")
+            if readonly:
+                url = url.set(database=f"file:{path.resolve()}?mode=ro", query={"uri": "true"})
+        try:
+            self.engine = create_engine(url)
+        except Exception as exc:  # a missing DBAPI driver, a malformed URL
+            raise TunesvcError(f"Cannot use database '{self.url}': {exc}.") from None
+        if self.is_sqlite:
+            event.listen(self.engine, "connect", self._sqlite_pragmas)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        with self._errors():
+            self._prepare_schema()
+
+    def _sqlite_pragmas(self, dbapi_connection, _record) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA busy_timeout = 30000")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        if not self.readonly:
+            # WAL lets readers (the runtime, `tune show`) run beside a sweep that writes
+            cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+
+    def _prepare_schema(self) -> None:
+        tables = set(sa_inspect(self.engine).get_table_names())
+        if "tunesvc_meta" in tables:
+            with self._sessions() as session:
+                row = session.get(Meta, "schema_version")
+            found = int(row.value) if row else 0
+            if found > SCHEMA_VERSION:
+                raise TunesvcError(
+                    f"{self._where()} has schema version {found}, newer than this tunesvc ({SCHEMA_VERSION}); upgrade tunesvc."
+                )
+            return
+        if tables and "trials" not in tables:
+            raise TunesvcError(f"{self._where()} holds other tables, not a tunesvc database; pass another --db.")
+        if self.readonly:
+            raise TunesvcError(f"{self._where()} is not a tunesvc database yet; run `tune sweep` first.")
+        Base.metadata.create_all(self.engine)
+        with self.session() as session:
+            session.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+
+    def _where(self) -> str:
+        return self.path if self.is_sqlite and self.path else self.engine.url.render_as_string(hide_password=True)
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Turn the database's own failures into one line that says what to do."""
+        try:
+            yield
+        except TunesvcError:
+            raise
+        except DatabaseError as exc:
+            text = str(exc.orig) if getattr(exc, "orig", None) else str(exc)
+            where = self._where()
+            if "file is not a database" in text or "file is encrypted" in text:
+                raise TunesvcError(f"{where} is not a SQLite database; pass another --db path.") from None
+            if "readonly" in text or "read-only" in text:
+                raise TunesvcError(f"{where} is read-only; make it writable or pass another --db.") from None
+            if "unable to open" in text:
+                raise TunesvcError(f"Cannot open {where}; check that the folder exists and is writable.") from None
+            if isinstance(exc, OperationalError):
+                raise TunesvcError(f"Database {where} failed: {text.splitlines()[0]}; check the --db URL and server.") from None
+            raise
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction: committed on success, rolled back on any error."""
+        with self._errors(), self._sessions() as session, session.begin():
+            yield session
+
+    # -- identities ---------------------------------------------------------------------
+    def device_id(self, device: Device) -> int:
+        with self.session() as session:
+            row = session.scalar(select(StoredDevice).where(StoredDevice.fingerprint == device.fingerprint))
+            if row is None:
+                fields = {k: v for k, v in device.to_dict().items() if k != "fingerprint"}
+                row = StoredDevice(fingerprint=device.fingerprint, **fields)
+                session.add(row)
+                session.flush()
+            return row.id
+
+    def kernel_version_id(self, template: Template) -> int:
+        with self.session() as session:
+            query = select(KernelVersion).where(
+                KernelVersion.kernel == template.name, KernelVersion.version == template.version
+            )
+            row = session.scalar(query)
+            if row is None:
+                row = KernelVersion(kernel=template.name, version=template.version)
+                session.add(row)
+                session.flush()
+            return row.id
+
+    # -- sweeps and trials --------------------------------------------------------------
+    def start_sweep(self, kv_id: int, device_id: int, shape_key: str, problem: dict, strategy: str, budget: int | None, seed: int) -> int:
+        with self.session() as session:
+            row = Sweep(
+                kernel_version_id=kv_id, device_id=device_id, shape_key=shape_key,
+                problem=problem, strategy=strategy, budget=budget, seed=seed,
+            )
+            session.add(row)
+            session.flush()
+            return row.id
+
+    def finish_sweep(self, sweep_id: int, wall_seconds: float) -> None:
+        with self.session() as session:
+            row = session.get(Sweep, sweep_id)
+            row.status = "done"
+            row.finished_at = utcnow()
+            row.wall_seconds = wall_seconds
+
+    def trials(self, kv_id: int, device_id: int, shape_key: str) -> list[Trial]:
+        with self.session() as session:
+            query = select(Trial).where(
+                Trial.kernel_version_id == kv_id, Trial.device_id == device_id, Trial.shape_key == shape_key
+            ).order_by(Trial.id)
+            return list(session.scalars(query))
+
+    def add_trial(self, sweep_id: int, kv_id: int, device_id: int, shape_key: str, config: Config, config_hash: str, m: Measurement) -> Trial | None:
+        """Store one measurement; None if another writer stored the same config first."""
+        row = Trial(
+            sweep_id=sweep_id, kernel_version_id=kv_id, device_id=device_id, shape_key=shape_key,
+            config=config, config_hash=config_hash, status=m.status.value, time_ms=m.time_ms,
+            spread=m.spread, reps=m.reps, rel_error=_finite(m.rel_error), message=m.message,
+        )
+        try:
+            with self.session() as session:
+                session.add(row)
+        except IntegrityError:
+            return None
+        return row
+
+    def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> Winner | None:
+        """Make the fastest correct trial of this key the winner (or none, if none is correct)."""
+        with self.session() as session:
+            best = session.scalar(
+                select(Trial).where(
+                    Trial.kernel_version_id == kv_id, Trial.device_id == device_id,
+                    Trial.shape_key == shape_key, Trial.status == "ok",
+                ).order_by(Trial.time_ms, Trial.id).limit(1)
+            )
+            if best is None:
+                return None
+            winner = session.scalar(
+                select(Winner).where(
+                    Winner.kernel_version_id == kv_id, Winner.device_id == device_id, Winner.shape_key == shape_key
+                )
+            )
+            if winner is None:
+                winner = Winner(kernel_version_id=kv_id, device_id=device_id, shape_key=shape_key)
+                session.add(winner)
+            winner.config, winner.config_hash = best.config, best.config_hash
+            winner.time_ms, winner.trial_id = best.time_ms, best.id
+            session.flush()
+            return winner
+
+    # -- reading ------------------------------------------------------------------------
+    def winners(self, kernel: str | None = None, hardware_id: str | None = None, version: str | None = None) -> list[WinnerEntry]:
+        with self.session() as session:
+            query = select(Winner).join(Winner.kernel_version).join(Winner.device)
+            if kernel is not None:
+                query = query.where(KernelVersion.kernel == kernel)
+            if hardware_id is not None:
+                query = query.where(StoredDevice.hardware_id == hardware_id)
+            if version is not None:
+                query = query.where(KernelVersion.version == version)
+            query = query.order_by(KernelVersion.kernel, StoredDevice.name, Winner.shape_key, Winner.updated_at)
+            return [
+                WinnerEntry(
+                    kernel=w.kernel_version.kernel, kernel_version=w.kernel_version.version,
+                    device=w.device.name, hardware_id=w.device.hardware_id, shape_key=w.shape_key,
+                    config=dict(w.config), time_ms=w.time_ms, updated_at=w.updated_at,
+                )
+                for w in session.scalars(query).unique()
+            ]
+
+    def devices(self) -> list[StoredDevice]:
+        with self.session() as session:
+            return list(session.scalars(select(StoredDevice).order_by(StoredDevice.id)))
+
+    def trial_counts(self, kernel: str | None = None) -> dict[str, int]:
+        """Trials by status (for the summary line of `tune show`)."""
+        with self.session() as session:
+            query = select(Trial.status, func.count()).group_by(Trial.status)
+            if kernel is not None:
+                query = query.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(KernelVersion.kernel == kernel)
+            return dict(session.execute(query).all())
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is None or x == x and abs(x) != float("inf") else None

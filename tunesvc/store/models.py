@@ -1,0 +1,118 @@
+"""The database schema (SQLAlchemy 2 typed ORM).
+
+devices -< sweeps >- kernel_versions; every trial row belongs to one sweep and carries its
+(kernel version, device, shape key, config hash), unique together: a config is measured once
+per key and device, and re-running a sweep reuses what is there. One winner row per (kernel
+version, device, shape key).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from datetime import timezone
+from typing import Any
+
+from sqlalchemy import JSON
+from sqlalchemy import ForeignKey
+from sqlalchemy import String
+from sqlalchemy import UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.orm import Mapped
+from sqlalchemy.orm import mapped_column
+from sqlalchemy.orm import relationship
+
+SCHEMA_VERSION = 1
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON}
+
+
+class Meta(Base):
+    __tablename__ = "tunesvc_meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(256))
+
+
+class StoredDevice(Base):
+    __tablename__ = "devices"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(32), unique=True)
+    hardware_id: Mapped[str] = mapped_column(String(256), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(256))
+    capability: Mapped[str] = mapped_column(String(16))
+    sm_count: Mapped[int]
+    memory_bytes: Mapped[int]
+    max_shared_memory: Mapped[int]
+    max_num_regs: Mapped[int]
+    driver: Mapped[str] = mapped_column(String(64))
+    cuda: Mapped[str] = mapped_column(String(64))
+    torch: Mapped[str] = mapped_column(String(64))
+    triton: Mapped[str] = mapped_column(String(64))
+    first_seen: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class KernelVersion(Base):
+    __tablename__ = "kernel_versions"
+    __table_args__ = (UniqueConstraint("kernel", "version"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kernel: Mapped[str] = mapped_column(String(128), index=True)
+    version: Mapped[str] = mapped_column(String(64))
+    first_seen: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Sweep(Base):
+    __tablename__ = "sweeps"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kernel_version_id: Mapped[int] = mapped_column(ForeignKey("kernel_versions.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    shape_key: Mapped[str] = mapped_column(String(512))
+    problem: Mapped[dict[str, Any]]
+    strategy: Mapped[str] = mapped_column(String(32))
+    budget: Mapped[int | None]
+    seed: Mapped[int]
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    wall_seconds: Mapped[float | None]
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("kernel_version_id", "device_id", "shape_key", "config_hash"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id"))
+    kernel_version_id: Mapped[int] = mapped_column(ForeignKey("kernel_versions.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    shape_key: Mapped[str] = mapped_column(String(512), index=True)
+    config: Mapped[dict[str, Any]]
+    config_hash: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(32))
+    time_ms: Mapped[float | None]
+    spread: Mapped[float | None]
+    reps: Mapped[int] = mapped_column(default=0)
+    rel_error: Mapped[float | None]
+    message: Mapped[str | None] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Winner(Base):
+    __tablename__ = "winners"
+    __table_args__ = (UniqueConstraint("kernel_version_id", "device_id", "shape_key"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kernel_version_id: Mapped[int] = mapped_column(ForeignKey("kernel_versions.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    shape_key: Mapped[str] = mapped_column(String(512))
+    config: Mapped[dict[str, Any]]
+    config_hash: Mapped[str] = mapped_column(String(32))
+    time_ms: Mapped[float]
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    kernel_version: Mapped[KernelVersion] = relationship(lazy="joined")
+    device: Mapped[StoredDevice] = relationship(lazy="joined")

@@ -1,0 +1,147 @@
+"""A sweep: for each problem, search the template's space on this device and store it all.
+
+Per problem: shape key -> the trials already stored for (kernel version, device, key) are
+replayed into the strategy (so a killed sweep resumes, and a repeated one costs nothing) ->
+ask/measure/store/tell until the budget or the space runs out -> the fastest correct trial
+becomes the key's winner.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from typing import Callable
+
+from tunesvc.bench import Bench
+from tunesvc.bench import Measurement
+from tunesvc.bench import Status
+from tunesvc.device import Device
+from tunesvc.device import current_device
+from tunesvc.errors import TunesvcError
+from tunesvc.search import make_strategy
+from tunesvc.space import config_hash
+
+if TYPE_CHECKING:
+    from tunesvc.space import Config
+    from tunesvc.store import Store
+    from tunesvc.template import Problem
+    from tunesvc.template import Template
+
+DEFAULT_OPTUNA_BUDGET = 50
+
+
+@dataclass
+class TrialEvent:
+    """What a progress display needs after each trial."""
+
+    problem: Problem
+    shape_key: str
+    index: int  # trials of this key so far, stored ones included
+    budget: int
+    config: Config
+    measurement: Measurement
+    best_ms: float | None
+
+
+@dataclass
+class ProblemResult:
+    problem: Problem
+    shape_key: str
+    winner: Config | None
+    winner_ms: float | None
+    heuristic: Config
+    heuristic_ms: float | None
+    trials_new: int
+    trials_stored: int
+    failures: int
+    wall_seconds: float
+
+
+def run_sweep(
+    template: Template,
+    problems: list[Problem],
+    store: Store,
+    *,
+    strategy: str = "grid",
+    budget: int | None = None,
+    seed: int = 0,
+    device: Device | None = None,
+    on_start: Callable[[Problem, str, int], None] | None = None,
+    on_trial: Callable[[TrialEvent], None] | None = None,
+) -> list[ProblemResult]:
+    """Tune ``template`` on every problem; returns one result per problem, in order."""
+    if budget is not None and budget < 1:
+        raise TunesvcError(f"--budget must be at least 1, got {budget}.")
+    device = device or current_device()
+    kv_id = store.kernel_version_id(template)
+    device_id = store.device_id(device)
+    results = []
+    for problem in problems:
+        started = time.perf_counter()
+        key = str(template.key(problem))
+        candidates = template.feasible(problem, device)
+        if not candidates:
+            raise TunesvcError(
+                f"No config of {template.name}'s space fits {key} on {device.name}; widen search_spaces/{template.name}.toml."
+            )
+        heuristic = template.heuristic(problem, device)
+        limit = len(candidates) if budget is None and strategy == "grid" else budget or DEFAULT_OPTUNA_BUDGET
+        limit = min(limit, len(candidates))
+        search = make_strategy(strategy, template.space, candidates, seed=seed, initial=[heuristic])
+        stored = store.trials(kv_id, device_id, key)
+        for row in stored:
+            search.tell(dict(row.config), _measurement(row))
+        measured = {row.config_hash: row for row in stored}
+        best = min((r.time_ms for r in stored if r.status == "ok"), default=None)
+        if on_start:
+            on_start(problem, key, limit)
+        sweep_id = store.start_sweep(kv_id, device_id, key, problem, strategy, budget, seed)
+        bench: Bench | None = None
+        new = 0
+        while len(search.told) < limit:
+            config = search.ask()
+            if config is None:
+                break
+            h = config_hash(config)
+            if h in measured:  # a strategy may propose a stored config again
+                search.tell(config, _measurement(measured[h]))
+                continue
+            bench = bench or Bench(template, problem, device)
+            m = bench.measure(config)
+            row = store.add_trial(sweep_id, kv_id, device_id, key, config, h, m)
+            if row is not None:
+                measured[h] = row
+                new += 1
+            search.tell(config, m)
+            if m.ok and (best is None or m.time_ms < best):
+                best = m.time_ms
+            if on_trial:
+                on_trial(TrialEvent(problem, key, len(search.told), limit, config, m, best))
+        winner = store.update_winner(kv_id, device_id, key)
+        rows = store.trials(kv_id, device_id, key)
+        heuristic_row = next((r for r in rows if r.config_hash == config_hash(heuristic)), None)
+        wall = time.perf_counter() - started
+        store.finish_sweep(sweep_id, wall)
+        results.append(
+            ProblemResult(
+                problem=problem,
+                shape_key=key,
+                winner=dict(winner.config) if winner else None,
+                winner_ms=winner.time_ms if winner else None,
+                heuristic=heuristic,
+                heuristic_ms=heuristic_row.time_ms if heuristic_row and heuristic_row.status == "ok" else None,
+                trials_new=new,
+                trials_stored=len(rows),
+                failures=sum(r.status != Status.OK.value for r in rows),
+                wall_seconds=wall,
+            )
+        )
+    return results
+
+
+def _measurement(row) -> Measurement:
+    return Measurement(
+        Status(row.status), time_ms=row.time_ms, spread=row.spread, reps=row.reps,
+        rel_error=row.rel_error, message=row.message,
+    )

@@ -1,0 +1,232 @@
+"""Templates: one Triton kernel family, everything tunesvc needs to tune and launch it.
+
+A template subclasses :class:`Template` and sets ``name``. The life cycle of one problem:
+
+1. ``problem(**kwargs)`` normalises and validates what the user gave (shape, dtype);
+2. ``key(problem)`` is the part of it the best config depends on (a :class:`ShapeKey`);
+3. ``make_inputs(problem, device)`` makes fresh random inputs, ``reference(inputs)`` the
+   float32/float64 torch answer, ``launch(inputs, config)`` runs the kernel with one config;
+4. ``heuristic(problem, device)`` is the config used when nothing is tuned;
+5. ``cost(problem)`` gives FLOPs and the fewest bytes moved, for roofline fractions.
+
+The space lives in ``search_spaces/<name>.toml`` beside the kernels folder (or wherever
+``space_path`` points). The version is a hash of the template's module source, so an edited
+kernel never reuses configs tuned for the old one.
+
+Shipped templates are found by name in :mod:`tunesvc.kernels`; users' own templates load by
+``module:attribute`` or through the ``tunesvc.templates`` entry point group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import math
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import ClassVar
+
+from tunesvc.errors import TunesvcError
+from tunesvc.space import Config
+from tunesvc.space import Space
+
+if TYPE_CHECKING:
+    from tunesvc.device import Device
+
+Problem = dict[str, Any]
+
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class Cost:
+    flops: float
+    bytes: float
+
+
+@dataclass(frozen=True)
+class ShapeKey:
+    """What the best config depends on: bucketed integer dims plus exact categorical fields."""
+
+    dims: tuple[tuple[str, int], ...]
+    fields: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def make(cls, dims: dict[str, int], fields: dict[str, str]) -> ShapeKey:
+        return cls(tuple(dims.items()), tuple(sorted(fields.items())))
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in (*self.dims, *self.fields))
+
+    @classmethod
+    def parse(cls, text: str) -> ShapeKey:
+        dims, fields = {}, {}
+        for part in text.split(","):
+            name, _, value = part.partition("=")
+            if value.isdigit():
+                dims[name] = int(value)
+            else:
+                fields[name] = value
+        return cls(tuple(dims.items()), tuple(sorted(fields.items())))
+
+    def distance(self, other: ShapeKey) -> float:
+        """Distance in log2 space over dims; infinite when a categorical field differs."""
+        if self.fields != other.fields or [k for k, _ in self.dims] != [k for k, _ in other.dims]:
+            return math.inf
+        return math.sqrt(
+            sum((math.log2(a) - math.log2(b)) ** 2 for (_, a), (_, b) in zip(self.dims, other.dims))
+        )
+
+
+def pow2_bucket(x: int) -> int:
+    """Round up to a power of two: dims that vary at run time (batch, tokens) share configs."""
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+class Template:
+    """Base class of every kernel template; see the module docstring for the protocol."""
+
+    name: ClassVar[str]
+    #: the problem's integer dims in the order a shape string "AxBxC" gives them
+    dims: ClassVar[tuple[str, ...]]
+    #: named problem sets for sweeps: preset name -> list of problems (dicts)
+    presets: ClassVar[dict[str, list[Problem]]] = {}
+
+    # -- identity -----------------------------------------------------------------------
+    @cached_property
+    def version(self) -> str:
+        source = inspect.getsource(inspect.getmodule(type(self)))
+        return hashlib.sha256(source.encode()).hexdigest()[:12]
+
+    @property
+    def space_path(self) -> Path:
+        module_file = Path(inspect.getfile(type(self)))
+        return module_file.parent.parent / "search_spaces" / f"{self.name}.toml"
+
+    @cached_property
+    def space(self) -> Space:
+        return Space.from_toml(self.space_path, problem_vars=tuple(self.problem_vars_names()))
+
+    # -- problems -----------------------------------------------------------------------
+    def problem(self, **kwargs: Any) -> Problem:
+        """Normalise and validate a problem; one clear error when it is impossible."""
+        unknown = set(kwargs) - set(self.dims) - {"dtype"}
+        if unknown:
+            raise TunesvcError(
+                f"{self.name} takes {', '.join(self.dims)} and dtype, not {', '.join(sorted(unknown))}."
+            )
+        problem: Problem = {}
+        for dim in self.dims:
+            value = kwargs.get(dim)
+            if value is None:
+                raise TunesvcError(f"{self.name} needs {dim}; give every one of {', '.join(self.dims)}.")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TunesvcError(f"{self.name}: {dim}={value!r} is impossible; dims are positive integers.")
+            problem[dim] = value
+        dtype = str(kwargs.get("dtype", "float16")).removeprefix("torch.")
+        if dtype not in DTYPES:
+            raise TunesvcError(f"{self.name}: dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
+        problem["dtype"] = dtype
+        return problem
+
+    def parse_shape(self, text: str, dtype: str = "float16") -> Problem:
+        """'4096x4096x4096' (dims in order) or 'M=4096,N=4096,K=4096' -> a problem."""
+        text = text.strip()
+        if "=" in text:
+            pairs = [p.split("=", 1) for p in text.split(",")]
+            values: dict[str, Any] = {k.strip(): v.strip() for k, v in pairs}
+        else:
+            parts = re.split(r"[x×*]", text)
+            if len(parts) != len(self.dims):
+                raise TunesvcError(
+                    f"Shape '{text}' has {len(parts)} dims but {self.name} takes "
+                    f"{len(self.dims)} ({'x'.join(self.dims)}); write e.g. {'x'.join(['128'] * len(self.dims))}."
+                )
+            values = dict(zip(self.dims, parts))
+        values.setdefault("dtype", dtype)
+        for dim in self.dims:
+            if dim in values:
+                try:
+                    values[dim] = int(values[dim])
+                except ValueError:
+                    raise TunesvcError(f"Shape '{text}': {dim}={values[dim]} is not an integer.") from None
+        return self.problem(**values)
+
+    def problem_vars_names(self) -> list[str]:
+        return [*self.dims, "elem_bytes"]
+
+    def problem_vars(self, problem: Problem) -> dict[str, Any]:
+        """The names a space constraint may use about the problem."""
+        import torch
+
+        return {**{d: problem[d] for d in self.dims}, "elem_bytes": getattr(torch, problem["dtype"]).itemsize}
+
+    # -- the protocol each template implements ------------------------------------------
+    def key(self, problem: Problem) -> ShapeKey:
+        raise NotImplementedError
+
+    def make_inputs(self, problem: Problem, device: Device) -> Any:
+        raise NotImplementedError
+
+    def launch(self, inputs: Any, config: Config) -> Any:
+        raise NotImplementedError
+
+    def reference(self, inputs: Any) -> Any:
+        raise NotImplementedError
+
+    def heuristic(self, problem: Problem, device: Device) -> Config:
+        raise NotImplementedError
+
+    def cost(self, problem: Problem) -> Cost:
+        raise NotImplementedError
+
+    def tolerance(self, problem: Problem) -> float:
+        """Largest accepted ||out - ref|| / ||ref|| for this problem's dtype."""
+        return {"float16": 5e-3, "bfloat16": 2e-2, "float32": 1e-2}[problem["dtype"]]
+
+    def feasible(self, problem: Problem, device: Device) -> list[Config]:
+        return self.space.feasible(self.problem_vars(problem), device.limits())
+
+    def violations(self, config: Config, problem: Problem, device: Device) -> list[str]:
+        return self.space.violations(config, self.problem_vars(problem), device.limits())
+
+
+SHIPPED = ("matmul",)
+
+
+def get_template(name: str) -> Template:
+    """A template by shipped name, entry point name, or ``package.module:attribute``."""
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise TunesvcError(f"Cannot load template '{name}' ({exc}); check the module path.") from None
+        return _instantiate(obj, name)
+    if name in SHIPPED:
+        return _instantiate(importlib.import_module(f"tunesvc.kernels.{name}").TEMPLATE, name)
+    for ep in entry_points(group="tunesvc.templates"):
+        if ep.name == name:
+            return _instantiate(ep.load(), name)
+    raise TunesvcError(
+        f"Unknown kernel '{name}'; run `tune kernels` to list them, or pass a template as module:attribute."
+    )
+
+
+def list_templates() -> list[Template]:
+    names = list(SHIPPED) + [ep.name for ep in entry_points(group="tunesvc.templates") if ep.name not in SHIPPED]
+    return [get_template(n) for n in names]
+
+
+def _instantiate(obj: Any, name: str) -> Template:
+    if isinstance(obj, type) and issubclass(obj, Template):
+        obj = obj()
+    if not isinstance(obj, Template):
+        raise TunesvcError(f"'{name}' is not a tunesvc Template; subclass tunesvc.Template.")
+    return obj

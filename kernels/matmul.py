@@ -116,6 +116,18 @@ class MatmulTemplate(Template):
         ],
     }
 
+    # The Triton matmul tutorial's CUDA autotune list (python/tutorials/03-matrix-multiplication.py),
+    # less its two num_warps=2 entries, which lie outside this space.
+    known_good = tuple(
+        {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": w, "num_stages": s}
+        for m, n, k, s, w in (
+            (128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
+            (64, 128, 32, 4, 4), (128, 32, 32, 4, 4), (128, 256, 128, 3, 8), (256, 128, 128, 3, 8),
+            (256, 64, 128, 4, 4), (64, 256, 128, 4, 4), (128, 128, 128, 4, 4), (128, 64, 64, 4, 4),
+            (64, 128, 64, 4, 4), (128, 32, 64, 4, 4),
+        )
+    )
+
     def key(self, problem: Problem) -> ShapeKey:
         # M (tokens, batch) varies at run time and shares configs by power-of-two bucket;
         # N and K come from weights and are kept exact.

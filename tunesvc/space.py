@@ -268,10 +268,16 @@ class Space:
         """Draw a config through an Optuna trial (one categorical per parameter)."""
         return {name: trial.suggest_categorical(name, list(p.choices)) for name, p in self.parameters.items()}
 
-    def distributions(self) -> dict[str, Any]:
+    def distributions(self, candidates: list[Config] | None = None) -> dict[str, Any]:
+        """Optuna distributions of the parameters; with ``candidates``, only the values they use."""
         import optuna
 
-        return {name: optuna.distributions.CategoricalDistribution(list(p.choices)) for name, p in self.parameters.items()}
+        def choices(name: str) -> list[int]:
+            if candidates is None:
+                return list(self.parameters[name].choices)
+            return [v for v in self.parameters[name].choices if any(c[name] == v for c in candidates)]
+
+        return {name: optuna.distributions.CategoricalDistribution(choices(name)) for name in self.parameters}
 
 
 def _parse_choices(spec: Any, fail) -> tuple[int, ...]:

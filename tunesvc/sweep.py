@@ -88,7 +88,8 @@ def run_sweep(
         heuristic = template.heuristic(problem, device)
         limit = len(candidates) if budget is None and strategy == "grid" else budget or DEFAULT_OPTUNA_BUDGET
         limit = min(limit, len(candidates))
-        search = make_strategy(strategy, template.space, candidates, seed=seed, initial=[heuristic])
+        initial = template.warm_start(problem, device)
+        search = make_strategy(strategy, template.space, candidates, seed=seed, initial=initial)
         stored = store.trials(kv_id, device_id, key)
         for row in stored:
             search.tell(dict(row.config), _measurement(row))

@@ -190,6 +190,13 @@ class Template:
         """Largest accepted ||out - ref|| / ||ref|| for this problem's dtype."""
         return {"float16": 5e-3, "bfloat16": 2e-2, "float32": 1e-2}[problem["dtype"]]
 
+    #: configs known to do well elsewhere (e.g. a tutorial's autotune list), tried first
+    known_good: ClassVar[tuple[Config, ...]] = ()
+
+    def warm_start(self, problem: Problem, device: Device) -> list[Config]:
+        """Configs a search should measure first: the heuristic, then the known-good ones."""
+        return [self.heuristic(problem, device), *self.known_good]
+
     def feasible(self, problem: Problem, device: Device) -> list[Config]:
         return self.space.feasible(self.problem_vars(problem), device.limits())
 

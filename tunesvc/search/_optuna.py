@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING
 
 import optuna
@@ -12,17 +13,19 @@ if TYPE_CHECKING:
     from tunesvc.bench import Measurement
     from tunesvc.space import Space
 
-# Optuna proposes from the whole space; infeasible or repeated proposals cost no benchmark,
-# so it may take many of them before it finds a new feasible config.
-MAX_PROPOSALS_PER_ASK = 2000
+# Infeasible or repeated proposals cost no benchmark, but each one is a study trial that makes
+# the next TPE ask slower; past this many misses in a row, a random unmeasured candidate is used.
+MAX_MISSES_PER_ASK = 50
 
 
 class OptunaStrategy(Strategy):
     """Optuna's TPE sampler over the space's categorical parameters.
 
-    Infeasible proposals are told to the study as failed (no benchmark is spent); a proposal
-    already measured is told its stored value at once. Stored trials from an earlier run are
-    added to the study, so a resumed sweep samples where the killed one left off.
+    Each parameter is sampled only among the values that occur in the feasible set (for M=16
+    that is BLOCK_M=16 alone); a proposal that still breaks a constraint is told to the study
+    as failed, with no benchmark spent, and one already measured is told its stored value.
+    Stored trials from an earlier run are added to the study, so a resumed sweep samples where
+    the killed one left off.
     """
 
     name = "optuna"
@@ -32,16 +35,18 @@ class OptunaStrategy(Strategy):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(1, len(candidates) // 4)))
         self.study = optuna.create_study(direction="minimize", sampler=sampler)
+        self._distributions = space.distributions(candidates)
+        self._rng = random.Random(seed)
         for config in self.initial:
             self.study.enqueue_trial(config, skip_if_exists=True)
         self._pending: dict[str, optuna.Trial] = {}
 
     def ask(self) -> Config | None:
-        for _ in range(MAX_PROPOSALS_PER_ASK):
+        for _ in range(MAX_MISSES_PER_ASK):
             if self.exhausted:
                 return None
-            trial = self.study.ask()
-            config = self.space.suggest(trial)
+            trial = self.study.ask(self._distributions)
+            config = {name: trial.params[name] for name in self.space.names}
             key = config_hash(config)
             if key not in self._feasible:
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -52,20 +57,20 @@ class OptunaStrategy(Strategy):
             else:
                 self._pending[key] = trial
                 return config
-        # TPE keeps proposing known configs: fall back to the first unmeasured candidate
-        return next((c for c in self.candidates if config_hash(c) not in self.told), None)
+        left = [c for c in self.candidates if config_hash(c) not in self.told and config_hash(c) not in self._pending]
+        return self._rng.choice(left) if left else None
 
     def tell(self, config: Config, measurement: Measurement) -> None:
         super().tell(config, measurement)
         trial = self._pending.pop(config_hash(config), None)
         if trial is not None:
             self._tell_study(trial, measurement)
-        else:
+        elif config_hash(config) in self._feasible:  # a stored result: teach the sampler
             state = optuna.trial.TrialState.COMPLETE if measurement.ok else optuna.trial.TrialState.FAIL
             self.study.add_trial(
                 optuna.trial.create_trial(
                     params=config,
-                    distributions=self.space.distributions(),
+                    distributions=self._distributions,
                     value=measurement.time_ms if measurement.ok else None,
                     state=state,
                 )

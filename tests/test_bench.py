@@ -1,0 +1,120 @@
+"""Bench: every candidate is checked against the reference before it is timed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import tunesvc
+from tunesvc import Bench
+from tunesvc import Status
+from tunesvc.bench import relative_error
+from tunesvc.kernels.matmul import MatmulTemplate
+
+SHAPE = {"M": 20, "N": 33, "K": 20}
+SMALL = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+
+
+class _Matmul(MatmulTemplate):
+    """A matmul template subclass that keeps the shipped space file and counts launches."""
+
+    space_path = tunesvc.get_template("matmul").space_path
+
+    def __init__(self) -> None:
+        self.launches = 0
+
+    def launch(self, inputs, config):
+        self.launches += 1
+        return super().launch(inputs, config)
+
+
+class WrongAnswer(_Matmul):
+    def launch(self, inputs, config):
+        return super().launch(inputs, config) * 1.5
+
+
+class Crashes(_Matmul):
+    def launch(self, inputs, config):
+        self.launches += 1
+        raise RuntimeError("boom\nsecond line")
+
+
+class WrongShape(_Matmul):
+    def launch(self, inputs, config):
+        return super().launch(inputs, config)[:, :-1]
+
+
+@pytest.fixture
+def problem(template):
+    return template.problem(**SHAPE, dtype="float32")
+
+
+def test_measure_ok(template, problem, device):
+    bench = Bench(template, problem, device)
+    assert bench.inputs[0].shape == (20, 20) and bench.inputs[1].shape == (20, 33)
+    assert bench.inputs[0].abs().sum() > 0  # random, never zeros
+    m = bench.measure(SMALL)
+    assert m.status is Status.OK and m.ok
+    assert m.time_ms is not None and m.time_ms > 0
+    assert m.reps >= 1
+    assert m.spread is not None and m.spread >= 0
+    assert m.rel_error is not None and m.rel_error < 1e-5
+    assert m.message is None
+
+
+def test_measure_ok_half_precision(template, device):
+    problem = template.problem(**SHAPE, dtype="bfloat16")
+    m = Bench(template, problem, device).measure(SMALL)
+    assert m.status is Status.OK
+    assert m.rel_error < template.tolerance(problem)
+
+
+def test_infeasible_config_is_invalid_and_never_launched(problem, device):
+    tpl = _Matmul()
+    bad = {**SMALL, "GROUP_M": 8, "BLOCK_M": 64}  # one tile-row: breaks "group"; 64 > next_pow2(20): "tile_m"
+    m = Bench(tpl, problem, device).measure(bad)
+    assert m.status is Status.INVALID
+    assert "group" in m.message and "tile_m" in m.message
+    assert m.time_ms is None
+    assert tpl.launches == 0
+
+
+def test_wrong_result_is_never_timed(problem, device):
+    tpl = WrongAnswer()
+    m = Bench(tpl, problem, device).measure(SMALL)
+    assert m.status is Status.WRONG_RESULT
+    assert not m.ok
+    assert m.time_ms is None and m.reps == 0
+    assert m.rel_error == pytest.approx(0.5, rel=1e-3)
+    assert "relative error" in m.message
+    assert tpl.launches == 1  # the correctness check only
+
+
+def test_launch_that_raises_is_an_error(problem, device):
+    tpl = Crashes()
+    m = Bench(tpl, problem, device).measure(SMALL)
+    assert m.status is Status.ERROR
+    assert m.time_ms is None
+    assert m.message.startswith("RuntimeError")
+    assert "\n" not in m.message
+    assert tpl.launches == 1
+
+
+def test_wrong_output_shape_is_recorded_not_raised(problem, device):
+    # BUG: bench.py Bench.measure calls relative_error(out, self.ref) outside its try block;
+    # an output of the wrong shape raises RuntimeError out of measure() and kills the sweep
+    # instead of being recorded ("a candidate's failure is data, not a crash of the sweep").
+    m = Bench(WrongShape(), problem, device).measure(SMALL)
+    assert m.status in (Status.WRONG_RESULT, Status.ERROR)
+    assert m.time_ms is None
+
+
+def test_relative_error():
+    ref = torch.tensor([3.0, 4.0])
+    assert relative_error(ref.clone(), ref) == 0.0
+    assert relative_error(torch.tensor([3.0, 5.0]), ref) == pytest.approx(1 / 5)
+    assert relative_error(torch.tensor([3.0, float("nan")]), ref) == math.inf
+    assert relative_error(torch.tensor([float("inf"), 4.0]), ref) == math.inf
+    assert relative_error(torch.tensor([3.0, 4.0], dtype=torch.float16), ref) == 0.0

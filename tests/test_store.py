@@ -1,0 +1,285 @@
+"""Store: a real SQLite file through SQLAlchemy; read-only opens never touch a file."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import tunesvc
+from tunesvc import Status
+from tunesvc import TunesvcError
+from tunesvc import config_hash
+from tunesvc.bench import Measurement
+from tunesvc.cli import app
+from tunesvc.store import Store
+from tunesvc.store import resolve_url
+from tunesvc.store.models import SCHEMA_VERSION
+
+KEY = "M=64,N=45,K=29,dtype=float16"
+
+
+def cfg(bm: int, stages: int = 2) -> dict:
+    return {"BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": stages}
+
+
+def ok(ms: float) -> Measurement:
+    return Measurement(Status.OK, time_ms=ms, spread=0.1, reps=3, rel_error=1e-4)
+
+
+@pytest.fixture
+def store(tmp_db):
+    s = Store(tmp_db)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def ids(store, template, device):
+    kv = store.kernel_version_id(template)
+    dev = store.device_id(device)
+    sweep = store.start_sweep(kv, dev, KEY, {"M": 37, "N": 45, "K": 29, "dtype": "float16"}, "grid", 3, 0)
+    return kv, dev, sweep
+
+
+def add(store, ids, config, m, key=KEY):
+    kv, dev, sweep = ids
+    return store.add_trial(sweep, kv, dev, key, config, config_hash(config), m)
+
+
+def test_resolve_url(monkeypatch):
+    assert resolve_url("x.db") == "sqlite:///x.db"
+    assert resolve_url("/abs/x.db") == "sqlite:////abs/x.db"
+    assert resolve_url("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert resolve_url() == "sqlite:///tune.db"
+    monkeypatch.setenv("TUNESVC_DB", "env.db")
+    assert resolve_url() == "sqlite:///env.db"
+
+
+def test_new_store_creates_the_schema(tmp_db):
+    Store(tmp_db).close()
+    assert Path(tmp_db).is_file()
+    con = sqlite3.connect(tmp_db)
+    try:
+        tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+        version = con.execute("select value from tunesvc_meta where key='schema_version'").fetchone()
+    finally:
+        con.close()
+    assert {"tunesvc_meta", "devices", "kernel_versions", "sweeps", "trials", "winners"} <= tables
+    assert version == (str(SCHEMA_VERSION),)
+
+
+def test_identities_are_idempotent(store, template, device):
+    kv = store.kernel_version_id(template)
+    dev = store.device_id(device)
+    assert store.kernel_version_id(template) == kv
+    assert store.device_id(device) == dev
+    # a reopened store finds the same rows
+    again = Store(store.path)
+    try:
+        assert again.kernel_version_id(template) == kv
+        assert again.device_id(device) == dev
+        [row] = again.devices()
+        assert row.fingerprint == device.fingerprint
+        assert row.hardware_id == device.hardware_id
+    finally:
+        again.close()
+
+
+def test_add_trial_round_trip(store, ids):
+    kv, dev, _ = ids
+    row = add(store, ids, cfg(16), ok(2.5))
+    assert row is not None and row.id is not None
+    add(store, ids, cfg(32), Measurement(Status.WRONG_RESULT, rel_error=float("inf"), message="relative error inf"))
+    add(store, ids, cfg(16), ok(9.0), key="M=64,N=45,K=30,dtype=float16")  # another key
+    trials = store.trials(kv, dev, KEY)
+    assert [t.config for t in trials] == [cfg(16), cfg(32)]
+    assert trials[0].status == "ok" and trials[0].time_ms == 2.5 and trials[0].reps == 3
+    assert trials[0].config_hash == config_hash(cfg(16))
+    assert trials[1].status == "wrong_result"
+    assert trials[1].rel_error is None  # inf is not stored as a number
+    assert trials[1].time_ms is None
+    assert store.trial_counts() == {"ok": 2, "wrong_result": 1}
+    assert store.trial_counts(kernel="nope") == {}
+
+
+def test_duplicate_trial_returns_none(store, ids):
+    kv, dev, _ = ids
+    assert add(store, ids, cfg(16), ok(2.5)) is not None
+    assert add(store, ids, dict(reversed(list(cfg(16).items()))), ok(1.0)) is None
+    trials = store.trials(kv, dev, KEY)
+    assert len(trials) == 1 and trials[0].time_ms == 2.5
+
+
+def test_update_winner_picks_fastest_ok(store, ids):
+    kv, dev, _ = ids
+    assert store.update_winner(kv, dev, KEY) is None  # nothing measured
+    add(store, ids, cfg(16, 2), ok(3.0))
+    add(store, ids, cfg(16, 3), Measurement(Status.WRONG_RESULT, time_ms=0.01, rel_error=0.9))  # faster, but wrong
+    add(store, ids, cfg(16, 4), Measurement(Status.ERROR, message="boom"))
+    add(store, ids, cfg(32, 2), ok(2.0))
+    add(store, ids, cfg(32, 3), ok(2.7))
+    winner = store.update_winner(kv, dev, KEY)
+    assert winner.config == cfg(32, 2) and winner.time_ms == 2.0
+    add(store, ids, cfg(32, 4), ok(1.5))
+    winner = store.update_winner(kv, dev, KEY)
+    assert winner.config == cfg(32, 4) and winner.time_ms == 1.5
+    [entry] = store.winners()
+    assert entry.config == cfg(32, 4)
+    assert entry.shape_key == KEY
+    assert entry.kernel == "matmul"
+
+
+def test_update_winner_none_when_nothing_is_correct(store, ids):
+    kv, dev, _ = ids
+    add(store, ids, cfg(16), Measurement(Status.WRONG_RESULT, time_ms=0.01, rel_error=0.9))
+    add(store, ids, cfg(32), Measurement(Status.INVALID, message="breaks constraint group"))
+    assert store.update_winner(kv, dev, KEY) is None
+    assert store.winners() == []
+
+
+def test_winners_filters(store, ids, template, device):
+    kv, dev, _ = ids
+    other_key = "M=128,N=45,K=29,dtype=float16"
+    add(store, ids, cfg(16), ok(3.0))
+    add(store, ids, cfg(32), ok(1.0), key=other_key)
+    store.update_winner(kv, dev, KEY)
+    store.update_winner(kv, dev, other_key)
+    assert {w.shape_key for w in store.winners()} == {KEY, other_key}
+    assert len(store.winners(kernel="matmul")) == 2
+    assert store.winners(kernel="conv") == []
+    assert len(store.winners(hardware_id=device.hardware_id)) == 2
+    assert store.winners(hardware_id="H100|sm_90|132SM") == []
+    assert len(store.winners(version=template.version)) == 2
+    assert store.winners(version="000000000000") == []
+    entry = store.winners()[0].to_dict()
+    assert isinstance(entry["updated_at"], str) and entry["hardware_id"] == device.hardware_id
+
+
+# -- read-only and bad paths ------------------------------------------------------------------------
+def test_readonly_on_missing_path_creates_nothing(tmp_path, tmp_db):
+    with pytest.raises(TunesvcError, match="No database at"):
+        Store(tmp_db, readonly=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_readonly_store_needs_tune_db(tmp_path):
+    with pytest.raises(TunesvcError, match="No database at tune.db"):
+        Store(readonly=True)
+    assert not (tmp_path / "tune.db").exists()
+
+
+TEXT = b"this is a text file, not a database; " * 40
+
+
+@pytest.mark.parametrize("readonly", [True, False])
+def test_text_file_is_not_a_sqlite_database(tmp_path, readonly):
+    path = tmp_path / "notes.txt"
+    path.write_bytes(TEXT)
+    with pytest.raises(TunesvcError, match="is not a SQLite database") as info:
+        Store(path, readonly=readonly)
+    assert "\n" not in str(info.value)
+    assert path.read_bytes() == TEXT
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("readonly", [True, False])
+def test_directory_is_refused(tmp_path, readonly):
+    folder = tmp_path / "folder.db"
+    folder.mkdir()
+    with pytest.raises(TunesvcError, match="is a directory"):
+        Store(folder, readonly=readonly)
+    assert list(folder.iterdir()) == []
+
+
+def test_missing_folder_is_refused(tmp_path):
+    with pytest.raises(TunesvcError, match="does not exist"):
+        Store(tmp_path / "no" / "such" / "x.db")
+    assert not (tmp_path / "no").exists()
+
+
+def test_readonly_store_refuses_an_empty_sqlite_file(tmp_path):
+    path = tmp_path / "empty.db"
+    sqlite3.connect(path).close()
+    before = path.read_bytes()
+    with pytest.raises(TunesvcError, match="not a tunesvc database yet"):
+        Store(path, readonly=True)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("readonly", [True, False])
+def test_foreign_database_is_refused_and_left_unchanged(tmp_path, readonly):
+    # BUG (readonly=False): Store's connect hook runs "PRAGMA journal_mode = WAL" before
+    # _prepare_schema refuses the file, so another application's database is permanently
+    # switched to WAL (header bytes 18/19 go from 1 to 2) by a command that then says
+    # "not a tunesvc database; pass another --db".
+    path = tmp_path / "other.db"
+    con = sqlite3.connect(path)
+    con.execute("create table customers (id integer primary key, name text)")
+    con.commit()
+    con.close()
+    before = path.read_bytes()
+    with pytest.raises(TunesvcError, match="holds other tables"):
+        Store(path, readonly=readonly)
+    assert path.read_bytes() == before
+
+
+def test_readonly_open_leaves_the_file_bytes_unchanged(tmp_db, ids, store):
+    kv, dev, _ = ids
+    add(store, ids, cfg(16), ok(3.0))
+    store.update_winner(kv, dev, KEY)
+    store.close()  # checkpoint the WAL into the file
+    before = Path(tmp_db).read_bytes()
+    ro = Store(tmp_db, readonly=True)
+    assert len(ro.winners()) == 1
+    assert ro.trial_counts() == {"ok": 1}
+    ro.close()
+    result = CliRunner().invoke(app, ["show", "--db", tmp_db, "--json"])
+    assert result.exit_code == 0, result.output
+    assert Path(tmp_db).read_bytes() == before
+
+
+def test_readonly_store_cannot_write(tmp_db, ids, store):
+    store.close()
+    before = Path(tmp_db).read_bytes()
+    ro = Store(tmp_db, readonly=True)
+    try:
+        with pytest.raises(TunesvcError, match="read-only"):
+            ro.device_id(_other_device())  # a device not stored yet: needs an insert
+        assert len(ro.devices()) == 1
+    finally:
+        ro.close()
+    assert Path(tmp_db).read_bytes() == before
+
+
+def _other_device() -> tunesvc.Device:
+    return tunesvc.Device(
+        kind="cuda", name="NVIDIA H100 80GB HBM3", capability="9.0", sm_count=132, memory_bytes=80 << 30,
+        max_shared_memory=232448, max_num_regs=65536, driver="550", cuda="12.4", torch="2.4", triton="3.0",
+    )
+
+
+@pytest.mark.parametrize("readonly", [True, False])
+def test_newer_schema_is_refused(tmp_db, readonly):
+    Store(tmp_db).close()
+    con = sqlite3.connect(tmp_db)
+    con.execute("update tunesvc_meta set value = ? where key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    con.commit()
+    con.close()
+    before = Path(tmp_db).read_bytes()
+    with pytest.raises(TunesvcError, match=f"schema version {SCHEMA_VERSION + 1}, newer than"):
+        Store(tmp_db, readonly=readonly)
+    assert Path(tmp_db).read_bytes() == before
+
+
+def test_store_survives_reopen_with_data(tmp_db, ids, store):
+    kv, dev, _ = ids
+    add(store, ids, cfg(16), ok(3.0))
+    store.close()
+    again = Store(tmp_db)
+    try:
+        assert [t.config for t in again.trials(kv, dev, KEY)] == [cfg(16)]
+    finally:
+        again.close()

@@ -1,0 +1,182 @@
+"""Sweeps: budgets, resume from the store, winners, and resume after a real SIGKILL."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tunesvc import TunesvcError
+from tunesvc import config_hash
+from tunesvc.store import Store
+from tunesvc.sweep import run_sweep
+
+
+def trial_rows(store, template, device, key):
+    return store.trials(store.kernel_version_id(template), store.device_id(device), key)
+
+
+def test_grid_budget_resume_and_raise(tmp_db, template, device):
+    problem = template.problem(M=16, N=32, K=32)  # one program per launch: fast
+    store = Store(tmp_db)
+    try:
+        [first] = run_sweep(template, [problem], store, strategy="grid", budget=3, device=device)
+        key = str(template.key(problem))
+        assert first.shape_key == key == "M=16,N=32,K=32,dtype=float16"
+        assert first.trials_new == 3 and first.trials_stored == 3 and first.failures == 0
+        rows = trial_rows(store, template, device, key)
+        assert len(rows) == 3
+        assert len({r.config_hash for r in rows}) == 3
+        assert all(r.status == "ok" and r.time_ms > 0 for r in rows)
+        # the heuristic is measured first
+        assert rows[0].config == template.heuristic(problem, device) == first.heuristic
+        assert first.heuristic_ms == rows[0].time_ms
+        fastest = min(rows, key=lambda r: r.time_ms)
+        assert first.winner == fastest.config and first.winner_ms == fastest.time_ms
+        [winner] = store.winners()
+        assert winner.config == fastest.config and winner.shape_key == key
+
+        # same budget again: everything is already stored
+        [again] = run_sweep(template, [problem], store, strategy="grid", budget=3, device=device)
+        assert again.trials_new == 0 and again.trials_stored == 3
+        assert [r.id for r in trial_rows(store, template, device, key)] == [r.id for r in rows]
+        assert again.winner == first.winner
+
+        # a larger budget measures exactly the difference
+        [more] = run_sweep(template, [problem], store, strategy="grid", budget=5, device=device)
+        assert more.trials_new == 2 and more.trials_stored == 5
+        rows5 = trial_rows(store, template, device, key)
+        assert len({r.config_hash for r in rows5}) == 5
+        assert [r.id for r in rows5[:3]] == [r.id for r in rows]
+        fastest = min((r for r in rows5 if r.status == "ok"), key=lambda r: r.time_ms)
+        assert more.winner == fastest.config
+        assert store.winners()[0].config == fastest.config
+    finally:
+        store.close()
+    # a same-key problem (M=9 buckets to M=16) reuses the stored trials too
+    store = Store(tmp_db)
+    try:
+        [same_key] = run_sweep(template, [template.problem(M=9, N=32, K=32)], store, budget=5, device=device)
+        assert same_key.trials_new == 0 and same_key.trials_stored == 5
+    finally:
+        store.close()
+
+
+def test_optuna_budget_and_seed(tmp_db, template, device):
+    problem = template.problem(M=37, N=45, K=29)
+    events = []
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(template, [problem], store, strategy="optuna", budget=3, seed=7, device=device,
+                             on_trial=events.append)
+        key = str(template.key(problem))
+        rows = trial_rows(store, template, device, key)
+        assert result.trials_new == 3 and len(rows) == 3
+        assert len({r.config_hash for r in rows}) == 3
+        for row in rows:
+            assert template.violations(dict(row.config), problem, device) == []
+            assert row.config_hash == config_hash(dict(row.config))
+        assert rows[0].config == template.heuristic(problem, device)  # warm start
+        ok = [r for r in rows if r.status == "ok"]
+        assert ok and result.winner == min(ok, key=lambda r: r.time_ms).config
+        assert [e.index for e in events] == [1, 2, 3]
+        assert all(e.budget == 3 for e in events)
+        assert events[-1].best_ms == result.winner_ms
+    finally:
+        store.close()
+
+
+def test_sweep_of_several_problems(tmp_db, template, device):
+    problems = [template.problem(M=16, N=32, K=32), template.problem(M=16, N=32, K=32, dtype="float32")]
+    store = Store(tmp_db)
+    try:
+        results = run_sweep(template, problems, store, budget=2, device=device)
+        assert [r.problem for r in results] == problems
+        assert len({r.shape_key for r in results}) == 2
+        assert {w.shape_key for w in store.winners()} == {r.shape_key for r in results}
+        assert store.trial_counts() == {"ok": 4}
+    finally:
+        store.close()
+
+
+def test_budget_must_be_positive(tmp_db, template, device):
+    store = Store(tmp_db)
+    try:
+        with pytest.raises(TunesvcError, match="--budget must be at least 1"):
+            run_sweep(template, [template.problem(M=16, N=32, K=32)], store, budget=0, device=device)
+        assert store.trial_counts() == {}
+    finally:
+        store.close()
+
+
+def test_budget_larger_than_the_space_stops_when_exhausted(tmp_db, template, device):
+    problem = template.problem(M=1, N=1, K=1)
+    n = len(template.feasible(problem, device))
+    assert n == 8  # smallest tiles only; 2 warps x 4 stages
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(template, [problem], store, budget=n + 5, device=device)
+        assert result.trials_new == n
+    finally:
+        store.close()
+
+
+# -- a real kill -------------------------------------------------------------------------------
+def count_trials(db: str) -> int:
+    """Trials in the file, read-only; 0 while the file or its schema does not exist yet."""
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.5)
+    except sqlite3.OperationalError:
+        return 0
+    try:
+        return con.execute("select count(*) from trials").fetchone()[0]
+    except sqlite3.OperationalError:  # no such table yet, database is locked
+        return 0
+    finally:
+        con.close()
+
+
+def test_resume_after_sigkill(tmp_path):
+    db = str(tmp_path / "killed.db")
+    cmd = [sys.executable, "-m", "tunesvc", "sweep", "matmul", "--shape", "40x40x40", "--budget", "12", "--db", db]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        seen = 0
+        while time.monotonic() < deadline and proc.poll() is None:
+            seen = count_trials(db)
+            if seen >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, f"sweep ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+        assert seen >= 2
+        proc.kill()  # SIGKILL: no cleanup, no atexit, no commit of anything in flight
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -9
+    after_kill = count_trials(db)
+    assert 2 <= after_kill < 12
+
+    rerun = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"(+{12 - after_kill})" in rerun.stdout
+
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute("pragma integrity_check").fetchone() == ("ok",)
+        assert con.execute("select count(*) from trials").fetchone() == (12,)
+        assert con.execute("select count(distinct config_hash) from trials").fetchone() == (12,)
+        [(winner_hash, winner_ms)] = con.execute("select config_hash, time_ms from winners").fetchall()
+        best = con.execute("select config_hash, min(time_ms) from trials where status = 'ok'").fetchone()
+        assert (winner_hash, winner_ms) == best
+        statuses = sorted(r[0] for r in con.execute("select status from sweeps"))
+        assert statuses == ["done", "running"]  # the killed sweep never finished
+    finally:
+        con.close()

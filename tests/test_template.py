@@ -1,0 +1,272 @@
+"""Templates: problem validation, shape parsing, keys, cost, version, loading, heuristics."""
+
+from __future__ import annotations
+
+import math
+import re
+import textwrap
+
+import pytest
+import torch
+
+import tunesvc
+from tunesvc import ShapeKey
+from tunesvc import Template
+from tunesvc import TunesvcError
+from tunesvc.template import pow2_bucket
+
+
+# -- problem() ---------------------------------------------------------------------------------
+def test_problem_normalises(template):
+    assert template.problem(M=37, N=45, K=29) == {"M": 37, "N": 45, "K": 29, "dtype": "float16"}
+    assert template.problem(M=1, N=2, K=3, dtype="bfloat16")["dtype"] == "bfloat16"
+    assert template.problem(M=1, N=2, K=3, dtype=torch.float32)["dtype"] == "float32"
+    assert template.problem(M=1, N=2, K=3, dtype="torch.float16")["dtype"] == "float16"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"N": 4, "K": 4}, "needs M"),
+        ({"M": 4, "N": 4}, "needs K"),
+        ({"M": 0, "N": 4, "K": 4}, "M=0 is impossible"),
+        ({"M": 4, "N": -3, "K": 4}, "N=-3 is impossible"),
+        ({"M": 4, "N": 4, "K": 2.5}, "K=2.5 is impossible"),
+        ({"M": "4", "N": 4, "K": 4}, "M='4' is impossible"),
+        ({"M": True, "N": 4, "K": 4}, "M=True is impossible"),
+        ({"M": 4, "N": 4, "K": 4, "L": 4}, "not L"),
+        ({"M": 4, "N": 4, "K": 4, "dtype": "int8"}, "dtype 'int8' is not supported"),
+        ({"M": 4, "N": 4, "K": 4, "dtype": torch.float64}, "dtype 'float64' is not supported"),
+    ],
+)
+def test_problem_rejects(template, kwargs, pattern):
+    with pytest.raises(TunesvcError, match=re.escape(pattern)):
+        template.problem(**kwargs)
+
+
+# -- parse_shape() -----------------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["37x45x29", " 37x45x29 ", "37×45×29", "37*45*29", "M=37,N=45,K=29", "K=29, N=45, M=37"])
+def test_parse_shape(template, text):
+    assert template.parse_shape(text) == {"M": 37, "N": 45, "K": 29, "dtype": "float16"}
+
+
+def test_parse_shape_dtype(template):
+    assert template.parse_shape("4x5x6", "float32")["dtype"] == "float32"
+    assert template.parse_shape("M=4,N=5,K=6,dtype=bfloat16")["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("37x45", "has 2 dims but matmul takes 3"),
+        ("37x45x29x3", "has 4 dims"),
+        ("12x", "has 2 dims"),
+        ("37xAx29", "N=A is not an integer"),
+        ("37x4.5x29", "N=4.5 is not an integer"),
+        ("M=37,N=45", "needs K"),
+        ("M=37,N=x,K=3", "N=x is not an integer"),
+        ("0x4x4", "M=0 is impossible"),
+        ("M=37,N=45,K=29,Q=1", "not Q"),
+    ],
+)
+def test_parse_shape_rejects(template, text, pattern):
+    with pytest.raises(TunesvcError, match=re.escape(pattern)):
+        template.parse_shape(text)
+
+
+@pytest.mark.parametrize("text", ["M=37,N45,K=29", "M=37,,K=29"])
+def test_parse_shape_rejects_malformed_pairs_with_tunesvc_error(template, text):
+    # BUG: template.py parse_shape unpacks `k, v` from p.split("=", 1) and raises a bare
+    # ValueError ("not enough values to unpack") for a pair without '='.
+    with pytest.raises(TunesvcError):
+        template.parse_shape(text)
+
+
+# -- keys ----------------------------------------------------------------------------------------
+def test_pow2_bucket():
+    assert [pow2_bucket(x) for x in (0, 1, 2, 3, 4, 5, 1000, 1024, 1025)] == [1, 1, 2, 4, 4, 8, 1024, 1024, 2048]
+
+
+def test_key_buckets_m_and_keeps_n_k_exact(template):
+    key = template.key(template.problem(M=1000, N=3000, K=777, dtype="bfloat16"))
+    assert dict(key.dims) == {"M": 1024, "N": 3000, "K": 777}
+    assert dict(key.fields) == {"dtype": "bfloat16"}
+    assert str(key) == "M=1024,N=3000,K=777,dtype=bfloat16"
+    # same bucket, same key; other N, other key
+    assert template.key(template.problem(M=513, N=3000, K=777, dtype="bfloat16")) == key
+    assert template.key(template.problem(M=1000, N=3001, K=777, dtype="bfloat16")) != key
+    assert template.key(template.problem(M=1000, N=3000, K=777, dtype="float16")) != key
+
+
+def test_shape_key_round_trip():
+    key = ShapeKey.make({"M": 64, "N": 45, "K": 29}, {"dtype": "float16", "layout": "nt"})
+    text = str(key)
+    assert text == "M=64,N=45,K=29,dtype=float16,layout=nt"
+    assert ShapeKey.parse(text) == key
+    assert str(ShapeKey.parse(text)) == text
+
+
+def test_shape_key_distance():
+    a = ShapeKey.make({"M": 64, "N": 256, "K": 32}, {"dtype": "float16"})
+    b = ShapeKey.make({"M": 256, "N": 256, "K": 32}, {"dtype": "float16"})
+    c = ShapeKey.make({"M": 128, "N": 512, "K": 64}, {"dtype": "float16"})
+    assert a.distance(a) == 0.0
+    assert a.distance(b) == pytest.approx(2.0)
+    assert b.distance(a) == pytest.approx(2.0)
+    assert a.distance(c) == pytest.approx(math.sqrt(3))
+    other_dtype = ShapeKey.make({"M": 64, "N": 256, "K": 32}, {"dtype": "bfloat16"})
+    assert a.distance(other_dtype) == math.inf
+    other_dims = ShapeKey.make({"M": 64, "N": 256}, {"dtype": "float16"})
+    assert a.distance(other_dims) == math.inf
+
+
+# -- cost, version -------------------------------------------------------------------------------
+@pytest.mark.parametrize(("dtype", "size"), [("float16", 2), ("bfloat16", 2), ("float32", 4)])
+def test_cost(template, dtype, size):
+    cost = template.cost(template.problem(M=37, N=45, K=29, dtype=dtype))
+    assert cost.flops == 2 * 37 * 45 * 29
+    assert cost.bytes == (37 * 29 + 29 * 45 + 37 * 45) * size
+
+
+def test_version_is_stable_12_hex(template):
+    version = template.version
+    assert re.fullmatch(r"[0-9a-f]{12}", version)
+    assert template.version == version
+    assert tunesvc.get_template("matmul").version == version
+    assert type(template)().version == version
+
+
+def test_tolerance_per_dtype(template):
+    assert template.tolerance(template.problem(M=1, N=1, K=1, dtype="float16")) == 5e-3
+    assert template.tolerance(template.problem(M=1, N=1, K=1, dtype="bfloat16")) == 2e-2
+    assert template.tolerance(template.problem(M=1, N=1, K=1, dtype="float32")) == 1e-2
+
+
+# -- get_template ----------------------------------------------------------------------------------
+def test_get_template_shipped(template):
+    assert template.name == "matmul"
+    assert template.dims == ("M", "N", "K")
+    assert isinstance(template, Template)
+    from tunesvc.kernels.matmul import TEMPLATE
+
+    assert template is TEMPLATE
+
+
+@pytest.mark.parametrize(
+    ("name", "pattern"),
+    [
+        ("conv2d", "Unknown kernel 'conv2d'"),
+        ("no_such_module_xyz:T", "Cannot load template 'no_such_module_xyz:T'"),
+        ("tunesvc.kernels.matmul:NOPE", "Cannot load template"),
+        ("os:path", "is not a tunesvc Template"),
+        ("tunesvc.kernels.matmul:launch_matmul", "is not a tunesvc Template"),
+    ],
+)
+def test_get_template_errors(name, pattern):
+    with pytest.raises(TunesvcError, match=re.escape(pattern)):
+        tunesvc.get_template(name)
+
+
+USER_MODULE = '''
+from pathlib import Path
+
+import torch
+
+import tunesvc
+from tunesvc.template import ShapeKey
+
+
+class Scale(tunesvc.Template):
+    """y = x * 2, a user template with its own space file beside the module."""
+
+    name = "scale"
+    dims = ("N",)
+
+    @property
+    def space_path(self):
+        return Path(__file__).parent / "scale_space.toml"
+
+    def key(self, problem):
+        return ShapeKey.make({"N": problem["N"]}, {"dtype": problem["dtype"]})
+
+    def make_inputs(self, problem, device):
+        return torch.randn(problem["N"], dtype=getattr(torch, problem["dtype"]))
+
+    def launch(self, x, config):
+        return x * 2
+
+    def reference(self, x):
+        return x.float() * 2
+
+    def heuristic(self, problem, device):
+        return {"BLOCK": 64}
+
+    def cost(self, problem):
+        return tunesvc.Cost(flops=problem["N"], bytes=4 * problem["N"])
+
+
+INSTANCE = Scale()
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "my_templates.py").write_text(textwrap.dedent(USER_MODULE))
+    (tmp_path / "scale_space.toml").write_text('[params]\nBLOCK = [32, 64, 128]\n\n[constraints]\nfit = "BLOCK <= max(32, next_pow2(N))"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_templates"
+    import sys
+
+    sys.modules.pop("my_templates", None)
+
+
+@pytest.mark.parametrize("attr", ["Scale", "INSTANCE"])
+def test_get_template_module_attr(user_module, attr, device):
+    tpl = tunesvc.get_template(f"{user_module}:{attr}")
+    assert isinstance(tpl, Template)
+    assert tpl.name == "scale"
+    assert tpl.space.size == 3
+    assert re.fullmatch(r"[0-9a-f]{12}", tpl.version)
+    assert tpl.version != tunesvc.get_template("matmul").version
+    problem = tpl.parse_shape("40")
+    assert problem == {"N": 40, "dtype": "float16"}
+    assert [c["BLOCK"] for c in tpl.feasible(problem, device)] == [32, 64]
+    bench = tunesvc.Bench(tpl, problem, device)
+    assert bench.measure({"BLOCK": 32}).status is tunesvc.Status.OK
+    assert bench.measure({"BLOCK": 128}).status is tunesvc.Status.INVALID
+
+
+# -- heuristic ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 1, 1), (1, 33, 17), (16, 64, 128), (37, 45, 29), (64, 64, 64), (70, 19, 65), (100, 4096, 4096),
+     (1000, 3000, 777), (4096, 4096, 4096)],
+)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_heuristic_is_feasible(template, device, shape, dtype):
+    M, N, K = shape
+    problem = template.problem(M=M, N=N, K=K, dtype=dtype)
+    config = template.heuristic(problem, device)
+    template.space.validate(config)
+    assert template.violations(config, problem, device) == []
+
+
+def test_warm_start_begins_with_the_heuristic(template, device):
+    problem = template.problem(M=37, N=45, K=29)
+    start = template.warm_start(problem, device)
+    assert start[0] == template.heuristic(problem, device)
+    for config in start:
+        template.space.validate(config)
+
+
+@pytest.mark.parametrize("M", [64, 128])
+def test_heuristic_uses_its_own_tiles_for_large_n_and_k(template, device, M):
+    # BUG: kernels/matmul.py heuristic() picks GROUP_M=8 with BLOCK_M=64 (M <= 64) or
+    # BLOCK_M=128 (64 < M <= 128). With one tile-row that breaks the space's `group`
+    # constraint ("GROUP_M == 1 or cdiv(M, BLOCK_M) > 1"), so for these M the heuristic
+    # silently falls back to the space's smallest tile (16x32x32), even for N = K = 4096.
+    problem = template.problem(M=M, N=4096, K=4096)
+    config = template.heuristic(problem, device)
+    assert template.violations(config, problem, device) == []
+    assert config["BLOCK_M"] == M, f"heuristic fell back to {config}"
+    assert config["BLOCK_N"] >= 64

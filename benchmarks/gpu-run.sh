@@ -6,7 +6,7 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/tsvc . || exit 1
 export PYTHONPATH=/tmp/tsvc:/tmp/site PYTHONUNBUFFERED=1 R=$PWD
-[ -f .gpu/tune.db ] && cp .gpu/tune.db "$OUT/tune.db"
+[ -f .gpu/tune.db ] && cp .gpu/tune.db "$OUT/tune.db" && chmod u+w "$OUT/tune.db"
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
 cd /tmp || exit 1  # run from outside the checkout, so the installed tunesvc (with its kernels) is the one imported
 python3 -c "import tunesvc.device as d; print(d.current_device().to_dict())" | tee -a "$OUT/gpu.txt"

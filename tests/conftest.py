@@ -3,7 +3,8 @@
 Every test runs with cwd = its own tmp_path (nothing may write ./tune.db into the repository),
 without TUNESVC_DB / TUNESVC_BUNDLE in the environment, and with a fresh process-wide runtime.
 Triton kernels run in the CPU interpreter (tunesvc.kernels sets TRITON_INTERPRET=1 when no GPU
-is present), so every shape here is tiny.
+is present; it is imported here first because the flag only works if it is set before triton is
+imported), so every shape here is tiny.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import tunesvc
+import tunesvc.kernels  # noqa: F401  (first: sets TRITON_INTERPRET before anything imports triton)
 import tunesvc.runtime
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -117,3 +121,22 @@ def test_matmul_rejects_mixed_dtypes():
     b = torch.randn(5, 3, dtype=torch.float32)
     with pytest.raises(ValueError, match="one dtype"):
         tunesvc.kernels.matmul(a, b)
+
+
+def test_kernels_work_when_current_device_is_called_first(tmp_path):
+    # BUG: kernels/__init__.py sets TRITON_INTERPRET only when tunesvc.kernels is imported, but
+    # tunesvc.current_device() (device.py) imports triton first; triton.language's own @jit
+    # helpers (tl.cdiv, ...) are then compiled-mode functions, and every interpreted launch fails
+    # with InterpreterError "Cannot call @triton.jit'd outside of the scope of a kernel".
+    code = (
+        "import tunesvc\n"
+        "device = tunesvc.current_device()\n"
+        "t = tunesvc.get_template('matmul')\n"
+        "p = t.problem(M=16, N=32, K=32)\n"
+        "m = tunesvc.Bench(t, p, device).measure(t.heuristic(p, device))\n"
+        "print(m.status.value, m.message)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[0] == "ok", proc.stdout

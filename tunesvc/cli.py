@@ -233,16 +233,22 @@ def lookup(
     dtype: Annotated[str, typer.Option(help="float16, bfloat16 or float32.")] = "float16",
     db: DbOption = None,
     bundle: Annotated[Optional[Path], typer.Option(help="Read winners from this bundle instead of a database.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="Answer for a device stored in --db (name or hardware id), not this one.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """The config the runtime would launch with on this device, and how it was found."""
     from tunesvc.runtime import Runtime
+    from tunesvc.store import Store
     from tunesvc.store import resolve_url
     from tunesvc.template import get_template
 
     template = get_template(kernel)
     problem = template.parse_shape(shape, dtype)
-    runtime = Runtime(bundle=bundle) if bundle is not None else Runtime(db=resolve_url(db))
+    target = Store(db, readonly=True).find_device(device) if device is not None else None
+    if bundle is not None:
+        runtime = Runtime(bundle=bundle, device=target)
+    else:
+        runtime = Runtime(db=resolve_url(db), device=target)
     result = runtime.lookup(template, **problem)
     if as_json:
         return _print_json(result.to_dict())

@@ -275,6 +275,17 @@ class Store:
         with self.session() as session:
             return list(session.scalars(select(StoredDevice).order_by(StoredDevice.id)))
 
+    def find_device(self, text: str) -> Device:
+        """The newest stored device whose hardware id or name is ``text``."""
+        from tunesvc.device import Device
+
+        rows = [d for d in self.devices() if text in (d.hardware_id, d.name)]
+        if not rows:
+            known = "; ".join(sorted({d.name for d in self.devices()})) or "none"
+            raise TunesvcError(f"No device '{text}' in {self._where()}; stored devices: {known}.")
+        row = rows[-1]
+        return Device(**{f: getattr(row, f) for f in Device.__dataclass_fields__})
+
     def trial_counts(self, kernel: str | None = None) -> dict[str, int]:
         """Trials by status (for the summary line of `tune show`)."""
         with self.session() as session:

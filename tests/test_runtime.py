@@ -1,0 +1,286 @@
+"""Runtime lookup: exact -> nearest -> heuristic, from a database or an exported bundle."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import tunesvc
+import tunesvc.kernels
+import tunesvc.runtime
+from tunesvc import Runtime
+from tunesvc import TunesvcError
+from tunesvc.export import bundle_filename
+from tunesvc.export import build_bundles
+from tunesvc.export import read_bundle
+from tunesvc.export import write_bundles
+from tunesvc.store import Store
+from tunesvc.sweep import run_sweep
+
+TUNED = {"M": 16, "N": 32, "K": 32, "dtype": "float16"}
+TUNED_KEY = "M=16,N=32,K=32,dtype=float16"
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """A database with one tuned key (a 3-trial grid sweep) and its winner config."""
+    db = str(tmp_path_factory.mktemp("tuned") / "tuned.db")
+    template = tunesvc.get_template("matmul")
+    store = Store(db)
+    try:
+        [result] = run_sweep(template, [template.problem(**TUNED)], store, budget=3)
+        [winner] = store.winners()
+    finally:
+        store.close()
+    assert result.shape_key == TUNED_KEY
+    return db, winner.config
+
+
+@pytest.fixture
+def tuned_db(tuned, tmp_db):
+    """A private copy of the tuned database at tmp_db."""
+    shutil.copy(tuned[0], tmp_db)
+    return tmp_db
+
+
+@pytest.fixture
+def winner(tuned):
+    return tuned[1]
+
+
+def test_exact_for_the_same_m_bucket(tuned_db, winner, template):
+    runtime = Runtime(db=tuned_db)
+    for m in (9, 16):  # both bucket to M=16
+        result = runtime.lookup("matmul", M=m, N=32, K=32, dtype="float16")
+        assert result.source == "exact"
+        assert result.config == winner
+        assert result.key == TUNED_KEY and result.matched_key == TUNED_KEY
+        assert result.distance == 0.0
+    # a Template object works as well as a name; a torch dtype as well as a string
+    assert runtime.lookup(template, M=16, N=32, K=32, dtype=torch.float16).source == "exact"
+    assert runtime.counters[("matmul", "exact")] == 3
+
+
+def test_nearest_for_another_m_bucket(tuned_db, winner, template, device):
+    runtime = Runtime(db=tuned_db)
+    result = runtime.lookup("matmul", M=100, N=32, K=32, dtype="float16")
+    assert result.source == "nearest"
+    assert result.key == "M=128,N=32,K=32,dtype=float16"
+    assert result.matched_key == TUNED_KEY
+    assert result.distance == pytest.approx(3.0)  # log2(128 / 16)
+    assert result.config == winner
+    assert template.violations(result.config, template.problem(M=100, N=32, K=32), device) == []
+    assert runtime.counters[("matmul", "nearest")] == 1
+
+
+def test_heuristic_for_another_dtype(tuned_db, template, device):
+    runtime = Runtime(db=tuned_db)
+    result = runtime.lookup("matmul", M=16, N=32, K=32, dtype="float32")
+    assert result.source == "heuristic"
+    assert result.matched_key is None and result.distance is None
+    assert result.config == template.heuristic(template.problem(M=16, N=32, K=32, dtype="float32"), device)
+    assert runtime.counters[("matmul", "heuristic")] == 1
+    assert runtime.counters[("matmul", "exact")] == 0
+
+
+def test_lookup_validates_the_problem(tuned_db):
+    runtime = Runtime(db=tuned_db)
+    with pytest.raises(TunesvcError, match="M=0 is impossible"):
+        runtime.lookup("matmul", M=0, N=32, K=32)
+    with pytest.raises(TunesvcError, match="Unknown kernel"):
+        runtime.lookup("conv", M=1, N=32, K=32)
+
+
+def test_config_for_memoises(tuned_db, winner, template):
+    runtime = Runtime(db=tuned_db)
+    first = runtime.config_for(template, M=16, N=32, K=32, dtype=torch.float16)
+    second = runtime.config_for(template, M=16, N=32, K=32, dtype=torch.float16)
+    assert first == winner
+    assert second is first
+    assert runtime.counters[("matmul", "exact")] == 1  # the second call never reached lookup()
+    runtime.config_for(template, M=16, N=32, K=32, dtype=torch.float32)
+    assert runtime.counters[("matmul", "heuristic")] == 1
+
+
+def test_winners_are_loaded_once(tuned_db, winner, tmp_path):
+    runtime = Runtime(db=tuned_db)
+    assert runtime.lookup("matmul", **TUNED).source == "exact"
+    # the table is cached: the database may go away after the first lookup
+    shutil.move(tuned_db, tmp_path / "moved.db")
+    assert runtime.lookup("matmul", **TUNED).config == winner
+
+
+def test_configure_then_kernel_call(tuned_db, winner):
+    runtime = tunesvc.configure(db=tuned_db)
+    assert tunesvc.runtime.default_runtime() is runtime
+    a = torch.randn(16, 32, dtype=torch.float16)
+    b = torch.randn(32, 32, dtype=torch.float16)
+    out = tunesvc.kernels.matmul(a, b)
+    ref = a.double() @ b.double()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 5e-3
+    assert runtime.counters[("matmul", "exact")] == 1
+    assert tunesvc.lookup("matmul", **TUNED).config == winner
+
+
+def test_configure_rejects_db_and_bundle(tuned_db):
+    with pytest.raises(TunesvcError, match="not both"):
+        tunesvc.configure(db=tuned_db, bundle="b.json")
+
+
+def test_no_db_and_no_tune_db_gives_heuristic(tmp_path, template, device):
+    runtime = Runtime()
+    result = runtime.lookup("matmul", **TUNED)
+    assert result.source == "heuristic"
+    assert result.config == template.heuristic(template.problem(**TUNED), device)
+    assert list(tmp_path.iterdir()) == []  # nothing created
+    assert tunesvc.lookup("matmul", **TUNED).source == "heuristic"
+
+
+def test_tune_db_in_cwd_is_used(tuned, tmp_path, winner):
+    shutil.copy(tuned[0], tmp_path / "tune.db")
+    result = Runtime().lookup("matmul", **TUNED)
+    assert result.source == "exact" and result.config == winner
+
+
+def test_tunesvc_db_env(tuned_db, monkeypatch, winner):
+    monkeypatch.setenv("TUNESVC_DB", tuned_db)
+    assert Runtime().lookup("matmul", **TUNED).config == winner
+
+
+def test_explicit_missing_db_is_an_error(tmp_path):
+    with pytest.raises(TunesvcError, match="No database at"):
+        Runtime(db=str(tmp_path / "missing.db")).lookup("matmul", **TUNED)
+    assert not (tmp_path / "missing.db").exists()
+
+
+def test_other_kernel_version_is_not_used(tuned_db, tmp_path, monkeypatch):
+    # an edited kernel (another module source) must not reuse the old winners
+    import sqlite3
+
+    con = sqlite3.connect(tuned_db)
+    con.execute("update kernel_versions set version = 'aaaaaaaaaaaa'")
+    con.commit()
+    con.close()
+    assert Runtime(db=tuned_db).lookup("matmul", **TUNED).source == "heuristic"
+
+
+# -- bundles ----------------------------------------------------------------------------------------
+@pytest.fixture
+def bundle_file(tuned_db, tmp_path):
+    store = Store(tuned_db, readonly=True)
+    try:
+        bundles = build_bundles(store)
+    finally:
+        store.close()
+    [path] = write_bundles(bundles, tmp_path / "bundle.json")
+    return path
+
+
+def test_bundle_gives_the_same_exact_config(bundle_file, tuned_db, winner, device):
+    data = read_bundle(bundle_file)
+    assert data["format"] == "tunesvc-bundle" and data["format_version"] == 1
+    assert data["device"]["hardware_id"] == device.hardware_id
+    assert data["kernels"]["matmul"]["winners"][TUNED_KEY]["config"] == winner
+    from_bundle = Runtime(bundle=bundle_file).lookup("matmul", **TUNED)
+    from_db = Runtime(db=tuned_db).lookup("matmul", **TUNED)
+    assert from_bundle.source == from_db.source == "exact"
+    assert from_bundle.config == from_db.config == winner
+    near = Runtime(bundle=bundle_file).lookup("matmul", M=100, N=32, K=32)
+    assert near.source == "nearest" and near.matched_key == TUNED_KEY
+
+
+def test_bundle_file_is_deterministic_json(bundle_file, tuned_db, tmp_path):
+    store = Store(tuned_db, readonly=True)
+    try:
+        [again] = write_bundles(build_bundles(store), tmp_path / "again.json")
+    finally:
+        store.close()
+    assert again.read_text() == bundle_file.read_text()
+    assert bundle_file.read_text().endswith("\n")
+
+
+def test_bundle_folder_output(tuned_db, tmp_path, device):
+    store = Store(tuned_db, readonly=True)
+    try:
+        [path] = write_bundles(build_bundles(store, kernel="matmul"), tmp_path / "out")
+    finally:
+        store.close()
+    assert path == tmp_path / "out" / bundle_filename(device.hardware_id)
+    assert path.suffix == ".json" and "|" not in path.name
+    assert read_bundle(path)["kernels"]["matmul"]["winners"]
+
+
+def test_bundle_env_var(bundle_file, monkeypatch, winner):
+    monkeypatch.setenv("TUNESVC_BUNDLE", str(bundle_file))
+    assert Runtime().lookup("matmul", **TUNED).config == winner
+
+
+def test_bundle_of_another_device_or_version_is_ignored(bundle_file, tmp_path):
+    data = json.loads(bundle_file.read_text())
+    other_device = dict(data, device={**data["device"], "hardware_id": "NVIDIA H100|sm_90|132SM"})
+    path = tmp_path / "h100.json"
+    path.write_text(json.dumps(other_device))
+    assert Runtime(bundle=path).lookup("matmul", **TUNED).source == "heuristic"
+    old = json.loads(bundle_file.read_text())
+    old["kernels"]["matmul"]["version"] = "000000000000"
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    assert Runtime(bundle=path).lookup("matmul", **TUNED).source == "heuristic"
+
+
+def test_export_with_no_winners(tmp_db, tmp_path):
+    Store(tmp_db).close()
+    store = Store(tmp_db, readonly=True)
+    try:
+        with pytest.raises(TunesvcError, match="Nothing to export"):
+            write_bundles(build_bundles(store), tmp_path / "b.json")
+    finally:
+        store.close()
+    assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "pattern"),
+    [
+        ('{"format": "tunesvc-bundle", "format_version": 1, ', "is not valid JSON"),
+        ("\xff\xfe garbage", "is not valid JSON"),
+        ("[1, 2, 3]", "is not a tunesvc bundle"),
+        ('{"format": "something-else", "format_version": 1}', "is not a tunesvc bundle"),
+        ('{"format": "tunesvc-bundle", "format_version": 2}', "has bundle format 2"),
+    ],
+)
+def test_read_bundle_rejects(tmp_path, content, pattern):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content.encode("latin-1"))
+    with pytest.raises(TunesvcError, match=pattern) as info:
+        read_bundle(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(TunesvcError):
+        Runtime(bundle=path).lookup("matmul", **TUNED)
+
+
+def test_read_bundle_missing_file(tmp_path):
+    with pytest.raises(TunesvcError, match="No bundle at"):
+        read_bundle(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        {"format": "tunesvc-bundle", "format_version": 1},
+        {"format": "tunesvc-bundle", "format_version": 1, "device": {}, "kernels": {}},
+        {"format": "tunesvc-bundle", "format_version": 1, "device": "x", "kernels": []},
+    ],
+    ids=["no-sections", "empty-device", "wrong-types"],
+)
+def test_structurally_broken_bundle_is_one_clear_error(tmp_path, content):
+    # BUG: export.py read_bundle() checks only "format" and "format_version"; runtime.py
+    # load_bundle_table() then indexes bundle["device"]["hardware_id"] / bundle["kernels"]
+    # and a truncated or hand-edited bundle escapes as KeyError/TypeError, not TunesvcError.
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(TunesvcError):
+        Runtime(bundle=path).lookup("matmul", **TUNED)

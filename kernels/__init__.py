@@ -5,15 +5,8 @@ user-facing function that launches with the tuned config (e.g. ``tunesvc.kernels
 
 from __future__ import annotations
 
-import os
-
-import torch
-
-# Without a GPU the kernels run in Triton's interpreter; the flag must be set before any
-# @triton.jit decorator runs, which is why it lives here, ahead of the kernel modules.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from tunesvc.kernels.matmul import matmul  # noqa: E402
+# Importing tunesvc (the parent package) has already chosen Triton's CPU interpreter where
+# there is no GPU: see tunesvc.device.use_interpreter_without_gpu.
+from tunesvc.kernels.matmul import matmul
 
 __all__ = ["matmul"]

@@ -99,6 +99,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
 class MatmulTemplate(Template):
     name = "matmul"
     dims = ("M", "N", "K")
+    kernel_sources = (_matmul_kernel, launch_matmul)
     presets = {
         # the foundation issue's H100 problem set
         "llm": [
@@ -158,6 +159,8 @@ class MatmulTemplate(Template):
             config = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
         else:
             config = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+        if triton.cdiv(m, config["BLOCK_M"]) == 1:
+            config["GROUP_M"] = 1  # a single tile-row has nothing to group
         if self.violations(config, problem, device):
             # small problems: the smallest feasible tiles
             config = self.feasible(problem, device)[0]

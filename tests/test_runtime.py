@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 
 import pytest
 import torch
@@ -156,10 +157,8 @@ def test_explicit_missing_db_is_an_error(tmp_path):
     assert not (tmp_path / "missing.db").exists()
 
 
-def test_other_kernel_version_is_not_used(tuned_db, tmp_path, monkeypatch):
+def test_other_kernel_version_is_not_used(tuned_db):
     # an edited kernel (another module source) must not reuse the old winners
-    import sqlite3
-
     con = sqlite3.connect(tuned_db)
     con.execute("update kernel_versions set version = 'aaaaaaaaaaaa'")
     con.commit()

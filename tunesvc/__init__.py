@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
-from tunesvc.bench import Bench
-from tunesvc.bench import Measurement
-from tunesvc.bench import Status
-from tunesvc.device import Device
-from tunesvc.device import current_device
-from tunesvc.errors import TunesvcError
-from tunesvc.runtime import LookupResult
-from tunesvc.runtime import Runtime
-from tunesvc.runtime import configure
-from tunesvc.runtime import lookup
-from tunesvc.space import Space
-from tunesvc.space import config_hash
-from tunesvc.template import Cost
-from tunesvc.template import ShapeKey
-from tunesvc.template import Template
-from tunesvc.template import get_template
+from tunesvc.device import use_interpreter_without_gpu
+
+use_interpreter_without_gpu()
+
+from tunesvc.bench import Bench  # noqa: E402
+from tunesvc.bench import Measurement  # noqa: E402
+from tunesvc.bench import Status  # noqa: E402
+from tunesvc.device import Device  # noqa: E402
+from tunesvc.device import current_device  # noqa: E402
+from tunesvc.errors import TunesvcError  # noqa: E402
+from tunesvc.runtime import LookupResult  # noqa: E402
+from tunesvc.runtime import Runtime  # noqa: E402
+from tunesvc.runtime import configure  # noqa: E402
+from tunesvc.runtime import lookup  # noqa: E402
+from tunesvc.space import Space  # noqa: E402
+from tunesvc.space import config_hash  # noqa: E402
+from tunesvc.template import Cost  # noqa: E402
+from tunesvc.template import ShapeKey  # noqa: E402
+from tunesvc.template import Template  # noqa: E402
+from tunesvc.template import get_template  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -48,9 +48,9 @@ class Measurement:
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64; NaN or inf in the output gives inf."""
+    """||out - ref|| / ||ref|| in float64; a wrong shape, NaN or inf in the output gives inf."""
     out64, ref64 = out.detach().double(), ref.detach().double()
-    if not torch.isfinite(out64).all():
+    if out64.shape != ref64.shape or not torch.isfinite(out64).all():
         return float("inf")
     return ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
 

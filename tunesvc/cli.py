@@ -162,11 +162,13 @@ def sweep(
     """Benchmark configs for each shape on this device, store every trial and the winners."""
     from tunesvc.device import current_device
     from tunesvc.store import Store
+    from tunesvc.sweep import check_sweep_arguments
     from tunesvc.sweep import run_sweep
     from tunesvc.template import get_template
 
     template = get_template(kernel)
     problems = _problems(template, shape or [], preset, dtype)
+    check_sweep_arguments(strategy, budget)  # before Store(): a rejected sweep creates no file
     store = Store(db)
     device = current_device()
     progress = Progress(
@@ -239,16 +241,13 @@ def lookup(
     """The config the runtime would launch with on this device, and how it was found."""
     from tunesvc.runtime import Runtime
     from tunesvc.store import Store
-    from tunesvc.store import resolve_url
     from tunesvc.template import get_template
 
     template = get_template(kernel)
     problem = template.parse_shape(shape, dtype)
     target = Store(db, readonly=True).find_device(device) if device is not None else None
-    if bundle is not None:
-        runtime = Runtime(bundle=bundle, device=target)
-    else:
-        runtime = Runtime(db=resolve_url(db), device=target)
+    # no --db: like the runtime, use ./tune.db if there is one, else the heuristic
+    runtime = Runtime(db=db, bundle=bundle, device=target)
     result = runtime.lookup(template, **problem)
     if as_json:
         return _print_json(result.to_dict())

@@ -56,6 +56,18 @@ class Device:
         return {**asdict(self), "hardware_id": self.hardware_id, "fingerprint": self.fingerprint}
 
 
+def use_interpreter_without_gpu() -> None:
+    """Without a CUDA GPU, run kernels in Triton's CPU interpreter.
+
+    The flag must be set before triton is first imported (triton.language's own jit helpers
+    are built at import), so ``import tunesvc`` calls this before anything imports triton.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def interpreting() -> bool:
     """True when Triton kernels run in the CPU interpreter."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -96,4 +96,23 @@ def read_bundle(path: str | os.PathLike) -> dict[str, Any]:
         raise TunesvcError(
             f"{path} has bundle format {data.get('format_version')}, this tunesvc reads {FORMAT_VERSION}; re-export it."
         )
+    problem = _structure_problem(data)
+    if problem:
+        raise TunesvcError(f"{path} is a damaged bundle ({problem}); re-export it with `tune export`.")
     return data
+
+
+def _structure_problem(data: dict[str, Any]) -> str | None:
+    device, kernels = data.get("device"), data.get("kernels")
+    if not isinstance(device, dict) or not isinstance(device.get("hardware_id"), str):
+        return "device.hardware_id is missing"
+    if not isinstance(kernels, dict):
+        return "kernels is missing"
+    for name, entry in kernels.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("version"), str) or not isinstance(entry.get("winners"), dict):
+            return f"kernels.{name} lacks a version or winners"
+        for key, winner in entry["winners"].items():
+            config = winner.get("config") if isinstance(winner, dict) else None
+            if not isinstance(config, dict) or not all(isinstance(v, int) for v in config.values()):
+                return f"kernels.{name}.winners.{key} has no valid config"
+    return None

@@ -55,6 +55,8 @@ class Runtime:
     neither: $TUNESVC_BUNDLE, else $TUNESVC_DB, else ./tune.db if it exists, else heuristics."""
 
     def __init__(self, db: str | os.PathLike | None = None, bundle: str | os.PathLike | None = None, device: Device | None = None) -> None:
+        if db is not None and bundle is not None:
+            raise TunesvcError("Give a database or a bundle, not both.")
         if db is None and bundle is None:
             bundle = os.environ.get("TUNESVC_BUNDLE") or None
             db = os.environ.get("TUNESVC_DB") or None
@@ -165,8 +167,6 @@ def default_runtime() -> Runtime:
 def configure(db: str | os.PathLike | None = None, bundle: str | os.PathLike | None = None) -> Runtime:
     """Point the process-wide runtime (used by tunesvc.kernels.*) at a database or bundle."""
     global _default
-    if db is not None and bundle is not None:
-        raise TunesvcError("Give configure() a db or a bundle, not both.")
     _default = Runtime(db=db, bundle=bundle)
     return _default
 

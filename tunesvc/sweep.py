@@ -19,6 +19,7 @@ from tunesvc.bench import Status
 from tunesvc.device import Device
 from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
+from tunesvc.search import STRATEGIES
 from tunesvc.search import make_strategy
 from tunesvc.space import config_hash
 
@@ -71,8 +72,7 @@ def run_sweep(
     on_trial: Callable[[TrialEvent], None] | None = None,
 ) -> list[ProblemResult]:
     """Tune ``template`` on every problem; returns one result per problem, in order."""
-    if budget is not None and budget < 1:
-        raise TunesvcError(f"--budget must be at least 1, got {budget}.")
+    check_sweep_arguments(strategy, budget)
     device = device or current_device()
     kv_id = store.kernel_version_id(template)
     device_id = store.device_id(device)
@@ -139,6 +139,13 @@ def run_sweep(
             )
         )
     return results
+
+
+def check_sweep_arguments(strategy: str, budget: int | None) -> None:
+    if strategy not in STRATEGIES:
+        raise TunesvcError(f"Unknown strategy '{strategy}'; use one of {', '.join(STRATEGIES)}.")
+    if budget is not None and budget < 1:
+        raise TunesvcError(f"--budget must be at least 1, got {budget}.")
 
 
 def _measurement(row) -> Measurement:

@@ -98,10 +98,17 @@ class Template:
     #: named problem sets for sweeps: preset name -> list of problems (dicts)
     presets: ClassVar[dict[str, list[Problem]]] = {}
 
+    #: what decides the kernel's speed: its @triton.jit functions and launch code; empty means
+    #: the template's whole module. Heuristics, presets and docs may change without re-tuning.
+    kernel_sources: ClassVar[tuple[Any, ...]] = ()
+
     # -- identity -----------------------------------------------------------------------
     @cached_property
     def version(self) -> str:
-        source = inspect.getsource(inspect.getmodule(type(self)))
+        """Hash of the kernel's source: an edited kernel never reuses the old one's configs."""
+        objects = self.kernel_sources or (inspect.getmodule(type(self)),)
+        # a JITFunction keeps the Python function it wraps in .fn; its source is the file's text
+        source = "\n".join(inspect.getsource(getattr(obj, "fn", obj)) for obj in objects)
         return hashlib.sha256(source.encode()).hexdigest()[:12]
 
     @property
@@ -140,6 +147,8 @@ class Template:
         text = text.strip()
         if "=" in text:
             pairs = [p.split("=", 1) for p in text.split(",")]
+            if any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
+                raise TunesvcError(f"Shape '{text}' is malformed; write e.g. {','.join(f'{d}=128' for d in self.dims)}.")
             values: dict[str, Any] = {k.strip(): v.strip() for k, v in pairs}
         else:
             parts = re.split(r"[x×*]", text)

@@ -112,9 +112,6 @@ class Store:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA busy_timeout = 30000")
         cursor.execute("PRAGMA foreign_keys = ON")
-        if not self.readonly:
-            # WAL lets readers (the runtime, `tune show`) run beside a sweep that writes
-            cursor.execute("PRAGMA journal_mode = WAL")
         cursor.close()
 
     def _prepare_schema(self) -> None:
@@ -127,14 +124,19 @@ class Store:
                 raise TunesvcError(
                     f"{self._where()} has schema version {found}, newer than this tunesvc ({SCHEMA_VERSION}); upgrade tunesvc."
                 )
-            return
-        if tables and "trials" not in tables:
+        elif tables:
             raise TunesvcError(f"{self._where()} holds other tables, not a tunesvc database; pass another --db.")
-        if self.readonly:
+        elif self.readonly:
             raise TunesvcError(f"{self._where()} is not a tunesvc database yet; run `tune sweep` first.")
-        Base.metadata.create_all(self.engine)
-        with self.session() as session:
-            session.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+        else:
+            Base.metadata.create_all(self.engine)
+            with self.session() as session:
+                session.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+        if self.is_sqlite and not self.readonly:
+            # WAL lets readers (the runtime, `tune show`) run beside a sweep that writes; set only
+            # once the file is known to be ours, since it rewrites the file's header
+            with self.engine.connect() as connection:
+                connection.exec_driver_sql("PRAGMA journal_mode = WAL")
 
     def _where(self) -> str:
         return self.path if self.is_sqlite and self.path else self.engine.url.render_as_string(hide_password=True)

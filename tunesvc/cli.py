@@ -38,6 +38,21 @@ DbOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
 
+def _version(value: bool) -> None:
+    if value:
+        from tunesvc import __version__
+
+        console.print(f"tunesvc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
+    """Tune Triton kernels once per GPU and shape, keep the results, look them up at run time."""
+
+
 def user_errors(fn: Callable) -> Callable:
     """A TunesvcError becomes one line on stderr and exit code 1, never a traceback."""
 

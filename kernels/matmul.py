@@ -156,7 +156,8 @@ class MatmulTemplate(Template):
         if m <= 16:
             config = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
         elif m <= 64:
-            config = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
+            block_m = max(16, pow2_bucket(m))  # 32 or 64: no tile taller than the problem
+            config = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
         else:
             config = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
         if triton.cdiv(m, config["BLOCK_M"]) == 1:

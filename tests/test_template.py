@@ -259,14 +259,12 @@ def test_warm_start_begins_with_the_heuristic(template, device):
         template.space.validate(config)
 
 
-@pytest.mark.parametrize("M", [64, 128])
+@pytest.mark.parametrize("M", [17, 32, 33, 64, 128])
 def test_heuristic_uses_its_own_tiles_for_large_n_and_k(template, device, M):
-    # BUG: kernels/matmul.py heuristic() picks GROUP_M=8 with BLOCK_M=64 (M <= 64) or
-    # BLOCK_M=128 (64 < M <= 128). With one tile-row that breaks the space's `group`
-    # constraint ("GROUP_M == 1 or cdiv(M, BLOCK_M) > 1"), so for these M the heuristic
-    # silently falls back to the space's smallest tile (16x32x32), even for N = K = 4096.
+    # The heuristic's tiles must satisfy the space's constraints by themselves (one tile-row
+    # means GROUP_M=1; no tile taller than the problem), not fall back to the smallest tile.
     problem = template.problem(M=M, N=4096, K=4096)
     config = template.heuristic(problem, device)
     assert template.violations(config, problem, device) == []
-    assert config["BLOCK_M"] == M, f"heuristic fell back to {config}"
+    assert config["BLOCK_M"] == max(16, 1 << (M - 1).bit_length()), f"heuristic fell back to {config}"
     assert config["BLOCK_N"] >= 64

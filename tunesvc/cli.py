@@ -199,9 +199,12 @@ def sweep(
         best = f"best {event.best_ms:.4g} ms" if event.best_ms is not None else ""
         progress.update(tasks[event.shape_key], completed=event.index, best=best)
 
-    with progress:
-        results = run_sweep(template, problems, store, strategy=strategy, budget=budget, seed=seed,
-                            device=device, on_start=on_start, on_trial=on_trial)
+    try:
+        with progress:
+            results = run_sweep(template, problems, store, strategy=strategy, budget=budget, seed=seed,
+                                device=device, on_start=on_start, on_trial=on_trial)
+    finally:
+        store.close()
     if as_json:
         return _print_json([r.__dict__ for r in results])
     table = Table(title=f"{template.name} on {device.name} ({store.url})")
@@ -230,6 +233,7 @@ def show(
     store = Store(db, readonly=True)
     winners = store.winners(kernel=kernel)
     counts = store.trial_counts(kernel=kernel)
+    store.close()
     if as_json:
         return _print_json({"winners": [w.to_dict() for w in winners], "trials": counts})
     table = Table(title=f"Winners in {store.url}")
@@ -285,7 +289,9 @@ def export(
     from tunesvc.store import Store
 
     store = Store(db, readonly=True)
-    for path in write_bundles(build_bundles(store, kernel=kernel, hardware_id=device), out):
+    bundles = build_bundles(store, kernel=kernel, hardware_id=device)
+    store.close()
+    for path in write_bundles(bundles, out):
         console.print(f"wrote {path}")
 
 

@@ -151,9 +151,17 @@ def test_tunesvc_db_env(tuned_db, monkeypatch, winner):
     assert Runtime().lookup("matmul", **TUNED).config == winner
 
 
-def test_explicit_missing_db_is_an_error(tmp_path):
+def test_explicit_missing_db_is_an_error_when_strict(tmp_path):
     with pytest.raises(TunesvcError, match="No database at"):
-        Runtime(db=str(tmp_path / "missing.db")).lookup("matmul", **TUNED)
+        Runtime(db=str(tmp_path / "missing.db"), strict=True).lookup("matmul", **TUNED)
+    assert not (tmp_path / "missing.db").exists()
+
+
+def test_explicit_missing_db_falls_back_to_heuristics_and_says_so(tmp_path):
+    # a serving process must keep running: one warning, then heuristic configs
+    runtime = Runtime(db=str(tmp_path / "missing.db"))
+    with pytest.warns(RuntimeWarning, match="No database at"):
+        assert runtime.lookup("matmul", **TUNED).source == "heuristic"
     assert not (tmp_path / "missing.db").exists()
 
 
@@ -257,8 +265,16 @@ def test_read_bundle_rejects(tmp_path, content, pattern):
     with pytest.raises(TunesvcError, match=pattern) as info:
         read_bundle(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
+    _corrupt_bundle_is_an_error_or_a_warned_fallback(path)
+
+
+def _corrupt_bundle_is_an_error_or_a_warned_fallback(path):
+    # strict (the CLI): one clear error; a serving process: one warning, then heuristics
     with pytest.raises(TunesvcError):
-        Runtime(bundle=path).lookup("matmul", **TUNED)
+        Runtime(bundle=path, strict=True).lookup("matmul", **TUNED)
+    runtime = Runtime(bundle=path)
+    with pytest.warns(RuntimeWarning, match=str(path)):
+        assert runtime.lookup("matmul", **TUNED).source == "heuristic"
 
 
 def test_read_bundle_missing_file(tmp_path):
@@ -276,10 +292,7 @@ def test_read_bundle_missing_file(tmp_path):
     ids=["no-sections", "empty-device", "wrong-types"],
 )
 def test_structurally_broken_bundle_is_one_clear_error(tmp_path, content):
-    # BUG: export.py read_bundle() checks only "format" and "format_version"; runtime.py
-    # load_bundle_table() then indexes bundle["device"]["hardware_id"] / bundle["kernels"]
-    # and a truncated or hand-edited bundle escapes as KeyError/TypeError, not TunesvcError.
+    # a truncated or hand-edited bundle must not escape as KeyError/TypeError
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(content))
-    with pytest.raises(TunesvcError):
-        Runtime(bundle=path).lookup("matmul", **TUNED)
+    _corrupt_bundle_is_an_error_or_a_warned_fallback(path)

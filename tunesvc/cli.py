@@ -266,7 +266,7 @@ def lookup(
     problem = template.parse_shape(shape, dtype)
     target = Store(db, readonly=True).find_device(device) if device is not None else None
     # no --db: like the runtime, use ./tune.db if there is one, else the heuristic
-    runtime = Runtime(db=db, bundle=bundle, device=target)
+    runtime = Runtime(db=db, bundle=bundle, device=target, strict=True)
     result = runtime.lookup(template, **problem)
     if as_json:
         return _print_json(result.to_dict())

@@ -12,9 +12,10 @@ ships a bundle never imports SQLAlchemy.
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import threading
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,14 +32,14 @@ if TYPE_CHECKING:
     from tunesvc.device import Device
     from tunesvc.space import Config
 
-EXACT, NEAREST, HEURISTIC = "exact", "nearest", "heuristic"
+EXACT, NEAREST, HEURISTIC, TUNED = "exact", "nearest", "heuristic", "tuned"
 
 
 @dataclass(frozen=True)
 class LookupResult:
     kernel: str
     config: Config
-    source: str  # exact | nearest | heuristic
+    source: str  # exact | nearest | heuristic | tuned (tuned on this miss)
     key: str
     matched_key: str | None = None
     distance: float | None = None
@@ -50,23 +51,60 @@ class LookupResult:
         }
 
 
-class Runtime:
-    """Tuned configs for one process. ``db`` or ``bundle`` (a JSON file from `tune export`);
-    neither: $TUNESVC_BUNDLE, else $TUNESVC_DB, else ./tune.db if it exists, else heuristics."""
+MODES = ("lookup", "heuristic", "tune")
 
-    def __init__(self, db: str | os.PathLike | None = None, bundle: str | os.PathLike | None = None, device: Device | None = None) -> None:
+
+class Runtime:
+    """Tuned configs for one process.
+
+    Where winners come from: ``db`` or ``bundle`` (a JSON file from `tune export`); neither:
+    $TUNESVC_BUNDLE, else $TUNESVC_DB, else ./tune.db if it exists, else heuristics only.
+
+    ``mode`` (or $TUNESVC_MODE): ``lookup`` (tuned, else nearest tuned, else heuristic),
+    ``heuristic`` (never read winners), ``tune`` (a miss is tuned now with a ``budget``-trial
+    sweep, stored in the database and used from then on; processes that miss the same key at
+    once take a file lock, so it is tuned once).
+
+    A winner source that cannot be read (corrupt bundle, unreachable database) does not stop
+    the program: the runtime warns once and uses heuristics, unless ``strict`` (the CLI) asks
+    for the error.
+    """
+
+    def __init__(
+        self,
+        db: str | os.PathLike | None = None,
+        bundle: str | os.PathLike | None = None,
+        device: Device | None = None,
+        *,
+        mode: str | None = None,
+        budget: int = 8,
+        strategy: str = "grid",
+        strict: bool = False,
+    ) -> None:
         if db is not None and bundle is not None:
             raise TunesvcError("Give a database or a bundle, not both.")
         if db is None and bundle is None:
             bundle = os.environ.get("TUNESVC_BUNDLE") or None
             db = os.environ.get("TUNESVC_DB") or None
+        mode = mode or os.environ.get("TUNESVC_MODE") or "lookup"
+        if mode not in MODES:
+            raise TunesvcError(f"Unknown runtime mode '{mode}'; use one of {', '.join(MODES)}.")
+        if mode == "tune" and bundle is not None:
+            raise TunesvcError("Mode 'tune' stores what it tunes in a database; give db, not a bundle.")
         self.db = db
         self.bundle = bundle
+        self.mode = mode
+        self.budget = budget
+        self.strategy = strategy
+        self.strict = strict
         self._device = device
         self._tables: dict[str, dict[str, Config]] = {}
         self._keys: dict[str, list[tuple[ShapeKey, str]]] = {}
         self._memo: dict[tuple, LookupResult] = {}
         self._lock = threading.Lock()
+        self._warned: set[tuple[str, str]] = set()
+        #: lookups answered per (kernel, source); a problem seen again is served from a memo
+        #: and not counted again
         self.counters: Counter[tuple[str, str]] = Counter()
 
     @property
@@ -81,28 +119,48 @@ class Runtime:
             with self._lock:
                 table = self._tables.get(template.name)
                 if table is None:
-                    table = self._load(template)
+                    table = {} if self.mode == "heuristic" else self._load_or_warn(template)
                     self._keys[template.name] = [(ShapeKey.parse(k), k) for k in table]
                     self._tables[template.name] = table
         return table
 
+    def _load_or_warn(self, template: Template) -> dict[str, Config]:
+        try:
+            return self._load(template)
+        except TunesvcError as exc:
+            if self.strict:
+                raise
+            self._warn_once(template.name, "load", f"tunesvc: {exc} Using heuristic configs for {template.name}.")
+            return {}
+
+    def _db_path(self) -> str | os.PathLike | None:
+        if self.db is not None:
+            return self.db
+        return "tune.db" if Path("tune.db").exists() or self.mode == "tune" else None
+
     def _load(self, template: Template) -> dict[str, Config]:
         if self.bundle is not None:
             return load_bundle_table(self.bundle, template, self.device)
-        db = self.db
-        if db is None:
-            if not Path("tune.db").exists():
-                return {}
-            db = "tune.db"
-        from tunesvc.store import Store  # the database path only
+        db = self._db_path()
+        if db is None or (self.mode == "tune" and not _database_exists(db)):
+            return {}
+        return self._winners_from(db, template, readonly=True)
 
-        store = Store(db, readonly=True)
+    def _winners_from(self, db: str | os.PathLike, template: Template, *, readonly: bool) -> dict[str, Config]:
+        from tunesvc.store import Store  # the database path only: bundles never import SQLAlchemy
+
+        store = Store(db, readonly=readonly)
         try:
             entries = store.winners(kernel=template.name, hardware_id=self.device.hardware_id, version=template.version)
         finally:
             store.close()
         # the newest measurement wins when several software stacks tuned the same key
         return {e.shape_key: e.config for e in sorted(entries, key=lambda e: e.updated_at)}
+
+    def _warn_once(self, kernel: str, what: str, message: str) -> None:
+        if (kernel, what) not in self._warned:
+            self._warned.add((kernel, what))
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def lookup(self, kernel: str | Template, **problem: Any) -> LookupResult:
         template = kernel if isinstance(kernel, Template) else get_template(kernel)
@@ -112,33 +170,92 @@ class Runtime:
         table = self._table(template)
         if text in table:
             result = LookupResult(template.name, table[text], EXACT, text, text, 0.0)
+        elif self.mode == "tune":
+            result = self._tune_on_miss(template, normalized, text)
         else:
-            nearest = min(((key.distance(k), s) for k, s in self._keys[template.name]), default=None)
-            if nearest is not None and nearest[0] != float("inf"):
-                distance, matched = nearest
-                config = table[matched]
-                if template.violations(config, normalized, self.device):
-                    config = None
-                result = (
-                    LookupResult(template.name, config, NEAREST, text, matched, distance)
-                    if config is not None
-                    else None
-                )
-            else:
-                result = None
-            if result is None:
-                result = LookupResult(template.name, template.heuristic(normalized, self.device), HEURISTIC, text)
+            result = self._nearest(template, normalized, key) or LookupResult(
+                template.name, template.heuristic(normalized, self.device), HEURISTIC, text
+            )
         self.counters[(template.name, result.source)] += 1
+        if result.source in (NEAREST, HEURISTIC) and self.mode != "heuristic":
+            self._warn_once(
+                template.name, result.source,
+                f"tunesvc: no tuned config of {template.name} for {text} on {self.device.name}; "
+                f"using the {result.source} one (tune it with `tune sweep`). Warned once per kernel.",
+            )
         return result
 
+    def _nearest(self, template: Template, problem: dict, key: ShapeKey) -> LookupResult | None:
+        distance, matched = min(((key.distance(k), s) for k, s in self._keys[template.name]), default=(math.inf, None))
+        if matched is None or distance == math.inf:
+            return None
+        config = self._tables[template.name][matched]
+        if template.violations(config, problem, self.device):  # e.g. a tile taller than this M
+            return None
+        return LookupResult(template.name, config, NEAREST, str(key), matched, distance)
+
+    def _tune_on_miss(self, template: Template, problem: dict, text: str) -> LookupResult:
+        """Sweep this one key now and persist it; one process per key does the work."""
+        from filelock import FileLock
+
+        from tunesvc.store import Store
+        from tunesvc.sweep import run_sweep
+
+        db = self._db_path()
+        lock = FileLock(_lock_path(db, template.name, text))
+        with lock:
+            # another process may have tuned it while this one waited for the lock
+            table = self._winners_from(db, template, readonly=False)
+            if text not in table:
+                store = Store(db)
+                try:
+                    run_sweep(template, [problem], store, strategy=self.strategy, budget=self.budget, device=self.device)
+                finally:
+                    store.close()
+                table = self._winners_from(db, template, readonly=True)
+        with self._lock:
+            self._tables[template.name].update(table)
+            self._keys[template.name] = [(ShapeKey.parse(k), k) for k in self._tables[template.name]]
+        if text in table:
+            return LookupResult(template.name, table[text], TUNED, text, text, 0.0)
+        # no candidate ran correctly: never guess a tuned answer
+        return LookupResult(template.name, template.heuristic(problem, self.device), HEURISTIC, text)
+
     def config_for(self, template: Template, **problem: Any) -> Config:
-        """The config to launch with (memoised per problem: the hot path is one dict hit)."""
-        memo_key = (template.name, *sorted(problem.items()))
+        """The config to launch with: after the first call per problem, one dict hit."""
+        memo_key = (template.name, *problem.values())
         hit = self._memo.get(memo_key)
         if hit is None:
             hit = self.lookup(template, **problem)
             self._memo[memo_key] = hit
         return hit.config
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Lookups per kernel and source: {'matmul': {'exact': 3, 'heuristic': 1}}."""
+        out: dict[str, dict[str, int]] = {}
+        for (kernel, source), n in sorted(self.counters.items()):
+            out.setdefault(kernel, {})[source] = n
+        return out
+
+
+def _database_exists(db: str | os.PathLike) -> bool:
+    text = str(db)
+    if "://" not in text:
+        return Path(text).exists()
+    if text.startswith("sqlite:///"):
+        return Path(text.removeprefix("sqlite:///")).exists()
+    return True  # a server database: the store reports it if it is not there
+
+
+def _lock_path(db: str | os.PathLike, kernel: str, key: str) -> str:
+    """A lock file beside a SQLite file (or in the temp folder for a server database)."""
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(f"{db}|{kernel}|{key}".encode()).hexdigest()[:16]
+    text = str(db)
+    folder = Path(text).resolve().parent if "://" not in text else Path(tempfile.gettempdir())
+    return str(folder / f".tunesvc-{kernel}-{digest}.lock")
 
 
 def load_bundle_table(path: str | os.PathLike, template: Template, device: Device) -> dict[str, Config]:
@@ -164,10 +281,12 @@ def default_runtime() -> Runtime:
     return _default
 
 
-def configure(db: str | os.PathLike | None = None, bundle: str | os.PathLike | None = None) -> Runtime:
+def configure(
+    db: str | os.PathLike | None = None, bundle: str | os.PathLike | None = None, *, mode: str | None = None, budget: int = 8
+) -> Runtime:
     """Point the process-wide runtime (used by tunesvc.kernels.*) at a database or bundle."""
     global _default
-    _default = Runtime(db=db, bundle=bundle)
+    _default = Runtime(db=db, bundle=bundle, mode=mode, budget=budget)
     return _default
 
 

@@ -1,0 +1,90 @@
+"""Runtime modes (lookup / heuristic / tune on miss), one-time warnings and counters."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from tunesvc.runtime import Runtime
+from tunesvc.store import Store
+from tunesvc.sweep import run_sweep
+
+SHAPE = {"M": 24, "N": 40, "K": 36, "dtype": "float16"}
+
+
+@pytest.fixture
+def tuned_db(tmp_db, template, device):
+    run_sweep(template, [template.problem(**SHAPE)], Store(tmp_db), budget=2, device=device)
+    return tmp_db
+
+
+def _count(db, sql):
+    con = sqlite3.connect(db)
+    try:
+        return con.execute(sql).fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_heuristic_mode_ignores_winners_and_does_not_warn(tuned_db, template, device):
+    runtime = Runtime(db=tuned_db, mode="heuristic")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = runtime.lookup("matmul", **SHAPE)
+    assert result.source == "heuristic"
+    assert result.config == template.heuristic(template.problem(**SHAPE), device)
+    assert Runtime(db=tuned_db).lookup("matmul", **SHAPE).source == "exact"
+
+
+def test_fallback_warns_once_per_kernel_and_counts_every_lookup(tuned_db):
+    runtime = Runtime(db=tuned_db)
+    with pytest.warns(RuntimeWarning, match="using the heuristic one") as caught:
+        runtime.lookup("matmul", M=8, N=8, K=8, dtype="bfloat16")
+        runtime.lookup("matmul", M=9, N=9, K=9, dtype="bfloat16")
+    assert len([w for w in caught if "heuristic one" in str(w.message)]) == 1
+    runtime.lookup("matmul", **SHAPE)
+    assert runtime.stats() == {"matmul": {"exact": 1, "heuristic": 2}}
+
+
+def test_unknown_mode_is_one_clear_error():
+    from tunesvc import TunesvcError
+
+    with pytest.raises(TunesvcError, match="Unknown runtime mode 'fast'"):
+        Runtime(mode="fast")
+
+
+def test_tune_on_miss_tunes_persists_and_is_used_afterwards(tmp_db):
+    runtime = Runtime(db=tmp_db, mode="tune", budget=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # tuning on a miss is the point of the mode: no warning
+        first = runtime.lookup("matmul", **SHAPE)
+    assert first.source == "tuned"
+    assert _count(tmp_db, "select count(*) from trials") == 2
+    assert _count(tmp_db, "select count(*) from winners") == 1
+    # a fresh process-wide view of the same database now finds it tuned
+    again = Runtime(db=tmp_db).lookup("matmul", **SHAPE)
+    assert again.source == "exact" and again.config == first.config
+    assert runtime.lookup("matmul", **SHAPE).source == "exact"
+
+
+def test_concurrent_misses_from_several_processes_tune_the_key_once(tmp_path):
+    db = str(tmp_path / "shared.db")
+    code = (
+        "import sys, tunesvc\n"
+        "r = tunesvc.Runtime(db=sys.argv[1], mode='tune', budget=3)\n"
+        "print(r.lookup('matmul', M=24, N=40, K=36).source)\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, db], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in outputs]
+    assert sorted(out.strip() for out, _ in outputs) == ["tuned"] * 3
+    assert _count(db, "select count(*) from sweeps") == 1  # one process tuned, the others waited
+    assert _count(db, "select count(*) from trials") == 3
+    assert _count(db, "select count(*) from winners") == 1

@@ -103,7 +103,7 @@ class Runtime:
         self._memo: dict[tuple, LookupResult] = {}
         self._lock = threading.Lock()
         self._warned: set[tuple[str, str]] = set()
-        #: lookups answered per (kernel, source); a problem seen again is served from a memo
+        #: problems resolved per (kernel, source); a problem seen again is served from a memo
         #: and not counted again
         self.counters: Counter[tuple[str, str]] = Counter()
 
@@ -120,9 +120,16 @@ class Runtime:
                 table = self._tables.get(template.name)
                 if table is None:
                     table = {} if self.mode == "heuristic" else self._load_or_warn(template)
-                    self._keys[template.name] = [(ShapeKey.parse(k), k) for k in table]
                     self._tables[template.name] = table
         return table
+
+    def _parsed_keys(self, name: str) -> list[tuple[ShapeKey, str]]:
+        """Tuned keys parsed for the nearest-key search, built on the first miss only."""
+        keys = self._keys.get(name)
+        if keys is None:
+            with self._lock:
+                keys = self._keys[name] = [(ShapeKey.parse(k), k) for k in self._tables[name]]
+        return keys
 
     def _load_or_warn(self, template: Template) -> dict[str, Config]:
         try:
@@ -163,6 +170,14 @@ class Runtime:
             warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def lookup(self, kernel: str | Template, **problem: Any) -> LookupResult:
+        """The config for this problem and how it was found; a problem seen before is one dict hit."""
+        memo_key = (kernel if isinstance(kernel, str) else kernel.name, *problem.items())
+        hit = self._memo.get(memo_key)
+        if hit is None:
+            hit = self._memo[memo_key] = self._resolve(kernel, problem)
+        return hit
+
+    def _resolve(self, kernel: str | Template, problem: dict[str, Any]) -> LookupResult:
         template = kernel if isinstance(kernel, Template) else get_template(kernel)
         normalized = template.problem(**problem)
         key = template.key(normalized)
@@ -186,7 +201,7 @@ class Runtime:
         return result
 
     def _nearest(self, template: Template, problem: dict, key: ShapeKey) -> LookupResult | None:
-        distance, matched = min(((key.distance(k), s) for k, s in self._keys[template.name]), default=(math.inf, None))
+        distance, matched = min(((key.distance(k), s) for k, s in self._parsed_keys(template.name)), default=(math.inf, None))
         if matched is None or distance == math.inf:
             return None
         config = self._tables[template.name][matched]
@@ -215,20 +230,15 @@ class Runtime:
                 table = self._winners_from(db, template, readonly=True)
         with self._lock:
             self._tables[template.name].update(table)
-            self._keys[template.name] = [(ShapeKey.parse(k), k) for k in self._tables[template.name]]
+            self._keys.pop(template.name, None)
         if text in table:
             return LookupResult(template.name, table[text], TUNED, text, text, 0.0)
         # no candidate ran correctly: never guess a tuned answer
         return LookupResult(template.name, template.heuristic(problem, self.device), HEURISTIC, text)
 
     def config_for(self, template: Template, **problem: Any) -> Config:
-        """The config to launch with: after the first call per problem, one dict hit."""
-        memo_key = (template.name, *problem.values())
-        hit = self._memo.get(memo_key)
-        if hit is None:
-            hit = self.lookup(template, **problem)
-            self._memo[memo_key] = hit
-        return hit.config
+        """The config to launch with (the kernels' launch path)."""
+        return self.lookup(template, **problem).config
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Lookups per kernel and source: {'matmul': {'exact': 3, 'heuristic': 1}}."""

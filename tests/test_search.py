@@ -82,9 +82,16 @@ def test_grid_drops_infeasible_initial_configs(space, candidates):
     assert proposed[0] == candidates[3]
 
 
-def test_grid_ask_without_tell_repeats_the_same_config(space, candidates):
-    grid = GridStrategy(space, candidates)
-    assert grid.ask() == grid.ask() == candidates[0]
+@pytest.mark.parametrize("make", [GridStrategy, OptunaStrategy])
+def test_asks_before_tells_give_a_batch_of_distinct_configs(space, candidates, make):
+    # a sweep asks for a batch (compiled in parallel) before it tells any result
+    strategy = make(space, candidates, seed=0)
+    batch = [strategy.ask() for _ in range(6)]
+    assert len(set(hashes(batch))) == 6
+    assert all(c in candidates for c in batch)
+    for config in batch:
+        strategy.tell(config, ok(1.0))
+    assert strategy.ask() not in batch
 
 
 def test_grid_resume_skips_stored(space, candidates):

@@ -180,3 +180,22 @@ def test_resume_after_sigkill(tmp_path):
         assert statuses == ["done", "running"]  # the killed sweep never finished
     finally:
         con.close()
+
+
+def test_compiler_pool_launches_in_workers_and_reports_failures(template, device):
+    from tunesvc.bench import Compiler
+
+    problem = template.problem(M=24, N=40, K=36)
+    good = template.heuristic(problem, device)
+    bad = {**good, "BLOCK_M": 24}  # tl.arange needs a power of two: fails in the worker
+    with Compiler(2) as compiler:
+        outcome = compiler.compile(template, problem, [good, bad])
+    assert outcome[0] is None
+    assert outcome[1] is not None and "power of 2" in outcome[1].lower().replace("two", "2")
+
+
+def test_sweep_with_compile_workers_measures_every_trial_once(tmp_db, template, device):
+    problem = template.problem(M=24, N=40, K=36)
+    [result] = run_sweep(template, [problem], Store(tmp_db), budget=4, device=device, workers=2)
+    assert result.trials_new == 4 and result.trials_stored == 4
+    assert result.winner is not None and result.failures == 0

@@ -137,3 +137,67 @@ class Bench:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return (text[-1] if text else type(exc).__name__)[:500]
+
+
+class Compiler:
+    """Compiles candidates in parallel, in worker processes, before they are measured.
+
+    Each worker launches a config once on its own copy of the inputs: Triton compiles it and
+    keeps the binary in its on-disk cache, where the measuring process then finds it. The
+    process that owns the timings never waits on the compiler for more than a cache load.
+    Written on concurrent.futures because Triton offers no public batch-compile API across
+    versions 3.2-3.9; a worker that hangs past ``timeout_s`` is left to the pool's shutdown.
+    """
+
+    def __init__(self, workers: int, timeout_s: float = 120.0) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.workers = workers
+        self.timeout_s = timeout_s
+        # spawn: a forked child of a process that has touched CUDA cannot use the GPU
+        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+    def compile(self, template: Template, problem: Problem, configs: list[Config]) -> dict[int, str | None]:
+        """Launch each config once in the pool; index -> None, or the error it raised."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        futures = [self._pool.submit(_compile_in_worker, template, problem, c) for c in configs]
+        outcome: dict[int, str | None] = {}
+        for i, future in enumerate(futures):
+            try:
+                outcome[i] = future.result(timeout=self.timeout_s)
+            except FutureTimeout:
+                outcome[i] = f"compile timeout after {self.timeout_s:g} s"
+            except Exception as exc:  # the worker died (e.g. killed by the driver)
+                outcome[i] = f"{type(exc).__name__}: {_one_line(exc)}"
+        return outcome
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> Compiler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_worker_inputs: dict[str, Any] = {}
+
+
+def _compile_in_worker(template: Template, problem: Problem, config: Config) -> str | None:
+    from tunesvc.device import current_device
+
+    device = current_device()
+    key = repr(sorted(problem.items()))
+    if key not in _worker_inputs:
+        _worker_inputs.clear()  # one problem's inputs at a time: they can be large
+        _worker_inputs[key] = template.make_inputs(problem, device)
+    try:
+        template.launch(_worker_inputs[key], config)
+        if device.is_gpu:
+            torch.cuda.synchronize()
+    except Exception as exc:  # measured again, and classified, by the timing process
+        return f"{type(exc).__name__}: {_one_line(exc)}"
+    return None

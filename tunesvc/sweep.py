@@ -8,12 +8,14 @@ becomes the key's winner.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Callable
 
 from tunesvc.bench import Bench
+from tunesvc.bench import Compiler
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
 from tunesvc.device import Device
@@ -70,44 +72,79 @@ def run_sweep(
     device: Device | None = None,
     on_start: Callable[[Problem, str, int], None] | None = None,
     on_trial: Callable[[TrialEvent], None] | None = None,
+    workers: int | None = None,
+    candidates: list[Config] | None = None,
 ) -> list[ProblemResult]:
-    """Tune ``template`` on every problem; returns one result per problem, in order."""
+    """Tune ``template`` on every problem; returns one result per problem, in order.
+
+    ``workers`` processes compile each batch of candidates in parallel before it is measured
+    (default: up to 8 on a GPU, none in the interpreter, which has nothing to compile).
+    ``candidates`` replaces the space's enumeration with an explicit list (constraints still
+    apply), e.g. to compare with another tuner on the same configs.
+    """
     check_sweep_arguments(strategy, budget)
     device = device or current_device()
+    if workers is None:
+        workers = min(8, os.cpu_count() or 1) if device.is_gpu else 0
+    compiler = Compiler(workers) if workers > 1 else None
+    try:
+        return [
+            _sweep_one(template, problem, store, device, strategy, budget, seed, on_start, on_trial, compiler, candidates)
+            for problem in problems
+        ]
+    finally:
+        if compiler is not None:
+            compiler.close()
+
+
+def _sweep_one(
+    template: Template, problem: Problem, store: Store, device: Device, strategy: str, budget: int | None,
+    seed: int, on_start, on_trial, compiler: Compiler | None, explicit: list[Config] | None,
+) -> ProblemResult:
     kv_id = store.kernel_version_id(template)
     device_id = store.device_id(device)
-    results = []
-    for problem in problems:
-        started = time.perf_counter()
-        key = str(template.key(problem))
+    started = time.perf_counter()
+    key = str(template.key(problem))
+    if explicit is None:
         candidates = template.feasible(problem, device)
-        if not candidates:
-            raise TunesvcError(
-                f"No config of {template.name}'s space fits {key} on {device.name}; widen search_spaces/{template.name}.toml."
-            )
-        heuristic = template.heuristic(problem, device)
-        limit = len(candidates) if budget is None and strategy == "grid" else budget or DEFAULT_OPTUNA_BUDGET
-        limit = min(limit, len(candidates))
-        initial = template.warm_start(problem, device)
-        search = make_strategy(strategy, template.space, candidates, seed=seed, initial=initial)
-        stored = store.trials(kv_id, device_id, key)
-        for row in stored:
-            search.tell(dict(row.config), _measurement(row))
-        measured = {row.config_hash: row for row in stored}
-        best = min((r.time_ms for r in stored if r.status == "ok"), default=None)
-        if on_start:
-            on_start(problem, key, limit)
-        sweep_id = store.start_sweep(kv_id, device_id, key, problem, strategy, budget, seed)
-        bench: Bench | None = None
-        new = 0
-        while len(search.told) < limit:
+    else:
+        candidates = [c for c in explicit if not template.violations(c, problem, device)]
+    if not candidates:
+        raise TunesvcError(
+            f"No config of {template.name}'s space fits {key} on {device.name}; widen search_spaces/{template.name}.toml."
+        )
+    heuristic = template.heuristic(problem, device)
+    limit = len(candidates) if budget is None and strategy == "grid" else budget or DEFAULT_OPTUNA_BUDGET
+    limit = min(limit, len(candidates))
+    initial = template.warm_start(problem, device)
+    search = make_strategy(strategy, template.space, candidates, seed=seed, initial=initial)
+    stored = store.trials(kv_id, device_id, key)
+    for row in stored:
+        search.tell(dict(row.config), _measurement(row))
+    measured = {row.config_hash: row for row in stored}
+    best = min((r.time_ms for r in stored if r.status == "ok"), default=None)
+    if on_start:
+        on_start(problem, key, limit)
+    sweep_id = store.start_sweep(kv_id, device_id, key, problem, strategy, budget, seed)
+    bench: Bench | None = None
+    new = 0
+    batch_size = compiler.workers if compiler else 1
+    exhausted = False
+    while len(search.told) < limit and not exhausted:
+        batch: list[Config] = []
+        while len(batch) < batch_size and len(search.told) + len(batch) < limit:
             config = search.ask()
             if config is None:
+                exhausted = True
                 break
+            if config_hash(config) in measured:  # a strategy may propose a stored config again
+                search.tell(config, _measurement(measured[config_hash(config)]))
+            else:
+                batch.append(config)
+        if compiler is not None:
+            compiler.compile(template, problem, batch)
+        for config in batch:
             h = config_hash(config)
-            if h in measured:  # a strategy may propose a stored config again
-                search.tell(config, _measurement(measured[h]))
-                continue
             bench = bench or Bench(template, problem, device)
             m = bench.measure(config)
             row = store.add_trial(sweep_id, kv_id, device_id, key, config, h, m)
@@ -119,26 +156,23 @@ def run_sweep(
                 best = m.time_ms
             if on_trial:
                 on_trial(TrialEvent(problem, key, len(search.told), limit, config, m, best))
-        winner = store.update_winner(kv_id, device_id, key)
-        rows = store.trials(kv_id, device_id, key)
-        heuristic_row = next((r for r in rows if r.config_hash == config_hash(heuristic)), None)
-        wall = time.perf_counter() - started
-        store.finish_sweep(sweep_id, wall)
-        results.append(
-            ProblemResult(
-                problem=problem,
-                shape_key=key,
-                winner=dict(winner.config) if winner else None,
-                winner_ms=winner.time_ms if winner else None,
-                heuristic=heuristic,
-                heuristic_ms=heuristic_row.time_ms if heuristic_row and heuristic_row.status == "ok" else None,
-                trials_new=new,
-                trials_stored=len(rows),
-                failures=sum(r.status != Status.OK.value for r in rows),
-                wall_seconds=wall,
-            )
-        )
-    return results
+    winner = store.update_winner(kv_id, device_id, key)
+    rows = store.trials(kv_id, device_id, key)
+    heuristic_row = next((r for r in rows if r.config_hash == config_hash(heuristic)), None)
+    wall = time.perf_counter() - started
+    store.finish_sweep(sweep_id, wall)
+    return ProblemResult(
+            problem=problem,
+            shape_key=key,
+            winner=dict(winner.config) if winner else None,
+            winner_ms=winner.time_ms if winner else None,
+            heuristic=heuristic,
+            heuristic_ms=heuristic_row.time_ms if heuristic_row and heuristic_row.status == "ok" else None,
+            trials_new=new,
+            trials_stored=len(rows),
+            failures=sum(r.status != Status.OK.value for r in rows),
+            wall_seconds=wall,
+    )
 
 
 def check_sweep_arguments(strategy: str, budget: int | None) -> None:

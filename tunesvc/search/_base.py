@@ -10,6 +10,8 @@ A :class:`Strategy` proposes configs and learns from their measurements, one at 
 
 ``candidates`` is the feasible set for the problem and device (constraints already applied);
 ``initial`` configs are proposed first (warm start: the heuristic, neighbouring winners).
+``ask`` may be called several times before the matching ``tell`` calls (a batch to compile
+in parallel); it never proposes a config that is asked and not yet told.
 The sweep owns the budget; a strategy only decides what to try next.
 """
 
@@ -36,6 +38,8 @@ class Strategy(abc.ABC):
         self._feasible = {config_hash(c) for c in candidates}
         self.initial = [c for c in initial if config_hash(c) in self._feasible]
         self.told: dict[str, Measurement] = {}
+        #: proposed and not yet told: a sweep may ask for several configs before measuring any
+        self.asked: set[str] = set()
 
     @property
     def exhausted(self) -> bool:
@@ -47,4 +51,6 @@ class Strategy(abc.ABC):
 
     def tell(self, config: Config, measurement: Measurement) -> None:
         """Record a measurement (of a config this strategy proposed, or a stored one)."""
-        self.told[config_hash(config)] = measurement
+        key = config_hash(config)
+        self.told[key] = measurement
+        self.asked.discard(key)

@@ -12,6 +12,8 @@ class GridStrategy(Strategy):
 
     def ask(self) -> Config | None:
         for config in (*self.initial, *self.candidates):
-            if config_hash(config) not in self.told:
+            key = config_hash(config)
+            if key not in self.told and key not in self.asked:
+                self.asked.add(key)
                 return config
         return None

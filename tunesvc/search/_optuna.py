@@ -56,9 +56,14 @@ class OptunaStrategy(Strategy):
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             else:
                 self._pending[key] = trial
+                self.asked.add(key)
                 return config
-        left = [c for c in self.candidates if config_hash(c) not in self.told and config_hash(c) not in self._pending]
-        return self._rng.choice(left) if left else None
+        left = [c for c in self.candidates if config_hash(c) not in self.told and config_hash(c) not in self.asked]
+        if not left:
+            return None
+        config = self._rng.choice(left)
+        self.asked.add(config_hash(config))
+        return config
 
     def tell(self, config: Config, measurement: Measurement) -> None:
         super().tell(config, measurement)

@@ -6,9 +6,10 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/tsvc . || exit 1
 export PYTHONPATH=/tmp/tsvc:/tmp/site PYTHONUNBUFFERED=1 R=$PWD
-[ -f .gpu/tune.db ] && cp .gpu/tune.db "$OUT/tune.db" && chmod u+w "$OUT/tune.db"
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
 cd /tmp || exit 1  # run from outside the checkout, so the installed tunesvc (with its kernels) is the one imported
+[ -f "$R/.gpu/tune.db" ] && cp "$R/.gpu/tune.db" "$OUT/tune.db" && chmod u+w "$OUT/tune.db" \
+  && python3 -m tunesvc db upgrade --db "$OUT/tune.db"  # a database from an older schema
 python3 -c "import tunesvc.device as d; print(d.current_device().to_dict())" | tee -a "$OUT/gpu.txt"
 [ "${PROBE:-1}" = 1 ] && python3 "$R/benchmarks/probe_resources.py" 2>&1 | tee "$OUT/probe.log"
 python3 -m pytest -q -x -p no:cacheprovider --rootdir "$R" -c "$R/pyproject.toml" "$R/tests/test_gpu.py" 2>&1 | tail -15 | tee "$OUT/gpu-tests.log"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -278,3 +280,55 @@ def test_sweep_into_a_missing_folder(tmp_path):
 def test_show_on_a_directory(tmp_path):
     result = invoke("show", "--db", str(tmp_path))
     assert_one_line_error(result, "is a directory")
+
+
+# -- show filters, sweep --quiet, --debug --------------------------------------------------------------
+def test_show_filters_by_device_and_shape(db, device):
+    def shown(*args: str) -> dict:
+        result = invoke("show", "--db", db, "--json", *args)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    everything = shown()
+    for args in (("--device", device.name[3:9].upper()), ("--device", device.hardware_id), ("--shape", "M=64"),
+                 ("--shape", "FLOAT16"), ("--kernel", "matmul", "--device", device.name, "--shape", "K=29")):
+        assert shown(*args) == everything, args  # substrings, any case
+    for args in (("--device", "no such gpu"), ("--shape", "float32"), ("--shape", "M=6_"), ("--shape", "%")):
+        assert shown(*args) == {"winners": [], "trials": {}}, args  # LIKE wildcards are plain text
+    assert shown("--device", device.name, "--shape", "N=45")["trials"] == {"ok": 2}
+
+    table = invoke("show", "--db", db, "--shape", "M=64")
+    assert table.exit_code == 0, table.output
+    assert "matmul" in table.stdout and "1 winners, 2 trials, 0 failed or invalid." in table.stdout
+    none = invoke("show", "--db", db, "--device", "no such gpu")
+    assert none.exit_code == 0 and "0 winners, 0 trials, 0 failed or invalid." in none.stdout
+
+
+def test_sweep_quiet_has_no_progress_bar(db):
+    args = ("sweep", "matmul", "--shape", SHAPE, "--budget", "2", "--db", db)
+    loud = invoke(*args)
+    assert loud.exit_code == 0, loud.output
+    assert KEY in loud.stderr and "/2" in loud.stderr  # the progress bar, on stderr even when not a terminal
+    for flag in ("--quiet", "-q"):
+        quiet = invoke(*args, flag)
+        assert quiet.exit_code == 0, quiet.output
+        assert quiet.stderr == ""
+        assert "2 (+0)" in quiet.stdout  # the result table still prints
+
+
+def test_debug_keeps_the_traceback(tmp_path):
+    from tunesvc import TunesvcError
+
+    missing = str(tmp_path / "missing.db")
+    result = invoke("--debug", "show", "--db", missing)
+    assert result.exit_code == 1
+    assert isinstance(result.exception, TunesvcError) and "No database at" in str(result.exception)
+    # the flag is per run: the next command without it is back to one line
+    assert_one_line_error(invoke("show", "--db", missing), "No database at")
+
+    done = subprocess.run([sys.executable, "-m", "tunesvc", "--debug", "show", "--db", missing],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "tunesvc.errors.TunesvcError: No database at" in done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -37,6 +37,9 @@ DbOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
+#: `tune --debug`: user errors keep their traceback (set by the app callback on every run)
+_DEBUG = False
+
 
 def _version(value: bool) -> None:
     if value:
@@ -49,18 +52,23 @@ def _version(value: bool) -> None:
 @app.callback()
 def _main(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show errors with their traceback instead of one line.")] = False,
 ) -> None:
     """Tune Triton kernels once per GPU and shape, keep the results, look them up at run time."""
+    global _DEBUG
+    _DEBUG = debug
 
 
 def user_errors(fn: Callable) -> Callable:
-    """A TunesvcError becomes one line on stderr and exit code 1, never a traceback."""
+    """A TunesvcError becomes one line on stderr and exit code 1, never a traceback (unless --debug)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except TunesvcError as exc:
+            if _DEBUG:
+                raise
             Console(stderr=True).print(f"[bold red]Error:[/bold red] {exc}", markup=True, highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
 
@@ -171,8 +179,10 @@ def sweep(
     strategy: Annotated[str, typer.Option(help="grid (every feasible config) or optuna (TPE).")] = "grid",
     budget: Annotated[Optional[int], typer.Option(help="Most trials per shape, stored ones included [grid: all; optuna: 50].")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the sampler.")] = 0,
+    workers: Annotated[Optional[int], typer.Option(help="Processes compiling candidates in parallel [GPU: up to 8; interpreter: 0].")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (for logs); the result table still prints.")] = False,
 ) -> None:
     """Benchmark configs for each shape on this device, store every trial and the winners."""
     from tunesvc.device import current_device
@@ -188,7 +198,7 @@ def sweep(
     device = current_device()
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[best]}"),
-        TimeElapsedColumn(), console=Console(stderr=True), disable=as_json,
+        TimeElapsedColumn(), console=Console(stderr=True), disable=as_json or quiet,
     )
     tasks: dict[str, Any] = {}
 
@@ -202,7 +212,7 @@ def sweep(
     try:
         with progress:
             results = run_sweep(template, problems, store, strategy=strategy, budget=budget, seed=seed,
-                                device=device, on_start=on_start, on_trial=on_trial)
+                                device=device, on_start=on_start, on_trial=on_trial, workers=workers)
     finally:
         store.close()
     if as_json:
@@ -224,6 +234,8 @@ def sweep(
 @user_errors
 def show(
     kernel: Annotated[Optional[str], typer.Option(help="Only this kernel.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="Only devices whose name or hardware id contains this text.")] = None,
+    shape: Annotated[Optional[str], typer.Option(help="Only shape keys that contain this text, e.g. M=4096 or bfloat16.")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -231,9 +243,14 @@ def show(
     from tunesvc.store import Store
 
     store = Store(db, readonly=True)
-    winners = store.winners(kernel=kernel)
-    counts = store.trial_counts(kernel=kernel)
-    store.close()
+    try:
+        winners = store.winners(kernel=kernel, device=device, shape=shape)
+        if device is None and shape is None:
+            counts = store.trial_counts(kernel=kernel)
+        else:
+            counts = _filtered_trial_counts(store, kernel, device, shape)
+    finally:
+        store.close()
     if as_json:
         return _print_json({"winners": [w.to_dict() for w in winners], "trials": counts})
     table = Table(title=f"Winners in {store.url}")
@@ -244,6 +261,34 @@ def show(
     console.print(table)
     failed = sum(n for status, n in counts.items() if status != "ok")
     console.print(f"{len(winners)} winners, {sum(counts.values())} trials, {failed} failed or invalid.")
+
+
+def _filtered_trial_counts(store, kernel: str | None, device: str | None, shape: str | None) -> dict[str, int]:
+    """Trials by status among those `show --device/--shape` select, as Store.winners matches them."""
+    from sqlalchemy import func
+    from sqlalchemy import select
+
+    from tunesvc.store.models import KernelVersion
+    from tunesvc.store.models import StoredDevice
+    from tunesvc.store.models import Trial
+
+    query = (
+        select(Trial.status, func.count())
+        .join(KernelVersion, Trial.kernel_version_id == KernelVersion.id)
+        .join(StoredDevice, Trial.device_id == StoredDevice.id)
+        .group_by(Trial.status)
+    )
+    if kernel is not None:
+        query = query.where(KernelVersion.kernel == kernel)
+    if device is not None:
+        query = query.where(
+            func.lower(StoredDevice.name).contains(device.lower(), autoescape=True)
+            | func.lower(StoredDevice.hardware_id).contains(device.lower(), autoescape=True)
+        )
+    if shape is not None:
+        query = query.where(func.lower(Trial.shape_key).contains(shape.lower(), autoescape=True))
+    with store.session() as session:
+        return dict(session.execute(query).all())
 
 
 @app.command()
@@ -293,6 +338,88 @@ def export(
     store.close()
     for path in write_bundles(bundles, out):
         console.print(f"wrote {path}")
+
+
+@app.command()
+@user_errors
+def report(
+    db: DbOption = None,
+    kernel: Annotated[Optional[str], typer.Option(help="Only this kernel.")] = None,
+    out: Annotated[Path, typer.Option(help="Folder for report.html and its PNG figures.")] = Path("tunesvc-report"),
+) -> None:
+    """Write an HTML report: winners against the heuristic, roofline fractions, convergence and spread."""
+    from tunesvc.report import write_report
+    from tunesvc.store import Store
+
+    store = Store(db, readonly=True)
+    try:
+        path = write_report(store, out, kernel=kernel)
+    finally:
+        store.close()
+    console.print(f"wrote {path}")
+
+
+# -- tune db: the schema (Alembic migrations in tunesvc/store/alembic) -------------------------------
+db_app = typer.Typer(
+    help="Create, upgrade and inspect a database's schema (Alembic migrations; every row is kept).",
+    no_args_is_help=True,
+)
+app.add_typer(db_app, name="db")
+
+
+def _db_name(db: str | None) -> str:
+    from sqlalchemy.engine import make_url
+
+    from tunesvc.store import resolve_url
+
+    url = resolve_url(db)
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return url
+    return parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database else parsed.render_as_string(hide_password=True)
+
+
+def _upgraded(db: str | None, before: str | None, after: str) -> None:
+    name = _db_name(db)
+    if before is None:
+        console.print(f"Created {name} at schema revision {after}.", soft_wrap=True)
+    elif before == after:
+        console.print(f"{name} is already at schema revision {after}, the newest.", soft_wrap=True)
+    else:
+        console.print(f"Upgraded {name} from schema revision {before} to {after}.", soft_wrap=True)
+
+
+@db_app.command("init")
+@user_errors
+def db_init(db: DbOption = None) -> None:
+    """Create a database at the current schema, or upgrade an older one to it."""
+    from tunesvc.store import upgrade
+
+    _upgraded(db, *upgrade(db))
+
+
+@db_app.command("upgrade")
+@user_errors
+def db_upgrade(db: DbOption = None) -> None:
+    """Upgrade an existing database to the current schema; says from which revision to which."""
+    from tunesvc.store import upgrade
+
+    _upgraded(db, *upgrade(db, create=False))
+
+
+@db_app.command("current")
+@user_errors
+def db_current(db: DbOption = None, as_json: JsonOption = False) -> None:
+    """Print a database's schema revision and whether `tune db upgrade` has work to do (reads only)."""
+    from tunesvc.store import current_revision
+    from tunesvc.store import head_revision
+
+    revision, head = current_revision(db), head_revision()
+    if as_json:
+        return _print_json({"db": _db_name(db), "revision": revision, "head": head, "up_to_date": revision == head})
+    state = "the newest" if revision == head else f"older than this tunesvc's {head}; `tune db upgrade` migrates it"
+    console.print(f"{_db_name(db)}: schema revision {revision} ({state}).", soft_wrap=True)
 
 
 def main() -> None:

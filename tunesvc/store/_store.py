@@ -7,6 +7,9 @@ midway loses at most the trial in flight, and the next run finds the rest.
 from __future__ import annotations
 
 import os
+import shlex
+import socket
+import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from dataclasses import dataclass
@@ -19,7 +22,6 @@ from typing import Iterator
 from sqlalchemy import create_engine
 from sqlalchemy import event
 from sqlalchemy import func
-from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -30,10 +32,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import sessionmaker
 
 from tunesvc.errors import TunesvcError
-from tunesvc.store.models import SCHEMA_VERSION
-from tunesvc.store.models import Base
+from tunesvc.store import _migrate
 from tunesvc.store.models import KernelVersion
-from tunesvc.store.models import Meta
 from tunesvc.store.models import StoredDevice
 from tunesvc.store.models import Sweep
 from tunesvc.store.models import Trial
@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from tunesvc.template import Template
 
 DEFAULT_DB = "tune.db"
+#: how long a SQLite writer waits for another one's lock before it fails
+BUSY_TIMEOUT_S = 30
 
 
 def resolve_url(db: str | os.PathLike | None = None) -> str:
@@ -77,9 +79,16 @@ class Store:
 
     ``readonly=True`` opens a SQLite file without changing it in any way (not even its journal
     mode) and refuses a path with no database: inspection must never create or alter files.
+
+    The schema is versioned by Alembic migrations (see :mod:`tunesvc.store._migrate`): a new
+    database is created at the head revision; one at an older revision is read, but a writable
+    open refuses it (`tune db upgrade` migrates it) unless ``upgrade=True``. ``revision`` is the
+    database's revision once open, ``revision_found`` the one it had (None: it was created).
     """
 
-    def __init__(self, db: str | os.PathLike | None = None, *, readonly: bool = False) -> None:
+    def __init__(self, db: str | os.PathLike | None = None, *, readonly: bool = False, upgrade: bool = False) -> None:
+        if readonly and upgrade:
+            raise ValueError("a read-only store cannot upgrade its database")
         self.url = resolve_url(db)
         try:
             url = make_url(self.url)
@@ -106,37 +115,56 @@ class Store:
             event.listen(self.engine, "connect", self._sqlite_pragmas)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         with self._errors():
-            self._prepare_schema()
+            self._prepare_schema(upgrade)
 
     def _sqlite_pragmas(self, dbapi_connection, _record) -> None:
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA busy_timeout = 30000")
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.close()
 
-    def _prepare_schema(self) -> None:
-        tables = set(sa_inspect(self.engine).get_table_names())
-        if "tunesvc_meta" in tables:
-            with self._sessions() as session:
-                row = session.get(Meta, "schema_version")
-            found = int(row.value) if row else 0
-            if found > SCHEMA_VERSION:
-                raise TunesvcError(
-                    f"{self._where()} has schema version {found}, newer than this tunesvc ({SCHEMA_VERSION}); upgrade tunesvc."
-                )
-        elif tables:
-            raise TunesvcError(f"{self._where()} holds other tables, not a tunesvc database; pass another --db.")
-        elif self.readonly:
+    def _prepare_schema(self, upgrade: bool = False) -> None:
+        with self.engine.connect() as connection:
+            found, _ = _migrate.revision_of(connection, self._where())  # refuses foreign and newer ones
+        self.revision_found, self.revision = found, found
+        if found is None and self.readonly:
             raise TunesvcError(f"{self._where()} is not a tunesvc database yet; run `tune sweep` first.")
-        else:
-            Base.metadata.create_all(self.engine)
-            with self.session() as session:
-                session.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+        if found != _migrate.HEAD and not self.readonly:
+            if found is not None and not upgrade:
+                raise TunesvcError(
+                    f"{self._where()} has schema revision {found}, older than this tunesvc ({_migrate.HEAD}); "
+                    f"run `tune db upgrade{self._db_flag()}` first (it keeps every row)."
+                )
+            self.revision_found, self.revision = _migrate.migrate(self.engine, self._where())
         if self.is_sqlite and not self.readonly:
             # WAL lets readers (the runtime, `tune show`) run beside a sweep that writes; set only
             # once the file is known to be ours, since it rewrites the file's header
-            with self.engine.connect() as connection:
-                connection.exec_driver_sql("PRAGMA journal_mode = WAL")
+            self._use_wal()
+
+    def _use_wal(self) -> None:
+        """Switch the file to WAL once (the mode persists in the file).
+
+        The switch needs the file to itself, and SQLite answers "database is locked" at once,
+        without its busy timeout, while another process holds it (several processes creating the
+        same new database): retry for as long as the busy timeout would have waited.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        with self.engine.connect() as connection:
+            while connection.exec_driver_sql("PRAGMA journal_mode").scalar() != "wal":
+                try:
+                    connection.exec_driver_sql("PRAGMA journal_mode = WAL")
+                    return  # WAL, or a mode that cannot change (an in-memory database)
+                except OperationalError as exc:
+                    connection.rollback()
+                    if "locked" not in str(exc.orig) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+
+    def _db_flag(self) -> str:
+        """` --db ...` for a command line that names this database, if it is not the default."""
+        if self.url == resolve_url(None):
+            return ""
+        return f" --db {shlex.quote(self._where())}"
 
     def _where(self) -> str:
         return self.path if self.is_sqlite and self.path else self.engine.url.render_as_string(hide_password=True)
@@ -195,7 +223,7 @@ class Store:
         with self.session() as session:
             row = Sweep(
                 kernel_version_id=kv_id, device_id=device_id, shape_key=shape_key,
-                problem=problem, strategy=strategy, budget=budget, seed=seed,
+                problem=problem, strategy=strategy, budget=budget, seed=seed, host=socket.gethostname(),
             )
             session.add(row)
             session.flush()
@@ -254,7 +282,12 @@ class Store:
             return winner
 
     # -- reading ------------------------------------------------------------------------
-    def winners(self, kernel: str | None = None, hardware_id: str | None = None, version: str | None = None) -> list[WinnerEntry]:
+    def winners(
+        self, kernel: str | None = None, hardware_id: str | None = None, version: str | None = None,
+        device: str | None = None, shape: str | None = None,
+    ) -> list[WinnerEntry]:
+        """Winners, optionally filtered; ``device`` and ``shape`` match case-insensitive substrings
+        of the device's name or hardware id and of the shape key."""
         with self.session() as session:
             query = select(Winner).join(Winner.kernel_version).join(Winner.device)
             if kernel is not None:
@@ -263,6 +296,14 @@ class Store:
                 query = query.where(StoredDevice.hardware_id == hardware_id)
             if version is not None:
                 query = query.where(KernelVersion.version == version)
+            if device is not None:
+                text = device.lower()
+                query = query.where(
+                    func.lower(StoredDevice.name).contains(text, autoescape=True)
+                    | func.lower(StoredDevice.hardware_id).contains(text, autoescape=True)
+                )
+            if shape is not None:
+                query = query.where(func.lower(Winner.shape_key).contains(shape.lower(), autoescape=True))
             query = query.order_by(KernelVersion.kernel, StoredDevice.name, Winner.shape_key, Winner.updated_at)
             return [
                 WinnerEntry(

@@ -4,6 +4,10 @@ devices -< sweeps >- kernel_versions; every trial row belongs to one sweep and c
 (kernel version, device, shape key, config hash), unique together: a config is measured once
 per key and device, and re-running a sweep reuses what is there. One winner row per (kernel
 version, device, shape key).
+
+Change the schema here and, with it, add a migration in alembic/versions (the next "000N", which
+SCHEMA_VERSION then names): databases are created and upgraded only through the migrations, and
+tests/test_migrations.py checks that the head matches these models.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import JSON
 from sqlalchemy import ForeignKey
+from sqlalchemy import Index
 from sqlalchemy import String
 from sqlalchemy import UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase
@@ -21,7 +26,10 @@ from sqlalchemy.orm import Mapped
 from sqlalchemy.orm import mapped_column
 from sqlalchemy.orm import relationship
 
-SCHEMA_VERSION = 1
+#: The schema's number: the Alembic head revision ("0002" -> 2) of tunesvc/store/alembic/versions.
+#: Each migration writes its number to tunesvc_meta.schema_version, so that a tunesvc from before
+#: Alembic (which reads only that row) also refuses a database newer than itself.
+SCHEMA_VERSION = 2
 
 
 def utcnow() -> datetime:
@@ -80,11 +88,16 @@ class Sweep(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
     wall_seconds: Mapped[float | None]
+    host: Mapped[str | None] = mapped_column(String(256))  # revision 0002; None for older sweeps
 
 
 class Trial(Base):
     __tablename__ = "trials"
-    __table_args__ = (UniqueConstraint("kernel_version_id", "device_id", "shape_key", "config_hash"),)
+    __table_args__ = (
+        UniqueConstraint("kernel_version_id", "device_id", "shape_key", "config_hash"),
+        # revision 0002: a key's correct trials in time order, so the winner query reads one row
+        Index("ix_trials_key_status_time", "kernel_version_id", "device_id", "shape_key", "status", "time_ms"),
+    )
     id: Mapped[int] = mapped_column(primary_key=True)
     sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id"))
     kernel_version_id: Mapped[int] = mapped_column(ForeignKey("kernel_versions.id"))

@@ -1,0 +1,355 @@
+"""Schema migrations: revision 0001 is the schema before Alembic, 0002 migrates it keeping every row.
+
+Databases at 0001 are built the way a user's would be: Alembic upgraded to "0001" on a fresh
+SQLite file, rows inserted with raw SQL (the ORM models are at head and cannot write them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import socket
+import sqlite3
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine
+from typer.testing import CliRunner
+
+from tunesvc import TunesvcError
+from tunesvc import get_template
+from tunesvc.cli import app
+from tunesvc.store import Store
+from tunesvc.store import current_revision
+from tunesvc.store import head_revision
+from tunesvc.store import upgrade
+from tunesvc.store._migrate import HEAD
+from tunesvc.store._migrate import KNOWN
+from tunesvc.store._migrate import alembic_config
+from tunesvc.store.models import SCHEMA_VERSION
+from tunesvc.store.models import Base
+from tunesvc.sweep import run_sweep
+
+EXAMPLE = Path(__file__).parent.parent / "tune.db.example"
+KEY = "M=16,N=16,K=16,dtype=float16"
+TABLES = ("devices", "kernel_versions", "sweeps", "trials", "winners")
+
+
+def md5(path) -> str:
+    return hashlib.md5(Path(path).read_bytes()).hexdigest()
+
+
+def alembic_to(path, revision: str) -> None:
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        with engine.begin() as connection:
+            command.upgrade(alembic_config(connection), revision)
+    finally:
+        engine.dispose()
+
+
+def database_at_0001(path) -> None:
+    """A database at revision 0001 holding one device, kernel version, sweep, 3 trials, 1 winner."""
+    alembic_to(path, "0001")
+    con = sqlite3.connect(path)
+    with con:
+        con.execute(
+            "INSERT INTO devices (id, fingerprint, hardware_id, kind, name, capability, sm_count, memory_bytes,"
+            " max_shared_memory, max_num_regs, driver, cuda, torch, triton, first_seen) VALUES"
+            " (1, 'fp0001', 'H100|sm_90|132SM', 'cuda', 'NVIDIA H100 80GB HBM3', '9.0', 132, 85899345920,"
+            " 232448, 65536, '550', '12.4', '2.4', '3.0', '2026-01-01 00:00:00')"
+        )
+        con.execute("INSERT INTO kernel_versions (id, kernel, version, first_seen) VALUES (1, 'matmul', 'abc123', '2026-01-01 00:00:00')")
+        con.execute(
+            "INSERT INTO sweeps (id, kernel_version_id, device_id, shape_key, problem, strategy, budget, seed, status,"
+            " started_at, finished_at, wall_seconds) VALUES (1, 1, 1, ?, ?, 'grid', 3, 0, 'done',"
+            " '2026-01-01 00:00:00', '2026-01-01 00:01:00', 60.0)",
+            (KEY, json.dumps({"M": 16, "N": 16, "K": 16, "dtype": "float16"})),
+        )
+        for i, (status, ms) in enumerate([("ok", 2.5), ("ok", 1.5), ("wrong_result", None)], start=1):
+            con.execute(
+                "INSERT INTO trials (id, sweep_id, kernel_version_id, device_id, shape_key, config, config_hash, status,"
+                " time_ms, spread, reps, rel_error, message, created_at) VALUES (?, 1, 1, 1, ?, ?, ?, ?, ?, 0.1, 3, NULL,"
+                " NULL, '2026-01-01 00:00:00')",
+                (i, KEY, json.dumps({"BLOCK_M": 16 * i}), f"hash{i}", status, ms),
+            )
+        con.execute(
+            "INSERT INTO winners (id, kernel_version_id, device_id, shape_key, config, config_hash, time_ms, trial_id,"
+            " updated_at) VALUES (1, 1, 1, ?, ?, 'hash2', 1.5, 2, '2026-01-01 00:01:00')",
+            (KEY, json.dumps({"BLOCK_M": 32})),
+        )
+    con.close()
+
+
+def rows(path) -> dict[str, list[tuple]]:
+    """Every row of every table, in the columns revision 0001 has."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        out = {}
+        for table in TABLES:
+            columns = [r[1] for r in con.execute(f"PRAGMA table_info({table})") if r[1] != "host"]
+            out[table] = con.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY id").fetchall()
+        return out
+    finally:
+        con.close()
+
+
+def schema(path) -> set[tuple]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return set(con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE tbl_name != 'alembic_version'"))
+    finally:
+        con.close()
+
+
+def structure(path) -> dict[str, tuple]:
+    """Columns, indexes and foreign keys of each table, as SQLite reports them (not the DDL text)."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'alembic_version'")]
+        return {
+            t: (
+                con.execute(f"PRAGMA table_info({t})").fetchall(),
+                sorted((r[1], r[2], tuple(c[2] for c in con.execute(f"PRAGMA index_info('{r[1]}')")))
+                       for r in con.execute(f"PRAGMA index_list({t})") if not r[1].startswith("sqlite_autoindex")),
+                sorted(r[2:5] for r in con.execute(f"PRAGMA foreign_key_list({t})")),
+                sorted(tuple(c[2] for c in con.execute(f"PRAGMA index_info('{r[1]}')"))
+                       for r in con.execute(f"PRAGMA index_list({t})") if r[2]),  # unique constraints
+            )
+            for t in sorted(tables)
+        }
+    finally:
+        con.close()
+
+
+def revision_rows(path) -> tuple[list, list]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return (con.execute("SELECT version_num FROM alembic_version").fetchall(),
+                con.execute("SELECT value FROM tunesvc_meta WHERE key = 'schema_version'").fetchall())
+    finally:
+        con.close()
+
+
+def tune(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+# -- the revisions ----------------------------------------------------------------------------------
+def test_revisions_are_numbered_and_linear():
+    script = ScriptDirectory.from_config(alembic_config())
+    assert head_revision() == HEAD == f"{SCHEMA_VERSION:04d}"
+    assert script.get_heads() == [HEAD]
+    revisions = list(reversed(list(script.walk_revisions())))
+    assert [r.revision for r in revisions] == sorted(KNOWN)
+    assert [r.down_revision for r in revisions] == [None] + sorted(KNOWN)[:-1]
+
+
+def test_head_schema_is_the_models(tmp_db):
+    Store(tmp_db).close()
+    engine = create_engine(f"sqlite:///{tmp_db}")
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()
+    assert revision_rows(tmp_db) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
+
+
+def test_revision_0001_is_the_schema_from_before_alembic(tmp_db):
+    """tune.db.example was made by create_all at schema 1: 0001 must create exactly that."""
+    alembic_to(tmp_db, "0001")
+    assert schema(tmp_db) == schema(EXAMPLE)
+    assert revision_rows(tmp_db) == ([("0001",)], [("1",)])
+
+
+def test_downgrade_to_0001_and_back_keeps_rows(tmp_db):
+    database_at_0001(tmp_db)
+    before = rows(tmp_db)
+    alembic_to(tmp_db, "head")
+    engine = create_engine(f"sqlite:///{tmp_db}")
+    try:
+        with engine.begin() as connection:
+            command.downgrade(alembic_config(connection), "0001")
+    finally:
+        engine.dispose()
+    assert structure(tmp_db) == structure(EXAMPLE)  # batch mode rebuilt sweeps: same table, other DDL text
+    assert rows(tmp_db) == before
+    assert revision_rows(tmp_db) == ([("0001",)], [("1",)])
+
+
+def test_winner_query_reads_the_new_index(tmp_db):
+    Store(tmp_db).close()
+    con = sqlite3.connect(tmp_db)
+    try:
+        plan = " ".join(r[3] for r in con.execute(
+            "EXPLAIN QUERY PLAN SELECT * FROM trials WHERE kernel_version_id = 1 AND device_id = 1"
+            " AND shape_key = 'k' AND status = 'ok' ORDER BY time_ms, id LIMIT 1"
+        ))
+    finally:
+        con.close()
+    assert "ix_trials_key_status_time" in plan and "TEMP B-TREE" not in plan, plan
+
+
+# -- an older database ------------------------------------------------------------------------------
+def test_tune_db_upgrade_keeps_every_row_and_the_store_then_sweeps(tmp_db):
+    database_at_0001(tmp_db)
+    before = rows(tmp_db)
+    assert [len(before[t]) for t in TABLES] == [1, 1, 1, 3, 1]
+    assert current_revision(tmp_db) == "0001"
+
+    result = tune("db", "upgrade", "--db", tmp_db)
+    assert result.exit_code == 0, result.output
+    assert "from schema revision 0001 to 0002" in result.output
+    assert rows(tmp_db) == before
+    assert revision_rows(tmp_db) == ([("0002",)], [("2",)])
+    con = sqlite3.connect(tmp_db)
+    assert con.execute("SELECT host FROM sweeps").fetchall() == [(None,)]
+    con.close()
+
+    store = Store(tmp_db)
+    try:
+        [winner] = store.winners()
+        assert winner.config == {"BLOCK_M": 32} and winner.time_ms == 1.5
+        template = get_template("matmul")
+        [result] = run_sweep(template, [template.parse_shape("16x16x16", "float16")], store, strategy="grid", budget=1)
+        assert result.trials_new == 1
+    finally:
+        store.close()
+    con = sqlite3.connect(tmp_db)
+    try:
+        assert con.execute("SELECT count(*) FROM trials").fetchone() == (4,)
+        assert con.execute("SELECT host FROM sweeps ORDER BY id").fetchall() == [(None,), (socket.gethostname(),)]
+    finally:
+        con.close()
+
+    again = tune("db", "upgrade", "--db", tmp_db)
+    assert again.exit_code == 0 and "already at schema revision 0002" in again.output
+
+
+def test_older_database_is_read_but_a_writable_open_refuses_it_unchanged(tmp_db):
+    database_at_0001(tmp_db)
+    before = md5(tmp_db)
+    with pytest.raises(TunesvcError, match=r"schema revision 0001, older than .*run `tune db upgrade --db .*` first") as info:
+        Store(tmp_db)
+    assert "\n" not in str(info.value)
+    ro = Store(tmp_db, readonly=True)
+    try:
+        assert ro.revision == "0001"
+        assert [w.shape_key for w in ro.winners()] == [KEY]
+        assert ro.trial_counts() == {"ok": 2, "wrong_result": 1}
+    finally:
+        ro.close()
+    result = tune("sweep", "matmul", "--shape", "16x16x16", "--budget", "1", "--db", tmp_db)
+    assert result.exit_code == 1 and "tune db upgrade" in result.output
+    assert tune("show", "--db", tmp_db).exit_code == 0
+    assert md5(tmp_db) == before
+
+
+def test_database_from_before_alembic(tmp_path):
+    """A copy of tune.db.example: schema_version 1 and no alembic_version table."""
+    path = tmp_path / "old.db"
+    shutil.copyfile(EXAMPLE, path)
+    before_md5, before = md5(path), rows(path)
+
+    assert current_revision(path) == "0001"
+    current = tune("db", "current", "--db", str(path), "--json")
+    assert current.exit_code == 0, current.output
+    assert json.loads(current.output) == {"db": str(path), "revision": "0001", "head": HEAD, "up_to_date": False}
+    with pytest.raises(TunesvcError, match="run `tune db upgrade"):
+        Store(path)
+    assert md5(path) == before_md5
+
+    result = tune("db", "upgrade", "--db", str(path))
+    assert result.exit_code == 0, result.output
+    assert "from schema revision 0001 to 0002" in result.output
+    assert rows(path) == before
+    assert len(before["trials"]) == 240 and len(before["winners"]) == 6
+    assert revision_rows(path) == ([("0002",)], [("2",)])
+    Store(path).close()
+
+
+def test_tune_db_example_opens_read_only_and_unchanged():
+    before = md5(EXAMPLE)
+    result = tune("show", "--db", str(EXAMPLE))
+    assert result.exit_code == 0, result.output
+    assert "6 winners, 240 trials" in result.output
+    assert tune("db", "current", "--db", str(EXAMPLE)).exit_code == 0
+    assert md5(EXAMPLE) == before
+
+
+def test_failed_upgrade_changes_nothing(tmp_db):
+    """The upgrade is one transaction: 0002 fails halfway (its index name is taken), 0001 stays."""
+    database_at_0001(tmp_db)
+    con = sqlite3.connect(tmp_db)
+    with con:
+        con.execute("CREATE INDEX ix_trials_key_status_time ON winners (shape_key)")
+    con.close()
+    before_schema, before = schema(tmp_db), rows(tmp_db)
+    result = tune("db", "upgrade", "--db", tmp_db)
+    assert result.exit_code != 0
+    assert schema(tmp_db) == before_schema  # no sweeps.host
+    assert rows(tmp_db) == before
+    assert revision_rows(tmp_db) == ([("0001",)], [("1",)])
+
+
+# -- newer and foreign databases ---------------------------------------------------------------------
+@pytest.mark.parametrize("readonly", [True, False])
+def test_newer_alembic_revision_is_refused_unchanged(tmp_db, readonly):
+    """Like tests/test_store.py's schema_version check, for a revision this tunesvc does not know."""
+    Store(tmp_db).close()
+    con = sqlite3.connect(tmp_db)
+    with con:
+        con.execute("UPDATE alembic_version SET version_num = '0099'")
+    con.close()
+    before = md5(tmp_db)
+    with pytest.raises(TunesvcError, match="schema revision 0099, newer than this tunesvc") as info:
+        Store(tmp_db, readonly=readonly)
+    assert "\n" not in str(info.value)
+    for args in (["db", "upgrade"], ["db", "init"], ["db", "current"]):
+        result = tune(*args, "--db", tmp_db)
+        assert result.exit_code == 1 and "newer than this tunesvc" in result.output
+    assert md5(tmp_db) == before
+
+
+def test_db_upgrade_needs_an_existing_database(tmp_path):
+    result = tune("db", "upgrade", "--db", "missing.db")
+    assert result.exit_code == 1 and "`tune db init` creates one" in result.output
+    other = tmp_path / "other.db"
+    con = sqlite3.connect(other)
+    with con:
+        con.execute("create table customers (id integer primary key)")
+    con.close()
+    before = md5(other)
+    for args in (["db", "upgrade"], ["db", "init"]):
+        result = tune(*args, "--db", str(other))
+        assert result.exit_code == 1 and "holds other tables" in result.output
+    assert md5(other) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+
+
+def test_db_init_creates_then_reports_and_current(tmp_db):
+    result = tune("db", "init", "--db", tmp_db)
+    assert result.exit_code == 0 and f"at schema revision {HEAD}" in result.output
+    result = tune("db", "init", "--db", tmp_db)
+    assert result.exit_code == 0 and "already at schema revision" in result.output
+    result = tune("db", "current", "--db", tmp_db, "--json")
+    assert json.loads(result.output) == {"db": tmp_db, "revision": HEAD, "head": HEAD, "up_to_date": True}
+    assert upgrade(tmp_db) == (HEAD, HEAD)
+
+
+def test_db_init_upgrades_an_older_database(tmp_db):
+    database_at_0001(tmp_db)
+    result = tune("db", "init", "--db", tmp_db)
+    assert result.exit_code == 0 and "from schema revision 0001 to 0002" in result.output
+
+
+def test_store_cannot_be_readonly_and_upgrade(tmp_db):
+    with pytest.raises(ValueError):
+        Store(tmp_db, readonly=True, upgrade=True)

@@ -1,0 +1,234 @@
+"""`tune report`: the HTML page of a database, its numbers, and how a real headless browser shows it.
+
+The browser check needs Chromium (`apt-get install chromium`; .ci/run installs it): without it
+the test fails, it never skips.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tunesvc import TunesvcError
+from tunesvc.cli import app
+from tunesvc.report import collect
+from tunesvc.report import write_report
+from tunesvc.space import config_hash
+from tunesvc.store import Store
+
+EXAMPLE = Path(__file__).parent.parent / "tune.db.example"
+H100 = "NVIDIA H100 80GB HBM3"
+SHAPES = ("37x45x29", "16x32x32")
+KEYS = ("M=64,N=45,K=29,dtype=float16", "M=16,N=32,K=32,dtype=float16")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(app, list(args))
+    gc.collect()  # `tune sweep` leaves its SQLite connections to the garbage collector
+    return result
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def tiny_db(tmp_path_factory) -> Path:
+    """A database of a tiny sweep on this machine's device (the interpreter without a GPU)."""
+    folder = tmp_path_factory.mktemp("tiny")
+    db = folder / "tiny.db"
+    args = ["sweep", "matmul", "--budget", "3", "--db", str(db), "--quiet"]
+    for shape in SHAPES:
+        args += ["--shape", shape]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    return db
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tiny_db, tmp_path_factory):
+    """`tune report` of the tiny database: the command's result, the report folder, and the
+    database folder's files before and after."""
+    before = files_of(tiny_db.parent)
+    out = tmp_path_factory.mktemp("tiny-report") / "report"
+    result = invoke("report", "--db", str(tiny_db), "--out", str(out))
+    return result, out, before, files_of(tiny_db.parent)
+
+
+@pytest.fixture(scope="module")
+def example_report(tmp_path_factory):
+    """`tune report` of a private copy of the repository's H100 sweep (alone in its folder)."""
+    folder = tmp_path_factory.mktemp("example")
+    shutil.copy(EXAMPLE, folder / "tune.db")
+    out = folder / "report"
+    result = invoke("report", "--db", str(folder / "tune.db"), "--out", str(out))
+    return result, out, folder / "tune.db"
+
+
+def check_page(html: str) -> None:
+    """Self-contained and script-free: nothing to load, so nothing can fail or log in a browser."""
+    assert html.startswith("<!DOCTYPE html>")
+    assert "<script" not in html.lower()
+    assert not re.search(r"\bon[a-z]+\s*=", html.lower()), "an inline event handler is JavaScript too"
+    for target in re.findall(r'(?:src|href)="([^"]*)"', html):
+        assert target.startswith("data:image/png;base64,"), f"the page loads {target[:60]}"
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+    if path is None:
+        pytest.fail("chromium is not installed: the report's browser check needs it "
+                    "(Debian: apt-get install -y chromium; .ci/run installs it)", pytrace=False)
+    return path
+
+
+def screenshot(page: Path, tmp_path: Path) -> tuple[Path, str]:
+    """Render ``page`` in headless Chromium; the screenshot and Chromium's log (stderr)."""
+    shot = tmp_path / "shot.png"
+    cmd = [
+        chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        f"--screenshot={shot}", "--window-size=1200,1600", page.resolve().as_uri(),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return shot, done.stderr
+
+
+def check_screenshot(shot: Path, log: str) -> None:
+    assert shot.is_file(), log[-3000:]
+    data = shot.read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    assert len(data) > 10_000, f"screenshot of {len(data)} bytes: a blank page?"
+    # a page's console messages reach this log as "CONSOLE(line)" lines; there must be none
+    assert "CONSOLE" not in log, [line for line in log.splitlines() if "CONSOLE" in line]
+
+
+# -- a tiny sweep on this machine ---------------------------------------------------------------
+def test_report_of_a_tiny_sweep(tiny_report):
+    result, out, before, after = tiny_report
+    assert result.exit_code == 0, result.output
+    page = out / "report.html"
+    assert f"wrote {page}" in result.stdout.replace("\n", "")
+    assert after["tiny.db"] == before["tiny.db"]  # read-only: not a byte of the database changed
+    # a sweep leaves its database in WAL mode, where SQLite gives every reader, even a read-only
+    # one, a -shm index and an (empty) -wal file; nothing may be written into them
+    assert set(after) - set(before) <= {"tiny.db-wal", "tiny.db-shm"}
+    assert after.get("tiny.db-wal", b"") == b""
+
+    html = page.read_text()
+    check_page(html)
+    for key in KEYS:
+        assert key in html
+    assert html.count('src="data:image/png;base64,') == 2
+    pngs = sorted(out.glob("*.png"))
+    assert [p.name.rsplit("-", 1)[1] for p in pngs] == ["convergence.png", "spread.png"]
+    for png in pngs:
+        assert png.read_bytes().startswith(PNG_MAGIC)
+        assert png.name in html  # the page says where its figures are saved
+    assert "listed peak" in html
+
+
+def test_tiny_sweep_numbers(tiny_db, template):
+    store = Store(tiny_db, readonly=True)
+    try:
+        [section] = collect(store)
+        device = store.find_device(section.device.hardware_id)
+        winners = {w.shape_key: w for w in store.winners()}
+    finally:
+        store.close()
+    assert section.kernel == "matmul" and section.version == template.version
+    assert section.device.kind == "interpreter"
+    assert [k.shape_key for k in section.keys] == sorted(KEYS, key=lambda k: int(k.split(",")[0][2:]))
+    for key in section.keys:
+        assert len(key.trials) == 3
+        assert [t.id for t in key.trials] == sorted(t.id for t in key.trials)
+        assert key.winner_ms == winners[key.shape_key].time_ms == min(key.ok_times)
+        assert key.winner_config == winners[key.shape_key].config
+        # the problem measured, from the sweeps table; the heuristic's trial is the first one
+        assert str(template.key(key.problem)) == key.shape_key
+        heuristic = config_hash(template.heuristic(key.problem, device))
+        assert key.trials[0].config_hash == heuristic
+        assert key.heuristic_ms == key.trials[0].time_ms
+        cost = template.cost(key.problem)
+        assert key.tflops == pytest.approx(cost.flops / (key.winner_ms * 1e-3) / 1e12)
+        assert key.roofline is None and key.bound is None  # no listed peak for the interpreter
+
+
+def test_report_filters_by_kernel_and_says_when_there_is_nothing(tiny_db, tmp_path):
+    result = invoke("report", "--db", str(tiny_db), "--kernel", "conv", "--out", str(tmp_path / "r"))
+    assert result.exit_code == 1
+    assert "Nothing to report" in result.output and "conv" in result.output
+    assert not (tmp_path / "r").exists()
+    missing = invoke("report", "--db", str(tmp_path / "missing.db"), "--out", str(tmp_path / "r"))
+    assert missing.exit_code == 1 and "No database at" in missing.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    (tmp_path / "a-file").write_text("x")
+    store = Store(tiny_db, readonly=True)
+    try:
+        assert [s.kernel for s in collect(store, kernel="matmul")] == ["matmul"]
+        assert collect(store, kernel="conv") == []
+        with pytest.raises(TunesvcError, match="is a file"):
+            write_report(store, tmp_path / "a-file")
+    finally:
+        store.close()
+
+
+def test_tiny_report_in_a_browser(tiny_report, tmp_path):
+    _, out, _, _ = tiny_report
+    check_screenshot(*screenshot(out / "report.html", tmp_path))
+
+
+# -- the repository's H100 sweep ----------------------------------------------------------------
+def test_report_of_the_h100_example(example_report, template):
+    result, out, example_db = example_report
+    assert result.exit_code == 0, result.output
+    # not a byte changed, and no journal left (tune.db.example is not in WAL mode)
+    assert files_of(example_db.parent) == {"tune.db": EXAMPLE.read_bytes()}
+
+    html = (out / "report.html").read_text()
+    check_page(html)
+    assert f"matmul on {H100}" in html
+    assert "listed peak" in html and "989" in html and "3.35" in html
+    assert html.count('src="data:image/png;base64,') == 2 and len(list(out.glob("*.png"))) == 2
+
+    store = Store(example_db, readonly=True)
+    try:
+        [section] = collect(store)
+        device = store.find_device(H100)
+    finally:
+        store.close()
+    assert section.device.name == H100 and len(section.keys) == 6
+    assert sum(len(k.trials) for k in section.keys) == 240
+    keys = {k.shape_key: k for k in section.keys}
+    # the problem comes from the sweeps table: this key buckets M=1000 up to 1024
+    assert keys["M=1024,N=3000,K=777,dtype=bfloat16"].problem == {"M": 1000, "N": 3000, "K": 777, "dtype": "bfloat16"}
+    big = keys["M=4096,N=4096,K=4096,dtype=bfloat16"]
+    flops = 2 * 4096**3
+    assert big.roofline == pytest.approx(flops / 989e12 / (big.winner_ms * 1e-3))
+    assert big.bound == "compute" and 0.5 < big.roofline < 1
+    skinny = keys["M=16,N=4096,K=4096,dtype=bfloat16"]
+    assert skinny.bound == "memory" and 0.2 < skinny.roofline < 1
+    assert f"{big.roofline:.0%} (compute)" in html
+    measured = 0
+    for key in section.keys:
+        assert 0 < key.roofline < 1
+        heuristic = config_hash(template.heuristic(key.problem, device))
+        row = next((t for t in key.trials if t.config_hash == heuristic), None)
+        assert key.heuristic_ms == (row.time_ms if row else None)
+        measured += row is not None
+    assert measured >= 4  # the heuristic of the day of the sweep was measured first on each key
+
+
+def test_h100_report_in_a_browser(example_report, tmp_path):
+    _, out, example_db = example_report
+    check_screenshot(*screenshot(out / "report.html", tmp_path))
+    assert example_db.read_bytes() == EXAMPLE.read_bytes()

@@ -1,0 +1,136 @@
+"""One SQLite file, many writers at once: WAL and the busy timeout serialise them, no one fails.
+
+Each writer is a fresh process (never a fork of this one, which holds open SQLite connections):
+the forkserver start method, whose server imports tunesvc once (spawn would import torch once
+per process: about 25 s for 8 processes on a 2-core machine instead of about 3); spawn where
+there is no forkserver.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+
+import pytest
+
+WRITERS = 8
+TRIALS = 50
+KEY = "M=64,N=45,K=29,dtype=float16"
+
+
+def _context():
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        # one forkserver serves the whole pytest process: preload what tunesvc.bench.Compiler's
+        # workers need too, so whichever test starts it, later ones find their modules loaded
+        context.set_forkserver_preload(["torch", "triton", "triton.language", "tunesvc.store", "tunesvc.bench", "alembic.command"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def _write_trials(path: str, ids: tuple[int, int, int], writer: int, barrier, results) -> None:
+    errors: list[str] = []
+    stored = 0
+    try:
+        from tunesvc.bench import Measurement
+        from tunesvc.bench import Status
+        from tunesvc.store import Store
+
+        kv, dev, sweep = ids
+        store = Store(path)
+        barrier.wait(timeout=120)  # every writer has its store open: now all write at once
+        for i in range(TRIALS):
+            config = {"writer": writer, "i": i}
+            try:
+                row = store.add_trial(sweep, kv, dev, KEY, config, f"w{writer}-{i}", Measurement(Status.OK, time_ms=1.0 + i, reps=1))
+                stored += row is not None
+            except Exception as exc:  # noqa: BLE001  (reported to the test, which fails on any)
+                errors.append(f"{type(exc).__name__}: {exc}")
+        store.close()
+    except Exception as exc:  # noqa: BLE001
+        errors.append(f"{type(exc).__name__}: {exc}")
+    results.put((writer, stored, errors))
+
+
+def _open_store(path: str, barrier, results) -> None:
+    try:
+        from tunesvc.store import Store
+
+        barrier.wait(timeout=120)
+        store = Store(path)  # all at once, on a file that does not exist yet
+        results.put((store.revision, []))
+        store.close()
+    except Exception as exc:  # noqa: BLE001
+        results.put((None, [f"{type(exc).__name__}: {exc}"]))
+
+
+def _run(target, args_of, n: int) -> list:
+    context = _context()
+    barrier, results = context.Barrier(n), context.Queue()
+    processes = [context.Process(target=target, args=(*args_of(i), barrier, results)) for i in range(n)]
+    for p in processes:
+        p.start()
+    try:
+        out = [results.get(timeout=180) for _ in processes]
+    finally:
+        for p in processes:
+            p.join(timeout=60)
+    assert [p.exitcode for p in processes] == [0] * n
+    return out
+
+
+def _integrity(path: str) -> list:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute("PRAGMA integrity_check").fetchall()
+    finally:
+        con.close()
+
+
+def test_eight_processes_write_trials_into_one_sqlite_file(tmp_db, template, device):
+    from tunesvc.store import Store
+
+    store = Store(tmp_db)
+    kv, dev = store.kernel_version_id(template), store.device_id(device)
+    sweep = store.start_sweep(kv, dev, KEY, {"M": 64, "N": 45, "K": 29, "dtype": "float16"}, "grid", None, 0)
+    store.close()
+
+    out = _run(_write_trials, lambda i: (tmp_db, (kv, dev, sweep), i), WRITERS)
+
+    errors = [e for _, _, errs in out for e in errs]
+    assert not [e for e in errors if "locked" in e], errors
+    assert errors == []
+    assert sorted(w for w, _, _ in out) == list(range(WRITERS))
+    assert sum(n for _, n, _ in out) == WRITERS * TRIALS
+    con = sqlite3.connect(tmp_db)
+    try:
+        hashes = {h for (h,) in con.execute("SELECT config_hash FROM trials WHERE shape_key = ?", (KEY,))}
+    finally:
+        con.close()
+    assert hashes == {f"w{w}-{i}" for w in range(WRITERS) for i in range(TRIALS)}
+    assert _integrity(tmp_db) == [("ok",)]
+    store = Store(tmp_db, readonly=True)
+    try:
+        assert len(store.trials(kv, dev, KEY)) == WRITERS * TRIALS
+    finally:
+        store.close()
+
+
+def test_eight_processes_create_one_database_at_once(tmp_db):
+    """The migration to head runs under SQLite's write lock: one process creates, the rest find it."""
+    from tunesvc.store._migrate import HEAD
+
+    out = _run(_open_store, lambda i: (tmp_db,), WRITERS)
+    assert [e for _, errs in out for e in errs] == []
+    assert [revision for revision, _ in out] == [HEAD] * WRITERS
+    con = sqlite3.connect(tmp_db)
+    try:
+        assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
+        assert con.execute("SELECT count(*) FROM tunesvc_meta").fetchone() == (1,)
+    finally:
+        con.close()
+    assert _integrity(tmp_db) == [("ok",)]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    pytest.main([__file__, "-q"])

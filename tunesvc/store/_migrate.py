@@ -1,0 +1,185 @@
+"""Schema migrations: Alembic revisions in tunesvc/store/alembic/versions, run without alembic.ini.
+
+Revisions are numbered "0001", "0002", ...; ``models.SCHEMA_VERSION`` is the head's number and
+every revision writes its number to ``tunesvc_meta.schema_version`` too, so a tunesvc from before
+Alembic (which reads only that row) also refuses a database newer than itself. A database made
+before Alembic (tunesvc_meta but no alembic_version table) is at revision 0001.
+
+What :class:`~tunesvc.store.Store` does with each state:
+
+* no tables: a writable open creates the schema by upgrading to head (and stamps it);
+* the head revision: opens;
+* an older revision: a read-only open reads it, a writable one refuses it (one line that says
+  `tune db upgrade`) and changes nothing, unless opened with ``upgrade=True``;
+* a newer revision, or another application's tables: refused, never modified.
+
+Checking a revision reads two small tables with plain SQL and does not import Alembic: opening a
+store stays cheap for the runtime. Alembic is imported only to migrate.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Iterator
+
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from tunesvc.errors import TunesvcError
+from tunesvc.store.models import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.engine import Engine
+
+SCRIPT_LOCATION = Path(__file__).parent / "alembic"
+#: the revision this tunesvc writes (tests check that Alembic's script directory agrees)
+HEAD = f"{SCHEMA_VERSION:04d}"
+KNOWN = frozenset(f"{n:04d}" for n in range(1, SCHEMA_VERSION + 1))
+#: what a database made by Base.metadata.create_all, before Alembic, is
+PRE_ALEMBIC = "0001"
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """Alembic's configuration for the store, with no alembic.ini (as Optuna does it)."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(SCRIPT_LOCATION).replace("%", "%%"))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The newest revision of the migration scripts: the schema this tunesvc reads and writes."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(db: str | os.PathLike | None = None) -> str:
+    """The revision of an existing tunesvc database (opened read-only: nothing is changed).
+
+    A database from before Alembic is "0001". Raises :class:`TunesvcError` for a missing path, an
+    empty database, another application's database or one newer than this tunesvc.
+    """
+    from tunesvc.store._store import Store
+
+    store = Store(db, readonly=True)
+    try:
+        return store.revision
+    finally:
+        store.close()
+
+
+def upgrade(db: str | os.PathLike | None = None, *, create: bool = True) -> tuple[str | None, str]:
+    """Bring a database to the head revision; returns (revision before or None if new, head).
+
+    ``create=False`` (`tune db upgrade`) refuses a path with no tunesvc database instead of
+    creating one. A database from before Alembic is stamped 0001, then upgraded. The whole
+    upgrade is one transaction (on SQLite under the write lock, so concurrent processes migrate
+    one at a time and the later ones find the work done): it applies completely or not at all.
+    """
+    from tunesvc.store._store import Store
+    from tunesvc.store._store import resolve_url
+
+    if not create:
+        try:
+            url = make_url(resolve_url(db))
+        except ArgumentError:
+            url = None  # Store says what is wrong with it
+        if url is not None and url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            if not Path(url.database).exists():
+                raise TunesvcError(f"No database at {url.database}; `tune db init` creates one.")
+        current_revision(db)  # an existing tunesvc database, or one line that says why not
+    store = Store(db, upgrade=True)
+    try:
+        return store.revision_found, store.revision
+    finally:
+        store.close()
+
+
+# -- used by Store ----------------------------------------------------------------------------------
+def revision_of(connection: Connection, where: str) -> tuple[str | None, bool]:
+    """(revision, stamped) of the database behind ``connection``, read with plain SQL.
+
+    None: no tables at all (a new database). stamped: it has an alembic_version table (False for
+    a database from before Alembic). Another application's database, or one newer than this
+    tunesvc, raises one line that says so.
+    """
+    tables = set(sa_inspect(connection).get_table_names())
+    if not tables:
+        return None, False
+    if "tunesvc_meta" not in tables:
+        raise TunesvcError(f"{where} holds other tables, not a tunesvc database; pass another --db.")
+    row = connection.execute(text("SELECT value FROM tunesvc_meta WHERE key = 'schema_version'")).first()
+    found = int(row[0]) if row and str(row[0]).isdigit() else 0
+    if found > SCHEMA_VERSION:
+        raise TunesvcError(
+            f"{where} has schema version {found}, newer than this tunesvc ({SCHEMA_VERSION}); upgrade tunesvc."
+        )
+    if "alembic_version" not in tables:
+        return PRE_ALEMBIC, False
+    revisions = list(connection.execute(text("SELECT version_num FROM alembic_version")).scalars())
+    if len(revisions) != 1:
+        raise TunesvcError(
+            f"{where} records {len(revisions)} schema revisions in alembic_version instead of one; "
+            "it is damaged, or was migrated by something else."
+        )
+    [revision] = revisions
+    if revision not in KNOWN:
+        raise TunesvcError(
+            f"{where} has schema revision {revision}, newer than this tunesvc ({HEAD}); upgrade tunesvc."
+        )
+    return revision, True
+
+
+def migrate(engine: Engine, where: str) -> tuple[str | None, str]:
+    """Upgrade the database behind ``engine`` to head in one transaction; (before, head)."""
+    from alembic import command
+
+    with engine.connect() as connection, _write_lock(connection):
+        before, stamped = revision_of(connection, where)  # again, now that no one else migrates
+        if before != HEAD:
+            config = alembic_config(connection)
+            if before is not None and not stamped:
+                command.stamp(config, PRE_ALEMBIC)
+            command.upgrade(config, "head")
+    return before, HEAD
+
+
+@contextmanager
+def _write_lock(connection: Connection) -> Iterator[None]:
+    """Begin the connection's transaction; on SQLite with BEGIN IMMEDIATE and foreign keys off.
+
+    pysqlite by default begins transactions lazily and not before DDL, so a migration would run
+    statement by statement in autocommit; here the driver leaves transactions to us, and the
+    write lock is taken before the revision is read. Foreign keys are off while a migration runs,
+    as Alembic's batch mode needs to copy tables that others reference.
+    """
+    if connection.dialect.name != "sqlite" or connection.dialect.driver != "pysqlite":
+        with connection.begin():
+            yield
+        return
+    dbapi_connection = connection.connection.driver_connection
+    saved = dbapi_connection.isolation_level
+    dbapi_connection.isolation_level = None
+    dbapi_connection.execute("PRAGMA foreign_keys = OFF")
+    try:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            connection.rollback()
+            raise
+        connection.commit()
+    finally:
+        dbapi_connection.execute("PRAGMA foreign_keys = ON")
+        dbapi_connection.isolation_level = saved

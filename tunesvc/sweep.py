@@ -59,6 +59,9 @@ class ProblemResult:
     trials_stored: int
     failures: int
     wall_seconds: float
+    #: where the wall time went: waiting for the compile workers, and checking + timing
+    compile_seconds: float = 0.0
+    measure_seconds: float = 0.0
 
 
 def run_sweep(
@@ -130,6 +133,7 @@ def _sweep_one(
     new = 0
     batch_size = compiler.workers if compiler else 1
     exhausted = False
+    compile_seconds = measure_seconds = 0.0
     while len(search.told) < limit and not exhausted:
         batch: list[Config] = []
         while len(batch) < batch_size and len(search.told) + len(batch) < limit:
@@ -142,11 +146,15 @@ def _sweep_one(
             else:
                 batch.append(config)
         if compiler is not None:
+            tick = time.perf_counter()
             compiler.compile(template, problem, batch)
+            compile_seconds += time.perf_counter() - tick
         for config in batch:
             h = config_hash(config)
+            tick = time.perf_counter()
             bench = bench or Bench(template, problem, device)
             m = bench.measure(config)
+            measure_seconds += time.perf_counter() - tick
             row = store.add_trial(sweep_id, kv_id, device_id, key, config, h, m)
             if row is not None:
                 measured[h] = row
@@ -172,6 +180,8 @@ def _sweep_one(
             trials_stored=len(rows),
             failures=sum(r.status != Status.OK.value for r in rows),
             wall_seconds=wall,
+            compile_seconds=compile_seconds,
+            measure_seconds=measure_seconds,
     )
 
 

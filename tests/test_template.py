@@ -268,3 +268,24 @@ def test_heuristic_uses_its_own_tiles_for_large_n_and_k(template, device, M):
     assert template.violations(config, problem, device) == []
     assert config["BLOCK_M"] == max(16, 1 << (M - 1).bit_length()), f"heuristic fell back to {config}"
     assert config["BLOCK_N"] >= 64
+
+
+class _WithOptions(tunesvc.Template):
+    name = "with_options"
+    dims = ("N",)
+    options = {"causal": (False, True), "mode": ("fast", "exact")}
+    dtypes = ("float16", "bfloat16")
+
+
+def test_problem_options_default_parse_and_reject():
+    t = _WithOptions()
+    assert t.problem(N=4) == {"N": 4, "causal": False, "mode": "fast", "dtype": "float16"}
+    p = t.parse_shape("N=4,causal=1,mode=exact", "bfloat16")
+    assert p == {"N": 4, "causal": True, "mode": "exact", "dtype": "bfloat16"}
+    assert t.problem_vars(p)["causal"] == 1
+    with pytest.raises(tunesvc.TunesvcError, match="causal='maybe' is not allowed"):
+        t.problem(N=4, causal="maybe")
+    with pytest.raises(tunesvc.TunesvcError, match="dtype 'float32' is not supported"):
+        t.problem(N=4, dtype="float32")
+    with pytest.raises(tunesvc.TunesvcError, match="takes N, causal, mode, dtype"):
+        t.problem(N=4, K=3)

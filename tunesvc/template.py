@@ -97,6 +97,11 @@ class Template:
     dims: ClassVar[tuple[str, ...]]
     #: named problem sets for sweeps: preset name -> list of problems (dicts)
     presets: ClassVar[dict[str, list[Problem]]] = {}
+    #: categorical problem fields besides the dims: name -> allowed values, the first the default
+    #: (e.g. {"causal": (False, True)}); they reach the shape key and space constraints
+    options: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    #: element types the kernel supports
+    dtypes: ClassVar[tuple[str, ...]] = DTYPES
 
     #: what decides the kernel's speed: its @triton.jit functions and launch code; empty means
     #: the template's whole module. Heuristics, presets and docs may change without re-tuning.
@@ -123,11 +128,10 @@ class Template:
     # -- problems -----------------------------------------------------------------------
     def problem(self, **kwargs: Any) -> Problem:
         """Normalise and validate a problem; one clear error when it is impossible."""
-        unknown = set(kwargs) - set(self.dims) - {"dtype"}
+        unknown = set(kwargs) - set(self.dims) - set(self.options) - {"dtype"}
         if unknown:
-            raise TunesvcError(
-                f"{self.name} takes {', '.join(self.dims)} and dtype, not {', '.join(sorted(unknown))}."
-            )
+            takes = ", ".join([*self.dims, *self.options, "dtype"])
+            raise TunesvcError(f"{self.name} takes {takes}, not {', '.join(sorted(unknown))}.")
         problem: Problem = {}
         for dim in self.dims:
             value = kwargs.get(dim)
@@ -136,11 +140,17 @@ class Template:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TunesvcError(f"{self.name}: {dim}={value!r} is impossible; dims are positive integers.")
             problem[dim] = value
+        for name, allowed in self.options.items():
+            problem[name] = _option_value(self.name, name, kwargs.get(name, allowed[0]), allowed)
         dtype = str(kwargs.get("dtype", "float16")).removeprefix("torch.")
-        if dtype not in DTYPES:
-            raise TunesvcError(f"{self.name}: dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
+        if dtype not in self.dtypes:
+            raise TunesvcError(f"{self.name}: dtype {dtype!r} is not supported; use one of {', '.join(self.dtypes)}.")
         problem["dtype"] = dtype
+        self.check(problem)
         return problem
+
+    def check(self, problem: Problem) -> None:
+        """Raise TunesvcError (one sentence) when dims and options contradict each other."""
 
     def parse_shape(self, text: str, dtype: str = "float16") -> Problem:
         """'4096x4096x4096' (dims in order) or 'M=4096,N=4096,K=4096' -> a problem."""
@@ -168,13 +178,17 @@ class Template:
         return self.problem(**values)
 
     def problem_vars_names(self) -> list[str]:
-        return [*self.dims, "elem_bytes"]
+        return [*self.dims, *self.options, "elem_bytes"]
 
     def problem_vars(self, problem: Problem) -> dict[str, Any]:
-        """The names a space constraint may use about the problem."""
+        """The names a space constraint may use about the problem (options as ints where bool)."""
         import torch
 
-        return {**{d: problem[d] for d in self.dims}, "elem_bytes": getattr(torch, problem["dtype"]).itemsize}
+        return {
+            **{d: problem[d] for d in self.dims},
+            **{o: int(v) if isinstance(v, bool) else v for o, v in ((o, problem[o]) for o in self.options)},
+            "elem_bytes": getattr(torch, problem["dtype"]).itemsize,
+        }
 
     # -- the protocol each template implements ------------------------------------------
     def key(self, problem: Problem) -> ShapeKey:
@@ -213,7 +227,11 @@ class Template:
         return self.space.violations(config, self.problem_vars(problem), device.limits())
 
 
-SHIPPED = ("matmul",)
+#: shipped template name -> module of tunesvc.kernels that defines it (as a module attribute
+#: named by the value after the colon)
+SHIPPED = {
+    "matmul": "matmul:TEMPLATE",
+}
 
 
 def get_template(name: str) -> Template:
@@ -226,7 +244,8 @@ def get_template(name: str) -> Template:
             raise TunesvcError(f"Cannot load template '{name}' ({exc}); check the module path.") from None
         return _instantiate(obj, name)
     if name in SHIPPED:
-        return _instantiate(importlib.import_module(f"tunesvc.kernels.{name}").TEMPLATE, name)
+        module_name, _, attr = SHIPPED[name].partition(":")
+        return _instantiate(getattr(importlib.import_module(f"tunesvc.kernels.{module_name}"), attr), name)
     for ep in entry_points(group="tunesvc.templates"):
         if ep.name == name:
             return _instantiate(ep.load(), name)
@@ -246,3 +265,18 @@ def _instantiate(obj: Any, name: str) -> Template:
     if not isinstance(obj, Template):
         raise TunesvcError(f"'{name}' is not a tunesvc Template; subclass tunesvc.Template.")
     return obj
+
+
+def _option_value(kernel: str, name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
+    """A problem option as one of its allowed values; text from the CLI ('1', 'true') is parsed."""
+    if isinstance(allowed[0], bool) and isinstance(value, str):
+        value = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}.get(value.lower(), value)
+    elif isinstance(value, str) and not isinstance(allowed[0], str):
+        try:
+            value = type(allowed[0])(value)
+        except ValueError:
+            pass
+    for candidate in allowed:
+        if value == candidate and type(value) is type(candidate):
+            return candidate
+    raise TunesvcError(f"{kernel}: {name}={value!r} is not allowed; use one of {', '.join(map(str, allowed))}.")

@@ -1,0 +1,93 @@
+"""What every GPU benchmark script shares: sweeping a template's problems, timing, the copy
+roofline measured in the same run, and the one markdown table each script prints.
+
+Scripts import it as ``from _common import ...`` (they run as ``python benchmarks/x.py``, so
+this folder is on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import triton
+import triton.testing
+
+from tunesvc.device import current_device
+from tunesvc.runtime import Runtime
+from tunesvc.store import Store
+from tunesvc.sweep import run_sweep
+from tunesvc.template import Template
+
+
+def require_gpu(script: str) -> None:
+    if not current_device().is_gpu:
+        print(f"{script} needs a CUDA GPU.", file=sys.stderr)
+        raise SystemExit(1)
+
+
+def bench_ms(fn: Callable[[], Any]) -> float:
+    """Median time of fn in ms: CUDA events, warm-up, L2 flushed between repetitions."""
+    return triton.testing.do_bench(fn, quantiles=[0.5])
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write), measured now: the roofline."""
+    n = 1 << 28  # 256M bf16 = 512 MB each way, far past L2
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * n * 2 / (ms * 1e-3)
+
+
+def sweep(template: Template, problems: list[dict], db: str, *, strategy: str = "optuna", budget: int = 40,
+          workers: int | None = None) -> dict[str, float]:
+    """Tune every problem into db (resuming what is stored there); shape key -> wall seconds."""
+    store = Store(db)
+    seconds: dict[str, float] = {}
+    try:
+        for problem in problems:
+            [result] = run_sweep(template, [problem], store, strategy=strategy, budget=budget, workers=workers)
+            seconds[result.shape_key] = result.wall_seconds
+            print(f"swept {template.name} {result.shape_key}: {result.trials_stored} trials in "
+                  f"{result.wall_seconds:.1f} s, best {result.winner_ms} ms {result.winner}", flush=True)
+    finally:
+        store.close()
+    return seconds
+
+
+def tuned_runtime(db: str) -> Runtime:
+    """A runtime reading db in lookup mode (exact, nearest, heuristic), as users get it."""
+    return Runtime(db=db)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def print_table(title: str, header: list[str], rows: list[list[Any]]) -> None:
+    """One markdown table, headed by the device, software and date."""
+    device = current_device()
+    print(f"\n### {title}\n\n{device.name}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(_cell(c) for c in row) + " |")
+    print(flush=True)
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)

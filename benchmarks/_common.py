@@ -35,6 +35,12 @@ def bench_ms(fn: Callable[[], Any]) -> float:
     return triton.testing.do_bench(fn, quantiles=[0.5])
 
 
+def bench_graph_ms(fn: Callable[[], Any]) -> float:
+    """Median GPU time of fn in ms replayed from a CUDA graph: no host launch cost, as serving
+    engines run decode steps. Use it for ours and the peer alike."""
+    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy bandwidth in bytes/s (read + write), measured now: the roofline."""
     n = 1 << 28  # 256M bf16 = 512 MB each way, far past L2

@@ -1,16 +1,40 @@
 #!/usr/bin/env bash
-# The foundation GPU run: device fingerprint, resource probe, GPU tests, GEMM sweep + benchmark.
-# Run from the repo root on the lent GPU machine with .whl carried (see ../shared/gpu/README.md);
-# logs and the database go to $OUT. A database carried in .gpu/tune.db is resumed, not restarted.
-# PROBE=0 skips the resource probe.
+# One batched GPU run: device fingerprint, GPU tests, then the chosen benchmarks, each under its
+# own time limit, all writing into one database ($OUT/tune.db) and one log per step under $OUT.
+# Run from the repo root on the lent GPU machine with .whl carried (see ../shared/gpu/README.md).
+# A database carried in .gpu/tune.db is resumed, not restarted.
+#
+#   STEPS="tests matmul attention" bash benchmarks/gpu-run.sh
+#
+# Steps: tests probe matmul attention decode norms pointwise runtime sva stability groundtruth
+# (each is benchmarks/<name>.py with --sweep where it takes one; LIMIT_<step>=seconds overrides
+# the time limit, ARGS_<step>="..." adds arguments).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/tsvc . || exit 1
 export PYTHONPATH=/tmp/tsvc:/tmp/site PYTHONUNBUFFERED=1 R=$PWD
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
 cd /tmp || exit 1  # run from outside the checkout, so the installed tunesvc (with its kernels) is the one imported
 [ -f "$R/.gpu/tune.db" ] && cp "$R/.gpu/tune.db" "$OUT/tune.db" && chmod u+w "$OUT/tune.db" \
-  && python3 -m tunesvc db upgrade --db "$OUT/tune.db"  # a database from an older schema
+  && python3 -m tunesvc db upgrade --db "$OUT/tune.db"
 python3 -c "import tunesvc.device as d; print(d.current_device().to_dict())" | tee -a "$OUT/gpu.txt"
-[ "${PROBE:-1}" = 1 ] && python3 "$R/benchmarks/probe_resources.py" 2>&1 | tee "$OUT/probe.log"
-python3 -m pytest -q -x -p no:cacheprovider --rootdir "$R" -c "$R/pyproject.toml" "$R/tests/test_gpu.py" 2>&1 | tail -15 | tee "$OUT/gpu-tests.log"
-timeout "${BENCH_TIMEOUT:-420}" python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --strategy optuna --budget 40 2>&1 | tee "$OUT/bench.log"
+
+step() {  # step NAME DEFAULT_SECONDS COMMAND...
+  local name=$1 default=$2; shift 2
+  local var="LIMIT_$name" args="ARGS_$name" start=$SECONDS
+  echo "=== $name (limit ${!var:-$default} s)" | tee -a "$OUT/steps.log"
+  timeout "${!var:-$default}" "$@" ${!args} > "$OUT/$name.log" 2>&1
+  echo "=== $name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/steps.log"
+  tail -40 "$OUT/$name.log"
+}
+
+for s in ${STEPS:-tests matmul}; do
+  case $s in
+    tests) step tests 240 python3 -m pytest -q -p no:cacheprovider --rootdir "$R" -c "$R/pyproject.toml" -m gpu "$R/tests" ;;
+    probe) step probe 120 python3 "$R/benchmarks/probe_resources.py" ;;
+    runtime) step runtime 120 python3 "$R/benchmarks/runtime_overhead.py" ;;
+    sva) step sva 300 python3 "$R/benchmarks/sweep_vs_autotune.py" ;;
+    stability) step stability 300 python3 "$R/benchmarks/sweep_stability.py" --db "$OUT/stability.db" ;;
+    groundtruth) step groundtruth 540 python3 "$R/benchmarks/ground_truth.py" --db "$OUT/ground_truth.db" --out "$OUT/ground_truth.csv" ;;
+    *) step "$s" 300 python3 "$R/benchmarks/$s.py" --db "$OUT/tune.db" --sweep ;;
+  esac
+done

@@ -1,135 +1,121 @@
-"""GEMM on the GPU: tuned tunesvc kernel vs cuBLAS (torch.matmul) vs triton.autotune.
+"""GEMM on the GPU: the tuned tunesvc kernel (every VARIANT) against cuBLAS (torch.matmul).
 
-    python benchmarks/matmul.py --db tune.db --sweep --strategy optuna --budget 40
+    python benchmarks/matmul.py --db tune.db --sweep            # tune, then time (~5 min on an H100)
+    python benchmarks/matmul.py --db tune.db                    # time what the db holds
+    python benchmarks/matmul.py --check                         # one small shape per variant, seconds
 
-With --sweep, first tunes the shapes into --db (resuming whatever is stored there) and reports
-the sweep's wall time per shape. Then, per shape and in one process: the tuned kernel (config
-from the runtime lookup), torch.matmul and a plain triton.autotune over the Triton tutorial's
-16 configs (its first call, i.e. its tuning time, is reported too) are timed with
-triton.testing.do_bench (median, L2 flushed) on the same random bf16 inputs.
+Shapes: the foundation issue's six (preset "llm") and M in {1, 16, 64} x (N, K) in
+{(4096, 4096), (14336, 4096)} (preset "skinny"), bf16. With --sweep, first tunes every shape into
+--db (Optuna TPE, resuming what is stored there, compiles in parallel workers). Then per shape,
+in one process and on the same random inputs: the tuned kernel (config from the runtime lookup,
+as a user gets it) and torch.matmul, timed with triton.testing.do_bench (median, L2 flushed); the
+tuned output's relative error against the float32 reference is checked before timing. Roofline:
+the H100's listed dense bf16 peak (989 TFLOP/s SXM) for FLOPs, or the copy bandwidth measured in
+this run for the bytes, whichever bound is the lower time.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
+
+from _common import bench_ms
+from _common import copy_bandwidth
+from _common import geomean
+from _common import print_table
+from _common import rel_error
+from _common import require_gpu
+from _common import sweep
+from _common import tuned_runtime
 
 import torch
-import triton
-import triton.testing
 
-from tunesvc.device import current_device
 from tunesvc.kernels.matmul import TEMPLATE
-from tunesvc.kernels.matmul import _matmul_kernel
+from tunesvc.kernels.matmul import VARIANTS
 from tunesvc.kernels.matmul import launch_matmul
-from tunesvc.runtime import Runtime
-from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
 
-SHAPES = [(p["M"], p["N"], p["K"]) for p in TEMPLATE.presets["llm"]]
-
-# Triton tutorial 03's CUDA list, verbatim (16 configs, num_warps=2 ones included).
-TUTORIAL = [
-    triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_stages=s, num_warps=w)
-    for m, n, k, s, w in (
-        (128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
-        (64, 128, 32, 4, 4), (128, 32, 32, 4, 4), (64, 32, 32, 5, 2), (32, 64, 32, 5, 2),
-        (128, 256, 128, 3, 8), (256, 128, 128, 3, 8), (256, 64, 128, 4, 4), (64, 256, 128, 4, 4),
-        (128, 128, 128, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 32, 64, 4, 4),
-    )
-]
+#: NVIDIA H100 SXM datasheet, dense bf16 tensor-core peak
+PEAK_TFLOPS = 989.0
 
 
-def autotuned_matmul():
-    kernel = triton.autotune(configs=TUTORIAL, key=["M", "N", "K"])(_matmul_kernel)
+def shapes() -> list[tuple[int, int, int]]:
+    seen: list[tuple[int, int, int]] = []
+    for p in TEMPLATE.presets["llm"] + TEMPLATE.presets["skinny"]:
+        shape = (p["M"], p["N"], p["K"])
+        if shape not in seen:  # 16x4096x4096 is in both
+            seen.append(shape)
+    return seen
 
-    def run(a, b):
-        M, K = a.shape
-        N = b.shape[1]
-        c = torch.empty((M, N), device=a.device, dtype=a.dtype)
-        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-        kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                     c.stride(0), c.stride(1), DOT_IN_FP32=False)
-        return c
 
-    return run, kernel
+def check(dtype: torch.dtype) -> int:
+    """Every variant once on an odd shape, against the float32 reference."""
+    a = torch.randn(100, 777, device="cuda", dtype=dtype)
+    b = torch.randn(777, 300, device="cuda", dtype=dtype)
+    ref = a.float() @ b.float()
+    failed = 0
+    for variant in VARIANTS:
+        config = {"VARIANT": variant, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1,
+                  "SPLIT_K": 4 if variant == "splitk" else 1, "num_warps": 4, "num_stages": 3}
+        err = rel_error(launch_matmul(a, b, config), ref)
+        ok = err < 2e-2
+        failed += not ok
+        print(f"{variant}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    return 1 if failed else 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="tune.db")
-    parser.add_argument("--sweep", action="store_true", help="tune the shapes first")
-    parser.add_argument("--strategy", default="optuna")
-    parser.add_argument("--budget", type=int, default=40)
+    parser.add_argument("--sweep", action="store_true", help="tune the shapes into --db first")
+    parser.add_argument("--budget", type=int, default=24, help="trials per shape (warm start included)")
+    parser.add_argument("--workers", type=int, default=None, help="parallel compile workers (default: up to 8)")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--no-autotune", action="store_true")
+    parser.add_argument("--check", action="store_true", help="only check every variant once, quickly")
     args = parser.parse_args()
 
-    device = current_device()
-    if not device.is_gpu:
-        print("benchmarks/matmul.py needs a CUDA GPU.", file=sys.stderr)
-        return 1
-    problems = [TEMPLATE.problem(M=m, N=n, K=k, dtype=args.dtype) for m, n, k in SHAPES]
-    sweep_seconds = {}
-    if args.sweep:
-        store = Store(args.db)
-        for problem in problems:
-            [result] = run_sweep(TEMPLATE, [problem], store, strategy=args.strategy, budget=args.budget)
-            sweep_seconds[result.shape_key] = result.wall_seconds
-            print(f"swept {result.shape_key}: {result.trials_stored} trials (+{result.trials_new}) "
-                  f"in {result.wall_seconds:.1f} s, best {result.winner_ms} ms {result.winner}", flush=True)
-        store.close()
-
-    runtime = Runtime(db=args.db)
+    require_gpu("benchmarks/matmul.py")
     dtype = getattr(torch, args.dtype)
-    rows = []
+    if args.check:
+        return check(dtype)
+    problems = [TEMPLATE.problem(M=m, N=n, K=k, dtype=args.dtype) for m, n, k in shapes()]
+    if args.sweep:
+        sweep(TEMPLATE, problems, args.db, budget=args.budget, workers=args.workers)
+
+    bandwidth = copy_bandwidth()
+    runtime = tuned_runtime(args.db)
+    rows, ratios, wrong = [], [], 0
     for problem in problems:
         m, n, k = problem["M"], problem["N"], problem["K"]
         a = torch.randn(m, k, device="cuda", dtype=dtype)
         b = torch.randn(k, n, device="cuda", dtype=dtype)
         found = runtime.lookup(TEMPLATE, **problem)
-        ref = a.float() @ b.float()
-        out = launch_matmul(a, b, found.config)
-        err = ((out.float() - ref).norm() / ref.norm()).item()
-        flops = 2.0 * m * n * k
-        ours = triton.testing.do_bench(lambda: launch_matmul(a, b, found.config), quantiles=[0.5])
-        cublas = triton.testing.do_bench(lambda: torch.matmul(a, b), quantiles=[0.5])
-        row = {
-            "shape": f"{m}x{n}x{k}", "source": found.source, "config": found.config, "rel_err": err,
-            "ours_tflops": flops / ours / 1e9, "cublas_tflops": flops / cublas / 1e9,
-            "sweep_s": sweep_seconds.get(found.key),
-        }
-        if not args.no_autotune:
-            run, kernel = autotuned_matmul()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            run(a, b)
-            torch.cuda.synchronize()
-            row["autotune_first_call_s"] = time.perf_counter() - start
-            at = triton.testing.do_bench(lambda: run(a, b), quantiles=[0.5])
-            row["autotune_tflops"] = flops / at / 1e9
-        rows.append(row)
-        print(row, flush=True)
-
-    print(f"\n{device.name}, torch {torch.__version__}, triton {triton.__version__}, {args.dtype}, "
-          f"{time.strftime('%Y-%m-%d')}\n")
-    header = "| M x N x K | tunesvc TFLOP/s | cuBLAS TFLOP/s | tunesvc / cuBLAS | autotune / cuBLAS | sweep s | autotune 1st call s | lookup |"
-    print(header)
-    print("|---|---|---|---|---|---|---|---|")
-    ratios = []
-    for r in rows:
-        ratio = r["ours_tflops"] / r["cublas_tflops"]
+        err = rel_error(launch_matmul(a, b, found.config), a.float() @ b.float())
+        if err > TEMPLATE.tolerance(problem):
+            wrong += 1
+        ours = bench_ms(lambda: launch_matmul(a, b, found.config))
+        peer = bench_ms(lambda: torch.matmul(a, b))
+        cost = TEMPLATE.cost(problem)
+        bound_ms = max(cost.flops / (PEAK_TFLOPS * 1e12), cost.bytes / bandwidth) * 1e3
+        ratio = peer / ours
         ratios.append(ratio)
-        at = f"{r['autotune_tflops'] / r['cublas_tflops']:.2f}x" if "autotune_tflops" in r else "-"
-        at_s = f"{r['autotune_first_call_s']:.1f}" if "autotune_first_call_s" in r else "-"
-        sw = f"{r['sweep_s']:.1f}" if r["sweep_s"] is not None else "-"
-        print(f"| {r['shape']} | {r['ours_tflops']:.0f} | {r['cublas_tflops']:.0f} | {ratio:.2f}x | {at} | {sw} | {at_s} | {r['source']} |")
-    geo = 1.0
-    for x in ratios:
-        geo *= x
-    print(f"\ngeometric mean tunesvc / cuBLAS: {geo ** (1 / len(ratios)):.3f}x")
-    return 0
+        config = found.config
+        rows.append([
+            f"{m}x{n}x{k}", f"{cost.flops / ours / 1e9:.0f} TFLOP/s", f"{cost.flops / peer / 1e9:.0f} TFLOP/s",
+            f"{ratio:.2f}x", f"{100 * bound_ms / ours:.0f}%",
+            f"{config.get('VARIANT', 'grouped')} {config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}"
+            + (f"/{config['SPLIT_K']}" if config.get("VARIANT") == "splitk" else ""),
+            found.source, f"{err:.1e}",
+        ])
+    print_table(
+        f"GEMM {args.dtype}: tunesvc vs cuBLAS (copy bandwidth {bandwidth / 1e12:.2f} TB/s in this run)",
+        ["M x N x K", "tunesvc", "cuBLAS", "ours / cuBLAS", "% of roofline", "variant tile/split", "config", "rel err"],
+        rows,
+    )
+    print(f"geometric mean ours / cuBLAS: {geomean(ratios):.3f}x; lowest {min(ratios):.2f}x "
+          f"(targets: >= 1.0x and no shape below 0.9x)")
+    if wrong:
+        print(f"{wrong} shape(s) exceeded the tolerance against the reference", file=sys.stderr)
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@
     python benchmarks/runtime_overhead.py --cpu-only # bundle load and lookup only
 
 Launch overhead: a tiny GEMM (64x64x64 fp16, cache hit), N launches timed on the host clock
-with no sync between them (the launch path is what is measured), median of repeats. Bundle:
+with no sync between them (the launch path is what is measured), median of repeats: the shipped
+``tunesvc.kernels.matmul`` against ``launch_matmul`` with the same fixed config, and the same
+``@triton.jit`` kernel three ways: ``kernel[grid]`` with a fixed config, under
+``@tunesvc.autotune`` (config from a bundle) and under ``triton.autotune`` (both on a hit). Bundle:
 a synthetic bundle of 10,000 winners written to disk, then loaded by a fresh Runtime (time and
 memory measured with tracemalloc).
 """
@@ -21,6 +24,7 @@ import tracemalloc
 from pathlib import Path
 
 import torch
+import triton
 
 import tunesvc
 from tunesvc.device import current_device
@@ -45,14 +49,53 @@ def per_call_us(fn, calls: int, repeats: int = 7, sync=None) -> float:
     return statistics.median(samples)
 
 
-def synthetic_bundle(path: Path, device, n: int, extra: dict | None = None) -> None:
+#: one config of the grouped kernel (_matmul_kernel) that suits a 64x64x64 GEMM
+GROUPED = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
+
+
+def kernel_launchers(config: dict, bundle: Path):
+    """kernel[grid](...) with a fixed config, the same call through @tunesvc.autotune (keyed like
+    triton.autotune on M, N, K; configs from ``bundle``), and the decorated kernel.
+
+    Both build the output and the grid the same way as benchmarks/matmul.py's triton.autotune
+    peer, so the three differ only in how the config is chosen.
+    """
+    from tunesvc.kernels.matmul import _matmul_kernel
+
+    decorated = tunesvc.autotune([config], key=["M", "N", "K"], name="matmul_decorated", bundle=bundle)(_matmul_kernel)
+    fixed = dict(config)
+
+    def grid(meta):
+        return (triton.cdiv(meta["M"], meta["BLOCK_M"]) * triton.cdiv(meta["N"], meta["BLOCK_N"]),)
+
+    def direct(a, b):
+        M, K = a.shape
+        N = b.shape[1]
+        c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+        _matmul_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                             c.stride(0), c.stride(1), DOT_IN_FP32=False, **fixed)
+        return c
+
+    def through_tunesvc(a, b):
+        M, K = a.shape
+        N = b.shape[1]
+        c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+        decorated[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                        c.stride(0), c.stride(1), DOT_IN_FP32=False)
+        return c
+
+    return direct, through_tunesvc, decorated
+
+
+def synthetic_bundle(path: Path, device, n: int, extra: dict | None = None, kernel: str = "matmul",
+                     version: str | None = None) -> None:
     config = TEMPLATE.heuristic(TEMPLATE.problem(M=4096, N=4096, K=4096), device)
     winners = {f"M={1 << (i % 14)},N={64 + i},K=4096,dtype=bfloat16": {"config": config, "time_ms": 0.1} for i in range(n)}
     winners.update({key: {"config": c, "time_ms": 0.1} for key, c in (extra or {}).items()})
     bundle = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "device": {"hardware_id": device.hardware_id, "name": device.name, "capability": device.capability, "sm_count": device.sm_count},
-        "kernels": {"matmul": {"version": TEMPLATE.version, "torch": "", "triton": "", "winners": winners}},
+        "kernels": {kernel: {"version": version or TEMPLATE.version, "torch": "", "triton": "", "winners": winners}},
     }
     path.write_text(json.dumps(bundle, indent=2, sort_keys=True))
 
@@ -98,15 +141,28 @@ def main() -> int:
             synthetic_bundle(path, device, 0, extra={str(TEMPLATE.key(problem)): config})
             tunesvc.configure(bundle=path)
             assert tunesvc.lookup("matmul", **problem).source == "exact"
+            path = Path(tmp) / "decorated.json"
+            run_direct, run_decorated, decorated = kernel_launchers(GROUPED, path)
+            # the bundle is read at the first miss, so it may be written after the decoration
+            synthetic_bundle(path, device, 0, kernel="matmul_decorated", version=decorated.template.version,
+                             extra={"M=64,N=64,K=64,dtype=float16": GROUPED})
+            run_decorated(a, b)  # the miss: looks the key up in the bundle once
+            assert decorated.last.source == "exact", decorated.last
         run_autotuned, _ = autotuned_matmul()
         run_autotuned(a, b)  # tunes once; later calls are autotune cache hits
+        run_direct(a, b)  # compiles the fixed config
+        matmul(a, b)
         sync = torch.cuda.synchronize
         direct = per_call_us(lambda: launch_matmul(a, b, config), 2000, sync=sync)
         ours = per_call_us(lambda: matmul(a, b), 2000, sync=sync)
         autotuned = per_call_us(lambda: run_autotuned(a, b), 2000, sync=sync)
-        rows.append(("launch: direct, fixed config", f"{direct:.1f} us", ""))
+        raw = per_call_us(lambda: run_direct(a, b), 2000, sync=sync)
+        through_decorator = per_call_us(lambda: run_decorated(a, b), 2000, sync=sync)
+        rows.append(("launch: direct launch_matmul, fixed config", f"{direct:.1f} us", ""))
         rows.append(("launch: tunesvc.kernels.matmul (hit)", f"{ours:.1f} us", f"{ours / direct:.3f}x direct (<= 1.05x)"))
-        rows.append(("launch: triton.autotune (hit)", f"{autotuned:.1f} us", f"{autotuned / direct:.3f}x direct"))
+        rows.append(("launch: kernel[grid](...), fixed config", f"{raw:.1f} us", ""))
+        rows.append(("launch: @tunesvc.autotune kernel (hit)", f"{through_decorator:.1f} us", f"{through_decorator / raw:.3f}x kernel[grid] (<= 1.05x)"))
+        rows.append(("launch: triton.autotune kernel (hit)", f"{autotuned:.1f} us", f"{autotuned / raw:.3f}x kernel[grid]"))
     print(f"\n{device.name}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}\n")
     print("| what | measured | target |")
     print("|---|---|---|")

@@ -7,6 +7,13 @@ from __future__ import annotations
 
 # Importing tunesvc (the parent package) has already chosen Triton's CPU interpreter where
 # there is no GPU: see tunesvc.device.use_interpreter_without_gpu.
+from tunesvc.kernels.attention import attention
+from tunesvc.kernels.decode import decode_attention
+from tunesvc.kernels.dropout import dropout
+from tunesvc.kernels.layernorm import layer_norm
 from tunesvc.kernels.matmul import matmul
+from tunesvc.kernels.pointwise import bias_act_residual
+from tunesvc.kernels.rmsnorm import rms_norm
+from tunesvc.kernels.softmax import softmax
 
-__all__ = ["matmul"]
+__all__ = ["attention", "bias_act_residual", "decode_attention", "dropout", "layer_norm", "matmul", "rms_norm", "softmax"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import time
 
 import pytest
 import torch
@@ -10,8 +12,12 @@ import torch
 import tunesvc
 from tunesvc import Bench
 from tunesvc import Status
+from tunesvc import config_hash
+from tunesvc.bench import Compiler
 from tunesvc.bench import relative_error
 from tunesvc.kernels.matmul import MatmulTemplate
+from tunesvc.store import Store
+from tunesvc.sweep import run_sweep
 
 SHAPE = {"M": 20, "N": 33, "K": 20}
 SMALL = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
@@ -118,3 +124,67 @@ def test_relative_error():
     assert relative_error(torch.tensor([3.0, float("nan")]), ref) == math.inf
     assert relative_error(torch.tensor([float("inf"), 4.0]), ref) == math.inf
     assert relative_error(torch.tensor([3.0, 4.0], dtype=torch.float16), ref) == 0.0
+
+
+CRASH = {**SMALL, "BLOCK_N": 64}
+HANG = {**SMALL, "num_stages": 3}
+
+
+class Faulty(_Matmul):
+    """Kills its measuring process for CRASH and never returns for HANG (module level: the
+    worker process unpickles it by reference)."""
+
+    def launch(self, inputs, config):
+        if config == CRASH:
+            os._exit(3)
+        if config == HANG:
+            time.sleep(3600)
+        return super().launch(inputs, config)
+
+
+def test_isolated_sweep_records_crash_and_timeout_and_goes_on(tmp_db, problem, device):
+    tpl = Faulty()
+    other = {**SMALL, "BLOCK_M": 32}
+    configs = [SMALL, CRASH, other, HANG, {**other, "GROUP_M": 1, "BLOCK_K": 16}]
+    assert all(tpl.violations(c, problem, device) == [] for c in configs)
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(tpl, [problem], store, strategy="grid", candidates=configs, isolate=True,
+                             measure_timeout=6.0, finalists=0, device=device)
+        rows = store.trials(store.kernel_version_id(tpl), store.device_id(device), result.shape_key)
+    finally:
+        store.close()
+    status = {config_hash(r.config): r for r in rows}
+    assert [status[config_hash(c)].status for c in configs] == ["ok", "crash", "ok", "timeout", "ok"]
+    assert "exit code 3" in status[config_hash(CRASH)].message
+    assert "replaced" in status[config_hash(HANG)].message
+    assert result.winner in (SMALL, other, configs[4]) and result.failures == 2
+    # the configs after each failure were measured by a fresh process and are correct
+    assert status[config_hash(configs[4])].rel_error < 1e-5
+
+
+def test_finalists_are_remeasured_interleaved(tmp_db, template, problem, device):
+    store = Store(tmp_db)
+    configs = [SMALL, {**SMALL, "BLOCK_M": 32}, {**SMALL, "BLOCK_N": 64}]
+    try:
+        [result] = run_sweep(template, [problem], store, strategy="grid", candidates=configs, finalists=2,
+                             device=device)
+        rows = store.trials(store.kernel_version_id(template), store.device_id(device), result.shape_key)
+    finally:
+        store.close()
+    by_reps = sorted(r.reps for r in rows)
+    # each of the two fastest: its 3 first runs plus 3 rounds of 3; the third keeps its 3
+    assert by_reps == [3, 12, 12]
+    fastest = min(rows, key=lambda r: r.time_ms)
+    assert result.winner == fastest.config and result.winner_ms == fastest.time_ms
+    assert all(r.spread >= 0 for r in rows)
+
+
+def test_compiler_replaces_a_pool_whose_worker_died(problem):
+    with Compiler(2) as compiler:
+        outcome = compiler.compile(Faulty(), problem, [CRASH, SMALL])
+        assert "compile worker died" in outcome[0]
+        assert compiler.restarts == 1
+        # the next batch compiles in the new pool
+        assert compiler.compile(Faulty(), problem, [SMALL, {**SMALL, "BLOCK_M": 32}]) == {0: None, 1: None}
+        assert compiler.restarts == 1

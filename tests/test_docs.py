@@ -27,7 +27,7 @@ def _leaves(commands=None, prefix=""):
 
 def test_every_command_is_in_the_cli_reference():
     names = sorted(_commands())
-    assert names == ["db", "export", "kernels", "lookup", "report", "show", "space", "sweep"]
+    assert names == ["db", "export", "import", "kernels", "lookup", "report", "show", "space", "sweep", "verify"]
     for name in names:
         assert re.search(rf"`tune {name}\b", README), f"README's CLI reference lacks `tune {name}`"
 

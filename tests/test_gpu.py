@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import tunesvc
 from tunesvc.bench import Bench
@@ -11,8 +13,11 @@ from tunesvc.bench import Status
 from tunesvc.device import current_device
 from tunesvc.kernels.matmul import TEMPLATE
 from tunesvc.kernels.matmul import launch_matmul
+from tunesvc.space import Space
 from tunesvc.store import Store
 from tunesvc.sweep import run_sweep
+from tunesvc.template import ShapeKey
+from tunesvc.template import Template
 
 pytestmark = pytest.mark.gpu
 
@@ -54,3 +59,141 @@ def test_sweep_then_lookup_on_gpu(tmp_path):
     assert result.winner is not None and result.trials_stored == 8
     found = tunesvc.Runtime(db=db).lookup("matmul", M=1000, N=3000, K=777, dtype="bfloat16")
     assert found.source == "exact" and found.config == result.winner
+
+
+def test_tuned_matmul_is_captured_in_a_cuda_graph(tmp_path):
+    """A lookup hit does no host sync: the tuned launch records into a CUDA graph and replays right."""
+    from tunesvc.kernels import matmul
+
+    a = torch.randn(333, 129, device="cuda", dtype=torch.float16)
+    b = torch.randn(129, 65, device="cuda", dtype=torch.float16)
+    tunesvc.configure(mode="heuristic")
+    matmul(a, b)  # first call: resolve the config and compile the kernel outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = matmul(a, b)
+    a.copy_(torch.randn_like(a))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 5e-3
+
+
+def test_autotune_decorator_tunes_on_miss_on_gpu(tmp_path):
+    """tunesvc.autotune in mode tune: measured with CUDA events, stored, then a plain hit."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def scale(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0, mask=mask)
+
+    configs = [{"BLOCK": b, "num_warps": w} for b in (256, 1024) for w in (4, 8)]
+    kernel = tunesvc.autotune(configs, key=["n"], name="scale_gpu", output="y_ptr",
+                              db=str(tmp_path / "gpu.db"), mode="tune")(scale)
+    n = 1_000_003
+    x = torch.randn(n, device="cuda")
+    y = torch.empty_like(x)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)  # noqa: E731
+    kernel[grid](x, y, n)
+    assert kernel.last.source == "tuned" and kernel.last.config in configs
+    torch.cuda.synchronize()
+    assert ((y.double() - 3 * x.double()).norm() / (3 * x.double()).norm()).item() < 1e-6
+
+
+@triton.jit
+def _double_kernel(x_ptr, y_ptr, n, offset, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offset + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+
+FAULT = {"BLOCK": 256, "num_warps": 4}
+
+
+class Faults(Template):
+    """y = 2x, except that FAULT stores 2^40 elements past y: an illegal memory access on purpose."""
+
+    name = "faults"
+    dims = ("N",)
+    dtypes = ("float32",)
+    space = Space.from_dict({"params": {"BLOCK": [128, 256, 512]}, "launch": {"num_warps": [4]}})
+
+    def key(self, problem):
+        return ShapeKey.make({"N": problem["N"]}, {"dtype": problem["dtype"]})
+
+    def make_inputs(self, problem, device):
+        return torch.randn(problem["N"], device="cuda")
+
+    def launch(self, inputs, config):
+        y = torch.empty_like(inputs)
+        offset = 1 << 40 if config == FAULT else 0
+        _double_kernel[(triton.cdiv(inputs.numel(), config["BLOCK"]),)](
+            inputs, y, inputs.numel(), offset, BLOCK=config["BLOCK"], num_warps=config["num_warps"]
+        )
+        return y
+
+    def reference(self, inputs):
+        return inputs.double() * 2
+
+    def heuristic(self, problem, device):
+        return {"BLOCK": 128, "num_warps": 4}
+
+
+@pytest.mark.parametrize("workers", [0, 2])  # 2: the fault kills a compile worker first, then the measuring one
+def test_a_faulting_kernel_is_a_crash_and_the_sweep_goes_on(tmp_path, workers):
+    template = Faults()
+    problem = template.problem(N=100_003, dtype="float32")
+    configs = [{"BLOCK": 128, "num_warps": 4}, FAULT, {"BLOCK": 512, "num_warps": 4}]
+    store = Store(str(tmp_path / "faults.db"))
+    try:
+        [result] = run_sweep(template, [problem], store, strategy="grid", candidates=configs, workers=workers,
+                             isolate=True, finalists=0)
+        rows = store.trials(store.kernel_version_id(template), store.device_id(current_device()), result.shape_key)
+    finally:
+        store.close()
+    assert [r.status for r in rows] == ["ok", "crash", "ok"]
+    assert rows[2].rel_error < 1e-6  # measured by a fresh worker, on a healthy context
+    assert result.winner in (configs[0], configs[2])
+
+
+def test_small_kernels_are_timed_from_a_cuda_graph(monkeypatch):
+    import triton.testing
+
+    calls = []
+    original = triton.testing.do_bench_cudagraph
+
+    def spy(fn, *args, **kwargs):
+        calls.append(kwargs)
+        return original(fn, *args, **kwargs)
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", spy)
+    problem = TEMPLATE.problem(M=64, N=64, K=64, dtype="bfloat16")
+    bench = Bench(TEMPLATE, problem, current_device())
+    m = bench.measure(TEMPLATE.heuristic(problem, current_device()))
+    assert m.status is Status.OK and 0 < m.time_ms < 0.02
+    assert len(calls) == 1  # a 64^3 GEMM takes a few us: under the launch overhead
+    big = TEMPLATE.problem(M=2048, N=2048, K=2048, dtype="bfloat16")
+    assert Bench(TEMPLATE, big, current_device()).measure(TEMPLATE.heuristic(big, current_device())).ok
+    assert len(calls) == 1  # ~0.1 ms: event timing is exact enough
+
+
+def test_tuned_matmul_under_torch_compile_with_cuda_graphs():
+    """mode="reduce-overhead" records the compiled graph, custom op tunesvc::matmul included, as a CUDA graph."""
+    from tunesvc.kernels import matmul
+
+    tunesvc.configure(mode="heuristic")
+
+    @torch.compile(fullgraph=True, mode="reduce-overhead")
+    def f(a, b):
+        return torch.relu(matmul(a, b)) + 1.0
+
+    a = torch.randn(333, 129, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(129, 65, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):  # warm-up, record, replay
+        out = f(a, b)
+    ref = torch.relu(a.double() @ b.double()) + 1.0
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-2

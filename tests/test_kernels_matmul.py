@@ -1,7 +1,9 @@
-"""Correctness of the grouped GEMM kernel (kernels/matmul.py) in Triton's interpreter."""
+"""Correctness of the GEMM kernels (kernels/matmul.py, every VARIANT) in Triton's interpreter."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import os
 import subprocess
 import sys
@@ -11,7 +13,18 @@ import torch
 
 import tunesvc
 import tunesvc.kernels
+from tunesvc import Space
+from tunesvc import TunesvcError
+from tunesvc import config_hash
+from tunesvc.kernels.matmul import TEMPLATE
+from tunesvc.kernels.matmul import VARIANTS
 from tunesvc.kernels.matmul import launch_matmul
+from tunesvc.runtime import Runtime
+from tunesvc.store import Store
+from tunesvc.sweep import run_sweep
+
+# the module, not the function of the same name that tunesvc.kernels exports
+matmul_module = importlib.import_module("tunesvc.kernels.matmul")
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-4}
 
@@ -140,3 +153,201 @@ def test_kernels_work_when_current_device_is_called_first(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[0] == "ok", proc.stdout
+
+
+# -- variants: persistent, TMA (tensor descriptors), split-K ----------------------------------
+def variant(name: str, block_m=16, block_n=32, block_k=32, group=8, split=1, warps=4, stages=3) -> dict:
+    return {
+        "VARIANT": name, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group,
+        "SPLIT_K": split, "num_warps": warps, "num_stages": stages,
+    }
+
+
+# split-K with 4 slices of K=77 in 32-steps: 3 K steps, so the last slice is empty
+VARIANT_CONFIGS = [variant("grouped"), variant("persistent"), variant("tma"), variant("splitk", group=1, split=4)]
+
+# odd M and N; K=77 rows are not 16-byte aligned in any dtype, K=40 rows are in fp16/bf16;
+# K=64 is whole BLOCK_K steps (the kernels' unmasked EVEN_K loop)
+VARIANT_SHAPES = [(37, 45, 77), (50, 70, 40), (21, 37, 64)]
+
+
+def test_every_variant_is_tested():
+    assert {c["VARIANT"] for c in VARIANT_CONFIGS} == set(VARIANTS)
+    assert set(TEMPLATE.space.parameters["VARIANT"].choices) == set(VARIANTS)
+
+
+@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=lambda c: c["VARIANT"])
+@pytest.mark.parametrize("dtype", list(TOL), ids=str)
+@pytest.mark.parametrize("shape", VARIANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_variant_matches_float64_reference(shape, dtype, config):
+    M, N, K = shape
+    a = torch.randn(M, K, dtype=dtype)
+    b = torch.randn(K, N, dtype=dtype)
+    out = launch_matmul(a, b, config)
+    assert out.shape == (M, N) and out.dtype == dtype
+    assert rel_error(out, a, b) < TOL[dtype]
+
+
+@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=lambda c: c["VARIANT"])
+def test_variant_writes_every_element_and_nothing_outside(config):
+    # more tiles (3 x 3) than the interpreter's persistent programs, ragged on every edge,
+    # into a window of a NaN buffer (not 16-byte aligned rows: the TMA kernel stores by pointer)
+    M, N, K = 37, 75, 45
+    buf = torch.full((M + 16, N + 3), float("nan"), dtype=torch.float32)
+    out = buf[:M, :N]
+    a = torch.randn(M, K, dtype=torch.float32)
+    b = torch.randn(K, N, dtype=torch.float32)
+    assert launch_matmul(a, b, config, out=out).data_ptr() == out.data_ptr()
+    assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} output elements were never written"
+    assert torch.isnan(buf[M:, :]).all() and torch.isnan(buf[:, N:]).all()
+    assert rel_error(out, a, b) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=lambda c: c["VARIANT"])
+def test_variant_on_transposed_inputs(config):
+    # B is (K, N) with strides (1, K): no unit stride along rows, so TMA must stage a copy
+    M, N, K = 37, 45, 77
+    a = torch.randn(K, M, dtype=torch.float16).t()
+    b = torch.randn(N, K, dtype=torch.float16).t()
+    out = launch_matmul(a, b, config)
+    assert rel_error(out, a, b) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize("split", [2, 4, 8])
+def test_split_k_is_deterministic_and_matches(split):
+    M, N, K = 20, 33, 300
+    a = torch.randn(M, K, dtype=torch.bfloat16)
+    b = torch.randn(K, N, dtype=torch.bfloat16)
+    config = variant("splitk", block_k=32, group=1, split=split)
+    first = launch_matmul(a, b, config)
+    assert rel_error(first, a, b) < TOL[torch.bfloat16]
+    assert torch.equal(launch_matmul(a, b, config), first)
+
+
+def test_config_without_variant_launches_the_grouped_kernel(monkeypatch):
+    # winners stored before VARIANT existed (tune.db.example) have no VARIANT or SPLIT_K
+    old = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 5}
+    launched = []
+    real = matmul_module._matmul_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(matmul_module, "_matmul_kernel", Spy())
+    a = torch.randn(16, 45, dtype=torch.float16)
+    b = torch.randn(45, 37, dtype=torch.float16)
+    out = launch_matmul(a, b, old)
+    assert launched == [(1,)]
+    assert rel_error(out, a, b) < TOL[torch.float16]
+    # and the space checks it as grouped with SPLIT_K = 1
+    assert TEMPLATE.space.with_defaults(old)["VARIANT"] == "grouped"
+    problem = TEMPLATE.problem(M=16, N=37, K=45)
+    assert TEMPLATE.violations(old, problem, tunesvc.current_device()) == []
+
+
+def test_unknown_variant_is_one_clear_error():
+    a = torch.randn(4, 5, dtype=torch.float16)
+    b = torch.randn(5, 3, dtype=torch.float16)
+    with pytest.raises(TunesvcError, match="VARIANT='stream'.*use one of grouped, persistent, tma, splitk"):
+        launch_matmul(a, b, variant("stream"))
+
+
+# -- the space: variants pruned per problem and device -------------------------------------------
+def h100_like(device, **changes):
+    hopper = {"kind": "cuda", "capability": "9.0", "sm_count": 132, "max_shared_memory": 232448, "max_num_regs": 65536}
+    return dataclasses.replace(device, **{**hopper, **changes})
+
+
+def test_device_has_tma_only_on_hopper(device):
+    assert h100_like(device).limits()["has_tma"] == 1
+    assert h100_like(device, capability="8.0").limits()["has_tma"] == 0
+    ampere = h100_like(device, capability="8.0")
+    problem = TEMPLATE.problem(M=4096, N=4096, K=4096, dtype="bfloat16")
+    variants = {c["VARIANT"] for c in TEMPLATE.feasible(problem, ampere)}
+    assert variants == {"grouped", "persistent"}
+    assert "tma" in {c["VARIANT"] for c in TEMPLATE.feasible(problem, h100_like(device))}
+
+
+def test_split_k_only_for_skinny_problems(device):
+    h100 = h100_like(device)
+    skinny = TEMPLATE.feasible(TEMPLATE.problem(M=16, N=4096, K=4096, dtype="bfloat16"), h100)
+    split = [c for c in skinny if c["VARIANT"] == "splitk"]
+    assert split and all(c["SPLIT_K"] > 1 and c["GROUP_M"] == 1 for c in split)
+    assert all(c["SPLIT_K"] == 1 for c in skinny if c["VARIANT"] != "splitk")
+    # 4096 x 4096 fills 132 SMs with tiles already; K=96 has too few K steps to split
+    for m, n, k in ((4096, 4096, 4096), (16, 4096, 96)):
+        feasible = TEMPLATE.feasible(TEMPLATE.problem(M=m, N=n, K=k, dtype="bfloat16"), h100)
+        assert "splitk" not in {c["VARIANT"] for c in feasible}
+
+
+def test_heuristic_splits_k_for_small_m(device):
+    h100 = h100_like(device)
+    for m in (1, 16, 64):
+        problem = TEMPLATE.problem(M=m, N=4096, K=4096, dtype="bfloat16")
+        config = TEMPLATE.heuristic(problem, h100)
+        assert config["VARIANT"] == "splitk" and config["SPLIT_K"] > 1, config
+        assert TEMPLATE.violations(config, problem, h100) == []
+    big = TEMPLATE.problem(M=4096, N=4096, K=4096, dtype="bfloat16")
+    assert TEMPLATE.heuristic(big, h100)["VARIANT"] == "grouped"
+
+
+def test_heuristic_is_feasible_everywhere(device):
+    # (1, 1, 1) falls back to the smallest feasible config; the others are the rules' own picks
+    for dev in (device, h100_like(device)):
+        for dtype in ("bfloat16", "float32"):
+            for m, n, k in ((1, 1, 1), (37, 45, 29), (64, 4096, 4096), (1000, 3000, 777), (16, 14336, 4096)):
+                problem = TEMPLATE.problem(M=m, N=n, K=k, dtype=dtype)
+                config = TEMPLATE.heuristic(problem, dev)
+                assert TEMPLATE.violations(config, problem, dev) == [], (dev.capability, m, n, k, config)
+                TEMPLATE.space.validate(config)
+
+
+def test_known_good_configs_are_in_the_space_and_cover_every_variant():
+    for config in TEMPLATE.known_good:
+        TEMPLATE.space.validate(config)
+    assert {c["VARIANT"] for c in TEMPLATE.known_good} == set(VARIANTS)
+    assert len({config_hash(c) for c in TEMPLATE.known_good}) == len(TEMPLATE.known_good)
+
+
+def test_string_choices_and_constraints(tmp_path, device):
+    path = tmp_path / "s.toml"
+    path.write_text(
+        '[params]\nV = ["a", "b"]\nX = [1, 2]\n'
+        '[constraints]\nonly_b_splits = "V == \'b\' or X == 1"\n'
+    )
+    space = Space.from_toml(path)
+    assert space.parameters["V"].choices == ("a", "b")
+    assert space.feasible({}, {}) == [{"V": "a", "X": 1}, {"V": "b", "X": 1}, {"V": "b", "X": 2}]
+    assert space.violations({"X": 2}, {}, {}) == ["only_b_splits"]  # V defaults to its first choice
+    assert config_hash({"V": "a", "X": 1}) != config_hash({"V": "b", "X": 1})
+    path.write_text('[params]\nV = ["a", "b"]\n[constraints]\ntypo = "V != \'B\'"\n')
+    with pytest.raises(TunesvcError, match="compares V with 'B', which is not one of its choices"):
+        Space.from_toml(path)
+    path.write_text('[params]\nV = ["a", 1]\n')
+    with pytest.raises(TunesvcError, match="integers only, or non-empty strings only"):
+        Space.from_toml(path)
+
+
+def test_sweep_over_variants_stores_a_winner_the_runtime_launches(tmp_db, device):
+    # one candidate per variant that fits a one-tile problem, through the real pipeline
+    # (persistent needs more tiles than the interpreter's "SMs", its CPU cores: tested above)
+    problem = TEMPLATE.problem(M=9, N=30, K=150, dtype="bfloat16")
+    candidates = [variant("grouped", group=1), variant("tma", block_k=64, group=1),
+                  variant("splitk", group=1, split=2)]
+    candidates = [c for c in candidates if not TEMPLATE.violations(c, problem, device)]
+    assert {c["VARIANT"] for c in candidates} >= {"grouped", "tma"}
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(TEMPLATE, [problem], store, strategy="grid", budget=len(candidates), device=device,
+                             candidates=candidates)
+    finally:
+        store.close()
+    assert result.failures == 0 and result.trials_new == len(candidates)
+    assert result.winner in candidates
+    found = Runtime(db=tmp_db).lookup(TEMPLATE, **problem)
+    assert found.source == "exact" and found.config == result.winner
+    a = torch.randn(9, 150, dtype=torch.bfloat16)
+    b = torch.randn(150, 30, dtype=torch.bfloat16)
+    assert rel_error(tunesvc.kernels.matmul(a, b, config=found.config), a, b) < TOL[torch.bfloat16]

@@ -1,4 +1,4 @@
-"""Schema migrations: revision 0001 is the schema before Alembic, 0002 migrates it keeping every row.
+"""Schema migrations: revision 0001 is the schema before Alembic; upgrades to head keep every row.
 
 Databases at 0001 are built the way a user's would be: Alembic upgraded to "0001" on a fresh
 SQLite file, rows inserted with raw SQL (the ORM models are at head and cannot write them).
@@ -19,8 +19,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
+from sqlalchemy import text
 from typer.testing import CliRunner
 
+import tunesvc
 from tunesvc import TunesvcError
 from tunesvc import get_template
 from tunesvc.cli import app
@@ -34,6 +36,8 @@ from tunesvc.store._migrate import alembic_config
 from tunesvc.store.models import SCHEMA_VERSION
 from tunesvc.store.models import Base
 from tunesvc.sweep import run_sweep
+
+from _backends import pg_database
 
 EXAMPLE = Path(__file__).parent.parent / "tune.db.example"
 KEY = "M=16,N=16,K=16,dtype=float16"
@@ -206,9 +210,9 @@ def test_tune_db_upgrade_keeps_every_row_and_the_store_then_sweeps(tmp_db):
 
     result = tune("db", "upgrade", "--db", tmp_db)
     assert result.exit_code == 0, result.output
-    assert "from schema revision 0001 to 0002" in result.output
+    assert f"from schema revision 0001 to {HEAD}" in result.output
     assert rows(tmp_db) == before
-    assert revision_rows(tmp_db) == ([("0002",)], [("2",)])
+    assert revision_rows(tmp_db) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
     con = sqlite3.connect(tmp_db)
     assert con.execute("SELECT host FROM sweeps").fetchall() == [(None,)]
     con.close()
@@ -230,7 +234,7 @@ def test_tune_db_upgrade_keeps_every_row_and_the_store_then_sweeps(tmp_db):
         con.close()
 
     again = tune("db", "upgrade", "--db", tmp_db)
-    assert again.exit_code == 0 and "already at schema revision 0002" in again.output
+    assert again.exit_code == 0 and f"already at schema revision {HEAD}" in again.output
 
 
 def test_older_database_is_read_but_a_writable_open_refuses_it_unchanged(tmp_db):
@@ -268,10 +272,10 @@ def test_database_from_before_alembic(tmp_path):
 
     result = tune("db", "upgrade", "--db", str(path))
     assert result.exit_code == 0, result.output
-    assert "from schema revision 0001 to 0002" in result.output
+    assert f"from schema revision 0001 to {HEAD}" in result.output
     assert rows(path) == before
     assert len(before["trials"]) == 240 and len(before["winners"]) == 6
-    assert revision_rows(path) == ([("0002",)], [("2",)])
+    assert revision_rows(path) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
     Store(path).close()
 
 
@@ -347,9 +351,65 @@ def test_db_init_creates_then_reports_and_current(tmp_db):
 def test_db_init_upgrades_an_older_database(tmp_db):
     database_at_0001(tmp_db)
     result = tune("db", "init", "--db", tmp_db)
-    assert result.exit_code == 0 and "from schema revision 0001 to 0002" in result.output
+    assert result.exit_code == 0 and f"from schema revision 0001 to {HEAD}" in result.output
 
 
 def test_store_cannot_be_readonly_and_upgrade(tmp_db):
     with pytest.raises(ValueError):
         Store(tmp_db, readonly=True, upgrade=True)
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------------
+def test_postgresql_head_schema_is_the_models_and_an_older_database_upgrades_keeping_rows():
+    for url in pg_database():
+        engine = create_engine(url)
+        try:
+            with engine.begin() as connection:
+                command.upgrade(alembic_config(connection), "0001")
+                connection.execute(text(
+                    "INSERT INTO devices (fingerprint, hardware_id, kind, name, capability, sm_count, memory_bytes,"
+                    " max_shared_memory, max_num_regs, driver, cuda, torch, triton, first_seen) VALUES ('fp0001',"
+                    " 'V100|sm_70|80SM', 'cuda', 'Tesla V100', '7.0', 80, 2147483647, 98304, 65536, '550', '12.4',"
+                    " '2.4', '3.0', '2026-01-01 00:00:00')"
+                ))
+                connection.execute(text("INSERT INTO kernel_versions (kernel, version, first_seen) VALUES ('matmul', 'abc123', '2026-01-01')"))
+                connection.execute(text(
+                    "INSERT INTO sweeps (kernel_version_id, device_id, shape_key, problem, strategy, budget, seed,"
+                    " status, started_at) VALUES (1, 1, :key, '{}', 'grid', 3, 0, 'done', '2026-01-01 00:00:00')"
+                ), {"key": KEY})
+                for i, ms in enumerate([2.5, 1.5], start=1):
+                    connection.execute(text(
+                        "INSERT INTO trials (sweep_id, kernel_version_id, device_id, shape_key, config, config_hash,"
+                        " status, time_ms, reps, created_at) VALUES (1, 1, 1, :key, '{}', :h, 'ok', :ms, 3,"
+                        " '2026-01-01 00:00:00')"
+                    ), {"key": KEY, "h": f"hash{i}", "ms": ms})
+            before = {t: _pg_rows(engine, t) for t in TABLES}
+            assert tune("db", "current", "--db", url).output.count("0001") >= 1
+
+            result = tune("db", "upgrade", "--db", url)
+            assert result.exit_code == 0, result.output
+            assert f"from schema revision 0001 to {HEAD}" in result.output
+            assert {t: _pg_rows(engine, t) for t in TABLES} == before
+            with engine.connect() as connection:
+                context = MigrationContext.configure(connection, opts={"compare_type": True})
+                assert compare_metadata(context, Base.metadata) == []
+                assert connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [HEAD]
+            store = Store(url)  # revision 0003 widened devices.memory_bytes: an 80 GiB GPU now fits
+            try:
+                assert store.find_device(store.find_device("Tesla V100").name).memory_bytes == 2147483647
+                h100 = tunesvc.Device(
+                    kind="cuda", name="NVIDIA H100 80GB HBM3", capability="9.0", sm_count=132, memory_bytes=80 << 30,
+                    max_shared_memory=232448, max_num_regs=65536, driver="550", cuda="12.4", torch="2.4", triton="3.0",
+                )
+                store.device_id(h100)
+                assert store.find_device("NVIDIA H100 80GB HBM3").memory_bytes == 80 << 30
+            finally:
+                store.close()
+        finally:
+            engine.dispose()
+
+
+def _pg_rows(engine, table: str) -> list[tuple]:
+    with engine.connect() as connection:
+        columns = [c for c in connection.execute(text(f"SELECT * FROM {table} LIMIT 0")).keys() if c != "host"]
+        return [tuple(r) for r in connection.execute(text(f"SELECT {', '.join(columns)} FROM {table} ORDER BY id"))]

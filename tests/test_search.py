@@ -2,16 +2,39 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
+import time
+from contextlib import closing
+
+import optuna
 import pytest
+import torch
 
 from tunesvc import Space
 from tunesvc import Status
 from tunesvc import config_hash
 from tunesvc.bench import Measurement
 from tunesvc.errors import TunesvcError
+from tunesvc.store import Store
+from tunesvc.sweep import check_sweep_arguments
+from tunesvc.sweep import run_sweep
+from tunesvc.sweep import stored_warm_start
+from tunesvc.sweep import study_name
+from tunesvc.sweep import study_storage
+from tunesvc.template import ShapeKey
+from tunesvc.template import Template
 from tunesvc.search import GridStrategy
 from tunesvc.search import make_strategy
+from tunesvc.search._optuna import SET_CONSTRAINT
+from tunesvc.search._optuna import VIOLATION
 from tunesvc.search._optuna import OptunaStrategy
+from tunesvc.search.replay import GroundTruth
+from tunesvc.search.replay import efficiency
+from tunesvc.search.replay import read_ground_truth
+from tunesvc.search.replay import trials_to_reach
+from tunesvc.search.replay import write_ground_truth
 
 
 @pytest.fixture
@@ -180,3 +203,180 @@ def test_make_strategy():
     assert make_strategy("optuna", space, candidates).name == "optuna"
     with pytest.raises(TunesvcError, match="Unknown strategy 'annealing'"):
         make_strategy("annealing", space, candidates)
+
+
+# -- more strategies ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["random", "cmaes"])
+def test_strategy_proposes_each_feasible_config_once_warm_start_first(space, candidates, name):
+    strategy = make_strategy(name, space, candidates, seed=2, initial=[candidates[6]])
+    assert strategy.name == name
+    proposed = drain(strategy, limit=len(candidates))
+    assert proposed[0] == candidates[6]
+    assert sorted(hashes(proposed)) == sorted(hashes(candidates))
+    assert strategy.ask() is None
+
+
+def test_random_is_seeded(space, candidates):
+    first = first_proposals(make_strategy("random", space, candidates, seed=4), 5)
+    assert first == first_proposals(make_strategy("random", space, candidates, seed=4), 5)
+    assert first != first_proposals(make_strategy("random", space, candidates, seed=5), 5)
+
+
+def test_cmaes_samples_indices_of_sorted_choices(space, candidates):
+    strategy = make_strategy("cmaes", space, candidates, seed=0)
+    # A in (1, 2, 4) is the ordinal 0..2: neighbouring indices are neighbouring tile sizes
+    assert strategy.encode({"A": 4, "B": 16, "num_warps": 8}) == {"A": 2, "B": 0, "num_warps": 1}
+    assert strategy.decode({"A": 1, "B": 1, "num_warps": 0}) == {"A": 2, "B": 32, "num_warps": 4}
+
+
+def test_tpe_is_told_infeasible_and_failed_trials_as_constrained(space, candidates):
+    strategy = OptunaStrategy(space, candidates, seed=0)
+    for config in candidates[:3]:
+        strategy.tell(config, Measurement(Status.CRASH, message="died"))
+    strategy.tell(candidates[3], ok(1.0))
+    trials = strategy.study.get_trials()
+    assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials)
+    violations = [t.constraints[VIOLATION] if SET_CONSTRAINT else t.system_attrs["constraints"][0] for t in trials]
+    assert violations == [1.0, 1.0, 1.0, 0.0]
+
+
+# -- offline replay -----------------------------------------------------------------------
+
+def synthetic_truth() -> GroundTruth:
+    """A structured landscape: a smooth bowl in log2 tile sizes with one optimum, a region that
+    fails (too large a tile with too few warps), and warps/stages that matter less."""
+    truth = GroundTruth("toy", "N=1")
+    for bm in (16, 32, 64, 128, 256):
+        for bn in (16, 32, 64, 128, 256):
+            for warps in (2, 4, 8):
+                for stages in (2, 3, 4, 5):
+                    config = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
+                    if bm * bn >= 128 * 256 and warps == 2:
+                        truth.add(config, Measurement(Status.COMPILE_ERROR))
+                        continue
+                    x, y = math.log2(bm) - 6, math.log2(bn) - 5
+                    ms = 1.0 + 0.3 * x * x + 0.3 * y * y + 0.08 * abs(warps - 4) + 0.04 * abs(stages - 3)
+                    truth.add(config, Measurement(Status.OK, time_ms=ms))
+    return truth
+
+
+def test_replay_round_trips_a_csv_and_tpe_beats_random(tmp_path):
+    truth = synthetic_truth()
+    path = tmp_path / "truth.csv"
+    write_ground_truth(path, [truth])
+    [read] = read_ground_truth(path)
+    assert read.name == "toy N=1" and len(read.configs) == 300
+    assert read.best_ms == pytest.approx(truth.best_ms) == pytest.approx(1.0)
+    assert read.outcomes[config_hash({"BLOCK_M": 256, "BLOCK_N": 256, "num_warps": 2, "num_stages": 2})].status \
+        is Status.COMPILE_ERROR
+    tpe = efficiency(read, "optuna", seeds=8)
+    rand = efficiency(read, "random", seeds=8)
+    # only the optimum is within 3%: random search needs about half the space
+    assert rand.median_trials > 50
+    assert tpe.median_trials < rand.median_trials
+    assert tpe.within and tpe.fraction == tpe.median_trials / 300
+
+
+def test_trials_to_reach_counts_until_within_tolerance():
+    truth = synthetic_truth()
+    grid_order = [config_hash(c) for c in truth.configs]
+    best = min(grid_order, key=lambda h: truth.outcomes[h].time_ms if truth.outcomes[h].ok else 1e9)
+    # grid asks in table order: the optimum is the first config within 3%
+    within = [h for h in grid_order if truth.outcomes[h].ok and truth.outcomes[h].time_ms <= 1.03]
+    assert within[0] == best
+    assert trials_to_reach(truth, "grid", seed=0) == grid_order.index(best) + 1
+
+
+# -- wired into sweeps ----------------------------------------------------------------------
+
+class Toy(Template):
+    """y = 2x, with a launch that sleeps 3 ms per unit of A + B + (num_warps == 8): a landscape
+    whose times are the config's, not noise, with the heuristic's config the only fastest."""
+
+    name = "toy"
+    dims = ("N",)
+    dtypes = ("float32",)
+    space = Space.from_dict({"params": {"A": [1, 2, 4, 8], "B": [1, 2, 3]}, "launch": {"num_warps": [4, 8]}})
+
+    def key(self, problem):
+        return ShapeKey.make({"N": problem["N"]}, {"dtype": problem["dtype"]})
+
+    def make_inputs(self, problem, device):
+        return torch.randn(problem["N"])
+
+    def launch(self, inputs, config):
+        time.sleep((config["A"] + config["B"] + (config["num_warps"] == 8)) * 3e-3)
+        return inputs * 2
+
+    def reference(self, inputs):
+        return inputs.double() * 2
+
+    def heuristic(self, problem, device):
+        return {"A": 1, "B": 1, "num_warps": 4}
+
+
+def toy_sweep(store, device, n=64, **kwargs):
+    toy = Toy()
+    [result] = run_sweep(toy, [toy.problem(N=n, dtype="float32")], store, device=device, **kwargs)
+    return result
+
+
+def test_patience_stops_a_search_that_no_longer_improves(tmp_db, device):
+    with closing(Store(tmp_db)) as store:
+        result = toy_sweep(store, device, strategy="grid", patience=3)
+    # the heuristic is the fastest: three trials later the search stops
+    assert result.stopped == "patience" and result.trials_new == 4
+    assert result.winner == Toy().heuristic({}, device)
+
+
+def test_time_budget_stops_a_search(tmp_db, device):
+    with closing(Store(tmp_db)) as store:
+        result = toy_sweep(store, device, strategy="random", time_budget=0.3)
+    assert result.stopped == "time"
+    assert 1 <= result.trials_new < 24
+
+
+def test_warm_start_from_nearest_shapes_and_other_devices(tmp_db, device):
+    other = dataclasses.replace(device, name="Other GPU", sm_count=7)
+    odd = {"A": 4, "B": 3, "num_warps": 8}
+    with closing(Store(tmp_db)) as store:
+        toy_sweep(store, device, n=64, strategy="grid", candidates=[odd])  # a winner nearby, this device
+        toy_sweep(store, other, n=1024, strategy="grid", candidates=[{**odd, "B": 2}])  # this key, elsewhere
+        toy_sweep(store, device, n=4, strategy="grid", candidates=[{**odd, "A": 8}])  # farther away
+        toy = Toy()
+        key = str(toy.key(toy.problem(N=1024, dtype="float32")))
+        assert stored_warm_start(store, toy, device, key) == [odd, {**odd, "A": 8}, {**odd, "B": 2}]
+        result = toy_sweep(store, device, n=1024, strategy="optuna", budget=3)
+        rows = store.trials(store.kernel_version_id(toy), store.device_id(device), key)
+    # the heuristic, then the nearest tuned shape's winner, then the next nearest
+    assert [r.config for r in rows] == [toy.heuristic({}, device), odd, {**odd, "A": 8}]
+    assert result.trials_new == 3
+
+
+def test_optuna_study_persists_beside_the_database_and_resumes(tmp_db, device):
+    with closing(Store(tmp_db)) as store:
+        first = toy_sweep(store, device, strategy="optuna", budget=4, seed=1)
+        url = study_storage(store)
+    assert url.endswith("test.optuna.db") and os.path.exists(url.removeprefix("sqlite:///"))
+    toy = Toy()
+    name = study_name(toy, device, first.shape_key, "optuna")
+    study = optuna.load_study(study_name=name, storage=url)
+    measured = {tuple(sorted(t.params.items())) for t in study.trials if t.state.name == "COMPLETE" and t.value < 1e6}
+    assert len(measured) == 4
+    first = [t.params for t in study.trials]
+    with closing(Store(tmp_db)) as store:
+        more = toy_sweep(store, device, strategy="optuna", budget=6, seed=1)
+    assert more.trials_new == 2 and more.trials_stored == 6
+    study = optuna.load_study(study_name=name, storage=url)
+    resumed = {tuple(sorted(t.params.items())) for t in study.trials if t.state.name == "COMPLETE" and t.value < 1e6}
+    # the same study, resumed: its first trials kept, the 2 new configs added
+    assert len(resumed) == 6 and measured < resumed
+    assert [t.params for t in study.trials[:len(first)]] == first and len(study.trials) > len(first)
+
+
+def test_sweep_rejects_bad_budgets():
+    with pytest.raises(TunesvcError, match="--time-budget must be a positive"):
+        check_sweep_arguments("optuna", None, time_budget=0)
+    with pytest.raises(TunesvcError, match="--patience must be at least 1"):
+        check_sweep_arguments("optuna", None, patience=0)

@@ -26,12 +26,13 @@ def test_matmul_space_loads_from_search_spaces(template):
     space = template.space
     assert Path(space.source).name == "matmul.toml"
     assert Path(space.source).parent.name == "search_spaces"
-    assert space.names == ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"]
+    assert space.names == ["VARIANT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages"]
+    assert space.parameters["VARIANT"].choices == ("grouped", "persistent", "tma", "splitk")
     assert space.parameters["BLOCK_M"].choices == (16, 32, 64, 128, 256)
     assert space.parameters["GROUP_M"].choices == (1, 8)
     assert space.parameters["num_warps"].is_launch_option
     assert not space.parameters["BLOCK_M"].is_launch_option
-    assert set(space.constraints) == {"shared_memory", "accumulator", "tile_m", "tile_n", "tile_k", "group"}
+    assert {"shared_memory", "accumulator", "tile_m", "tile_n", "tile_k", "group"} <= set(space.constraints)
 
 
 def test_pow2_ranges_expand_to_every_power_of_two(template):
@@ -51,7 +52,7 @@ def test_pow2_single_value_and_from_one(tmp_path):
 def test_enumerate_size_is_product_of_choices(template):
     space = template.space
     expected = math.prod(len(p.choices) for p in space.parameters.values())
-    assert expected == 5 * 4 * 3 * 2 * 2 * 4
+    assert expected == 4 * 5 * 4 * 3 * 2 * 4 * 2 * 4
     configs = space.enumerate()
     assert space.size == expected == len(configs)
     assert len({config_hash(c) for c in configs}) == expected  # no duplicates

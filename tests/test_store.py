@@ -6,6 +6,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
 import tunesvc
@@ -14,9 +17,14 @@ from tunesvc import TunesvcError
 from tunesvc import config_hash
 from tunesvc.bench import Measurement
 from tunesvc.cli import app
+from tunesvc.store import DatabaseUnavailable
 from tunesvc.store import Store
 from tunesvc.store import resolve_url
 from tunesvc.store.models import SCHEMA_VERSION
+
+from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
+from _backends import pg_admin_url
+from _backends import pg_database
 
 KEY = "M=64,N=45,K=29,dtype=float16"
 
@@ -30,18 +38,36 @@ def ok(ms: float) -> Measurement:
 
 
 @pytest.fixture
-def store(tmp_db):
-    s = Store(tmp_db)
+def store(db_url):
+    """A new store on each backend: a SQLite file, a PostgreSQL database."""
+    s = Store(db_url)
     yield s
     s.close()
 
 
 @pytest.fixture
-def ids(store, template, device):
+def file_store(tmp_db):
+    """A new store in a SQLite file, for what is about the file itself."""
+    s = Store(tmp_db)
+    yield s
+    s.close()
+
+
+def _ids(store, template, device) -> tuple[int, int, int]:
     kv = store.kernel_version_id(template)
     dev = store.device_id(device)
     sweep = store.start_sweep(kv, dev, KEY, {"M": 37, "N": 45, "K": 29, "dtype": "float16"}, "grid", 3, 0)
     return kv, dev, sweep
+
+
+@pytest.fixture
+def ids(store, template, device):
+    return _ids(store, template, device)
+
+
+@pytest.fixture
+def file_ids(file_store, template, device):
+    return _ids(file_store, template, device)
 
 
 def add(store, ids, config, m, key=KEY):
@@ -226,7 +252,8 @@ def test_foreign_database_is_refused_and_left_unchanged(tmp_path, readonly):
     assert path.read_bytes() == before
 
 
-def test_readonly_open_leaves_the_file_bytes_unchanged(tmp_db, ids, store):
+def test_readonly_open_leaves_the_file_bytes_unchanged(tmp_db, file_ids, file_store):
+    ids, store = file_ids, file_store
     kv, dev, _ = ids
     add(store, ids, cfg(16), ok(3.0))
     store.update_winner(kv, dev, KEY)
@@ -241,8 +268,8 @@ def test_readonly_open_leaves_the_file_bytes_unchanged(tmp_db, ids, store):
     assert Path(tmp_db).read_bytes() == before
 
 
-def test_readonly_store_cannot_write(tmp_db, ids, store):
-    store.close()
+def test_readonly_store_cannot_write(tmp_db, file_ids, file_store):
+    file_store.close()
     before = Path(tmp_db).read_bytes()
     ro = Store(tmp_db, readonly=True)
     try:
@@ -274,12 +301,65 @@ def test_newer_schema_is_refused(tmp_db, readonly):
     assert Path(tmp_db).read_bytes() == before
 
 
-def test_store_survives_reopen_with_data(tmp_db, ids, store):
+def test_store_survives_reopen_with_data(db_url, ids, store):
     kv, dev, _ = ids
     add(store, ids, cfg(16), ok(3.0))
     store.close()
-    again = Store(tmp_db)
+    again = Store(db_url)
     try:
         assert [t.config for t in again.trials(kv, dev, KEY)] == [cfg(16)]
     finally:
         again.close()
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------------
+def test_postgresql_newer_schema_is_refused_unchanged():
+    for url in pg_database():
+        Store(url).close()
+        engine = create_engine(url)
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE tunesvc_meta SET value = :v WHERE key = 'schema_version'"), {"v": str(SCHEMA_VERSION + 1)})
+        with pytest.raises(TunesvcError, match=f"schema version {SCHEMA_VERSION + 1}, newer than"):
+            Store(url)
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT value FROM tunesvc_meta")).scalar() == str(SCHEMA_VERSION + 1)
+        engine.dispose()
+
+
+def test_unreachable_postgresql_server_is_one_line():
+    url = make_url(pg_admin_url()).set(port=1).render_as_string(hide_password=False)  # nothing listens on port 1
+    with pytest.raises(DatabaseUnavailable, match="Lost the connection to postgresql") as info:
+        Store(url)
+    assert "\n" not in str(info.value) and "tunesvc:***@" in str(info.value)
+
+
+def test_racing_stores_add_one_device_and_kernel_version(db_url, template, device):
+    """Workers of one sweep start together: each must get the one row, none may fail on the unique key."""
+    import threading
+
+    Store(db_url).close()
+    out, errors = [], []
+    start = threading.Barrier(6)
+
+    def open_and_identify() -> None:
+        store = Store(db_url)
+        try:
+            start.wait()
+            out.append((store.kernel_version_id(template), store.device_id(device)))
+        except Exception as exc:  # noqa: BLE001  (reported to the test, which fails on any)
+            errors.append(exc)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=open_and_identify) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert len(out) == 6 and len(set(out)) == 1
+    store = Store(db_url, readonly=True)
+    try:
+        assert len(store.devices()) == 1
+    finally:
+        store.close()

@@ -6,6 +6,9 @@ from tunesvc.device import use_interpreter_without_gpu
 
 use_interpreter_without_gpu()
 
+from tunesvc.autotuner import TunedKernel  # noqa: E402
+from tunesvc.autotuner import autotune  # noqa: E402
+from tunesvc.autotuner import tuned  # noqa: E402
 from tunesvc.bench import Bench  # noqa: E402
 from tunesvc.bench import Measurement  # noqa: E402
 from tunesvc.bench import Status  # noqa: E402
@@ -27,6 +30,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Bench", "Cost", "Device", "LookupResult", "Measurement", "Runtime", "ShapeKey", "Space",
-    "Status", "Template", "TunesvcError", "config_hash", "configure", "current_device",
-    "get_template", "lookup",
+    "Status", "Template", "TunedKernel", "TunesvcError", "autotune", "config_hash", "configure",
+    "current_device", "get_template", "lookup", "tuned",
 ]

@@ -3,13 +3,22 @@
 Every candidate's output is compared with the template's torch reference *before* it is
 timed, so a config that computes the wrong answer is recorded as ``wrong_result`` and can
 never win. GPU timing uses ``triton.testing.do_bench`` (CUDA events, warm-up, L2 flushed
-between repetitions, median and 20th/80th percentiles); in the CPU interpreter, a few
-wall-clock runs. Spread = (p80 - p20) / median.
+between repetitions, median and 20th/80th percentiles), or, for a kernel faster than
+``GRAPH_BELOW_MS``, ``do_bench_cudagraph``, which replays the launches from a CUDA graph so
+that the launch overhead does not hide the kernel; in the CPU interpreter, a few wall-clock
+runs. Spread = (p80 - p20) / median.
+
+A :class:`Worker` runs a Bench in a child process, one per GPU, so that a candidate that
+faults, corrupts the CUDA context or hangs is recorded (``crash``, ``timeout``) and the child
+is replaced while the sweep goes on.
 """
 
 from __future__ import annotations
 
+import os
+import pickle
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -17,6 +26,8 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 import torch
+
+from tunesvc.errors import TunesvcError
 
 if TYPE_CHECKING:
     from tunesvc.device import Device
@@ -31,6 +42,8 @@ class Status(str, Enum):
     COMPILE_ERROR = "compile_error"
     WRONG_RESULT = "wrong_result"
     ERROR = "error"  # raised while running
+    CRASH = "crash"  # killed its measuring process (illegal memory access, a corrupted CUDA context)
+    TIMEOUT = "timeout"  # did not finish within the measuring timeout
 
 
 @dataclass
@@ -72,6 +85,10 @@ def _out_of_resources_types() -> tuple[type[BaseException], ...]:
     except ImportError:  # older or newer layouts
         return ()
     return (OutOfResources,)
+
+
+#: below this median (ms), a kernel is re-timed from a CUDA graph: a launch costs a few us
+GRAPH_BELOW_MS = 0.02
 
 
 class Bench:
@@ -118,11 +135,24 @@ class Bench:
         if self.device.is_gpu:
             torch.cuda.synchronize()
 
+    def time_only(self, config: Config) -> Measurement:
+        """Time a config already checked by :meth:`measure` (a finalist's re-measurement)."""
+        try:
+            median, low, high, reps = self._time(lambda: self.template.launch(self.inputs, config))
+        except Exception as exc:
+            return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {_one_line(exc)}")
+        return Measurement(Status.OK, time_ms=median, spread=(high - low) / median, reps=reps)
+
     def _time(self, fn) -> tuple[float, float, float, int]:
         if self.device.is_gpu:
             import triton.testing
 
-            median, low, high = triton.testing.do_bench(fn, warmup=25, rep=self.rep_ms, quantiles=[0.5, 0.2, 0.8])
+            median, low, high = triton.testing.do_bench(fn, warmup=min(25, self.rep_ms), rep=self.rep_ms, quantiles=[0.5, 0.2, 0.8])
+            if median < GRAPH_BELOW_MS:
+                try:
+                    median, low, high = triton.testing.do_bench_cudagraph(fn, rep=self.rep_ms, quantiles=[0.5, 0.2, 0.8])
+                except Exception:  # a launch that cannot be captured keeps its event timing
+                    pass
             # do_bench sizes its repetitions to fill rep_ms; this is that count
             return median, low, high, max(1, round(self.rep_ms / median))
         times = []
@@ -150,34 +180,63 @@ class Compiler:
     """
 
     def __init__(self, workers: int, timeout_s: float = 120.0) -> None:
+        self.workers = workers
+        self.timeout_s = timeout_s
+        #: how many times the pool was replaced after a worker died or hung
+        self.restarts = 0
+        self._pool = self._new_pool()
+
+    def _new_pool(self):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        self.workers = workers
-        self.timeout_s = timeout_s
         # A forkserver, not fork: a child forked from a process that has touched CUDA cannot use
         # the GPU. The server imports torch and triton once (neither initialises CUDA on import),
         # so each worker starts in milliseconds instead of re-importing them like a spawn would.
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["torch", "triton", "triton.language"])
-        self._pool = ProcessPoolExecutor(workers, mp_context=context)
+        pool = ProcessPoolExecutor(self.workers, mp_context=context)
         # start every worker now, importing tunesvc's kernels, while the caller makes its inputs
-        self._warming = [self._pool.submit(_warm_worker) for _ in range(workers)]
+        for _ in range(self.workers):
+            pool.submit(_warm_worker)
+        return pool
 
     def compile(self, template: Template, problem: Problem, configs: list[Config]) -> dict[int, str | None]:
-        """Launch each config once in the pool; index -> None, or the error it raised."""
+        """Launch each config once in the pool; index -> None, or the error it raised.
+
+        A worker that dies (a candidate faulted and poisoned its CUDA context) breaks the pool,
+        and one that hangs past ``timeout_s`` blocks a slot: either way the pool is replaced
+        after the batch, so later batches still compile in parallel.
+        """
         from concurrent.futures import TimeoutError as FutureTimeout
+        from concurrent.futures.process import BrokenProcessPool
 
         futures = [self._pool.submit(_compile_in_worker, template, problem, c) for c in configs]
         outcome: dict[int, str | None] = {}
+        replace = False
         for i, future in enumerate(futures):
             try:
                 outcome[i] = future.result(timeout=self.timeout_s)
             except FutureTimeout:
                 outcome[i] = f"compile timeout after {self.timeout_s:g} s"
-            except Exception as exc:  # the worker died (e.g. killed by the driver)
+                replace = True
+            except BrokenProcessPool as exc:
+                outcome[i] = f"compile worker died: {_one_line(exc)}"
+                replace = True
+            except Exception as exc:
                 outcome[i] = f"{type(exc).__name__}: {_one_line(exc)}"
+        if replace:
+            self._kill()
+            self._pool = self._new_pool()
+            self.restarts += 1
         return outcome
+
+    def _kill(self) -> None:
+        # ProcessPoolExecutor cannot stop a worker that hangs (Python < 3.14 has no
+        # terminate_workers); its private process table is the only handle on them
+        for process in list(getattr(self._pool, "_processes", {}).values()):
+            process.kill()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -209,5 +268,150 @@ def _compile_in_worker(template: Template, problem: Problem, config: Config) -> 
         if device.is_gpu:
             torch.cuda.synchronize()
     except Exception as exc:  # measured again, and classified, by the timing process
-        return f"{type(exc).__name__}: {_one_line(exc)}"
+        message = f"{type(exc).__name__}: {_one_line(exc)}"
+        if device.is_gpu and _context_lost(message):
+            os._exit(1)  # this worker's CUDA context is unusable: the Compiler replaces the pool
+        return message
     return None
+
+
+#: how long a Worker's child may take to start and make its inputs and reference
+STARTUP_TIMEOUT_S = 300.0
+#: what a CUDA error that leaves the process's context unusable says (torch re-raises the driver's text)
+_CONTEXT_LOST = ("illegal memory access", "unspecified launch failure", "misaligned address",
+                 "device-side assert", "CUDA error", "illegal instruction")
+
+
+class Worker:
+    """A :class:`Bench` in a child process, replaced whenever a candidate kills or hangs it.
+
+    One per GPU: the child makes its own inputs and reference and answers one request at a
+    time. The parent waits at most ``timeout_s`` for each answer. No answer is a ``timeout``
+    (the child is killed); a child that dies (a segfault, ``os._exit``, the driver killing it)
+    or reports a CUDA error that poisons its context is a ``crash``. Either way the next
+    request starts a fresh child and the sweep goes on. Written on multiprocessing because a
+    CUDA context belongs to a process: only a process boundary contains a kernel that faults.
+    """
+
+    def __init__(self, template: Template, problem: Problem, device: Device, *, timeout_s: float = 60.0,
+                 rep_ms: float = 100.0) -> None:
+        self.template = template
+        self.problem = problem
+        self.device = device
+        self.timeout_s = timeout_s
+        self.rep_ms = rep_ms
+        #: how many children were replaced after a crash or a timeout
+        self.restarts = 0
+        self._process = None
+        self._conn = None
+        self._ready = False
+        self._start()  # the child makes its inputs while the caller compiles the first candidates
+
+    def measure(self, config: Config) -> Measurement:
+        return self._request("measure", config)
+
+    def time_only(self, config: Config) -> Measurement:
+        return self._request("time", config)
+
+    def _request(self, kind: str, config: Config) -> Measurement:
+        if self._process is None:
+            self._start()
+        if not self._ready:
+            self._wait_ready()
+        try:
+            self._conn.send((kind, config))
+            if self._conn.poll(self.timeout_s):
+                measurement = self._conn.recv()
+                if measurement.status is Status.CRASH:  # the child exits after saying so
+                    self._replace()
+                return measurement
+        except (EOFError, OSError):  # the pipe broke: the child is gone
+            pass
+        else:
+            self._replace()
+            return Measurement(Status.TIMEOUT, message=f"no result within {self.timeout_s:g} s; measuring process replaced")
+        code = self._replace()
+        return Measurement(Status.CRASH, message=f"measuring process died (exit code {code}); replaced")
+
+    def _start(self) -> None:
+        import multiprocessing
+
+        # forkserver, as the Compiler: a child forked from a process that touched CUDA cannot use it
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["torch", "triton", "triton.language"])
+        self._conn, child = context.Pipe()
+        payload = pickle.dumps((self.template, self.problem, self.rep_ms))
+        self._process = context.Process(target=_worker_main, args=(child, payload, list(sys.path)), daemon=True)
+        self._process.start()
+        child.close()
+        self._ready = False
+
+    def _wait_ready(self) -> None:
+        # making the inputs and the reference is not a candidate's time: it has its own, long wait
+        try:
+            ready = self._conn.poll(max(self.timeout_s, STARTUP_TIMEOUT_S)) and self._conn.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self._stop(grace_s=0.0)
+            raise TunesvcError(f"The measuring process for {self.template.name} did not start; run the sweep with isolate=False to see why.")
+        self._ready = True
+
+    def _replace(self) -> int | None:
+        """Stop the child (killing it if it does not exit at once); the next request starts one."""
+        code = self._stop(grace_s=1.0)
+        self.restarts += 1
+        return code
+
+    def _stop(self, grace_s: float) -> int | None:
+        if self._process is None:
+            return None
+        process, self._process = self._process, None
+        self._conn.close()
+        process.join(grace_s)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        return process.exitcode
+
+    def close(self) -> None:
+        self._stop(grace_s=5.0)
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _worker_main(conn, payload: bytes, path: list[str]) -> None:
+    """The child of a :class:`Worker`: a Bench answering (kind, config) requests until EOF."""
+    sys.path[:] = path  # the template may live in a module only the parent's path reaches (a test's)
+    import tunesvc  # noqa: F401  (sets TRITON_INTERPRET where there is no GPU, before triton runs)
+    from tunesvc.device import current_device
+
+    template, problem, rep_ms = pickle.loads(payload)
+    bench = Bench(template, problem, current_device(), rep_ms=rep_ms)
+    conn.send("ready")
+    while True:
+        try:
+            kind, config = conn.recv()
+        except EOFError:
+            return
+        m = bench.measure(config) if kind == "measure" else bench.time_only(config)
+        if bench.device.is_gpu and not m.ok and _context_lost(m.message):
+            conn.send(Measurement(Status.CRASH, message=m.message))
+            conn.close()
+            os._exit(1)  # the CUDA context is unusable: no clean-up can run on it
+        conn.send(m)
+
+
+def _context_lost(message: str | None) -> bool:
+    if message and any(text in message for text in _CONTEXT_LOST):
+        return True
+    try:  # a fault can surface at the next call rather than in the candidate's own
+        torch.cuda.synchronize()
+        (torch.ones(1, device="cuda") + 1).item()
+    except Exception:
+        return True
+    return False

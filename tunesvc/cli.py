@@ -176,13 +176,16 @@ def sweep(
     shape: Annotated[Optional[list[str]], typer.Option("--shape", "-s", help="A problem shape, e.g. 4096x4096x4096 (repeatable).")] = None,
     preset: Annotated[Optional[str], typer.Option(help="A named problem set of the kernel (see `tune kernels`).")] = None,
     dtype: Annotated[str, typer.Option(help="float16, bfloat16 or float32.")] = "float16",
-    strategy: Annotated[str, typer.Option(help="grid (every feasible config) or optuna (TPE).")] = "grid",
-    budget: Annotated[Optional[int], typer.Option(help="Most trials per shape, stored ones included [grid: all; optuna: 50].")] = None,
+    strategy: Annotated[str, typer.Option(help="grid (every feasible config), random, optuna (TPE), cmaes (CMA-ES) or gp (Gaussian process).")] = "grid",
+    budget: Annotated[Optional[int], typer.Option(help="Most trials per shape, stored ones included [grid: all; others: 50].")] = None,
+    time_budget: Annotated[Optional[float], typer.Option(help="Most seconds of search per shape.")] = None,
+    patience: Annotated[Optional[int], typer.Option(help="Stop a shape after this many trials in a row that do not beat the best by 1%.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the sampler.")] = 0,
     workers: Annotated[Optional[int], typer.Option(help="Processes compiling candidates in parallel [GPU: up to 8; interpreter: 0].")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (for logs); the result table still prints.")] = False,
+    gpus: Annotated[Optional[str], typer.Option(help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index). The same command on other hosts with the same --db joins the sweep.")] = None,
 ) -> None:
     """Benchmark configs for each shape on this device, store every trial and the winners."""
     from tunesvc.device import current_device
@@ -193,7 +196,11 @@ def sweep(
 
     template = get_template(kernel)
     problems = _problems(template, shape or [], preset, dtype)
-    check_sweep_arguments(strategy, budget)  # before Store(): a rejected sweep creates no file
+    check_sweep_arguments(strategy, budget, time_budget, patience)  # before Store(): a rejected sweep creates no file
+    if gpus is not None:
+        if time_budget is not None or patience is not None:
+            raise TunesvcError("--time-budget and --patience do not apply to a --gpus sweep yet; give --budget alone.")
+        return _sweep_on_workers(kernel, template, problems, strategy, budget, seed, gpus, db, as_json)
     store = Store(db)
     device = current_device()
     progress = Progress(
@@ -212,7 +219,8 @@ def sweep(
     try:
         with progress:
             results = run_sweep(template, problems, store, strategy=strategy, budget=budget, seed=seed,
-                                device=device, on_start=on_start, on_trial=on_trial, workers=workers)
+                                device=device, on_start=on_start, on_trial=on_trial, workers=workers,
+                                time_budget=time_budget, patience=patience)
     finally:
         store.close()
     if as_json:
@@ -228,6 +236,45 @@ def sweep(
             f"{r.trials_stored} (+{r.trials_new})", str(r.failures), f"{r.wall_seconds:.1f}",
         )
     console.print(table)
+
+
+def _sweep_on_workers(kernel: str, template, problems: list[dict], strategy: str, budget: int | None, seed: int,
+                      gpus: str, db: str | None, as_json: bool) -> None:
+    """`tune sweep --gpus`: queue the (kernel x shape) jobs in the database, run one worker per GPU."""
+    import torch
+
+    from tunesvc import jobs
+    from tunesvc.device import current_device
+    from tunesvc.store import Store
+
+    slots = jobs.worker_slots(gpus, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    store = Store(db)
+    try:
+        device = current_device()
+        batch = jobs.batch_name(kernel, template, problems, strategy, budget, seed, device)
+        added = jobs.enqueue(store, batch, kernel, template, problems, strategy, budget, seed)
+        Console(stderr=True).print(f"sweep {batch}: {added} new of {len(problems)} jobs, {len(slots)} workers", highlight=False)
+        codes = [p.wait() for p in jobs.spawn_workers(store.url, batch, slots)]
+        rows = jobs.jobs(store, batch)
+        winners = {w.shape_key: w for w in store.winners(kernel=template.name, hardware_id=device.hardware_id, version=template.version)}
+    finally:
+        store.close()
+    if as_json:
+        _print_json([{"shape_key": j.shape_key, "status": j.status, "attempts": j.attempts, "message": j.message,
+                      "winner": winners[j.shape_key].config if j.shape_key in winners else None,
+                      "winner_ms": winners[j.shape_key].time_ms if j.shape_key in winners else None} for j in rows])
+    else:
+        table = Table(title=f"{template.name} on {device.name}, {len(slots)} workers ({store.url})")
+        for column in ("shape key", "job", "winner", "ms", "attempts"):
+            table.add_column(column)
+        for j in rows:
+            w = winners.get(j.shape_key)
+            table.add_row(j.shape_key, j.status, _config_text(w.config if w else None), f"{w.time_ms:.4g}" if w else "-", str(j.attempts))
+        console.print(table)
+    unfinished = [j for j in rows if j.status != "done"]
+    if unfinished:
+        first = next((j.message for j in unfinished if j.message), f"workers exited with {codes}")
+        raise TunesvcError(f"{len(unfinished)} of {len(rows)} jobs did not finish ({first}); run the same command again to resume.")
 
 
 @app.command()
@@ -338,6 +385,71 @@ def export(
     store.close()
     for path in write_bundles(bundles, out):
         console.print(f"wrote {path}")
+
+
+@app.command("import")
+@user_errors
+def import_(
+    sources: Annotated[list[str], typer.Argument(help="Bundles (*.json from `tune export`) and databases (paths or URLs) to merge.")],
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Merge bundles and databases into --db: for each key the faster measured winner stays (a tie keeps --db's)."""
+    from tunesvc.export import import_sources
+    from tunesvc.store import Store
+
+    store = Store(db)
+    try:
+        changes = import_sources(store, sources)
+    finally:
+        store.close()
+    if as_json:
+        return _print_json([c.to_dict() for c in changes])
+    table = Table(title=f"Imported into {store.url}")
+    for column in ("source", "kernel", "device", "shape key", "action", "incoming ms", "stored ms"):
+        table.add_column(column)
+    for c in changes:
+        stored = f"{c.stored_ms:.4g}" if c.stored_ms is not None else "-"
+        table.add_row(c.source, c.kernel, c.hardware_id, c.shape_key, c.action, f"{c.incoming_ms:.4g}", stored)
+    console.print(table)
+    counts = {a: sum(c.action == a for c in changes) for a in ("added", "replaced", "kept")}
+    console.print(f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept.")
+
+
+@app.command()
+@user_errors
+def verify(
+    kernel: Annotated[Optional[str], typer.Option(help="Only this kernel.")] = None,
+    margin: Annotated[float, typer.Option(help="Flag a winner when the heuristic is faster by more than this fraction.")] = 0.05,
+    retune: Annotated[bool, typer.Option("--retune", help="Sweep flagged keys again and store the new winners.")] = False,
+    budget: Annotated[int, typer.Option(help="New trials per key with --retune.")] = 8,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Re-measure this device's stored winners; flag stale ones (kernel or Triton changed) and ones slower than the heuristic."""
+    from tunesvc.device import current_device
+    from tunesvc.store import Store
+    from tunesvc.verify import verify as verify_winners
+
+    store = Store(db, readonly=not retune)
+    try:
+        verdicts = verify_winners(store, kernel=kernel, margin=margin, retune=retune, budget=budget)
+    finally:
+        store.close()
+    if as_json:
+        return _print_json([v.to_dict() for v in verdicts])
+    table = Table(title=f"Winners of {current_device().name} in {store.url}")
+    columns = ["kernel", "shape key", "stored ms", "now ms", "heuristic ms", "flags", *(["retuned ms"] if retune else [])]
+    for column in columns:
+        table.add_column(column)
+    ms = lambda x: f"{x:.4g}" if x is not None else "-"  # noqa: E731
+    for v in verdicts:
+        flags = ", ".join(v.flags) + (f" ({v.detail})" if v.detail else "") if v.flags else "ok"
+        table.add_row(v.kernel, v.shape_key, ms(v.stored_ms), ms(v.measured_ms), ms(v.heuristic_ms), flags,
+                      *([ms(v.retuned_ms)] if retune else []))
+    console.print(table)
+    flagged = sum(bool(v.flags) for v in verdicts)
+    console.print(f"{len(verdicts)} winners checked, {flagged} flagged." + ("" if retune or not flagged else " Run with --retune to sweep them again."))
 
 
 @app.command()

@@ -44,12 +44,28 @@ class Device:
     def is_gpu(self) -> bool:
         return self.kind == "cuda"
 
+    @property
+    def has_tma(self) -> bool:
+        """Whether kernels may load through tensor descriptors (TMA).
+
+        Needs Hopper (sm_90) or newer and a Triton that offers ``tl.make_tensor_descriptor``
+        (3.4+); Triton's interpreter emulates descriptors (checked with Triton 3.9).
+        """
+        import triton.language as tl
+
+        if not hasattr(tl, "make_tensor_descriptor"):
+            return False
+        if self.kind == "interpreter":
+            return True
+        return tuple(int(part) for part in self.capability.split(".")) >= (9, 0)
+
     def limits(self) -> dict[str, int]:
         """The names that space constraints may use."""
         return {
             "max_shared_memory": self.max_shared_memory,
             "sm_count": self.sm_count,
             "max_num_regs": self.max_num_regs,
+            "has_tma": int(self.has_tma),
         }
 
     def to_dict(self) -> dict:

@@ -8,6 +8,7 @@ Format (``format_version`` 1)::
                             "winners": {"<shape key>": {"config": {...}, "time_ms": ...}}}}}
 
 Keys are sorted and the file is indented, so a re-tune shows up as a readable diff.
+:func:`import_sources` merges bundles and databases into a database (faster measured wins).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -114,6 +117,84 @@ def _structure_problem(data: dict[str, Any]) -> str | None:
         for key, winner in entry["winners"].items():
             config = winner.get("config") if type(winner) is dict else None
             # set of types, not isinstance per value: a deployment loads 10,000s of these
-            if type(config) is not dict or not set(map(type, config.values())) <= {int}:
+            if type(config) is not dict or not set(map(type, config.values())) <= {int, str}:
                 return f"kernels.{name}.winners.{key} has no valid config"
     return None
+
+
+@dataclass(frozen=True)
+class ImportChange:
+    """What `tune import` did with one incoming winner."""
+
+    source: str
+    kernel: str
+    version: str
+    hardware_id: str
+    shape_key: str
+    action: str  # added | replaced | kept (the stored one is as fast or faster)
+    incoming_ms: float
+    stored_ms: float | None
+    config: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def import_sources(store: Store, sources: list[str | os.PathLike]) -> list[ImportChange]:
+    """Merge bundles (``*.json``) and databases (paths or URLs) into ``store``, in order.
+
+    Conflict rule (see :meth:`tunesvc.store.Store.merge_winner`): for one kernel version,
+    device hardware id and shape key, the faster measured time wins; a tie keeps the stored one.
+    Every source is read and checked before anything is written.
+    """
+    incoming = [(str(source), _winners_of(source, store)) for source in sources]
+    changes = []
+    for source, winners in incoming:
+        for kernel, version, device, key, config, time_ms in winners:
+            action, stored_ms = store.merge_winner(kernel, version, device, key, config, time_ms, source)
+            changes.append(ImportChange(source, kernel, version, device.hardware_id, key, action, time_ms, stored_ms, config))
+    return changes
+
+
+def _winners_of(source: str | os.PathLike, target: Store) -> list[tuple]:
+    """(kernel, version, device, shape key, config, ms) of every winner in a bundle or database."""
+    from tunesvc.store import Store
+
+    if str(source).endswith(".json"):
+        return _bundle_winners(source, target)
+    if "://" not in str(source) and not Path(source).exists():
+        raise TunesvcError(f"No bundle or database at {source}; check the path.")
+    store = Store(source, readonly=True)
+    try:
+        return [(e.kernel, e.kernel_version, d, e.shape_key, e.config, e.time_ms) for e, d in store.winners_with_devices()]
+    finally:
+        store.close()
+
+
+def _bundle_winners(path: str | os.PathLike, target: Store) -> list[tuple]:
+    from tunesvc.device import Device
+
+    bundle = read_bundle(path)
+    info = bundle["device"]
+    # a bundle names its device's model, not its limits: take those from a row of the same
+    # hardware in the target, if there is one (so `tune lookup --device` keeps real limits)
+    known = {d.hardware_id: d for d in target.devices()}.get(info["hardware_id"])
+    out = []
+    for kernel, section in sorted(bundle["kernels"].items()):
+        if known is not None:
+            fields = {f: getattr(known, f) for f in Device.__dataclass_fields__}
+        else:
+            capability = str(info.get("capability", "0.0"))
+            fields = dict(
+                kind="interpreter" if capability == "0.0" else "cuda", name=str(info.get("name", "")), capability=capability,
+                sm_count=int(info.get("sm_count", 0)), memory_bytes=0, max_shared_memory=0, max_num_regs=0, driver="", cuda="",
+            )
+        device = Device(**{**fields, "torch": str(section.get("torch", "")), "triton": str(section.get("triton", ""))})
+        if device.hardware_id != info["hardware_id"]:
+            raise TunesvcError(f"{path} is a damaged bundle (its device fields do not give its hardware id); re-export it.")
+        for key, winner in sorted(section["winners"].items()):
+            time_ms = winner.get("time_ms")
+            if not isinstance(time_ms, (int, float)) or not time_ms > 0:
+                raise TunesvcError(f"{path} is a damaged bundle (kernels.{kernel}.winners.{key} has no time_ms); re-export it.")
+            out.append((kernel, section["version"], device, key, winner["config"], float(time_ms)))
+    return out

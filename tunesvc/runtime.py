@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Callable
 
 from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
@@ -169,12 +170,15 @@ class Runtime:
             self._warned.add((kernel, what))
             warnings.warn(message, RuntimeWarning, stacklevel=4)
 
-    def lookup(self, kernel: str | Template, **problem: Any) -> LookupResult:
-        """The config for this problem and how it was found; a problem seen before is one dict hit."""
-        memo_key = (kernel if isinstance(kernel, str) else kernel.name, *problem.items())
-        hit = self._memo.get(memo_key)
+    def lookup(self, kernel: str | Template, /, **problem: Any) -> LookupResult:
+        """The config for this problem and how it was found; a problem seen before is one dict hit.
+
+        The memo key is one flat tuple (kernel, names..., values...): no per-item pairs are built,
+        and a name and a Template object are separate entries that resolve alike.
+        """
+        hit = self._memo.get((kernel, *problem, *problem.values()))
         if hit is None:
-            hit = self._memo[memo_key] = self._resolve(kernel, problem)
+            hit = self._memo[(kernel, *problem, *problem.values())] = self._resolve(kernel, problem)
         return hit
 
     def _resolve(self, kernel: str | Template, problem: dict[str, Any]) -> LookupResult:
@@ -196,7 +200,7 @@ class Runtime:
             self._warn_once(
                 template.name, result.source,
                 f"tunesvc: no tuned config of {template.name} for {text} on {self.device.name}; "
-                f"using the {result.source} one (tune it with `tune sweep`). Warned once per kernel.",
+                f"using the {result.source} one (tune it with `tune sweep`, or run in mode 'tune'). Warned once per kernel.",
             )
         return result
 
@@ -236,9 +240,10 @@ class Runtime:
         # no candidate ran correctly: never guess a tuned answer
         return LookupResult(template.name, template.heuristic(problem, self.device), HEURISTIC, text)
 
-    def config_for(self, template: Template, **problem: Any) -> Config:
-        """The config to launch with (the kernels' launch path)."""
-        return self.lookup(template, **problem).config
+    def config_for(self, template: Template, /, **problem: Any) -> Config:
+        """The config to launch with (the kernels' launch path): lookup's memo read inline."""
+        hit = self._memo.get((template, *problem, *problem.values()))
+        return (hit or self.lookup(template, **problem)).config
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Lookups per kernel and source: {'matmul': {'exact': 3, 'heuristic': 1}}."""
@@ -282,6 +287,8 @@ def load_bundle_table(path: str | os.PathLike, template: Template, device: Devic
 
 
 _default: Runtime | None = None
+#: called by configure(), e.g. to drop configs that tunesvc.autotune kernels memoised from the old runtime
+on_configure: list[Callable[[], None]] = []
 
 
 def default_runtime() -> Runtime:
@@ -297,6 +304,8 @@ def configure(
     """Point the process-wide runtime (used by tunesvc.kernels.*) at a database or bundle."""
     global _default
     _default = Runtime(db=db, bundle=bundle, mode=mode, budget=budget)
+    for hook in on_configure:
+        hook()
     return _default
 
 

@@ -5,6 +5,7 @@ A space file looks like::
     [params]                    # kernel meta-parameters (tl.constexpr)
     BLOCK_M = [32, 64, 128]     # an explicit list of choices
     BLOCK_K = { pow2 = [16, 128] }   # every power of two in [16, 128]
+    VARIANT = ["grouped", "splitk"]  # strings name code paths; constraints compare them
 
     [launch]                    # launch options: num_warps, num_stages, ...
     num_warps = [4, 8]
@@ -13,9 +14,14 @@ A space file looks like::
     smem = "(BLOCK_M + BLOCK_N) * BLOCK_K * elem_bytes * num_stages <= max_shared_memory"
 
 Constraint expressions see the config's names, the template's problem variables (e.g. M, N,
-K, elem_bytes) and the device's limits (max_shared_memory, sm_count, max_num_regs). They are
-parsed with :mod:`ast` and evaluated by a small whitelist interpreter, never ``eval``: a space
-file may come from anyone on the team.
+K, elem_bytes) and the device's limits (max_shared_memory, sm_count, max_num_regs, has_tma).
+They are parsed with :mod:`ast` and evaluated by a small whitelist interpreter, never ``eval``:
+a space file may come from anyone on the team. Strings may appear only compared with a name
+(``VARIANT == 'tma'``), and only as one of that parameter's choices.
+
+A config that lacks a parameter is checked as if it held the parameter's first choice, so
+configs stored before a parameter was added keep their meaning (e.g. matmul winners from
+before VARIANT existed are the "grouped" kernel).
 """
 
 from __future__ import annotations
@@ -38,10 +44,10 @@ from tunesvc.errors import TunesvcError
 if TYPE_CHECKING:
     import optuna
 
-Config = dict[str, int]
+Config = dict[str, int | str]
 
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-DEVICE_VARS = ("max_shared_memory", "sm_count", "max_num_regs")
+DEVICE_VARS = ("max_shared_memory", "sm_count", "max_num_regs", "has_tma")
 
 
 def config_hash(config: Config) -> str:
@@ -88,12 +94,16 @@ class Expression:
         except SyntaxError as exc:
             raise ValueError(f"is not a valid expression ({exc.msg})") from None
         self.names = set()
+        #: (name, text) for each comparison of a name with a string literal, e.g. VARIANT == 'tma'
+        self.string_comparisons: set[tuple[str, str]] = set()
         self._check(self._tree)
 
     def _check(self, node: ast.AST) -> None:
         if isinstance(node, ast.Constant):
             if not isinstance(node.value, (int, float, bool)):
-                raise ValueError(f"uses the literal {node.value!r}; only numbers are allowed")
+                raise ValueError(
+                    f"uses the literal {node.value!r}; only numbers are allowed, and strings compared with a name"
+                )
         elif isinstance(node, ast.Name):
             self.names.add(node.id)
         elif isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
@@ -102,9 +112,15 @@ class Expression:
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
             self._check(node.operand)
         elif isinstance(node, ast.Compare) and all(type(op) in _CMPOPS for op in node.ops):
-            self._check(node.left)
-            for comparator in node.comparators:
-                self._check(comparator)
+            operands = [node.left, *node.comparators]
+            for i, operand in enumerate(operands):
+                if not (isinstance(operand, ast.Constant) and isinstance(operand.value, str)):
+                    self._check(operand)
+                    continue
+                names = [o.id for o in operands[max(i - 1, 0) : i + 2] if isinstance(o, ast.Name)]
+                if not names:
+                    raise ValueError(f"uses the literal {operand.value!r}; compare strings with a name only")
+                self.string_comparisons.update((name, operand.value) for name in names)
         elif isinstance(node, ast.BoolOp):
             for value in node.values:
                 self._check(value)
@@ -160,7 +176,7 @@ class Expression:
 @dataclass(frozen=True)
 class Parameter:
     name: str
-    choices: tuple[int, ...]
+    choices: tuple[int, ...] | tuple[str, ...]
     is_launch_option: bool = False
 
 
@@ -234,13 +250,21 @@ class Space:
             missing = sorted(expr.names - known)
             if missing:
                 raise fail(key, f"uses unknown name '{missing[0]}'; known names are {', '.join(sorted(known))}")
+            for compared, text in sorted(expr.string_comparisons):
+                # a typo ('splitK') or an int parameter compared with text would silently be False
+                if compared not in parameters or text not in parameters[compared].choices:
+                    raise fail(key, f"compares {compared} with '{text}', which is not one of its choices")
             constraints[name] = expr
         return cls(parameters, constraints, source)
 
     def violations(self, config: Config, problem_env: dict[str, Any], device_env: dict[str, Any]) -> list[str]:
         """Names of the constraints this config breaks (empty when it is feasible)."""
-        env = {**device_env, **problem_env, **config}
+        env = {**device_env, **problem_env, **self.with_defaults(config)}
         return [name for name, expr in self.constraints.items() if not expr(env)]
+
+    def with_defaults(self, config: Config) -> Config:
+        """The config with every parameter it lacks set to that parameter's first choice."""
+        return {**{n: p.choices[0] for n, p in self.parameters.items()}, **config}
 
     def validate(self, config: Config) -> None:
         """Raise a one-line error if a config names unknown parameters or values outside the space."""
@@ -272,7 +296,7 @@ class Space:
         """Optuna distributions of the parameters; with ``candidates``, only the values they use."""
         import optuna
 
-        def choices(name: str) -> list[int]:
+        def choices(name: str) -> list[int | str]:
             if candidates is None:
                 return list(self.parameters[name].choices)
             return [v for v in self.parameters[name].choices if any(c[name] == v for c in candidates)]
@@ -280,12 +304,13 @@ class Space:
         return {name: optuna.distributions.CategoricalDistribution(choices(name)) for name in self.parameters}
 
 
-def _parse_choices(spec: Any, fail) -> tuple[int, ...]:
+def _parse_choices(spec: Any, fail) -> tuple[int, ...] | tuple[str, ...]:
     if isinstance(spec, list):
         if not spec:
             raise fail("has no choices; list at least one value")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in spec):
-            raise fail("must list integers only")
+        all_ints = all(isinstance(v, int) and not isinstance(v, bool) for v in spec)
+        if not all_ints and not all(isinstance(v, str) and v for v in spec):
+            raise fail("must list integers only, or non-empty strings only")
         if len(set(spec)) != len(spec):
             raise fail("lists a value twice")
         return tuple(spec)
@@ -300,4 +325,4 @@ def _parse_choices(spec: Any, fail) -> tuple[int, ...]:
             raise fail("pow2 must be [low, high], two powers of two with low <= high")
         low, high = bounds
         return tuple(1 << e for e in range(low.bit_length() - 1, high.bit_length()))
-    raise fail("must be a list of integers or { pow2 = [low, high] }")
+    raise fail("must be a list of integers, a list of strings, or { pow2 = [low, high] }")

@@ -2,15 +2,19 @@
 
 Per problem: shape key -> the trials already stored for (kernel version, device, key) are
 replayed into the strategy (so a killed sweep resumes, and a repeated one costs nothing) ->
-ask/measure/store/tell until the budget or the space runs out -> the fastest correct trial
-becomes the key's winner.
+warm start (the heuristic, the winners of the nearest tuned keys on this device and of this
+key on other devices, the template's known-good configs) -> ask/measure/store/tell until the
+trial budget, the time budget, the patience or the space runs out -> the finalists (the
+fastest few) are re-measured interleaved -> the fastest correct trial becomes the key's winner.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Callable
 
@@ -18,12 +22,15 @@ from tunesvc.bench import Bench
 from tunesvc.bench import Compiler
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
+from tunesvc.bench import Worker
 from tunesvc.device import Device
 from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
+from tunesvc.search import OPTUNA_STRATEGIES
 from tunesvc.search import STRATEGIES
 from tunesvc.search import make_strategy
 from tunesvc.space import config_hash
+from tunesvc.template import ShapeKey
 
 if TYPE_CHECKING:
     from tunesvc.space import Config
@@ -32,6 +39,10 @@ if TYPE_CHECKING:
     from tunesvc.template import Template
 
 DEFAULT_OPTUNA_BUDGET = 50
+#: winners of this many nearest tuned shape keys (same kernel version and device) start a search
+NEIGHBOURS = 3
+#: rounds of the finalists' interleaved re-measurement
+FINALIST_ROUNDS = 3
 
 
 @dataclass
@@ -62,6 +73,8 @@ class ProblemResult:
     #: where the wall time went: waiting for the compile workers, and checking + timing
     compile_seconds: float = 0.0
     measure_seconds: float = 0.0
+    #: why the search ended: budget, time, patience or exhausted (every feasible config told)
+    stopped: str = "budget"
 
 
 def run_sweep(
@@ -77,6 +90,13 @@ def run_sweep(
     on_trial: Callable[[TrialEvent], None] | None = None,
     workers: int | None = None,
     candidates: list[Config] | None = None,
+    time_budget: float | None = None,
+    patience: int | None = None,
+    min_improvement: float = 0.01,
+    finalists: int | None = None,
+    isolate: bool | None = None,
+    measure_timeout: float = 60.0,
+    rep_ms: float = 100.0,
 ) -> list[ProblemResult]:
     """Tune ``template`` on every problem; returns one result per problem, in order.
 
@@ -84,15 +104,29 @@ def run_sweep(
     (default: up to 8 on a GPU, none in the interpreter, which has nothing to compile).
     ``candidates`` replaces the space's enumeration with an explicit list (constraints still
     apply), e.g. to compare with another tuner on the same configs.
+
+    Per problem, the search stops at ``budget`` trials, after ``time_budget`` seconds, or once
+    ``patience`` trials in a row have not improved the best time by ``min_improvement`` (a
+    fraction). The ``finalists`` fastest configs (default 3 on a GPU, none in the interpreter)
+    are then re-measured interleaved, ``FINALIST_ROUNDS`` times, and keep the median, so a
+    config that won by noise is not stored as the winner. With ``isolate`` (default: on a GPU)
+    every candidate is measured in a :class:`~tunesvc.bench.Worker` process, and one that
+    crashes it or runs past ``measure_timeout`` seconds is stored as ``crash`` or ``timeout``.
+    Optuna strategies keep their study beside the store's SQLite file (see ``study_storage``).
     """
-    check_sweep_arguments(strategy, budget)
+    check_sweep_arguments(strategy, budget, time_budget, patience)
     device = device or current_device()
     if workers is None:
         workers = min(8, os.cpu_count() or 1) if device.is_gpu else 0
+    options = _Options(
+        strategy, budget, seed, time_budget, patience, min_improvement,
+        (3 if device.is_gpu else 0) if finalists is None else finalists,
+        device.is_gpu if isolate is None else isolate, measure_timeout, rep_ms,
+    )
     compiler = Compiler(workers) if workers > 1 else None
     try:
         return [
-            _sweep_one(template, problem, store, device, strategy, budget, seed, on_start, on_trial, compiler, candidates)
+            _sweep_one(template, problem, store, device, options, on_start, on_trial, compiler, candidates)
             for problem in problems
         ]
     finally:
@@ -100,9 +134,41 @@ def run_sweep(
             compiler.close()
 
 
+@dataclass(frozen=True)
+class _Options:
+    strategy: str
+    budget: int | None
+    seed: int
+    time_budget: float | None
+    patience: int | None
+    min_improvement: float
+    finalists: int
+    isolate: bool
+    measure_timeout: float
+    rep_ms: float
+
+
+def study_name(template: Template, device: Device, shape_key: str, strategy: str) -> str:
+    """The Optuna study of one (kernel, kernel version, device, shape key) and strategy."""
+    return f"tunesvc:{template.name}:{template.version}:{device.fingerprint}:{shape_key}:{strategy}"
+
+
+def study_storage(store: Store) -> str | None:
+    """Where Optuna keeps the studies of sweeps into ``store``: a SQLite file beside its file.
+
+    Not the same file: Optuna's schema and tunesvc's both have a ``trials`` and an
+    ``alembic_version`` table. None (an in-memory study; resume still replays the stored
+    trials) for an in-memory or non-SQLite database, until tunesvc's tables are renamed.
+    """
+    if not store.is_sqlite or store.path in (None, "", ":memory:"):
+        return None
+    path = Path(store.path)
+    return f"sqlite:///{path.with_name(path.stem + '.optuna' + (path.suffix or '.db'))}"
+
+
 def _sweep_one(
-    template: Template, problem: Problem, store: Store, device: Device, strategy: str, budget: int | None,
-    seed: int, on_start, on_trial, compiler: Compiler | None, explicit: list[Config] | None,
+    template: Template, problem: Problem, store: Store, device: Device, options: _Options,
+    on_start, on_trial, compiler: Compiler | None, explicit: list[Config] | None,
 ) -> ProblemResult:
     kv_id = store.kernel_version_id(template)
     device_id = store.device_id(device)
@@ -116,11 +182,17 @@ def _sweep_one(
         raise TunesvcError(
             f"No config of {template.name}'s space fits {key} on {device.name}; widen search_spaces/{template.name}.toml."
         )
+    strategy, budget = options.strategy, options.budget
     heuristic = template.heuristic(problem, device)
     limit = len(candidates) if budget is None and strategy == "grid" else budget or DEFAULT_OPTUNA_BUDGET
     limit = min(limit, len(candidates))
-    initial = template.warm_start(problem, device)
-    search = make_strategy(strategy, template.space, candidates, seed=seed, initial=initial)
+    warm = template.warm_start(problem, device)
+    initial = _unique([*warm[:1], *stored_warm_start(store, template, device, key), *warm[1:]])
+    storage = study_storage(store) if strategy in OPTUNA_STRATEGIES else None
+    search = make_strategy(
+        strategy, template.space, candidates, seed=options.seed, initial=initial,
+        storage=storage, study_name=study_name(template, device, key, strategy) if storage else None,
+    )
     stored = store.trials(kv_id, device_id, key)
     for row in stored:
         search.tell(dict(row.config), _measurement(row))
@@ -128,42 +200,66 @@ def _sweep_one(
     best = min((r.time_ms for r in stored if r.status == "ok"), default=None)
     if on_start:
         on_start(problem, key, limit)
-    sweep_id = store.start_sweep(kv_id, device_id, key, problem, strategy, budget, seed)
-    bench: Bench | None = None
+    sweep_id = store.start_sweep(kv_id, device_id, key, problem, strategy, budget, options.seed)
+    measurer: Bench | Worker | None = None
     new = 0
     batch_size = compiler.workers if compiler else 1
-    exhausted = False
+    stopped = "budget"
+    since_improved = 0  # trials since the best last improved by min_improvement
     compile_seconds = measure_seconds = 0.0
-    while len(search.told) < limit and not exhausted:
-        batch: list[Config] = []
-        while len(batch) < batch_size and len(search.told) + len(batch) < limit:
-            config = search.ask()
-            if config is None:
-                exhausted = True
+    try:
+        while len(search.told) < limit:
+            if options.time_budget is not None and time.perf_counter() - started >= options.time_budget:
+                stopped = "time"
                 break
-            if config_hash(config) in measured:  # a strategy may propose a stored config again
-                search.tell(config, _measurement(measured[config_hash(config)]))
-            else:
-                batch.append(config)
-        if compiler is not None:
+            if options.patience is not None and since_improved >= options.patience:
+                stopped = "patience"
+                break
+            batch: list[Config] = []
+            while len(batch) < batch_size and len(search.told) + len(batch) < limit:
+                config = search.ask()
+                if config is None:
+                    break
+                if config_hash(config) in measured:  # a strategy may propose a stored config again
+                    search.tell(config, _measurement(measured[config_hash(config)]))
+                else:
+                    batch.append(config)
+            if not batch:
+                stopped = "exhausted"
+                break
+            measurer = measurer or _measurer(template, problem, device, options)
+            if compiler is not None:
+                tick = time.perf_counter()
+                compiler.compile(template, problem, batch)
+                compile_seconds += time.perf_counter() - tick
+            for config in batch:
+                h = config_hash(config)
+                tick = time.perf_counter()
+                m = measurer.measure(config)
+                measure_seconds += time.perf_counter() - tick
+                row = store.add_trial(sweep_id, kv_id, device_id, key, config, h, m)
+                if row is not None:
+                    measured[h] = row
+                    new += 1
+                search.tell(config, m)
+                if m.ok and (best is None or m.time_ms < best * (1 - options.min_improvement)):
+                    since_improved = 0
+                else:
+                    since_improved += 1
+                if m.ok and (best is None or m.time_ms < best):
+                    best = m.time_ms
+                if on_trial:
+                    on_trial(TrialEvent(problem, key, len(search.told), limit, config, m, best))
+        if stopped == "budget" and search.exhausted:
+            stopped = "exhausted"
+        if new and options.finalists > 1:
             tick = time.perf_counter()
-            compiler.compile(template, problem, batch)
-            compile_seconds += time.perf_counter() - tick
-        for config in batch:
-            h = config_hash(config)
-            tick = time.perf_counter()
-            bench = bench or Bench(template, problem, device)
-            m = bench.measure(config)
+            measurer = measurer or _measurer(template, problem, device, options)
+            _remeasure_finalists(store, measurer, kv_id, device_id, key, options.finalists)
             measure_seconds += time.perf_counter() - tick
-            row = store.add_trial(sweep_id, kv_id, device_id, key, config, h, m)
-            if row is not None:
-                measured[h] = row
-                new += 1
-            search.tell(config, m)
-            if m.ok and (best is None or m.time_ms < best):
-                best = m.time_ms
-            if on_trial:
-                on_trial(TrialEvent(problem, key, len(search.told), limit, config, m, best))
+    finally:
+        if isinstance(measurer, Worker):
+            measurer.close()
     winner = store.update_winner(kv_id, device_id, key)
     rows = store.trials(kv_id, device_id, key)
     heuristic_row = next((r for r in rows if r.config_hash == config_hash(heuristic)), None)
@@ -182,14 +278,77 @@ def _sweep_one(
             wall_seconds=wall,
             compile_seconds=compile_seconds,
             measure_seconds=measure_seconds,
+            stopped=stopped,
     )
 
 
-def check_sweep_arguments(strategy: str, budget: int | None) -> None:
+def _measurer(template: Template, problem: Problem, device: Device, options: _Options) -> Bench | Worker:
+    if options.isolate:
+        return Worker(template, problem, device, timeout_s=options.measure_timeout, rep_ms=options.rep_ms)
+    return Bench(template, problem, device, rep_ms=options.rep_ms)
+
+
+def stored_warm_start(store: Store, template: Template, device: Device, shape_key: str) -> list[Config]:
+    """Winners worth measuring first for ``shape_key``: those of the ``NEIGHBOURS`` nearest tuned
+    keys of this kernel version on this device, then this key's on other devices."""
+    winners = store.winners(kernel=template.name, version=template.version)
+    target = ShapeKey.parse(shape_key)
+    near = sorted(
+        (distance, w.shape_key, w.config) for w in winners
+        if w.hardware_id == device.hardware_id and w.shape_key != shape_key
+        and (distance := target.distance(ShapeKey.parse(w.shape_key))) != float("inf")
+    )
+    elsewhere = [w.config for w in winners if w.shape_key == shape_key and w.hardware_id != device.hardware_id]
+    return _unique([dict(config) for _, _, config in near[:NEIGHBOURS]] + [dict(c) for c in elsewhere])
+
+
+def _remeasure_finalists(store: Store, measurer: Bench | Worker, kv_id: int, device_id: int, key: str, k: int) -> None:
+    """Re-time the k fastest correct trials round-robin and store each one's median of rounds.
+
+    Interleaving puts every finalist under the same clocks and temperatures, so a config whose
+    first measurement was lucky falls back before it can be declared the winner. A finalist
+    that fails now (a crash, a timeout) keeps that status and cannot win.
+    """
+    from tunesvc.store.models import Trial
+
+    rows = sorted((r for r in store.trials(kv_id, device_id, key) if r.status == "ok"), key=lambda r: r.time_ms)[:k]
+    if len(rows) < 2:
+        return
+    rounds: dict[int, list[Measurement]] = {r.id: [] for r in rows}
+    for _ in range(FINALIST_ROUNDS):
+        for row in rows:
+            rounds[row.id].append(measurer.time_only(dict(row.config)))
+    with store.session() as session:
+        for row in rows:
+            ms = rounds[row.id]
+            trial = session.get(Trial, row.id)
+            failed = next((m for m in ms if not m.ok), None)
+            if failed is not None:
+                trial.status, trial.time_ms, trial.message = failed.status.value, None, f"as a finalist: {failed.message}"
+                continue
+            times = sorted([row.time_ms, *(m.time_ms for m in ms)])
+            median = statistics.median(times)
+            trial.time_ms = median
+            trial.spread = (times[-1] - times[0]) / median
+            trial.reps = row.reps + sum(m.reps for m in ms)
+
+
+def _unique(configs: list[Config]) -> list[Config]:
+    seen: set[str] = set()
+    return [c for c in configs if not (config_hash(c) in seen or seen.add(config_hash(c)))]
+
+
+def check_sweep_arguments(
+    strategy: str, budget: int | None, time_budget: float | None = None, patience: int | None = None
+) -> None:
     if strategy not in STRATEGIES:
         raise TunesvcError(f"Unknown strategy '{strategy}'; use one of {', '.join(STRATEGIES)}.")
     if budget is not None and budget < 1:
         raise TunesvcError(f"--budget must be at least 1, got {budget}.")
+    if time_budget is not None and not time_budget > 0:
+        raise TunesvcError(f"--time-budget must be a positive number of seconds, got {time_budget}.")
+    if patience is not None and patience < 1:
+        raise TunesvcError(f"--patience must be at least 1, got {patience}.")
 
 
 def _measurement(row) -> Measurement:

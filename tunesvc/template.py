@@ -231,6 +231,18 @@ class Template:
 #: named by the value after the colon)
 SHIPPED = {
     "matmul": "matmul:TEMPLATE",
+    "attention": "attention:TEMPLATE",
+    "attention_bwd": "attention:BWD_TEMPLATE",
+    "softmax": "softmax:TEMPLATE",
+    "softmax_bwd": "softmax:BWD_TEMPLATE",
+    "bias_act_residual": "pointwise:TEMPLATE",
+    "bias_act_residual_bwd": "pointwise:BWD_TEMPLATE",
+    "dropout": "dropout:TEMPLATE",
+    "decode": "decode:TEMPLATE",
+    "layernorm": "layernorm:TEMPLATE",
+    "layernorm_bwd": "layernorm:BWD_TEMPLATE",
+    "rmsnorm": "rmsnorm:TEMPLATE",
+    "rmsnorm_bwd": "rmsnorm:BWD_TEMPLATE",
 }
 
 

@@ -1,10 +1,30 @@
+"""Optuna samplers behind the ask/tell protocol: TPE, CMA-ES and GP.
+
+Every Optuna strategy shares one loop: the study proposes a point, the point maps to a config,
+a config outside the feasible set is told to the study at once (no benchmark spent), a measured
+one is told its time. What differs is the encoding of a config (TPE samples categorical values;
+CMA-ES and GP need numbers, so each parameter becomes the index of its value among the sorted
+choices: log2 for the power-of-two ones) and how a failure is told: TPE through its
+``constraints_func`` (an infeasible or failed trial is complete but constrained, so TPE puts it
+in its "bad" density and stops proposing its neighbourhood); CMA-ES and GP, which cannot use a
+penalised value without distorting their model, as a failed trial.
+
+With ``storage`` (a database URL) the study lives in that database (Optuna's RDBStorage),
+named by the caller, so a killed sweep resumes its study and Optuna's own tools
+(optuna-dashboard) can read it.
+"""
+
 from __future__ import annotations
 
 import random
+import warnings
 from typing import TYPE_CHECKING
+from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
+from tunesvc.errors import TunesvcError
 from tunesvc.search._base import Strategy
 from tunesvc.space import Config
 from tunesvc.space import config_hash
@@ -14,46 +34,98 @@ if TYPE_CHECKING:
     from tunesvc.space import Space
 
 # Infeasible or repeated proposals cost no benchmark, but each one is a study trial that makes
-# the next TPE ask slower; past this many misses in a row, a random unmeasured candidate is used.
+# the next ask slower; past this many misses in a row, a random unmeasured candidate is used.
 MAX_MISSES_PER_ASK = 50
+#: name of a trial's constraint: 1 for infeasible or failed, 0 for correct
+VIOLATION = "violation"
+#: Optuna 5 records constraints on the trial (set_constraint) and TPE reads them there; older
+#: versions compute them after each trial through the sampler's constraints_func
+SET_CONSTRAINT = hasattr(optuna.Trial, "set_constraint")
+#: the value a constrained trial reports; TPE ranks constrained trials by violation, not by it
+PENALTY_MS = 1e9
+
+
+def _violation(trial: optuna.trial.FrozenTrial) -> tuple[float]:
+    return (float(trial.user_attrs.get(VIOLATION, 0.0)),)
 
 
 class OptunaStrategy(Strategy):
-    """Optuna's TPE sampler over the space's categorical parameters.
+    """Optuna's TPE sampler (multivariate) over the space's categorical parameters.
 
     Each parameter is sampled only among the values that occur in the feasible set (for M=16
-    that is BLOCK_M=16 alone); a proposal that still breaks a constraint is told to the study
-    as failed, with no benchmark spent, and one already measured is told its stored value.
-    Stored trials from an earlier run are added to the study, so a resumed sweep samples where
-    the killed one left off.
+    that is BLOCK_M=16 alone). Stored trials from an earlier run are added to the study (unless
+    a persisted study holds them already), so a resumed sweep samples where the killed one
+    left off.
     """
 
     name = "optuna"
+    #: tell infeasible and failed trials as constrained (TPE) rather than failed
+    constrained = True
 
-    def __init__(self, space: Space, candidates: list[Config], *, seed: int = 0, initial: list[Config] = ()) -> None:
+    def __init__(
+        self, space: Space, candidates: list[Config], *, seed: int = 0, initial: list[Config] = (),
+        storage: str | None = None, study_name: str | None = None,
+    ) -> None:
         super().__init__(space, candidates, seed=seed, initial=initial)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(1, len(candidates) // 4)))
-        self.study = optuna.create_study(direction="minimize", sampler=sampler)
-        self._distributions = space.distributions(candidates)
+        self._choices = {
+            name: [v for v in space.parameters[name].choices if any(c[name] == v for c in candidates)]
+            for name in space.names
+        }
+        self._distributions = self.distributions()
+        with warnings.catch_warnings():  # multivariate TPE and GP are "experimental" in some versions
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = self.sampler(seed)
+        self.study = optuna.create_study(
+            direction="minimize", sampler=sampler, load_if_exists=True,
+            storage=optuna.storages.RDBStorage(storage) if storage else None, study_name=study_name,
+        )
         self._rng = random.Random(seed)
+        #: configs the (persisted) study already has a finished trial of
+        self._in_study = self._finished_in_study()
         for config in self.initial:
-            self.study.enqueue_trial(config, skip_if_exists=True)
+            self.study.enqueue_trial(self.encode(config), skip_if_exists=True)
         self._pending: dict[str, optuna.Trial] = {}
 
+    def _finished_in_study(self) -> set[str]:
+        """Hashes of the configs a loaded study has finished trials of (none for a new study)."""
+        found = set()
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            try:
+                found.add(config_hash(self.decode(trial.params)))
+            except (KeyError, IndexError):  # a trial of an older space's values
+                continue
+        return found
+
+    # -- what each sampler changes ------------------------------------------------------
+    def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
+        startup = min(10, max(1, len(self.candidates) // 4))
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=startup, multivariate=True,
+            constraints_func=None if SET_CONSTRAINT else _violation,
+        )
+
+    def distributions(self) -> dict[str, Any]:
+        return {n: optuna.distributions.CategoricalDistribution(v) for n, v in self._choices.items()}
+
+    def encode(self, config: Config) -> dict[str, Any]:
+        return {name: config[name] for name in self.space.names}
+
+    def decode(self, params: dict[str, Any]) -> Config:
+        return {name: params[name] for name in self.space.names}
+
+    # -- ask / tell ---------------------------------------------------------------------
     def ask(self) -> Config | None:
         for _ in range(MAX_MISSES_PER_ASK):
             if self.exhausted:
                 return None
             trial = self.study.ask(self._distributions)
-            config = {name: trial.params[name] for name in self.space.names}
+            config = self.decode(trial.params)
             key = config_hash(config)
-            if key not in self._feasible:
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            if key not in self._feasible or key in self._pending:
+                self._tell_failure(trial)
             elif key in self.told:
                 self._tell_study(trial, self.told[key])
-            elif key in self._pending:
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             else:
                 self._pending[key] = trial
                 self.asked.add(key)
@@ -67,22 +139,117 @@ class OptunaStrategy(Strategy):
 
     def tell(self, config: Config, measurement: Measurement) -> None:
         super().tell(config, measurement)
-        trial = self._pending.pop(config_hash(config), None)
+        key = config_hash(config)
+        trial = self._pending.pop(key, None)
         if trial is not None:
             self._tell_study(trial, measurement)
-        elif config_hash(config) in self._feasible:  # a stored result: teach the sampler
-            state = optuna.trial.TrialState.COMPLETE if measurement.ok else optuna.trial.TrialState.FAIL
-            self.study.add_trial(
-                optuna.trial.create_trial(
-                    params=config,
-                    distributions=self._distributions,
-                    value=measurement.time_ms if measurement.ok else None,
-                    state=state,
-                )
-            )
+        elif key in self._feasible and key not in self._in_study:  # a stored result: teach the sampler
+            ok = measurement.ok
+            if ok or self.constrained:
+                self.study.add_trial(optuna.trial.create_trial(
+                    params=self.encode(config), distributions=self._distributions,
+                    value=measurement.time_ms if ok else PENALTY_MS, **_constraint_fields(0.0 if ok else 1.0),
+                ))
+            else:
+                self.study.add_trial(optuna.trial.create_trial(
+                    params=self.encode(config), distributions=self._distributions, state=TrialState.FAIL
+                ))
+        self._in_study.add(key)
 
     def _tell_study(self, trial: optuna.Trial, measurement: Measurement) -> None:
         if measurement.ok:
+            if self.constrained:
+                _set_violation(trial, 0.0)
             self.study.tell(trial, measurement.time_ms)
         else:
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self._tell_failure(trial)
+
+    def _tell_failure(self, trial: optuna.Trial) -> None:
+        if self.constrained:
+            _set_violation(trial, 1.0)
+            self.study.tell(trial, PENALTY_MS)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+
+
+def _set_violation(trial: optuna.Trial, value: float) -> None:
+    if SET_CONSTRAINT:
+        trial.set_constraint(VIOLATION, value)
+    else:
+        trial.set_user_attr(VIOLATION, value)
+
+
+def _constraint_fields(value: float) -> dict[str, Any]:
+    """create_trial's arguments that mark a stored trial feasible (0) or not (1)."""
+    if SET_CONSTRAINT:
+        return {"constraints": {VIOLATION: value}}
+    # add_trial does not run the sampler's after_trial, where constraints_func's values are
+    # stored under this system attribute (Optuna 3.x-4.x)
+    return {"user_attrs": {VIOLATION: value}, "system_attrs": {"constraints": (value,)}}
+
+
+class _IndexEncoded(OptunaStrategy):
+    """Each numeric parameter as the integer index of its value among the sorted feasible choices.
+
+    For a power-of-two parameter the index is its log2 offset, so neighbouring indices are
+    neighbouring tile sizes: the ordinal structure CMA-ES and GP model. A parameter with text
+    values (a kernel variant) has no order and stays categorical, which CMA-ES samples
+    independently of the rest.
+    """
+
+    constrained = False
+
+    def _ordinal(self) -> dict[str, list[Any]]:
+        return {
+            n: sorted(v) for n, v in self._choices.items()
+            if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+        }
+
+    def distributions(self) -> dict[str, Any]:
+        ordinal = self._ordinal()
+        return {
+            n: optuna.distributions.IntDistribution(0, len(ordinal[n]) - 1) if n in ordinal
+            else optuna.distributions.CategoricalDistribution(v)
+            for n, v in self._choices.items()
+        }
+
+    def encode(self, config: Config) -> dict[str, Any]:
+        ordinal = self._ordinal()
+        return {n: ordinal[n].index(config[n]) if n in ordinal else config[n] for n in self.space.names}
+
+    def decode(self, params: dict[str, Any]) -> Config:
+        ordinal = self._ordinal()
+        return {n: ordinal[n][int(params[n])] if n in ordinal else params[n] for n in self.space.names}
+
+
+class CmaEsStrategy(_IndexEncoded):
+    """Optuna's CMA-ES sampler (needs the ``cmaes`` package) over the index-encoded space."""
+
+    name = "cmaes"
+
+    def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
+        try:
+            import cmaes  # noqa: F401  (Optuna imports it lazily, on the first relative sample)
+        except ImportError:
+            raise TunesvcError("--strategy cmaes needs the cmaes package; run `pip install cmaes`.") from None
+        startup = min(10, max(1, len(self.candidates) // 4))
+        return optuna.samplers.CmaEsSampler(
+            seed=seed, n_startup_trials=startup, warn_independent_sampling=False,
+            independent_sampler=optuna.samplers.RandomSampler(seed=seed),
+        )
+
+
+class GPStrategy(_IndexEncoded):
+    """Optuna's Gaussian-process sampler (needs scipy) over the index-encoded space."""
+
+    name = "gp"
+
+    def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
+        if not hasattr(optuna.samplers, "GPSampler"):
+            raise TunesvcError(f"--strategy gp needs Optuna 3.6 or newer (found {optuna.__version__}); upgrade optuna.")
+        try:
+            import scipy  # noqa: F401  (GPSampler imports it lazily, on the first sample)
+        except ImportError:
+            raise TunesvcError("--strategy gp needs scipy; run `pip install scipy`.") from None
+        startup = min(10, max(1, len(self.candidates) // 4))
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)

@@ -22,11 +22,13 @@ from typing import Iterator
 from sqlalchemy import create_engine
 from sqlalchemy import event
 from sqlalchemy import func
+from sqlalchemy import insert
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.exc import DatabaseError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import InterfaceError
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import sessionmaker
@@ -74,6 +76,10 @@ class WinnerEntry:
         return {**asdict(self), "updated_at": self.updated_at.isoformat()}
 
 
+class DatabaseUnavailable(TunesvcError):
+    """The database server cannot be reached (restarting, network): worth retrying, unlike other errors."""
+
+
 class Store:
     """Database access for sweeps, the CLI and the runtime loader.
 
@@ -108,6 +114,8 @@ class Store:
             if readonly:
                 url = url.set(database=f"file:{path.resolve()}?mode=ro", query={"uri": "true"})
         try:
+            # no pool_pre_ping (a round trip per transaction): a connection that died with its server
+            # fails once, SQLAlchemy then drops the whole pool, and callers retry (tunesvc.jobs)
             self.engine = create_engine(url)
         except Exception as exc:  # a missing DBAPI driver, a malformed URL
             raise TunesvcError(f"Cannot use database '{self.url}': {exc}.") from None
@@ -120,6 +128,9 @@ class Store:
     def _sqlite_pragmas(self, dbapi_connection, _record) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+        # in WAL mode NORMAL syncs at checkpoints, not at every commit: a killed process still loses
+        # no committed trial and the file never corrupts; only a power cut may undo the last few
+        cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.close()
 
@@ -176,7 +187,7 @@ class Store:
             yield
         except TunesvcError:
             raise
-        except DatabaseError as exc:
+        except DBAPIError as exc:  # DatabaseError, and InterfaceError of a closed connection
             text = str(exc.orig) if getattr(exc, "orig", None) else str(exc)
             where = self._where()
             if "file is not a database" in text or "file is encrypted" in text:
@@ -185,6 +196,11 @@ class Store:
                 raise TunesvcError(f"{where} is read-only; make it writable or pass another --db.") from None
             if "unable to open" in text:
                 raise TunesvcError(f"Cannot open {where}; check that the folder exists and is writable.") from None
+            if "disk is full" in text or "No space left" in text or "could not extend file" in text:
+                raise TunesvcError(f"{where} is full (no space left); free space and run again: the sweep resumes.") from None
+            lost = exc.connection_invalidated or "connection" in text.lower()
+            if not self.is_sqlite and isinstance(exc, (OperationalError, InterfaceError)) and lost:
+                raise DatabaseUnavailable(f"Lost the connection to {where}: {text.splitlines()[0]}") from None
             if isinstance(exc, OperationalError):
                 raise TunesvcError(f"Database {where} failed: {text.splitlines()[0]}; check the --db URL and server.") from None
             raise
@@ -197,26 +213,35 @@ class Store:
 
     # -- identities ---------------------------------------------------------------------
     def device_id(self, device: Device) -> int:
-        with self.session() as session:
-            row = session.scalar(select(StoredDevice).where(StoredDevice.fingerprint == device.fingerprint))
-            if row is None:
-                fields = {k: v for k, v in device.to_dict().items() if k != "fingerprint"}
-                row = StoredDevice(fingerprint=device.fingerprint, **fields)
-                session.add(row)
-                session.flush()
-            return row.id
+        fields = {k: v for k, v in device.to_dict().items() if k != "fingerprint"}
+        return self._get_or_add(
+            select(StoredDevice.id).where(StoredDevice.fingerprint == device.fingerprint),
+            lambda: StoredDevice(fingerprint=device.fingerprint, **fields),
+        )
 
     def kernel_version_id(self, template: Template) -> int:
-        with self.session() as session:
-            query = select(KernelVersion).where(
-                KernelVersion.kernel == template.name, KernelVersion.version == template.version
-            )
-            row = session.scalar(query)
-            if row is None:
-                row = KernelVersion(kernel=template.name, version=template.version)
-                session.add(row)
-                session.flush()
-            return row.id
+        return self._get_or_add(
+            select(KernelVersion.id).where(KernelVersion.kernel == template.name, KernelVersion.version == template.version),
+            lambda: KernelVersion(kernel=template.name, version=template.version),
+        )
+
+    def _get_or_add(self, query, make) -> int:
+        """The id the query finds, else of a new row; two workers adding the same row at once
+        both get the one that won (the loser's insert breaks the unique constraint)."""
+        for _ in range(2):
+            with self.session() as session:
+                found = session.scalar(query)
+                if found is not None:
+                    return found
+            try:
+                with self.session() as session:
+                    row = make()
+                    session.add(row)
+                    session.flush()
+                    return row.id
+            except IntegrityError:
+                continue
+        raise TunesvcError(f"{self._where()} keeps refusing a new row of {query.get_final_froms()[0].name}; is it damaged?")
 
     # -- sweeps and trials --------------------------------------------------------------
     def start_sweep(self, kv_id: int, device_id: int, shape_key: str, problem: dict, strategy: str, budget: int | None, seed: int) -> int:
@@ -250,11 +275,15 @@ class Store:
             config=config, config_hash=config_hash, status=m.status.value, time_ms=m.time_ms,
             spread=m.spread, reps=m.reps, rel_error=_finite(m.rel_error), message=m.message,
         )
+        values = {c.key: getattr(row, c.key) for c in Trial.__table__.columns if c.key != "id"} | {"created_at": utcnow()}
         try:
-            with self.session() as session:
-                session.add(row)
+            # one Core INSERT on a plain connection, not an ORM unit of work: half the CPU per row,
+            # which is what bounds many writers on few cores (benchmarks/write_throughput.py)
+            with self._errors(), self.engine.begin() as connection:
+                row.id = connection.execute(insert(Trial).values(values)).inserted_primary_key[0]
         except IntegrityError:
             return None
+        row.created_at = values["created_at"]
         return row
 
     def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> Winner | None:
@@ -336,6 +365,81 @@ class Store:
             if kernel is not None:
                 query = query.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(KernelVersion.kernel == kernel)
             return dict(session.execute(query).all())
+
+    # -- merging winners measured elsewhere (`tune import`) and re-checking them (`tune verify`) --
+    def winners_with_devices(self, kernel: str | None = None, hardware_id: str | None = None) -> list[tuple[WinnerEntry, Device]]:
+        """Winners, each with the full device (software versions included) it was measured on."""
+        from tunesvc.device import Device
+
+        with self.session() as session:
+            query = select(Winner).join(Winner.kernel_version).join(Winner.device)
+            if kernel is not None:
+                query = query.where(KernelVersion.kernel == kernel)
+            if hardware_id is not None:
+                query = query.where(StoredDevice.hardware_id == hardware_id)
+            query = query.order_by(KernelVersion.kernel, Winner.shape_key, Winner.updated_at)
+            return [
+                (
+                    WinnerEntry(
+                        kernel=w.kernel_version.kernel, kernel_version=w.kernel_version.version,
+                        device=w.device.name, hardware_id=w.device.hardware_id, shape_key=w.shape_key,
+                        config=dict(w.config), time_ms=w.time_ms, updated_at=w.updated_at,
+                    ),
+                    Device(**{f: getattr(w.device, f) for f in Device.__dataclass_fields__}),
+                )
+                for w in session.scalars(query).unique()
+            ]
+
+    def merge_winner(self, kernel: str, version: str, device: Device, shape_key: str, config: Config,
+                     time_ms: float, source: str) -> tuple[str, float | None]:
+        """Take a winner measured elsewhere if it is faster than every stored one of its key.
+
+        Conflict rule: among the stored winners of (kernel, version, hardware id, shape key), from
+        any software stack, the fastest measured time stays unless this one is strictly faster; a
+        tie keeps what is stored. Returns ('added' | 'replaced' | 'kept', the best stored time).
+        The winner points at a trial of a sweep with strategy 'import', so it keeps a measurement row.
+        """
+        from tunesvc.space import config_hash
+
+        device_id = self.device_id(device)
+        with self.session() as session:
+            kv = session.scalar(select(KernelVersion).where(KernelVersion.kernel == kernel, KernelVersion.version == version))
+            if kv is None:
+                kv = KernelVersion(kernel=kernel, version=version)
+                session.add(kv)
+                session.flush()
+            stored = session.scalars(
+                select(Winner).join(Winner.device).where(
+                    Winner.kernel_version_id == kv.id, Winner.shape_key == shape_key,
+                    StoredDevice.hardware_id == device.hardware_id,
+                )
+            ).unique().all()
+            best = min((w.time_ms for w in stored), default=None)
+            if best is not None and not time_ms < best:
+                return "kept", best
+            digest = config_hash(config)
+            trial = session.scalar(select(Trial).where(
+                Trial.kernel_version_id == kv.id, Trial.device_id == device_id,
+                Trial.shape_key == shape_key, Trial.config_hash == digest,
+            ))
+            if trial is None:
+                sweep = Sweep(kernel_version_id=kv.id, device_id=device_id, shape_key=shape_key, problem={},
+                              strategy="import", budget=None, seed=0, status="done", host=socket.gethostname())
+                session.add(sweep)
+                session.flush()
+                trial = Trial(sweep_id=sweep.id, kernel_version_id=kv.id, device_id=device_id, shape_key=shape_key,
+                              config=config, config_hash=digest, status="ok", time_ms=time_ms, reps=0,
+                              message=f"imported from {source}"[:1024])
+                session.add(trial)
+                session.flush()
+            winner = next((w for w in stored if w.device_id == device_id), None)
+            if winner is None:
+                winner = Winner(kernel_version_id=kv.id, device_id=device_id, shape_key=shape_key)
+                session.add(winner)
+            winner.config, winner.config_hash, winner.time_ms, winner.trial_id = config, digest, time_ms, trial.id
+            # the runtime takes the newest winner of a key among software stacks: make it this one
+            winner.updated_at = utcnow()
+            return ("added" if best is None else "replaced"), best
 
     def close(self) -> None:
         self.engine.dispose()

@@ -17,6 +17,7 @@ from datetime import timezone
 from typing import Any
 
 from sqlalchemy import JSON
+from sqlalchemy import BigInteger
 from sqlalchemy import ForeignKey
 from sqlalchemy import Index
 from sqlalchemy import String
@@ -26,10 +27,10 @@ from sqlalchemy.orm import Mapped
 from sqlalchemy.orm import mapped_column
 from sqlalchemy.orm import relationship
 
-#: The schema's number: the Alembic head revision ("0002" -> 2) of tunesvc/store/alembic/versions.
+#: The schema's number: the Alembic head revision ("0003" -> 3) of tunesvc/store/alembic/versions.
 #: Each migration writes its number to tunesvc_meta.schema_version, so that a tunesvc from before
 #: Alembic (which reads only that row) also refuses a database newer than itself.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def utcnow() -> datetime:
@@ -55,7 +56,7 @@ class StoredDevice(Base):
     name: Mapped[str] = mapped_column(String(256))
     capability: Mapped[str] = mapped_column(String(16))
     sm_count: Mapped[int]
-    memory_bytes: Mapped[int]
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)  # revision 0003: 80 GiB overflows 32 bits
     max_shared_memory: Mapped[int]
     max_num_regs: Mapped[int]
     driver: Mapped[str] = mapped_column(String(64))
@@ -129,3 +130,34 @@ class Winner(Base):
 
     kernel_version: Mapped[KernelVersion] = relationship(lazy="joined")
     device: Mapped[StoredDevice] = relationship(lazy="joined")
+
+
+class Job(Base):
+    """One (kernel, shape) of a sweep shared by several workers (revision 0003; see tunesvc.jobs).
+
+    ``batch`` names the sweep: every worker, on any host, that runs the same sweep arguments
+    derives the same batch and so shares its jobs. A job is pending, running (claimed by
+    ``worker``, alive while its ``heartbeat`` is recent), done or failed.
+    """
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("batch", "kernel", "shape_key"),
+        Index("ix_jobs_batch_status", "batch", "status"),
+    )
+    id: Mapped[int] = mapped_column(primary_key=True)
+    batch: Mapped[str] = mapped_column(String(64))
+    kernel: Mapped[str] = mapped_column(String(256))
+    shape_key: Mapped[str] = mapped_column(String(512))
+    problem: Mapped[dict[str, Any]]
+    strategy: Mapped[str] = mapped_column(String(32))
+    budget: Mapped[int | None]
+    seed: Mapped[int]
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    worker: Mapped[str | None] = mapped_column(String(256))
+    #: the claiming worker's clock, in seconds since the epoch (hosts of one sweep keep NTP time)
+    heartbeat: Mapped[float | None]
+    attempts: Mapped[int] = mapped_column(default=0)
+    message: Mapped[str | None] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]

@@ -1,0 +1,73 @@
+"""A fixed set of GEMM jobs swept on one GPU, then on two: wall time, winners, lost or duplicated trials.
+
+    python benchmarks/multi_gpu_sweep.py           # needs 2 GPUs (nvidia-h200-x2)
+    python benchmarks/multi_gpu_sweep.py --check   # 2 small shapes, budget 2: checks the script
+
+Runs `tune sweep matmul --gpus 0` and `tune sweep matmul --gpus 0,1` into two fresh SQLite files
+(same shapes, grid strategy, same --budget, so both measure the same configs) and prints one
+table: wall time of each, the ratio (target, issue 6: 2 GPUs <= 0.6x one GPU), trials stored and
+distinct per run (none lost or duplicated: both equal shapes x budget), and how many shapes have
+the same winner, or one within 3% of the one-GPU run's time (measurement noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+
+SHAPES = ["4096x4096x4096", "2048x4096x14336", "128x14336x4096", "1000x3000x777", "8192x8192x8192", "16x4096x4096"]
+CHECK_SHAPES = ["37x45x29", "100x70x50"]  # tiny: also runs in the CPU interpreter
+
+
+def sweep(db: str, gpus: str, shapes: list[str], budget: int) -> tuple[float, list[dict]]:
+    command = [sys.executable, "-m", "tunesvc", "sweep", "matmul", "--budget", str(budget), "--gpus", gpus, "--db", db, "--json"]
+    for shape in shapes:
+        command += ["--shape", shape]
+    start = time.perf_counter()
+    out = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if out.returncode:
+        raise SystemExit(f"tune sweep --gpus {gpus} failed:\n{out.stderr[-3000:]}")
+    return wall, json.loads(out.stdout)
+
+
+def trial_counts(db: str) -> tuple[int, int]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT count(*), count(DISTINCT shape_key || config_hash) FROM trials").fetchone()
+    finally:
+        con.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=int, default=8, help="configs per shape (grid order) [8]")
+    parser.add_argument("--check", action="store_true", help="2 small shapes, budget 2")
+    args = parser.parse_args()
+    shapes, budget = (CHECK_SHAPES, 2) if args.check else (SHAPES, args.budget)
+    with tempfile.TemporaryDirectory() as folder:
+        one_db, two_db = os.path.join(folder, "one.db"), os.path.join(folder, "two.db")
+        one_s, one = sweep(one_db, "0", shapes, budget)
+        two_s, two = sweep(two_db, "0,1", shapes, budget)
+        one_counts, two_counts = trial_counts(one_db), trial_counts(two_db)
+    by_key = {r["shape_key"]: r for r in one}
+    same = sum(
+        r["winner"] == by_key[r["shape_key"]]["winner"]
+        or (r["winner_ms"] is not None and abs(r["winner_ms"] / by_key[r["shape_key"]]["winner_ms"] - 1) <= 0.03)
+        for r in two
+    )
+    expected = len(shapes) * budget
+    print("| run | wall s | ratio 2 GPUs / 1 (target <= 0.6) | trials stored / distinct (expected) | same winner (within 3%) |")
+    print("|---|---|---|---|---|")
+    print(f"| 1 GPU | {one_s:.1f} | | {one_counts[0]} / {one_counts[1]} ({expected}) | |")
+    print(f"| 2 GPUs | {two_s:.1f} | {two_s / one_s:.2f} | {two_counts[0]} / {two_counts[1]} ({expected}) | {same} of {len(two)} |")
+
+
+if __name__ == "__main__":
+    main()

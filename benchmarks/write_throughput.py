@@ -1,0 +1,116 @@
+"""Trial rows per second from concurrent writer processes, into SQLite and into PostgreSQL (CPU only).
+
+    python benchmarks/write_throughput.py                       # SQLite in a temp folder
+    python benchmarks/write_throughput.py --pg postgresql+psycopg://user:pw@127.0.0.1/db
+
+Each writer is a process with its own Store that, once all are open, stores --rows trials one
+transaction each, through ``Store.add_trial`` (what a sweep does after every measurement). The
+rate is all rows over the wall time from the first writer's start to the last one's end. Target
+(issue 6): >= 2,000 rows/s with 8 writers on each backend. PostgreSQL runs into a fresh database
+that the script creates and drops (the URL's role needs CREATEDB), so nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+import uuid
+
+TARGET = 2000.0
+
+
+def _writer(url: str, ids: tuple[int, int, int], writer: int, rows: int, barrier, results) -> None:
+    from tunesvc.bench import Measurement
+    from tunesvc.bench import Status
+    from tunesvc.store import Store
+
+    kv, dev, sweep = ids
+    store = Store(url)
+    barrier.wait(timeout=300)
+    start = time.time()
+    stored = sum(
+        store.add_trial(sweep, kv, dev, "bench", {"writer": writer, "i": i}, f"w{writer}-{i}",
+                        Measurement(Status.OK, time_ms=1.0 + i, spread=0.01, reps=10, rel_error=1e-4)) is not None
+        for i in range(rows)
+    )
+    results.put((start, time.time(), stored))
+    store.close()
+
+
+def measure(url: str, writers: int, rows: int) -> tuple[float, int]:
+    """(rows per second, rows stored) for ``writers`` processes writing ``rows`` trials each."""
+    import tunesvc
+    from tunesvc.store import Store
+
+    store = Store(url)
+    template = tunesvc.get_template("matmul")
+    kv, dev = store.kernel_version_id(template), store.device_id(tunesvc.current_device())
+    sweep = store.start_sweep(kv, dev, "bench", {}, "grid", None, 0)
+    store.close()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
+    barrier, results = context.Barrier(writers), context.Queue()
+    processes = [context.Process(target=_writer, args=(url, (kv, dev, sweep), w, rows, barrier, results)) for w in range(writers)]
+    for p in processes:
+        p.start()
+    out = [results.get(timeout=600) for _ in processes]
+    for p in processes:
+        p.join()
+    if any(p.exitcode for p in processes):
+        raise SystemExit(f"a writer failed on {url}")
+    wall = max(end for _, end, _ in out) - min(start for start, _, _ in out)
+    stored = sum(n for _, _, n in out)
+    return stored / wall, stored
+
+
+def _pg_database(admin_url: str):
+    """A fresh database on the server of ``admin_url``: (its URL, a function that drops it)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    name = f"tunesvc_bench_{uuid.uuid4().hex[:8]}"
+
+    def admin(statement: str) -> None:
+        engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        with engine.connect() as connection:
+            connection.execute(text(statement))
+        engine.dispose()
+
+    admin(f'CREATE DATABASE "{name}"')
+    return make_url(admin_url).set(database=name).render_as_string(hide_password=False), lambda: admin(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--writers", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=1000, help="trials per writer")
+    parser.add_argument("--pg", default=os.environ.get("TUNESVC_TEST_PG_URL"),
+                        help="PostgreSQL server URL [default: $TUNESVC_TEST_PG_URL; without one, SQLite only]")
+    parser.add_argument("--check", action="store_true", help="a quick run (2 writers x 50 rows) that checks the script works")
+    args = parser.parse_args()
+    writers, rows = (2, 50) if args.check else (args.writers, args.rows)
+    results = []
+    with tempfile.TemporaryDirectory() as folder:
+        results.append(("SQLite (WAL)", *measure(os.path.join(folder, "bench.db"), writers, rows)))
+    if args.pg:
+        url, drop = _pg_database(args.pg)
+        try:
+            results.append(("PostgreSQL", *measure(url, writers, rows)))
+        finally:
+            drop()
+    else:
+        print("no --pg URL: PostgreSQL not measured", file=sys.stderr)
+    print(f"| backend | writers | rows | rows/s | target {TARGET:,.0f} rows/s |")
+    print("|---|---|---|---|---|")
+    for name, rate, stored in results:
+        if stored != writers * rows:
+            raise SystemExit(f"{name}: {stored} rows stored of {writers * rows}")
+        print(f"| {name} | {writers} | {stored} | {rate:,.0f} | {'met' if rate >= TARGET else 'missed'} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,690 @@
+"""Flash attention, forward and backward: O = softmax(Q K^T * sm_scale [+ causal mask]) V.
+
+Q, K, V and O are (B, H, S, D), float16 or bfloat16, D in {64, 128}; any strides.
+
+Forward (FlashAttention-2, Dao 2023; Triton tutorial 06): each program owns BLOCK_M query rows
+of one (batch, head), keeps them in registers, and walks K and V in BLOCK_N steps with an
+online softmax: running row max m_i, running sum l_i, and an fp32 accumulator rescaled by
+exp2(m_old - m_new) whenever the max grows. Scores are scaled by sm_scale / ln 2 so the
+exponentials are exp2. Causal attention splits the key loop in two: the off-band blocks left of
+the diagonal block need no mask at all; only the on-band (diagonal) block is masked. The
+forward also saves the natural log-sum-exp of each score row, LSE = m + ln l, for the backward.
+
+Backward (tutorial 06's scheme): a preprocess kernel computes Delta = rowsum(O * dO); then, with
+P = exp(S - LSE) recomputed from the saved LSE and dS = P * (dO V^T - Delta),
+dV = P^T dO, dK = sm_scale dS^T Q (programs that own a K/V block walk the queries) and
+dQ = sm_scale dS K (programs that own a Q block walk the keys). One launch holds both kinds of
+programs, so neither needs atomics.
+
+Any S: when S is not a multiple of the largest block, a constexpr flag turns on masked loads and
+the key mask; sequence lengths that are multiples pay for neither.
+
+FLOPs: forward 4 B H S^2 D (two matmuls), half that when causal; backward 2.5x the forward
+(five matmuls, one of them the recomputed Q K^T). Minimum bytes: forward reads Q, K, V and
+writes O and LSE; backward reads Q, K, V, O, dO, LSE and writes dQ, dK, dV.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from tunesvc.device import Device
+from tunesvc.device import interpreting
+from tunesvc.errors import TunesvcError
+from tunesvc.space import LAUNCH_OPTIONS
+from tunesvc.space import Config
+from tunesvc.template import Cost
+from tunesvc.template import Problem
+from tunesvc.template import ShapeKey
+from tunesvc.template import Template
+from tunesvc.template import pow2_bucket
+
+HEAD_DIMS = (64, 128)
+
+# Block rows of the backward's preprocess (Delta = rowsum(O * dO)): a bandwidth-bound pass
+# far cheaper than the main kernel, so it is not part of the tuned space.
+_PRE_BLOCK = 64
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc, l_i, m_i, q,
+    kT_ptrs, v_ptrs, stride_kn, stride_vn,
+    lo, hi, qk_scale, S,
+    offs_m, offs_n,
+    BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr,  # 0: none, 1: causal (on-band block), 2: keys past S
+    EVEN: tl.constexpr,  # every key block lies inside S: unmasked loads
+):
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        if EVEN:
+            kT = tl.load(kT_ptrs + start_n * stride_kn)
+        else:
+            kT = tl.load(kT_ptrs + start_n * stride_kn, mask=(start_n + offs_n)[None, :] < S, other=0.0)
+        qk = tl.dot(q, kT.to(q.dtype))
+        if MASK == 1:
+            keep = offs_m[:, None] >= (start_n + offs_n[None, :])
+            qk = qk * qk_scale + tl.where(keep, 0, -1.0e6)
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk -= m_ij[:, None]
+        elif MASK == 2:
+            keep = (start_n + offs_n[None, :]) < S
+            qk = qk * qk_scale + tl.where(keep, 0, -1.0e6)
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk -= m_ij[:, None]
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_ij[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if EVEN:
+            v = tl.load(v_ptrs + start_n * stride_vn)
+        else:
+            v = tl.load(v_ptrs + start_n * stride_vn, mask=(start_n + offs_n)[:, None] < S, other=0.0)
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, O, LSE, sm_scale,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_oz, stride_oh, stride_om, stride_od,
+    H, S,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    EVEN_S: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    if CAUSAL:
+        # later query blocks have the most keys to walk: start them first, for load balance
+        start_m = tl.num_programs(0) - 1 - start_m
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    Q += off_z * stride_qz + off_h * stride_qh
+    K += off_z * stride_kz + off_h * stride_kh
+    V += off_z * stride_vz + off_h * stride_vh
+    O += off_z * stride_oz + off_h * stride_oh
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_ptrs = Q + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    kT_ptrs = K + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    v_ptrs = V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+
+    if EVEN_S:
+        q = tl.load(q_ptrs)
+    else:
+        q = tl.load(q_ptrs, mask=offs_m[:, None] < S, other=0.0)
+    if DOT_IN_FP32:
+        # Triton's CPU interpreter computes bf16 dots wrongly (seen with Triton 3.9);
+        # only the interpreter sets this flag. Every other operand follows q's type.
+        q = q.to(tl.float32)
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    qk_scale = sm_scale * 1.44269504  # 1 / ln 2: exp(x) = exp2(x / ln 2)
+
+    if CAUSAL:
+        # off-band: key blocks wholly left of the diagonal, all inside S, never masked
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn,
+            0, start_m * BLOCK_M, qk_scale, S, offs_m, offs_n, BLOCK_N, 0, True,
+        )
+        # on-band: the diagonal block, causally masked
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn,
+            start_m * BLOCK_M, (start_m + 1) * BLOCK_M, qk_scale, S, offs_m, offs_n, BLOCK_N, 1, EVEN_S,
+        )
+    else:
+        if EVEN_S:
+            acc, l_i, m_i = _attn_fwd_inner(
+                acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn,
+                0, S, qk_scale, S, offs_m, offs_n, BLOCK_N, 0, True,
+            )
+        else:
+            acc, l_i, m_i = _attn_fwd_inner(
+                acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn,
+                0, S, qk_scale, S, offs_m, offs_n, BLOCK_N, 2, False,
+            )
+
+    m_i += tl.math.log2(l_i)
+    acc = acc / l_i[:, None]
+    lse_ptrs = LSE + off_hz * S + offs_m
+    o_ptrs = O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    lse = m_i * 0.6931471805599453  # back to natural log: ln 2 * log2
+    if EVEN_S:
+        tl.store(lse_ptrs, lse)
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty))
+    else:
+        tl.store(lse_ptrs, lse, mask=offs_m < S)
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < S)
+
+
+def _split(config: Config) -> tuple[dict[str, int], dict[str, int]]:
+    meta = {k: v for k, v in config.items() if k not in LAUNCH_OPTIONS}
+    options = {k: v for k, v in config.items() if k in LAUNCH_OPTIONS}
+    return meta, options
+
+
+def launch_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Config, *, causal: bool = False,
+    sm_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the forward kernel with one explicit config: (O, LSE), LSE float32 of shape (B, H, S)."""
+    B, H, S, D = q.shape
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
+    meta, options = _split(config)
+    grid = (triton.cdiv(S, meta["BLOCK_M"]), B * H)
+    _attn_fwd_kernel[grid](
+        q, k, v, o, lse, sm_scale,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        H, S,
+        HEAD_DIM=D, **meta, CAUSAL=causal,
+        EVEN_S=S % max(meta["BLOCK_M"], meta["BLOCK_N"]) == 0,
+        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16,
+        **options,
+    )
+    return o, lse
+
+
+@triton.jit
+def _attn_bwd_preprocess(
+    O, DO, Delta,
+    stride_oz, stride_oh, stride_om, stride_od,
+    stride_dz, stride_dh, stride_dm, stride_dd,
+    H, S,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = offs_m[:, None] < S
+    o = tl.load(O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=rows, other=0.0)
+    do = tl.load(DO + off_z * stride_dz + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
+                 mask=rows, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(Delta + off_hz * S + offs_m, delta, mask=offs_m < S)
+
+
+@triton.jit
+def _attn_bwd_dkdv(
+    dk, dv, k, v,
+    Q, DO, LSE, Delta,
+    stride_qm, stride_qd, stride_dm, stride_dd,
+    S, qk_scale,
+    start_n, start_m, num_steps,
+    BLOCK_M1: tl.constexpr,
+    BLOCK_N1: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MASK: tl.constexpr,  # causal mask (the diagonal blocks)
+    EVEN: tl.constexpr,  # every query block lies inside S: unmasked loads
+):
+    offs_n = start_n + tl.arange(0, BLOCK_N1)
+    offs_d = tl.arange(0, HEAD_DIM)
+    curr_m = start_m
+    for _ in range(num_steps):
+        offs_m = curr_m + tl.arange(0, BLOCK_M1)
+        qT_ptrs = Q + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd
+        do_ptrs = DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd
+        if EVEN:
+            qT = tl.load(qT_ptrs)
+            do = tl.load(do_ptrs)
+            lse = tl.load(LSE + offs_m)
+            Di = tl.load(Delta + offs_m)
+        else:
+            # rows past S: zero Q and dO, and LSE = +inf so that their P is exactly 0
+            in_s = offs_m < S
+            qT = tl.load(qT_ptrs, mask=in_s[None, :], other=0.0)
+            do = tl.load(do_ptrs, mask=in_s[:, None], other=0.0)
+            lse = tl.load(LSE + offs_m, mask=in_s, other=float("inf"))
+            Di = tl.load(Delta + offs_m, mask=in_s, other=0.0)
+        qT = qT.to(k.dtype)
+        do = do.to(k.dtype)
+        qkT = tl.dot(k, qT)
+        pT = tl.math.exp2(qkT * qk_scale - lse[None, :] * 1.4426950408889634)
+        if MASK:
+            pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
+        dv += tl.dot(pT.to(k.dtype), do)
+        dpT = tl.dot(v, tl.trans(do))
+        dsT = pT * (dpT - Di[None, :])
+        dk += tl.dot(dsT.to(k.dtype), tl.trans(qT))
+        curr_m += BLOCK_M1
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dq(
+    dq, q, do, lse2, Di,
+    K, V,
+    stride_kn, stride_kd, stride_vn, stride_vd,
+    S, qk_scale,
+    start_m, start_n, num_steps,
+    BLOCK_M2: tl.constexpr,
+    BLOCK_N2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MASK: tl.constexpr,  # 0: none, 1: causal (the diagonal blocks), 2: keys past S
+    EVEN: tl.constexpr,  # every key block lies inside S: unmasked loads
+):
+    offs_m = start_m + tl.arange(0, BLOCK_M2)
+    offs_d = tl.arange(0, HEAD_DIM)
+    curr_n = start_n
+    for _ in range(num_steps):
+        offs_n = curr_n + tl.arange(0, BLOCK_N2)
+        kT_ptrs = K + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        vT_ptrs = V + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
+        if EVEN:
+            kT = tl.load(kT_ptrs)
+            vT = tl.load(vT_ptrs)
+        else:
+            kT = tl.load(kT_ptrs, mask=offs_n[None, :] < S, other=0.0)
+            vT = tl.load(vT_ptrs, mask=offs_n[None, :] < S, other=0.0)
+        kT = kT.to(q.dtype)
+        vT = vT.to(q.dtype)
+        qk = tl.dot(q, kT)
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        if MASK == 1:
+            p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        elif MASK == 2:
+            p = tl.where(offs_n[None, :] < S, p, 0.0)
+        dp = tl.dot(do, vT)
+        ds = p * (dp - Di[:, None])
+        dq += tl.dot(ds.to(q.dtype), tl.trans(kT))
+        curr_n += BLOCK_N2
+    return dq
+
+
+@triton.jit
+def _attn_bwd_kernel(
+    Q, K, V, DO, DQ, DK, DV, LSE, Delta, sm_scale,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_dz, stride_dh, stride_dm, stride_dd,
+    stride_gz, stride_gh, stride_gm, stride_gd,  # dQ, dK and dV share one layout
+    H, S,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M1: tl.constexpr,
+    BLOCK_N1: tl.constexpr,
+    BLOCK_M2: tl.constexpr,
+    BLOCK_N2: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    EVEN_S: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    Q += off_z * stride_qz + off_h * stride_qh
+    K += off_z * stride_kz + off_h * stride_kh
+    V += off_z * stride_vz + off_h * stride_vh
+    DO += off_z * stride_dz + off_h * stride_dh
+    grad_offset = off_z * stride_gz + off_h * stride_gh
+    LSE += off_hz * S
+    Delta += off_hz * S
+    qk_scale = sm_scale * 1.4426950408889634  # 1 / ln 2
+    offs_d = tl.arange(0, HEAD_DIM)
+    num_kv_blocks = tl.cdiv(S, BLOCK_N1)
+
+    if pid < num_kv_blocks:
+        # this program owns keys [start_n, start_n + BLOCK_N1): dK and dV, walking the queries
+        start_n = pid * BLOCK_N1
+        offs_n = start_n + tl.arange(0, BLOCK_N1)
+        k_ptrs = K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+        v_ptrs = V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        if EVEN_S:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=offs_n[:, None] < S, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_n[:, None] < S, other=0.0)
+        if DOT_IN_FP32:
+            # Triton's CPU interpreter computes bf16 dots wrongly (seen with Triton 3.9);
+            # only the interpreter sets this flag. Every other operand follows k's type.
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        dk = tl.zeros([BLOCK_N1, HEAD_DIM], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N1, HEAD_DIM], dtype=tl.float32)
+        if CAUSAL:
+            # queries before start_n see none of these keys; the diagonal blocks are masked
+            dk, dv = _attn_bwd_dkdv(
+                dk, dv, k, v, Q, DO, LSE, Delta, stride_qm, stride_qd, stride_dm, stride_dd, S, qk_scale,
+                start_n, start_n, BLOCK_N1 // BLOCK_M1, BLOCK_M1, BLOCK_N1, HEAD_DIM, True, EVEN_S,
+            )
+            start_m = start_n + BLOCK_N1
+            dk, dv = _attn_bwd_dkdv(
+                dk, dv, k, v, Q, DO, LSE, Delta, stride_qm, stride_qd, stride_dm, stride_dd, S, qk_scale,
+                start_n, start_m, tl.cdiv(S - start_m, BLOCK_M1), BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S,
+            )
+        else:
+            dk, dv = _attn_bwd_dkdv(
+                dk, dv, k, v, Q, DO, LSE, Delta, stride_qm, stride_qd, stride_dm, stride_dd, S, qk_scale,
+                start_n, 0, tl.cdiv(S, BLOCK_M1), BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S,
+            )
+        dk *= sm_scale
+        dk_ptrs = DK + grad_offset + offs_n[:, None] * stride_gm + offs_d[None, :] * stride_gd
+        dv_ptrs = DV + grad_offset + offs_n[:, None] * stride_gm + offs_d[None, :] * stride_gd
+        if EVEN_S:
+            tl.store(dk_ptrs, dk.to(DK.dtype.element_ty))
+            tl.store(dv_ptrs, dv.to(DV.dtype.element_ty))
+        else:
+            tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=offs_n[:, None] < S)
+            tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < S)
+    else:
+        # this program owns queries [start_m, start_m + BLOCK_M2): dQ, walking the keys
+        start_m = (pid - num_kv_blocks) * BLOCK_M2
+        offs_m = start_m + tl.arange(0, BLOCK_M2)
+        q_ptrs = Q + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+        do_ptrs = DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd
+        if EVEN_S:
+            q = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+            lse = tl.load(LSE + offs_m)
+            Di = tl.load(Delta + offs_m)
+        else:
+            in_s = offs_m < S
+            q = tl.load(q_ptrs, mask=in_s[:, None], other=0.0)
+            do = tl.load(do_ptrs, mask=in_s[:, None], other=0.0)
+            lse = tl.load(LSE + offs_m, mask=in_s, other=float("inf"))
+            Di = tl.load(Delta + offs_m, mask=in_s, other=0.0)
+        if DOT_IN_FP32:
+            q = q.to(tl.float32)
+        do = do.to(q.dtype)
+        lse2 = lse * 1.4426950408889634  # in log2 units, like the exponent
+        dq = tl.zeros([BLOCK_M2, HEAD_DIM], dtype=tl.float32)
+        if CAUSAL:
+            # the diagonal blocks, masked; then every key block left of them, unmasked
+            dq = _attn_bwd_dq(
+                dq, q, do, lse2, Di, K, V, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
+                start_m, start_m, BLOCK_M2 // BLOCK_N2, BLOCK_M2, BLOCK_N2, HEAD_DIM, 1, EVEN_S,
+            )
+            dq = _attn_bwd_dq(
+                dq, q, do, lse2, Di, K, V, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
+                start_m, 0, start_m // BLOCK_N2, BLOCK_M2, BLOCK_N2, HEAD_DIM, 0, True,
+            )
+        else:
+            if EVEN_S:
+                dq = _attn_bwd_dq(
+                    dq, q, do, lse2, Di, K, V, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
+                    start_m, 0, tl.cdiv(S, BLOCK_N2), BLOCK_M2, BLOCK_N2, HEAD_DIM, 0, True,
+                )
+            else:
+                dq = _attn_bwd_dq(
+                    dq, q, do, lse2, Di, K, V, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
+                    start_m, 0, tl.cdiv(S, BLOCK_N2), BLOCK_M2, BLOCK_N2, HEAD_DIM, 2, False,
+                )
+        dq *= sm_scale
+        dq_ptrs = DQ + grad_offset + offs_m[:, None] * stride_gm + offs_d[None, :] * stride_gd
+        if EVEN_S:
+            tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty))
+        else:
+            tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=offs_m[:, None] < S)
+
+
+def launch_attention_bwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
+    config: Config, *, causal: bool = False, sm_scale: float | None = None,
+) -> torch.Tensor:
+    """Run the backward with one explicit config: dQ, dK, dV stacked in one (3, B, H, S, D) tensor.
+
+    ``lse`` is the forward's log-sum-exp (float32, (B, H, S), contiguous).
+    """
+    B, H, S, D = q.shape
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    grads = torch.empty((3, B, H, S, D), device=q.device, dtype=q.dtype)
+    delta = torch.empty_like(lse)
+    _attn_bwd_preprocess[(triton.cdiv(S, _PRE_BLOCK), B * H)](
+        o, do, delta, *o.stride(), *do.stride(), H, S, HEAD_DIM=D, BLOCK_M=_PRE_BLOCK,
+    )
+    meta, options = _split(config)
+    grid = (triton.cdiv(S, meta["BLOCK_N1"]) + triton.cdiv(S, meta["BLOCK_M2"]), B * H)
+    _attn_bwd_kernel[grid](
+        q, k, v, do, grads[0], grads[1], grads[2], lse, delta, sm_scale,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *grads[0].stride(),
+        H, S,
+        HEAD_DIM=D, **meta, CAUSAL=causal,
+        EVEN_S=S % max(meta["BLOCK_N1"], meta["BLOCK_M2"]) == 0,
+        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16,
+        **options,
+    )
+    return grads
+
+
+def reference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, sm_scale: float | None = None,
+    do: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Float32 attention by its definition: (O, LSE), or (dQ, dK, dV) by autograd when ``do`` is given.
+
+    One batch element at a time, so that the S x S score matrix of a benchmark shape fits in memory.
+    """
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    results: list[tuple[torch.Tensor, ...]] = []
+    for b in range(q.shape[0]):
+        with torch.enable_grad():
+            qb, kb, vb = (t[b].float().requires_grad_(do is not None) for t in (q, k, v))
+            scores = (qb @ kb.transpose(-1, -2)) * sm_scale
+            if causal:
+                S = q.shape[2]
+                above = torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1)
+                scores = scores.masked_fill(above, float("-inf"))
+            lse = torch.logsumexp(scores, dim=-1)
+            out = torch.softmax(scores, dim=-1) @ vb
+            if do is None:
+                results.append((out.detach(), lse.detach()))
+            else:
+                results.append(torch.autograd.grad(out, (qb, kb, vb), do[b].float()))
+    return tuple(torch.stack(parts) for parts in zip(*results))
+
+
+class AttentionInputs(NamedTuple):
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    causal: bool
+    sm_scale: float
+
+
+class AttentionBwdInputs(NamedTuple):
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    o: torch.Tensor
+    lse: torch.Tensor
+    do: torch.Tensor
+    causal: bool
+    sm_scale: float
+
+
+class _AttentionBase(Template):
+    """What the forward and backward templates share: problems, keys, inputs."""
+
+    dims = ("B", "H", "S", "D")
+    options = {"causal": (False, True)}
+    dtypes = ("float16", "bfloat16")
+    presets = {
+        # the issue's H100 targets: bf16 B4 H32 S4096 D128, against torch SDPA
+        "b4h32s4096d128": [
+            {"B": 4, "H": 32, "S": 4096, "D": 128, "causal": False, "dtype": "bfloat16"},
+            {"B": 4, "H": 32, "S": 4096, "D": 128, "causal": True, "dtype": "bfloat16"},
+        ],
+        # small and odd on purpose: runs in the CPU interpreter in seconds
+        "tiny": [
+            {"B": 1, "H": 2, "S": 37, "D": 64},
+            {"B": 1, "H": 2, "S": 50, "D": 64, "causal": True},
+        ],
+    }
+
+    def check(self, problem: Problem) -> None:
+        if problem["D"] not in HEAD_DIMS:
+            raise TunesvcError(f"{self.name}: head dim D={problem['D']} is not supported; use 64 or 128.")
+
+    def key(self, problem: Problem) -> ShapeKey:
+        # batch and sequence length vary at run time and share configs by power-of-two bucket;
+        # heads and head dim come from the model and are kept exact
+        return ShapeKey.make(
+            {"B": pow2_bucket(problem["B"]), "H": problem["H"], "S": pow2_bucket(problem["S"]), "D": problem["D"]},
+            {"dtype": problem["dtype"], "causal": str(problem["causal"])},
+        )
+
+    def _qkv(self, problem: Problem, device: Device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        dtype = getattr(torch, problem["dtype"])
+        where = "cuda" if device.is_gpu else "cpu"
+        shape = (problem["B"], problem["H"], problem["S"], problem["D"])
+        return tuple(torch.randn(shape, device=where, dtype=dtype) for _ in range(3))
+
+    def _forward_flops(self, problem: Problem) -> float:
+        flops = 4.0 * problem["B"] * problem["H"] * problem["S"] ** 2 * problem["D"]
+        return flops / 2 if problem["causal"] else flops
+
+    def _elements(self, problem: Problem) -> tuple[int, int, int]:
+        """(elements of one of Q/K/V/O, rows of LSE, bytes per element)."""
+        rows = problem["B"] * problem["H"] * problem["S"]
+        return rows * problem["D"], rows, getattr(torch, problem["dtype"]).itemsize
+
+
+class AttentionTemplate(_AttentionBase):
+    name = "attention"
+    kernel_sources = (_attn_fwd_inner, _attn_fwd_kernel, launch_attention)
+
+    # Triton tutorial 06's CUDA autotune list, less its num_stages=7 entries (outside this space)
+    # and the 8-warp ones with BLOCK_M * BLOCK_N < 128 * 128 that the tutorial itself drops.
+    known_good = tuple(
+        {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
+        for m in (64, 128) for n in (32, 64) for s in (3, 4) for w in (4, 8)
+        if not (m * n < 128 * 128 and w == 8)
+    )
+
+    def make_inputs(self, problem: Problem, device: Device) -> AttentionInputs:
+        q, k, v = self._qkv(problem, device)
+        return AttentionInputs(q, k, v, problem["causal"], 1.0 / math.sqrt(problem["D"]))
+
+    def launch(self, inputs: AttentionInputs, config: Config) -> torch.Tensor:
+        return launch_attention(inputs.q, inputs.k, inputs.v, config, causal=inputs.causal, sm_scale=inputs.sm_scale)[0]
+
+    def reference(self, inputs: AttentionInputs) -> torch.Tensor:
+        return reference_attention(inputs.q, inputs.k, inputs.v, causal=inputs.causal, sm_scale=inputs.sm_scale)[0]
+
+    def heuristic(self, problem: Problem, device: Device) -> Config:
+        # one warpgroup per 128 query rows for D=64; D=128's larger accumulator wants two
+        warps = 4 if problem["D"] == 64 else 8
+        config = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": warps, "num_stages": 3}
+        if self.violations(config, problem, device):
+            config = self.feasible(problem, device)[0]  # short sequences: the smallest tiles
+        return config
+
+    def cost(self, problem: Problem) -> Cost:
+        elements, rows, size = self._elements(problem)
+        return Cost(flops=self._forward_flops(problem), bytes=float(4 * elements * size + 4 * rows))
+
+
+class AttentionBwdTemplate(_AttentionBase):
+    name = "attention_bwd"
+    kernel_sources = (_attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_kernel, launch_attention_bwd)
+
+    # Triton tutorial 06's fixed backward config
+    known_good = ({"BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 32, "num_warps": 4, "num_stages": 5},)
+
+    def make_inputs(self, problem: Problem, device: Device) -> AttentionBwdInputs:
+        q, k, v = self._qkv(problem, device)
+        sm_scale = 1.0 / math.sqrt(problem["D"])
+        # O and LSE from this module's forward (heuristic config), not the float32 reference: each
+        # compile worker makes its own inputs, and the reference's S x S scores would hold GiBs in
+        # every one of them. The gradients are still checked against the reference's autograd.
+        forward = TEMPLATE.heuristic(problem, device)
+        o, lse = launch_attention(q, k, v, forward, causal=problem["causal"], sm_scale=sm_scale)
+        return AttentionBwdInputs(q, k, v, o, lse, torch.randn_like(q), problem["causal"], sm_scale)
+
+    def launch(self, inputs: AttentionBwdInputs, config: Config) -> torch.Tensor:
+        q, k, v, o, lse, do, causal, sm_scale = inputs
+        return launch_attention_bwd(q, k, v, o, lse, do, config, causal=causal, sm_scale=sm_scale)
+
+    def reference(self, inputs: AttentionBwdInputs) -> torch.Tensor:
+        q, k, v, _, _, do, causal, sm_scale = inputs
+        return torch.stack(reference_attention(q, k, v, causal=causal, sm_scale=sm_scale, do=do))
+
+    def heuristic(self, problem: Problem, device: Device) -> Config:
+        warps = 4 if problem["D"] == 64 else 8
+        config = {"BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 32, "num_warps": warps, "num_stages": 3}
+        if self.violations(config, problem, device):
+            config = self.feasible(problem, device)[0]  # short sequences: the smallest tiles
+        return config
+
+    def cost(self, problem: Problem) -> Cost:
+        elements, rows, size = self._elements(problem)
+        # reads Q, K, V, O, dO and LSE; writes dQ, dK, dV (Delta is an intermediate, not counted)
+        return Cost(flops=2.5 * self._forward_flops(problem), bytes=float(8 * elements * size + 4 * rows))
+
+
+TEMPLATE = AttentionTemplate()
+BWD_TEMPLATE = AttentionBwdTemplate()
+
+
+class _Attention(torch.autograd.Function):
+    """Forward and backward each launch with their own tuned config."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float) -> torch.Tensor:
+        from tunesvc.runtime import default_runtime
+
+        B, H, S, D = q.shape
+        config = default_runtime().config_for(TEMPLATE, B=B, H=H, S=S, D=D, causal=causal, dtype=q.dtype)
+        o, lse = launch_attention(q, k, v, config, causal=causal, sm_scale=sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal = causal
+        ctx.sm_scale = sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        from tunesvc.runtime import default_runtime
+
+        q, k, v, o, lse = ctx.saved_tensors
+        B, H, S, D = q.shape
+        config = default_runtime().config_for(BWD_TEMPLATE, B=B, H=H, S=S, D=D, causal=ctx.causal, dtype=q.dtype)
+        dq, dk, dv = launch_attention_bwd(q, k, v, o, lse, do, config, causal=ctx.causal, sm_scale=ctx.sm_scale)
+        return dq, dk, dv, None, None
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+) -> torch.Tensor:
+    """softmax(Q K^T * sm_scale) V with the tuned configs for this device and shape; differentiable.
+
+    Q, K, V are (B, H, S, D) of one dtype (float16 or bfloat16) on one device, D 64 or 128, any
+    strides. ``causal`` masks keys after each query; ``sm_scale`` defaults to 1 / sqrt(D).
+    """
+    if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(
+            f"attention needs Q, K and V of one shape (B, H, S, D); got {tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"attention needs Q, K and V of one dtype; got {q.dtype}, {k.dtype} and {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"attention needs Q, K and V on one device; got {q.device}, {k.device} and {v.device}")
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    return _Attention.apply(q, k, v, bool(causal), sm_scale)

@@ -1,0 +1,347 @@
+"""LayerNorm over the last dim: forward and backward, after Triton tutorial 05 (layer-norm).
+
+Forward, per row of x (M rows of N): mean = sum(x) / N, var = sum((x - mean)^2) / N,
+rstd = 1 / sqrt(var + eps), y = (x - mean) * rstd * w + b. A program normalises BLOCK_M rows
+held whole in registers (BLOCK_N = next_pow2(N), masked), so x is read once; it saves mean and
+rstd (float32) for the backward.
+
+Backward, with xhat = (x - mean) * rstd and g = w * dy:
+dx = rstd * (g - xhat * mean(xhat * g) - mean(g)), dw = sum over rows of dy * xhat,
+db = sum over rows of dy. dW/dB are reduced in two stages: GROUP_SIZE_M programs each own a
+contiguous slice of rows and write their partial sums to their own row of a (programs, 2N)
+float32 buffer; a second kernel sums that buffer's columns. The tutorial instead adds into
+GROUP_SIZE_M shared rows under spin locks; owning a row needs no locks or atomics and makes
+dW/dB bitwise reproducible from run to run.
+
+Forward: FLOPs ~ 8 M N; minimum bytes = (2 M N + 2 N) * element size (x, y, w, b).
+Backward: FLOPs ~ 13 M N; minimum bytes = (3 M N + 3 N) * element size + 8 M (x, dy, dx,
+w, dw, db, mean and rstd).
+
+:class:`RowNormTemplate` is shared with kernels/rmsnorm.py: both are (M, N) row problems.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tunesvc.device import Device
+from tunesvc.errors import TunesvcError
+from tunesvc.space import LAUNCH_OPTIONS
+from tunesvc.space import Config
+from tunesvc.template import Cost
+from tunesvc.template import Problem
+from tunesvc.template import ShapeKey
+from tunesvc.template import Template
+from tunesvc.template import pow2_bucket
+
+#: a row is held in registers whole: at most 64 KiB of it (N <= 32768 in 16-bit types)
+MAX_ROW_BYTES = 65536
+
+
+@triton.jit
+def _layernorm_fwd_kernel(
+    X, Y, W, B, Mean, Rstd,
+    M, N, stride_x, stride_y, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    r64 = rows.to(tl.int64)  # row offsets in 64 bits: M * N may pass 2**31 elements
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < M
+    col_mask = cols < N
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(X + r64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / N
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(xc * xc, axis=1) / N
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = xc * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(Y + r64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Mean + rows, mean, mask=row_mask)
+    tl.store(Rstd + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _layernorm_bwd_kernel(
+    X, W, DY, DX, Mean, Rstd, Partial,
+    M, N, stride_x, stride_dy, stride_dx, rows_per_program,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    db = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    row_start = pid * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, M)
+    for start in range(row_start, row_end, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        r64 = rows.to(tl.int64)  # row offsets in 64 bits: M * N may pass 2**31 elements
+        row_mask = rows < row_end
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(X + r64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + r64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(Mean + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(Rstd + rows, mask=row_mask, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        g = w[None, :] * dy
+        c1 = tl.sum(xhat * g, axis=1) / N
+        c2 = tl.sum(g, axis=1) / N
+        dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        tl.store(DX + r64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        dw += dy * xhat
+        db += dy
+    # this program's own partial row: [dw | db]
+    tl.store(Partial + pid * 2 * N + cols, tl.sum(dw, axis=0), mask=col_mask)
+    tl.store(Partial + pid * 2 * N + N + cols, tl.sum(db, axis=0), mask=col_mask)
+
+
+@triton.jit
+def column_sum_kernel(Partial, Out, num_rows, width, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Out[j] = sum_i Partial[i, j] for a (num_rows, width) float32 buffer: the second stage."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < width
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for start in range(0, num_rows, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        mask = (rows[:, None] < num_rows) & col_mask[None, :]
+        acc += tl.load(Partial + rows[:, None] * width + cols[None, :], mask=mask, other=0.0)
+    tl.store(Out + cols, tl.sum(acc, axis=0).to(Out.dtype.element_ty), mask=col_mask)
+
+
+def split_config(config: Config) -> tuple[dict[str, int], dict[str, int]]:
+    """A config as (kernel meta-parameters, launch options)."""
+    meta = {k: v for k, v in config.items() if k not in LAUNCH_OPTIONS}
+    options = {k: v for k, v in config.items() if k in LAUNCH_OPTIONS}
+    return meta, options
+
+
+def launch_column_sum(partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = partial.sum(0) for a contiguous (rows, width) float32 buffer, in out's dtype."""
+    rows, width = partial.shape
+    # narrow blocks for narrow rows so that enough programs share the work
+    block_n = 32 if width <= 8192 else 128
+    column_sum_kernel[(triton.cdiv(width, block_n),)](partial, out, rows, width, BLOCK_M=32, BLOCK_N=block_n, num_warps=4)
+    return out
+
+
+def launch_layernorm(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float, config: Config
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """y, mean, rstd for x (M, N) with unit stride along N; one explicit config (no lookup)."""
+    M, N = x.shape
+    y = torch.empty((M, N), device=x.device, dtype=x.dtype)
+    mean = torch.empty(M, device=x.device, dtype=torch.float32)
+    rstd = torch.empty(M, device=x.device, dtype=torch.float32)
+    meta, options = split_config(config)
+    grid = (triton.cdiv(M, meta["BLOCK_M"]),)
+    _layernorm_fwd_kernel[grid](x, y, w, b, mean, rstd, M, N, x.stride(0), y.stride(0), eps, **meta, **options)
+    return y, mean, rstd
+
+
+def launch_layernorm_bwd(
+    x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+    config: Config, out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dx, dw, db with one explicit config (no lookup).
+
+    ``out``, when given, is one flat buffer of M N + 2 N elements of x's dtype (w's dtype must
+    match) that receives dx, dw and db back to back; otherwise they are allocated.
+    """
+    M, N = x.shape
+    if out is None:
+        dx = torch.empty((M, N), device=x.device, dtype=x.dtype)
+        dwdb = torch.empty(2 * N, device=x.device, dtype=w.dtype)
+    else:
+        dx, dwdb = out[: M * N].view(M, N), out[M * N :]
+    meta, options = split_config(config)
+    rows_per_program = triton.cdiv(M, meta.pop("GROUP_SIZE_M"))
+    programs = triton.cdiv(M, rows_per_program)
+    partial = torch.empty((programs, 2 * N), device=x.device, dtype=torch.float32)
+    _layernorm_bwd_kernel[(programs,)](
+        x, w, dy, dx, mean, rstd, partial,
+        M, N, x.stride(0), dy.stride(0), dx.stride(0), rows_per_program,
+        **meta, **options,
+    )
+    launch_column_sum(partial, dwdb)
+    return dx, dwdb[:N], dwdb[N:]
+
+
+class RowNormTemplate(Template):
+    """Shared by the norm templates: x is (M, N), rows normalised over N, the row in registers.
+
+    M (tokens) varies at run time and shares configs by power-of-two bucket; N (the hidden
+    size) is kept exact.
+    """
+
+    dims = ("M", "N")
+    presets = {
+        # the issue's H100 benchmark shapes
+        "llm": [{"M": 4096, "N": 4096}, {"M": 16384, "N": 8192}, {"M": 32768, "N": 1024}],
+        # odd on purpose (no block divides them): runs in the CPU interpreter in seconds
+        "tiny": [{"M": 37, "N": 45}, {"M": 5, "N": 130}],
+    }
+
+    def check(self, problem: Problem) -> None:
+        elem = getattr(torch, problem["dtype"]).itemsize
+        if problem["N"] * elem > MAX_ROW_BYTES:
+            raise TunesvcError(
+                f"{self.name}: N={problem['N']} is too wide; a row must fit in {MAX_ROW_BYTES // 1024} KiB "
+                f"(N <= {MAX_ROW_BYTES // elem} for {problem['dtype']})."
+            )
+
+    def key(self, problem: Problem) -> ShapeKey:
+        return ShapeKey.make({"M": pow2_bucket(problem["M"]), "N": problem["N"]}, {"dtype": problem["dtype"]})
+
+    def _tensor(self, problem: Problem, device: Device, *shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+        where = "cuda" if device.is_gpu else "cpu"
+        data = torch.randn(*shape, device=where, dtype=torch.float32) * scale + shift
+        return data.to(getattr(torch, problem["dtype"]))
+
+    def _rows_and_warps(self, problem: Problem) -> Config:
+        """About 4096 elements per program, one warp per 512 of them (tutorial 05's ratio)."""
+        block_n = max(16, triton.next_power_of_2(problem["N"]))
+        block_m = min(8, max(1, 4096 // block_n), triton.next_power_of_2(problem["M"]))
+        num_warps = min(16, max(1, block_m * block_n // 512))
+        return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps}
+
+    def _checked(self, config: Config, problem: Problem, device: Device) -> Config:
+        """The config if it satisfies the space, else the first feasible one."""
+        return self.feasible(problem, device)[0] if self.violations(config, problem, device) else config
+
+    def forward_heuristic(self, problem: Problem, device: Device) -> Config:
+        return self._checked(self._rows_and_warps(problem), problem, device)
+
+    def backward_heuristic(self, problem: Problem, device: Device) -> Config:
+        # about two programs per SM: enough in flight to stream rows, few partial rows to reduce
+        group = min(1024, max(64, triton.next_power_of_2(device.sm_count)))
+        config = {**self._rows_and_warps(problem), "GROUP_SIZE_M": group, "num_stages": 2}
+        return self._checked(config, problem, device)
+
+
+class LayerNormTemplate(RowNormTemplate):
+    name = "layernorm"
+    kernel_sources = (_layernorm_fwd_kernel, launch_layernorm)
+
+    def make_inputs(self, problem: Problem, device: Device) -> tuple[torch.Tensor, ...]:
+        M, N = problem["M"], problem["N"]
+        # a non-zero mean, so that a kernel that forgot to centre is caught
+        x = self._tensor(problem, device, M, N, scale=2.0, shift=0.5)
+        w = self._tensor(problem, device, N, shift=1.0)
+        b = self._tensor(problem, device, N)
+        return x, w, b
+
+    def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
+        return launch_layernorm(*inputs, 1e-5, config)[0]
+
+    def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x, w, b = (t.float() for t in inputs)
+        return torch.nn.functional.layer_norm(x, (x.shape[1],), w, b, 1e-5)
+
+    def heuristic(self, problem: Problem, device: Device) -> Config:
+        return self.forward_heuristic(problem, device)
+
+    def cost(self, problem: Problem) -> Cost:
+        M, N = problem["M"], problem["N"]
+        elem = getattr(torch, problem["dtype"]).itemsize
+        return Cost(flops=8.0 * M * N, bytes=float((2 * M * N + 2 * N) * elem))
+
+
+class LayerNormBwdTemplate(RowNormTemplate):
+    name = "layernorm_bwd"
+    kernel_sources = (_layernorm_bwd_kernel, column_sum_kernel, launch_layernorm_bwd, launch_column_sum)
+
+    def make_inputs(self, problem: Problem, device: Device) -> tuple[torch.Tensor, ...]:
+        M, N = problem["M"], problem["N"]
+        x = self._tensor(problem, device, M, N, scale=2.0, shift=0.5)
+        w = self._tensor(problem, device, N, shift=1.0)
+        b = self._tensor(problem, device, N)
+        dy = self._tensor(problem, device, M, N)
+        # the statistics the forward would have saved, from the same (rounded) x
+        var, mean = torch.var_mean(x.float(), dim=1, correction=0)
+        return x, w, b, dy, mean, torch.rsqrt(var + 1e-5)
+
+    def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
+        """dx, dw, db back to back in one flat buffer, so that one relative error covers all three."""
+        x, w, _, dy, mean, rstd = inputs
+        out = torch.empty(x.numel() + 2 * x.shape[1], device=x.device, dtype=x.dtype)
+        launch_layernorm_bwd(x, w, dy, mean, rstd, config, out=out)
+        return out
+
+    def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x, w, b, dy = (t.double() for t in inputs[:4])
+        x.requires_grad_(True)
+        w.requires_grad_(True)
+        b.requires_grad_(True)
+        torch.nn.functional.layer_norm(x, (x.shape[1],), w, b, 1e-5).backward(dy)
+        return torch.cat([x.grad.flatten(), w.grad, b.grad])
+
+    def heuristic(self, problem: Problem, device: Device) -> Config:
+        return self.backward_heuristic(problem, device)
+
+    def cost(self, problem: Problem) -> Cost:
+        M, N = problem["M"], problem["N"]
+        elem = getattr(torch, problem["dtype"]).itemsize
+        return Cost(flops=13.0 * M * N, bytes=float((3 * M * N + 3 * N) * elem + 8 * M))
+
+
+TEMPLATE = LayerNormTemplate()
+BWD_TEMPLATE = LayerNormBwdTemplate()
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as (M, N) with unit stride along N, copying only when a view cannot give that."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def check_norm_args(fn: str, x: torch.Tensor, *params: torch.Tensor | None) -> None:
+    """One ValueError sentence for tensors a norm cannot take."""
+    if x.ndim < 1 or x.numel() == 0:
+        raise ValueError(f"{fn} needs a non-empty x of shape (..., N); got {tuple(x.shape)}")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"{fn} needs x in float16, bfloat16 or float32; got {x.dtype}")
+    for p in params:
+        if p is not None and (p.shape != (x.shape[-1],) or p.device != x.device):
+            raise ValueError(
+                f"{fn} needs weight and bias of shape ({x.shape[-1]},) on {x.device}; got {tuple(p.shape)} on {p.device}"
+            )
+
+
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+        from tunesvc.runtime import default_runtime
+
+        x2 = as_rows(x)
+        M, N = x2.shape
+        config = default_runtime().config_for(TEMPLATE, M=M, N=N, dtype=x.dtype)
+        y, mean, rstd = launch_layernorm(x2, weight.contiguous(), bias.contiguous(), eps, config)
+        ctx.save_for_backward(x2, weight, mean, rstd)
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+        from tunesvc.runtime import default_runtime
+
+        x2, weight, mean, rstd = ctx.saved_tensors
+        M, N = x2.shape
+        config = default_runtime().config_for(BWD_TEMPLATE, M=M, N=N, dtype=x2.dtype)
+        dx, dw, db = launch_layernorm_bwd(x2, weight.contiguous(), as_rows(dy), mean, rstd, config)
+        return dx.view(dy.shape), dw, db, None
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """torch.nn.functional.layer_norm(x, (N,), weight, bias, eps) with tuned configs, autograd included.
+
+    x is (..., N) in float16, bfloat16 or float32; weight and bias are (N,) on x's device (any
+    float dtype; their gradients come back in it). Forward and backward each look up their own
+    tuned config (templates "layernorm" and "layernorm_bwd").
+    """
+    check_norm_args("layer_norm", x, weight, bias)
+    return _LayerNorm.apply(x, weight, bias, eps)

@@ -1,0 +1,221 @@
+"""RMSNorm over the last dim: forward and backward (Zhang & Sennrich 2019, arXiv:1910.07467).
+
+Forward, per row of x (M rows of N): rstd = 1 / sqrt(sum(x^2) / N + eps), y = x * rstd * w.
+A program normalises BLOCK_M rows held whole in registers (BLOCK_N = next_pow2(N), masked)
+and saves rstd (float32) for the backward.
+
+Backward, with xhat = x * rstd and g = w * dy: dx = rstd * (g - xhat * mean(xhat * g)),
+dw = sum over rows of dy * xhat. dW is reduced in two stages as in kernels/layernorm.py:
+each of GROUP_SIZE_M programs owns a slice of rows and its own row of a (programs, N) float32
+buffer (no locks or atomics, bitwise reproducible), then the buffer's columns are summed.
+
+Forward: FLOPs ~ 4 M N; minimum bytes = (2 M N + N) * element size (x, y, w).
+Backward: FLOPs ~ 9 M N; minimum bytes = (3 M N + 2 N) * element size + 4 M (x, dy, dx,
+w, dw and rstd).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tunesvc.device import Device
+from tunesvc.kernels.layernorm import RowNormTemplate
+from tunesvc.kernels.layernorm import as_rows
+from tunesvc.kernels.layernorm import check_norm_args
+from tunesvc.kernels.layernorm import column_sum_kernel
+from tunesvc.kernels.layernorm import launch_column_sum
+from tunesvc.kernels.layernorm import split_config
+from tunesvc.space import Config
+from tunesvc.template import Cost
+from tunesvc.template import Problem
+
+
+@triton.jit
+def _rmsnorm_fwd_kernel(
+    X, Y, W, Rstd,
+    M, N, stride_x, stride_y, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    r64 = rows.to(tl.int64)  # row offsets in 64 bits: M * N may pass 2**31 elements
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < M
+    col_mask = cols < N
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(X + r64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(Y + r64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Rstd + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _rmsnorm_bwd_kernel(
+    X, W, DY, DX, Rstd, Partial,
+    M, N, stride_x, stride_dy, stride_dx, rows_per_program,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    row_start = pid * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, M)
+    for start in range(row_start, row_end, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        r64 = rows.to(tl.int64)  # row offsets in 64 bits: M * N may pass 2**31 elements
+        row_mask = rows < row_end
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(X + r64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + r64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(Rstd + rows, mask=row_mask, other=0.0)
+        xhat = x * rstd[:, None]
+        g = w[None, :] * dy
+        c = tl.sum(xhat * g, axis=1) / N
+        dx = (g - xhat * c[:, None]) * rstd[:, None]
+        tl.store(DX + r64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        dw += dy * xhat
+    tl.store(Partial + pid * N + cols, tl.sum(dw, axis=0), mask=col_mask)
+
+
+def launch_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, config: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """y, rstd for x (M, N) with unit stride along N; one explicit config (no lookup)."""
+    M, N = x.shape
+    y = torch.empty((M, N), device=x.device, dtype=x.dtype)
+    rstd = torch.empty(M, device=x.device, dtype=torch.float32)
+    meta, options = split_config(config)
+    grid = (triton.cdiv(M, meta["BLOCK_M"]),)
+    _rmsnorm_fwd_kernel[grid](x, y, w, rstd, M, N, x.stride(0), y.stride(0), eps, **meta, **options)
+    return y, rstd
+
+
+def launch_rmsnorm_bwd(
+    x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor,
+    config: Config, out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx, dw with one explicit config (no lookup).
+
+    ``out``, when given, is one flat buffer of M N + N elements of x's dtype (w's dtype must
+    match) that receives dx and dw back to back; otherwise they are allocated.
+    """
+    M, N = x.shape
+    if out is None:
+        dx = torch.empty((M, N), device=x.device, dtype=x.dtype)
+        dw = torch.empty(N, device=x.device, dtype=w.dtype)
+    else:
+        dx, dw = out[: M * N].view(M, N), out[M * N :]
+    meta, options = split_config(config)
+    rows_per_program = triton.cdiv(M, meta.pop("GROUP_SIZE_M"))
+    programs = triton.cdiv(M, rows_per_program)
+    partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)
+    _rmsnorm_bwd_kernel[(programs,)](
+        x, w, dy, dx, rstd, partial,
+        M, N, x.stride(0), dy.stride(0), dx.stride(0), rows_per_program,
+        **meta, **options,
+    )
+    launch_column_sum(partial, dw)
+    return dx, dw
+
+
+class RMSNormTemplate(RowNormTemplate):
+    name = "rmsnorm"
+    kernel_sources = (_rmsnorm_fwd_kernel, launch_rmsnorm)
+
+    def make_inputs(self, problem: Problem, device: Device) -> tuple[torch.Tensor, ...]:
+        M, N = problem["M"], problem["N"]
+        x = self._tensor(problem, device, M, N, scale=2.0, shift=0.5)
+        w = self._tensor(problem, device, N, shift=1.0)
+        return x, w
+
+    def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
+        return launch_rmsnorm(*inputs, 1e-6, config)[0]
+
+    def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x, w = (t.float() for t in inputs)
+        return torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6)
+
+    def heuristic(self, problem: Problem, device: Device) -> Config:
+        return self.forward_heuristic(problem, device)
+
+    def cost(self, problem: Problem) -> Cost:
+        M, N = problem["M"], problem["N"]
+        elem = getattr(torch, problem["dtype"]).itemsize
+        return Cost(flops=4.0 * M * N, bytes=float((2 * M * N + N) * elem))
+
+
+class RMSNormBwdTemplate(RowNormTemplate):
+    name = "rmsnorm_bwd"
+    kernel_sources = (_rmsnorm_bwd_kernel, column_sum_kernel, launch_rmsnorm_bwd, launch_column_sum)
+
+    def make_inputs(self, problem: Problem, device: Device) -> tuple[torch.Tensor, ...]:
+        M, N = problem["M"], problem["N"]
+        x = self._tensor(problem, device, M, N, scale=2.0, shift=0.5)
+        w = self._tensor(problem, device, N, shift=1.0)
+        dy = self._tensor(problem, device, M, N)
+        # the statistic the forward would have saved, from the same (rounded) x
+        rstd = torch.rsqrt(x.float().square().mean(dim=1) + 1e-6)
+        return x, w, dy, rstd
+
+    def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
+        """dx and dw back to back in one flat buffer, so that one relative error covers both."""
+        x = inputs[0]
+        out = torch.empty(x.numel() + x.shape[1], device=x.device, dtype=x.dtype)
+        launch_rmsnorm_bwd(*inputs, config, out=out)
+        return out
+
+    def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x, w, dy = (t.double() for t in inputs[:3])
+        x.requires_grad_(True)
+        w.requires_grad_(True)
+        torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6).backward(dy)
+        return torch.cat([x.grad.flatten(), w.grad])
+
+    def heuristic(self, problem: Problem, device: Device) -> Config:
+        return self.backward_heuristic(problem, device)
+
+    def cost(self, problem: Problem) -> Cost:
+        M, N = problem["M"], problem["N"]
+        elem = getattr(torch, problem["dtype"]).itemsize
+        return Cost(flops=9.0 * M * N, bytes=float((3 * M * N + 2 * N) * elem + 4 * M))
+
+
+TEMPLATE = RMSNormTemplate()
+BWD_TEMPLATE = RMSNormBwdTemplate()
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        from tunesvc.runtime import default_runtime
+
+        x2 = as_rows(x)
+        M, N = x2.shape
+        config = default_runtime().config_for(TEMPLATE, M=M, N=N, dtype=x.dtype)
+        y, rstd = launch_rmsnorm(x2, weight.contiguous(), eps, config)
+        ctx.save_for_backward(x2, weight, rstd)
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        from tunesvc.runtime import default_runtime
+
+        x2, weight, rstd = ctx.saved_tensors
+        M, N = x2.shape
+        config = default_runtime().config_for(BWD_TEMPLATE, M=M, N=N, dtype=x2.dtype)
+        dx, dw = launch_rmsnorm_bwd(x2, weight.contiguous(), as_rows(dy), rstd, config)
+        return dx.view(dy.shape), dw, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """torch.nn.functional.rms_norm(x, (N,), weight, eps) with tuned configs, autograd included.
+
+    x is (..., N) in float16, bfloat16 or float32; weight is (N,) on x's device (any float
+    dtype; its gradient comes back in it). Forward and backward each look up their own tuned
+    config (templates "rmsnorm" and "rmsnorm_bwd").
+    """
+    check_norm_args("rms_norm", x, weight)
+    return _RMSNorm.apply(x, weight, eps)

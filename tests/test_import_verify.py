@@ -1,0 +1,181 @@
+"""`tune import` (merging bundles and databases) and `tune verify` (re-measuring winners)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+import tunesvc
+from tunesvc import Runtime
+from tunesvc import TunesvcError
+from tunesvc.bench import Bench
+from tunesvc.bench import Measurement
+from tunesvc.bench import Status
+from tunesvc.cli import app
+from tunesvc.export import build_bundles
+from tunesvc.export import import_sources
+from tunesvc.export import write_bundles
+from tunesvc.store import Store
+from tunesvc.sweep import run_sweep
+from tunesvc.verify import verify
+
+PROBLEM = {"M": 16, "N": 32, "K": 32, "dtype": "float16"}
+KEY = "M=16,N=32,K=32,dtype=float16"
+
+
+@pytest.fixture(scope="module")
+def source_db(tmp_path_factory):
+    """A database with one winner: the heuristic config, measured once (the cheapest sweep)."""
+    db = str(tmp_path_factory.mktemp("source") / "source.db")
+    template = tunesvc.get_template("matmul")
+    problem = template.problem(**PROBLEM)
+    store = Store(db)
+    try:
+        [result] = run_sweep(template, [problem], store, budget=1,
+                             candidates=[template.heuristic(problem, tunesvc.current_device())])
+    finally:
+        store.close()
+    assert result.winner is not None
+    return db
+
+
+@pytest.fixture
+def bundle(source_db, tmp_path):
+    store = Store(source_db, readonly=True)
+    try:
+        [path] = write_bundles(build_bundles(store), tmp_path / "bundle.json")
+    finally:
+        store.close()
+    return path
+
+
+def _edited(bundle, tmp_path, name, time_ms, config_change=None):
+    """A copy of the bundle whose one winner has another time (and maybe another config)."""
+    data = json.loads(bundle.read_text())
+    winner = data["kernels"]["matmul"]["winners"][KEY]
+    winner["time_ms"] = time_ms
+    winner["config"].update(config_change or {})
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path, winner
+
+
+def _winners(db):
+    store = Store(db, readonly=True)
+    try:
+        return {(w.kernel, w.shape_key): w for w in store.winners()}
+    finally:
+        store.close()
+
+
+def test_import_merges_with_faster_wins_and_ties_keep(bundle, tmp_path, tmp_db):
+    stored_ms = json.loads(bundle.read_text())["kernels"]["matmul"]["winners"][KEY]["time_ms"]
+    store = Store(tmp_db)
+    try:
+        [added] = import_sources(store, [bundle])
+        [tie] = import_sources(store, [bundle])
+        slower, _ = _edited(bundle, tmp_path, "slower.json", stored_ms * 2, {"num_warps": 8})
+        [kept] = import_sources(store, [slower])
+        faster, faster_winner = _edited(bundle, tmp_path, "faster.json", stored_ms / 2, {"num_stages": 2})
+        [replaced] = import_sources(store, [faster])
+    finally:
+        store.close()
+    assert (added.action, added.stored_ms) == ("added", None)
+    assert (tie.action, tie.stored_ms) == ("kept", pytest.approx(stored_ms))
+    assert kept.action == "kept"
+    assert (replaced.action, replaced.stored_ms) == ("replaced", pytest.approx(stored_ms))
+    winner = _winners(tmp_db)[("matmul", KEY)]
+    assert winner.config == faster_winner["config"] and winner.time_ms == pytest.approx(stored_ms / 2)
+    # the runtime reads the merged database like a swept one
+    assert Runtime(db=tmp_db).lookup("matmul", **PROBLEM).config == faster_winner["config"]
+
+
+def test_import_of_a_database_and_the_cli_report(source_db, tmp_path):
+    target = str(tmp_path / "target.db")
+    result = CliRunner().invoke(app, ["import", source_db, "--db", target, "--json"])
+    assert result.exit_code == 0, result.output
+    [change] = json.loads(result.output)
+    assert (change["action"], change["kernel"], change["shape_key"]) == ("added", "matmul", KEY)
+    assert _winners(target)[("matmul", KEY)].config == _winners(source_db)[("matmul", KEY)].config
+    result = CliRunner().invoke(app, ["import", source_db, "--db", target])
+    assert result.exit_code == 0, result.output
+    assert "0 added, 0 replaced, 1 kept." in result.output
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not valid JSON"),
+    (json.dumps({"format": "tunesvc-bundle", "format_version": 99}), "bundle format 99"),
+])
+def test_import_of_a_bad_bundle_is_one_error_and_writes_nothing(bundle, tmp_path, tmp_db, content, message):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    store = Store(tmp_db)
+    try:
+        with pytest.raises(TunesvcError, match=message):
+            import_sources(store, [bundle, bad])  # every source is checked before any write
+        assert store.winners() == []
+    finally:
+        store.close()
+    result = CliRunner().invoke(app, ["import", str(tmp_path / "missing.db"), "--db", tmp_db])
+    assert result.exit_code == 1 and "No bundle or database at" in result.output
+
+
+def test_verify_measures_a_fresh_winner_on_the_interpreter(source_db):
+    store = Store(source_db, readonly=True)
+    try:
+        [verdict] = verify(store, margin=10.0)  # a 10x margin: interpreter noise never flags it
+    finally:
+        store.close()
+    assert (verdict.kernel, verdict.shape_key, verdict.flags) == ("matmul", KEY, [])
+    assert verdict.measured_ms > 0 and verdict.heuristic_ms == verdict.measured_ms  # the winner is the heuristic
+
+
+def test_verify_flags_a_winner_slower_than_the_heuristic(source_db, tmp_db, monkeypatch, template, device):
+    shutil.copy(source_db, tmp_db)
+    heuristic = template.heuristic(template.problem(**PROBLEM), device)
+    other = {**heuristic, "num_warps": 8 if heuristic["num_warps"] == 4 else 4}
+    with sqlite3.connect(tmp_db) as db:
+        db.execute("UPDATE winners SET config = ?", (json.dumps(other),))
+    # timings are the point here, not the interpreter's noise: the heuristic measures 2x faster
+    monkeypatch.setattr(Bench, "measure", lambda self, c: Measurement(Status.OK, time_ms=1.0 if c == heuristic else 2.0))
+    store = Store(tmp_db, readonly=True)
+    try:
+        [verdict] = verify(store)
+    finally:
+        store.close()
+    assert verdict.flags == ["slower"]
+    assert (verdict.measured_ms, verdict.heuristic_ms) == (2.0, 1.0)
+
+
+def test_verify_flags_stale_entries_and_retunes_them(source_db, tmp_db, template, monkeypatch):
+    shutil.copy(source_db, tmp_db)
+    with sqlite3.connect(tmp_db) as db:
+        # as if tuned under an older Triton: another software stack, so another fingerprint
+        db.execute("UPDATE devices SET triton = '2.0.0', fingerprint = 'older-stack'")
+    result = CliRunner().invoke(app, ["verify", "--db", tmp_db, "--margin", "10", "--json"])
+    assert result.exit_code == 0, result.output
+    [verdict] = json.loads(result.output)
+    assert verdict["flags"] == ["stale-triton"] and "2.0.0" in verdict["detail"]
+
+    old_version = template.version
+    monkeypatch.setitem(template.__dict__, "version", "edited-kernel")  # the kernel's source changed
+    store = Store(tmp_db)
+    try:
+        [stale] = verify(store, retune=True, budget=1)
+        after = verify(store, margin=10.0)
+    finally:
+        store.close()
+    assert stale.flags == ["stale-kernel"] and old_version in stale.detail
+    assert stale.measured_ms is None  # an old kernel's config is not measured on the new kernel
+    assert stale.retuned_ms is not None and stale.retuned_config is not None
+    [fresh] = after  # the retuned winner of the new version is now the one checked
+    assert (fresh.version, fresh.flags) == ("edited-kernel", [])
+
+
+def test_verify_rejects_bad_options(source_db):
+    result = CliRunner().invoke(app, ["verify", "--db", source_db, "--margin", "-1"])
+    assert result.exit_code == 1 and "--margin must be at least 0" in result.output

@@ -1,0 +1,212 @@
+"""Shared sweeps (tunesvc.jobs): atomic claims, stale jobs released, done jobs never run again.
+
+Claims race in threads with a store each, on both backends; the worker processes are real
+(`python -m tunesvc.jobs`, the interpreter standing in for GPUs), on the matmul 'tiny' problems.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from sqlalchemy import func
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from tunesvc import TunesvcError
+from tunesvc import jobs
+from tunesvc.cli import app
+from tunesvc.store import Store
+from tunesvc.store.models import Job
+from tunesvc.store.models import Trial
+
+from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
+
+BUDGET = 3
+
+
+def _queue(store: Store, template, device, problems, budget: int = BUDGET) -> str:
+    batch = jobs.batch_name("matmul", template, problems, "grid", budget, 0, device)
+    jobs.enqueue(store, batch, "matmul", template, problems, "grid", budget, 0)
+    return batch
+
+
+def _problems(template, n: int) -> list[dict]:
+    """n problems with distinct shape keys (M is bucketed to powers of two, N is not)."""
+    return [template.problem(M=17, N=20 + i, K=11, dtype="float16") for i in range(n)]
+
+
+def test_worker_slots():
+    assert jobs.worker_slots("all", 2) == ["0", "1"]
+    assert jobs.worker_slots("1", 2) == ["1"]
+    assert jobs.worker_slots(" 0, 1 ", 4) == ["0", "1"]
+    assert jobs.worker_slots("all", 0) == [None]
+    assert jobs.worker_slots("0,1,2", 0) == [None, None, None]  # no GPU: interpreter workers
+    for bad in ("", "x", "0,0", "-1", "1.5"):
+        with pytest.raises(TunesvcError, match="--gpus takes 'all' or distinct GPU indices"):
+            jobs.worker_slots(bad, 2)
+    with pytest.raises(TunesvcError, match="names a GPU this host lacks; it has 2"):
+        jobs.worker_slots("0,2", 2)
+
+
+def test_enqueue_is_idempotent_and_the_batch_depends_on_the_arguments(db_url, template, device):
+    store = Store(db_url)
+    try:
+        problems = _problems(template, 3)
+        batch = _queue(store, template, device, problems)
+        assert jobs.enqueue(store, batch, "matmul", template, problems, "grid", BUDGET, 0) == 0  # a second host
+        assert [j.status for j in jobs.jobs(store, batch)] == ["pending"] * 3
+        assert jobs.batch_name("matmul", template, problems[::-1], "grid", BUDGET, 0, device) == batch
+        assert jobs.batch_name("matmul", template, problems, "grid", BUDGET + 1, 0, device) != batch
+    finally:
+        store.close()
+
+
+def test_each_job_is_claimed_by_exactly_one_of_many_racing_workers(db_url, template, device):
+    store = Store(db_url)
+    batch = _queue(store, template, device, _problems(template, 12))
+    claimed: dict[str, list[int]] = {}
+    errors: list[str] = []
+    start = threading.Barrier(6)
+
+    def worker(name: str) -> None:
+        mine = claimed.setdefault(name, [])
+        own = Store(db_url)
+        try:
+            start.wait()
+            while (job := jobs.claim(own, batch, name)) is not None:
+                mine.append(job.id)
+                assert jobs.finish(own, job.id, name)
+        except Exception as exc:  # noqa: BLE001  (reported to the test, which fails on any)
+            errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    try:
+        assert errors == []
+        ids = sorted(i for mine in claimed.values() for i in mine)
+        assert ids == sorted(j.id for j in jobs.jobs(store, batch))  # each once, none left
+        assert {j.status for j in jobs.jobs(store, batch)} == {"done"}
+        assert {j.attempts for j in jobs.jobs(store, batch)} == {1}
+    finally:
+        store.close()
+
+
+def test_a_stale_job_is_released_and_a_done_one_never_runs_again(db_url, template, device):
+    store = Store(db_url)
+    try:
+        batch = _queue(store, template, device, _problems(template, 2))
+        first = jobs.claim(store, batch, "a")
+        assert jobs.finish(store, first.id, "a")
+        second = jobs.claim(store, batch, "b")
+        assert jobs.claim(store, batch, "c") is None  # nothing pending
+        assert jobs.release_stale(store, batch, stale_s=60) == 0  # b heartbeats recently
+        time.sleep(0.05)
+        assert jobs.release_stale(store, batch, stale_s=0.01) == 1  # b stopped: died
+        again = jobs.claim(store, batch, "c")
+        assert again.id == second.id
+        assert not jobs.heartbeat(store, second.id, "b")  # b lost it: its late finish changes nothing
+        assert not jobs.finish(store, second.id, "b")
+        assert jobs.finish(store, again.id, "c")
+        time.sleep(0.05)
+        assert jobs.release_stale(store, batch, stale_s=0.01) == 0  # done jobs stay done
+        assert jobs.claim(store, batch, "d") is None
+        rows = {j.id: j for j in jobs.jobs(store, batch)}
+        assert (rows[first.id].status, rows[first.id].attempts) == ("done", 1)
+        assert (rows[second.id].status, rows[second.id].attempts, rows[second.id].worker) == ("done", 2, "c")
+    finally:
+        store.close()
+
+
+def _trials_per_key(store: Store) -> dict[str, tuple[int, int]]:
+    """shape key -> (trial rows, distinct configs)."""
+    with store.session() as session:
+        query = select(Trial.shape_key, func.count(), func.count(func.distinct(Trial.config_hash))).group_by(Trial.shape_key)
+        return {key: (n, distinct) for key, n, distinct in session.execute(query)}
+
+
+def test_a_worker_killed_mid_job_has_its_job_finished_by_another(tmp_db, template, device):
+    store = Store(tmp_db)
+    problems = [template.problem(**p, dtype="float16") for p in template.presets["tiny"]]
+    batch = _queue(store, template, device, problems, budget=4)
+    processes = jobs.spawn_workers(tmp_db, batch, [None, None], stale_s=3, heartbeat_s=0.3)
+    victim = None
+    try:
+        deadline = time.monotonic() + 120
+        while victim is None and time.monotonic() < deadline:
+            counts = _trials_per_key(store)
+            for job in jobs.jobs(store, batch):
+                if job.status == "running" and 0 < counts.get(job.shape_key, (0, 0))[0] < 4:
+                    victim = job
+                    break
+            time.sleep(0.05)
+        assert victim is not None, "no job was ever seen mid-sweep"
+        pid = int(victim.worker.split(":")[1])
+        os.kill(pid, signal.SIGKILL)
+        killed = next(p for p in processes if p.pid == pid)
+        survivor = next(p for p in processes if p.pid != pid)
+        assert killed.wait(timeout=30) == -signal.SIGKILL
+        assert survivor.wait(timeout=180) == 0
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    rows = {j.id: j for j in jobs.jobs(store, batch)}
+    assert {j.status for j in rows.values()} == {"done"}
+    assert rows[victim.id].attempts == 2 and rows[victim.id].worker != victim.worker
+    assert _trials_per_key(store) == {str(template.key(p)): (4, 4) for p in problems}  # none lost, none twice
+    assert len(store.winners(kernel="matmul")) == 2
+    store.close()
+
+
+def test_tune_sweep_gpus_runs_one_worker_per_index(tmp_db, template):
+    result = CliRunner().invoke(app, ["sweep", "matmul", "--preset", "tiny", "--budget", "2", "--gpus", "0,1", "--db", tmp_db, "--json"])
+    assert result.exit_code == 0, result.output
+    store = Store(tmp_db, readonly=True)
+    try:
+        [batch] = {j.batch for j in _all_jobs(store)}
+        rows = jobs.jobs(store, batch)
+        assert [j.status for j in rows] == ["done", "done"]
+        winners = {w.shape_key: w for w in store.winners(kernel="matmul")}
+        assert set(winners) == {j.shape_key for j in rows}
+        assert _trials_per_key(store) == {j.shape_key: (2, 2) for j in rows}
+    finally:
+        store.close()
+    # the same sweep again (another host joining late): every job is done, nothing runs again
+    store = Store(tmp_db)
+    try:
+        problems = [template.problem(**p, dtype="float16") for p in template.presets["tiny"]]
+        assert jobs.enqueue(store, batch, "matmul", template, problems, "grid", 2, 0) == 0
+        assert jobs.work(tmp_db, batch, log=lambda line: None) == 0
+        assert {j.attempts for j in jobs.jobs(store, batch)} == {1}
+        assert sum(n for n, _ in _trials_per_key(store).values()) == 4
+    finally:
+        store.close()
+
+
+def test_tune_sweep_gpus_rejects_a_bad_value_in_one_line(tmp_db):
+    result = CliRunner().invoke(app, ["sweep", "matmul", "--preset", "tiny", "--gpus", "zero", "--db", tmp_db])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == ["Error: --gpus takes 'all' or distinct GPU indices such as 0,1; got 'zero'."]
+
+
+def _all_jobs(store: Store) -> list[Job]:
+    with store.session() as session:
+        return list(session.scalars(select(Job)))
+
+
+def test_worker_process_reports_a_bad_database_in_one_line(tmp_path, capsys):
+    missing = tmp_path / "missing" / "x.db"
+    assert jobs._main(["--db", str(missing), "--batch", "b"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"Error: Cannot create {missing}: folder {tmp_path / 'missing'} does not exist."
+    ]

@@ -1,0 +1,207 @@
+"""Correctness of flash attention forward and backward (kernels/attention.py) in Triton's interpreter."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import tunesvc
+from tunesvc.device import Device
+from tunesvc.kernels.attention import BWD_TEMPLATE
+from tunesvc.kernels.attention import TEMPLATE
+from tunesvc.kernels.attention import attention
+from tunesvc.kernels.attention import launch_attention
+from tunesvc.kernels.attention import launch_attention_bwd
+from tunesvc.runtime import Runtime
+from tunesvc.store import Store
+from tunesvc.sweep import run_sweep
+
+TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2}
+
+FWD = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+# BLOCK_N1 > BLOCK_M1 and BLOCK_M2 > BLOCK_N2: the causal diagonal takes several inner steps
+BWD = {"BLOCK_M1": 16, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 16, "num_warps": 4, "num_stages": 2}
+
+H100 = Device(
+    kind="cuda", name="NVIDIA H100 80GB HBM3", capability="9.0", sm_count=132, memory_bytes=80 << 30,
+    max_shared_memory=232448, max_num_regs=65536, driver="", cuda="", torch="", triton="",
+)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def reference(q, k, v, causal, sm_scale=None, do=None):
+    """Attention by definition in float64 (torch's own softmax), with autograd gradients when do is given."""
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    scores = qd @ kd.transpose(-1, -2) * sm_scale
+    if causal:
+        S = q.shape[2]
+        scores = scores.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ vd
+    if do is None:
+        return out.detach(), torch.logsumexp(scores, dim=-1).detach()
+    return torch.autograd.grad(out, (qd, kd, vd), do.double())
+
+
+def qkv(B, H, S, D, dtype):
+    return tuple(torch.randn(B, H, S, D, dtype=dtype) for _ in range(3))
+
+
+# S=37, 50 and 100 are not multiples of any block size (100 spans two query blocks and
+# several key blocks, so the causal off-band loop runs); S=64 takes the unmasked (EVEN_S) path.
+CASES = [
+    (1, 2, 37, 64, torch.float16),
+    (2, 2, 50, 64, torch.bfloat16),
+    (1, 2, 100, 64, torch.float16),
+    (1, 1, 37, 128, torch.bfloat16),
+    (1, 2, 64, 64, torch.float16),
+]
+
+
+def case_id(case) -> str:
+    B, H, S, D, dtype = case
+    return f"B{B}H{H}S{S}D{D}-{str(dtype).removeprefix('torch.')}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_forward_matches_reference(case, causal):
+    B, H, S, D, dtype = case
+    q, k, v = qkv(B, H, S, D, dtype)
+    o, lse = launch_attention(q, k, v, FWD, causal=causal)
+    ref_o, ref_lse = reference(q, k, v, causal)
+    assert o.shape == q.shape and o.dtype == dtype
+    assert lse.shape == (B, H, S) and lse.dtype == torch.float32
+    assert rel_error(o, ref_o) < TOL[dtype]
+    assert rel_error(lse, ref_lse) < 1e-4
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", CASES[:4], ids=case_id)
+def test_backward_matches_autograd(case, causal):
+    B, H, S, D, dtype = case
+    q, k, v = qkv(B, H, S, D, dtype)
+    do = torch.randn_like(q)
+    o, lse = launch_attention(q, k, v, FWD, causal=causal)
+    grads = launch_attention_bwd(q, k, v, o, lse, do, BWD, causal=causal)
+    assert grads.shape == (3, B, H, S, D) and grads.dtype == dtype
+    for name, got, want in zip(("dq", "dk", "dv"), grads, reference(q, k, v, causal, do=do)):
+        assert rel_error(got, want) < TOL[dtype], name
+
+
+def test_attention_function_gradients_with_strided_inputs():
+    # (B, S, H, D) storage viewed as (B, H, S, D), as attention layers produce it; custom scale
+    B, H, S, D = 1, 2, 45, 64
+    q, k, v = (torch.randn(B, S, H, D, dtype=torch.float16).transpose(1, 2).requires_grad_() for _ in range(3))
+    assert not q.is_contiguous()
+    out = attention(q, k, v, causal=True, sm_scale=0.3)
+    do = torch.randn_like(out)
+    out.backward(do)
+    ref_out, _ = reference(q, k, v, True, sm_scale=0.3)
+    assert rel_error(out, ref_out) < TOL[torch.float16]
+    for name, t, want in zip(("dq", "dk", "dv"), (q, k, v), reference(q, k, v, True, sm_scale=0.3, do=do)):
+        assert rel_error(t.grad, want) < TOL[torch.float16], name
+    # no database: both directions fell back to their own heuristic configs
+    assert tunesvc.runtime.default_runtime().stats() == {"attention": {"heuristic": 1}, "attention_bwd": {"heuristic": 1}}
+
+
+@pytest.mark.parametrize(
+    ("shapes", "dtypes", "match"),
+    [
+        (((1, 2, 8, 64), (1, 2, 9, 64), (1, 2, 8, 64)), (torch.float16,) * 3, "one shape"),
+        (((2, 8, 64),) * 3, (torch.float16,) * 3, "one shape"),
+        (((1, 2, 8, 64),) * 3, (torch.float16, torch.bfloat16, torch.float16), "one dtype"),
+    ],
+)
+def test_attention_rejects_tensor_misuse(shapes, dtypes, match):
+    q, k, v = (torch.randn(s, dtype=d) for s, d in zip(shapes, dtypes))
+    with pytest.raises(ValueError, match=match):
+        attention(q, k, v)
+
+
+@pytest.mark.parametrize(("D", "dtype", "match"), [(96, torch.float16, "use 64 or 128"), (64, torch.float32, "not supported")])
+def test_attention_rejects_unsupported_problems(D, dtype, match):
+    q, k, v = qkv(1, 1, 8, D, dtype)
+    with pytest.raises(tunesvc.TunesvcError, match=match):
+        attention(q, k, v)
+
+
+@pytest.mark.parametrize("template", [TEMPLATE, BWD_TEMPLATE], ids=lambda t: t.name)
+def test_heuristic_is_feasible_for_every_problem(template, device):
+    for S in (1, 17, 37, 64, 100, 1000, 4096):
+        for D in (64, 128):
+            for causal in (False, True):
+                problem = template.problem(B=2, H=4, S=S, D=D, causal=causal, dtype="bfloat16")
+                for dev in (H100, device):
+                    config = template.heuristic(problem, dev)
+                    assert not template.violations(config, problem, dev), (S, D, causal, dev.name, config)
+
+
+def test_keys_and_costs():
+    problem = TEMPLATE.problem(B=3, H=32, S=1000, D=128, causal=True, dtype="bfloat16")
+    # batch and sequence length share configs by power-of-two bucket; causal is a non-digit field
+    assert str(TEMPLATE.key(problem)) == "B=4,H=32,S=1024,D=128,causal=True,dtype=bfloat16"
+    assert tunesvc.ShapeKey.parse(str(TEMPLATE.key(problem))) == TEMPLATE.key(problem)
+    full = TEMPLATE.problem(B=4, H=32, S=4096, D=128, dtype="bfloat16")
+    causal = TEMPLATE.problem(B=4, H=32, S=4096, D=128, causal=True, dtype="bfloat16")
+    assert TEMPLATE.cost(full).flops == 4 * 4 * 32 * 4096**2 * 128
+    assert TEMPLATE.cost(causal).flops == TEMPLATE.cost(full).flops / 2
+    assert BWD_TEMPLATE.cost(causal).flops == 2.5 * TEMPLATE.cost(causal).flops
+    # Q, K, V read and O written, two bytes each, plus the float32 LSE
+    assert TEMPLATE.cost(full).bytes == 4 * (4 * 32 * 4096 * 128) * 2 + 4 * 4 * 32 * 4096
+
+
+@pytest.mark.parametrize("template", [TEMPLATE, BWD_TEMPLATE], ids=lambda t: t.name)
+def test_sweep_then_lookup_through_the_pipeline(template, tmp_db, device):
+    problem = template.problem(**template.presets["tiny"][1])
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(template, [problem], store, strategy="grid", budget=3, device=device)
+    finally:
+        store.close()
+    assert result.winner is not None and result.failures == 0
+    found = Runtime(db=tmp_db).lookup(template, **problem)
+    assert found.source == "exact"
+    assert found.config == result.winner
+
+
+def test_bench_rejects_a_wrong_backward(device):
+    # the check before timing compares all three gradients: a kernel that drops dK cannot win
+    problem = BWD_TEMPLATE.problem(**BWD_TEMPLATE.presets["tiny"][0])
+    bench = tunesvc.Bench(BWD_TEMPLATE, problem, device)
+    good = bench.measure(BWD)
+    assert good.ok, good.message
+    broken = BWD_TEMPLATE.launch(bench.inputs, BWD)
+    broken[1].zero_()
+    assert tunesvc.bench.relative_error(broken, bench.ref) > bench.tolerance
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_gpu_forward_and_backward_match_reference(dtype, D, causal):
+    # the real compiler, with every config a sweep tries first; S=1000 is ragged for every block
+    B, H, S = 2, 4, 1000
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype) for _ in range(3))
+    do = torch.randn_like(q)
+    ref_o, ref_lse = reference(q.cpu(), k.cpu(), v.cpu(), causal)
+    ref_grads = reference(q.cpu(), k.cpu(), v.cpu(), causal, do=do.cpu())
+    device = tunesvc.current_device()
+    problem = TEMPLATE.problem(B=B, H=H, S=S, D=D, causal=causal, dtype=str(dtype))
+    for config in TEMPLATE.warm_start(problem, device)[:3]:
+        o, lse = launch_attention(q, k, v, config, causal=causal)
+        assert rel_error(o.cpu(), ref_o) < TOL[dtype], config
+        assert rel_error(lse.cpu(), ref_lse) < 1e-4, config
+    for config in BWD_TEMPLATE.warm_start(problem, device):
+        if BWD_TEMPLATE.violations(config, problem, device):
+            continue
+        grads = launch_attention_bwd(q, k, v, o, lse, do, config, causal=causal)
+        for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
+            assert rel_error(got.cpu(), want) < TOL[dtype], (name, config)

@@ -1,0 +1,301 @@
+"""Sweeps shared by several workers: one per GPU of a host, on one host or many.
+
+A sweep's (kernel x shape) jobs go into the database's ``jobs`` table under a *batch* name derived
+from the sweep's arguments and the GPU model, so the same command run on several hosts (sharing
+one PostgreSQL database) joins one sweep. Each worker:
+
+* releases jobs whose worker stopped heartbeating for ``stale_s`` (it died: kill -9, a lost host);
+* claims one pending job atomically: a single ``UPDATE ... WHERE status = 'pending'`` whose
+  subquery is ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL (workers never wait on each
+  other's rows) and plain on SQLite (whose one writer at a time makes the update atomic);
+* runs it with :func:`tunesvc.sweep.run_sweep`, heartbeating from a thread; trials already
+  stored for the key (by a worker that died) are reused, never measured twice;
+* marks it done, only if it still holds it: a done job is never claimed again.
+
+Losing the database server (a restart) makes the worker retry with exponential backoff; the job
+is then re-run from its stored trials. Workers are processes (``python -m tunesvc.jobs``), each
+with its own ``CUDA_VISIBLE_DEVICES``; placing them on other hosts is left to whatever starts
+the command there (ssh, a cluster scheduler): this module is only the shared queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from typing import Callable
+
+from sqlalchemy import select
+from sqlalchemy import update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import aliased
+
+from tunesvc.errors import TunesvcError
+from tunesvc.store import DatabaseUnavailable
+from tunesvc.store import Store
+from tunesvc.store.models import Job
+from tunesvc.store.models import utcnow
+
+if TYPE_CHECKING:
+    from tunesvc.device import Device
+    from tunesvc.template import Problem
+    from tunesvc.template import Template
+
+#: a running job's worker refreshes its heartbeat this often (seconds)
+HEARTBEAT_S = 5.0
+#: a running job whose heartbeat is older than this goes back to pending (its worker died)
+STALE_S = 60.0
+#: how long a worker keeps retrying an unreachable database before it gives up (seconds)
+RETRY_S = 300.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A claimed job, detached from the database session."""
+
+    id: int
+    kernel: str
+    shape_key: str
+    problem: dict
+    strategy: str
+    budget: int | None
+    seed: int
+
+
+def batch_name(kernel: str, template: Template, problems: list[Problem], strategy: str, budget: int | None, seed: int, device: Device) -> str:
+    """The same sweep arguments on the same GPU model name the same batch, on any host."""
+    data = json.dumps(
+        [kernel, template.version, sorted(str(template.key(p)) for p in problems), strategy, budget, seed, device.hardware_id],
+        sort_keys=True,
+    )
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
+def enqueue(store: Store, batch: str, kernel: str, template: Template, problems: list[Problem], strategy: str, budget: int | None, seed: int) -> int:
+    """Add the batch's jobs that are not there yet (another host may have added them); returns how many."""
+    added = 0
+    for problem in problems:
+        key = str(template.key(problem))
+        with store.session() as session:
+            if session.scalar(select(Job.id).where(Job.batch == batch, Job.kernel == kernel, Job.shape_key == key)):
+                continue
+        try:
+            with store.session() as session:
+                session.add(Job(batch=batch, kernel=kernel, shape_key=key, problem=dict(problem), strategy=strategy,
+                                budget=budget, seed=seed, status="pending", attempts=0))
+            added += 1
+        except IntegrityError:  # another host added it between the two transactions
+            pass
+    return added
+
+
+def release_stale(store: Store, batch: str, stale_s: float = STALE_S) -> int:
+    """Put running jobs whose worker stopped heartbeating back to pending; returns how many."""
+    with store.session() as session:
+        return session.execute(
+            update(Job).where(Job.batch == batch, Job.status == "running", Job.heartbeat < time.time() - stale_s)
+            .values(status="pending", worker=None)
+        ).rowcount
+
+
+def claim(store: Store, batch: str, worker: str) -> JobSpec | None:
+    """Take the batch's first pending job for ``worker`` (which holds at most one), or None."""
+    other = aliased(Job)  # not correlated with the updated table: its own scan of jobs
+    pending = (
+        select(other.id).where(other.batch == batch, other.status == "pending").order_by(other.id).limit(1)
+        .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders no locking clause
+        .scalar_subquery()
+    )
+    with store.session() as session:
+        claimed = session.execute(
+            update(Job).where(Job.id == pending, Job.status == "pending")
+            .values(status="running", worker=worker, heartbeat=time.time(), attempts=Job.attempts + 1)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if not claimed:
+            return None
+        job = session.scalar(select(Job).where(Job.batch == batch, Job.worker == worker, Job.status == "running"))
+        return JobSpec(job.id, job.kernel, job.shape_key, dict(job.problem), job.strategy, job.budget, job.seed)
+
+
+def heartbeat(store: Store, job_id: int, worker: str) -> bool:
+    """Refresh the job's heartbeat; False if the worker no longer holds it."""
+    with store.session() as session:
+        return session.execute(
+            update(Job).where(Job.id == job_id, Job.worker == worker, Job.status == "running").values(heartbeat=time.time())
+        ).rowcount == 1
+
+
+def finish(store: Store, job_id: int, worker: str, status: str = "done", message: str | None = None) -> bool:
+    """Mark the job done (or failed) if ``worker`` still holds it; False if it does not."""
+    with store.session() as session:
+        return session.execute(
+            update(Job).where(Job.id == job_id, Job.worker == worker, Job.status == "running")
+            .values(status=status, message=message and message[:1024], finished_at=utcnow())
+        ).rowcount == 1
+
+
+def jobs(store: Store, batch: str) -> list[Job]:
+    with store.session() as session:
+        return list(session.scalars(select(Job).where(Job.batch == batch).order_by(Job.id)))
+
+
+class _Heartbeat:
+    """Refreshes a job's heartbeat from a thread while the worker runs it."""
+
+    def __init__(self, store: Store, job_id: int, worker: str, every_s: float) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(store, job_id, worker, every_s), daemon=True)
+
+    def _run(self, store: Store, job_id: int, worker: str, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            try:
+                heartbeat(store, job_id, worker)
+            except TunesvcError:  # the database is away: the worker's own retry reports it
+                pass
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def work(
+    db: str, batch: str, *, worker: str | None = None, heartbeat_s: float = HEARTBEAT_S, stale_s: float = STALE_S,
+    retry_s: float = RETRY_S, log: Callable[[str], None] | None = None,
+) -> int:
+    """Run the batch's jobs until none is pending or running; returns how many this worker finished.
+
+    A job whose sweep raises a TunesvcError (no feasible config, ...) is marked failed with its
+    message; an unreachable database is retried with backoff (1, 2, 4 ... 30 s) for ``retry_s``.
+    """
+    from tunesvc.sweep import run_sweep
+    from tunesvc.template import get_template
+
+    worker = worker or f"{socket.gethostname()}:{os.getpid()}:gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '-')}"
+    log = log or (lambda line: print(f"[{worker}] {line}", file=sys.stderr, flush=True))
+    store: Store | None = None
+    held: JobSpec | None = None  # kept across a lost connection: the worker resumes its own job
+    done = 0
+    delay, down_since = 1.0, None
+    while True:
+        try:
+            store = store or Store(db)
+            if held is None or not heartbeat(store, held.id, worker):
+                release_stale(store, batch, stale_s)
+                held = claim(store, batch, worker)
+            delay, down_since = 1.0, None  # the database answers again
+            if held is None:
+                if not any(j.status == "running" for j in jobs(store, batch)):
+                    return done
+                time.sleep(min(heartbeat_s, 1.0))  # a running job comes back if its worker dies
+                continue
+            template = get_template(held.kernel)
+            try:
+                with _Heartbeat(store, held.id, worker, heartbeat_s):
+                    [result] = run_sweep(template, [template.problem(**held.problem)], store, strategy=held.strategy,
+                                         budget=held.budget, seed=held.seed)
+            except DatabaseUnavailable:
+                raise
+            except TunesvcError as exc:
+                finish(store, held.id, worker, "failed", str(exc))
+                log(f"failed {held.shape_key}: {exc}")
+                held = None
+                continue
+            if finish(store, held.id, worker):
+                done += 1
+                best = f"{result.winner_ms:.4g} ms" if result.winner_ms else "no correct config"
+                log(f"done {held.shape_key}: {best} ({result.trials_stored} trials, +{result.trials_new})")
+            held = None
+        except BaseException as exc:
+            if not isinstance(exc, DatabaseUnavailable):
+                _give_back(store, held, worker)  # a bug or Ctrl-C: others need not wait for the heartbeat to go stale
+                raise
+            down_since = down_since or time.monotonic()
+            if time.monotonic() - down_since > retry_s:
+                raise TunesvcError(f"{exc}; gave up after {retry_s:.0f} s of retries.") from None
+            log(f"{exc}; retrying in {delay:.0f} s")
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+
+def _give_back(store: Store | None, held: JobSpec | None, worker: str) -> None:
+    if store is None or held is None:
+        return
+    try:
+        with store.session() as session:
+            session.execute(
+                update(Job).where(Job.id == held.id, Job.worker == worker, Job.status == "running").values(status="pending", worker=None)
+            )
+    except TunesvcError:  # the database is away too: the stale heartbeat releases it instead
+        pass
+
+
+def worker_slots(gpus: str, gpu_count: int) -> list[str | None]:
+    """``--gpus`` as one CUDA_VISIBLE_DEVICES value per worker ("all", or indices such as "0,1").
+
+    Without a GPU each listed index is one interpreter worker (None: no CUDA_VISIBLE_DEVICES), so
+    the same multi-worker path runs, and is tested, on a CPU-only machine; "all" is then one.
+    """
+    text = gpus.strip().lower()
+    if text == "all":
+        return [str(i) for i in range(gpu_count)] if gpu_count else [None]
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items or not all(s.isdigit() for s in items) or len(set(items)) != len(items):
+        raise TunesvcError(f"--gpus takes 'all' or distinct GPU indices such as 0,1; got '{gpus}'.")
+    if not gpu_count:
+        return [None] * len(items)
+    if max(int(s) for s in items) >= gpu_count:
+        raise TunesvcError(f"--gpus {gpus} names a GPU this host lacks; it has {gpu_count} (0 to {gpu_count - 1}).")
+    return items
+
+
+def spawn_workers(db: str, batch: str, slots: list[str | None], *, stale_s: float = STALE_S, heartbeat_s: float = HEARTBEAT_S) -> list[subprocess.Popen]:
+    """One ``python -m tunesvc.jobs`` process per slot, each seeing only its own GPU.
+
+    The database URL goes through the environment, not the command line, where ``ps`` would show
+    its password.
+    """
+    processes = []
+    for slot in slots:
+        env = {**os.environ, "TUNESVC_DB": db}
+        if slot is not None:
+            env["CUDA_VISIBLE_DEVICES"] = slot
+        command = [sys.executable, "-m", "tunesvc.jobs", "--batch", batch,
+                   "--stale-s", str(stale_s), "--heartbeat-s", str(heartbeat_s)]
+        processes.append(subprocess.Popen(command, env=env))
+    return processes
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """A worker process (started by `tune sweep --gpus`); its errors are one line and exit 1."""
+    parser = argparse.ArgumentParser(prog="python -m tunesvc.jobs", description="Run a shared sweep's jobs.")
+    parser.add_argument("--db", default=os.environ.get("TUNESVC_DB"), help="[default: $TUNESVC_DB]")
+    parser.add_argument("--batch", required=True)
+    parser.add_argument("--stale-s", type=float, default=STALE_S)
+    parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S)
+    parser.add_argument("--retry-s", type=float, default=RETRY_S)
+    args = parser.parse_args(argv)
+    if not args.db:
+        parser.error("give --db or set TUNESVC_DB")
+    try:
+        work(args.db, args.batch, stale_s=args.stale_s, heartbeat_s=args.heartbeat_s, retry_s=args.retry_s)
+    except TunesvcError as exc:
+        print(f"Error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

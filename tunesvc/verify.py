@@ -1,0 +1,133 @@
+"""`tune verify`: are the stored winners of this device still right, fresh and fast?
+
+For each shape key of this device's hardware (the CPU interpreter is a device too), the newest
+winner is checked:
+
+- ``stale-kernel``: tuned for another version of the kernel's source than the current one; its
+  config is not measured (it may not even fit the new kernel);
+- ``stale-triton``: tuned under another Triton version than this one;
+- ``wrong``: its config no longer runs or no longer matches the reference;
+- ``slower``: the heuristic config, measured now beside it, is faster by more than ``margin``.
+
+``retune`` sweeps the flagged keys again (``budget`` new trials each): under the new kernel
+version or software stack a sweep starts afresh; otherwise it extends the stored search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
+from typing import TYPE_CHECKING
+from typing import Any
+
+from tunesvc.bench import Bench
+from tunesvc.device import Device
+from tunesvc.device import current_device
+from tunesvc.errors import TunesvcError
+from tunesvc.template import ShapeKey
+from tunesvc.template import get_template
+
+if TYPE_CHECKING:
+    from tunesvc.bench import Measurement
+    from tunesvc.store import Store
+    from tunesvc.template import Problem
+    from tunesvc.template import Template
+
+STALE_KERNEL, STALE_TRITON, WRONG, SLOWER, UNKNOWN = "stale-kernel", "stale-triton", "wrong", "slower", "unknown-kernel"
+
+
+@dataclass
+class Verdict:
+    kernel: str
+    shape_key: str
+    version: str
+    config: dict[str, int]
+    stored_ms: float
+    tuned_triton: str
+    measured_ms: float | None = None
+    heuristic_ms: float | None = None
+    flags: list[str] = field(default_factory=list)
+    detail: str = ""
+    retuned_ms: float | None = None
+    retuned_config: dict[str, int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def verify(
+    store: Store, *, kernel: str | None = None, device: Device | None = None, margin: float = 0.05,
+    retune: bool = False, budget: int = 8, strategy: str = "grid",
+) -> list[Verdict]:
+    """Re-measure this device's stored winners (filtered by ``kernel``); see the module docstring."""
+    if margin < 0:
+        raise TunesvcError(f"--margin must be at least 0, got {margin}.")
+    if budget < 1:
+        raise TunesvcError(f"--budget must be at least 1, got {budget}.")
+    device = device or current_device()
+    newest: dict[tuple[str, str], tuple] = {}
+    templates: dict[str, Template | None] = {}
+    for entry, tuned_on in store.winners_with_devices(kernel=kernel, hardware_id=device.hardware_id):
+        if entry.kernel not in templates:
+            try:
+                templates[entry.kernel] = get_template(entry.kernel)
+            except TunesvcError:
+                templates[entry.kernel] = None  # a decorator's kernel, or one not installed here
+        template = templates[entry.kernel]
+        current = template is not None and entry.kernel_version == template.version
+        slot = (entry.kernel, entry.shape_key)
+        held = newest.get(slot)
+        # a winner of the current kernel version beats older versions' ones; then the newest
+        if held is None or (current, entry.updated_at) > (held[2], held[0].updated_at):
+            newest[slot] = (entry, tuned_on, current)
+    verdicts = []
+    for (name, key), (entry, tuned_on, current) in sorted(newest.items()):
+        template = templates[name]
+        verdict = Verdict(name, key, entry.kernel_version, entry.config, entry.time_ms, tuned_on.triton)
+        verdicts.append(verdict)
+        if template is None:
+            verdict.flags.append(UNKNOWN)
+            verdict.detail = "kernel not found here; cannot measure it"
+            continue
+        problem = _problem_of(template, key)
+        if not current:
+            verdict.flags.append(STALE_KERNEL)
+            verdict.detail = f"tuned for kernel version {entry.kernel_version}, now {template.version}"
+        else:
+            if tuned_on.triton != device.triton:
+                verdict.flags.append(STALE_TRITON)
+                verdict.detail = f"tuned with Triton {tuned_on.triton}, now {device.triton}"
+            _measure(verdict, template, problem, device, margin)
+        if retune and verdict.flags:
+            _retune(verdict, template, problem, store, device, budget, strategy)
+    return verdicts
+
+
+def _problem_of(template: Template, key: str) -> Problem:
+    """A problem with this shape key: the key's dims (bucket representatives) and fields."""
+    parsed = ShapeKey.parse(key)
+    return template.problem(**dict(parsed.dims), **dict(parsed.fields))
+
+
+def _measure(verdict: Verdict, template: Template, problem: Problem, device: Device, margin: float) -> None:
+    bench = Bench(template, problem, device)
+    winner = bench.measure(verdict.config)
+    heuristic = template.heuristic(problem, device)
+    theirs: Measurement = winner if heuristic == verdict.config else bench.measure(heuristic)
+    verdict.measured_ms = winner.time_ms
+    verdict.heuristic_ms = theirs.time_ms if theirs.ok else None
+    if not winner.ok:
+        verdict.flags.append(WRONG)
+        verdict.detail = f"{winner.status.value}: {winner.message}"
+    elif theirs.ok and theirs.time_ms < winner.time_ms * (1 - margin):
+        verdict.flags.append(SLOWER)
+        verdict.detail = verdict.detail or f"heuristic {theirs.time_ms:.4g} ms < winner {winner.time_ms:.4g} ms"
+
+
+def _retune(verdict: Verdict, template: Template, problem: Problem, store: Store, device: Device, budget: int, strategy: str) -> None:
+    from tunesvc.sweep import run_sweep
+
+    stored = store.trials(store.kernel_version_id(template), store.device_id(device), verdict.shape_key)
+    [result] = run_sweep(template, [problem], store, strategy=strategy, budget=len(stored) + budget, device=device)
+    verdict.retuned_ms, verdict.retuned_config = result.winner_ms, result.winner

@@ -51,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", default="ground_truth.db", help="database of the sweeps (resumed if it exists)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="CSV to write")
-    parser.add_argument("--only", default=None, help="only problems whose kernel name contains this text")
+    parser.add_argument("--only", default=None, help="only these kernels, comma-separated (e.g. softmax,attention)")
     parser.add_argument("--rep-ms", type=float, default=10.0, help="timing repetition window per config")
     parser.add_argument("--workers", type=int, default=None, help="compile processes [CPU cores - 1, at most 16]")
     parser.add_argument("--check", action="store_true", help="one small GEMM, 6 configs: a quick end-to-end check")
@@ -67,7 +67,7 @@ def main() -> None:
     truths: list[GroundTruth] = []
     try:
         for name, fields in problems:
-            if args.only and args.only not in name:
+            if args.only and name not in args.only.split(","):
                 continue
             template = _template(name)
             if template is None:

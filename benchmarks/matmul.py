@@ -29,10 +29,40 @@ from _common import sweep
 from _common import tuned_runtime
 
 import torch
+import triton
 
 from tunesvc.kernels.matmul import TEMPLATE
 from tunesvc.kernels.matmul import VARIANTS
+from tunesvc.kernels.matmul import _matmul_kernel
 from tunesvc.kernels.matmul import launch_matmul
+
+# Triton tutorial 03's CUDA list, verbatim (16 configs): the peer tuner of the other benchmarks
+# (sweep_vs_autotune.py, runtime_overhead.py) runs it through a plain triton.autotune.
+TUTORIAL = [
+    triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_stages=s, num_warps=w)
+    for m, n, k, s, w in (
+        (128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
+        (64, 128, 32, 4, 4), (128, 32, 32, 4, 4), (64, 32, 32, 5, 2), (32, 64, 32, 5, 2),
+        (128, 256, 128, 3, 8), (256, 128, 128, 3, 8), (256, 64, 128, 4, 4), (64, 256, 128, 4, 4),
+        (128, 128, 128, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 32, 64, 4, 4),
+    )
+]
+
+
+def autotuned_matmul():
+    """The grouped kernel under a plain triton.autotune over TUTORIAL, keyed on M, N, K."""
+    kernel = triton.autotune(configs=TUTORIAL, key=["M", "N", "K"])(_matmul_kernel)
+
+    def run(a, b):
+        M, K = a.shape
+        N = b.shape[1]
+        c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+        kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                     c.stride(0), c.stride(1), DOT_IN_FP32=False)
+        return c
+
+    return run, kernel
 
 #: NVIDIA H100 SXM datasheet, dense bf16 tensor-core peak
 PEAK_TFLOPS = 989.0

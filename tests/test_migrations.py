@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import socket
 import sqlite3
@@ -39,6 +40,9 @@ from tunesvc.sweep import run_sweep
 
 from _backends import pg_database
 
+#: the first H100 sweep (2026-11-22, 6 GEMM shapes), written at schema 1 before Alembic: the
+#: database from an older schema revision that the migration tests start from
+SCHEMA1 = Path(__file__).parent / "data" / "tune-schema1.db"
 EXAMPLE = Path(__file__).parent.parent / "tune.db.example"
 KEY = "M=16,N=16,K=16,dtype=float16"
 TABLES = ("devices", "kernel_versions", "sweeps", "trials", "winners")
@@ -167,9 +171,9 @@ def test_head_schema_is_the_models(tmp_db):
 
 
 def test_revision_0001_is_the_schema_from_before_alembic(tmp_db):
-    """tune.db.example was made by create_all at schema 1: 0001 must create exactly that."""
+    """tests/data/tune-schema1.db was made by create_all at schema 1: 0001 must create exactly that."""
     alembic_to(tmp_db, "0001")
-    assert schema(tmp_db) == schema(EXAMPLE)
+    assert schema(tmp_db) == schema(SCHEMA1)
     assert revision_rows(tmp_db) == ([("0001",)], [("1",)])
 
 
@@ -183,7 +187,7 @@ def test_downgrade_to_0001_and_back_keeps_rows(tmp_db):
             command.downgrade(alembic_config(connection), "0001")
     finally:
         engine.dispose()
-    assert structure(tmp_db) == structure(EXAMPLE)  # batch mode rebuilt sweeps: same table, other DDL text
+    assert structure(tmp_db) == structure(SCHEMA1)  # batch mode rebuilt sweeps: same table, other DDL text
     assert rows(tmp_db) == before
     assert revision_rows(tmp_db) == ([("0001",)], [("1",)])
 
@@ -257,9 +261,9 @@ def test_older_database_is_read_but_a_writable_open_refuses_it_unchanged(tmp_db)
 
 
 def test_database_from_before_alembic(tmp_path):
-    """A copy of tune.db.example: schema_version 1 and no alembic_version table."""
+    """A copy of the first H100 sweep: schema_version 1 and no alembic_version table."""
     path = tmp_path / "old.db"
-    shutil.copyfile(EXAMPLE, path)
+    shutil.copyfile(SCHEMA1, path)
     before_md5, before = md5(path), rows(path)
 
     assert current_revision(path) == "0001"
@@ -279,13 +283,31 @@ def test_database_from_before_alembic(tmp_path):
     Store(path).close()
 
 
-def test_tune_db_example_opens_read_only_and_unchanged():
-    before = md5(EXAMPLE)
-    result = tune("show", "--db", str(EXAMPLE))
+@pytest.mark.parametrize("path", [EXAMPLE, SCHEMA1], ids=["example", "schema1"])
+def test_databases_shipped_open_read_only_and_unchanged(path):
+    before = md5(path)
+    result = tune("show", "--db", str(path))
     assert result.exit_code == 0, result.output
-    assert "6 winners, 240 trials" in result.output
-    assert tune("db", "current", "--db", str(EXAMPLE)).exit_code == 0
-    assert md5(EXAMPLE) == before
+    assert re.search(r"\d+ winners, \d+ trials", result.output)
+    assert tune("db", "current", "--db", str(path)).exit_code == 0
+    assert md5(path) == before
+
+
+def test_tune_db_example_is_current_and_holds_every_shipped_family():
+    """The README's tour runs on it: at the current schema, a winner for every shipped kernel at
+    its current version, measured on an H100."""
+    from tunesvc.template import SHIPPED
+    from tunesvc.template import get_template
+
+    assert current_revision(EXAMPLE) == HEAD
+    store = Store(EXAMPLE, readonly=True)
+    try:
+        for name in SHIPPED:
+            winners = store.winners(kernel=name, version=get_template(name).version)
+            assert winners, f"tune.db.example has no winner of {name} at its current version"
+            assert all("H100" in w.hardware_id for w in winners)
+    finally:
+        store.close()
 
 
 def test_failed_upgrade_changes_nothing(tmp_db):

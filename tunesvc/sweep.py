@@ -123,7 +123,7 @@ def run_sweep(
         (3 if device.is_gpu else 0) if finalists is None else finalists,
         device.is_gpu if isolate is None else isolate, measure_timeout, rep_ms,
     )
-    compiler = Compiler(workers) if workers > 1 else None
+    compiler = Compiler(workers) if workers > 1 and _picklable(template, problems) else None
     try:
         return [
             _sweep_one(template, problem, store, device, options, on_start, on_trial, compiler, candidates)
@@ -283,9 +283,21 @@ def _sweep_one(
 
 
 def _measurer(template: Template, problem: Problem, device: Device, options: _Options) -> Bench | Worker:
-    if options.isolate:
+    # a template the child cannot unpickle (e.g. a decorated kernel with local functions) is
+    # measured in this process, as before isolation existed
+    if options.isolate and _picklable(template, problem):
         return Worker(template, problem, device, timeout_s=options.measure_timeout, rep_ms=options.rep_ms)
     return Bench(template, problem, device, rep_ms=options.rep_ms)
+
+
+def _picklable(*objects: object) -> bool:
+    import pickle
+
+    try:
+        pickle.dumps(objects)
+    except Exception:  # pickle raises AttributeError, TypeError or PicklingError, by object
+        return False
+    return True
 
 
 def stored_warm_start(store: Store, template: Template, device: Device, shape_key: str) -> list[Config]:

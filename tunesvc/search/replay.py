@@ -82,11 +82,16 @@ def write_ground_truth(path: str | Path, truths: Iterable[GroundTruth]) -> None:
                 writer.writerow([truth.kernel, truth.shape_key, json.dumps(config, sort_keys=True), m.status.value, time_ms])
 
 
-def trials_to_reach(truth: GroundTruth, strategy: str, seed: int, tolerance: float = 0.03) -> int:
+def trials_to_reach(
+    truth: GroundTruth, strategy: str, seed: int, tolerance: float = 0.03, initial: list[Config] = ()
+) -> int:
     """Trials a strategy spends until its best is within ``tolerance`` of the exhaustive best
-    (the space's size if it never gets there)."""
+    (the space's size if it never gets there). ``initial``: configs asked first, as a sweep's
+    warm start (those outside the table are dropped, as a sweep prunes them)."""
     target = truth.best_ms * (1 + tolerance)
-    search = make_strategy(strategy, truth.space(), truth.configs, seed=seed)
+    known = {config_hash(c) for c in truth.configs}
+    initial = [c for c in initial if config_hash(c) in known]
+    search = make_strategy(strategy, truth.space(), truth.configs, seed=seed, initial=initial)
     best = None
     while (config := search.ask()) is not None:
         m = truth.outcomes[config_hash(config)]
@@ -115,7 +120,9 @@ class Efficiency:
 TARGET_FRACTION = 0.20
 
 
-def efficiency(truth: GroundTruth, strategy: str, seeds: int = 20, tolerance: float = 0.03) -> Efficiency:
-    trials = [trials_to_reach(truth, strategy, seed, tolerance) for seed in range(seeds)]
+def efficiency(
+    truth: GroundTruth, strategy: str, seeds: int = 20, tolerance: float = 0.03, initial: list[Config] = ()
+) -> Efficiency:
+    trials = [trials_to_reach(truth, strategy, seed, tolerance, initial) for seed in range(seeds)]
     median = statistics.median(trials)
     return Efficiency(strategy, median, median / len(truth.configs))

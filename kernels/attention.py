@@ -27,6 +27,7 @@ writes O and LSE; backward reads Q, K, V, O, dO, LSE and writes dQ, dK, dV.
 from __future__ import annotations
 
 import math
+from typing import Callable
 from typing import NamedTuple
 
 import torch
@@ -589,6 +590,12 @@ class AttentionTemplate(_AttentionBase):
     def reference(self, inputs: AttentionInputs) -> torch.Tensor:
         return reference_attention(inputs.q, inputs.k, inputs.v, causal=inputs.causal, sm_scale=inputs.sm_scale)[0]
 
+    peer_name = "torch SDPA (F.scaled_dot_product_attention)"
+
+    def peer(self, inputs: AttentionInputs) -> Callable[[], torch.Tensor]:
+        q, k, v, causal, sm_scale = inputs
+        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale)
+
     def heuristic(self, problem: Problem, device: Device) -> Config:
         # one warpgroup per 128 query rows for D=64; D=128's larger accumulator wants two
         warps = 4 if problem["D"] == 64 else 8
@@ -626,6 +633,17 @@ class AttentionBwdTemplate(_AttentionBase):
     def reference(self, inputs: AttentionBwdInputs) -> torch.Tensor:
         q, k, v, _, _, do, causal, sm_scale = inputs
         return torch.stack(reference_attention(q, k, v, causal=causal, sm_scale=sm_scale, do=do))
+
+    peer_name = "torch SDPA backward (autograd)"
+
+    def peer(self, inputs: AttentionBwdInputs) -> Callable[[], tuple[torch.Tensor, ...]]:
+        """dQ, dK, dV of SDPA by autograd, the forward run once here: the kernel too starts from a
+        saved O and LSE, so only the backward is timed on either side."""
+        q, k, v, _, _, do, causal, sm_scale = inputs
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        with torch.enable_grad():
+            out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=sm_scale)
+        return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         warps = 4 if problem["D"] == 64 else 8

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 import torch
 import triton
@@ -303,6 +304,27 @@ class DecodeTemplate(Template):
     def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return decode_reference(*inputs)
 
+    peer_name = "torch SDPA (enable_gqa, dense cache)"
+
+    def peer(self, inputs: tuple[torch.Tensor, ...]) -> Callable[[], torch.Tensor]:
+        """SDPA of the one-token queries over a dense head-major (B, HKV, S, D) copy of the cache,
+        made once here, as a torch user without a paged kernel would keep it. Unmasked: the one
+        shorter sequence is attended in full, at most 1/B more work for the peer."""
+        q, k_cache, v_cache, seq_lens, block_table = inputs
+        S = int(seq_lens.max())
+        if block_table is not None:
+            k_cache = k_cache[block_table.long()].flatten(1, 2)
+            v_cache = v_cache[block_table.long()].flatten(1, 2)
+        k, v = (t[:, :S].transpose(1, 2).contiguous() for t in (k_cache, v_cache))
+        queries = q.unsqueeze(2)  # (B, HQ, 1, D)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if _torch_at_least(2, 5):
+            return lambda: sdpa(queries, k, v, enable_gqa=True)
+        # before torch 2.5, SDPA has no GQA: each KV head repeated for its group of query heads
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return lambda: sdpa(queries, k, v)
+
     def heuristic(self, problem: Problem, device: Device) -> Config:
         # enough splits for about two programs per SM, never a split shorter than one tile
         block_n = 64
@@ -322,6 +344,11 @@ class DecodeTemplate(Template):
         # expected sum of the lengths make_inputs draws: all S but one (when B > 1), uniform in [1, S]
         tokens = S if B == 1 else (B - 1) * S + (S + 1) / 2
         return Cost(flops=4.0 * HQ * D * tokens, bytes=float((2 * HKV * D * tokens + 2 * B * HQ * D) * size))
+
+
+def _torch_at_least(major: int, minor: int) -> bool:
+    found = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return found >= (major, minor)
 
 
 def decode_reference(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from typing import Any
+from typing import Callable
 
 import torch
 import triton
@@ -159,6 +160,12 @@ class DropoutTemplate(Template):
         x, p, seed = inputs
         keep = keep_mask(x.numel(), p, seed, x.device).view(x.shape)
         return torch.where(keep, x.double() / (1.0 - p), 0.0)
+
+    peer_name = "torch F.dropout"
+
+    def peer(self, inputs: tuple[torch.Tensor, float, int]) -> Callable[[], torch.Tensor]:
+        x, p, _ = inputs
+        return lambda: torch.nn.functional.dropout(x, p, training=True)
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         config = {"BLOCK": 4096, "LANES_2D": 0, "num_warps": 8}

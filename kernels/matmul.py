@@ -22,6 +22,7 @@ Masks make any M, N, K valid. FLOPs = 2 M N K; minimum bytes = (M K + K N + M N)
 from __future__ import annotations
 
 from functools import cache
+from typing import Callable
 
 import torch
 import triton
@@ -386,6 +387,12 @@ class MatmulTemplate(Template):
     def reference(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         a, b = inputs
         return a.float() @ b.float()
+
+    peer_name = "cuBLAS (torch.matmul)"
+
+    def peer(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> Callable[[], torch.Tensor]:
+        a, b = inputs
+        return lambda: torch.matmul(a, b)
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         m, n, k = problem["M"], problem["N"], problem["K"]

@@ -19,6 +19,7 @@ Minimum bytes = (3 M N + N) * element size (x, residual and y once, bias once); 
 from __future__ import annotations
 
 from typing import Any
+from typing import Callable
 
 import torch
 import triton
@@ -183,6 +184,11 @@ class BiasActResidualTemplate(Template):
         x, bias, residual, act = inputs
         return bias_act_residual_reference(x.double(), bias.double(), residual.double(), act)
 
+    peer_name = "torch eager (x + bias, activation, + residual)"
+
+    def peer(self, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]) -> Callable[[], torch.Tensor]:
+        return lambda: bias_act_residual_reference(*inputs)
+
     def heuristic(self, problem: Problem, device: Device) -> Config:
         # 16 KB-ish tiles, whole rows where the row is short: enough bytes in flight per SM
         block_n = min(1024, max(16, pow2_bucket(problem["N"])))
@@ -220,6 +226,17 @@ class BiasActResidualBwdTemplate(BiasActResidualTemplate):
         y = bias_act_residual_reference(x64, bias64, torch.zeros_like(x64), act)
         y.backward(dy.double())
         return torch.cat([x64.grad.flatten(), bias64.grad])
+
+    peer_name = "torch eager backward (autograd)"
+
+    def peer(self, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]) -> Callable[[], tuple[torch.Tensor, ...]]:
+        """dx, dbias by autograd of the eager expression, the forward run once here: only the
+        backward is timed."""
+        x, bias, dy, act = inputs
+        leaves = (x.detach().requires_grad_(), bias.detach().requires_grad_())
+        with torch.enable_grad():
+            y = bias_act_residual_reference(*leaves, torch.zeros_like(x), act)
+        return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         forward = super().heuristic(problem, device)

@@ -16,6 +16,8 @@ w, dw and rstd).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -138,6 +140,14 @@ class RMSNormTemplate(RowNormTemplate):
         x, w = (t.float() for t in inputs)
         return torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6)
 
+    peer_name = "torch F.rms_norm"
+
+    def peer(self, inputs: tuple[torch.Tensor, ...]) -> Callable[[], torch.Tensor] | None:
+        if not hasattr(torch.nn.functional, "rms_norm"):  # torch < 2.4 has no fused eager op to compare with
+            return None
+        x, w = inputs
+        return lambda: torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6)
+
     def heuristic(self, problem: Problem, device: Device) -> Config:
         return self.forward_heuristic(problem, device)
 
@@ -173,6 +183,18 @@ class RMSNormBwdTemplate(RowNormTemplate):
         w.requires_grad_(True)
         torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6).backward(dy)
         return torch.cat([x.grad.flatten(), w.grad])
+
+    peer_name = "torch F.rms_norm backward (autograd)"
+
+    def peer(self, inputs: tuple[torch.Tensor, ...]) -> Callable[[], tuple[torch.Tensor, ...]] | None:
+        """dx, dw by autograd, the forward run once here: only the backward is timed."""
+        if not hasattr(torch.nn.functional, "rms_norm"):  # torch < 2.4
+            return None
+        x, w, dy = inputs[:3]
+        leaves = tuple(t.detach().requires_grad_() for t in (x, w))
+        with torch.enable_grad():
+            y = torch.nn.functional.rms_norm(leaves[0], (x.shape[1],), leaves[1], 1e-6)
+        return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         return self.backward_heuristic(problem, device)

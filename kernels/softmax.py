@@ -18,6 +18,7 @@ FLOPs ~ 4 M N (max, subtract, exp, divide); minimum bytes = 2 M N * element size
 from __future__ import annotations
 
 from typing import Any
+from typing import Callable
 
 import torch
 import triton
@@ -177,6 +178,11 @@ class SoftmaxTemplate(Template):
     def reference(self, inputs: torch.Tensor) -> torch.Tensor:
         return torch.softmax(inputs.double(), dim=-1)
 
+    peer_name = "torch.softmax"
+
+    def peer(self, inputs: torch.Tensor) -> Callable[[], torch.Tensor]:
+        return lambda: torch.softmax(inputs, dim=-1)
+
     def heuristic(self, problem: Problem, device: Device) -> Config:
         n = pow2_bucket(problem["N"])
         if n <= 8192:
@@ -216,6 +222,13 @@ class SoftmaxBwdTemplate(SoftmaxTemplate):
     def reference(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         y, dy = (t.double() for t in inputs)
         return y * (dy - (y * dy).sum(dim=-1, keepdim=True))
+
+    peer_name = "torch softmax backward (aten._softmax_backward_data)"
+
+    def peer(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> Callable[[], torch.Tensor]:
+        # the op autograd runs for softmax's backward, called directly: no graph to keep alive
+        y, dy = inputs
+        return lambda: torch.ops.aten._softmax_backward_data(dy, y, -1, y.dtype)
 
     def cost(self, problem: Problem) -> Cost:
         m, n = problem["M"], problem["N"]

@@ -161,6 +161,8 @@ def test_isolated_sweep_records_crash_and_timeout_and_goes_on(tmp_db, problem, d
     assert result.winner in (SMALL, other, configs[4]) and result.failures == 2
     # the configs after each failure were measured by a fresh process and are correct
     assert status[config_hash(configs[4])].rel_error < 1e-5
+    # the torch peer was timed in the measuring process too, on the candidates' inputs
+    assert result.peer_ms > 0
 
 
 def test_finalists_are_remeasured_interleaved(tmp_db, template, problem, device):

@@ -130,11 +130,12 @@ def test_decode_attention_without_tuning(paged):
     # no database anywhere: the runtime falls back to the heuristic config; a custom scale
     q, k, v, seq_lens, block_table = make_case(3, 8, 2, 70, 32, 16 if paged else 0, torch.bfloat16)
     with pytest.warns(RuntimeWarning, match="using the heuristic one"):
-        out = tunesvc.kernels.decode_attention(q, k, v, seq_lens, block_table=block_table, sm_scale=0.3)
-    ref = sdpa_reference(q, k, v, seq_lens, block_table, sm_scale=0.3)
+        out = tunesvc.kernels.decode_attention(q, k, v, seq_lens, block_table=block_table, sm_scale=1.0)
+    ref = sdpa_reference(q, k, v, seq_lens, block_table, sm_scale=1.0)
     assert out.shape == q.shape and out.dtype == torch.bfloat16
     assert rel_error(out, ref) < TOL[torch.bfloat16]
-    # a scale that was ignored would give a clearly different answer
+    # a scale that was ignored (default 1/sqrt(32) = 0.18) gives a clearly different answer: the
+    # smallest difference over 60 random draws was 0.71 (with scale 0.3 it came as low as 0.197)
     assert rel_error(out, sdpa_reference(q, k, v, seq_lens, block_table)) > 10 * TOL[torch.bfloat16]
 
 

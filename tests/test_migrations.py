@@ -27,6 +27,7 @@ import tunesvc
 from tunesvc import TunesvcError
 from tunesvc import get_template
 from tunesvc.cli import app
+from tunesvc.report import collect
 from tunesvc.store import Store
 from tunesvc.store import current_revision
 from tunesvc.store import head_revision
@@ -46,6 +47,8 @@ SCHEMA1 = Path(__file__).parent / "data" / "tune-schema1.db"
 EXAMPLE = Path(__file__).parent.parent / "tune.db.example"
 KEY = "M=16,N=16,K=16,dtype=float16"
 TABLES = ("devices", "kernel_versions", "sweeps", "trials", "winners")
+#: columns that later revisions add to revision 0001's tables (NULL in upgraded rows)
+ADDED = {"host", "peer_ms"}
 
 
 def md5(path) -> str:
@@ -100,7 +103,7 @@ def rows(path) -> dict[str, list[tuple]]:
     try:
         out = {}
         for table in TABLES:
-            columns = [r[1] for r in con.execute(f"PRAGMA table_info({table})") if r[1] != "host"]
+            columns = [r[1] for r in con.execute(f"PRAGMA table_info({table})") if r[1] not in ADDED]
             out[table] = con.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY id").fetchall()
         return out
     finally:
@@ -192,6 +195,31 @@ def test_downgrade_to_0001_and_back_keeps_rows(tmp_db):
     assert revision_rows(tmp_db) == ([("0001",)], [("1",)])
 
 
+def test_revision_0004_adds_sweeps_peer_ms_keeping_rows(tmp_db):
+    """0003 -> 0004 adds a nullable sweeps.peer_ms (NULL in every older sweep); down again drops it."""
+    database_at_0001(tmp_db)
+    alembic_to(tmp_db, "0003")
+    before, before_structure = rows(tmp_db), structure(tmp_db)
+    alembic_to(tmp_db, "0004")
+    assert rows(tmp_db) == before
+    con = sqlite3.connect(tmp_db)
+    try:
+        [peer] = [c for c in con.execute("PRAGMA table_info(sweeps)") if c[1] == "peer_ms"]
+        assert peer[2] == "DOUBLE" and peer[3] == 0  # nullable
+        assert con.execute("SELECT peer_ms FROM sweeps").fetchall() == [(None,)]
+    finally:
+        con.close()
+    assert revision_rows(tmp_db) == ([("0004",)], [("4",)])
+    engine = create_engine(f"sqlite:///{tmp_db}")
+    try:
+        with engine.begin() as connection:
+            command.downgrade(alembic_config(connection), "0003")
+    finally:
+        engine.dispose()
+    assert structure(tmp_db) == before_structure and rows(tmp_db) == before
+    assert revision_rows(tmp_db) == ([("0003",)], [("3",)])
+
+
 def test_winner_query_reads_the_new_index(tmp_db):
     Store(tmp_db).close()
     con = sqlite3.connect(tmp_db)
@@ -218,7 +246,7 @@ def test_tune_db_upgrade_keeps_every_row_and_the_store_then_sweeps(tmp_db):
     assert rows(tmp_db) == before
     assert revision_rows(tmp_db) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
     con = sqlite3.connect(tmp_db)
-    assert con.execute("SELECT host FROM sweeps").fetchall() == [(None,)]
+    assert con.execute("SELECT host, peer_ms FROM sweeps").fetchall() == [(None, None)]
     con.close()
 
     store = Store(tmp_db)
@@ -234,6 +262,9 @@ def test_tune_db_upgrade_keeps_every_row_and_the_store_then_sweeps(tmp_db):
     try:
         assert con.execute("SELECT count(*) FROM trials").fetchone() == (4,)
         assert con.execute("SELECT host FROM sweeps ORDER BY id").fetchall() == [(None,), (socket.gethostname(),)]
+        # the new sweep timed matmul's torch peer (revision 0004's column); the old one has none
+        [(old,), (new,)] = con.execute("SELECT peer_ms FROM sweeps ORDER BY id").fetchall()
+        assert old is None and new > 0
     finally:
         con.close()
 
@@ -257,6 +288,15 @@ def test_older_database_is_read_but_a_writable_open_refuses_it_unchanged(tmp_db)
     result = tune("sweep", "matmul", "--shape", "16x16x16", "--budget", "1", "--db", tmp_db)
     assert result.exit_code == 1 and "tune db upgrade" in result.output
     assert tune("show", "--db", tmp_db).exit_code == 0
+    # the report reads it too, with no sweeps.peer_ms (revision 0004) to read: "-" peers
+    report = tune("report", "--db", tmp_db, "--out", str(Path(tmp_db).parent / "report"))
+    assert report.exit_code == 0, report.output
+    assert "peer ms</th>" in (Path(tmp_db).parent / "report" / "report.html").read_text()
+    ro = Store(tmp_db, readonly=True)
+    try:
+        assert [k.peer_ms for s in collect(ro) for k in s.keys] == [None]
+    finally:
+        ro.close()
     assert md5(tmp_db) == before
 
 
@@ -280,6 +320,11 @@ def test_database_from_before_alembic(tmp_path):
     assert rows(path) == before
     assert len(before["trials"]) == 240 and len(before["winners"]) == 6
     assert revision_rows(path) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
+    con = sqlite3.connect(path)
+    try:
+        assert con.execute("SELECT count(*), count(peer_ms) FROM sweeps").fetchone() == (len(before["sweeps"]), 0)
+    finally:
+        con.close()
     Store(path).close()
 
 
@@ -433,5 +478,5 @@ def test_postgresql_head_schema_is_the_models_and_an_older_database_upgrades_kee
 
 def _pg_rows(engine, table: str) -> list[tuple]:
     with engine.connect() as connection:
-        columns = [c for c in connection.execute(text(f"SELECT * FROM {table} LIMIT 0")).keys() if c != "host"]
+        columns = [c for c in connection.execute(text(f"SELECT * FROM {table} LIMIT 0")).keys() if c not in ADDED]
         return [tuple(r) for r in connection.execute(text(f"SELECT {', '.join(columns)} FROM {table} ORDER BY id"))]

@@ -17,7 +17,9 @@ from typer.testing import CliRunner
 
 from tunesvc import TunesvcError
 from tunesvc.cli import app
+from tunesvc.report import FIGURES
 from tunesvc.report import collect
+from tunesvc.report import convergence_figure
 from tunesvc.report import write_report
 from tunesvc.space import config_hash
 from tunesvc.store import Store
@@ -127,14 +129,20 @@ def test_report_of_a_tiny_sweep(tiny_report):
     html = page.read_text()
     check_page(html)
     for key in KEYS:
-        assert key in html
-    assert html.count('src="data:image/png;base64,') == 2
-    pngs = sorted(out.glob("*.png"))
-    assert [p.name.rsplit("-", 1)[1] for p in pngs] == ["convergence.png", "spread.png"]
+        assert key.replace(",", ",<wbr>") in html  # long keys may wrap after a comma
+    assert html.count('src="data:image/png;base64,') == len(FIGURES) == 3
+    pngs = list(out.glob("*.png"))
+    assert sorted(kind for kind in FIGURES for p in pngs if p.name.endswith(f"-{kind}.png")) == sorted(FIGURES)
     for png in pngs:
         assert png.read_bytes().startswith(PNG_MAGIC)
         assert png.name in html  # the page says where its figures are saved
     assert "listed peak" in html
+    # the torch peer, timed by the sweep: its time and the speed-up over it in every key's row
+    assert "peer ms</th>" in html and "cuBLAS (torch.matmul)" in html
+    for row in re.findall(r"<tr><td class=\"l k\">.*?</tr>", html):
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+        peer, over_peer = cells[6], cells[7]
+        assert float(peer) > 0 and float(over_peer.removesuffix("x")) > 0, row
 
 
 def test_tiny_sweep_numbers(tiny_db, template):
@@ -161,6 +169,45 @@ def test_tiny_sweep_numbers(tiny_db, template):
         cost = template.cost(key.problem)
         assert key.tflops == pytest.approx(cost.flops / (key.winner_ms * 1e-3) / 1e12)
         assert key.roofline is None and key.bound is None  # no listed peak for the interpreter
+        assert key.peer_ms > 0 and key.peer_speedup == pytest.approx(key.peer_ms / key.winner_ms)
+        # one strategy, its trials in order, seconds since the sweep started never going back
+        [trace] = key.traces.values()
+        assert trace.strategy == "grid" and trace.index == [1, 2, 3]
+        assert trace.times == [t.time_ms for t in key.trials]
+        assert trace.seconds == sorted(trace.seconds) and trace.seconds[0] >= 0
+        assert trace.best_so_far == [min(trace.times[: i + 1]) for i in range(3)]
+    assert section.peer_name == template.peer_name
+
+
+def test_two_strategies_on_one_key_draw_two_labelled_lines(tmp_path):
+    """A key swept by grid, then by random (which replays grid's trials and measures new ones):
+    each convergence figure's panel has one best-so-far line per strategy, labelled with its name."""
+    db = tmp_path / "two.db"
+    for strategy, budget in (("grid", "2"), ("random", "4")):
+        result = invoke("sweep", "matmul", "--shape", "16x32x32", "--strategy", strategy, "--budget", budget,
+                        "--db", str(db), "--quiet")
+        assert result.exit_code == 0, result.output
+    store = Store(db, readonly=True)
+    try:
+        [section] = collect(store)
+        out = write_report(store, tmp_path / "report")
+    finally:
+        store.close()
+    [key] = section.keys
+    assert list(key.traces) == ["grid", "random"]
+    assert [len(t.index) for t in key.traces.values()] == [2, 2]
+    for by in ("trial", "seconds"):
+        [ax] = [ax for ax in convergence_figure(section, by=by).axes if ax.get_visible()]
+        lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+        assert [line.get_label() for line in lines] == ["grid", "random"]
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["grid", "random"]
+        trace = key.traces["random"]
+        assert list(lines[1].get_xdata()) == (trace.index if by == "trial" else trace.seconds)
+    html = out.read_text()
+    assert html.count("Strategies: grid, random.") == 2  # the captions of both convergence figures
+    assert 'alt="convergence-time of matmul on' in html and "(strategies: grid, random)" in html
+    with pytest.raises(ValueError):
+        convergence_figure(section, by="minutes")
 
 
 def test_report_filters_by_kernel_and_says_when_there_is_nothing(tiny_db, tmp_path):
@@ -209,7 +256,14 @@ def test_report_of_the_h100_example(example_report, template):
     from tunesvc.template import SHIPPED
 
     assert {s.kernel for s in sections} == set(SHIPPED)
-    assert html.count('src="data:image/png;base64,') == 2 * len(sections) == len(list(out.glob("*.png")))
+    assert html.count('src="data:image/png;base64,') == 3 * len(sections) == len(list(out.glob("*.png")))
+    # its sweeps predate sweeps.peer_ms (revision 0004): every peer cell says "-"
+    assert all(k.peer_ms is None and k.peer_speedup is None for s in sections for k in s.keys)
+    assert html.count("peer ms</th>") == len(sections)
+    rows = re.findall(r"<tr><td class=\"l k\">.*?</tr>", html)
+    assert len(rows) == sum(len(s.keys) for s in sections)
+    assert all(re.findall(r"<td[^>]*>(.*?)</td>", row)[6:8] == ["-", "-"] for row in rows)
+    assert all(list(k.traces) == ["optuna"] for s in sections for k in s.keys)
     [section] = [s for s in sections if s.kernel == "matmul"]
     assert section.device.name == H100 and len(section.keys) == 11
     keys = {k.shape_key: k for k in section.keys}

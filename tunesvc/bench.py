@@ -143,6 +143,23 @@ class Bench:
             return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {_one_line(exc)}")
         return Measurement(Status.OK, time_ms=median, spread=(high - low) / median, reps=reps)
 
+    def time_peer(self) -> Measurement:
+        """Time the template's torch peer (``Template.peer``) on these inputs, as a candidate is timed.
+
+        Not checked against the reference: the peer is torch's own op, and only its time is kept.
+        INVALID when the template has no peer; ERROR when it raises.
+        """
+        try:
+            run = self.template.peer(self.inputs)
+            if run is None:
+                return Measurement(Status.INVALID, message=f"{self.template.name} has no torch peer")
+            run()  # the first call pays for torch's lazy set-up (cuBLAS handles, kernel selection)
+            self._sync()
+            median, low, high, reps = self._time(run)
+        except Exception as exc:  # a failing peer costs the report a number, never the sweep
+            return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {_one_line(exc)}")
+        return Measurement(Status.OK, time_ms=median, spread=(high - low) / median, reps=reps)
+
     def _time(self, fn) -> tuple[float, float, float, int]:
         if self.device.is_gpu:
             import triton.testing
@@ -313,7 +330,10 @@ class Worker:
     def time_only(self, config: Config) -> Measurement:
         return self._request("time", config)
 
-    def _request(self, kind: str, config: Config) -> Measurement:
+    def time_peer(self) -> Measurement:
+        return self._request("peer", None)
+
+    def _request(self, kind: str, config: Config | None) -> Measurement:
         if self._process is None:
             self._start()
         if not self._ready:
@@ -385,7 +405,8 @@ class Worker:
 
 
 def _worker_main(conn, payload: bytes, path: list[str]) -> None:
-    """The child of a :class:`Worker`: a Bench answering (kind, config) requests until EOF."""
+    """The child of a :class:`Worker`: a Bench answering (kind, config) requests until EOF
+    (kind: measure, time, or peer, which has no config)."""
     sys.path[:] = path  # the template may live in a module only the parent's path reaches (a test's)
     import tunesvc  # noqa: F401  (sets TRITON_INTERPRET where there is no GPU, before triton runs)
     from tunesvc.device import current_device
@@ -398,7 +419,12 @@ def _worker_main(conn, payload: bytes, path: list[str]) -> None:
             kind, config = conn.recv()
         except EOFError:
             return
-        m = bench.measure(config) if kind == "measure" else bench.time_only(config)
+        if kind == "measure":
+            m = bench.measure(config)
+        elif kind == "peer":
+            m = bench.time_peer()
+        else:
+            m = bench.time_only(config)
         if bench.device.is_gpu and not m.ok and _context_lost(m.message):
             conn.send(Measurement(Status.CRASH, message=m.message))
             conn.close()

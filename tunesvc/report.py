@@ -1,10 +1,11 @@
 """`tune report`: one self-contained HTML page about a database, to look at rather than read.
 
 Per kernel (version) and device: a table of the winners (tuned time against the heuristic's
-trial, when the sweep measured it; achieved TFLOP/s; the fraction of the device's roofline from
-the template's ``cost(problem)`` and a small table of listed peaks), a convergence figure
-(best-so-far time against trial index, one panel per shape key) and a spread figure (every
-correct trial's time relative to the key's winner).
+trial, when the sweep measured it, and against the template's torch peer, when the sweep timed
+it; achieved TFLOP/s; the fraction of the device's roofline from the template's
+``cost(problem)`` and a small table of listed peaks), two convergence figures (best-so-far time
+against trial index and against seconds of sweeping, one panel per shape key, one line per
+search strategy) and a spread figure (every correct trial's time relative to the key's winner).
 
 The page has no JavaScript and loads nothing: the figures are PNGs embedded as base64 data URIs,
 and the same PNGs are written beside it. The database is only read.
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import null as sa_null
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
@@ -58,6 +61,33 @@ LISTED_PEAKS: dict[str, Peak] = {
 }
 
 REPORT_FILE = "report.html"
+#: the figures of each section, in page order: kind (the PNG's name ends in it) -> caption
+FIGURES = {
+    "convergence": "Convergence by trial: every correct trial's time (dots) and the best so far (line), by trial "
+                   "index in the order measured; one line per search strategy where a key was swept with several.",
+    "convergence-time": "Convergence by time: the same, against seconds since the sweep started (compiling, checking "
+                        "and timing included; a strategy's later sweeps of a key continue where its earlier ones ended).",
+    "spread": "Spread: every correct trial's time relative to its shape key's winner (1 = the winner).",
+}
+
+
+@dataclass
+class Trace:
+    """One search strategy's trials of a shape key, in the order measured (its sweeps in turn)."""
+
+    strategy: str
+    index: list[int] = field(default_factory=list)  # 1, 2, ...: the trial's place in this strategy's search
+    seconds: list[float] = field(default_factory=list)  # since its sweep started, after earlier sweeps' time
+    times: list[float | None] = field(default_factory=list)  # ms; None: not a correct trial
+
+    @property
+    def best_so_far(self) -> list[float | None]:
+        best, out = math.inf, []
+        for t in self.times:
+            if t is not None:
+                best = min(best, t)
+            out.append(best if best < math.inf else None)
+        return out
 
 
 @dataclass
@@ -73,6 +103,13 @@ class KeyReport:
     tflops: float | None = None
     roofline: float | None = None
     bound: str | None = None  # "compute" or "memory", where the roofline is known
+    peer_ms: float | None = None  # the template's torch peer, timed by a sweep of this problem
+    traces: dict[str, Trace] = field(default_factory=dict)  # strategy -> its trials, first swept first
+
+    @property
+    def peer_speedup(self) -> float | None:
+        """peer time / tuned time: above 1, the tuned kernel is faster than torch's."""
+        return self.peer_ms / self.winner_ms if self.peer_ms and self.winner_ms else None
 
     @property
     def ok_times(self) -> list[float]:
@@ -94,6 +131,7 @@ class Section:
     sweeps: int = 0
     sweep_seconds: float = 0.0
     template_note: str = ""
+    peer_name: str = ""  # what the installed template's peer runs; "" when unknown
 
     @property
     def slug(self) -> str:
@@ -114,12 +152,18 @@ def write_report(store: Store, out_dir: str | Path, kernel: str | None = None) -
     except OSError as exc:
         raise TunesvcError(f"Cannot create {out}: {exc.strerror}.") from None
     figures: dict[str, dict[str, str]] = {}
+    draw = {
+        "convergence": lambda section: convergence_figure(section, by="trial"),
+        "convergence-time": lambda section: convergence_figure(section, by="seconds"),
+        "spread": _spread_figure,
+    }
     for section in sections:
         figures[section.slug] = {}
-        for kind, draw in (("convergence", _convergence_figure), ("spread", _spread_figure)):
-            png = draw(section)
-            if png is None:
+        for kind in FIGURES:
+            figure = draw[kind](section)
+            if figure is None:
                 continue
+            png = _png(figure)
             name = f"{section.slug}-{kind}.png"
             (out / name).write_bytes(png)
             figures[section.slug][kind] = base64.b64encode(png).decode("ascii")
@@ -139,7 +183,7 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
         devices = {d.id: d for d in session.execute(select(*device_columns))}
         query = select(
             Trial.id, Trial.sweep_id, Trial.kernel_version_id, Trial.device_id, Trial.shape_key,
-            Trial.config_hash, Trial.status, Trial.time_ms,
+            Trial.config_hash, Trial.status, Trial.time_ms, Trial.created_at,
         ).order_by(Trial.id)
         if kernel is not None:
             query = query.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(KernelVersion.kernel == kernel)
@@ -150,10 +194,18 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
                 Winner.kernel_version_id, Winner.device_id, Winner.shape_key, Winner.config, Winner.time_ms, Winner.trial_id
             ))
         }
+        # sweeps.peer_ms is revision 0004's: a database read at an older revision has none
+        has_peer = "peer_ms" in {c["name"] for c in sa_inspect(session.connection()).get_columns("sweeps")}
         sweeps = session.execute(select(
-            Sweep.id, Sweep.kernel_version_id, Sweep.device_id, Sweep.shape_key, Sweep.problem, Sweep.wall_seconds
+            Sweep.id, Sweep.kernel_version_id, Sweep.device_id, Sweep.shape_key, Sweep.problem, Sweep.wall_seconds,
+            Sweep.strategy, Sweep.started_at, Sweep.peer_ms if has_peer else sa_null().label("peer_ms"),
         ).order_by(Sweep.id)).all()
     problem_of_sweep = {s.id: dict(s.problem) for s in sweeps}
+    sweep_by_id = {s.id: s for s in sweeps}
+    peers: dict[tuple[int, int, str], list[Any]] = defaultdict(list)  # sweeps that timed the peer, oldest first
+    for s in sweeps:
+        if s.peer_ms is not None:
+            peers[(s.kernel_version_id, s.device_id, s.shape_key)].append(s)
     latest_problem: dict[tuple[int, int, str], dict] = {}
     sweep_stats: dict[tuple[int, int], list[float]] = defaultdict(list)
     for s in sweeps:
@@ -176,6 +228,7 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
             if kv.kernel not in templates:
                 templates[kv.kernel] = _template(kv.kernel)
             template = templates[kv.kernel]
+            section.peer_name = template.peer_name if template is not None else ""
             if template is None:
                 section.template_note = f"Template '{kv.kernel}' is not installed here: no heuristic or roofline."
             elif template.version != kv.version:
@@ -188,15 +241,56 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
         # the problem the winner was measured on (a key buckets several problems), else the latest
         problem = problem_of_sweep.get(winner_trial.sweep_id) if winner_trial else None
         problem = problem or latest_problem.get((kv_id, device_id, key))
-        report = KeyReport(shape_key=key, problem=problem, trials=rows)
+        report = KeyReport(shape_key=key, problem=problem, trials=rows, traces=_traces(rows, sweep_by_id))
         if winner is not None:
             report.winner_config, report.winner_ms = dict(winner.config), winner.time_ms
+        report.peer_ms = _peer_ms(peers.get((kv_id, device_id, key), []), winner_trial, problem)
         _fill_template_numbers(report, templates[kv.kernel], device, rows)
         section.keys.append(report)
     ordered = sorted(sections.values(), key=lambda s: (s.kernel, s.device.name, s.device.id, s.version))
     for section in ordered:
         section.keys.sort(key=lambda k: _key_order(k.shape_key))
     return ordered
+
+
+def _traces(rows: list[Any], sweeps: dict[int, Any]) -> dict[str, Trace]:
+    """The key's trials split by the strategy of the sweep that measured them.
+
+    Seconds count from the start of the trial's sweep; a strategy's later sweep of the key (a
+    resumed one) starts where its earlier one ended (its wall time), not after the pause between.
+    """
+    traces: dict[str, Trace] = {}
+    current: dict[str, int] = {}  # strategy -> the id of its sweep being read
+    offset: dict[str, float] = defaultdict(float)  # strategy -> seconds of its earlier sweeps
+    since_start: dict[int, float] = {}  # sweep id -> seconds to its latest trial
+    for t in rows:
+        sweep = sweeps.get(t.sweep_id)
+        strategy = sweep.strategy if sweep is not None else "?"
+        trace = traces.setdefault(strategy, Trace(strategy))
+        previous = current.get(strategy)
+        if previous is not None and previous != t.sweep_id:
+            wall = sweeps[previous].wall_seconds if previous in sweeps else None
+            offset[strategy] += wall if wall is not None else since_start[previous]  # None: it was killed
+        current[strategy] = t.sweep_id
+        since = 0.0
+        if sweep is not None and sweep.started_at is not None and t.created_at is not None:
+            since = max(0.0, (t.created_at - sweep.started_at).total_seconds())
+        since_start[t.sweep_id] = since
+        trace.index.append(len(trace.index) + 1)
+        trace.seconds.append(offset[strategy] + since)
+        trace.times.append(t.time_ms if t.status == "ok" and t.time_ms is not None else None)
+    return traces
+
+
+def _peer_ms(timed: list[Any], winner_trial: Any, problem: dict[str, Any] | None) -> float | None:
+    """The peer's time on the problem the winner was measured on: its sweep's, else the latest
+    sweep of that problem that timed it; None where none did (sweeps before revision 0004)."""
+    if winner_trial is not None:
+        own = next((s for s in timed if s.id == winner_trial.sweep_id), None)
+        if own is not None:
+            return own.peer_ms
+    same = [s for s in timed if problem is not None and dict(s.problem) == problem]
+    return same[-1].peer_ms if same else None
 
 
 def _template(name: str) -> Template | None:
@@ -267,47 +361,62 @@ def _png(figure) -> bytes:
     return buffer.getvalue()
 
 
-def _convergence_figure(section: Section) -> bytes | None:
-    """One panel per shape key: every correct trial's time (dots) and the best so far (line)."""
+#: line colours of the strategies of one figure, in the order they first appear
+STRATEGY_COLORS = ("#c0392b", "#2471a3", "#229954", "#8e44ad", "#d68910", "#17202a")
+
+
+def convergence_figure(section: Section, by: str = "trial"):
+    """One panel per shape key: every correct trial's time (dots) and each strategy's best so far
+    (a line labelled with the strategy's name), against trial index (``by="trial"``) or seconds
+    since the sweep started (``by="seconds"``). A matplotlib Figure, or None with nothing to draw."""
     from matplotlib.ticker import MaxNLocator
 
+    if by not in ("trial", "seconds"):
+        raise ValueError(f"by must be 'trial' or 'seconds', not {by!r}")
     keys = [k for k in section.keys if k.ok_times]
     if not keys:
         return None
+    strategies = list(dict.fromkeys(s for k in keys for s in k.traces))
+    colors = {s: STRATEGY_COLORS[i % len(STRATEGY_COLORS)] for i, s in enumerate(strategies)}
     columns = min(3, len(keys))
     rows = math.ceil(len(keys) / columns)
     figure = _new_figure(3.8 * columns, 2.7 * rows + 0.5)
     axes = figure.subplots(rows, columns, squeeze=False)
     for ax in axes.flat[len(keys):]:
         ax.set_visible(False)
+    shown: set[tuple[str, ...]] = set()
     for ax, key in zip(axes.flat, keys):
-        index, times, best_index, best_times = [], [], [], []
-        best = math.inf
-        for i, t in enumerate(key.trials, start=1):
-            if t.status == "ok" and t.time_ms is not None:
-                index.append(i)
-                times.append(t.time_ms)
-                best = min(best, t.time_ms)
-            if best < math.inf:
-                best_index.append(i)
-                best_times.append(best)
-        ax.scatter(index, times, s=9, color="#9bb7d4", label="trial", zorder=2)
-        ax.step(best_index, best_times, where="post", color="#c0392b", linewidth=1.8, label="best so far", zorder=3)
+        for strategy, trace in key.traces.items():
+            x_all = trace.index if by == "trial" else trace.seconds
+            dots = [(x, t) for x, t in zip(x_all, trace.times) if t is not None]
+            line = [(x, b) for x, b in zip(x_all, trace.best_so_far) if b is not None]
+            if not dots:
+                continue
+            color = colors[strategy]
+            ax.scatter(*zip(*dots), s=11, color=color, alpha=0.4, linewidths=0, zorder=2)
+            ax.step(*zip(*line), where="post", color=color, linewidth=1.8, label=strategy, zorder=3)
+        times = key.ok_times
         if max(times) / min(times) > 4:
             ax.set_yscale("log")
             _plain_log_ticks(ax.yaxis)
         ax.set_title(_short_key(key.shape_key), fontsize=9)
-        ax.set_xlabel("trial", fontsize=8)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("trial" if by == "trial" else "seconds since the sweep started", fontsize=8)
+        if by == "trial":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("ms", fontsize=8)
         ax.tick_params(which="both", labelsize=7)
         ax.grid(True, alpha=0.3, linewidth=0.5)
-    axes.flat[0].legend(fontsize=7, loc="upper right")
-    figure.suptitle(f"Convergence: best-so-far time by trial ({section.kernel} on {section.device.name})", fontsize=10)
-    return _png(figure)
+        # a legend where the panel's strategies are not those of a panel already showing one
+        labels = tuple(label for label in ax.get_legend_handles_labels()[1])
+        if labels and labels not in shown:
+            shown.add(labels)
+            ax.legend(fontsize=7, loc="upper right", title="best so far", title_fontsize=7)
+    what = "trial" if by == "trial" else "seconds of sweeping"
+    figure.suptitle(f"Convergence: best-so-far time by {what} ({section.kernel} on {section.device.name})", fontsize=10)
+    return figure
 
 
-def _spread_figure(section: Section) -> bytes | None:
+def _spread_figure(section: Section):
     """Per shape key, every correct trial's time over the winner's (1 = the winner)."""
     import numpy as np
 
@@ -339,7 +448,7 @@ def _spread_figure(section: Section) -> bytes | None:
     ax.tick_params(axis="x", which="both", labelsize=8)
     ax.grid(True, axis="x", which="both", alpha=0.3, linewidth=0.5)
     ax.set_title(f"Spread of correct trials relative to the winner ({section.kernel} on {section.device.name})", fontsize=10)
-    return _png(figure)
+    return figure
 
 
 def _plain_log_ticks(axis) -> None:
@@ -371,6 +480,7 @@ h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32
 table { border-collapse: collapse; font-size: 13px; margin: 12px 0; }
 th, td { border: 1px solid #d5d8dc; padding: 4px 7px; text-align: right; white-space: nowrap; }
 td.w { white-space: normal; min-width: 180px; } th { white-space: normal; }
+td.k { white-space: normal; min-width: 160px; }
 th { background: #eaf2f8; } td.l, th.l { text-align: left; }
 tr:nth-child(even) td { background: #f8f9f9; }
 code { font-size: 12px; }
@@ -419,35 +529,46 @@ def _section_html(section: Section, figures: dict[str, str]) -> list[str]:
     peak = LISTED_PEAKS.get(d.name) if d.kind == "cuda" else None
     out.append("<table><thead><tr>")
     headers = [("shape key", "l"), ("problem", "l"), ("winner config", "l"), ("tuned ms", ""), ("heuristic ms", ""),
-               ("speed-up", ""), ("TFLOP/s", ""), ("of roofline (listed peak)", ""), ("trials", ""), ("failed", "")]
+               ("speed-up", ""), ("peer ms", ""), ("tuned / peer (speed-up)", ""), ("TFLOP/s", ""),
+               ("of roofline (listed peak)", ""), ("trials", ""), ("failed", "")]
     out.append("".join(f'<th class="{c}">{e(h)}</th>' for h, c in headers))
     out.append("</tr></thead><tbody>")
     for k in section.keys:
         speedup = f"{k.heuristic_ms / k.winner_ms:.2f}x" if k.heuristic_ms and k.winner_ms else "-"
+        over_peer = f"{k.peer_speedup:.3g}x" if k.peer_speedup is not None else "-"  # 3 digits: the interpreter is 1000x slower
         roofline = f"{k.roofline:.0%} ({k.bound})" if k.roofline is not None else "-"
         cells = [
-            (k.shape_key, "l"), (_problem_text(k.problem), "l"),
+            (k.shape_key, "l k"), (_problem_text(k.problem), "l"),
             (_config_text(k.winner_config) if k.winner_config else "no correct trial", "l w"),
-            (_ms(k.winner_ms), ""), (_ms(k.heuristic_ms), ""), (speedup, ""),
+            (_ms(k.winner_ms), ""), (_ms(k.heuristic_ms), ""), (speedup, ""), (_ms(k.peer_ms), ""), (over_peer, ""),
             (f"{k.tflops:.3g}" if k.tflops is not None else "-", ""), (roofline, ""),
             (str(len(k.trials)), ""), (str(k.failed), ""),
         ]
-        out.append("<tr>" + "".join(f'<td class="{c}">{e(v)}</td>' for v, c in cells) + "</tr>")
+        # a break opportunity after each comma: long shape keys wrap instead of widening the table
+        out.append("<tr>" + "".join(
+            f'<td class="{c}">{e(v).replace(",", ",<wbr>") if c == "l k" else e(v)}</td>' for v, c in cells
+        ) + "</tr>")
     out.append("</tbody></table>")
     roofline = (
         f"the time the template's FLOPs and bytes would take at the listed peak of the {e(d.name)} (see the "
         "table at the end), over the tuned time" if peak else "\"-\": no listed peak for this device"
     )
+    peer = e(section.peer_name) if section.peer_name else "the template's torch equivalent"
+    strategies = list(dict.fromkeys(s for k in section.keys for s in k.traces))
     out.append(
         '<p class="note">heuristic ms: the trial of the config the template\'s heuristic picks for this problem and '
-        f"device (sweeps measure it first); \"-\" where it was not measured. Roofline: {roofline}.</p>"
+        f"device (sweeps measure it first); \"-\" where it was not measured. peer ms: {peer}, timed once by the "
+        "sweep on the same inputs and in the same way as the candidates; tuned / peer (speed-up): peer ms over tuned "
+        "ms, above 1 where the tuned kernel is faster; \"-\" where no sweep timed a peer (sweeps before schema "
+        f"revision 0004, a template without one, or a peer that failed). Roofline: {roofline}.</p>"
     )
-    for kind, caption in (
-        ("convergence", "Convergence: every correct trial's time (dots) and the best so far (line), by trial index in the order measured."),
-        ("spread", "Spread: every correct trial's time relative to its shape key's winner (1 = the winner)."),
-    ):
+    for kind, caption in FIGURES.items():
         if kind in figures:
+            if kind.startswith("convergence"):
+                caption += f" Strategies: {', '.join(strategies)}."
             alt = f"{kind} of {section.kernel} on {d.name}"
+            if kind.startswith("convergence"):
+                alt += f" (strategies: {', '.join(strategies)})"
             out.append(
                 f'<figure><img alt="{e(alt)}" src="data:image/png;base64,{figures[kind]}">'
                 f"<figcaption>{e(caption)} Also saved as <code>{e(section.slug)}-{kind}.png</code>.</figcaption></figure>"

@@ -5,7 +5,8 @@ replayed into the strategy (so a killed sweep resumes, and a repeated one costs 
 warm start (the heuristic, the winners of the nearest tuned keys on this device and of this
 key on other devices, the template's known-good configs) -> ask/measure/store/tell until the
 trial budget, the time budget, the patience or the space runs out -> the finalists (the
-fastest few) are re-measured interleaved -> the fastest correct trial becomes the key's winner.
+fastest few) are re-measured interleaved -> the fastest correct trial becomes the key's winner
+-> the template's torch peer, if it has one, is timed once on the same inputs (sweeps.peer_ms).
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ from tunesvc.search import STRATEGIES
 from tunesvc.search import make_strategy
 from tunesvc.space import config_hash
 from tunesvc.template import ShapeKey
+from tunesvc.template import Template
 
 if TYPE_CHECKING:
     from tunesvc.space import Config
     from tunesvc.store import Store
     from tunesvc.template import Problem
-    from tunesvc.template import Template
 
 DEFAULT_OPTUNA_BUDGET = 50
 #: winners of this many nearest tuned shape keys (same kernel version and device) start a search
@@ -75,6 +76,8 @@ class ProblemResult:
     measure_seconds: float = 0.0
     #: why the search ended: budget, time, patience or exhausted (every feasible config told)
     stopped: str = "budget"
+    #: the template's torch peer (``Template.peer``) on the same inputs; None: none, or it failed
+    peer_ms: float | None = None
 
 
 def run_sweep(
@@ -207,6 +210,7 @@ def _sweep_one(
     stopped = "budget"
     since_improved = 0  # trials since the best last improved by min_improvement
     compile_seconds = measure_seconds = 0.0
+    peer_ms: float | None = None
     try:
         while len(search.told) < limit:
             if options.time_budget is not None and time.perf_counter() - started >= options.time_budget:
@@ -257,6 +261,10 @@ def _sweep_one(
             measurer = measurer or _measurer(template, problem, device, options)
             _remeasure_finalists(store, measurer, kv_id, device_id, key, options.finalists)
             measure_seconds += time.perf_counter() - tick
+        if measurer is not None and has_peer(template):  # a sweep that measured nothing makes no inputs for it
+            tick = time.perf_counter()
+            peer_ms = _time_peer(measurer)
+            measure_seconds += time.perf_counter() - tick
     finally:
         if isinstance(measurer, Worker):
             measurer.close()
@@ -264,7 +272,7 @@ def _sweep_one(
     rows = store.trials(kv_id, device_id, key)
     heuristic_row = next((r for r in rows if r.config_hash == config_hash(heuristic)), None)
     wall = time.perf_counter() - started
-    store.finish_sweep(sweep_id, wall)
+    store.finish_sweep(sweep_id, wall, peer_ms=peer_ms)
     return ProblemResult(
             problem=problem,
             shape_key=key,
@@ -279,6 +287,7 @@ def _sweep_one(
             compile_seconds=compile_seconds,
             measure_seconds=measure_seconds,
             stopped=stopped,
+            peer_ms=peer_ms,
     )
 
 
@@ -288,6 +297,20 @@ def _measurer(template: Template, problem: Problem, device: Device, options: _Op
     if options.isolate and _picklable(template, problem):
         return Worker(template, problem, device, timeout_s=options.measure_timeout, rep_ms=options.rep_ms)
     return Bench(template, problem, device, rep_ms=options.rep_ms)
+
+
+def has_peer(template: Template) -> bool:
+    """Whether the template defines ``peer`` (the base class's returns None)."""
+    return type(template).peer is not Template.peer
+
+
+def _time_peer(measurer: Bench | Worker) -> float | None:
+    """The peer's median ms, timed once per sweep on the candidates' inputs; None if it failed."""
+    try:
+        m = measurer.time_peer()
+    except Exception:  # even a measuring process that will not start: the peer is never worth a sweep
+        return None
+    return m.time_ms if m.ok else None
 
 
 def _picklable(*objects: object) -> bool:

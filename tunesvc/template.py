@@ -7,7 +7,9 @@ A template subclasses :class:`Template` and sets ``name``. The life cycle of one
 3. ``make_inputs(problem, device)`` makes fresh random inputs, ``reference(inputs)`` the
    float32/float64 torch answer, ``launch(inputs, config)`` runs the kernel with one config;
 4. ``heuristic(problem, device)`` is the config used when nothing is tuned;
-5. ``cost(problem)`` gives FLOPs and the fewest bytes moved, for roofline fractions.
+5. ``cost(problem)`` gives FLOPs and the fewest bytes moved, for roofline fractions;
+6. ``peer(inputs)``, optional, runs torch's own op (``peer_name``) on the same inputs: a sweep
+   times it once, so the report can show the tuned kernel against what torch users already have.
 
 The space lives in ``search_spaces/<name>.toml`` beside the kernels folder (or wherever
 ``space_path`` points). The version is a hash of the template's module source, so an edited
@@ -30,6 +32,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Callable
 from typing import ClassVar
 
 from tunesvc.errors import TunesvcError
@@ -102,6 +105,9 @@ class Template:
     options: ClassVar[dict[str, tuple[Any, ...]]] = {}
     #: element types the kernel supports
     dtypes: ClassVar[tuple[str, ...]] = DTYPES
+
+    #: what ``peer`` runs, for the report (e.g. "cuBLAS (torch.matmul)"); empty: no peer
+    peer_name: ClassVar[str] = ""
 
     #: what decides the kernel's speed: its @triton.jit functions and launch code; empty means
     #: the template's whole module. Heuristics, presets and docs may change without re-tuning.
@@ -208,6 +214,13 @@ class Template:
 
     def cost(self, problem: Problem) -> Cost:
         raise NotImplementedError
+
+    def peer(self, inputs: Any) -> Callable[[], Any] | None:
+        """A zero-argument callable running the torch equivalent on ``inputs``, timed like a
+        candidate; None (the default) when there is none. Set-up that a torch user would do once
+        (a dense copy of a paged cache, an autograd graph) belongs here, outside the callable.
+        Not part of ``kernel_sources``: a new peer never invalidates tuned configs."""
+        return None
 
     def tolerance(self, problem: Problem) -> float:
         """Largest accepted ||out - ref|| / ||ref|| for this problem's dtype."""

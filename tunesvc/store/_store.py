@@ -254,12 +254,13 @@ class Store:
             session.flush()
             return row.id
 
-    def finish_sweep(self, sweep_id: int, wall_seconds: float) -> None:
+    def finish_sweep(self, sweep_id: int, wall_seconds: float, peer_ms: float | None = None) -> None:
         with self.session() as session:
             row = session.get(Sweep, sweep_id)
             row.status = "done"
             row.finished_at = utcnow()
             row.wall_seconds = wall_seconds
+            row.peer_ms = peer_ms
 
     def trials(self, kv_id: int, device_id: int, shape_key: str) -> list[Trial]:
         with self.session() as session:

@@ -27,10 +27,10 @@ from sqlalchemy.orm import Mapped
 from sqlalchemy.orm import mapped_column
 from sqlalchemy.orm import relationship
 
-#: The schema's number: the Alembic head revision ("0003" -> 3) of tunesvc/store/alembic/versions.
+#: The schema's number: the Alembic head revision ("0004" -> 4) of tunesvc/store/alembic/versions.
 #: Each migration writes its number to tunesvc_meta.schema_version, so that a tunesvc from before
 #: Alembic (which reads only that row) also refuses a database newer than itself.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def utcnow() -> datetime:
@@ -90,6 +90,9 @@ class Sweep(Base):
     finished_at: Mapped[datetime | None]
     wall_seconds: Mapped[float | None]
     host: Mapped[str | None] = mapped_column(String(256))  # revision 0002; None for older sweeps
+    #: revision 0004: the template's torch peer timed once on the sweep's inputs; None when it has
+    #: none, it failed, or the sweep is older
+    peer_ms: Mapped[float | None]
 
 
 class Trial(Base):

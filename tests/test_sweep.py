@@ -199,3 +199,19 @@ def test_sweep_with_compile_workers_measures_every_trial_once(tmp_db, template, 
     [result] = run_sweep(template, [problem], Store(tmp_db), budget=4, device=device, workers=2)
     assert result.trials_new == 4 and result.trials_stored == 4
     assert result.winner is not None and result.failures == 0
+
+
+def test_sweep_reports_what_it_is_doing(tmp_db, template, device):
+    """The CLI's progress bar shows these phases: measuring, the torch peer, done (in order)."""
+    problem = template.problem(M=16, N=32, K=32)
+    phases: list[tuple[str, str]] = []
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(template, [problem], store, budget=2, device=device,
+                             on_phase=lambda key, what: phases.append((key, what)))
+    finally:
+        store.close()
+    whats = [what for key, what in phases]
+    assert {key for key, _ in phases} == {result.shape_key}
+    assert whats[0] == "checking and timing" and whats[-1] == "done"
+    assert "timing the torch peer" in whats and whats.index("timing the torch peer") < len(whats) - 1

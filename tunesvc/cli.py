@@ -204,13 +204,17 @@ def sweep(
     store = Store(db)
     device = current_device()
     progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[best]}"),
+        TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[best]}"),
         TimeElapsedColumn(), console=Console(stderr=True), disable=as_json or quiet,
     )
     tasks: dict[str, Any] = {}
 
     def on_start(problem: dict, key: str, limit: int) -> None:
-        tasks[key] = progress.add_task(key, total=limit, best="")
+        tasks[key] = progress.add_task(key, total=limit, best="", phase="starting")
+
+    def on_phase(key: str, what: str) -> None:  # compiling, checking and timing, finalists, peer
+        progress.update(tasks[key], phase=what)
 
     def on_trial(event) -> None:
         best = f"best {event.best_ms:.4g} ms" if event.best_ms is not None else ""
@@ -219,7 +223,7 @@ def sweep(
     try:
         with progress:
             results = run_sweep(template, problems, store, strategy=strategy, budget=budget, seed=seed,
-                                device=device, on_start=on_start, on_trial=on_trial, workers=workers,
+                                device=device, on_start=on_start, on_trial=on_trial, on_phase=on_phase, workers=workers,
                                 time_budget=time_budget, patience=patience)
     finally:
         store.close()

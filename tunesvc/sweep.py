@@ -91,6 +91,7 @@ def run_sweep(
     device: Device | None = None,
     on_start: Callable[[Problem, str, int], None] | None = None,
     on_trial: Callable[[TrialEvent], None] | None = None,
+    on_phase: Callable[[str, str], None] | None = None,
     workers: int | None = None,
     candidates: list[Config] | None = None,
     time_budget: float | None = None,
@@ -129,7 +130,8 @@ def run_sweep(
     compiler = Compiler(workers) if workers > 1 and _picklable(template, problems) else None
     try:
         return [
-            _sweep_one(template, problem, store, device, options, on_start, on_trial, compiler, candidates)
+            _sweep_one(template, problem, store, device, options, on_start, on_trial, compiler, candidates,
+                       on_phase or (lambda key, what: None))
             for problem in problems
         ]
     finally:
@@ -172,6 +174,7 @@ def study_storage(store: Store) -> str | None:
 def _sweep_one(
     template: Template, problem: Problem, store: Store, device: Device, options: _Options,
     on_start, on_trial, compiler: Compiler | None, explicit: list[Config] | None,
+    on_phase: Callable[[str, str], None],
 ) -> ProblemResult:
     kv_id = store.kernel_version_id(template)
     device_id = store.device_id(device)
@@ -233,9 +236,11 @@ def _sweep_one(
                 break
             measurer = measurer or _measurer(template, problem, device, options)
             if compiler is not None:
+                on_phase(key, f"compiling {len(batch)} candidates")
                 tick = time.perf_counter()
                 compiler.compile(template, problem, batch)
                 compile_seconds += time.perf_counter() - tick
+            on_phase(key, "checking and timing")
             for config in batch:
                 h = config_hash(config)
                 tick = time.perf_counter()
@@ -257,12 +262,14 @@ def _sweep_one(
         if stopped == "budget" and search.exhausted:
             stopped = "exhausted"
         if new and options.finalists > 1:
+            on_phase(key, f"re-timing {options.finalists} finalists")
             tick = time.perf_counter()
             measurer = measurer or _measurer(template, problem, device, options)
             _remeasure_finalists(store, measurer, kv_id, device_id, key, options.finalists)
             measure_seconds += time.perf_counter() - tick
         if measurer is not None and has_peer(template):  # a sweep that measured nothing makes no inputs for it
             tick = time.perf_counter()
+            on_phase(key, "timing the torch peer")
             peer_ms = _time_peer(measurer)
             measure_seconds += time.perf_counter() - tick
     finally:
@@ -273,6 +280,7 @@ def _sweep_one(
     heuristic_row = next((r for r in rows if r.config_hash == config_hash(heuristic)), None)
     wall = time.perf_counter() - started
     store.finish_sweep(sweep_id, wall, peer_ms=peer_ms)
+    on_phase(key, "done")
     return ProblemResult(
             problem=problem,
             shape_key=key,

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import tunesvc
 from tunesvc.space import Config
-from tunesvc.template import ShapeKey
 from tunesvc.template import get_template
 
 from tunesvc.errors import TunesvcError
@@ -39,8 +38,7 @@ H100 = dict(kind="cuda", name="NVIDIA H100 80GB HBM3", capability="9.0", sm_coun
 def warm_start(kernel: str, shape_key: str) -> list[Config]:
     """What run_sweep asks first for this problem on the H100 (less the stored-winner part)."""
     template = get_template(kernel)
-    key = ShapeKey.parse(shape_key)
-    problem = template.problem(**dict(key.dims), **dict(key.fields))
+    problem = template.problem_of_key(shape_key)
     device = dataclasses.replace(tunesvc.current_device(), **H100)
     return template.warm_start(problem, device)
 

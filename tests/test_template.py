@@ -289,3 +289,13 @@ def test_problem_options_default_parse_and_reject():
         t.problem(N=4, dtype="float32")
     with pytest.raises(tunesvc.TunesvcError, match="takes N, causal, mode, dtype"):
         t.problem(N=4, K=3)
+
+
+def test_problem_of_key_round_trips_the_key(template):
+    problem = template.problem(M=1000, N=3000, K=777, dtype="bfloat16")
+    key = str(template.key(problem))
+    assert key == "M=1024,N=3000,K=777,dtype=bfloat16"
+    assert template.problem_of_key(key) == {"M": 1024, "N": 3000, "K": 777, "dtype": "bfloat16"}
+    attention = tunesvc.get_template("attention")
+    causal = attention.problem_of_key("B=4,H=32,S=4096,D=128,causal=True,dtype=bfloat16")
+    assert causal["causal"] is True and str(attention.key(causal)) == "B=4,H=32,S=4096,D=128,causal=True,dtype=bfloat16"

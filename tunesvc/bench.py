@@ -125,11 +125,15 @@ class Bench:
             return Measurement(
                 Status.WRONG_RESULT, rel_error=err, message=f"relative error {err:.3g} > {self.tolerance:g}"
             )
+        return self._timed(lambda: self.template.launch(self.inputs, config), rel_error=err)
+
+    def _timed(self, fn, rel_error: float | None = None) -> Measurement:
+        """Time fn into an OK measurement; one that raises while timed is an ERROR, not a crash."""
         try:
-            median, low, high, reps = self._time(lambda: self.template.launch(self.inputs, config))
+            median, low, high, reps = self._time(fn)
         except Exception as exc:
-            return Measurement(Status.ERROR, rel_error=err, message=f"{type(exc).__name__}: {_one_line(exc)}")
-        return Measurement(Status.OK, time_ms=median, spread=(high - low) / median, reps=reps, rel_error=err)
+            return Measurement(Status.ERROR, rel_error=rel_error, message=f"{type(exc).__name__}: {_one_line(exc)}")
+        return Measurement(Status.OK, time_ms=median, spread=(high - low) / median, reps=reps, rel_error=rel_error)
 
     def _sync(self) -> None:
         if self.device.is_gpu:
@@ -137,11 +141,7 @@ class Bench:
 
     def time_only(self, config: Config) -> Measurement:
         """Time a config already checked by :meth:`measure` (a finalist's re-measurement)."""
-        try:
-            median, low, high, reps = self._time(lambda: self.template.launch(self.inputs, config))
-        except Exception as exc:
-            return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {_one_line(exc)}")
-        return Measurement(Status.OK, time_ms=median, spread=(high - low) / median, reps=reps)
+        return self._timed(lambda: self.template.launch(self.inputs, config))
 
     def time_peer(self) -> Measurement:
         """Time the template's torch peer (``Template.peer``) on these inputs, as a candidate is timed.
@@ -155,10 +155,9 @@ class Bench:
                 return Measurement(Status.INVALID, message=f"{self.template.name} has no torch peer")
             run()  # the first call pays for torch's lazy set-up (cuBLAS handles, kernel selection)
             self._sync()
-            median, low, high, reps = self._time(run)
         except Exception as exc:  # a failing peer costs the report a number, never the sweep
             return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {_one_line(exc)}")
-        return Measurement(Status.OK, time_ms=median, spread=(high - low) / median, reps=reps)
+        return self._timed(run)
 
     def _time(self, fn) -> tuple[float, float, float, int]:
         if self.device.is_gpu:
@@ -204,15 +203,9 @@ class Compiler:
         self._pool = self._new_pool()
 
     def _new_pool(self):
-        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        # A forkserver, not fork: a child forked from a process that has touched CUDA cannot use
-        # the GPU. The server imports torch and triton once (neither initialises CUDA on import),
-        # so each worker starts in milliseconds instead of re-importing them like a spawn would.
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["torch", "triton", "triton.language"])
-        pool = ProcessPoolExecutor(self.workers, mp_context=context)
+        pool = ProcessPoolExecutor(self.workers, mp_context=_forkserver())
         # start every worker now, importing tunesvc's kernels, while the caller makes its inputs
         for _ in range(self.workers):
             pool.submit(_warm_worker)
@@ -263,6 +256,20 @@ class Compiler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _forkserver():
+    """The process context of compile and measuring workers.
+
+    A forkserver, not fork: a child forked from a process that has touched CUDA cannot use the
+    GPU. The server imports torch and triton once (neither initialises CUDA on import), so each
+    worker starts in milliseconds instead of re-importing them like a spawn would.
+    """
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "triton", "triton.language"])
+    return context
 
 
 _worker_inputs: dict[str, Any] = {}
@@ -354,11 +361,7 @@ class Worker:
         return Measurement(Status.CRASH, message=f"measuring process died (exit code {code}); replaced")
 
     def _start(self) -> None:
-        import multiprocessing
-
-        # forkserver, as the Compiler: a child forked from a process that touched CUDA cannot use it
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["torch", "triton", "triton.language"])
+        context = _forkserver()
         self._conn, child = context.Pipe()
         payload = pickle.dumps((self.template, self.problem, self.rep_ms))
         self._process = context.Process(target=_worker_main, args=(child, payload, list(sys.path)), daemon=True)

@@ -82,6 +82,11 @@ def _print_json(data: Any) -> None:
 _SHORT = {"num_warps": "warps", "num_stages": "stages"}
 
 
+def _ms(value: float | None) -> str:
+    """A time in ms for a table cell; "-" where none was measured."""
+    return f"{value:.4g}" if value is not None else "-"
+
+
 def _config_text(config: dict[str, int] | None) -> str:
     """Compact, so a config fits a table cell: BLOCK_M=128 -> BM=128."""
     if not config:
@@ -235,8 +240,7 @@ def sweep(
     for r in results:
         speedup = f"{r.heuristic_ms / r.winner_ms:.2f}x" if r.heuristic_ms and r.winner_ms else "-"
         table.add_row(
-            r.shape_key, _config_text(r.winner), f"{r.winner_ms:.4g}" if r.winner_ms else "-",
-            f"{r.heuristic_ms:.4g}" if r.heuristic_ms else "-", speedup,
+            r.shape_key, _config_text(r.winner), _ms(r.winner_ms), _ms(r.heuristic_ms), speedup,
             f"{r.trials_stored} (+{r.trials_new})", str(r.failures), f"{r.wall_seconds:.1f}",
         )
     console.print(table)
@@ -273,7 +277,7 @@ def _sweep_on_workers(kernel: str, template, problems: list[dict], strategy: str
             table.add_column(column)
         for j in rows:
             w = winners.get(j.shape_key)
-            table.add_row(j.shape_key, j.status, _config_text(w.config if w else None), f"{w.time_ms:.4g}" if w else "-", str(j.attempts))
+            table.add_row(j.shape_key, j.status, _config_text(w.config if w else None), _ms(w.time_ms if w else None), str(j.attempts))
         console.print(table)
     unfinished = [j for j in rows if j.status != "done"]
     if unfinished:
@@ -413,8 +417,7 @@ def import_(
     for column in ("source", "kernel", "device", "shape key", "action", "incoming ms", "stored ms"):
         table.add_column(column)
     for c in changes:
-        stored = f"{c.stored_ms:.4g}" if c.stored_ms is not None else "-"
-        table.add_row(c.source, c.kernel, c.hardware_id, c.shape_key, c.action, f"{c.incoming_ms:.4g}", stored)
+        table.add_row(c.source, c.kernel, c.hardware_id, c.shape_key, c.action, _ms(c.incoming_ms), _ms(c.stored_ms))
     console.print(table)
     counts = {a: sum(c.action == a for c in changes) for a in ("added", "replaced", "kept")}
     console.print(f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept.")
@@ -446,11 +449,10 @@ def verify(
     columns = ["kernel", "shape key", "stored ms", "now ms", "heuristic ms", "flags", *(["retuned ms"] if retune else [])]
     for column in columns:
         table.add_column(column)
-    ms = lambda x: f"{x:.4g}" if x is not None else "-"  # noqa: E731
     for v in verdicts:
         flags = ", ".join(v.flags) + (f" ({v.detail})" if v.detail else "") if v.flags else "ok"
-        table.add_row(v.kernel, v.shape_key, ms(v.stored_ms), ms(v.measured_ms), ms(v.heuristic_ms), flags,
-                      *([ms(v.retuned_ms)] if retune else []))
+        table.add_row(v.kernel, v.shape_key, _ms(v.stored_ms), _ms(v.measured_ms), _ms(v.heuristic_ms), flags,
+                      *([_ms(v.retuned_ms)] if retune else []))
     console.print(table)
     flagged = sum(bool(v.flags) for v in verdicts)
     console.print(f"{len(verdicts)} winners checked, {flagged} flagged." + ("" if retune or not flagged else " Run with --retune to sweep them again."))

@@ -183,6 +183,11 @@ class Template:
                     raise TunesvcError(f"Shape '{text}': {dim}={values[dim]} is not an integer.") from None
         return self.problem(**values)
 
+    def problem_of_key(self, key: str) -> Problem:
+        """A problem with this shape key: the key's dims (bucket representatives) and fields."""
+        parsed = ShapeKey.parse(key)
+        return self.problem(**dict(parsed.dims), **dict(parsed.fields))
+
     def problem_vars_names(self) -> list[str]:
         return [*self.dims, *self.options, "elem_bytes"]
 

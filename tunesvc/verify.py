@@ -25,7 +25,6 @@ from tunesvc.bench import Bench
 from tunesvc.device import Device
 from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
-from tunesvc.template import ShapeKey
 from tunesvc.template import get_template
 
 if TYPE_CHECKING:
@@ -90,7 +89,7 @@ def verify(
             verdict.flags.append(UNKNOWN)
             verdict.detail = "kernel not found here; cannot measure it"
             continue
-        problem = _problem_of(template, key)
+        problem = template.problem_of_key(key)
         if not current:
             verdict.flags.append(STALE_KERNEL)
             verdict.detail = f"tuned for kernel version {entry.kernel_version}, now {template.version}"
@@ -102,12 +101,6 @@ def verify(
         if retune and verdict.flags:
             _retune(verdict, template, problem, store, device, budget, strategy)
     return verdicts
-
-
-def _problem_of(template: Template, key: str) -> Problem:
-    """A problem with this shape key: the key's dims (bucket representatives) and fields."""
-    parsed = ShapeKey.parse(key)
-    return template.problem(**dict(parsed.dims), **dict(parsed.fields))
 
 
 def _measure(verdict: Verdict, template: Template, problem: Problem, device: Device, margin: float) -> None:

@@ -98,6 +98,8 @@ def main() -> int:
     parser.add_argument("--db", default="tune.db")
     parser.add_argument("--sweep", action="store_true", help="tune the shapes into --db first")
     parser.add_argument("--budget", type=int, default=24, help="trials per shape (warm start included)")
+    parser.add_argument("--sweep-shapes", default=None, metavar="MxNxK,...",
+                        help="with --sweep, tune only these of the shapes (the table still times all)")
     parser.add_argument("--workers", type=int, default=None, help="parallel compile workers (default: up to 8)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--check", action="store_true", help="only check every variant once, quickly")
@@ -109,7 +111,13 @@ def main() -> int:
         return check(dtype)
     problems = [TEMPLATE.problem(M=m, N=n, K=k, dtype=args.dtype) for m, n, k in shapes()]
     if args.sweep:
-        sweep(TEMPLATE, problems, args.db, budget=args.budget, workers=args.workers)
+        chosen = problems
+        if args.sweep_shapes:
+            wanted = {tuple(int(v) for v in s.lower().split("x")) for s in args.sweep_shapes.split(",")}
+            chosen = [p for p in problems if (p["M"], p["N"], p["K"]) in wanted]
+            if len(chosen) != len(wanted):
+                parser.error(f"--sweep-shapes must be among {', '.join('x'.join(map(str, s)) for s in shapes())}")
+        sweep(TEMPLATE, chosen, args.db, budget=args.budget, workers=args.workers)
 
     bandwidth = copy_bandwidth()
     runtime = tuned_runtime(args.db)

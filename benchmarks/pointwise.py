@@ -160,6 +160,8 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="tune the five templates on the shapes first")
     parser.add_argument("--strategy", default="optuna")
     parser.add_argument("--budget", type=int, default=6, help="trials per template and shape (15 sweeps)")
+    parser.add_argument("--templates", default=None, metavar="NAME,...",
+                        help="with --sweep, tune only these templates (the table still times all five)")
     parser.add_argument("--check", action="store_true", help="only check small shapes for correctness")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
     args = parser.parse_args()
@@ -169,7 +171,13 @@ def main() -> int:
     if args.check:
         return check(runtime)
     if args.sweep:
-        for template in (SOFTMAX, SOFTMAX_BWD, BIAS_ACT_RESIDUAL, BIAS_ACT_RESIDUAL_BWD, DROPOUT):
+        templates = (SOFTMAX, SOFTMAX_BWD, BIAS_ACT_RESIDUAL, BIAS_ACT_RESIDUAL_BWD, DROPOUT)
+        if args.templates:
+            names = args.templates.split(",")
+            if not set(names) <= {t.name for t in templates}:
+                parser.error(f"--templates must be among {', '.join(t.name for t in templates)}")
+            templates = tuple(t for t in templates if t.name in names)
+        for template in templates:
             problems = [template.problem(**shape_problem(template, m, n)) for m, n in SHAPES]
             sweep(template, problems, args.db, strategy=args.strategy, budget=args.budget)
         runtime = tuned_runtime(args.db)

@@ -1,12 +1,14 @@
 """Flash attention on the GPU: tuned tunesvc forward and backward vs torch SDPA.
 
     python benchmarks/attention.py --db tune.db --sweep --budget 24
+    python benchmarks/attention.py --db tune.db --sweep --strategy grid --budget 66 --bwd-budget 24
     python benchmarks/attention.py --check
 
 With --sweep, first tunes the forward ("attention") and backward ("attention_bwd") templates on
 the issue's settings (bf16, B4 H32 S4096 D128, causal and not) into --db, resuming what is stored
-there. Then, per setting and in one process, times with triton.testing.do_bench (median, L2
-flushed) on the same random bf16 inputs:
+there (the second form: every feasible forward config, 66 at the non-causal setting on an H100,
+and 24 backward trials). Then, per setting and in one process, times with
+triton.testing.do_bench (median, L2 flushed) on the same random bf16 inputs:
 
 - forward: the tuned kernel (config from the runtime lookup on --db) vs
   F.scaled_dot_product_attention;
@@ -90,6 +92,7 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="tune the forward and backward first")
     parser.add_argument("--strategy", default="optuna")
     parser.add_argument("--budget", type=int, default=24, help="trials per template and setting (4 sweeps)")
+    parser.add_argument("--bwd-budget", type=int, default=None, help="trials per backward sweep [--budget]")
     parser.add_argument("--check", action="store_true", help="only check small shapes for correctness")
     args = parser.parse_args()
 
@@ -100,7 +103,7 @@ def main() -> int:
     problems = [TEMPLATE.problem(**p) for p in TEMPLATE.presets[PRESET]]
     if args.sweep:
         sweep(TEMPLATE, problems, args.db, strategy=args.strategy, budget=args.budget)
-        sweep(BWD_TEMPLATE, problems, args.db, strategy=args.strategy, budget=args.budget)
+        sweep(BWD_TEMPLATE, problems, args.db, strategy=args.strategy, budget=args.bwd_budget or args.budget)
         runtime = tuned_runtime(args.db)
 
     peak = peak_tflops()

@@ -9,6 +9,9 @@ exp2(m_old - m_new) whenever the max grows. Scores are scaled by sm_scale / ln 2
 exponentials are exp2. Causal attention splits the key loop in two: the off-band blocks left of
 the diagonal block need no mask at all; only the on-band (diagonal) block is masked. The
 forward also saves the natural log-sum-exp of each score row, LSE = m + ln l, for the backward.
+Two tuned choices follow tutorial 06's Hopper path (Triton 3.4+): ``TMA`` loads Q, K, V and
+stores O through on-device tensor descriptors, one per (batch, head), whose bounds replace the
+masks; ``WS`` warp-specialises the unmasked key loop (``tl.range(..., warp_specialize=True)``).
 
 Backward (tutorial 06's scheme): a preprocess kernel computes Delta = rowsum(O * dO); then, with
 P = exp(S - LSE) recomputed from the saved LSE and dS = P * (dO V^T - Delta),
@@ -37,6 +40,7 @@ import triton.language as tl
 from tunesvc.device import Device
 from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
+from tunesvc.kernels.matmul import _use_torch_allocator
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 from tunesvc.template import Cost
@@ -53,45 +57,79 @@ _PRE_BLOCK = 64
 
 
 @triton.jit
+def _attn_fwd_step(
+    acc, l_i, m_i, q,
+    k_src, v_src, stride_kn, stride_vn,
+    start_n, qk_scale, S,
+    offs_m, offs_n,
+    MASK: tl.constexpr,  # 0: none, 1: causal (on-band block), 2: keys past S
+    EVEN: tl.constexpr,  # every key of the block lies inside S: unmasked pointer loads
+    TMA: tl.constexpr,  # k_src and v_src are tensor descriptors, else K^T and V pointer blocks
+):
+    """One BLOCK_N step of the online softmax over keys [start_n, start_n + BLOCK_N)."""
+    if TMA:
+        kT = k_src.load([start_n, 0]).T
+    elif EVEN:
+        kT = tl.load(k_src + start_n * stride_kn)
+    else:
+        kT = tl.load(k_src + start_n * stride_kn, mask=(start_n + offs_n)[None, :] < S, other=0.0)
+    qk = tl.dot(q, kT.to(q.dtype))
+    if MASK == 1:
+        keep = offs_m[:, None] >= (start_n + offs_n[None, :])
+        qk = qk * qk_scale + tl.where(keep, 0, -1.0e6)
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        qk -= m_ij[:, None]
+    elif MASK == 2:
+        keep = (start_n + offs_n[None, :]) < S
+        qk = qk * qk_scale + tl.where(keep, 0, -1.0e6)
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        qk -= m_ij[:, None]
+    else:
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        qk = qk * qk_scale - m_ij[:, None]
+    p = tl.math.exp2(qk)
+    alpha = tl.math.exp2(m_i - m_ij)
+    l_ij = tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if TMA:
+        v = v_src.load([start_n, 0])
+    elif EVEN:
+        v = tl.load(v_src + start_n * stride_vn)
+    else:
+        v = tl.load(v_src + start_n * stride_vn, mask=(start_n + offs_n)[:, None] < S, other=0.0)
+    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
+    # l_i last, as tutorial 06 does: fewer values live across the second dot
+    l_i = l_i * alpha + l_ij
+    return acc, l_i, m_ij
+
+
+@triton.jit
 def _attn_fwd_inner(
     acc, l_i, m_i, q,
-    kT_ptrs, v_ptrs, stride_kn, stride_vn,
+    k_src, v_src, stride_kn, stride_vn,
     lo, hi, qk_scale, S,
     offs_m, offs_n,
     BLOCK_N: tl.constexpr,
-    MASK: tl.constexpr,  # 0: none, 1: causal (on-band block), 2: keys past S
-    EVEN: tl.constexpr,  # every key block lies inside S: unmasked loads
+    MASK: tl.constexpr,
+    EVEN: tl.constexpr,
+    TMA: tl.constexpr,
+    WS: tl.constexpr,  # warp-specialise the loop: producer warps issue the TMA loads
 ):
-    for start_n in range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
-        if EVEN:
-            kT = tl.load(kT_ptrs + start_n * stride_kn)
-        else:
-            kT = tl.load(kT_ptrs + start_n * stride_kn, mask=(start_n + offs_n)[None, :] < S, other=0.0)
-        qk = tl.dot(q, kT.to(q.dtype))
-        if MASK == 1:
-            keep = offs_m[:, None] >= (start_n + offs_n[None, :])
-            qk = qk * qk_scale + tl.where(keep, 0, -1.0e6)
-            m_ij = tl.maximum(m_i, tl.max(qk, 1))
-            qk -= m_ij[:, None]
-        elif MASK == 2:
-            keep = (start_n + offs_n[None, :]) < S
-            qk = qk * qk_scale + tl.where(keep, 0, -1.0e6)
-            m_ij = tl.maximum(m_i, tl.max(qk, 1))
-            qk -= m_ij[:, None]
-        else:
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            qk = qk * qk_scale - m_ij[:, None]
-        p = tl.math.exp2(qk)
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if EVEN:
-            v = tl.load(v_ptrs + start_n * stride_vn)
-        else:
-            v = tl.load(v_ptrs + start_n * stride_vn, mask=(start_n + offs_n)[:, None] < S, other=0.0)
-        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
-        m_i = m_ij
+    if WS:
+        # only compiled where tl.range takes the flag (the space's has_ws)
+        for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=True):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            acc, l_i, m_i = _attn_fwd_step(
+                acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, start_n, qk_scale, S,
+                offs_m, offs_n, MASK, EVEN, TMA,
+            )
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            acc, l_i, m_i = _attn_fwd_step(
+                acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, start_n, qk_scale, S,
+                offs_m, offs_n, MASK, EVEN, TMA,
+            )
     return acc, l_i, m_i
 
 
@@ -108,6 +146,8 @@ def _attn_fwd_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     EVEN_S: tl.constexpr,
+    TMA: tl.constexpr,
+    WS: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -125,14 +165,22 @@ def _attn_fwd_kernel(
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = Q + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    kT_ptrs = K + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-    v_ptrs = V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
-
-    if EVEN_S:
-        q = tl.load(q_ptrs)
+    if TMA:
+        # One descriptor per (batch, head), built on the device (tutorial 06's Hopper path): the
+        # TMA engine zero-fills rows past S on loads and drops them on stores, so no masks.
+        q_desc = tl.make_tensor_descriptor(Q, shape=[S, HEAD_DIM], strides=[stride_qm, 1], block_shape=[BLOCK_M, HEAD_DIM])
+        k_src = tl.make_tensor_descriptor(K, shape=[S, HEAD_DIM], strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+        v_src = tl.make_tensor_descriptor(V, shape=[S, HEAD_DIM], strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+        o_desc = tl.make_tensor_descriptor(O, shape=[S, HEAD_DIM], strides=[stride_om, 1], block_shape=[BLOCK_M, HEAD_DIM])
+        q = q_desc.load([start_m * BLOCK_M, 0])
     else:
-        q = tl.load(q_ptrs, mask=offs_m[:, None] < S, other=0.0)
+        q_ptrs = Q + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+        k_src = K + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # K^T block
+        v_src = V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        if EVEN_S:
+            q = tl.load(q_ptrs)
+        else:
+            q = tl.load(q_ptrs, mask=offs_m[:, None] < S, other=0.0)
     if DOT_IN_FP32:
         # Triton's CPU interpreter computes bf16 dots wrongly (seen with Triton 3.9);
         # only the interpreter sets this flag. Every other operand follows q's type.
@@ -146,36 +194,45 @@ def _attn_fwd_kernel(
     if CAUSAL:
         # off-band: key blocks wholly left of the diagonal, all inside S, never masked
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn,
-            0, start_m * BLOCK_M, qk_scale, S, offs_m, offs_n, BLOCK_N, 0, True,
+            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
+            0, start_m * BLOCK_M, qk_scale, S, offs_m, offs_n, BLOCK_N, 0, True, TMA, WS,
         )
         # on-band: the diagonal block, causally masked
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn,
-            start_m * BLOCK_M, (start_m + 1) * BLOCK_M, qk_scale, S, offs_m, offs_n, BLOCK_N, 1, EVEN_S,
+            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
+            start_m * BLOCK_M, (start_m + 1) * BLOCK_M, qk_scale, S, offs_m, offs_n, BLOCK_N, 1, EVEN_S, TMA, False,
+        )
+    elif EVEN_S:
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
+            0, S, qk_scale, S, offs_m, offs_n, BLOCK_N, 0, True, TMA, WS,
         )
     else:
-        if EVEN_S:
-            acc, l_i, m_i = _attn_fwd_inner(
-                acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn,
-                0, S, qk_scale, S, offs_m, offs_n, BLOCK_N, 0, True,
-            )
-        else:
-            acc, l_i, m_i = _attn_fwd_inner(
-                acc, l_i, m_i, q, kT_ptrs, v_ptrs, stride_kn, stride_vn,
-                0, S, qk_scale, S, offs_m, offs_n, BLOCK_N, 2, False,
-            )
+        # whole key blocks unmasked, then the ragged last block (if any) with the key mask
+        full = (S // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
+            0, full, qk_scale, S, offs_m, offs_n, BLOCK_N, 0, True, TMA, WS,
+        )
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
+            full, S, qk_scale, S, offs_m, offs_n, BLOCK_N, 2, False, TMA, False,
+        )
 
     m_i += tl.math.log2(l_i)
     acc = acc / l_i[:, None]
     lse_ptrs = LSE + off_hz * S + offs_m
-    o_ptrs = O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     lse = m_i * 0.6931471805599453  # back to natural log: ln 2 * log2
     if EVEN_S:
         tl.store(lse_ptrs, lse)
-        tl.store(o_ptrs, acc.to(O.dtype.element_ty))
     else:
         tl.store(lse_ptrs, lse, mask=offs_m < S)
+    if TMA:
+        o_desc.store([start_m * BLOCK_M, 0], acc.to(O.dtype.element_ty))
+    elif EVEN_S:
+        tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, acc.to(O.dtype.element_ty))
+    else:
+        o_ptrs = O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
         tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < S)
 
 
@@ -185,16 +242,34 @@ def _split(config: Config) -> tuple[dict[str, int], dict[str, int]]:
     return meta, options
 
 
+def _tma_ready(t: torch.Tensor) -> bool:
+    """TMA needs unit stride along D and 16-byte aligned base, (batch, head) and row strides."""
+    size = t.element_size()
+    return t.stride(3) == 1 and all(s * size % 16 == 0 for s in t.stride()[:3]) and t.data_ptr() % 16 == 0
+
+
 def launch_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Config, *, causal: bool = False,
     sm_scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the forward kernel with one explicit config: (O, LSE), LSE float32 of shape (B, H, S)."""
+    """Run the forward kernel with one explicit config: (O, LSE), LSE float32 of shape (B, H, S).
+
+    A config with TMA=1 falls back to pointer loads with the same tiles when a tensor's rows are
+    not 16-byte aligned (a sliced or padded layout); configs stored before TMA/WS are TMA=WS=0.
+    """
     B, H, S, D = q.shape
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     o = torch.empty_like(q)
     lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
     meta, options = _split(config)
+    meta = {"TMA": 0, "WS": 0, **meta}
+    if meta["TMA"] and not all(_tma_ready(t) for t in (q, k, v, o)):
+        meta["TMA"] = meta["WS"] = 0
+    if meta["TMA"] and q.is_cuda:
+        _use_torch_allocator()
+    # Query blocks on axis 0 run side by side and share their head's K and V in L2 (at S=4096,
+    # D=128, 132 SMs hold the blocks of ~4 heads: 8 MiB of K and V); heads on axis 0 would put
+    # all B * H heads' K and V (256 MiB at B=4, H=32) in flight, far past the 50 MB L2.
     grid = (triton.cdiv(S, meta["BLOCK_M"]), B * H)
     _attn_fwd_kernel[grid](
         q, k, v, o, lse, sm_scale,
@@ -570,14 +645,15 @@ class _AttentionBase(Template):
 
 class AttentionTemplate(_AttentionBase):
     name = "attention"
-    kernel_sources = (_attn_fwd_inner, _attn_fwd_kernel, launch_attention)
+    kernel_sources = (_attn_fwd_step, _attn_fwd_inner, _attn_fwd_kernel, _tma_ready, launch_attention)
 
-    # Triton tutorial 06's CUDA autotune list, less its num_stages=7 entries (outside this space)
-    # and the 8-warp ones with BLOCK_M * BLOCK_N < 128 * 128 that the tutorial itself drops.
+    # The fastest tiles of the H100 ground truth of the pointer kernel (2026-11-23, both settings),
+    # each in every variant (warp-specialised TMA, TMA, pointers), so that a short sweep measures
+    # all three; infeasible ones (WS when causal, TMA off Hopper) are skipped by the search.
     known_good = tuple(
-        {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
-        for m in (64, 128) for n in (32, 64) for s in (3, 4) for w in (4, 8)
-        if not (m * n < 128 * 128 and w == 8)
+        {"BLOCK_M": m, "BLOCK_N": n, "TMA": tma, "WS": ws, "num_warps": w, "num_stages": s}
+        for m, n, w, s in ((128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (128, 64, 4, 3))
+        for tma, ws in ((1, 1), (1, 0), (0, 0))
     )
 
     def make_inputs(self, problem: Problem, device: Device) -> AttentionInputs:
@@ -599,7 +675,8 @@ class AttentionTemplate(_AttentionBase):
     def heuristic(self, problem: Problem, device: Device) -> Config:
         # one warpgroup per 128 query rows for D=64; D=128's larger accumulator wants two
         warps = 4 if problem["D"] == 64 else 8
-        config = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": warps, "num_stages": 3}
+        # pointer loads: the variant measured on the H100 so far (TMA and WS are left to a sweep)
+        config = {"BLOCK_M": 128, "BLOCK_N": 64, "TMA": 0, "WS": 0, "num_warps": warps, "num_stages": 3}
         if self.violations(config, problem, device):
             config = self.feasible(problem, device)[0]  # short sequences: the smallest tiles
         return config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -195,7 +196,14 @@ def test_gpu_forward_and_backward_match_reference(dtype, D, causal):
     ref_grads = reference(q.cpu(), k.cpu(), v.cpu(), causal, do=do.cpu())
     device = tunesvc.current_device()
     problem = TEMPLATE.problem(B=B, H=H, S=S, D=D, causal=causal, dtype=str(dtype))
-    for config in TEMPLATE.warm_start(problem, device)[:3]:
+    # the heuristic and the first feasible warm-start config of each variant (pointers, TMA, TMA + WS)
+    configs = {}
+    for config in TEMPLATE.warm_start(problem, device):
+        if not TEMPLATE.violations(config, problem, device):
+            configs.setdefault((config["TMA"], config["WS"]), []).append(config)
+    wanted = {(0, 0), *([(1, 0)] if device.has_tma else []), *([(1, 1)] if device.has_tma and device.has_ws and not causal else [])}
+    assert set(configs) == wanted
+    for config in [TEMPLATE.heuristic(problem, device)] + [found[0] for found in configs.values()]:
         o, lse = launch_attention(q, k, v, config, causal=causal)
         assert rel_error(o.cpu(), ref_o) < TOL[dtype], config
         assert rel_error(lse.cpu(), ref_lse) < 1e-4, config
@@ -205,3 +213,77 @@ def test_gpu_forward_and_backward_match_reference(dtype, D, causal):
         grads = launch_attention_bwd(q, k, v, o, lse, do, config, causal=causal)
         for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
             assert rel_error(got.cpu(), want) < TOL[dtype], (name, config)
+
+
+# -- the Hopper variants: tensor descriptors (TMA) and the warp-specialised key loop (WS) ------
+
+# (causal, TMA, WS); TMA = WS = 0 is FWD above, and the space never pairs WS with causal
+VARIANTS = [(False, 1, 0), (False, 1, 1), (True, 1, 0)]
+
+
+@pytest.fixture
+def descriptor_loads(monkeypatch):
+    """Counts the loads the interpreter serves through tensor descriptors: proof the TMA path ran."""
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    calls = []
+    original = InterpreterBuilder.create_descriptor_load
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(InterpreterBuilder, "create_descriptor_load", counting)
+    return calls
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{'causal' if v[0] else 'full'}-TMA{v[1]}-WS{v[2]}")
+@pytest.mark.parametrize("case", CASES[:4], ids=case_id)
+def test_forward_variants_match_reference(case, variant, descriptor_loads):
+    causal, tma, ws = variant
+    B, H, S, D, dtype = case
+    q, k, v = qkv(B, H, S, D, dtype)
+    # BLOCK_N < BLOCK_M: the causal diagonal takes two inner steps; S=100 has a ragged key tail
+    o, lse = launch_attention(q, k, v, {**FWD, "TMA": tma, "WS": ws}, causal=causal)
+    ref_o, ref_lse = reference(q, k, v, causal)
+    assert rel_error(o, ref_o) < TOL[dtype]
+    assert rel_error(lse, ref_lse) < 1e-4
+    assert descriptor_loads, "the descriptor path did not run"
+
+
+def test_tma_forward_reads_strided_heads_through_descriptors(descriptor_loads):
+    # (B, S, H, D) storage viewed as (B, H, S, D): rows H * D apart, still 16-byte aligned
+    B, H, S, D = 2, 3, 45, 64
+    q, k, v = (torch.randn(B, S, H, D, dtype=torch.float16).transpose(1, 2) for _ in range(3))
+    config = {"BLOCK_M": 64, "BLOCK_N": 64, "TMA": 1, "WS": 1, "num_warps": 4, "num_stages": 3}
+    o, lse = launch_attention(q, k, v, config)
+    ref_o, ref_lse = reference(q, k, v, False)
+    assert o.stride() == q.stride()
+    assert rel_error(o, ref_o) < TOL[torch.float16]
+    assert rel_error(lse, ref_lse) < 1e-4
+    assert descriptor_loads
+
+
+def test_tma_config_falls_back_to_pointers_on_unaligned_rows(descriptor_loads):
+    # rows 66 halves (132 bytes) apart: TMA cannot address them, the pointer kernel runs instead
+    B, H, S, D = 1, 2, 37, 64
+    q, k, v = (torch.randn(B, H, S, D + 2, dtype=torch.float16)[..., :D] for _ in range(3))
+    o, lse = launch_attention(q, k, v, {**FWD, "TMA": 1, "WS": 1}, causal=True)
+    ref_o, ref_lse = reference(q, k, v, True)
+    assert rel_error(o, ref_o) < TOL[torch.float16]
+    assert rel_error(lse, ref_lse) < 1e-4
+    assert not descriptor_loads
+
+
+def test_space_offers_tma_and_ws_only_where_they_run():
+    full = TEMPLATE.problem(B=4, H=32, S=4096, D=128, causal=False, dtype="bfloat16")
+    causal = TEMPLATE.problem(B=4, H=32, S=4096, D=128, causal=True, dtype="bfloat16")
+    variants = {(c["TMA"], c["WS"]) for c in TEMPLATE.feasible(full, H100)}
+    assert variants == {(0, 0), (1, 0), (1, 1)}
+    assert {(c["TMA"], c["WS"]) for c in TEMPLATE.feasible(causal, H100)} == {(0, 0), (1, 0)}
+    a100 = dataclasses.replace(H100, name="NVIDIA A100-SXM4-80GB", capability="8.0")
+    assert a100.limits()["has_tma"] == a100.limits()["has_ws"] == 0
+    assert {(c["TMA"], c["WS"]) for c in TEMPLATE.feasible(full, a100)} == {(0, 0)}
+    # a short sweep measures each variant: the warm start holds a feasible config of each
+    warm = [c for c in TEMPLATE.warm_start(full, H100) if not TEMPLATE.violations(c, full, H100)]
+    assert {(c["TMA"], c["WS"]) for c in warm[:4]} == variants

@@ -59,6 +59,23 @@ class Device:
             return True
         return tuple(int(part) for part in self.capability.split(".")) >= (9, 0)
 
+    @property
+    def has_ws(self) -> bool:
+        """Whether kernels may warp-specialise a loop (``tl.range(..., warp_specialize=True)``).
+
+        Needs Hopper (sm_90) or newer and a Triton whose ``tl.range`` takes the flag (3.4+);
+        Triton's interpreter accepts the flag and runs the loop as a plain one (checked with 3.9).
+        """
+        import inspect
+
+        import triton.language as tl
+
+        if "warp_specialize" not in inspect.signature(tl.range).parameters:
+            return False
+        if self.kind == "interpreter":
+            return True
+        return tuple(int(part) for part in self.capability.split(".")) >= (9, 0)
+
     def limits(self) -> dict[str, int]:
         """The names that space constraints may use."""
         return {
@@ -66,6 +83,7 @@ class Device:
             "sm_count": self.sm_count,
             "max_num_regs": self.max_num_regs,
             "has_tma": int(self.has_tma),
+            "has_ws": int(self.has_ws),
         }
 
     def to_dict(self) -> dict:

@@ -14,10 +14,10 @@ A space file looks like::
     smem = "(BLOCK_M + BLOCK_N) * BLOCK_K * elem_bytes * num_stages <= max_shared_memory"
 
 Constraint expressions see the config's names, the template's problem variables (e.g. M, N,
-K, elem_bytes) and the device's limits (max_shared_memory, sm_count, max_num_regs, has_tma).
-They are parsed with :mod:`ast` and evaluated by a small whitelist interpreter, never ``eval``:
-a space file may come from anyone on the team. Strings may appear only compared with a name
-(``VARIANT == 'tma'``), and only as one of that parameter's choices.
+K, elem_bytes) and the device's limits (max_shared_memory, sm_count, max_num_regs, has_tma,
+has_ws). They are parsed with :mod:`ast` and evaluated by a small whitelist interpreter, never
+``eval``: a space file may come from anyone on the team. Strings may appear only compared with
+a name (``VARIANT == 'tma'``), and only as one of that parameter's choices.
 
 A config that lacks a parameter is checked as if it held the parameter's first choice, so
 configs stored before a parameter was added keep their meaning (e.g. matmul winners from
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 Config = dict[str, int | str]
 
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-DEVICE_VARS = ("max_shared_memory", "sm_count", "max_num_regs", "has_tma")
+DEVICE_VARS = ("max_shared_memory", "sm_count", "max_num_regs", "has_tma", "has_ws")
 
 
 def config_hash(config: Config) -> str:

@@ -5,7 +5,8 @@
 The TMA variant needs 16-byte aligned rows, so A (K=777 bf16) is first copied into a row-padded
 buffer. On the H100 one run of benchmarks/matmul.py timed this shape's tuned TMA config at 26 us
 and a later run, same code and config, at 97 us. This script times the pieces in one process,
-each three times (do_bench median, L2 flushed) and once replayed from a CUDA graph: the whole
+each three times (do_bench median, L2 flushed), once replayed from a CUDA graph, and its host time
+per launch (launches back to back, no sync): the whole
 launch for M=1000 and for M=1024 (the shape key's bucket, which the sweep measured), the kernel
 alone on a pre-padded A, the padding copy alone, the best stored config of every other variant,
 and cuBLAS.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from _common import bench_graph_ms
 from _common import bench_ms
@@ -49,6 +51,18 @@ def best_per_variant(db: str, key: str) -> dict[str, dict]:
         store.close()
 
 
+def host_us(fn, calls: int = 200) -> float:
+    """Host time per call in us: calls launched back to back with no sync between them."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return 1e6 * host / calls
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="tune.db")
@@ -78,11 +92,12 @@ def main() -> int:
             err = f"{rel_error(out, ref):.1e}" if out.shape == ref.shape else "-"
             times = [bench_ms(fn) for _ in range(3)]
             graph = bench_graph_ms(fn)
+            host = host_us(fn)
             tflops = "-" if config is None and "cuBLAS" not in name else f"{flops / (min(times) * 1e9):.0f}"
-            rows.append([f"{m}x{n}x{k}", name, " / ".join(f"{1e3 * t:.1f}" for t in times), f"{1e3 * graph:.1f}",
+            rows.append([f"{m}x{n}x{k}", name, " / ".join(f"{1e3 * t:.1f}" for t in times), f"{1e3 * graph:.1f}", f"{host:.1f}",
                          tflops, err, config or "-"])
     print_table(f"GEMM with unaligned K: pieces of the time (us), shape key {key}",
-                ["shape", "what", "do_bench x3 (us)", "CUDA graph (us)", "TFLOP/s (best)", "rel err", "config"], rows)
+                ["shape", "what", "do_bench x3 (us)", "CUDA graph (us)", "host per launch (us)", "TFLOP/s (best)", "rel err", "config"], rows)
     return 0
 
 

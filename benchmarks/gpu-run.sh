@@ -6,7 +6,7 @@
 #
 #   STEPS="tests matmul attention" bash benchmarks/gpu-run.sh
 #
-# Steps: tests probe matmul attention decode norms pointwise unaligned runtime sva stability groundtruth
+# Steps: tests probe matmul attention decode norms pointwise copysize unaligned runtime sva stability groundtruth
 # (each is benchmarks/<name>.py with --sweep where it takes one; LIMIT_<step>=seconds overrides
 # the time limit, ARGS_<step>="..." adds arguments).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -31,6 +31,7 @@ for s in ${STEPS:-tests matmul}; do
   case $s in
     tests) step tests 240 python3 -m pytest -q -p no:cacheprovider --rootdir "$R" -c "$R/pyproject.toml" -m gpu "$R/tests" ;;
     probe) step probe 120 python3 "$R/benchmarks/probe_resources.py" ;;
+    copysize) step copysize 120 python3 "$R/benchmarks/copy_size.py" --db "$OUT/tune.db" ;;
     unaligned) step unaligned 120 python3 "$R/benchmarks/matmul_unaligned.py" --db "$OUT/tune.db" ;;
     runtime) step runtime 120 python3 "$R/benchmarks/runtime_overhead.py" ;;
     sva) step sva 300 python3 "$R/benchmarks/sweep_vs_autotune.py" ;;

@@ -206,7 +206,7 @@ def breakdown_rows(a: torch.Tensor, b: torch.Tensor, decorated, run_direct, run_
          f"{t['launch_matmul'][0] - t['kernel[(tiles,)]'][0] - t['empty'][0]:.2f} us", ""),
         ("    torch.empty((M, N))", us(t["empty"]), ""),
         ("    six .stride() calls", us(t["strides"]), ""),
-        ("    triton.cdiv(M, 64) (a constexpr_function since Triton 3.5)", us(t["cdiv"]), ""),
+        ("    triton.cdiv(M, 64) (two per launch_matmul)", us(t["cdiv"]), ""),
         ("kernel[grid](...) with a fixed config (benchmark's direct)", us(t["direct kernel[grid]"]), ""),
         ("@tunesvc.autotune kernel (hit)", us(t["decorated"]), ""),
         ("  decorated - direct", f"{diff('decorated', 'direct kernel[grid]')[0]:.2f} us", ""),

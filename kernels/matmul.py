@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tunesvc import runtime as _runtime
 from tunesvc.device import Device
 from tunesvc.device import current_device
 from tunesvc.device import interpreting
@@ -430,19 +431,30 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config: Config | None = None) ->
 
     A is (M, K), B is (K, N), both float16, bfloat16 or float32 on the same device; any strides.
     """
+    if config is None and not torch.compiler.is_compiling():
+        return _matmul_tuned(a, b)  # eager: the op's dispatcher would only add host time
+    _check_operands(a, b)
+    if config is None:
+        return _matmul_op.op(a, b)  # torch.compile sees the op tunesvc::matmul (no graph break)
+    return launch_matmul(a, b, config)
+
+
+def _check_operands(a: torch.Tensor, b: torch.Tensor) -> None:
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul needs A (M, K) and B (K, N); got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.dtype != b.dtype:
         raise ValueError(f"matmul needs A and B of one dtype; got {a.dtype} and {b.dtype}")
-    if config is None:
-        return _matmul_tuned(a, b)
-    return launch_matmul(a, b, config)
 
 
-def _matmul_tuned_impl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    from tunesvc.runtime import default_runtime
-
-    config = default_runtime().config_for(TEMPLATE, M=a.shape[0], N=b.shape[1], K=a.shape[1], dtype=a.dtype)
+def _matmul_tuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Look up and launch; a hit is one dict get on the operands' shapes and dtypes."""
+    runtime = _runtime.default_runtime()
+    config = runtime.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype))
+    if config is None:  # first call with these shapes: check them, then remember the config
+        _check_operands(a, b)
+        config = runtime.launch_configs[(TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)] = runtime.config_for(
+            TEMPLATE, M=a.shape[0], N=b.shape[1], K=a.shape[1], dtype=a.dtype
+        )
     return launch_matmul(a, b, config)
 
 
@@ -450,5 +462,4 @@ def _matmul_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
-# torch.compile sees the op tunesvc::matmul (no graph break); eager calls skip the dispatcher
-_matmul_tuned = kernel_op("matmul", _matmul_tuned_impl, _matmul_fake)
+_matmul_op = kernel_op("matmul", _matmul_tuned, _matmul_fake)

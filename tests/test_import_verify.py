@@ -19,6 +19,7 @@ from tunesvc.cli import app
 from tunesvc.export import build_bundles
 from tunesvc.export import import_sources
 from tunesvc.export import write_bundles
+from tunesvc.space import config_hash
 from tunesvc.store import Store
 from tunesvc.sweep import run_sweep
 from tunesvc.verify import verify
@@ -56,12 +57,15 @@ def bundle(source_db, tmp_path):
 def _edited(bundle, tmp_path, name, time_ms, config_change=None):
     """A copy of the bundle whose one winner has another time (and maybe another config)."""
     data = json.loads(bundle.read_text())
-    winner = data["kernels"]["matmul"]["winners"][KEY]
+    section = data["kernels"]["matmul"]
+    winner = section["winners"][KEY]
     winner["time_ms"] = time_ms
-    winner["config"].update(config_change or {})
+    config = {**section["configs"][winner["config"]], **(config_change or {})}
+    winner["config"] = config_hash(config)
+    section["configs"][winner["config"]] = config
     path = tmp_path / name
     path.write_text(json.dumps(data))
-    return path, winner
+    return path, config
 
 
 def _winners(db):
@@ -89,9 +93,9 @@ def test_import_merges_with_faster_wins_and_ties_keep(bundle, tmp_path, tmp_db):
     assert kept.action == "kept"
     assert (replaced.action, replaced.stored_ms) == ("replaced", pytest.approx(stored_ms))
     winner = _winners(tmp_db)[("matmul", KEY)]
-    assert winner.config == faster_winner["config"] and winner.time_ms == pytest.approx(stored_ms / 2)
+    assert winner.config == faster_winner and winner.time_ms == pytest.approx(stored_ms / 2)
     # the runtime reads the merged database like a swept one
-    assert Runtime(db=tmp_db).lookup("matmul", **PROBLEM).config == faster_winner["config"]
+    assert Runtime(db=tmp_db).lookup("matmul", **PROBLEM).config == faster_winner
 
 
 def test_import_of_a_database_and_the_cli_report(source_db, tmp_path):

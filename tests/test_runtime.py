@@ -17,7 +17,9 @@ from tunesvc import TunesvcError
 from tunesvc.export import bundle_filename
 from tunesvc.export import build_bundles
 from tunesvc.export import read_bundle
+from tunesvc.export import import_sources
 from tunesvc.export import write_bundles
+from tunesvc.space import config_hash
 from tunesvc.store import Store
 from tunesvc.sweep import run_sweep
 
@@ -106,6 +108,33 @@ def test_config_for_memoises(tuned_db, winner, template):
     assert runtime.counters[("matmul", "heuristic")] == 1
 
 
+def test_lookup_memo_serves_repeats_and_resolves_other_orders_alike(tuned_db, winner):
+    runtime = Runtime(db=tuned_db)
+    first = runtime.lookup("matmul", M=16, N=32, K=32, dtype="float16")
+    assert runtime.lookup("matmul", M=16, N=32, K=32, dtype="float16") is first
+    reordered = runtime.lookup("matmul", K=32, N=32, M=16, dtype="float16")
+    assert reordered == first and reordered.config == winner
+    # the repeat was a memo hit; the same problem in another order is its own entry
+    assert runtime.counters[("matmul", "exact")] == 2
+
+
+def test_kernel_launch_memo_checks_each_new_shape_once(tuned_db, winner):
+    runtime = tunesvc.configure(db=tuned_db)
+    a = torch.randn(16, 32, dtype=torch.float16)
+    b = torch.randn(32, 32, dtype=torch.float16)
+    for _ in range(3):
+        tunesvc.kernels.matmul(a, b)
+    assert list(runtime.launch_configs.values()) == [winner]
+    assert runtime.counters[("matmul", "exact")] == 1
+    # shapes or dtypes never seen miss the memo, so they are checked like on a first call
+    with pytest.raises(ValueError, match="matmul needs A"):
+        tunesvc.kernels.matmul(a, torch.randn(16, 32, dtype=torch.float16))
+    with pytest.raises(ValueError, match="one dtype"):
+        tunesvc.kernels.matmul(a, b.float())
+    assert len(runtime.launch_configs) == 1
+    assert tunesvc.configure(db=tuned_db).launch_configs == {}  # a new runtime remembers nothing
+
+
 def test_winners_are_loaded_once(tuned_db, winner, tmp_path):
     runtime = Runtime(db=tuned_db)
     assert runtime.lookup("matmul", **TUNED).source == "exact"
@@ -188,9 +217,10 @@ def bundle_file(tuned_db, tmp_path):
 
 def test_bundle_gives_the_same_exact_config(bundle_file, tuned_db, winner, device):
     data = read_bundle(bundle_file)
-    assert data["format"] == "tunesvc-bundle" and data["format_version"] == 1
+    assert data["format"] == "tunesvc-bundle" and data["format_version"] == 2
     assert data["device"]["hardware_id"] == device.hardware_id
-    assert data["kernels"]["matmul"]["winners"][TUNED_KEY]["config"] == winner
+    section = data["kernels"]["matmul"]
+    assert section["configs"][section["winners"][TUNED_KEY]["config"]] == winner
     from_bundle = Runtime(bundle=bundle_file).lookup("matmul", **TUNED)
     from_db = Runtime(db=tuned_db).lookup("matmul", **TUNED)
     assert from_bundle.source == from_db.source == "exact"
@@ -256,7 +286,7 @@ def test_export_with_no_winners(tmp_db, tmp_path):
         ("\xff\xfe garbage", "is not valid JSON"),
         ("[1, 2, 3]", "is not a tunesvc bundle"),
         ('{"format": "something-else", "format_version": 1}', "is not a tunesvc bundle"),
-        ('{"format": "tunesvc-bundle", "format_version": 2}', "has bundle format 2"),
+        ('{"format": "tunesvc-bundle", "format_version": 3}', "has bundle format 3, this tunesvc reads 1 and 2"),
     ],
 )
 def test_read_bundle_rejects(tmp_path, content, pattern):
@@ -296,3 +326,72 @@ def test_structurally_broken_bundle_is_one_clear_error(tmp_path, content):
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(content))
     _corrupt_bundle_is_an_error_or_a_warned_fallback(path)
+
+
+def test_bundle_writes_each_config_once_and_winners_name_it(tuned_db, winner, template, device, tmp_path):
+    store = Store(tuned_db)
+    try:
+        store.merge_winner("matmul", template.version, device, "M=32,N=32,K=32,dtype=float16", dict(winner), 1.0, "test")
+        [path] = write_bundles(build_bundles(store), tmp_path / "bundle.json")
+    finally:
+        store.close()
+    section = read_bundle(path)["kernels"]["matmul"]
+    assert section["configs"] == {config_hash(winner): winner}
+    assert [w["config"] for w in section["winners"].values()] == [config_hash(winner)] * 2
+    runtime = Runtime(bundle=path)
+    assert runtime.lookup("matmul", M=32, N=32, K=32).config == winner
+    assert runtime.lookup("matmul", **TUNED).config == winner
+
+
+def _as_format_1(data):
+    """A format-2 bundle as format 1 wrote it: each winner's config inline, no configs section."""
+    for section in data["kernels"].values():
+        configs = section.pop("configs")
+        for winner in section["winners"].values():
+            winner["config"] = configs[winner["config"]]
+    return dict(data, format_version=1)
+
+
+def test_format_1_bundle_is_still_read(bundle_file, tmp_path, winner):
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(_as_format_1(json.loads(bundle_file.read_text()))))
+    assert Runtime(bundle=path).lookup("matmul", **TUNED).config == winner
+    store = Store(str(tmp_path / "target.db"))
+    try:
+        [change] = import_sources(store, [path])
+    finally:
+        store.close()
+    assert (change.action, change.shape_key, change.config) == ("added", TUNED_KEY, winner)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda s: s["winners"][TUNED_KEY].update(config="0" * 16),  # names a config that is not there
+        lambda s: s.pop("configs"),
+        lambda s: s["configs"].update({k: {"BLOCK_M": [64]} for k in s["configs"]}),  # a value of a wrong type
+        lambda s: s["winners"].update({TUNED_KEY: "M=16"}),
+    ],
+    ids=["unknown-config", "no-configs", "bad-value", "winner-not-an-object"],
+)
+def test_damaged_format_2_section_is_one_clear_error(bundle_file, tmp_path, damage):
+    data = json.loads(bundle_file.read_text())
+    damage(data["kernels"]["matmul"])
+    path = tmp_path / "damaged.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(TunesvcError, match=r"is a damaged bundle \(a winner of kernels.matmul has no valid config\)") as info:
+        read_bundle(path)
+    assert "\n" not in str(info.value)
+    _corrupt_bundle_is_an_error_or_a_warned_fallback(path)
+
+
+def test_runtime_checks_only_the_sections_it_loads(bundle_file, tmp_path, winner):
+    # another kernel's damaged section does not keep the runtime from matmul's winners,
+    # but `tune import` (which reads every section) refuses the file
+    data = json.loads(bundle_file.read_text())
+    data["kernels"]["softmax"] = {"version": "x", "configs": {}, "winners": {"M=1,N=1,dtype=float16": {"config": "nope"}}}
+    path = tmp_path / "partly-damaged.json"
+    path.write_text(json.dumps(data))
+    assert Runtime(bundle=path, strict=True).lookup("matmul", **TUNED).config == winner
+    with pytest.raises(TunesvcError, match="kernels.softmax"):
+        read_bundle(path)

@@ -3,8 +3,8 @@
 Dynamo cannot trace a Triton launch behind a Python dict lookup; a ``torch.library`` custom op
 is opaque to it: the op's fake implementation gives output shapes while tracing, and the real
 one (lookup + launch) runs when the compiled graph runs. In eager mode the op's dispatcher
-would only add host time per call, so :class:`KernelOp` calls the Python function directly there
-and goes through the op only while torch.compile traces.
+would only add host time per call, so a kernel's entry calls the Python function directly there
+and goes through the op only while torch.compile traces (``torch.compiler.is_compiling()``).
 
 A kernel family uses it like this (see ``tunesvc.kernels.matmul``)::
 
@@ -16,6 +16,11 @@ A kernel family uses it like this (see ``tunesvc.kernels.matmul``)::
 
     layernorm_op = kernel_op("layernorm", _layernorm, _layernorm_fake)
     # a backward, if any: layernorm_op.op.register_autograd(backward, setup_context=...)
+
+    def layernorm(x, w, eps=1e-5):
+        if torch.compiler.is_compiling():
+            return layernorm_op.op(x, w, eps)
+        return _layernorm(x, w, eps)
 
 The op's arguments must be types torch.library accepts (tensors, ints, floats, bools, strings,
 optionals and lists of them): keep configs and other dicts out of its signature. A hit of the
@@ -31,18 +36,13 @@ import torch
 
 
 class KernelOp:
-    """``fn`` registered as the custom op ``tunesvc::<name>``; calls ``fn`` directly when eager."""
+    """``fn`` registered as the custom op ``tunesvc::<name>`` (``.op``); ``.fn`` is the eager path."""
 
     def __init__(self, name: str, fn: Callable[..., Any], fake: Callable[..., Any], mutates_args: tuple[str, ...] = ()) -> None:
         self.name = name
         self.fn = fn
         self.op = torch.library.custom_op(f"tunesvc::{name}", fn, mutates_args=mutates_args)
         self.op.register_fake(fake)
-
-    def __call__(self, *args: Any) -> Any:
-        if torch.compiler.is_compiling():
-            return self.op(*args)
-        return self.fn(*args)
 
 
 def kernel_op(name: str, fn: Callable[..., Any], fake: Callable[..., Any], mutates_args: tuple[str, ...] = ()) -> KernelOp:

@@ -12,6 +12,7 @@ ships a bundle never imports SQLAlchemy.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -99,14 +100,22 @@ class Runtime:
         self.strategy = strategy
         self.strict = strict
         self._device = device
+        self._bundle_data: dict[str, Any] | None = None
         self._tables: dict[str, dict[str, Config]] = {}
         self._keys: dict[str, list[tuple[ShapeKey, str]]] = {}
-        self._memo: dict[tuple, LookupResult] = {}
         self._lock = threading.Lock()
         self._warned: set[tuple[str, str]] = set()
         #: problems resolved per (kernel, source); a problem seen again is served from a memo
         #: and not counted again
         self.counters: Counter[tuple[str, str]] = Counter()
+        # The memos: functools.cache makes the key of a call's arguments in C, so a hit costs
+        # about half of a key tuple built in Python (benchmarks/runtime_overhead.py).
+        self.lookup = functools.cache(self.lookup)  # type: ignore[method-assign]
+        self.config_for = functools.cache(self.config_for)  # type: ignore[method-assign]
+        #: configs by a key that a kernel builds from its raw arguments (its template, tensor
+        #: shapes and dtypes): a hit skips even the kernel's argument checks, which ran on the
+        #: miss that stored it (see tunesvc.kernels.matmul)
+        self.launch_configs: dict[tuple, Config] = {}
 
     @property
     def device(self) -> Device:
@@ -148,7 +157,11 @@ class Runtime:
 
     def _load(self, template: Template) -> dict[str, Config]:
         if self.bundle is not None:
-            return load_bundle_table(self.bundle, template, self.device)
+            if self._bundle_data is None:  # read once; each kernel's section is checked when first loaded
+                from tunesvc.export import read_bundle
+
+                self._bundle_data = read_bundle(self.bundle, check_kernels=False)
+            return load_bundle_table(self.bundle, self._bundle_data, template, self.device)
         db = self._db_path()
         if db is None or (self.mode == "tune" and not _database_exists(db)):
             return {}
@@ -173,13 +186,10 @@ class Runtime:
     def lookup(self, kernel: str | Template, /, **problem: Any) -> LookupResult:
         """The config for this problem and how it was found; a problem seen before is one dict hit.
 
-        The memo key is one flat tuple (kernel, names..., values...): no per-item pairs are built,
-        and a name and a Template object are separate entries that resolve alike.
+        Memoised per runtime by the call's arguments: a name and a Template object, or the same
+        names in another order, are separate entries that resolve alike.
         """
-        hit = self._memo.get((kernel, *problem, *problem.values()))
-        if hit is None:
-            hit = self._memo[(kernel, *problem, *problem.values())] = self._resolve(kernel, problem)
-        return hit
+        return self._resolve(kernel, problem)
 
     def _resolve(self, kernel: str | Template, problem: dict[str, Any]) -> LookupResult:
         template = kernel if isinstance(kernel, Template) else get_template(kernel)
@@ -241,9 +251,8 @@ class Runtime:
         return LookupResult(template.name, template.heuristic(problem, self.device), HEURISTIC, text)
 
     def config_for(self, template: Template, /, **problem: Any) -> Config:
-        """The config to launch with (the kernels' launch path): lookup's memo read inline."""
-        hit = self._memo.get((template, *problem, *problem.values()))
-        return (hit or self.lookup(template, **problem)).config
+        """The config to launch with (the kernels' launch path; memoised like :meth:`lookup`)."""
+        return self.lookup(template, **problem).config
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Lookups per kernel and source: {'matmul': {'exact': 3, 'heuristic': 1}}."""
@@ -273,17 +282,14 @@ def _lock_path(db: str | os.PathLike, kernel: str, key: str) -> str:
     return str(folder / f".tunesvc-{kernel}-{digest}.lock")
 
 
-def load_bundle_table(path: str | os.PathLike, template: Template, device: Device) -> dict[str, Config]:
-    """The winners of one kernel for this device from a bundle file (see tunesvc.export)."""
-    from tunesvc.export import read_bundle
+def load_bundle_table(path: str | os.PathLike, bundle: dict[str, Any], template: Template, device: Device) -> dict[str, Config]:
+    """The winners of one kernel for this device from a bundle (see tunesvc.export) read from ``path``."""
+    from tunesvc.export import kernel_configs
 
-    bundle = read_bundle(path)
-    if bundle["device"]["hardware_id"] != device.hardware_id:
+    if bundle["device"]["hardware_id"] != device.hardware_id or template.name not in bundle["kernels"]:
         return {}
-    entry = bundle["kernels"].get(template.name)
-    if entry is None or entry["version"] != template.version:
-        return {}
-    return {key: w["config"] for key, w in entry["winners"].items()}
+    table = kernel_configs(path, bundle, template.name)
+    return table if bundle["kernels"][template.name]["version"] == template.version else {}
 
 
 _default: Runtime | None = None

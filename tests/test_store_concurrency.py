@@ -123,7 +123,7 @@ def test_eight_processes_create_one_database_at_once(tmp_db):
     assert [revision for revision, _ in out] == [HEAD] * WRITERS
     con = sqlite3.connect(tmp_db)
     try:
-        assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
+        assert con.execute("SELECT version_num FROM tunesvc_alembic_version").fetchall() == [(HEAD,)]
         assert con.execute("SELECT count(*) FROM tunesvc_meta").fetchone() == (1,)
     finally:
         con.close()

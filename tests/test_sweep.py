@@ -132,7 +132,7 @@ def count_trials(db: str) -> int:
     except sqlite3.OperationalError:
         return 0
     try:
-        return con.execute("select count(*) from trials").fetchone()[0]
+        return con.execute("select count(*) from tunesvc_trials").fetchone()[0]
     except sqlite3.OperationalError:  # no such table yet, database is locked
         return 0
     finally:
@@ -171,12 +171,12 @@ def test_resume_after_sigkill(tmp_path):
     con = sqlite3.connect(db)
     try:
         assert con.execute("pragma integrity_check").fetchone() == ("ok",)
-        assert con.execute("select count(*) from trials").fetchone() == (12,)
-        assert con.execute("select count(distinct config_hash) from trials").fetchone() == (12,)
-        [(winner_hash, winner_ms)] = con.execute("select config_hash, time_ms from winners").fetchall()
-        best = con.execute("select config_hash, min(time_ms) from trials where status = 'ok'").fetchone()
+        assert con.execute("select count(*) from tunesvc_trials").fetchone() == (12,)
+        assert con.execute("select count(distinct config_hash) from tunesvc_trials").fetchone() == (12,)
+        [(winner_hash, winner_ms)] = con.execute("select config_hash, time_ms from tunesvc_winners").fetchall()
+        best = con.execute("select config_hash, min(time_ms) from tunesvc_trials where status = 'ok'").fetchone()
         assert (winner_hash, winner_ms) == best
-        statuses = sorted(r[0] for r in con.execute("select status from sweeps"))
+        statuses = sorted(r[0] for r in con.execute("select status from tunesvc_sweeps"))
         assert statuses == ["done", "running"]  # the killed sweep never finished
     finally:
         con.close()

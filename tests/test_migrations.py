@@ -422,6 +422,73 @@ def test_newer_alembic_revision_is_refused_unchanged(tmp_db, readonly):
     assert md5(tmp_db) == before
 
 
+def test_a_database_holding_an_optuna_study_and_our_tables(tmp_db, device):
+    """Optuna's tables and its revision in alembic_version sit beside ours: tunesvc reads and writes
+    its own, refuses a newer revision of its own, and leaves Optuna's untouched."""
+    Store(tmp_db).close()
+    url = f"sqlite:///{tmp_db}"
+    study = optuna.create_study(study_name="beside", storage=url)
+    study.optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), n_trials=3)
+    optuna_revision = revision_rows(tmp_db, SHARED_VERSION_TABLE)[0]
+    assert len(optuna_revision) == 1 and optuna_revision[0][0] not in KNOWN
+    assert {"trials", "studies", "tunesvc_trials"} <= table_names(tmp_db)
+
+    assert current_revision(tmp_db) == HEAD
+    for args in (["db", "current"], ["db", "upgrade"], ["db", "init"], ["show"]):
+        result = tune(*args, "--db", tmp_db)
+        assert result.exit_code == 0, result.output
+    template = get_template("matmul")
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(template, [template.parse_shape("16x16x16", "float16")], store, strategy="optuna",
+                             budget=2, device=device)
+        assert result.trials_new == 2 and len(store.winners()) == 1
+    finally:
+        store.close()
+    assert revision_rows(tmp_db, SHARED_VERSION_TABLE)[0] == optuna_revision
+    assert revision_rows(tmp_db) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
+    assert sorted(optuna.get_all_study_names(storage=url))[0] == "beside"
+    assert [t.params for t in optuna.load_study(study_name="beside", storage=url).trials] == [t.params for t in study.trials]
+
+    con = sqlite3.connect(tmp_db)
+    with con:
+        con.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0099'")
+    con.close()
+    before = md5(tmp_db)
+    for args in (["db", "upgrade"], ["show"]):
+        result = tune(*args, "--db", tmp_db)
+        assert result.exit_code == 1 and "schema revision 0099, newer than this tunesvc" in result.output
+    assert md5(tmp_db) == before
+
+
+def test_upgrade_moves_only_our_revision_out_of_alembic_version(tmp_db):
+    """A revision in alembic_version that is not in our script directory is someone else's: kept."""
+    database_at_0001(tmp_db)
+    con = sqlite3.connect(tmp_db)
+    with con:
+        con.execute(f"INSERT INTO {SHARED_VERSION_TABLE} (version_num) VALUES ('v3.2.0.a')")
+    con.close()
+    before = rows(tmp_db)
+    assert current_revision(tmp_db) == "0001"
+    assert upgrade(tmp_db) == ("0001", HEAD)
+    assert rows(tmp_db) == before
+    assert revision_rows(tmp_db) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
+    assert revision_rows(tmp_db, SHARED_VERSION_TABLE)[0] == [("v3.2.0.a",)]
+
+
+def test_a_database_that_lost_its_revision_table_is_refused_unchanged(tmp_db):
+    Store(tmp_db).close()
+    con = sqlite3.connect(tmp_db)
+    with con:
+        con.execute(f"DROP TABLE {VERSION_TABLE}")
+    con.close()
+    before = md5(tmp_db)
+    for args in (["db", "upgrade"], ["db", "current"], ["show"]):
+        result = tune(*args, "--db", tmp_db)
+        assert result.exit_code == 1 and f"has schema version {SCHEMA_VERSION} but records no schema revision" in result.output
+    assert md5(tmp_db) == before
+
+
 def test_db_upgrade_needs_an_existing_database(tmp_path):
     result = tune("db", "upgrade", "--db", "missing.db")
     assert result.exit_code == 1 and "`tune db init` creates one" in result.output
@@ -488,6 +555,12 @@ def test_postgresql_head_schema_is_the_models_and_an_older_database_upgrades_kee
                     ), {"key": KEY, "h": f"hash{i}", "ms": ms})
             before = {t: _pg_rows(engine, t) for t in TABLES}
             assert tune("db", "current", "--db", url).output.count("0001") >= 1
+            ro = Store(url, readonly=True)  # reads the old table names through temporary views
+            try:
+                assert ro.revision == "0001" and ro.trial_counts() == {"ok": 2}
+            finally:
+                ro.close()
+            assert {t: _pg_rows(engine, t) for t in TABLES} == before
 
             result = tune("db", "upgrade", "--db", url)
             assert result.exit_code == 0, result.output
@@ -526,6 +599,33 @@ def test_postgresql_head_schema_is_the_models_and_an_older_database_upgrades_kee
             assert upgrade(url) == (HEAD, HEAD)
         finally:
             engine.dispose()
+
+
+def test_postgresql_revision_0005_round_trip_restores_every_name():
+    """0004 -> 0005 -> 0004 on PostgreSQL: tables, indexes, constraints and sequences named as before."""
+    names = (
+        "SELECT 'class', relname FROM pg_class WHERE relnamespace = 'public'::regnamespace"
+        " UNION SELECT 'constraint', conname FROM pg_constraint WHERE connamespace = 'public'::regnamespace"
+    )
+    for url in pg_database():
+        engine = create_engine(url)
+        try:
+            with engine.begin() as connection:
+                command.upgrade(alembic_config(connection), "0004")
+            with engine.connect() as connection:
+                before = set(connection.execute(text(names)).all())
+            with engine.begin() as connection:
+                command.upgrade(alembic_config(connection), "0005")
+            with engine.connect() as connection:
+                prefixed = set(connection.execute(text(names)).all())
+            with engine.begin() as connection:
+                command.downgrade(alembic_config(connection), "0004")
+            with engine.connect() as connection:
+                assert set(connection.execute(text(names)).all()) == before
+        finally:
+            engine.dispose()
+        assert ("class", "trials_pkey") in before and ("class", "tunesvc_trials_pkey") in prefixed
+        assert ("class", "tunesvc_trials_id_seq") in prefixed and ("constraint", "tunesvc_winners_trial_id_fkey") in prefixed
 
 
 def _pg_rows(engine, table: str) -> list[tuple]:

@@ -40,7 +40,7 @@ def sweep(db: str, gpus: str, shapes: list[str], budget: int) -> tuple[float, li
 def trial_counts(db: str) -> tuple[int, int]:
     con = sqlite3.connect(db)
     try:
-        return con.execute("SELECT count(*), count(DISTINCT shape_key || config_hash) FROM trials").fetchone()
+        return con.execute("SELECT count(*), count(DISTINCT shape_key || config_hash) FROM tunesvc_trials").fetchone()
     finally:
         con.close()
 

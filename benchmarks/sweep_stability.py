@@ -29,7 +29,6 @@ from tunesvc.device import current_device  # noqa: E402
 from tunesvc.kernels.matmul import TEMPLATE  # noqa: E402
 from tunesvc.store import Store  # noqa: E402
 from tunesvc.sweep import run_sweep  # noqa: E402
-from tunesvc.sweep import study_storage  # noqa: E402
 
 SHAPES = [(4096, 4096, 4096), (1000, 3000, 777)]
 CHECK_SHAPES = [(37, 45, 29)]
@@ -55,9 +54,8 @@ def main() -> None:
         for run in (1, 2):
             base = Path(args.db)
             path = base.with_name(f"{base.stem}-{run}{base.suffix or '.db'}")
-            path.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)  # a fresh store, and so a fresh Optuna study (it lives in the file)
             store = Store(str(path))
-            Path(study_storage(store).removeprefix("sqlite:///")).unlink(missing_ok=True)  # a fresh study too
             start = time.perf_counter()
             try:
                 [result] = run_sweep(TEMPLATE, [problem], store, strategy="optuna", budget=budget, seed=0, device=device)

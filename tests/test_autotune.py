@@ -136,9 +136,9 @@ def test_threads_missing_one_key_tune_it_once(tmp_db):
         t.join()
     assert not errors and len(results) == 3 and max(results) < 1e-6
     with sqlite3.connect(tmp_db) as db:
-        assert db.execute("SELECT count(*) FROM sweeps").fetchone() == (1,)  # one thread tuned it
-        assert db.execute("SELECT count(*) FROM trials").fetchone() == (2,)
-        assert db.execute("SELECT count(*) FROM winners").fetchone() == (1,)
+        assert db.execute("SELECT count(*) FROM tunesvc_sweeps").fetchone() == (1,)  # one thread tuned it
+        assert db.execute("SELECT count(*) FROM tunesvc_trials").fetchone() == (2,)
+        assert db.execute("SELECT count(*) FROM tunesvc_winners").fetchone() == (1,)
 
 
 def test_configure_makes_kernels_look_up_again(tmp_path):

@@ -70,7 +70,7 @@ def _committed(log_path: str) -> list[str]:
 def _trials(path: str) -> list[tuple]:
     con = sqlite3.connect(path)
     try:
-        return con.execute("SELECT id, shape_key, config_hash, status, time_ms FROM trials ORDER BY id").fetchall()
+        return con.execute("SELECT id, shape_key, config_hash, status, time_ms FROM tunesvc_trials ORDER BY id").fetchall()
     finally:
         con.close()
 
@@ -78,7 +78,7 @@ def _trials(path: str) -> list[tuple]:
 def _winner_hashes(path: str) -> dict[str, str]:
     con = sqlite3.connect(path)
     try:
-        return dict(con.execute("SELECT shape_key, config_hash FROM winners"))
+        return dict(con.execute("SELECT shape_key, config_hash FROM tunesvc_winners"))
     finally:
         con.close()
 

@@ -143,7 +143,7 @@ def test_verify_flags_a_winner_slower_than_the_heuristic(source_db, tmp_db, monk
     heuristic = template.heuristic(template.problem(**PROBLEM), device)
     other = {**heuristic, "num_warps": 8 if heuristic["num_warps"] == 4 else 4}
     with sqlite3.connect(tmp_db) as db:
-        db.execute("UPDATE winners SET config = ?", (json.dumps(other),))
+        db.execute("UPDATE tunesvc_winners SET config = ?", (json.dumps(other),))
     # timings are the point here, not the interpreter's noise: the heuristic measures 2x faster
     monkeypatch.setattr(Bench, "measure", lambda self, c: Measurement(Status.OK, time_ms=1.0 if c == heuristic else 2.0))
     store = Store(tmp_db, readonly=True)
@@ -159,7 +159,7 @@ def test_verify_flags_stale_entries_and_retunes_them(source_db, tmp_db, template
     shutil.copy(source_db, tmp_db)
     with sqlite3.connect(tmp_db) as db:
         # as if tuned under an older Triton: another software stack, so another fingerprint
-        db.execute("UPDATE devices SET triton = '2.0.0', fingerprint = 'older-stack'")
+        db.execute("UPDATE tunesvc_devices SET triton = '2.0.0', fingerprint = 'older-stack'")
     result = CliRunner().invoke(app, ["verify", "--db", tmp_db, "--margin", "10", "--json"])
     assert result.exit_code == 0, result.output
     [verdict] = json.loads(result.output)

@@ -1,7 +1,8 @@
 """Schema migrations: revision 0001 is the schema before Alembic; upgrades to head keep every row.
 
 Databases at 0001 are built the way a user's would be: Alembic upgraded to "0001" on a fresh
-SQLite file, rows inserted with raw SQL (the ORM models are at head and cannot write them).
+SQLite file, rows inserted with raw SQL (the ORM models are at head and cannot write them), the
+revision recorded in alembic_version as tunesvc before revision 0005 did.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import socket
 import sqlite3
 from pathlib import Path
 
+import optuna
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -34,6 +36,8 @@ from tunesvc.store import head_revision
 from tunesvc.store import upgrade
 from tunesvc.store._migrate import HEAD
 from tunesvc.store._migrate import KNOWN
+from tunesvc.store._migrate import SHARED_VERSION_TABLE
+from tunesvc.store._migrate import VERSION_TABLE
 from tunesvc.store._migrate import alembic_config
 from tunesvc.store.models import SCHEMA_VERSION
 from tunesvc.store.models import Base
@@ -46,7 +50,9 @@ from _backends import pg_database
 SCHEMA1 = Path(__file__).parent / "data" / "tune-schema1.db"
 EXAMPLE = Path(__file__).parent.parent / "tune.db.example"
 KEY = "M=16,N=16,K=16,dtype=float16"
+#: revision 0001's tables, by their names before revision 0005 prefixed them with tunesvc_
 TABLES = ("devices", "kernel_versions", "sweeps", "trials", "winners")
+VERSION_TABLES = (VERSION_TABLE, SHARED_VERSION_TABLE)
 #: columns that later revisions add to revision 0001's tables (NULL in upgraded rows)
 ADDED = {"host", "peer_ms"}
 
@@ -64,9 +70,22 @@ def alembic_to(path, revision: str) -> None:
         engine.dispose()
 
 
-def database_at_0001(path) -> None:
-    """A database at revision 0001 holding one device, kernel version, sweep, 3 trials, 1 winner."""
+def record_revision_as_before_0005(path) -> None:
+    """Move the revision to alembic_version, where tunesvc recorded it before revision 0005."""
+    con = sqlite3.connect(path)
+    with con:
+        con.execute(f"ALTER TABLE {VERSION_TABLE} RENAME TO {SHARED_VERSION_TABLE}")
+    con.close()
+
+
+def database_at_0001(path, recorded_in: str = SHARED_VERSION_TABLE) -> None:
+    """A database at revision 0001 holding one device, kernel version, sweep, 3 trials, 1 winner.
+
+    ``recorded_in=VERSION_TABLE`` for a database that the test then migrates with Alembic directly.
+    """
     alembic_to(path, "0001")
+    if recorded_in == SHARED_VERSION_TABLE:
+        record_revision_as_before_0005(path)
     con = sqlite3.connect(path)
     with con:
         con.execute(
@@ -98,13 +117,15 @@ def database_at_0001(path) -> None:
 
 
 def rows(path) -> dict[str, list[tuple]]:
-    """Every row of every table, in the columns revision 0001 has."""
+    """Every row of every table of revision 0001 (under its old or its tunesvc_ name), in its columns."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
+        names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         out = {}
         for table in TABLES:
-            columns = [r[1] for r in con.execute(f"PRAGMA table_info({table})") if r[1] not in ADDED]
-            out[table] = con.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY id").fetchall()
+            name = f"tunesvc_{table}" if f"tunesvc_{table}" in names else table
+            columns = [r[1] for r in con.execute(f"PRAGMA table_info({name})") if r[1] not in ADDED]
+            out[table] = con.execute(f"SELECT {', '.join(columns)} FROM {name} ORDER BY id").fetchall()
         return out
     finally:
         con.close()
@@ -113,7 +134,7 @@ def rows(path) -> dict[str, list[tuple]]:
 def schema(path) -> set[tuple]:
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return set(con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE tbl_name != 'alembic_version'"))
+        return set(con.execute(f"SELECT type, name, tbl_name, sql FROM sqlite_master WHERE tbl_name NOT IN {VERSION_TABLES}"))
     finally:
         con.close()
 
@@ -122,7 +143,7 @@ def structure(path) -> dict[str, tuple]:
     """Columns, indexes and foreign keys of each table, as SQLite reports them (not the DDL text)."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'alembic_version'")]
+        tables = [r[0] for r in con.execute(f"SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT IN {VERSION_TABLES}")]
         return {
             t: (
                 con.execute(f"PRAGMA table_info({t})").fetchall(),
@@ -138,11 +159,19 @@ def structure(path) -> dict[str, tuple]:
         con.close()
 
 
-def revision_rows(path) -> tuple[list, list]:
+def revision_rows(path, table: str = VERSION_TABLE) -> tuple[list, list]:
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return (con.execute("SELECT version_num FROM alembic_version").fetchall(),
+        return (con.execute(f"SELECT version_num FROM {table}").fetchall(),
                 con.execute("SELECT value FROM tunesvc_meta WHERE key = 'schema_version'").fetchall())
+    finally:
+        con.close()
+
+
+def table_names(path) -> set[str]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     finally:
         con.close()
 
@@ -166,11 +195,12 @@ def test_head_schema_is_the_models(tmp_db):
     engine = create_engine(f"sqlite:///{tmp_db}")
     try:
         with engine.connect() as connection:
-            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            context = MigrationContext.configure(connection, opts={"compare_type": True, "version_table": VERSION_TABLE})
             assert compare_metadata(context, Base.metadata) == []
     finally:
         engine.dispose()
     assert revision_rows(tmp_db) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
+    assert all(name.startswith("tunesvc_") for name in table_names(tmp_db))
 
 
 def test_revision_0001_is_the_schema_from_before_alembic(tmp_db):
@@ -183,7 +213,8 @@ def test_revision_0001_is_the_schema_from_before_alembic(tmp_db):
 def test_downgrade_to_0001_and_back_keeps_rows(tmp_db):
     database_at_0001(tmp_db)
     before = rows(tmp_db)
-    alembic_to(tmp_db, "head")
+    assert upgrade(tmp_db) == ("0001", HEAD)
+    assert rows(tmp_db) == before
     engine = create_engine(f"sqlite:///{tmp_db}")
     try:
         with engine.begin() as connection:
@@ -197,7 +228,7 @@ def test_downgrade_to_0001_and_back_keeps_rows(tmp_db):
 
 def test_revision_0004_adds_sweeps_peer_ms_keeping_rows(tmp_db):
     """0003 -> 0004 adds a nullable sweeps.peer_ms (NULL in every older sweep); down again drops it."""
-    database_at_0001(tmp_db)
+    database_at_0001(tmp_db, recorded_in=VERSION_TABLE)
     alembic_to(tmp_db, "0003")
     before, before_structure = rows(tmp_db), structure(tmp_db)
     alembic_to(tmp_db, "0004")
@@ -225,12 +256,12 @@ def test_winner_query_reads_the_new_index(tmp_db):
     con = sqlite3.connect(tmp_db)
     try:
         plan = " ".join(r[3] for r in con.execute(
-            "EXPLAIN QUERY PLAN SELECT * FROM trials WHERE kernel_version_id = 1 AND device_id = 1"
+            "EXPLAIN QUERY PLAN SELECT * FROM tunesvc_trials WHERE kernel_version_id = 1 AND device_id = 1"
             " AND shape_key = 'k' AND status = 'ok' ORDER BY time_ms, id LIMIT 1"
         ))
     finally:
         con.close()
-    assert "ix_trials_key_status_time" in plan and "TEMP B-TREE" not in plan, plan
+    assert "ix_tunesvc_trials_key_status_time" in plan and "TEMP B-TREE" not in plan, plan
 
 
 # -- an older database ------------------------------------------------------------------------------
@@ -245,8 +276,9 @@ def test_tune_db_upgrade_keeps_every_row_and_the_store_then_sweeps(tmp_db):
     assert f"from schema revision 0001 to {HEAD}" in result.output
     assert rows(tmp_db) == before
     assert revision_rows(tmp_db) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
+    assert SHARED_VERSION_TABLE not in table_names(tmp_db)  # it held only our revision: left to Optuna
     con = sqlite3.connect(tmp_db)
-    assert con.execute("SELECT host, peer_ms FROM sweeps").fetchall() == [(None, None)]
+    assert con.execute("SELECT host, peer_ms FROM tunesvc_sweeps").fetchall() == [(None, None)]
     con.close()
 
     store = Store(tmp_db)
@@ -260,10 +292,10 @@ def test_tune_db_upgrade_keeps_every_row_and_the_store_then_sweeps(tmp_db):
         store.close()
     con = sqlite3.connect(tmp_db)
     try:
-        assert con.execute("SELECT count(*) FROM trials").fetchone() == (4,)
-        assert con.execute("SELECT host FROM sweeps ORDER BY id").fetchall() == [(None,), (socket.gethostname(),)]
+        assert con.execute("SELECT count(*) FROM tunesvc_trials").fetchone() == (4,)
+        assert con.execute("SELECT host FROM tunesvc_sweeps ORDER BY id").fetchall() == [(None,), (socket.gethostname(),)]
         # the new sweep timed matmul's torch peer (revision 0004's column); the old one has none
-        [(old,), (new,)] = con.execute("SELECT peer_ms FROM sweeps ORDER BY id").fetchall()
+        [(old,), (new,)] = con.execute("SELECT peer_ms FROM tunesvc_sweeps ORDER BY id").fetchall()
         assert old is None and new > 0
     finally:
         con.close()
@@ -322,7 +354,7 @@ def test_database_from_before_alembic(tmp_path):
     assert revision_rows(path) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
     con = sqlite3.connect(path)
     try:
-        assert con.execute("SELECT count(*), count(peer_ms) FROM sweeps").fetchone() == (len(before["sweeps"]), 0)
+        assert con.execute("SELECT count(*), count(peer_ms) FROM tunesvc_sweeps").fetchone() == (len(before["sweeps"]), 0)
     finally:
         con.close()
     Store(path).close()
@@ -367,7 +399,8 @@ def test_failed_upgrade_changes_nothing(tmp_db):
     assert result.exit_code != 0
     assert schema(tmp_db) == before_schema  # no sweeps.host
     assert rows(tmp_db) == before
-    assert revision_rows(tmp_db) == ([("0001",)], [("1",)])
+    assert revision_rows(tmp_db, SHARED_VERSION_TABLE) == ([("0001",)], [("1",)])  # not moved either
+    assert VERSION_TABLE not in table_names(tmp_db)
 
 
 # -- newer and foreign databases ---------------------------------------------------------------------
@@ -377,7 +410,7 @@ def test_newer_alembic_revision_is_refused_unchanged(tmp_db, readonly):
     Store(tmp_db).close()
     con = sqlite3.connect(tmp_db)
     with con:
-        con.execute("UPDATE alembic_version SET version_num = '0099'")
+        con.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0099'")
     con.close()
     before = md5(tmp_db)
     with pytest.raises(TunesvcError, match="schema revision 0099, newer than this tunesvc") as info:
@@ -386,6 +419,73 @@ def test_newer_alembic_revision_is_refused_unchanged(tmp_db, readonly):
     for args in (["db", "upgrade"], ["db", "init"], ["db", "current"]):
         result = tune(*args, "--db", tmp_db)
         assert result.exit_code == 1 and "newer than this tunesvc" in result.output
+    assert md5(tmp_db) == before
+
+
+def test_a_database_holding_an_optuna_study_and_our_tables(tmp_db, device):
+    """Optuna's tables and its revision in alembic_version sit beside ours: tunesvc reads and writes
+    its own, refuses a newer revision of its own, and leaves Optuna's untouched."""
+    Store(tmp_db).close()
+    url = f"sqlite:///{tmp_db}"
+    study = optuna.create_study(study_name="beside", storage=url)
+    study.optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), n_trials=3)
+    optuna_revision = revision_rows(tmp_db, SHARED_VERSION_TABLE)[0]
+    assert len(optuna_revision) == 1 and optuna_revision[0][0] not in KNOWN
+    assert {"trials", "studies", "tunesvc_trials"} <= table_names(tmp_db)
+
+    assert current_revision(tmp_db) == HEAD
+    for args in (["db", "current"], ["db", "upgrade"], ["db", "init"], ["show"]):
+        result = tune(*args, "--db", tmp_db)
+        assert result.exit_code == 0, result.output
+    template = get_template("matmul")
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(template, [template.parse_shape("16x16x16", "float16")], store, strategy="optuna",
+                             budget=2, device=device)
+        assert result.trials_new == 2 and len(store.winners()) == 1
+    finally:
+        store.close()
+    assert revision_rows(tmp_db, SHARED_VERSION_TABLE)[0] == optuna_revision
+    assert revision_rows(tmp_db) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
+    assert sorted(optuna.get_all_study_names(storage=url))[0] == "beside"
+    assert [t.params for t in optuna.load_study(study_name="beside", storage=url).trials] == [t.params for t in study.trials]
+
+    con = sqlite3.connect(tmp_db)
+    with con:
+        con.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0099'")
+    con.close()
+    before = md5(tmp_db)
+    for args in (["db", "upgrade"], ["show"]):
+        result = tune(*args, "--db", tmp_db)
+        assert result.exit_code == 1 and "schema revision 0099, newer than this tunesvc" in result.output
+    assert md5(tmp_db) == before
+
+
+def test_upgrade_moves_only_our_revision_out_of_alembic_version(tmp_db):
+    """A revision in alembic_version that is not in our script directory is someone else's: kept."""
+    database_at_0001(tmp_db)
+    con = sqlite3.connect(tmp_db)
+    with con:
+        con.execute(f"INSERT INTO {SHARED_VERSION_TABLE} (version_num) VALUES ('v3.2.0.a')")
+    con.close()
+    before = rows(tmp_db)
+    assert current_revision(tmp_db) == "0001"
+    assert upgrade(tmp_db) == ("0001", HEAD)
+    assert rows(tmp_db) == before
+    assert revision_rows(tmp_db) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
+    assert revision_rows(tmp_db, SHARED_VERSION_TABLE)[0] == [("v3.2.0.a",)]
+
+
+def test_a_database_that_lost_its_revision_table_is_refused_unchanged(tmp_db):
+    Store(tmp_db).close()
+    con = sqlite3.connect(tmp_db)
+    with con:
+        con.execute(f"DROP TABLE {VERSION_TABLE}")
+    con.close()
+    before = md5(tmp_db)
+    for args in (["db", "upgrade"], ["db", "current"], ["show"]):
+        result = tune(*args, "--db", tmp_db)
+        assert result.exit_code == 1 and f"has schema version {SCHEMA_VERSION} but records no schema revision" in result.output
     assert md5(tmp_db) == before
 
 
@@ -433,6 +533,9 @@ def test_postgresql_head_schema_is_the_models_and_an_older_database_upgrades_kee
         try:
             with engine.begin() as connection:
                 command.upgrade(alembic_config(connection), "0001")
+                # where tunesvc before revision 0005 recorded it
+                connection.execute(text(f"ALTER TABLE {VERSION_TABLE} RENAME TO {SHARED_VERSION_TABLE}"))
+                connection.execute(text(f"ALTER TABLE {SHARED_VERSION_TABLE} RENAME CONSTRAINT {VERSION_TABLE}_pkc TO {SHARED_VERSION_TABLE}_pkc"))
                 connection.execute(text(
                     "INSERT INTO devices (fingerprint, hardware_id, kind, name, capability, sm_count, memory_bytes,"
                     " max_shared_memory, max_num_regs, driver, cuda, torch, triton, first_seen) VALUES ('fp0001',"
@@ -452,15 +555,27 @@ def test_postgresql_head_schema_is_the_models_and_an_older_database_upgrades_kee
                     ), {"key": KEY, "h": f"hash{i}", "ms": ms})
             before = {t: _pg_rows(engine, t) for t in TABLES}
             assert tune("db", "current", "--db", url).output.count("0001") >= 1
+            ro = Store(url, readonly=True)  # reads the old table names through temporary views
+            try:
+                assert ro.revision == "0001" and ro.trial_counts() == {"ok": 2}
+            finally:
+                ro.close()
+            assert {t: _pg_rows(engine, t) for t in TABLES} == before
 
             result = tune("db", "upgrade", "--db", url)
             assert result.exit_code == 0, result.output
             assert f"from schema revision 0001 to {HEAD}" in result.output
-            assert {t: _pg_rows(engine, t) for t in TABLES} == before
+            assert {t: _pg_rows(engine, f"tunesvc_{t}") for t in TABLES} == before
             with engine.connect() as connection:
-                context = MigrationContext.configure(connection, opts={"compare_type": True})
+                context = MigrationContext.configure(connection, opts={"compare_type": True, "version_table": VERSION_TABLE})
                 assert compare_metadata(context, Base.metadata) == []
-                assert connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [HEAD]
+                assert connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == [HEAD]
+                # every table, index, constraint and sequence is named tunesvc_*: none can collide with Optuna's
+                names = connection.execute(text(
+                    "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace"
+                    " UNION SELECT conname FROM pg_constraint WHERE connamespace = 'public'::regnamespace"
+                )).scalars().all()
+                assert names and sorted(n for n in names if "tunesvc_" not in n) == []
             store = Store(url)  # revision 0003 widened devices.memory_bytes: an 80 GiB GPU now fits
             try:
                 assert store.find_device(store.find_device("Tesla V100").name).memory_bytes == 2147483647
@@ -468,12 +583,49 @@ def test_postgresql_head_schema_is_the_models_and_an_older_database_upgrades_kee
                     kind="cuda", name="NVIDIA H100 80GB HBM3", capability="9.0", sm_count=132, memory_bytes=80 << 30,
                     max_shared_memory=232448, max_num_regs=65536, driver="550", cuda="12.4", torch="2.4", triton="3.0",
                 )
-                store.device_id(h100)
+                # the renamed sequences still hand out ids after the rows that were there
+                assert store.device_id(h100) == 2
                 assert store.find_device("NVIDIA H100 80GB HBM3").memory_bytes == 80 << 30
+                template, here = get_template("matmul"), tunesvc.current_device()
+                [swept] = run_sweep(template, [template.parse_shape("16x16x16", "float16")], store,
+                                    strategy="optuna", budget=1, device=here)
+                assert store.device_id(here) == 3
+                assert [t.id for t in store.trials(store.kernel_version_id(template), 3, swept.shape_key)] == [3]
             finally:
                 store.close()
+            # Optuna's tables beside ours: its study is there, and the store still opens at head
+            [name] = optuna.get_all_study_names(storage=url)
+            assert len(optuna.load_study(study_name=name, storage=url).trials) >= 1
+            assert upgrade(url) == (HEAD, HEAD)
         finally:
             engine.dispose()
+
+
+def test_postgresql_revision_0005_round_trip_restores_every_name():
+    """0004 -> 0005 -> 0004 on PostgreSQL: tables, indexes, constraints and sequences named as before."""
+    names = (
+        "SELECT 'class', relname FROM pg_class WHERE relnamespace = 'public'::regnamespace"
+        " UNION SELECT 'constraint', conname FROM pg_constraint WHERE connamespace = 'public'::regnamespace"
+    )
+    for url in pg_database():
+        engine = create_engine(url)
+        try:
+            with engine.begin() as connection:
+                command.upgrade(alembic_config(connection), "0004")
+            with engine.connect() as connection:
+                before = set(connection.execute(text(names)).all())
+            with engine.begin() as connection:
+                command.upgrade(alembic_config(connection), "0005")
+            with engine.connect() as connection:
+                prefixed = set(connection.execute(text(names)).all())
+            with engine.begin() as connection:
+                command.downgrade(alembic_config(connection), "0004")
+            with engine.connect() as connection:
+                assert set(connection.execute(text(names)).all()) == before
+        finally:
+            engine.dispose()
+        assert ("class", "trials_pkey") in before and ("class", "tunesvc_trials_pkey") in prefixed
+        assert ("class", "tunesvc_trials_id_seq") in prefixed and ("constraint", "tunesvc_winners_trial_id_fkey") in prefixed
 
 
 def _pg_rows(engine, table: str) -> list[tuple]:

@@ -197,7 +197,7 @@ def test_explicit_missing_db_falls_back_to_heuristics_and_says_so(tmp_path):
 def test_other_kernel_version_is_not_used(tuned_db):
     # an edited kernel (another module source) must not reuse the old winners
     con = sqlite3.connect(tuned_db)
-    con.execute("update kernel_versions set version = 'aaaaaaaaaaaa'")
+    con.execute("update tunesvc_kernel_versions set version = 'aaaaaaaaaaaa'")
     con.commit()
     con.close()
     assert Runtime(db=tuned_db).lookup("matmul", **TUNED).source == "heuristic"

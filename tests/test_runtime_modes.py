@@ -63,8 +63,8 @@ def test_tune_on_miss_tunes_persists_and_is_used_afterwards(tmp_db):
         warnings.simplefilter("error")  # tuning on a miss is the point of the mode: no warning
         first = runtime.lookup("matmul", **SHAPE)
     assert first.source == "tuned"
-    assert _count(tmp_db, "select count(*) from trials") == 2
-    assert _count(tmp_db, "select count(*) from winners") == 1
+    assert _count(tmp_db, "select count(*) from tunesvc_trials") == 2
+    assert _count(tmp_db, "select count(*) from tunesvc_winners") == 1
     # a fresh process-wide view of the same database now finds it tuned
     again = Runtime(db=tmp_db).lookup("matmul", **SHAPE)
     assert again.source == "exact" and again.config == first.config
@@ -86,6 +86,6 @@ def test_concurrent_misses_from_several_processes_tune_the_key_once(tmp_path):
     outputs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in outputs]
     assert sorted(out.strip() for out, _ in outputs) == ["tuned"] * 3
-    assert _count(db, "select count(*) from sweeps") == 1  # one process tuned, the others waited
-    assert _count(db, "select count(*) from trials") == 3
-    assert _count(db, "select count(*) from winners") == 1
+    assert _count(db, "select count(*) from tunesvc_sweeps") == 1  # one process tuned, the others waited
+    assert _count(db, "select count(*) from tunesvc_trials") == 3
+    assert _count(db, "select count(*) from tunesvc_winners") == 1

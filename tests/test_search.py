@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from contextlib import closing
+from pathlib import Path
 
 import optuna
 import pytest
@@ -18,6 +18,7 @@ from tunesvc import config_hash
 from tunesvc.bench import Measurement
 from tunesvc.errors import TunesvcError
 from tunesvc.store import Store
+from tunesvc.store import resolve_url
 from tunesvc.sweep import check_sweep_arguments
 from tunesvc.sweep import run_sweep
 from tunesvc.sweep import stored_warm_start
@@ -35,6 +36,8 @@ from tunesvc.search.replay import efficiency
 from tunesvc.search.replay import read_ground_truth
 from tunesvc.search.replay import trials_to_reach
 from tunesvc.search.replay import write_ground_truth
+
+from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
 
 
 @pytest.fixture
@@ -354,25 +357,53 @@ def test_warm_start_from_nearest_shapes_and_other_devices(tmp_db, device):
     assert result.trials_new == 3
 
 
-def test_optuna_study_persists_beside_the_database_and_resumes(tmp_db, device):
-    with closing(Store(tmp_db)) as store:
+def test_optuna_study_lives_in_the_store_database_and_resumes(db_url, device, tmp_path):
+    """The study sits in the store's own database (SQLite file or PostgreSQL), where Optuna's API
+    finds it by name, and a second sweep resumes it rather than starting another."""
+    with closing(Store(db_url)) as store:
         first = toy_sweep(store, device, strategy="optuna", budget=4, seed=1)
         url = study_storage(store)
-    assert url.endswith("test.optuna.db") and os.path.exists(url.removeprefix("sqlite:///"))
+    assert url == resolve_url(db_url)
+    assert [p.name for p in tmp_path.iterdir() if "optuna" in p.name] == []  # no NAME.optuna.db beside it
     toy = Toy()
     name = study_name(toy, device, first.shape_key, "optuna")
+    assert optuna.get_all_study_names(storage=url) == [name]
     study = optuna.load_study(study_name=name, storage=url)
     measured = {tuple(sorted(t.params.items())) for t in study.trials if t.state.name == "COMPLETE" and t.value < 1e6}
     assert len(measured) == 4
     first = [t.params for t in study.trials]
-    with closing(Store(tmp_db)) as store:
+    with closing(Store(db_url)) as store:
         more = toy_sweep(store, device, strategy="optuna", budget=6, seed=1)
+        assert len(store.winners()) == 1  # tunesvc's own tables are unaffected by Optuna's beside them
     assert more.trials_new == 2 and more.trials_stored == 6
+    assert optuna.get_all_study_names(storage=url) == [name]
     study = optuna.load_study(study_name=name, storage=url)
     resumed = {tuple(sorted(t.params.items())) for t in study.trials if t.state.name == "COMPLETE" and t.value < 1e6}
     # the same study, resumed: its first trials kept, the 2 new configs added
     assert len(resumed) == 6 and measured < resumed
     assert [t.params for t in study.trials[:len(first)]] == first and len(study.trials) > len(first)
+
+
+def test_a_study_in_an_older_optuna_db_file_beside_the_database_is_not_read(tmp_db, device):
+    """tunesvc before schema revision 0005 kept studies in NAME.optuna.db: a sweep neither reads
+    nor changes it, and its new study in the database learns the stored trials instead."""
+    toy = Toy()
+    key = str(toy.key(toy.problem(N=64, dtype="float32")))
+    old = Path(tmp_db).with_name("test.optuna.db")
+    stale = optuna.create_study(study_name=study_name(toy, device, key, "optuna"), storage=f"sqlite:///{old}")
+    stale.enqueue_trial({"A": 8, "B": 3, "num_warps": 8})  # would be measured first if this study were resumed
+    before = old.read_bytes()
+    with closing(Store(tmp_db)) as store:
+        toy_sweep(store, device, strategy="grid", budget=3)
+        result = toy_sweep(store, device, strategy="optuna", budget=5, seed=1)
+        configs = [r.config for r in store.trials(store.kernel_version_id(toy), store.device_id(device), key)]
+        url = study_storage(store)
+    assert old.read_bytes() == before
+    # a resumed study asks its enqueued trial first: the old one would have proposed this config
+    assert result.trials_new == 2 and configs[3] != {"A": 8, "B": 3, "num_warps": 8}
+    study = optuna.load_study(study_name=study_name(toy, device, key, "optuna"), storage=url)
+    told = [t.params for t in study.trials if t.state.name == "COMPLETE"]
+    assert all(c in told for c in configs)  # the 3 grid trials were taught to the new study, then 2 more
 
 
 def test_sweep_rejects_bad_budgets():

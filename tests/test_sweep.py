@@ -1,12 +1,14 @@
-"""Sweeps: budgets, resume from the store, winners, and resume after a real SIGKILL."""
+"""Sweeps: budgets, resume from the store, winners, and resume (Optuna study included) after a real SIGKILL."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
 import time
 
+import optuna
 import pytest
 
 from tunesvc import TunesvcError
@@ -132,16 +134,24 @@ def count_trials(db: str) -> int:
     except sqlite3.OperationalError:
         return 0
     try:
-        return con.execute("select count(*) from trials").fetchone()[0]
+        return con.execute("select count(*) from tunesvc_trials").fetchone()[0]
     except sqlite3.OperationalError:  # no such table yet, database is locked
         return 0
     finally:
         con.close()
 
 
-def test_resume_after_sigkill(tmp_path):
+def study_params(db: str) -> list[dict]:
+    """The params of every trial of the one Optuna study in the database, in order."""
+    [name] = optuna.get_all_study_names(storage=f"sqlite:///{db}")
+    return [t.params for t in optuna.load_study(study_name=name, storage=f"sqlite:///{db}").trials]
+
+
+@pytest.mark.parametrize("strategy", ["grid", "optuna"])
+def test_resume_after_sigkill(tmp_path, strategy):
     db = str(tmp_path / "killed.db")
-    cmd = [sys.executable, "-m", "tunesvc", "sweep", "matmul", "--shape", "40x40x40", "--budget", "12", "--db", db]
+    cmd = [sys.executable, "-m", "tunesvc", "sweep", "matmul", "--shape", "40x40x40", "--budget", "12",
+           "--strategy", strategy, "--db", db]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
@@ -163,6 +173,7 @@ def test_resume_after_sigkill(tmp_path):
     assert proc.returncode == -9
     after_kill = count_trials(db)
     assert 2 <= after_kill < 12
+    killed_study = study_params(db) if strategy == "optuna" else []
 
     rerun = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -171,15 +182,22 @@ def test_resume_after_sigkill(tmp_path):
     con = sqlite3.connect(db)
     try:
         assert con.execute("pragma integrity_check").fetchone() == ("ok",)
-        assert con.execute("select count(*) from trials").fetchone() == (12,)
-        assert con.execute("select count(distinct config_hash) from trials").fetchone() == (12,)
-        [(winner_hash, winner_ms)] = con.execute("select config_hash, time_ms from winners").fetchall()
-        best = con.execute("select config_hash, min(time_ms) from trials where status = 'ok'").fetchone()
+        assert con.execute("select count(*) from tunesvc_trials").fetchone() == (12,)
+        assert con.execute("select count(distinct config_hash) from tunesvc_trials").fetchone() == (12,)
+        [(winner_hash, winner_ms)] = con.execute("select config_hash, time_ms from tunesvc_winners").fetchall()
+        best = con.execute("select config_hash, min(time_ms) from tunesvc_trials where status = 'ok'").fetchone()
         assert (winner_hash, winner_ms) == best
-        statuses = sorted(r[0] for r in con.execute("select status from sweeps"))
+        statuses = sorted(r[0] for r in con.execute("select status from tunesvc_sweeps"))
         assert statuses == ["done", "running"]  # the killed sweep never finished
+        stored = {config_hash(json.loads(c)) for (c,) in con.execute("select config from tunesvc_trials")}
     finally:
         con.close()
+    if strategy == "optuna":
+        # the rerun resumed the killed sweep's study in the same file: its trials first, then every
+        # stored config told to it
+        study = study_params(db)
+        assert len(killed_study) >= after_kill and study[:len(killed_study)] == killed_study
+        assert stored <= {config_hash(p) for p in study}
 
 
 def test_compiler_pool_launches_in_workers_and_reports_failures(template, device):

@@ -195,7 +195,7 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
             ))
         }
         # sweeps.peer_ms is revision 0004's: a database read at an older revision has none
-        has_peer = "peer_ms" in {c["name"] for c in sa_inspect(session.connection()).get_columns("sweeps")}
+        has_peer = "peer_ms" in {c["name"] for c in sa_inspect(session.connection()).get_columns(Sweep.__tablename__)}
         sweeps = session.execute(select(
             Sweep.id, Sweep.kernel_version_id, Sweep.device_id, Sweep.shape_key, Sweep.problem, Sweep.wall_seconds,
             Sweep.strategy, Sweep.started_at, Sweep.peer_ms if has_peer else sa_null().label("peer_ms"),

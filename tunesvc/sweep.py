@@ -15,7 +15,6 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Callable
 
@@ -116,7 +115,7 @@ def run_sweep(
     config that won by noise is not stored as the winner. With ``isolate`` (default: on a GPU)
     every candidate is measured in a :class:`~tunesvc.bench.Worker` process, and one that
     crashes it or runs past ``measure_timeout`` seconds is stored as ``crash`` or ``timeout``.
-    Optuna strategies keep their study beside the store's SQLite file (see ``study_storage``).
+    Optuna strategies keep their study in the store's database (see ``study_storage``).
     """
     check_sweep_arguments(strategy, budget, time_budget, patience)
     device = device or current_device()
@@ -159,16 +158,17 @@ def study_name(template: Template, device: Device, shape_key: str, strategy: str
 
 
 def study_storage(store: Store) -> str | None:
-    """Where Optuna keeps the studies of sweeps into ``store``: a SQLite file beside its file.
+    """Where Optuna keeps the studies of sweeps into ``store``: the store's own database.
 
-    Not the same file: Optuna's schema and tunesvc's both have a ``trials`` and an
-    ``alembic_version`` table. None (an in-memory study; resume still replays the stored
-    trials) for an in-memory or non-SQLite database, until tunesvc's tables are renamed.
+    Optuna's tables sit beside tunesvc's (tunesvc_*, revision 0005), so ``optuna.load_study``
+    and optuna-dashboard read the studies at the --db URL. None (an in-memory study; resume
+    still replays the stored trials) for an in-memory SQLite database, which Optuna's own
+    connection would not see. A ``NAME.optuna.db`` file beside the database, where tunesvc
+    before revision 0005 kept the studies, is no longer read.
     """
-    if not store.is_sqlite or store.path in (None, "", ":memory:"):
+    if store.is_sqlite and store.path in (None, "", ":memory:"):
         return None
-    path = Path(store.path)
-    return f"sqlite:///{path.with_name(path.stem + '.optuna' + (path.suffix or '.db'))}"
+    return store.url
 
 
 def _sweep_one(

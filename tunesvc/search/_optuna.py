@@ -9,25 +9,29 @@ choices: log2 for the power-of-two ones) and how a failure is told: TPE through 
 in its "bad" density and stops proposing its neighbourhood); CMA-ES and GP, which cannot use a
 penalised value without distorting their model, as a failed trial.
 
-With ``storage`` (a database URL) the study lives in that database (Optuna's RDBStorage),
-named by the caller, so a killed sweep resumes its study and Optuna's own tools
-(optuna-dashboard) can read it.
+With ``storage`` (a database URL: the store's own) the study lives in that database, in
+Optuna's tables beside tunesvc's (Optuna's RDBStorage), named by the caller, so a killed sweep
+resumes its study and Optuna's own tools (optuna-dashboard) can read it.
 """
 
 from __future__ import annotations
 
 import random
+import time
 import warnings
 from typing import TYPE_CHECKING
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from tunesvc.errors import TunesvcError
 from tunesvc.search._base import Strategy
 from tunesvc.space import Config
 from tunesvc.space import config_hash
+from tunesvc.store._store import BUSY_TIMEOUT_S
 
 if TYPE_CHECKING:
     from tunesvc.bench import Measurement
@@ -43,6 +47,25 @@ VIOLATION = "violation"
 SET_CONSTRAINT = hasattr(optuna.Trial, "set_constraint")
 #: the value a constrained trial reports; TPE ranks constrained trials by violation, not by it
 PENALTY_MS = 1e9
+#: attempts at opening Optuna's storage (see rdb_storage)
+STORAGE_ATTEMPTS = 5
+
+
+def rdb_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's storage in the database at ``url``, creating Optuna's tables there if needed.
+
+    SQLite connections wait for another writer's lock as long as the store's do (sweeps of
+    several workers share the file). Optuna creates its tables by checking, then creating: two
+    processes that open a new database at once can both find a table missing, and the later
+    CREATE (or the later revision stamp) fails; it then finds the work done on the next attempt.
+    """
+    kwargs = {"connect_args": {"timeout": BUSY_TIMEOUT_S}} if make_url(url).get_backend_name() == "sqlite" else {}
+    for attempt in range(1, STORAGE_ATTEMPTS):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except DBAPIError:
+            time.sleep(0.05 * attempt)
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
 
 
 def _violation(trial: optuna.trial.FrozenTrial) -> tuple[float]:
@@ -78,7 +101,7 @@ class OptunaStrategy(Strategy):
             sampler = self.sampler(seed)
         self.study = optuna.create_study(
             direction="minimize", sampler=sampler, load_if_exists=True,
-            storage=optuna.storages.RDBStorage(storage) if storage else None, study_name=study_name,
+            storage=rdb_storage(storage) if storage else None, study_name=study_name,
         )
         self._rng = random.Random(seed)
         #: configs the (persisted) study already has a finished trial of

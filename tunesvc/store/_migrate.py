@@ -3,7 +3,14 @@
 Revisions are numbered "0001", "0002", ...; ``models.SCHEMA_VERSION`` is the head's number and
 every revision writes its number to ``tunesvc_meta.schema_version`` too, so a tunesvc from before
 Alembic (which reads only that row) also refuses a database newer than itself. A database made
-before Alembic (tunesvc_meta but no alembic_version table) is at revision 0001.
+before Alembic (tunesvc_meta but no revision recorded) is at revision 0001.
+
+Alembic records the revision in ``tunesvc_alembic_version``: ``alembic_version`` belongs to
+Optuna, whose studies share the database (revision 0005 renamed our tables to tunesvc_* for
+them). Revisions 0001-0004 recorded themselves in ``alembic_version``; a database that holds one
+of our revisions there is read as that revision, and its upgrade moves the row to our table
+(dropping ``alembic_version`` if nothing else is left in it). A revision there that is not ours
+is Optuna's, and left alone.
 
 What :class:`~tunesvc.store.Store` does with each state:
 
@@ -23,15 +30,24 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
+from typing import Any
+from typing import Callable
 from typing import Iterator
 
+from sqlalchemy import Column
+from sqlalchemy import MetaData
+from sqlalchemy import String
+from sqlalchemy import Table
+from sqlalchemy import func
 from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import select
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from tunesvc.errors import TunesvcError
 from tunesvc.store.models import SCHEMA_VERSION
+from tunesvc.store.models import Base
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -44,6 +60,12 @@ HEAD = f"{SCHEMA_VERSION:04d}"
 KNOWN = frozenset(f"{n:04d}" for n in range(1, SCHEMA_VERSION + 1))
 #: what a database made by Base.metadata.create_all, before Alembic, is
 PRE_ALEMBIC = "0001"
+#: where Alembic records our revision
+VERSION_TABLE = "tunesvc_alembic_version"
+#: where revisions 0001-0004 recorded it, and Optuna records its own
+SHARED_VERSION_TABLE = "alembic_version"
+#: revisions whose tables have the names they had before revision 0005 prefixed them with tunesvc_
+UNPREFIXED = frozenset({"0001", "0002", "0003", "0004"})
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -107,16 +129,16 @@ def upgrade(db: str | os.PathLike | None = None, *, create: bool = True) -> tupl
 
 
 # -- used by Store ----------------------------------------------------------------------------------
-def revision_of(connection: Connection, where: str) -> tuple[str | None, bool]:
-    """(revision, stamped) of the database behind ``connection``, read with plain SQL.
+def revision_of(connection: Connection, where: str) -> tuple[str | None, str | None]:
+    """(revision, the table that records it) of the database behind ``connection``, read with plain SQL.
 
-    None: no tables at all (a new database). stamped: it has an alembic_version table (False for
-    a database from before Alembic). Another application's database, or one newer than this
-    tunesvc, raises one line that says so.
+    None: no tables at all (a new database). The table is VERSION_TABLE, SHARED_VERSION_TABLE
+    (revisions 0001-0004, not yet moved) or None (a database from before Alembic). Another
+    application's database, or one newer than this tunesvc, raises one line that says so.
     """
     tables = set(sa_inspect(connection).get_table_names())
     if not tables:
-        return None, False
+        return None, None
     if "tunesvc_meta" not in tables:
         raise TunesvcError(f"{where} holds other tables, not a tunesvc database; pass another --db.")
     row = connection.execute(text("SELECT value FROM tunesvc_meta WHERE key = 'schema_version'")).first()
@@ -125,12 +147,20 @@ def revision_of(connection: Connection, where: str) -> tuple[str | None, bool]:
         raise TunesvcError(
             f"{where} has schema version {found}, newer than this tunesvc ({SCHEMA_VERSION}); upgrade tunesvc."
         )
-    if "alembic_version" not in tables:
-        return PRE_ALEMBIC, False
-    revisions = list(connection.execute(text("SELECT version_num FROM alembic_version")).scalars())
+    table = VERSION_TABLE if VERSION_TABLE in tables else SHARED_VERSION_TABLE
+    revisions = list(connection.execute(text(f"SELECT version_num FROM {table}")).scalars()) if table in tables else []
+    if table == SHARED_VERSION_TABLE:
+        revisions = [r for r in revisions if r in KNOWN]  # any other is Optuna's
+        if not revisions:
+            if found != 1:
+                raise TunesvcError(
+                    f"{where} has schema version {found} but records no schema revision; it is damaged, "
+                    "or its revision table was dropped."
+                )
+            return PRE_ALEMBIC, None
     if len(revisions) != 1:
         raise TunesvcError(
-            f"{where} records {len(revisions)} schema revisions in alembic_version instead of one; "
+            f"{where} records {len(revisions)} schema revisions in {table} instead of one; "
             "it is damaged, or was migrated by something else."
         )
     [revision] = revisions
@@ -138,7 +168,7 @@ def revision_of(connection: Connection, where: str) -> tuple[str | None, bool]:
         raise TunesvcError(
             f"{where} has schema revision {revision}, newer than this tunesvc ({HEAD}); upgrade tunesvc."
         )
-    return revision, True
+    return revision, table
 
 
 def migrate(engine: Engine, where: str) -> tuple[str | None, str]:
@@ -146,13 +176,41 @@ def migrate(engine: Engine, where: str) -> tuple[str | None, str]:
     from alembic import command
 
     with engine.connect() as connection, _write_lock(connection):
-        before, stamped = revision_of(connection, where)  # again, now that no one else migrates
+        before, table = revision_of(connection, where)  # again, now that no one else migrates
         if before != HEAD:
             config = alembic_config(connection)
-            if before is not None and not stamped:
-                command.stamp(config, PRE_ALEMBIC)
+            if before is not None and table != VERSION_TABLE:
+                command.stamp(config, before)  # into VERSION_TABLE
+                if table == SHARED_VERSION_TABLE:
+                    _leave_shared_version_table(connection, before)
             command.upgrade(config, "head")
     return before, HEAD
+
+
+def _leave_shared_version_table(connection: Connection, revision: str) -> None:
+    """Take our revision out of alembic_version, and the table too if that leaves it empty."""
+    shared = Table(SHARED_VERSION_TABLE, MetaData(), Column("version_num", String(32)))
+    connection.execute(shared.delete().where(shared.c.version_num == revision))
+    if connection.execute(select(func.count()).select_from(shared)).scalar() == 0:
+        shared.drop(connection)
+
+
+def prefixed_views(connection: Connection) -> Callable[[Any, Any], None]:
+    """A connect hook that lets a read-only store read a database from before revision 0005.
+
+    Each new connection gets temporary views, under the tunesvc_* names the models use, of the
+    database's tables: reading needs no other code, and nothing is written to the database.
+    """
+    tables = sorted(set(sa_inspect(connection).get_table_names()) & {t.removeprefix("tunesvc_") for t in Base.metadata.tables})
+
+    def create_views(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        for table in tables:
+            cursor.execute(f"CREATE TEMPORARY VIEW tunesvc_{table} AS SELECT * FROM {table}")
+        cursor.close()
+        dbapi_connection.commit()  # PostgreSQL's driver began a transaction; the pool would roll it back
+
+    return create_views
 
 
 @contextmanager

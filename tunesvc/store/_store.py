@@ -137,6 +137,10 @@ class Store:
     def _prepare_schema(self, upgrade: bool = False) -> None:
         with self.engine.connect() as connection:
             found, _ = _migrate.revision_of(connection, self._where())  # refuses foreign and newer ones
+            views = _migrate.prefixed_views(connection) if self.readonly and found in _migrate.UNPREFIXED else None
+        if views is not None:
+            event.listen(self.engine, "connect", views)
+            self.engine.dispose()  # the connection pooled above has no views
         self.revision_found, self.revision = found, found
         if found is None and self.readonly:
             raise TunesvcError(f"{self._where()} is not a tunesvc database yet; run `tune sweep` first.")

@@ -1,5 +1,8 @@
 """The database schema (SQLAlchemy 2 typed ORM).
 
+Every table is named tunesvc_* (revision 0005), so that Optuna's studies can live in the same
+database: Optuna's schema has its own ``trials`` and ``alembic_version`` tables.
+
 devices -< sweeps >- kernel_versions; every trial row belongs to one sweep and carries its
 (kernel version, device, shape key, config hash), unique together: a config is measured once
 per key and device, and re-running a sweep reuses what is there. One winner row per (kernel
@@ -27,10 +30,10 @@ from sqlalchemy.orm import Mapped
 from sqlalchemy.orm import mapped_column
 from sqlalchemy.orm import relationship
 
-#: The schema's number: the Alembic head revision ("0004" -> 4) of tunesvc/store/alembic/versions.
+#: The schema's number: the Alembic head revision ("0005" -> 5) of tunesvc/store/alembic/versions.
 #: Each migration writes its number to tunesvc_meta.schema_version, so that a tunesvc from before
 #: Alembic (which reads only that row) also refuses a database newer than itself.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def utcnow() -> datetime:
@@ -48,7 +51,7 @@ class Meta(Base):
 
 
 class StoredDevice(Base):
-    __tablename__ = "devices"
+    __tablename__ = "tunesvc_devices"
     id: Mapped[int] = mapped_column(primary_key=True)
     fingerprint: Mapped[str] = mapped_column(String(32), unique=True)
     hardware_id: Mapped[str] = mapped_column(String(256), index=True)
@@ -67,7 +70,7 @@ class StoredDevice(Base):
 
 
 class KernelVersion(Base):
-    __tablename__ = "kernel_versions"
+    __tablename__ = "tunesvc_kernel_versions"
     __table_args__ = (UniqueConstraint("kernel", "version"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     kernel: Mapped[str] = mapped_column(String(128), index=True)
@@ -76,10 +79,10 @@ class KernelVersion(Base):
 
 
 class Sweep(Base):
-    __tablename__ = "sweeps"
+    __tablename__ = "tunesvc_sweeps"
     id: Mapped[int] = mapped_column(primary_key=True)
-    kernel_version_id: Mapped[int] = mapped_column(ForeignKey("kernel_versions.id"))
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    kernel_version_id: Mapped[int] = mapped_column(ForeignKey("tunesvc_kernel_versions.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("tunesvc_devices.id"))
     shape_key: Mapped[str] = mapped_column(String(512))
     problem: Mapped[dict[str, Any]]
     strategy: Mapped[str] = mapped_column(String(32))
@@ -96,16 +99,16 @@ class Sweep(Base):
 
 
 class Trial(Base):
-    __tablename__ = "trials"
+    __tablename__ = "tunesvc_trials"
     __table_args__ = (
         UniqueConstraint("kernel_version_id", "device_id", "shape_key", "config_hash"),
         # revision 0002: a key's correct trials in time order, so the winner query reads one row
-        Index("ix_trials_key_status_time", "kernel_version_id", "device_id", "shape_key", "status", "time_ms"),
+        Index("ix_tunesvc_trials_key_status_time", "kernel_version_id", "device_id", "shape_key", "status", "time_ms"),
     )
     id: Mapped[int] = mapped_column(primary_key=True)
-    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id"))
-    kernel_version_id: Mapped[int] = mapped_column(ForeignKey("kernel_versions.id"))
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("tunesvc_sweeps.id"))
+    kernel_version_id: Mapped[int] = mapped_column(ForeignKey("tunesvc_kernel_versions.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("tunesvc_devices.id"))
     shape_key: Mapped[str] = mapped_column(String(512), index=True)
     config: Mapped[dict[str, Any]]
     config_hash: Mapped[str] = mapped_column(String(32))
@@ -119,16 +122,16 @@ class Trial(Base):
 
 
 class Winner(Base):
-    __tablename__ = "winners"
+    __tablename__ = "tunesvc_winners"
     __table_args__ = (UniqueConstraint("kernel_version_id", "device_id", "shape_key"),)
     id: Mapped[int] = mapped_column(primary_key=True)
-    kernel_version_id: Mapped[int] = mapped_column(ForeignKey("kernel_versions.id"))
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    kernel_version_id: Mapped[int] = mapped_column(ForeignKey("tunesvc_kernel_versions.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("tunesvc_devices.id"))
     shape_key: Mapped[str] = mapped_column(String(512))
     config: Mapped[dict[str, Any]]
     config_hash: Mapped[str] = mapped_column(String(32))
     time_ms: Mapped[float]
-    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
+    trial_id: Mapped[int] = mapped_column(ForeignKey("tunesvc_trials.id"))
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     kernel_version: Mapped[KernelVersion] = relationship(lazy="joined")
@@ -143,10 +146,10 @@ class Job(Base):
     ``worker``, alive while its ``heartbeat`` is recent), done or failed.
     """
 
-    __tablename__ = "jobs"
+    __tablename__ = "tunesvc_jobs"
     __table_args__ = (
         UniqueConstraint("batch", "kernel", "shape_key"),
-        Index("ix_jobs_batch_status", "batch", "status"),
+        Index("ix_tunesvc_jobs_batch_status", "batch", "status"),
     )
     id: Mapped[int] = mapped_column(primary_key=True)
     batch: Mapped[str] = mapped_column(String(64))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from alembic import context
 
+from tunesvc.store._migrate import VERSION_TABLE
 from tunesvc.store.models import Base
 
 config = context.config
@@ -19,6 +20,7 @@ if connection is None or context.is_offline_mode():
 context.configure(
     connection=connection,
     target_metadata=Base.metadata,
+    version_table=VERSION_TABLE,  # not alembic_version: Optuna keeps its own revision there
     render_as_batch=True,  # SQLite alters most things by copying the table; batch mode does that
     compare_type=True,
 )

@@ -241,12 +241,15 @@ def _sweep_one(
                 compiler.compile(template, problem, batch)
                 compile_seconds += time.perf_counter() - tick
             on_phase(key, "checking and timing")
+            results: list[tuple[Config, str, Measurement]] = []
             for config in batch:
-                h = config_hash(config)
                 tick = time.perf_counter()
-                m = measurer.measure(config)
+                results.append((config, config_hash(config), measurer.measure(config)))
                 measure_seconds += time.perf_counter() - tick
-                row = store.add_trial(sweep_id, kv_id, device_id, key, config, h, m)
+            # one transaction per batch: many workers on one database commit once per batch, not
+            # per trial (benchmarks/write_throughput.py); a kill loses at most the batch in flight
+            rows = store.add_trials(sweep_id, kv_id, device_id, key, results)
+            for (config, h, m), row in zip(results, rows):
                 if row is not None:
                     measured[h] = row
                     new += 1

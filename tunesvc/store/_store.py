@@ -1,7 +1,8 @@
 """The store's logic: one :class:`Store` over any SQLAlchemy URL (SQLite file by default).
 
 Every write is its own transaction, committed before the sweep moves on: a sweep killed
-midway loses at most the trial in flight, and the next run finds the rest.
+midway loses at most the batch of trials in flight (``Store.add_trials``), and the next run
+finds the rest, each committed trial once.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Iterator
+from typing import Sequence
 
 from sqlalchemy import create_engine
 from sqlalchemy import event
 from sqlalchemy import func
 from sqlalchemy import insert
 from sqlalchemy import select
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.exc import DBAPIError
@@ -122,6 +126,7 @@ class Store:
         if self.is_sqlite:
             event.listen(self.engine, "connect", self._sqlite_pragmas)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._insert_new_trials = _insert_new_trials(url.get_backend_name())
         with self._errors():
             self._prepare_schema(upgrade)
 
@@ -271,21 +276,44 @@ class Store:
 
     def add_trial(self, sweep_id: int, kv_id: int, device_id: int, shape_key: str, config: Config, config_hash: str, m: Measurement) -> Trial | None:
         """Store one measurement; None if another writer stored the same config first."""
-        row = Trial(
-            sweep_id=sweep_id, kernel_version_id=kv_id, device_id=device_id, shape_key=shape_key,
-            config=config, config_hash=config_hash, status=m.status.value, time_ms=m.time_ms,
-            spread=m.spread, reps=m.reps, rel_error=_finite(m.rel_error), message=m.message,
-        )
-        values = {c.key: getattr(row, c.key) for c in Trial.__table__.columns if c.key != "id"} | {"created_at": utcnow()}
+        return self.add_trials(sweep_id, kv_id, device_id, shape_key, [(config, config_hash, m)])[0]
+
+    def add_trials(
+        self, sweep_id: int, kv_id: int, device_id: int, shape_key: str, measured: Sequence[tuple[Config, str, Measurement]],
+    ) -> list[Trial | None]:
+        """Store (config, config hash, measurement)s in one transaction: all of them or, if it fails, none.
+
+        One row per item, in order; None for a config already stored (by another writer, or
+        earlier in ``measured``): it is skipped and the others still go in.
+        """
+        now = utcnow()
+        values = [
+            {
+                "sweep_id": sweep_id, "kernel_version_id": kv_id, "device_id": device_id, "shape_key": shape_key,
+                "config": config, "config_hash": digest, "status": m.status.value, "time_ms": m.time_ms,
+                "spread": m.spread, "reps": m.reps, "rel_error": _finite(m.rel_error), "message": m.message,
+                "created_at": now,
+            }
+            for config, digest, m in measured
+        ]
+        with self._errors(), self.engine.begin() as connection:
+            if self._insert_new_trials is not None:
+                ids = dict(connection.execute(self._insert_new_trials, values).all()) if values else {}
+            else:
+                ids = {v["config_hash"]: self._insert_one(v) for v in values}
+        rows: list[Trial | None] = []
+        for v in values:
+            new = ids.pop(v["config_hash"], None)  # popped: a config twice in ``measured`` is stored once
+            rows.append(None if new is None else Trial(id=new, **v))
+        return rows
+
+    def _insert_one(self, values: dict) -> int | None:
+        """A dialect without INSERT ... ON CONFLICT: one row per transaction, a duplicate refused."""
         try:
-            # one Core INSERT on a plain connection, not an ORM unit of work: half the CPU per row,
-            # which is what bounds many writers on few cores (benchmarks/write_throughput.py)
-            with self._errors(), self.engine.begin() as connection:
-                row.id = connection.execute(insert(Trial).values(values)).inserted_primary_key[0]
+            with self.engine.begin() as connection:
+                return connection.execute(insert(Trial), values).inserted_primary_key[0]
         except IntegrityError:
             return None
-        row.created_at = values["created_at"]
-        return row
 
     def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> Winner | None:
         """Make the fastest correct trial of this key the winner (or none, if none is correct)."""
@@ -444,6 +472,19 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _insert_new_trials(backend: str):
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING (config_hash, id): the rows that went in.
+
+    Built once per store: building and coercing an INSERT per row took three quarters of the CPU
+    per stored trial (benchmarks/write_throughput.py). None where the dialect has no ON CONFLICT.
+    """
+    dialect_insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(backend)
+    if dialect_insert is None:
+        return None
+    # no conflict target: the trials' one unique constraint, by whatever name a migration gives it
+    return dialect_insert(Trial).on_conflict_do_nothing().returning(Trial.config_hash, Trial.id)
 
 
 def _finite(x: float | None) -> float | None:

@@ -300,20 +300,12 @@ class Store:
             if self._insert_new_trials is not None:
                 ids = dict(connection.execute(self._insert_new_trials, values).all()) if values else {}
             else:
-                ids = {v["config_hash"]: self._insert_one(v) for v in values}
+                ids = {v["config_hash"]: new for v in values if (new := _insert_one(connection, v)) is not None}
         rows: list[Trial | None] = []
         for v in values:
             new = ids.pop(v["config_hash"], None)  # popped: a config twice in ``measured`` is stored once
             rows.append(None if new is None else Trial(id=new, **v))
         return rows
-
-    def _insert_one(self, values: dict) -> int | None:
-        """A dialect without INSERT ... ON CONFLICT: one row per transaction, a duplicate refused."""
-        try:
-            with self.engine.begin() as connection:
-                return connection.execute(insert(Trial), values).inserted_primary_key[0]
-        except IntegrityError:
-            return None
 
     def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> Winner | None:
         """Make the fastest correct trial of this key the winner (or none, if none is correct)."""
@@ -485,6 +477,16 @@ def _insert_new_trials(backend: str):
         return None
     # no conflict target: the trials' one unique constraint, by whatever name a migration gives it
     return dialect_insert(Trial).on_conflict_do_nothing().returning(Trial.config_hash, Trial.id)
+
+
+def _insert_one(connection, values: dict) -> int | None:
+    """A dialect without INSERT ... ON CONFLICT: a savepoint per row, so a duplicate is refused
+    alone and the batch's transaction goes on."""
+    try:
+        with connection.begin_nested():
+            return connection.execute(insert(Trial), values).inserted_primary_key[0]
+    except IntegrityError:
+        return None
 
 
 def _finite(x: float | None) -> float | None:

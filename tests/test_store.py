@@ -148,14 +148,14 @@ def test_add_trials_stores_a_batch_in_order_and_skips_stored_configs(store, ids,
     first = add(store, ids, cfg(16), ok(2.5))
     batch = [cfg(32), dict(reversed(list(cfg(16).items()))), cfg(64), cfg(32, stages=3), cfg(32)]
     times = [3.0, 1.0, 4.0, 5.0, 0.5]
-    rows = store.add_trials(sweep, kv, dev, KEY, [(c, config_hash(c), ok(ms)) for c, ms in zip(batch, times)])
+    ids = store.add_trials(sweep, kv, dev, KEY, [(c, config_hash(c), ok(ms)) for c, ms in zip(batch, times)])
     # cfg(16) was stored before, cfg(32) comes twice: skipped, the others still go in
-    assert [r is not None for r in rows] == [True, False, True, True, False]
+    assert [i is not None for i in ids] == [True, False, True, True, False]
     trials = store.trials(kv, dev, KEY)
-    assert [(t.id, t.config, t.time_ms) for t in trials] == [
-        (first.id, cfg(16), 2.5), (rows[0].id, cfg(32), 3.0), (rows[2].id, cfg(64), 4.0), (rows[3].id, cfg(32, 3), 5.0),
+    assert [(t.id, t.config, t.config_hash, t.time_ms) for t in trials] == [
+        (first.id, cfg(16), config_hash(cfg(16)), 2.5), (ids[0], cfg(32), config_hash(cfg(32)), 3.0),
+        (ids[2], cfg(64), config_hash(cfg(64)), 4.0), (ids[3], cfg(32, 3), config_hash(cfg(32, 3)), 5.0),
     ]
-    assert [r.config_hash for r in rows if r] == [config_hash(c) for c in (cfg(32), cfg(64), cfg(32, 3))]
     assert store.add_trials(sweep, kv, dev, KEY, []) == []
 
 

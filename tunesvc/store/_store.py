@@ -276,15 +276,21 @@ class Store:
 
     def add_trial(self, sweep_id: int, kv_id: int, device_id: int, shape_key: str, config: Config, config_hash: str, m: Measurement) -> Trial | None:
         """Store one measurement; None if another writer stored the same config first."""
-        return self.add_trials(sweep_id, kv_id, device_id, shape_key, [(config, config_hash, m)])[0]
+        [new] = self.add_trials(sweep_id, kv_id, device_id, shape_key, [(config, config_hash, m)])
+        if new is None:
+            return None
+        return Trial(id=new, sweep_id=sweep_id, kernel_version_id=kv_id, device_id=device_id, shape_key=shape_key,
+                     config=config, config_hash=config_hash, status=m.status.value, time_ms=m.time_ms, spread=m.spread,
+                     reps=m.reps, rel_error=_finite(m.rel_error), message=m.message)
 
     def add_trials(
         self, sweep_id: int, kv_id: int, device_id: int, shape_key: str, measured: Sequence[tuple[Config, str, Measurement]],
-    ) -> list[Trial | None]:
+    ) -> list[int | None]:
         """Store (config, config hash, measurement)s in one transaction: all of them or, if it fails, none.
 
-        One row per item, in order; None for a config already stored (by another writer, or
-        earlier in ``measured``): it is skipped and the others still go in.
+        The new trial's id per item, in order; None for a config already stored (by another
+        writer, or earlier in ``measured``): it is skipped and the others still go in. Ids, not
+        ORM rows: building a Trial object cost a fifth of the CPU per stored row.
         """
         now = utcnow()
         values = [
@@ -301,11 +307,7 @@ class Store:
                 ids = dict(connection.execute(self._insert_new_trials, values).all()) if values else {}
             else:
                 ids = {v["config_hash"]: new for v in values if (new := _insert_one(connection, v)) is not None}
-        rows: list[Trial | None] = []
-        for v in values:
-            new = ids.pop(v["config_hash"], None)  # popped: a config twice in ``measured`` is stored once
-            rows.append(None if new is None else Trial(id=new, **v))
-        return rows
+        return [ids.pop(v["config_hash"], None) for v in values]  # popped: a config twice in ``measured`` is stored once
 
     def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> Winner | None:
         """Make the fastest correct trial of this key the winner (or none, if none is correct)."""

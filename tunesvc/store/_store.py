@@ -126,9 +126,9 @@ class Store:
         if self.is_sqlite:
             event.listen(self.engine, "connect", self._sqlite_pragmas)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._insert_new_trials = _insert_new_trials(url.get_backend_name())
         with self._errors():
             self._prepare_schema(upgrade)
+        self._insert_new_trials = _insert_new_trials(self.engine.dialect)  # once connected: the dialect knows its server
 
     def _sqlite_pragmas(self, dbapi_connection, _record) -> None:
         cursor = dbapi_connection.cursor()
@@ -468,14 +468,15 @@ class Store:
         self.engine.dispose()
 
 
-def _insert_new_trials(backend: str):
+def _insert_new_trials(dialect):
     """INSERT ... ON CONFLICT DO NOTHING RETURNING (config_hash, id): the rows that went in.
 
     Built once per store: building and coercing an INSERT per row took three quarters of the CPU
-    per stored trial (benchmarks/write_throughput.py). None where the dialect has no ON CONFLICT.
+    per stored trial (benchmarks/write_throughput.py). None where the dialect has no ON CONFLICT,
+    or no RETURNING (SQLite before 3.35).
     """
-    dialect_insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(backend)
-    if dialect_insert is None:
+    dialect_insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(dialect.name)
+    if dialect_insert is None or not dialect.insert_returning:
         return None
     # no conflict target: the trials' one unique constraint, by whatever name a migration gives it
     return dialect_insert(Trial).on_conflict_do_nothing().returning(Trial.config_hash, Trial.id)

@@ -16,8 +16,11 @@ from sqlalchemy import func
 from sqlalchemy import select
 from typer.testing import CliRunner
 
+from tunesvc import Status
 from tunesvc import TunesvcError
+from tunesvc import config_hash
 from tunesvc import jobs
+from tunesvc.bench import Measurement
 from tunesvc.cli import app
 from tunesvc.store import Store
 from tunesvc.store.models import Job
@@ -191,6 +194,49 @@ def test_tune_sweep_gpus_runs_one_worker_per_index(tmp_db, template):
         assert sum(n for n, _ in _trials_per_key(store).values()) == 4
     finally:
         store.close()
+
+
+def test_tune_sweep_gpus_passes_time_budget_patience_and_workers_to_every_job(tmp_path, template, device):
+    """Each key starts from a stored trial that nothing beats: with --patience 1 a job measures
+    one more batch and stops; with a time budget already spent it measures none."""
+    problems = [template.problem(**p, dtype="float16") for p in template.presets["tiny"]]
+    keys = {str(template.key(p)) for p in problems}
+    patient, hurried = str(tmp_path / "patience.db"), str(tmp_path / "time.db")
+    for db in (patient, hurried):
+        store = Store(db)
+        try:
+            kv, dev = store.kernel_version_id(template), store.device_id(device)
+            for p in problems:
+                key, first = str(template.key(p)), template.feasible(p, device)[0]
+                sweep = store.start_sweep(kv, dev, key, dict(p), "grid", None, 0)
+                store.add_trial(sweep, kv, dev, key, first, config_hash(first), Measurement(Status.OK, time_ms=1e-9, reps=1))
+        finally:
+            store.close()
+    sweep = ["sweep", "matmul", "--preset", "tiny", "--budget", "6", "--gpus", "0,1", "--json"]
+
+    result = CliRunner().invoke(app, [*sweep, "--patience", "1", "--workers", "2", "--db", patient])
+    assert result.exit_code == 0, result.output
+    store = Store(patient, readonly=True)
+    try:
+        assert [j.status for j in _all_jobs(store)] == ["done", "done"]
+        # the stored one and one batch of new ones (--workers 2: two compiled and measured at a time),
+        # after which patience stops the job: not the 6 of --budget
+        assert _trials_per_key(store) == {key: (3, 3) for key in keys}
+    finally:
+        store.close()
+
+    result = CliRunner().invoke(app, [*sweep, "--time-budget", "1e-6", "--db", hurried])
+    assert result.exit_code == 0, result.output
+    store = Store(hurried, readonly=True)
+    try:
+        assert [j.status for j in _all_jobs(store)] == ["done", "done"]
+        assert _trials_per_key(store) == {key: (1, 1) for key in keys}  # nothing new
+    finally:
+        store.close()
+    # a limit names another batch, so a host running the sweep without it does not join this one
+    plain = jobs.batch_name("matmul", template, problems, "grid", 6, 0, device)
+    assert len({plain, jobs.batch_name("matmul", template, problems, "grid", 6, 0, device, patience=1),
+                jobs.batch_name("matmul", template, problems, "grid", 6, 0, device, time_budget=1e-6)}) == 3
 
 
 def test_tune_sweep_gpus_rejects_a_bad_value_in_one_line(tmp_db):

@@ -143,6 +143,51 @@ def test_duplicate_trial_returns_none(store, ids):
     assert len(trials) == 1 and trials[0].time_ms == 2.5
 
 
+@pytest.mark.parametrize("on_conflict", [True, False], ids=["on-conflict", "savepoints"])
+def test_add_trials_stores_a_batch_in_order_and_skips_stored_configs(store, ids, on_conflict):
+    """Both ways in: INSERT ... ON CONFLICT DO NOTHING, and a savepoint per row (other dialects)."""
+    kv, dev, sweep = ids
+    if not on_conflict:
+        store._insert_new_trials = None
+    first = add(store, ids, cfg(16), ok(2.5))
+    batch = [cfg(32), dict(reversed(list(cfg(16).items()))), cfg(64), cfg(32, stages=3), cfg(32)]
+    times = [3.0, 1.0, 4.0, 5.0, 0.5]
+    ids = store.add_trials(sweep, kv, dev, KEY, [(c, config_hash(c), ok(ms)) for c, ms in zip(batch, times)])
+    # cfg(16) was stored before, cfg(32) comes twice: skipped, the others still go in
+    assert [i is not None for i in ids] == [True, False, True, True, False]
+    trials = store.trials(kv, dev, KEY)
+    assert [(t.id, t.config, t.config_hash, t.time_ms) for t in trials] == [
+        (first.id, cfg(16), config_hash(cfg(16)), 2.5), (ids[0], cfg(32), config_hash(cfg(32)), 3.0),
+        (ids[2], cfg(64), config_hash(cfg(64)), 4.0), (ids[3], cfg(32, 3), config_hash(cfg(32, 3)), 5.0),
+    ]
+    assert store.add_trials(sweep, kv, dev, KEY, []) == []
+
+
+def test_a_batch_that_does_not_fit_stores_none_of_its_trials(tmp_db, file_ids, file_store, monkeypatch):
+    kv, dev, sweep = file_ids
+    add(file_store, file_ids, cfg(16), ok(2.5))
+    file_store.close()
+    pages = sqlite3.connect(tmp_db).execute("PRAGMA page_count").fetchone()[0]
+    original = Store._sqlite_pragmas
+
+    def pragmas(self, dbapi_connection, record):  # SQLite's own limit stands in for a full disk
+        original(self, dbapi_connection, record)
+        dbapi_connection.execute(f"PRAGMA max_page_count = {pages + 2}")
+
+    monkeypatch.setattr(Store, "_sqlite_pragmas", pragmas)
+    full = Store(tmp_db)
+    try:
+        # 40 rows of 1 KB messages need about 10 more 4 KB pages: the batch fails part-way
+        batch = [(cfg(b, s), config_hash(cfg(b, s)), Measurement(Status.OK, time_ms=1.0, reps=1, message="x" * 1000))
+                 for b in (32, 64, 128, 256) for s in range(10)]
+        with pytest.raises(TunesvcError, match="is full"):
+            full.add_trials(sweep, kv, dev, KEY, batch)
+        assert [t.config for t in full.trials(kv, dev, KEY)] == [cfg(16)]
+        assert full.add_trials(sweep, kv, dev, KEY, batch[:1])[0] is not None  # a small batch still fits
+    finally:
+        full.close()
+
+
 def test_update_winner_picks_fastest_ok(store, ids):
     kv, dev, _ = ids
     assert store.update_winner(kv, dev, KEY) is None  # nothing measured

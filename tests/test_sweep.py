@@ -147,11 +147,15 @@ def study_params(db: str) -> list[dict]:
     return [t.params for t in optuna.load_study(study_name=name, storage=f"sqlite:///{db}").trials]
 
 
-@pytest.mark.parametrize("strategy", ["grid", "optuna"])
-def test_resume_after_sigkill(tmp_path, strategy):
+@pytest.mark.parametrize(
+    ("strategy", "workers"),
+    [("grid", []), ("optuna", []), ("grid", ["--workers", "2"])],
+    ids=["a-trial-per-transaction", "optuna-study-resumed", "batches-of-2"],
+)
+def test_resume_after_sigkill(tmp_path, strategy, workers):
     db = str(tmp_path / "killed.db")
     cmd = [sys.executable, "-m", "tunesvc", "sweep", "matmul", "--shape", "40x40x40", "--budget", "12",
-           "--strategy", strategy, "--db", db]
+           "--strategy", strategy, "--db", db, *workers]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
@@ -213,10 +217,22 @@ def test_compiler_pool_launches_in_workers_and_reports_failures(template, device
 
 
 def test_sweep_with_compile_workers_measures_every_trial_once(tmp_db, template, device):
+    """A batch (one candidate per compile worker) is stored in one transaction, before it is reported."""
     problem = template.problem(M=24, N=40, K=36)
-    [result] = run_sweep(template, [problem], Store(tmp_db), budget=4, device=device, workers=2)
+    seen: list[tuple[str, int]] = []  # (config hash, trial rows committed when it was reported)
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(template, [problem], store, budget=4, device=device, workers=2,
+                             on_trial=lambda event: seen.append((config_hash(event.config), count_trials(tmp_db))))
+        rows = trial_rows(store, template, device, result.shape_key)
+    finally:
+        store.close()
     assert result.trials_new == 4 and result.trials_stored == 4
     assert result.winner is not None and result.failures == 0
+    assert [n for _, n in seen] == [2, 2, 4, 4]
+    assert [h for h, _ in seen] == [r.config_hash for r in rows]
+    stamps = [r.created_at for r in rows]  # one transaction per batch: one timestamp per batch
+    assert stamps[0] == stamps[1] != stamps[2] == stamps[3]
 
 
 def test_sweep_reports_what_it_is_doing(tmp_db, template, device):

@@ -203,9 +203,8 @@ def sweep(
     problems = _problems(template, shape or [], preset, dtype)
     check_sweep_arguments(strategy, budget, time_budget, patience)  # before Store(): a rejected sweep creates no file
     if gpus is not None:
-        if time_budget is not None or patience is not None:
-            raise TunesvcError("--time-budget and --patience do not apply to a --gpus sweep yet; give --budget alone.")
-        return _sweep_on_workers(kernel, template, problems, strategy, budget, seed, gpus, db, as_json)
+        return _sweep_on_workers(kernel, template, problems, strategy, budget, seed, gpus, db, as_json,
+                                 time_budget=time_budget, patience=patience, workers=workers)
     store = Store(db)
     device = current_device()
     progress = Progress(
@@ -247,8 +246,12 @@ def sweep(
 
 
 def _sweep_on_workers(kernel: str, template, problems: list[dict], strategy: str, budget: int | None, seed: int,
-                      gpus: str, db: str | None, as_json: bool) -> None:
-    """`tune sweep --gpus`: queue the (kernel x shape) jobs in the database, run one worker per GPU."""
+                      gpus: str, db: str | None, as_json: bool, *, time_budget: float | None, patience: int | None,
+                      workers: int | None) -> None:
+    """`tune sweep --gpus`: queue the (kernel x shape) jobs in the database, run one worker per GPU.
+
+    Each worker runs its jobs with the sweep's --time-budget, --patience and --workers.
+    """
     import torch
 
     from tunesvc import jobs
@@ -259,10 +262,11 @@ def _sweep_on_workers(kernel: str, template, problems: list[dict], strategy: str
     store = Store(db)
     try:
         device = current_device()
-        batch = jobs.batch_name(kernel, template, problems, strategy, budget, seed, device)
+        batch = jobs.batch_name(kernel, template, problems, strategy, budget, seed, device, time_budget, patience)
         added = jobs.enqueue(store, batch, kernel, template, problems, strategy, budget, seed)
         Console(stderr=True).print(f"sweep {batch}: {added} new of {len(problems)} jobs, {len(slots)} workers", highlight=False)
-        codes = [p.wait() for p in jobs.spawn_workers(store.url, batch, slots)]
+        codes = [p.wait() for p in jobs.spawn_workers(store.url, batch, slots, time_budget=time_budget, patience=patience,
+                                                      compile_workers=workers)]
         rows = jobs.jobs(store, batch)
         winners = {w.shape_key: w for w in store.winners(kernel=template.name, hardware_id=device.hardware_id, version=template.version)}
     finally:

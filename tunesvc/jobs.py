@@ -70,10 +70,17 @@ class JobSpec:
     seed: int
 
 
-def batch_name(kernel: str, template: Template, problems: list[Problem], strategy: str, budget: int | None, seed: int, device: Device) -> str:
-    """The same sweep arguments on the same GPU model name the same batch, on any host."""
+def batch_name(kernel: str, template: Template, problems: list[Problem], strategy: str, budget: int | None, seed: int, device: Device,
+               time_budget: float | None = None, patience: int | None = None) -> str:
+    """The same sweep arguments on the same GPU model name the same batch, on any host.
+
+    ``time_budget`` and ``patience`` change which trials a job measures, so they name another
+    batch; left out when unset, so a sweep queued before they were passed keeps its name.
+    """
+    limits = {k: v for k, v in (("time_budget", time_budget), ("patience", patience)) if v is not None}
     data = json.dumps(
-        [kernel, template.version, sorted(str(template.key(p)) for p in problems), strategy, budget, seed, device.hardware_id],
+        [kernel, template.version, sorted(str(template.key(p)) for p in problems), strategy, budget, seed, device.hardware_id]
+        + ([limits] if limits else []),
         sort_keys=True,
     )
     return hashlib.sha256(data.encode()).hexdigest()[:16]
@@ -173,9 +180,13 @@ class _Heartbeat:
 
 def work(
     db: str, batch: str, *, worker: str | None = None, heartbeat_s: float = HEARTBEAT_S, stale_s: float = STALE_S,
-    retry_s: float = RETRY_S, log: Callable[[str], None] | None = None,
+    retry_s: float = RETRY_S, log: Callable[[str], None] | None = None, time_budget: float | None = None,
+    patience: int | None = None, compile_workers: int | None = None,
 ) -> int:
     """Run the batch's jobs until none is pending or running; returns how many this worker finished.
+
+    ``time_budget``, ``patience`` and ``compile_workers`` go to each job's
+    :func:`~tunesvc.sweep.run_sweep` (``workers`` there), as in a sweep without ``--gpus``.
 
     A job whose sweep raises a TunesvcError (no feasible config, ...) is marked failed with its
     message; an unreachable database is retried with backoff (1, 2, 4 ... 30 s) for ``retry_s``.
@@ -205,7 +216,8 @@ def work(
             try:
                 with _Heartbeat(store, held.id, worker, heartbeat_s):
                     [result] = run_sweep(template, [template.problem(**held.problem)], store, strategy=held.strategy,
-                                         budget=held.budget, seed=held.seed)
+                                         budget=held.budget, seed=held.seed, time_budget=time_budget, patience=patience,
+                                         workers=compile_workers)
             except DatabaseUnavailable:
                 raise
             except TunesvcError as exc:
@@ -261,8 +273,11 @@ def worker_slots(gpus: str, gpu_count: int) -> list[str | None]:
     return items
 
 
-def spawn_workers(db: str, batch: str, slots: list[str | None], *, stale_s: float = STALE_S, heartbeat_s: float = HEARTBEAT_S) -> list[subprocess.Popen]:
-    """One ``python -m tunesvc.jobs`` process per slot, each seeing only its own GPU.
+def spawn_workers(
+    db: str, batch: str, slots: list[str | None], *, stale_s: float = STALE_S, heartbeat_s: float = HEARTBEAT_S,
+    time_budget: float | None = None, patience: int | None = None, compile_workers: int | None = None,
+) -> list[subprocess.Popen]:
+    """One ``python -m tunesvc.jobs`` process per slot, each seeing only its own GPU (see :func:`work`).
 
     The database URL goes through the environment, not the command line, where ``ps`` would show
     its password.
@@ -274,6 +289,9 @@ def spawn_workers(db: str, batch: str, slots: list[str | None], *, stale_s: floa
             env["CUDA_VISIBLE_DEVICES"] = slot
         command = [sys.executable, "-m", "tunesvc.jobs", "--batch", batch,
                    "--stale-s", str(stale_s), "--heartbeat-s", str(heartbeat_s)]
+        for flag, value in (("--time-budget", time_budget), ("--patience", patience), ("--workers", compile_workers)):
+            if value is not None:
+                command += [flag, str(value)]
         processes.append(subprocess.Popen(command, env=env))
     return processes
 
@@ -286,11 +304,15 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stale-s", type=float, default=STALE_S)
     parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S)
     parser.add_argument("--retry-s", type=float, default=RETRY_S)
+    parser.add_argument("--time-budget", type=float, help="most seconds of search per job")
+    parser.add_argument("--patience", type=int, help="stop a job after this many trials in a row without a 1%% gain")
+    parser.add_argument("--workers", type=int, help="processes compiling candidates in parallel")
     args = parser.parse_args(argv)
     if not args.db:
         parser.error("give --db or set TUNESVC_DB")
     try:
-        work(args.db, args.batch, stale_s=args.stale_s, heartbeat_s=args.heartbeat_s, retry_s=args.retry_s)
+        work(args.db, args.batch, stale_s=args.stale_s, heartbeat_s=args.heartbeat_s, retry_s=args.retry_s,
+             time_budget=args.time_budget, patience=args.patience, compile_workers=args.workers)
     except TunesvcError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 1

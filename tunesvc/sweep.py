@@ -202,7 +202,7 @@ def _sweep_one(
     stored = store.trials(kv_id, device_id, key)
     for row in stored:
         search.tell(dict(row.config), _measurement(row))
-    measured = {row.config_hash: row for row in stored}
+    measured = {row.config_hash: _measurement(row) for row in stored}
     best = min((r.time_ms for r in stored if r.status == "ok"), default=None)
     if on_start:
         on_start(problem, key, limit)
@@ -228,7 +228,7 @@ def _sweep_one(
                 if config is None:
                     break
                 if config_hash(config) in measured:  # a strategy may propose a stored config again
-                    search.tell(config, _measurement(measured[config_hash(config)]))
+                    search.tell(config, measured[config_hash(config)])
                 else:
                     batch.append(config)
             if not batch:
@@ -241,14 +241,17 @@ def _sweep_one(
                 compiler.compile(template, problem, batch)
                 compile_seconds += time.perf_counter() - tick
             on_phase(key, "checking and timing")
+            results: list[tuple[Config, str, Measurement]] = []
             for config in batch:
-                h = config_hash(config)
                 tick = time.perf_counter()
-                m = measurer.measure(config)
+                results.append((config, config_hash(config), measurer.measure(config)))
                 measure_seconds += time.perf_counter() - tick
-                row = store.add_trial(sweep_id, kv_id, device_id, key, config, h, m)
-                if row is not None:
-                    measured[h] = row
+            # one transaction per batch: many workers on one database commit once per batch, not
+            # per trial (benchmarks/write_throughput.py); a kill loses at most the batch in flight
+            ids = store.add_trials(sweep_id, kv_id, device_id, key, results)
+            for (config, h, m), trial_id in zip(results, ids):
+                if trial_id is not None:
+                    measured[h] = m
                     new += 1
                 search.tell(config, m)
                 if m.ok and (best is None or m.time_ms < best * (1 - options.min_improvement)):

@@ -1,7 +1,8 @@
 """The store's logic: one :class:`Store` over any SQLAlchemy URL (SQLite file by default).
 
 Every write is its own transaction, committed before the sweep moves on: a sweep killed
-midway loses at most the trial in flight, and the next run finds the rest.
+midway loses at most the batch of trials in flight (``Store.add_trials``), and the next run
+finds the rest, each committed trial once.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Iterator
+from typing import Sequence
 
 from sqlalchemy import create_engine
 from sqlalchemy import event
 from sqlalchemy import func
 from sqlalchemy import insert
 from sqlalchemy import select
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.exc import DBAPIError
@@ -124,6 +128,7 @@ class Store:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         with self._errors():
             self._prepare_schema(upgrade)
+        self._insert_new_trials = _insert_new_trials(self.engine.dialect)  # once connected: the dialect knows its server
 
     def _sqlite_pragmas(self, dbapi_connection, _record) -> None:
         cursor = dbapi_connection.cursor()
@@ -275,21 +280,38 @@ class Store:
 
     def add_trial(self, sweep_id: int, kv_id: int, device_id: int, shape_key: str, config: Config, config_hash: str, m: Measurement) -> Trial | None:
         """Store one measurement; None if another writer stored the same config first."""
-        row = Trial(
-            sweep_id=sweep_id, kernel_version_id=kv_id, device_id=device_id, shape_key=shape_key,
-            config=config, config_hash=config_hash, status=m.status.value, time_ms=m.time_ms,
-            spread=m.spread, reps=m.reps, rel_error=_finite(m.rel_error), message=m.message,
-        )
-        values = {c.key: getattr(row, c.key) for c in Trial.__table__.columns if c.key != "id"} | {"created_at": utcnow()}
-        try:
-            # one Core INSERT on a plain connection, not an ORM unit of work: half the CPU per row,
-            # which is what bounds many writers on few cores (benchmarks/write_throughput.py)
-            with self._errors(), self.engine.begin() as connection:
-                row.id = connection.execute(insert(Trial).values(values)).inserted_primary_key[0]
-        except IntegrityError:
+        [new] = self.add_trials(sweep_id, kv_id, device_id, shape_key, [(config, config_hash, m)])
+        if new is None:
             return None
-        row.created_at = values["created_at"]
-        return row
+        return Trial(id=new, sweep_id=sweep_id, kernel_version_id=kv_id, device_id=device_id, shape_key=shape_key,
+                     config=config, config_hash=config_hash, status=m.status.value, time_ms=m.time_ms, spread=m.spread,
+                     reps=m.reps, rel_error=_finite(m.rel_error), message=m.message)
+
+    def add_trials(
+        self, sweep_id: int, kv_id: int, device_id: int, shape_key: str, measured: Sequence[tuple[Config, str, Measurement]],
+    ) -> list[int | None]:
+        """Store (config, config hash, measurement)s in one transaction: all of them or, if it fails, none.
+
+        The new trial's id per item, in order; None for a config already stored (by another
+        writer, or earlier in ``measured``): it is skipped and the others still go in. Ids, not
+        ORM rows: building a Trial object cost a fifth of the CPU per stored row.
+        """
+        now = utcnow()
+        values = [
+            {
+                "sweep_id": sweep_id, "kernel_version_id": kv_id, "device_id": device_id, "shape_key": shape_key,
+                "config": config, "config_hash": digest, "status": m.status.value, "time_ms": m.time_ms,
+                "spread": m.spread, "reps": m.reps, "rel_error": _finite(m.rel_error), "message": m.message,
+                "created_at": now,
+            }
+            for config, digest, m in measured
+        ]
+        with self._errors(), self.engine.begin() as connection:
+            if self._insert_new_trials is not None:
+                ids = dict(connection.execute(self._insert_new_trials, values).all()) if values else {}
+            else:
+                ids = {v["config_hash"]: new for v in values if (new := _insert_one(connection, v)) is not None}
+        return [ids.pop(v["config_hash"], None) for v in values]  # popped: a config twice in ``measured`` is stored once
 
     def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> Winner | None:
         """Make the fastest correct trial of this key the winner (or none, if none is correct)."""
@@ -448,6 +470,30 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _insert_new_trials(dialect):
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING (config_hash, id): the rows that went in.
+
+    Built once per store: building and coercing an INSERT per row took three quarters of the CPU
+    per stored trial (benchmarks/write_throughput.py). None where the dialect has no ON CONFLICT,
+    or no RETURNING (SQLite before 3.35).
+    """
+    dialect_insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(dialect.name)
+    if dialect_insert is None or not dialect.insert_returning:
+        return None
+    # no conflict target: the trials' one unique constraint, by whatever name a migration gives it
+    return dialect_insert(Trial).on_conflict_do_nothing().returning(Trial.config_hash, Trial.id)
+
+
+def _insert_one(connection, values: dict) -> int | None:
+    """A dialect without INSERT ... ON CONFLICT: a savepoint per row, so a duplicate is refused
+    alone and the batch's transaction goes on."""
+    try:
+        with connection.begin_nested():
+            return connection.execute(insert(Trial), values).inserted_primary_key[0]
+    except IntegrityError:
+        return None
 
 
 def _finite(x: float | None) -> float | None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Iterator
 
 import torch
 
@@ -193,53 +194,73 @@ class Compiler:
     process that owns the timings never waits on the compiler for more than a cache load.
     Written on concurrent.futures because Triton offers no public batch-compile API across
     versions 3.2-3.9; a worker that hangs past ``timeout_s`` is left to the pool's shutdown.
+
+    The workers start in a background thread (a forkserver that imports torch and triton takes
+    seconds), each reading the device and, given ``template`` and ``problem``, making that
+    problem's inputs, so that all of it overlaps the caller's own set-up.
     """
 
-    def __init__(self, workers: int, timeout_s: float = 120.0) -> None:
+    def __init__(self, workers: int, timeout_s: float = 120.0, *, template: Template | None = None,
+                 problem: Problem | None = None) -> None:
         self.workers = workers
         self.timeout_s = timeout_s
         #: how many times the pool was replaced after a worker died or hung
         self.restarts = 0
+        self._warm_up = (template, problem)
         self._pool = self._new_pool()
 
     def _new_pool(self):
+        import threading
         from concurrent.futures import ProcessPoolExecutor
 
         pool = ProcessPoolExecutor(self.workers, mp_context=_forkserver())
-        # start every worker now, importing tunesvc's kernels, while the caller makes its inputs
-        for _ in range(self.workers):
-            pool.submit(_warm_worker)
+        # submit() starts a worker process and blocks until the forkserver has forked it
+        self._starting = threading.Thread(target=self._start_workers, args=(pool,), daemon=True)
+        self._starting.start()
         return pool
 
+    def _start_workers(self, pool) -> None:
+        for _ in range(self.workers):
+            pool.submit(_warm_worker, *self._warm_up)
+
     def compile(self, template: Template, problem: Problem, configs: list[Config]) -> dict[int, str | None]:
-        """Launch each config once in the pool; index -> None, or the error it raised.
+        """Launch each config once in the pool; index -> None, or the error it raised."""
+        return dict(enumerate(self.compile_each(template, problem, configs)))
+
+    def compile_each(self, template: Template, problem: Problem, configs: list[Config]) -> Iterator[str | None]:
+        """Launch each config once in the pool, yielding in order as each is done: None, or the
+        error it raised; so the caller measures a candidate while the later ones compile.
 
         A worker that dies (a candidate faulted and poisoned its CUDA context) breaks the pool,
         and one that hangs past ``timeout_s`` blocks a slot: either way the pool is replaced
         after the batch, so later batches still compile in parallel.
         """
+        self._starting.join()
+        return self._outcomes([self._pool.submit(_compile_in_worker, template, problem, c) for c in configs])
+
+    def _outcomes(self, futures: list) -> Iterator[str | None]:
         from concurrent.futures import TimeoutError as FutureTimeout
         from concurrent.futures.process import BrokenProcessPool
 
-        futures = [self._pool.submit(_compile_in_worker, template, problem, c) for c in configs]
-        outcome: dict[int, str | None] = {}
         replace = False
-        for i, future in enumerate(futures):
-            try:
-                outcome[i] = future.result(timeout=self.timeout_s)
-            except FutureTimeout:
-                outcome[i] = f"compile timeout after {self.timeout_s:g} s"
-                replace = True
-            except BrokenProcessPool as exc:
-                outcome[i] = f"compile worker died: {_one_line(exc)}"
-                replace = True
-            except Exception as exc:
-                outcome[i] = f"{type(exc).__name__}: {_one_line(exc)}"
-        if replace:
-            self._kill()
-            self._pool = self._new_pool()
-            self.restarts += 1
-        return outcome
+        try:
+            for future in futures:
+                try:
+                    outcome = future.result(timeout=self.timeout_s)
+                except FutureTimeout:
+                    outcome = f"compile timeout after {self.timeout_s:g} s"
+                    replace = True
+                except BrokenProcessPool as exc:
+                    outcome = f"compile worker died: {_one_line(exc)}"
+                    replace = True
+                except Exception as exc:
+                    outcome = f"{type(exc).__name__}: {_one_line(exc)}"
+                yield outcome
+        finally:
+            if replace:
+                self._kill()
+                self._pool = self._new_pool()
+                self.restarts += 1
 
     def _kill(self) -> None:
         # ProcessPoolExecutor cannot stop a worker that hangs (Python < 3.14 has no
@@ -249,6 +270,7 @@ class Compiler:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
+        self._starting.join()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Compiler:
@@ -275,20 +297,43 @@ def _forkserver():
 _worker_inputs: dict[str, Any] = {}
 
 
-def _warm_worker() -> None:
+def start_forkserver() -> None:
+    """Start the process server of compile and measuring workers now, without waiting for it.
+
+    Its import of torch and triton (seconds) then overlaps the caller's own set-up (opening the
+    store, reading the device) instead of holding up the first compile.
+    """
+    from multiprocessing import forkserver
+
+    _forkserver()
+    forkserver.ensure_running()
+
+
+def _warm_worker(template: Template | None = None, problem: Problem | None = None) -> None:
     import tunesvc.kernels  # noqa: F401  (the import is the warm-up)
+
+    if template is not None and problem is not None:
+        _inputs(template, problem)  # the device's context and the inputs, before the first candidate
+
+
+def _inputs(template: Template, problem: Problem) -> Any:
+    """This worker's copy of the problem's inputs (one problem at a time: they can be large)."""
+    from tunesvc.device import current_device
+
+    key = repr(sorted(problem.items()))
+    if key not in _worker_inputs:
+        _worker_inputs.clear()
+        _worker_inputs[key] = template.make_inputs(problem, current_device())
+    return _worker_inputs[key]
 
 
 def _compile_in_worker(template: Template, problem: Problem, config: Config) -> str | None:
     from tunesvc.device import current_device
 
     device = current_device()
-    key = repr(sorted(problem.items()))
-    if key not in _worker_inputs:
-        _worker_inputs.clear()  # one problem's inputs at a time: they can be large
-        _worker_inputs[key] = template.make_inputs(problem, device)
+    inputs = _inputs(template, problem)
     try:
-        template.launch(_worker_inputs[key], config)
+        template.launch(inputs, config)
         if device.is_gpu:
             torch.cuda.synchronize()
     except Exception as exc:  # measured again, and classified, by the timing process
@@ -340,11 +385,15 @@ class Worker:
     def time_peer(self) -> Measurement:
         return self._request("peer", None)
 
-    def _request(self, kind: str, config: Config | None) -> Measurement:
+    def wait_ready(self) -> None:
+        """Wait until the child has made its inputs and reference (TunesvcError if it cannot)."""
         if self._process is None:
             self._start()
         if not self._ready:
             self._wait_ready()
+
+    def _request(self, kind: str, config: Config | None) -> Measurement:
+        self.wait_ready()
         try:
             self._conn.send((kind, config))
             if self._conn.poll(self.timeout_s):

@@ -128,10 +128,10 @@ class Bench:
             )
         return self._timed(lambda: self.template.launch(self.inputs, config), rel_error=err)
 
-    def _timed(self, fn, rel_error: float | None = None) -> Measurement:
+    def _timed(self, fn, rel_error: float | None = None, rep_ms: float | None = None) -> Measurement:
         """Time fn into an OK measurement; one that raises while timed is an ERROR, not a crash."""
         try:
-            median, low, high, reps = self._time(fn)
+            median, low, high, reps = self._time(fn, rep_ms or self.rep_ms)
         except Exception as exc:
             return Measurement(Status.ERROR, rel_error=rel_error, message=f"{type(exc).__name__}: {_one_line(exc)}")
         return Measurement(Status.OK, time_ms=median, spread=(high - low) / median, reps=reps, rel_error=rel_error)
@@ -140,9 +140,10 @@ class Bench:
         if self.device.is_gpu:
             torch.cuda.synchronize()
 
-    def time_only(self, config: Config) -> Measurement:
-        """Time a config already checked by :meth:`measure` (a finalist's re-measurement)."""
-        return self._timed(lambda: self.template.launch(self.inputs, config))
+    def time_only(self, config: Config, rep_ms: float | None = None) -> Measurement:
+        """Time a config already checked by :meth:`measure` (a finalist's re-measurement), for
+        ``rep_ms`` (default: the Bench's)."""
+        return self._timed(lambda: self.template.launch(self.inputs, config), rep_ms=rep_ms)
 
     def time_peer(self) -> Measurement:
         """Time the template's torch peer (``Template.peer``) on these inputs, as a candidate is timed.
@@ -160,18 +161,18 @@ class Bench:
             return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {_one_line(exc)}")
         return self._timed(run)
 
-    def _time(self, fn) -> tuple[float, float, float, int]:
+    def _time(self, fn, rep_ms: float) -> tuple[float, float, float, int]:
         if self.device.is_gpu:
             import triton.testing
 
-            median, low, high = triton.testing.do_bench(fn, warmup=min(25, self.rep_ms), rep=self.rep_ms, quantiles=[0.5, 0.2, 0.8])
+            median, low, high = triton.testing.do_bench(fn, warmup=min(25, rep_ms), rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
             if median < GRAPH_BELOW_MS:
                 try:
-                    median, low, high = triton.testing.do_bench_cudagraph(fn, rep=self.rep_ms, quantiles=[0.5, 0.2, 0.8])
+                    median, low, high = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
                 except Exception:  # a launch that cannot be captured keeps its event timing
                     pass
             # do_bench sizes its repetitions to fill rep_ms; this is that count
-            return median, low, high, max(1, round(self.rep_ms / median))
+            return median, low, high, max(1, round(rep_ms / median))
         times = []
         for _ in range(3):
             start = time.perf_counter()
@@ -220,8 +221,11 @@ class Compiler:
         return pool
 
     def _start_workers(self, pool) -> None:
-        for _ in range(self.workers):
-            pool.submit(_warm_worker, *self._warm_up)
+        try:
+            for _ in range(self.workers):
+                pool.submit(_warm_worker, *self._warm_up)
+        except RuntimeError:  # the pool broke (a candidate killed its worker) or closed: compile() reports it
+            pass
 
     def compile(self, template: Template, problem: Problem, configs: list[Config]) -> dict[int, str | None]:
         """Launch each config once in the pool; index -> None, or the error it raised."""
@@ -235,7 +239,7 @@ class Compiler:
         and one that hangs past ``timeout_s`` blocks a slot: either way the pool is replaced
         after the batch, so later batches still compile in parallel.
         """
-        self._starting.join()
+        # submit() is thread-safe: the first candidates go to the first workers started
         return self._outcomes([self._pool.submit(_compile_in_worker, template, problem, c) for c in configs])
 
     def _outcomes(self, futures: list) -> Iterator[str | None]:
@@ -265,6 +269,7 @@ class Compiler:
     def _kill(self) -> None:
         # ProcessPoolExecutor cannot stop a worker that hangs (Python < 3.14 has no
         # terminate_workers); its private process table is the only handle on them
+        self._starting.join()
         for process in list(getattr(self._pool, "_processes", {}).values()):
             process.kill()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -379,8 +384,8 @@ class Worker:
     def measure(self, config: Config) -> Measurement:
         return self._request("measure", config)
 
-    def time_only(self, config: Config) -> Measurement:
-        return self._request("time", config)
+    def time_only(self, config: Config, rep_ms: float | None = None) -> Measurement:
+        return self._request("time", config, rep_ms)
 
     def time_peer(self) -> Measurement:
         return self._request("peer", None)
@@ -392,10 +397,10 @@ class Worker:
         if not self._ready:
             self._wait_ready()
 
-    def _request(self, kind: str, config: Config | None) -> Measurement:
+    def _request(self, kind: str, config: Config | None, rep_ms: float | None = None) -> Measurement:
         self.wait_ready()
         try:
-            self._conn.send((kind, config))
+            self._conn.send((kind, config, rep_ms))
             if self._conn.poll(self.timeout_s):
                 measurement = self._conn.recv()
                 if measurement.status is Status.CRASH:  # the child exits after saying so
@@ -457,18 +462,18 @@ class Worker:
 
 
 def _worker_main(conn, payload: bytes, path: list[str]) -> None:
-    """The child of a :class:`Worker`: a Bench answering (kind, config) requests until EOF
+    """The child of a :class:`Worker`: a Bench answering (kind, config, rep_ms) requests until EOF
     (kind: measure, time, or peer, which has no config)."""
     sys.path[:] = path  # the template may live in a module only the parent's path reaches (a test's)
     import tunesvc  # noqa: F401  (sets TRITON_INTERPRET where there is no GPU, before triton runs)
     from tunesvc.device import current_device
 
-    template, problem, rep_ms = pickle.loads(payload)
-    bench = Bench(template, problem, current_device(), rep_ms=rep_ms)
+    template, problem, default_rep_ms = pickle.loads(payload)
+    bench = Bench(template, problem, current_device(), rep_ms=default_rep_ms)
     conn.send("ready")
     while True:
         try:
-            kind, config = conn.recv()
+            kind, config, rep_ms = conn.recv()
         except EOFError:
             return
         if kind == "measure":
@@ -476,7 +481,7 @@ def _worker_main(conn, payload: bytes, path: list[str]) -> None:
         elif kind == "peer":
             m = bench.time_peer()
         else:
-            m = bench.time_only(config)
+            m = bench.time_only(config, rep_ms)
         if bench.device.is_gpu and not m.ok and _context_lost(m.message):
             conn.send(Measurement(Status.CRASH, message=m.message))
             conn.close()

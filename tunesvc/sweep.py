@@ -322,7 +322,7 @@ def _sweep_one(
             on_phase(key, f"re-timing {options.finalists} finalists")
             measurer = measurer or _measurer(template, problem, device, options)
             clock.lap("measurer start")
-            _remeasure_finalists(store, measurer, kv_id, device_id, key, options.finalists)
+            _remeasure_finalists(store, measurer, kv_id, device_id, key, options.finalists, options.rep_ms)
             clock.lap("finalists")
         if measurer is not None and has_peer(template):  # a sweep that measured nothing makes no inputs for it
             on_phase(key, "timing the torch peer")
@@ -402,12 +402,15 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
     return _unique([dict(config) for _, _, config in near[:NEIGHBOURS]] + [dict(c) for c in elsewhere])
 
 
-def _remeasure_finalists(store: Store, measurer: Bench | Worker, kv_id: int, device_id: int, key: str, k: int) -> None:
+def _remeasure_finalists(store: Store, measurer: Bench | Worker, kv_id: int, device_id: int, key: str, k: int,
+                         rep_ms: float) -> None:
     """Re-time the k fastest correct trials round-robin and store each one's median of rounds.
 
     Interleaving puts every finalist under the same clocks and temperatures, so a config whose
-    first measurement was lucky falls back before it can be declared the winner. A finalist
-    that fails now (a crash, a timeout) keeps that status and cannot win.
+    first measurement was lucky falls back before it can be declared the winner. A round times
+    for rep_ms / FINALIST_ROUNDS: a finalist's rounds take as long as its first measurement,
+    and are interleaved more finely. A finalist that fails now (a crash, a timeout) keeps that
+    status and cannot win.
     """
     from tunesvc.store.models import Trial
 
@@ -417,7 +420,7 @@ def _remeasure_finalists(store: Store, measurer: Bench | Worker, kv_id: int, dev
     rounds: dict[int, list[Measurement]] = {r.id: [] for r in rows}
     for _ in range(FINALIST_ROUNDS):
         for row in rows:
-            rounds[row.id].append(measurer.time_only(dict(row.config)))
+            rounds[row.id].append(measurer.time_only(dict(row.config), rep_ms / FINALIST_ROUNDS))
     with store.session() as session:
         for row in rows:
             ms = rounds[row.id]

@@ -2,8 +2,8 @@
 
     python benchmarks/sweep_overhead.py [--runs 3]
 
-Each probe runs in a fresh process, --runs times (min / median / max): importing torch and
-triton, then tunesvc; creating and migrating a fresh SQLite store; the measuring process ready
+Each probe runs in a fresh process, --runs times (min / median / max): importing torch, then
+tunesvc (with triton); creating and migrating a fresh SQLite store; the measuring process ready
 (its inputs and reference made) with the workers' forkserver cold (it imports torch and triton
 first) and warm; a compile pool of 2 with its first candidate compiled, cold; and, per candidate
 on a tiny GEMM, what measuring costs beyond the kernel's own runs in this process and in the
@@ -32,10 +32,9 @@ def probe(name: str) -> dict[str, float]:
     """Run one probe in this (fresh) process; figure name -> seconds."""
     start = time.perf_counter()
     import torch  # noqa: F401
-    import triton  # noqa: F401
 
     imported = time.perf_counter()
-    import tunesvc.kernels  # noqa: F401  (sets TRITON_INTERPRET without a GPU)
+    import tunesvc.kernels  # noqa: F401  (sets TRITON_INTERPRET without a GPU, before it imports triton)
     from tunesvc.bench import Bench
     from tunesvc.bench import Compiler
     from tunesvc.bench import Worker
@@ -46,7 +45,7 @@ def probe(name: str) -> dict[str, float]:
     from tunesvc.sweep import run_sweep
 
     if name == "imports":
-        return {"import torch + triton": imported - start, "import tunesvc (kernels, store, sweep)": time.perf_counter() - imported}
+        return {"import torch": imported - start, "import tunesvc (triton, kernels, store, sweep)": time.perf_counter() - imported}
     device = current_device()
     problem = TEMPLATE.problem(**SHAPE)
     configs = TEMPLATE.feasible(problem, device)[:CANDIDATES]
@@ -80,6 +79,7 @@ def probe(name: str) -> dict[str, float]:
             for config in configs:
                 tick = time.perf_counter()
                 m = measurer.measure(config)
+                assert m.ok, m.message
                 # beyond the kernel's runs: the check and the timed repetitions
                 extra.append(time.perf_counter() - tick - (m.reps + 1) * m.time_ms / 1e3)
             if isinstance(measurer, Worker):

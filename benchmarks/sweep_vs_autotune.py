@@ -94,6 +94,17 @@ def phase_columns() -> list[str]:
     return ["store open", *PHASES]
 
 
+def table_rows(shape: tuple[int, int, int], at: dict, sw: dict, t_at: float, t_sw: float) -> tuple[list, list]:
+    """One shape's row of each table, from both tuners' results and the picked configs' times (ms)."""
+    phases = sw["phases"]
+    like = sw["wall"] - sum(phases.get(p, 0.0) for p in EXTRA)
+    same = " (same config)" if at["config"] == sw["config"] else ""
+    name = "x".join(map(str, shape))
+    row = [name, at["wall"], sw["wall"], f"{sw['wall'] / at['wall']:.2f}x", like, f"{like / at['wall']:.2f}x",
+           f"{t_at:.4f}", f"{t_sw:.4f}", f"{t_sw / t_at:.3f}x{same}"]
+    return row, [name, sw["trials"], at["wall"], sw["wall"], *(f"{phases.get(p, 0.0):.2f}" for p in phase_columns())]
+
+
 def main() -> int:
     from tunesvc.kernels.matmul import launch_matmul
 
@@ -113,13 +124,9 @@ def main() -> int:
                 times[name].append(triton.testing.do_bench(lambda: launch_matmul(a, b, result["config"]), quantiles=[0.5]))
         t_at, t_sw = statistics.median(times["autotune"]), statistics.median(times["tunesvc"])
         print(shape, json.dumps(at), json.dumps(sw), t_at, t_sw, flush=True)
-        phases = sw["phases"]
-        like = sw["wall"] - sum(phases.get(p, 0.0) for p in EXTRA)
-        same = " (same config)" if at["config"] == sw["config"] else ""
-        rows.append(["x".join(map(str, shape)), at["wall"], sw["wall"], f"{sw['wall'] / at['wall']:.2f}x", like,
-                     f"{like / at['wall']:.2f}x", f"{t_at:.4f}", f"{t_sw:.4f}", f"{t_sw / t_at:.3f}x{same}"])
-        phase_rows.append(["x".join(map(str, shape)), sw["trials"], at["wall"], sw["wall"],
-                           *(f"{phases.get(p, 0.0):.2f}" for p in phase_columns())])
+        row, phase_row = table_rows(shape, at, sw, t_at, t_sw)
+        rows.append(row)
+        phase_rows.append(phase_row)
     print_table(
         f"Tuning time against triton.autotune (16 tutorial configs, bf16, {workers} compile workers)",
         ["M x N x K", "autotune 1st call s", "tunesvc sweep s", "sweep / autotune", "like autotune s",

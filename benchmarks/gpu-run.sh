@@ -6,7 +6,7 @@
 #
 #   STEPS="tests matmul attention" bash benchmarks/gpu-run.sh
 #
-# Steps: tests probe matmul attention decode norms pointwise copysize unaligned runtime sva stability groundtruth
+# Steps: tests probe matmul attention decode norms pointwise copysize unaligned runtime sva overhead stability groundtruth
 # (each is benchmarks/<name>.py with --sweep where it takes one; LIMIT_<step>=seconds overrides
 # the time limit, ARGS_<step>="..." adds arguments).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -35,6 +35,7 @@ for s in ${STEPS:-tests matmul}; do
     unaligned) step unaligned 120 python3 "$R/benchmarks/matmul_unaligned.py" --db "$OUT/tune.db" ;;
     runtime) step runtime 120 python3 "$R/benchmarks/runtime_overhead.py" ;;
     sva) step sva 300 python3 "$R/benchmarks/sweep_vs_autotune.py" ;;
+    overhead) step overhead 300 python3 "$R/benchmarks/sweep_overhead.py" ;;
     stability) step stability 300 python3 "$R/benchmarks/sweep_stability.py" --db "$OUT/stability.db" ;;
     groundtruth) step groundtruth 540 python3 "$R/benchmarks/ground_truth.py" --db "$OUT/ground_truth.db" --out "$OUT/ground_truth.csv" ;;
     *) step "$s" 300 python3 "$R/benchmarks/$s.py" --db "$OUT/tune.db" --sweep ;;

@@ -4,10 +4,16 @@
 
 Per shape, each tuner runs in a fresh process with an empty Triton cache (TRITON_CACHE_DIR), so
 both compile everything: triton.autotune's first call (compile + time every config in turn)
-against tunesvc's grid sweep of the same list (constraints prune the configs that cannot fit
-the device before compiling; the rest compile in parallel worker processes, then each is checked
-against the reference and timed). Then the two picked configs are timed side by side here,
+against tunesvc's grid sweep of the same list into a fresh database (constraints prune the
+configs that cannot fit the device before compiling; the rest compile in parallel worker
+processes, each checked against the reference and timed as soon as it is compiled). Both clocks
+start with torch imported and the device read (autotune's inputs made); the sweep's clock
+includes creating the database. Then the two picked configs are timed side by side here,
 interleaved, with do_bench.
+
+A second table splits the sweep's wall time into its phases (``ProblemResult.phases``, plus
+opening the store): what the sweep waited on. "like autotune" leaves out the work autotune does
+not do (the database, the finalists' re-measurement, timing the torch peer).
 """
 
 from __future__ import annotations
@@ -18,12 +24,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+from _common import print_table
+from _common import require_gpu
 
 import torch
 import triton.testing
 
+from tunesvc.sweep import PHASES
+
 SHAPES = [(4096, 4096, 4096), (128, 14336, 4096), (2048, 4096, 14336)]
+#: phases of the sweep that triton.autotune's first call has no counterpart for
+EXTRA = ("store open", "finalists", "torch peer")
 
 AUTOTUNE = """
 import json, sys, time, torch
@@ -42,18 +54,23 @@ SWEEP = """
 import json, sys, time
 sys.path.insert(0, {bench!r})
 from matmul import TUTORIAL
+from tunesvc.bench import start_forkserver
+from tunesvc.device import current_device
 from tunesvc.kernels.matmul import TEMPLATE
 from tunesvc.store import Store
 from tunesvc.sweep import run_sweep
 m, n, k = {shape}
 configs = [{{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}} for c in TUTORIAL]
-problem = TEMPLATE.problem(M=m, N=n, K=k, dtype="bfloat16")
-store = Store({db!r})
+problem = TEMPLATE.problem(M=m, N=n, K=k, dtype="{dtype}")
+current_device()  # read before the clock, as autotune's side makes its inputs before its own
 start = time.perf_counter()
+start_forkserver()  # as `tune sweep` does: the workers' server imports torch while the store is made
+store = Store({db!r})
+opened = time.perf_counter() - start
 [r] = run_sweep(TEMPLATE, [problem], store, strategy="grid", candidates=configs, workers={workers})
 wall = time.perf_counter() - start
 print(json.dumps({{"wall": wall, "config": r.winner, "trials": r.trials_stored,
-                  "compile": r.compile_seconds, "measure": r.measure_seconds}}))
+                  "phases": {{"store open": opened, **r.phases}}}}))
 """
 
 
@@ -66,16 +83,38 @@ def fresh_process(code: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def sweep_in_fresh_process(shape: tuple[int, int, int], workers: int, dtype: str = "bfloat16") -> dict:
+    """tunesvc's side: the grid sweep of the tutorial's configs, in a fresh process and database."""
+    bench_dir = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        return fresh_process(SWEEP.format(bench=bench_dir, shape=shape, db=f"{tmp}/t.db", workers=workers, dtype=dtype))
+
+
+def phase_columns() -> list[str]:
+    return ["store open", *PHASES]
+
+
+def table_rows(shape: tuple[int, int, int], at: dict, sw: dict, t_at: float, t_sw: float) -> tuple[list, list]:
+    """One shape's row of each table, from both tuners' results and the picked configs' times (ms)."""
+    phases = sw["phases"]
+    like = sw["wall"] - sum(phases.get(p, 0.0) for p in EXTRA)
+    same = " (same config)" if at["config"] == sw["config"] else ""
+    name = "x".join(map(str, shape))
+    row = [name, at["wall"], sw["wall"], f"{sw['wall'] / at['wall']:.2f}x", like, f"{like / at['wall']:.2f}x",
+           f"{t_at:.4f}", f"{t_sw:.4f}", f"{t_sw / t_at:.3f}x{same}"]
+    return row, [name, sw["trials"], at["wall"], sw["wall"], *(f"{phases.get(p, 0.0):.2f}" for p in phase_columns())]
+
+
 def main() -> int:
     from tunesvc.kernels.matmul import launch_matmul
 
+    require_gpu("benchmarks/sweep_vs_autotune.py")
     bench_dir = os.path.dirname(os.path.abspath(__file__))
     workers = min(16, os.cpu_count() or 1)
-    rows = []
+    rows, phase_rows = [], []
     for shape in SHAPES:
         at = fresh_process(AUTOTUNE.format(bench=bench_dir, shape=shape))
-        with tempfile.TemporaryDirectory() as tmp:
-            sw = fresh_process(SWEEP.format(bench=bench_dir, shape=shape, db=f"{tmp}/t.db", workers=workers))
+        sw = sweep_in_fresh_process(shape, workers)
         m, n, k = shape
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
@@ -84,16 +123,18 @@ def main() -> int:
             for name, result in (("autotune", at), ("tunesvc", sw)):
                 times[name].append(triton.testing.do_bench(lambda: launch_matmul(a, b, result["config"]), quantiles=[0.5]))
         t_at, t_sw = statistics.median(times["autotune"]), statistics.median(times["tunesvc"])
-        rows.append((shape, at["wall"], sw, t_at, t_sw))
-        print(shape, at, sw, t_at, t_sw, flush=True)
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, bf16, "
-          f"{workers} compile workers, {time.strftime('%Y-%m-%d')}\n")
-    print("| M x N x K | autotune 1st call s | tunesvc sweep s (compile wait + check & time) | sweep / autotune | picked: autotune ms | picked: tunesvc ms | tunesvc / autotune time |")
-    print("|---|---|---|---|---|---|---|")
-    for shape, w_at, sw, t_at, t_sw in rows:
-        w_sw = sw["wall"]
-        print(f"| {'x'.join(map(str, shape))} | {w_at:.1f} | {w_sw:.1f} ({sw['compile']:.1f} + {sw['measure']:.1f}) | "
-              f"{w_sw / w_at:.2f}x | {t_at:.4f} | {t_sw:.4f} | {t_sw / t_at:.3f}x |")
+        print(shape, json.dumps(at), json.dumps(sw), t_at, t_sw, flush=True)
+        row, phase_row = table_rows(shape, at, sw, t_at, t_sw)
+        rows.append(row)
+        phase_rows.append(phase_row)
+    print_table(
+        f"Tuning time against triton.autotune (16 tutorial configs, bf16, {workers} compile workers)",
+        ["M x N x K", "autotune 1st call s", "tunesvc sweep s", "sweep / autotune", "like autotune s",
+         "like / autotune", "picked: autotune ms", "picked: tunesvc ms", "tunesvc / autotune time"],
+        rows,
+    )
+    print_table("Where the sweep's wall time went (s; what the sweep process waited on)",
+                ["M x N x K", "trials", "autotune s", "sweep s", *phase_columns()], phase_rows)
     return 0
 
 

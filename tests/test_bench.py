@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import time
 
@@ -190,3 +191,44 @@ def test_compiler_replaces_a_pool_whose_worker_died(problem):
         # the next batch compiles in the new pool
         assert compiler.compile(Faulty(), problem, [SMALL, {**SMALL, "BLOCK_M": 32}]) == {0: None, 1: None}
         assert compiler.restarts == 1
+
+
+SLOW = {**SMALL, "BLOCK_M": 32}
+
+
+class SlowToCompile(_Matmul):
+    """Takes 4 s to "compile" SLOW in a compile worker (a child process) and notes when it is done."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker = marker
+
+    def launch(self, inputs, config):
+        if config == SLOW and multiprocessing.parent_process() is not None:
+            time.sleep(4)
+            with open(self.marker, "w") as f:
+                f.write(repr(time.time()))
+        return super().launch(inputs, config)
+
+
+def test_sweep_measures_each_candidate_while_later_ones_compile(tmp_db, tmp_path, problem, device):
+    tpl = SlowToCompile(str(tmp_path / "slow-compiled"))
+    measured_at: dict[str, float] = {}
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(tpl, [problem], store, strategy="grid", candidates=[SMALL, SLOW], workers=2,
+                             isolate=False, finalists=0, device=device,
+                             on_trial=lambda e: measured_at.setdefault(config_hash(e.config), time.time()))
+    finally:
+        store.close()
+    assert result.trials_new == 2 and result.failures == 0
+    slow_compiled = float((tmp_path / "slow-compiled").read_text())
+    assert measured_at[config_hash(SMALL)] < slow_compiled < measured_at[config_hash(SLOW)]
+
+
+def test_compile_each_yields_in_order_of_the_configs(problem, tmp_path):
+    with Compiler(2) as compiler:
+        outcomes = compiler.compile_each(SlowToCompile(str(tmp_path / "m")), problem, [SLOW, SMALL, {**SMALL, "BLOCK_K": 16}])
+        assert next(outcomes) is None
+        assert (tmp_path / "m").exists()  # the slow first config is done before it is yielded
+        assert list(outcomes) == [None, None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -249,3 +250,36 @@ def test_sweep_reports_what_it_is_doing(tmp_db, template, device):
     assert {key for key, _ in phases} == {result.shape_key}
     assert whats[0] == "checking and timing" and whats[-1] == "done"
     assert "timing the torch peer" in whats and whats.index("timing the torch peer") < len(whats) - 1
+
+
+def test_phases_say_where_the_wall_time_went(tmp_db, template, device):
+    from tunesvc.sweep import PHASES
+
+    problem = template.problem(M=24, N=40, K=36)
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(template, [problem], store, budget=3, device=device, workers=2, isolate=True, finalists=2)
+    finally:
+        store.close()
+    phases = result.phases
+    assert set(phases) <= set(PHASES)
+    for phase in ("start", "set-up", "measurer start", "waiting for compiles", "checking and timing",
+                  "trial writes", "finalists", "torch peer", "measurer stop", "winner"):
+        assert phases[phase] >= 0, phase
+    assert phases["checking and timing"] > 0 and phases["finalists"] > 0
+    assert sum(phases.values()) == pytest.approx(result.wall_seconds)
+
+
+def test_compile_pool_size(device):
+    from dataclasses import replace
+
+    from tunesvc.sweep import _pool_size
+
+    gpu = replace(device, kind="cuda")
+    cores = os.cpu_count() or 1
+    assert _pool_size(None, device, "grid", None, None) == 0  # the interpreter has nothing to compile
+    assert _pool_size(None, gpu, "grid", None, None) == min(16, cores)
+    assert _pool_size(None, gpu, "optuna", None, None) == min(8, cores)
+    assert _pool_size(None, gpu, "grid", None, [{}] * 3) == min(3, cores)
+    assert _pool_size(12, gpu, "optuna", 5, None) == 5
+    assert _pool_size(2, device, "grid", None, [{}] * 11) == 2

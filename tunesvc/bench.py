@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Iterator
 
 import torch
 
@@ -127,10 +128,10 @@ class Bench:
             )
         return self._timed(lambda: self.template.launch(self.inputs, config), rel_error=err)
 
-    def _timed(self, fn, rel_error: float | None = None) -> Measurement:
+    def _timed(self, fn, rel_error: float | None = None, rep_ms: float | None = None) -> Measurement:
         """Time fn into an OK measurement; one that raises while timed is an ERROR, not a crash."""
         try:
-            median, low, high, reps = self._time(fn)
+            median, low, high, reps = self._time(fn, rep_ms or self.rep_ms)
         except Exception as exc:
             return Measurement(Status.ERROR, rel_error=rel_error, message=f"{type(exc).__name__}: {_one_line(exc)}")
         return Measurement(Status.OK, time_ms=median, spread=(high - low) / median, reps=reps, rel_error=rel_error)
@@ -139,9 +140,10 @@ class Bench:
         if self.device.is_gpu:
             torch.cuda.synchronize()
 
-    def time_only(self, config: Config) -> Measurement:
-        """Time a config already checked by :meth:`measure` (a finalist's re-measurement)."""
-        return self._timed(lambda: self.template.launch(self.inputs, config))
+    def time_only(self, config: Config, rep_ms: float | None = None) -> Measurement:
+        """Time a config already checked by :meth:`measure` (a finalist's re-measurement), for
+        ``rep_ms`` (default: the Bench's)."""
+        return self._timed(lambda: self.template.launch(self.inputs, config), rep_ms=rep_ms)
 
     def time_peer(self) -> Measurement:
         """Time the template's torch peer (``Template.peer``) on these inputs, as a candidate is timed.
@@ -159,18 +161,18 @@ class Bench:
             return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {_one_line(exc)}")
         return self._timed(run)
 
-    def _time(self, fn) -> tuple[float, float, float, int]:
+    def _time(self, fn, rep_ms: float) -> tuple[float, float, float, int]:
         if self.device.is_gpu:
             import triton.testing
 
-            median, low, high = triton.testing.do_bench(fn, warmup=min(25, self.rep_ms), rep=self.rep_ms, quantiles=[0.5, 0.2, 0.8])
+            median, low, high = triton.testing.do_bench(fn, warmup=min(25, rep_ms), rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
             if median < GRAPH_BELOW_MS:
                 try:
-                    median, low, high = triton.testing.do_bench_cudagraph(fn, rep=self.rep_ms, quantiles=[0.5, 0.2, 0.8])
+                    median, low, high = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
                 except Exception:  # a launch that cannot be captured keeps its event timing
                     pass
             # do_bench sizes its repetitions to fill rep_ms; this is that count
-            return median, low, high, max(1, round(self.rep_ms / median))
+            return median, low, high, max(1, round(rep_ms / median))
         times = []
         for _ in range(3):
             start = time.perf_counter()
@@ -193,62 +195,87 @@ class Compiler:
     process that owns the timings never waits on the compiler for more than a cache load.
     Written on concurrent.futures because Triton offers no public batch-compile API across
     versions 3.2-3.9; a worker that hangs past ``timeout_s`` is left to the pool's shutdown.
+
+    The workers start in a background thread (a forkserver that imports torch and triton takes
+    seconds), each reading the device and, given ``template`` and ``problem``, making that
+    problem's inputs, so that all of it overlaps the caller's own set-up.
     """
 
-    def __init__(self, workers: int, timeout_s: float = 120.0) -> None:
+    def __init__(self, workers: int, timeout_s: float = 120.0, *, template: Template | None = None,
+                 problem: Problem | None = None) -> None:
         self.workers = workers
         self.timeout_s = timeout_s
         #: how many times the pool was replaced after a worker died or hung
         self.restarts = 0
+        self._warm_up = (template, problem)
         self._pool = self._new_pool()
 
     def _new_pool(self):
+        import threading
         from concurrent.futures import ProcessPoolExecutor
 
         pool = ProcessPoolExecutor(self.workers, mp_context=_forkserver())
-        # start every worker now, importing tunesvc's kernels, while the caller makes its inputs
-        for _ in range(self.workers):
-            pool.submit(_warm_worker)
+        # submit() starts a worker process and blocks until the forkserver has forked it
+        self._starting = threading.Thread(target=self._start_workers, args=(pool,), daemon=True)
+        self._starting.start()
         return pool
 
+    def _start_workers(self, pool) -> None:
+        try:
+            for _ in range(self.workers):
+                pool.submit(_warm_worker, *self._warm_up)
+        except RuntimeError:  # the pool broke (a candidate killed its worker) or closed: compile() reports it
+            pass
+
     def compile(self, template: Template, problem: Problem, configs: list[Config]) -> dict[int, str | None]:
-        """Launch each config once in the pool; index -> None, or the error it raised.
+        """Launch each config once in the pool; index -> None, or the error it raised."""
+        return dict(enumerate(self.compile_each(template, problem, configs)))
+
+    def compile_each(self, template: Template, problem: Problem, configs: list[Config]) -> Iterator[str | None]:
+        """Launch each config once in the pool, yielding in order as each is done: None, or the
+        error it raised; so the caller measures a candidate while the later ones compile.
 
         A worker that dies (a candidate faulted and poisoned its CUDA context) breaks the pool,
         and one that hangs past ``timeout_s`` blocks a slot: either way the pool is replaced
         after the batch, so later batches still compile in parallel.
         """
+        # submit() is thread-safe: the first candidates go to the first workers started
+        return self._outcomes([self._pool.submit(_compile_in_worker, template, problem, c) for c in configs])
+
+    def _outcomes(self, futures: list) -> Iterator[str | None]:
         from concurrent.futures import TimeoutError as FutureTimeout
         from concurrent.futures.process import BrokenProcessPool
 
-        futures = [self._pool.submit(_compile_in_worker, template, problem, c) for c in configs]
-        outcome: dict[int, str | None] = {}
         replace = False
-        for i, future in enumerate(futures):
-            try:
-                outcome[i] = future.result(timeout=self.timeout_s)
-            except FutureTimeout:
-                outcome[i] = f"compile timeout after {self.timeout_s:g} s"
-                replace = True
-            except BrokenProcessPool as exc:
-                outcome[i] = f"compile worker died: {_one_line(exc)}"
-                replace = True
-            except Exception as exc:
-                outcome[i] = f"{type(exc).__name__}: {_one_line(exc)}"
-        if replace:
-            self._kill()
-            self._pool = self._new_pool()
-            self.restarts += 1
-        return outcome
+        try:
+            for future in futures:
+                try:
+                    outcome = future.result(timeout=self.timeout_s)
+                except FutureTimeout:
+                    outcome = f"compile timeout after {self.timeout_s:g} s"
+                    replace = True
+                except BrokenProcessPool as exc:
+                    outcome = f"compile worker died: {_one_line(exc)}"
+                    replace = True
+                except Exception as exc:
+                    outcome = f"{type(exc).__name__}: {_one_line(exc)}"
+                yield outcome
+        finally:
+            if replace:
+                self._kill()
+                self._pool = self._new_pool()
+                self.restarts += 1
 
     def _kill(self) -> None:
         # ProcessPoolExecutor cannot stop a worker that hangs (Python < 3.14 has no
         # terminate_workers); its private process table is the only handle on them
+        self._starting.join()
         for process in list(getattr(self._pool, "_processes", {}).values()):
             process.kill()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
+        self._starting.join()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Compiler:
@@ -275,20 +302,43 @@ def _forkserver():
 _worker_inputs: dict[str, Any] = {}
 
 
-def _warm_worker() -> None:
+def start_forkserver() -> None:
+    """Start the process server of compile and measuring workers now, without waiting for it.
+
+    Its import of torch and triton (seconds) then overlaps the caller's own set-up (opening the
+    store, reading the device) instead of holding up the first compile.
+    """
+    from multiprocessing import forkserver
+
+    _forkserver()
+    forkserver.ensure_running()
+
+
+def _warm_worker(template: Template | None = None, problem: Problem | None = None) -> None:
     import tunesvc.kernels  # noqa: F401  (the import is the warm-up)
+
+    if template is not None and problem is not None:
+        _inputs(template, problem)  # the device's context and the inputs, before the first candidate
+
+
+def _inputs(template: Template, problem: Problem) -> Any:
+    """This worker's copy of the problem's inputs (one problem at a time: they can be large)."""
+    from tunesvc.device import current_device
+
+    key = repr(sorted(problem.items()))
+    if key not in _worker_inputs:
+        _worker_inputs.clear()
+        _worker_inputs[key] = template.make_inputs(problem, current_device())
+    return _worker_inputs[key]
 
 
 def _compile_in_worker(template: Template, problem: Problem, config: Config) -> str | None:
     from tunesvc.device import current_device
 
     device = current_device()
-    key = repr(sorted(problem.items()))
-    if key not in _worker_inputs:
-        _worker_inputs.clear()  # one problem's inputs at a time: they can be large
-        _worker_inputs[key] = template.make_inputs(problem, device)
+    inputs = _inputs(template, problem)
     try:
-        template.launch(_worker_inputs[key], config)
+        template.launch(inputs, config)
         if device.is_gpu:
             torch.cuda.synchronize()
     except Exception as exc:  # measured again, and classified, by the timing process
@@ -334,19 +384,23 @@ class Worker:
     def measure(self, config: Config) -> Measurement:
         return self._request("measure", config)
 
-    def time_only(self, config: Config) -> Measurement:
-        return self._request("time", config)
+    def time_only(self, config: Config, rep_ms: float | None = None) -> Measurement:
+        return self._request("time", config, rep_ms)
 
     def time_peer(self) -> Measurement:
         return self._request("peer", None)
 
-    def _request(self, kind: str, config: Config | None) -> Measurement:
+    def wait_ready(self) -> None:
+        """Wait until the child has made its inputs and reference (TunesvcError if it cannot)."""
         if self._process is None:
             self._start()
         if not self._ready:
             self._wait_ready()
+
+    def _request(self, kind: str, config: Config | None, rep_ms: float | None = None) -> Measurement:
+        self.wait_ready()
         try:
-            self._conn.send((kind, config))
+            self._conn.send((kind, config, rep_ms))
             if self._conn.poll(self.timeout_s):
                 measurement = self._conn.recv()
                 if measurement.status is Status.CRASH:  # the child exits after saying so
@@ -408,18 +462,18 @@ class Worker:
 
 
 def _worker_main(conn, payload: bytes, path: list[str]) -> None:
-    """The child of a :class:`Worker`: a Bench answering (kind, config) requests until EOF
+    """The child of a :class:`Worker`: a Bench answering (kind, config, rep_ms) requests until EOF
     (kind: measure, time, or peer, which has no config)."""
     sys.path[:] = path  # the template may live in a module only the parent's path reaches (a test's)
     import tunesvc  # noqa: F401  (sets TRITON_INTERPRET where there is no GPU, before triton runs)
     from tunesvc.device import current_device
 
-    template, problem, rep_ms = pickle.loads(payload)
-    bench = Bench(template, problem, current_device(), rep_ms=rep_ms)
+    template, problem, default_rep_ms = pickle.loads(payload)
+    bench = Bench(template, problem, current_device(), rep_ms=default_rep_ms)
     conn.send("ready")
     while True:
         try:
-            kind, config = conn.recv()
+            kind, config, rep_ms = conn.recv()
         except EOFError:
             return
         if kind == "measure":
@@ -427,7 +481,7 @@ def _worker_main(conn, payload: bytes, path: list[str]) -> None:
         elif kind == "peer":
             m = bench.time_peer()
         else:
-            m = bench.time_only(config)
+            m = bench.time_only(config, rep_ms)
         if bench.device.is_gpu and not m.ok and _context_lost(m.message):
             conn.send(Measurement(Status.CRASH, message=m.message))
             conn.close()

@@ -186,13 +186,14 @@ def sweep(
     time_budget: Annotated[Optional[float], typer.Option(help="Most seconds of search per shape.")] = None,
     patience: Annotated[Optional[int], typer.Option(help="Stop a shape after this many trials in a row that do not beat the best by 1%.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the sampler.")] = 0,
-    workers: Annotated[Optional[int], typer.Option(help="Processes compiling candidates in parallel [GPU: up to 8; interpreter: 0].")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Processes compiling candidates in parallel [GPU: a core each, up to 16 (grid, random) or 8 (Optuna); interpreter: 0].")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (for logs); the result table still prints.")] = False,
     gpus: Annotated[Optional[str], typer.Option(help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index). The same command on other hosts with the same --db joins the sweep.")] = None,
 ) -> None:
     """Benchmark configs for each shape on this device, store every trial and the winners."""
+    from tunesvc.bench import start_forkserver
     from tunesvc.device import current_device
     from tunesvc.store import Store
     from tunesvc.sweep import check_sweep_arguments
@@ -205,8 +206,10 @@ def sweep(
     if gpus is not None:
         return _sweep_on_workers(kernel, template, problems, strategy, budget, seed, gpus, db, as_json,
                                  time_budget=time_budget, patience=patience, workers=workers)
-    store = Store(db)
     device = current_device()
+    if device.is_gpu:  # its compile and measuring workers' server imports torch while the store opens
+        start_forkserver()
+    store = Store(db)
     progress = Progress(
         TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[best]}"),

@@ -11,10 +11,12 @@ fastest few) are re-measured interleaved -> the fastest correct trial becomes th
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import time
 from dataclasses import dataclass
+from dataclasses import field
 from typing import TYPE_CHECKING
 from typing import Callable
 
@@ -43,6 +45,35 @@ DEFAULT_OPTUNA_BUDGET = 50
 NEIGHBOURS = 3
 #: rounds of the finalists' interleaved re-measurement
 FINALIST_ROUNDS = 3
+#: what ProblemResult.phases names, in the order a sweep meets them: the parent's waits, so that
+#: work overlapped in other processes (the compile pool and the measuring process starting,
+#: candidates compiling while earlier ones are timed) counts only where it holds the sweep up
+PHASES = (
+    "start",  # the first problem only: reading the device, starting the compile pool
+    "set-up",  # stored trials, warm start, strategy
+    "search",  # asking and telling the strategy, progress callbacks
+    "measurer start",  # making the inputs and the reference, in this process or the measuring one
+    "waiting for compiles",
+    "checking and timing",
+    "trial writes",
+    "finalists",
+    "torch peer",
+    "measurer stop",  # the measuring process exiting
+    "winner",  # choosing and storing it
+)
+
+
+class _Clock:
+    """Splits a wall time into phases: each lap's time since the previous lap goes to its phase."""
+
+    def __init__(self) -> None:
+        self.start = self._last = time.perf_counter()
+        self.phases: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self._last
+        self._last = now
 
 
 @dataclass
@@ -70,9 +101,8 @@ class ProblemResult:
     trials_stored: int
     failures: int
     wall_seconds: float
-    #: where the wall time went: waiting for the compile workers, and checking + timing
-    compile_seconds: float = 0.0
-    measure_seconds: float = 0.0
+    #: where wall_seconds went, in seconds per phase (see :data:`PHASES`); they add up to it
+    phases: dict[str, float] = field(default_factory=dict)
     #: why the search ended: budget, time, patience or exhausted (every feasible config told)
     stopped: str = "budget"
     #: the template's torch peer (``Template.peer``) on the same inputs; None: none, or it failed
@@ -103,8 +133,11 @@ def run_sweep(
 ) -> list[ProblemResult]:
     """Tune ``template`` on every problem; returns one result per problem, in order.
 
-    ``workers`` processes compile each batch of candidates in parallel before it is measured
-    (default: up to 8 on a GPU, none in the interpreter, which has nothing to compile).
+    ``workers`` processes compile each batch of candidates in parallel while it is measured,
+    each candidate as soon as it is compiled (default on a GPU: one per core, up to 16 for grid
+    and random search, 8 for the Optuna strategies, which sample a batch before learning from
+    it; never more than the candidates or the budget; none in the interpreter, which has
+    nothing to compile).
     ``candidates`` replaces the space's enumeration with an explicit list (constraints still
     apply), e.g. to compare with another tuner on the same configs.
 
@@ -118,24 +151,39 @@ def run_sweep(
     Optuna strategies keep their study in the store's database (see ``study_storage``).
     """
     check_sweep_arguments(strategy, budget, time_budget, patience)
+    clock = _Clock()
     device = device or current_device()
-    if workers is None:
-        workers = min(8, os.cpu_count() or 1) if device.is_gpu else 0
+    workers = _pool_size(workers, device, strategy, budget, candidates)
     options = _Options(
         strategy, budget, seed, time_budget, patience, min_improvement,
         (3 if device.is_gpu else 0) if finalists is None else finalists,
         device.is_gpu if isolate is None else isolate, measure_timeout, rep_ms,
     )
-    compiler = Compiler(workers) if workers > 1 and _picklable(template, problems) else None
+    compiler = None
+    if workers > 1 and problems and _picklable(template, problems):
+        compiler = Compiler(workers, template=template, problem=problems[0])
+    clock.lap("start")
     try:
         return [
             _sweep_one(template, problem, store, device, options, on_start, on_trial, compiler, candidates,
-                       on_phase or (lambda key, what: None))
-            for problem in problems
+                       on_phase or (lambda key, what: None), clock if i == 0 else _Clock())
+            for i, problem in enumerate(problems)
         ]
     finally:
         if compiler is not None:
             compiler.close()
+
+
+def _pool_size(workers: int | None, device: Device, strategy: str, budget: int | None,
+               candidates: list[Config] | None) -> int:
+    if workers is None:
+        if not device.is_gpu:
+            return 0
+        workers = min(16 if strategy in ("grid", "random") else 8, os.cpu_count() or 1)
+    for most in (budget, None if candidates is None else len(candidates)):
+        if most is not None:
+            workers = min(workers, most)  # a batch never holds more candidates than these
+    return workers
 
 
 @dataclass(frozen=True)
@@ -174,11 +222,11 @@ def study_storage(store: Store) -> str | None:
 def _sweep_one(
     template: Template, problem: Problem, store: Store, device: Device, options: _Options,
     on_start, on_trial, compiler: Compiler | None, explicit: list[Config] | None,
-    on_phase: Callable[[str, str], None],
+    on_phase: Callable[[str, str], None], clock: _Clock,
 ) -> ProblemResult:
     kv_id = store.kernel_version_id(template)
     device_id = store.device_id(device)
-    started = time.perf_counter()
+    started = clock.start
     key = str(template.key(problem))
     if explicit is None:
         candidates = template.feasible(problem, device)
@@ -212,8 +260,8 @@ def _sweep_one(
     batch_size = compiler.workers if compiler else 1
     stopped = "budget"
     since_improved = 0  # trials since the best last improved by min_improvement
-    compile_seconds = measure_seconds = 0.0
     peer_ms: float | None = None
+    clock.lap("set-up")
     try:
         while len(search.told) < limit:
             if options.time_budget is not None and time.perf_counter() - started >= options.time_budget:
@@ -234,21 +282,28 @@ def _sweep_one(
             if not batch:
                 stopped = "exhausted"
                 break
+            clock.lap("search")
             measurer = measurer or _measurer(template, problem, device, options)
             if compiler is not None:
                 on_phase(key, f"compiling {len(batch)} candidates")
-                tick = time.perf_counter()
-                compiler.compile(template, problem, batch)
-                compile_seconds += time.perf_counter() - tick
-            on_phase(key, "checking and timing")
+                compiled = compiler.compile_each(template, problem, batch)
+            else:
+                compiled = itertools.repeat(None)
+            clock.lap("measurer start")
             results: list[tuple[Config, str, Measurement]] = []
-            for config in batch:
-                tick = time.perf_counter()
+            for i, (_, config) in enumerate(zip(compiled, batch)):  # compiled first: its end replaces a broken pool
+                clock.lap("waiting for compiles")
+                if isinstance(measurer, Worker):
+                    measurer.wait_ready()
+                    clock.lap("measurer start")
+                if i == 0:
+                    on_phase(key, "checking and timing")
                 results.append((config, config_hash(config), measurer.measure(config)))
-                measure_seconds += time.perf_counter() - tick
+                clock.lap("checking and timing")
             # one transaction per batch: many workers on one database commit once per batch, not
             # per trial (benchmarks/write_throughput.py); a kill loses at most the batch in flight
             ids = store.add_trials(sweep_id, kv_id, device_id, key, results)
+            clock.lap("trial writes")
             for (config, h, m), trial_id in zip(results, ids):
                 if trial_id is not None:
                     measured[h] = m
@@ -262,27 +317,30 @@ def _sweep_one(
                     best = m.time_ms
                 if on_trial:
                     on_trial(TrialEvent(problem, key, len(search.told), limit, config, m, best))
+            clock.lap("search")
         if stopped == "budget" and search.exhausted:
             stopped = "exhausted"
+        clock.lap("search")
         if new and options.finalists > 1:
             on_phase(key, f"re-timing {options.finalists} finalists")
-            tick = time.perf_counter()
             measurer = measurer or _measurer(template, problem, device, options)
-            _remeasure_finalists(store, measurer, kv_id, device_id, key, options.finalists)
-            measure_seconds += time.perf_counter() - tick
+            clock.lap("measurer start")
+            _remeasure_finalists(store, measurer, kv_id, device_id, key, options.finalists, options.rep_ms)
+            clock.lap("finalists")
         if measurer is not None and has_peer(template):  # a sweep that measured nothing makes no inputs for it
-            tick = time.perf_counter()
             on_phase(key, "timing the torch peer")
             peer_ms = _time_peer(measurer)
-            measure_seconds += time.perf_counter() - tick
+            clock.lap("torch peer")
     finally:
         if isinstance(measurer, Worker):
             measurer.close()
+            clock.lap("measurer stop")
     winner = store.update_winner(kv_id, device_id, key)
     rows = store.trials(kv_id, device_id, key)
     heuristic_row = next((r for r in rows if r.config_hash == config_hash(heuristic)), None)
-    wall = time.perf_counter() - started
-    store.finish_sweep(sweep_id, wall, peer_ms=peer_ms)
+    store.finish_sweep(sweep_id, time.perf_counter() - started, peer_ms=peer_ms)
+    clock.lap("winner")
+    wall = sum(clock.phases.values())
     on_phase(key, "done")
     return ProblemResult(
             problem=problem,
@@ -295,8 +353,7 @@ def _sweep_one(
             trials_stored=len(rows),
             failures=sum(r.status != Status.OK.value for r in rows),
             wall_seconds=wall,
-            compile_seconds=compile_seconds,
-            measure_seconds=measure_seconds,
+            phases=clock.phases,
             stopped=stopped,
             peer_ms=peer_ms,
     )
@@ -348,12 +405,15 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
     return _unique([dict(config) for _, _, config in near[:NEIGHBOURS]] + [dict(c) for c in elsewhere])
 
 
-def _remeasure_finalists(store: Store, measurer: Bench | Worker, kv_id: int, device_id: int, key: str, k: int) -> None:
+def _remeasure_finalists(store: Store, measurer: Bench | Worker, kv_id: int, device_id: int, key: str, k: int,
+                         rep_ms: float) -> None:
     """Re-time the k fastest correct trials round-robin and store each one's median of rounds.
 
     Interleaving puts every finalist under the same clocks and temperatures, so a config whose
-    first measurement was lucky falls back before it can be declared the winner. A finalist
-    that fails now (a crash, a timeout) keeps that status and cannot win.
+    first measurement was lucky falls back before it can be declared the winner. A round times
+    for rep_ms / FINALIST_ROUNDS: a finalist's rounds take as long as its first measurement,
+    and are interleaved more finely. A finalist that fails now (a crash, a timeout) keeps that
+    status and cannot win.
     """
     from tunesvc.store.models import Trial
 
@@ -363,7 +423,7 @@ def _remeasure_finalists(store: Store, measurer: Bench | Worker, kv_id: int, dev
     rounds: dict[int, list[Measurement]] = {r.id: [] for r in rows}
     for _ in range(FINALIST_ROUNDS):
         for row in rows:
-            rounds[row.id].append(measurer.time_only(dict(row.config)))
+            rounds[row.id].append(measurer.time_only(dict(row.config), rep_ms / FINALIST_ROUNDS))
     with store.session() as session:
         for row in rows:
             ms = rounds[row.id]

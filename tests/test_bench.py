@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -191,6 +194,50 @@ def test_compiler_replaces_a_pool_whose_worker_died(problem):
         # the next batch compiles in the new pool
         assert compiler.compile(Faulty(), problem, [SMALL, {**SMALL, "BLOCK_M": 32}]) == {0: None, 1: None}
         assert compiler.restarts == 1
+
+
+OWNER = """
+import time
+from tunesvc.bench import Compiler
+from tunesvc.kernels.matmul import TEMPLATE
+import tunesvc
+
+if __name__ == "__main__":
+    problem = TEMPLATE.problem(M=24, N=40, K=36)
+    compiler = Compiler(2)
+    assert compiler.compile(TEMPLATE, problem, [TEMPLATE.heuristic(problem, tunesvc.current_device())]) == {0: None}
+    print(*compiler._pool._processes, flush=True)
+    time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_compile_workers_exit_when_their_sweep_is_killed(tmp_path):
+    """A sweep killed with SIGKILL leaves no compile worker behind (nor, through them, a forkserver)."""
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in owner.stdout.readline().split()]
+        assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in workers)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        owner.stdout.close()
 
 
 SLOW = {**SMALL, "BLOCK_M": 32}

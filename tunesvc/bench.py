@@ -214,7 +214,7 @@ class Compiler:
         import threading
         from concurrent.futures import ProcessPoolExecutor
 
-        pool = ProcessPoolExecutor(self.workers, mp_context=_forkserver())
+        pool = ProcessPoolExecutor(self.workers, mp_context=_forkserver(), initializer=_exit_with, initargs=(os.getpid(),))
         # submit() starts a worker process and blocks until the forkserver has forked it
         self._starting = threading.Thread(target=self._start_workers, args=(pool,), daemon=True)
         self._starting.start()
@@ -312,6 +312,26 @@ def start_forkserver() -> None:
 
     _forkserver()
     forkserver.ensure_running()
+
+
+def _exit_with(owner: int) -> None:
+    """Make this compile worker exit once ``owner`` (the sweep's process) is gone.
+
+    A pool worker's parent is the forkserver, which outlives a sweep killed with SIGKILL, and the
+    worker waits on a queue whose writer it holds itself: without this it would never exit (and
+    would keep the forkserver alive). A poll, because the owner is not our parent (no PDEATHSIG).
+    """
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(owner, 0)
+            except ProcessLookupError:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="tunesvc-owner-watch", daemon=True).start()
 
 
 def _warm_worker(template: Template | None = None, problem: Problem | None = None) -> None:

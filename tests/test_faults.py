@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 
+import pytest
 from typer.testing import CliRunner
 
 import tunesvc
@@ -199,6 +200,7 @@ def test_a_read_only_database_is_one_error_line_and_changes_nothing(tmp_db, monk
 
 
 # -- PostgreSQL: the server goes away mid-sweep ------------------------------------------------------
+@pytest.mark.serial  # it stops the server that every other PostgreSQL test uses
 def test_postgresql_server_restarted_mid_sweep_is_reported_retried_and_finished(template, device):
     """With $TUNESVC_TEST_PG_CTL (`.ci/run`: pg_ctlcluster VERSION main) the server really stops and
     starts; otherwise the test database refuses connections for as long (what a client sees is the same)."""

@@ -2,7 +2,7 @@
 
 Revision ID: 0004
 Revises: 0003
-Create Date: 2026-11-24
+Create Date: 2026-11-23
 
 A sweep times the template's torch equivalent (cuBLAS through torch.matmul, SDPA, ...) once,
 on the inputs and in the way it times the candidates. NULL where the template has no peer, the

@@ -2,7 +2,7 @@
 
 Revision ID: 0005
 Revises: 0004
-Create Date: 2026-11-25
+Create Date: 2026-11-23
 
 Optuna's RDBStorage schema has its own ``trials`` table (and keeps its revision in
 ``alembic_version``, where revisions 0001-0004 kept ours; tunesvc.store._migrate moves ours to

@@ -61,11 +61,12 @@ def md5(path) -> str:
     return hashlib.md5(Path(path).read_bytes()).hexdigest()
 
 
-def alembic_to(path, revision: str) -> None:
+def alembic_to(path, revision: str, step=command.upgrade) -> None:
+    """Run Alembic's ``step`` (upgrade or downgrade) on the SQLite file at ``path`` to ``revision``."""
     engine = create_engine(f"sqlite:///{path}")
     try:
         with engine.begin() as connection:
-            command.upgrade(alembic_config(connection), revision)
+            step(alembic_config(connection), revision)
     finally:
         engine.dispose()
 
@@ -215,12 +216,7 @@ def test_downgrade_to_0001_and_back_keeps_rows(tmp_db):
     before = rows(tmp_db)
     assert upgrade(tmp_db) == ("0001", HEAD)
     assert rows(tmp_db) == before
-    engine = create_engine(f"sqlite:///{tmp_db}")
-    try:
-        with engine.begin() as connection:
-            command.downgrade(alembic_config(connection), "0001")
-    finally:
-        engine.dispose()
+    alembic_to(tmp_db, "0001", command.downgrade)
     assert structure(tmp_db) == structure(SCHEMA1)  # batch mode rebuilt sweeps: same table, other DDL text
     assert rows(tmp_db) == before
     assert revision_rows(tmp_db) == ([("0001",)], [("1",)])
@@ -241,12 +237,7 @@ def test_revision_0004_adds_sweeps_peer_ms_keeping_rows(tmp_db):
     finally:
         con.close()
     assert revision_rows(tmp_db) == ([("0004",)], [("4",)])
-    engine = create_engine(f"sqlite:///{tmp_db}")
-    try:
-        with engine.begin() as connection:
-            command.downgrade(alembic_config(connection), "0003")
-    finally:
-        engine.dispose()
+    alembic_to(tmp_db, "0003", command.downgrade)
     assert structure(tmp_db) == before_structure and rows(tmp_db) == before
     assert revision_rows(tmp_db) == ([("0003",)], [("3",)])
 

@@ -17,6 +17,7 @@ import sys
 
 from _common import bench_graph_ms
 from _common import bench_ms
+from _common import copy_bandwidth
 from _common import print_table
 from _common import require_gpu
 from _common import tuned_runtime
@@ -32,12 +33,7 @@ KERNELS = ["softmax", "layernorm", "dropout", "bias_act_residual"]
 
 def copy_rates(elements: int) -> tuple[float, float]:
     """(do_bench, CUDA graph) copy rate in GB/s (read + write) of ``elements`` bf16 values."""
-    src = torch.randn(elements, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    moved = 2 * src.numel() * src.element_size() / 1e9
-    rates = moved / (bench_ms(lambda: dst.copy_(src)) * 1e-3), moved / (bench_graph_ms(lambda: dst.copy_(src)) * 1e-3)
-    del src, dst
-    return rates
+    return copy_bandwidth(elements) / 1e9, copy_bandwidth(elements, bench_graph_ms) / 1e9
 
 
 def main() -> int:

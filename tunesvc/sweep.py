@@ -271,14 +271,17 @@ def _sweep_one(
                 stopped = "patience"
                 break
             batch: list[Config] = []
+            hashes: list[str] = []
             while len(batch) < batch_size and len(search.told) + len(batch) < limit:
                 config = search.ask()
                 if config is None:
                     break
-                if config_hash(config) in measured:  # a strategy may propose a stored config again
-                    search.tell(config, measured[config_hash(config)])
+                h = config_hash(config)
+                if h in measured:  # a strategy may propose a stored config again
+                    search.tell(config, measured[h])
                 else:
                     batch.append(config)
+                    hashes.append(h)
             if not batch:
                 stopped = "exhausted"
                 break
@@ -291,14 +294,14 @@ def _sweep_one(
                 compiled = itertools.repeat(None)
             clock.lap("measurer start")
             results: list[tuple[Config, str, Measurement]] = []
-            for i, (_, config) in enumerate(zip(compiled, batch)):  # compiled first: its end replaces a broken pool
+            for i, (_, config, h) in enumerate(zip(compiled, batch, hashes)):  # compiled first: its end replaces a broken pool
                 clock.lap("waiting for compiles")
                 if isinstance(measurer, Worker):
                     measurer.wait_ready()
                     clock.lap("measurer start")
                 if i == 0:
                     on_phase(key, "checking and timing")
-                results.append((config, config_hash(config), measurer.measure(config)))
+                results.append((config, h, measurer.measure(config)))
                 clock.lap("checking and timing")
             # one transaction per batch: many workers on one database commit once per batch, not
             # per trial (benchmarks/write_throughput.py); a kill loses at most the batch in flight

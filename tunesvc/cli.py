@@ -190,7 +190,7 @@ def sweep(
     db: DbOption = None,
     as_json: JsonOption = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (for logs); the result table still prints.")] = False,
-    gpus: Annotated[Optional[str], typer.Option(help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index). The same command on other hosts with the same --db joins the sweep.")] = None,
+    gpus: Annotated[Optional[str], typer.Option(help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index); each worker applies --budget, --time-budget, --patience and --workers to every shape it takes. The same command on other hosts with the same --db joins the sweep.")] = None,
 ) -> None:
     """Benchmark configs for each shape on this device, store every trial and the winners."""
     from tunesvc.bench import start_forkserver

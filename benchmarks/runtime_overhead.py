@@ -4,8 +4,9 @@
     python benchmarks/runtime_overhead.py --cpu-only # bundle and lookup; the breakdown with no-op launches
 
 Launch overhead: a tiny GEMM (64x64x64 fp16, cache hit), N launches timed on the host clock
-with no sync between them (the launch path is what is measured), median of interleaved rounds
-(spread: the lowest and highest round): the shipped ``tunesvc.kernels.matmul`` against
+with no sync between them (the launch path is what is measured), median of 41 interleaved rounds
+(spread: the lowest and highest round), and the median of the per-round ratios (each round
+times both sides within milliseconds of each other): the shipped ``tunesvc.kernels.matmul`` against
 ``launch_matmul`` with the same fixed config, and the same ``@triton.jit`` kernel three ways:
 ``kernel[grid]`` with a fixed config, under ``@tunesvc.autotune`` (config from a bundle) and under
 ``triton.autotune`` (both on a hit). The breakdown times each step of those paths alone. Without a
@@ -45,14 +46,16 @@ TEMPLATE = matmul_module.TEMPLATE
 launch_matmul = matmul_module.launch_matmul
 
 
-def timed(fns: dict, calls: int, repeats: int = 7, sync=None) -> dict[str, tuple[float, float, float]]:
+def timed(fns: dict, calls: int, repeats: int = 7, sync=None, samples: dict | None = None) -> dict[str, tuple[float, float, float]]:
     """Per-call host time of each function: (median, lowest, highest) over rounds that take
-    the functions in turn, so a busy moment of the machine lands on all of them alike."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
+    the functions in turn (in reverse order every other round), so a busy moment of the machine
+    lands on all of them alike; ``samples`` receives each function's per-round times."""
+    samples = {} if samples is None else samples
+    samples.update({name: [] for name in fns})
     for fn in fns.values():
         fn()  # a kwargs order Triton has not seen is a new cache entry: compile it before timing
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    for round_ in range(repeats):
+        for name, fn in (list(fns.items()) if round_ % 2 == 0 else list(fns.items())[::-1]):
             if sync:
                 sync()
             start = time.perf_counter()
@@ -62,6 +65,14 @@ def timed(fns: dict, calls: int, repeats: int = 7, sync=None) -> dict[str, tuple
                 sync()
             samples[name].append((time.perf_counter() - start) / calls * 1e6)
     return {name: (statistics.median(s), min(s), max(s)) for name, s in samples.items()}
+
+
+def paired(samples: dict[str, list[float]], ours: str, base: str) -> str:
+    """Median over rounds of each round's ours/base ratio (the two ran side by side in it),
+    with the quartiles of those ratios: steadier than a ratio of two medians when rounds drift."""
+    ratios = sorted(o / b for o, b in zip(samples[ours], samples[base]))
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    return f"{median:.3f}x ({q1:.3f}-{q3:.3f})"
 
 
 def us(t: tuple[float, float, float]) -> str:
@@ -259,17 +270,21 @@ def main() -> int:
 
         run_autotuned, _ = autotuned_matmul()
         run_autotuned(a, b)  # tunes once; later calls are autotune cache hits
+        rounds: dict[str, list[float]] = {}
         t = timed({
             "direct": lambda: launch_matmul(a, b, config), "ours": lambda: matmul(a, b),
             "raw": lambda: run_direct(a, b), "decorated": lambda: run_decorated(a, b),
             "autotuned": lambda: run_autotuned(a, b),
-        }, 2000, 9, sync)
+        }, 500, 41, sync, samples=rounds)
         direct, ours, raw, dec, auto = (t[k][0] for k in ("direct", "ours", "raw", "decorated", "autotuned"))
         rows.append(("launch: direct launch_matmul, fixed config", us(t["direct"]), ""))
         rows.append(("launch: tunesvc.kernels.matmul (hit)", us(t["ours"]), f"{ours / direct:.3f}x direct (<= 1.05x)"))
+        rows.append(("  the same, median of per-round ratios (quartiles)", paired(rounds, "ours", "direct"), "<= 1.05x"))
         rows.append(("launch: kernel[grid](...), fixed config", us(t["raw"]), ""))
         rows.append(("launch: @tunesvc.autotune kernel (hit)", us(t["decorated"]), f"{dec / raw:.3f}x kernel[grid] (<= 1.05x)"))
+        rows.append(("  the same, median of per-round ratios (quartiles)", paired(rounds, "decorated", "raw"), "<= 1.05x"))
         rows.append(("launch: triton.autotune kernel (hit)", us(t["autotuned"]), f"{auto / raw:.3f}x kernel[grid]"))
+        rows.append(("  the same, median of per-round ratios (quartiles)", paired(rounds, "autotuned", "raw"), ""))
     breakdown = breakdown_rows(a, b, decorated, run_direct, run_decorated, sync, 2000 if on_gpu else 5000)
     print(f"\n{device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}\n")
     print("| what | measured (median of rounds, lowest-highest) | target |")

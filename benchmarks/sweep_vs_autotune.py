@@ -11,6 +11,11 @@ start with torch imported and the device read (autotune's inputs made); the swee
 includes creating the database. Then the two picked configs are timed side by side here,
 interleaved, with do_bench.
 
+The sweep runs twice: with the workers' server (a forkserver that imports torch, triton and
+tunesvc, seconds) started inside its clock ("cold", as a fresh ``tune sweep`` process), and
+started before the clock ("warm": ``tunesvc.start_forkserver(wait=True)`` at process start, as a
+long-lived process would, in the way autotune's side has torch and CUDA ready before its clock).
+
 A second table splits the sweep's wall time into its phases (``ProblemResult.phases``, plus
 opening the store): what the sweep waited on. "like autotune" leaves out the work autotune does
 not do (the database, the finalists' re-measurement, timing the torch peer).
@@ -63,6 +68,8 @@ m, n, k = {shape}
 configs = [{{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}} for c in TUTORIAL]
 problem = TEMPLATE.problem(M=m, N=n, K=k, dtype="{dtype}")
 current_device()  # read before the clock, as autotune's side makes its inputs before its own
+if {warm!r}:  # the workers' server started with the process, as a long-lived process would
+    start_forkserver(wait=True)
 start = time.perf_counter()
 start_forkserver()  # as `tune sweep` does: the workers' server imports torch while the store is made
 store = Store({db!r})
@@ -83,26 +90,33 @@ def fresh_process(code: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def sweep_in_fresh_process(shape: tuple[int, int, int], workers: int, dtype: str = "bfloat16") -> dict:
-    """tunesvc's side: the grid sweep of the tutorial's configs, in a fresh process and database."""
+def sweep_in_fresh_process(shape: tuple[int, int, int], workers: int, dtype: str = "bfloat16", warm: bool = False) -> dict:
+    """tunesvc's side: the grid sweep of the tutorial's configs, in a fresh process and database;
+    ``warm``: the workers' server was started (and had imported torch) before the clock."""
     bench_dir = os.path.dirname(os.path.abspath(__file__))
     with tempfile.TemporaryDirectory() as tmp:
-        return fresh_process(SWEEP.format(bench=bench_dir, shape=shape, db=f"{tmp}/t.db", workers=workers, dtype=dtype))
+        return fresh_process(SWEEP.format(bench=bench_dir, shape=shape, db=f"{tmp}/t.db", workers=workers, dtype=dtype,
+                                          warm=warm))
 
 
 def phase_columns() -> list[str]:
     return ["store open", *PHASES]
 
 
-def table_rows(shape: tuple[int, int, int], at: dict, sw: dict, t_at: float, t_sw: float) -> tuple[list, list]:
-    """One shape's row of each table, from both tuners' results and the picked configs' times (ms)."""
-    phases = sw["phases"]
-    like = sw["wall"] - sum(phases.get(p, 0.0) for p in EXTRA)
-    same = " (same config)" if at["config"] == sw["config"] else ""
+def table_rows(shape: tuple[int, int, int], at: dict, cold: dict, warm: dict, times: dict[str, float]) -> tuple[list, list]:
+    """One shape's row of each table, from the tuners' results and the picked configs' times (ms)."""
     name = "x".join(map(str, shape))
-    row = [name, at["wall"], sw["wall"], f"{sw['wall'] / at['wall']:.2f}x", like, f"{like / at['wall']:.2f}x",
-           f"{t_at:.4f}", f"{t_sw:.4f}", f"{t_sw / t_at:.3f}x{same}"]
-    return row, [name, sw["trials"], at["wall"], sw["wall"], *(f"{phases.get(p, 0.0):.2f}" for p in phase_columns())]
+    row = [name, at["wall"]]
+    for sw in (cold, warm):
+        like = sw["wall"] - sum(sw["phases"].get(p, 0.0) for p in EXTRA)
+        row += [sw["wall"], f"{sw['wall'] / at['wall']:.2f}x", f"{like / at['wall']:.2f}x"]
+    row.append(f"{times['autotune']:.4f}")
+    for side, sw in (("cold", cold), ("warm", warm)):
+        same = " (same config)" if at["config"] == sw["config"] else ""
+        row.append(f"{times[side]:.4f} = {times[side] / times['autotune']:.3f}x{same}")
+    phase_rows = [[f"{name} ({side})", sw["trials"], at["wall"], sw["wall"], *(f"{sw['phases'].get(p, 0.0):.2f}" for p in phase_columns())]
+                  for side, sw in (("cold", cold), ("warm", warm))]
+    return row, phase_rows
 
 
 def main() -> int:
@@ -113,24 +127,28 @@ def main() -> int:
     workers = min(16, os.cpu_count() or 1)
     rows, phase_rows = [], []
     for shape in SHAPES:
-        at = fresh_process(AUTOTUNE.format(bench=bench_dir, shape=shape))
-        sw = sweep_in_fresh_process(shape, workers)
+        results = {
+            "autotune": fresh_process(AUTOTUNE.format(bench=bench_dir, shape=shape)),
+            "cold": sweep_in_fresh_process(shape, workers),
+            "warm": sweep_in_fresh_process(shape, workers, warm=True),
+        }
         m, n, k = shape
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        times = {"autotune": [], "tunesvc": []}
-        for _ in range(3):  # interleaved, so drift hits both alike
-            for name, result in (("autotune", at), ("tunesvc", sw)):
-                times[name].append(triton.testing.do_bench(lambda: launch_matmul(a, b, result["config"]), quantiles=[0.5]))
-        t_at, t_sw = statistics.median(times["autotune"]), statistics.median(times["tunesvc"])
-        print(shape, json.dumps(at), json.dumps(sw), t_at, t_sw, flush=True)
-        row, phase_row = table_rows(shape, at, sw, t_at, t_sw)
+        samples: dict[str, list[float]] = {name: [] for name in results}
+        for _ in range(3):  # interleaved, so drift hits all alike
+            for name, result in results.items():
+                samples[name].append(triton.testing.do_bench(lambda: launch_matmul(a, b, result["config"]), quantiles=[0.5]))
+        times = {name: statistics.median(s) for name, s in samples.items()}
+        print(shape, json.dumps(results), json.dumps(times), flush=True)
+        row, phase_row = table_rows(shape, results["autotune"], results["cold"], results["warm"], times)
         rows.append(row)
-        phase_rows.append(phase_row)
+        phase_rows += phase_row
     print_table(
         f"Tuning time against triton.autotune (16 tutorial configs, bf16, {workers} compile workers)",
-        ["M x N x K", "autotune 1st call s", "tunesvc sweep s", "sweep / autotune", "like autotune s",
-         "like / autotune", "picked: autotune ms", "picked: tunesvc ms", "tunesvc / autotune time"],
+        ["M x N x K", "autotune 1st call s", "sweep, server cold s", "cold / autotune", "like autotune, cold",
+         "sweep, server warm s", "warm / autotune", "like autotune, warm", "picked: autotune ms",
+         "picked: cold ms", "picked: warm ms"],
         rows,
     )
     print_table("Where the sweep's wall time went (s; what the sweep process waited on)",

@@ -431,12 +431,19 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config: Config | None = None) ->
 
     A is (M, K), B is (K, N), both float16, bfloat16 or float32 on the same device; any strides.
     """
-    if config is None and not torch.compiler.is_compiling():
-        return _matmul_tuned(a, b)  # eager: the op's dispatcher would only add host time
+    if config is None and not _is_compiling():
+        # eager (the op's dispatcher would only add host time): a hit is one dict get on the
+        # operands' shapes and dtypes, inlined here rather than in _matmul_tuned (a frame less)
+        runtime = _runtime._default or _runtime.default_runtime()
+        config = runtime.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)) or _remember(runtime, a, b)
+        return launch_matmul(a, b, config)
     _check_operands(a, b)
     if config is None:
         return _matmul_op.op(a, b)  # torch.compile sees the op tunesvc::matmul (no graph break)
     return launch_matmul(a, b, config)
+
+
+_is_compiling = torch.compiler.is_compiling
 
 
 def _check_operands(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -446,15 +453,19 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor) -> None:
         raise ValueError(f"matmul needs A and B of one dtype; got {a.dtype} and {b.dtype}")
 
 
+def _remember(runtime: _runtime.Runtime, a: torch.Tensor, b: torch.Tensor) -> Config:
+    """First call with these shapes and dtypes: check the operands, look the config up, keep it."""
+    _check_operands(a, b)
+    config = runtime.launch_configs[(TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)] = runtime.config_for(
+        TEMPLATE, M=a.shape[0], N=b.shape[1], K=a.shape[1], dtype=a.dtype
+    )
+    return config
+
+
 def _matmul_tuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Look up and launch; a hit is one dict get on the operands' shapes and dtypes."""
+    """The op's implementation: look up (one dict get on a hit) and launch."""
     runtime = _runtime.default_runtime()
-    config = runtime.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype))
-    if config is None:  # first call with these shapes: check them, then remember the config
-        _check_operands(a, b)
-        config = runtime.launch_configs[(TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)] = runtime.config_for(
-            TEMPLATE, M=a.shape[0], N=b.shape[1], K=a.shape[1], dtype=a.dtype
-        )
+    config = runtime.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)) or _remember(runtime, a, b)
     return launch_matmul(a, b, config)
 
 

@@ -12,6 +12,7 @@ from tunesvc.autotuner import tuned  # noqa: E402
 from tunesvc.bench import Bench  # noqa: E402
 from tunesvc.bench import Measurement  # noqa: E402
 from tunesvc.bench import Status  # noqa: E402
+from tunesvc.bench import start_forkserver  # noqa: E402
 from tunesvc.device import Device  # noqa: E402
 from tunesvc.device import current_device  # noqa: E402
 from tunesvc.errors import TunesvcError  # noqa: E402
@@ -31,5 +32,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Bench", "Cost", "Device", "LookupResult", "Measurement", "Runtime", "ShapeKey", "Space",
     "Status", "Template", "TunedKernel", "TunesvcError", "autotune", "config_hash", "configure",
-    "current_device", "get_template", "lookup", "tuned",
+    "current_device", "get_template", "lookup", "start_forkserver", "tuned",
 ]

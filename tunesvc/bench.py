@@ -289,29 +289,36 @@ def _forkserver():
     """The process context of compile and measuring workers.
 
     A forkserver, not fork: a child forked from a process that has touched CUDA cannot use the
-    GPU. The server imports torch and triton once (neither initialises CUDA on import), so each
-    worker starts in milliseconds instead of re-importing them like a spawn would.
+    GPU. The server imports torch, triton and tunesvc with its kernels once (none of them
+    initialises CUDA on import), so each worker starts in milliseconds instead of importing them
+    again (seconds, and sixteen compile workers doing it at once contend for the cores).
     """
     import multiprocessing
 
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "triton", "triton.language"])
+    context.set_forkserver_preload(["torch", "triton", "triton.language", "tunesvc.kernels"])
     return context
 
 
 _worker_inputs: dict[str, Any] = {}
 
 
-def start_forkserver() -> None:
-    """Start the process server of compile and measuring workers now, without waiting for it.
+def start_forkserver(wait: bool = False) -> None:
+    """Start the process server of compile and measuring workers now.
 
-    Its import of torch and triton (seconds) then overlaps the caller's own set-up (opening the
-    store, reading the device) instead of holding up the first compile.
+    Its imports (torch, triton, tunesvc: seconds) then overlap the caller's own work instead of
+    holding up the first compile: ``tune sweep`` starts it while the store opens; a long-lived
+    process that will sweep later (a notebook, a serving process that tunes on a miss) can
+    start it at start-up. With ``wait``, return once the server can fork a worker.
     """
     from multiprocessing import forkserver
 
-    _forkserver()
+    context = _forkserver()
     forkserver.ensure_running()
+    if wait:  # the server forks its first child only after its imports
+        child = context.Process(target=int)
+        child.start()
+        child.join()
 
 
 def _exit_with(owner: int) -> None:

@@ -195,10 +195,14 @@ def sweep(
     """Benchmark configs for each shape on this device, store every trial and the winners."""
     from tunesvc.bench import start_forkserver
     from tunesvc.device import current_device
+    from tunesvc.device import interpreting
     from tunesvc.store import Store
     from tunesvc.sweep import check_sweep_arguments
     from tunesvc.sweep import run_sweep
     from tunesvc.template import get_template
+
+    if gpus is None and not interpreting():  # the workers' server imports torch and tunesvc while this process sets up
+        start_forkserver()
 
     template = get_template(kernel)
     problems = _problems(template, shape or [], preset, dtype)
@@ -207,8 +211,6 @@ def sweep(
         return _sweep_on_workers(kernel, template, problems, strategy, budget, seed, gpus, db, as_json,
                                  time_budget=time_budget, patience=patience, workers=workers)
     device = current_device()
-    if device.is_gpu:  # its compile and measuring workers' server imports torch while the store opens
-        start_forkserver()
     store = Store(db)
     progress = Progress(
         TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(), MofNCompleteColumn(),

@@ -98,7 +98,10 @@ def use_interpreter_without_gpu() -> None:
     """
     import torch
 
-    if not torch.cuda.is_available():
+    # device_count() asks NVML, not the CUDA driver: is_available() would initialise the driver,
+    # and a process forked after that (the compile and measuring workers' forkserver imports
+    # tunesvc) could not use the GPU
+    if torch.cuda.device_count() == 0:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 

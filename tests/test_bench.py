@@ -276,9 +276,36 @@ def test_sweep_measures_each_candidate_while_later_ones_compile(tmp_db, tmp_path
     assert tpl.measured_at[config_hash(SMALL)] < slow_compiled < tpl.measured_at[config_hash(SLOW)]
 
 
-def test_compile_each_yields_in_order_of_the_configs(problem, tmp_path):
+def test_compile_each_yields_each_config_as_it_finishes(problem, tmp_path):
     with Compiler(2) as compiler:
         outcomes = compiler.compile_each(SlowToCompile(str(tmp_path / "m")), problem, [SLOW, SMALL, {**SMALL, "BLOCK_K": 16}])
-        assert next(outcomes) is None
-        assert (tmp_path / "m").exists()  # the slow first config is done before it is yielded
-        assert list(outcomes) == [None, None]
+        assert next(outcomes) == (1, None)  # the fast second config, while the slow first one compiles
+        assert not (tmp_path / "m").exists()
+        assert sorted(outcomes) == [(0, None), (2, None)]
+        assert (tmp_path / "m").exists()
+
+
+def test_sweep_measures_a_later_candidate_before_a_slow_earlier_one(tmp_db, tmp_path, problem, device):
+    tpl = SlowToCompile(str(tmp_path / "slow-compiled"))
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(tpl, [problem], store, strategy="grid", candidates=[SLOW, SMALL], workers=2,
+                             isolate=False, finalists=0, device=device)
+    finally:
+        store.close()
+    assert result.trials_new == 2 and result.failures == 0
+    slow_compiled = float((tmp_path / "slow-compiled").read_text())
+    # SLOW comes first in the batch, but SMALL, compiled first, is checked and timed first
+    assert tpl.measured_at[config_hash(SMALL)] < slow_compiled < tpl.measured_at[config_hash(SLOW)]
+
+
+def test_compile_past_the_timeout_is_reported_and_the_pool_replaced(problem, tmp_path):
+    with Compiler(2) as compiler:
+        template = SlowToCompile(str(tmp_path / "m"))
+        # both workers up, with this test's module imported (it defines the template)
+        assert compiler.compile(template, problem, [SMALL, {**SMALL, "BLOCK_K": 16}]) == {0: None, 1: None}
+        compiler.timeout_s = 2.0  # SLOW takes 4 s
+        assert compiler.compile(template, problem, [SLOW, SMALL]) == {0: "compile timeout after 2 s", 1: None}
+        assert compiler.restarts == 1
+        compiler.timeout_s = 120.0
+        assert compiler.compile(template, problem, [SMALL]) == {0: None}  # the new pool compiles

@@ -280,6 +280,6 @@ def test_compile_pool_size(device):
     assert _pool_size(None, device, "grid", None, None) == 0  # the interpreter has nothing to compile
     assert _pool_size(None, gpu, "grid", None, None) == min(16, cores)
     assert _pool_size(None, gpu, "optuna", None, None) == min(8, cores)
-    assert _pool_size(None, gpu, "grid", None, [{}] * 3) == min(3, cores)
+    assert _pool_size(None, gpu, "grid", None, 3) == min(3, cores)  # 3 of the candidates fit
     assert _pool_size(12, gpu, "optuna", 5, None) == 5
-    assert _pool_size(2, device, "grid", None, [{}] * 11) == 2
+    assert _pool_size(2, device, "grid", None, 11) == 2

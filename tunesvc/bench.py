@@ -229,37 +229,47 @@ class Compiler:
 
     def compile(self, template: Template, problem: Problem, configs: list[Config]) -> dict[int, str | None]:
         """Launch each config once in the pool; index -> None, or the error it raised."""
-        return dict(enumerate(self.compile_each(template, problem, configs)))
+        return dict(self.compile_each(template, problem, configs))
 
-    def compile_each(self, template: Template, problem: Problem, configs: list[Config]) -> Iterator[str | None]:
-        """Launch each config once in the pool, yielding in order as each is done: None, or the
-        error it raised; so the caller measures a candidate while the later ones compile.
+    def compile_each(self, template: Template, problem: Problem, configs: list[Config]) -> Iterator[tuple[int, str | None]]:
+        """Launch each config once in the pool, yielding (index, outcome) as each is done, in the
+        order they finish (outcome: None, or the error it raised); so the caller measures a
+        candidate while the later ones compile, and never waits on a slow one while others are ready.
 
         A worker that dies (a candidate faulted and poisoned its CUDA context) breaks the pool,
-        and one that hangs past ``timeout_s`` blocks a slot: either way the pool is replaced
-        after the batch, so later batches still compile in parallel.
+        and one that hangs past ``timeout_s`` (counted from the batch's submission) blocks a
+        slot: either way the pool is replaced after the batch, so later batches still compile in
+        parallel.
         """
         # submit() is thread-safe: the first candidates go to the first workers started
         return self._outcomes([self._pool.submit(_compile_in_worker, template, problem, c) for c in configs])
 
-    def _outcomes(self, futures: list) -> Iterator[str | None]:
-        from concurrent.futures import TimeoutError as FutureTimeout
+    def _outcomes(self, futures: list) -> Iterator[tuple[int, str | None]]:
+        from concurrent.futures import FIRST_COMPLETED
+        from concurrent.futures import wait
         from concurrent.futures.process import BrokenProcessPool
 
+        index = {future: i for i, future in enumerate(futures)}
+        pending = set(futures)
+        deadline = time.monotonic() + self.timeout_s
         replace = False
         try:
-            for future in futures:
-                try:
-                    outcome = future.result(timeout=self.timeout_s)
-                except FutureTimeout:
-                    outcome = f"compile timeout after {self.timeout_s:g} s"
+            while pending:
+                done, pending = wait(pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+                if not done:  # the deadline passed with these still compiling (or queued behind them)
+                    for future in sorted(pending, key=index.__getitem__):
+                        yield index[future], f"compile timeout after {self.timeout_s:g} s"
                     replace = True
-                except BrokenProcessPool as exc:
-                    outcome = f"compile worker died: {_one_line(exc)}"
-                    replace = True
-                except Exception as exc:
-                    outcome = f"{type(exc).__name__}: {_one_line(exc)}"
-                yield outcome
+                    return
+                for future in sorted(done, key=index.__getitem__):
+                    try:
+                        outcome = future.result()
+                    except BrokenProcessPool as exc:
+                        outcome = f"compile worker died: {_one_line(exc)}"
+                        replace = True
+                    except Exception as exc:
+                        outcome = f"{type(exc).__name__}: {_one_line(exc)}"
+                    yield index[future], outcome
         finally:
             if replace:
                 self._kill()

@@ -11,7 +11,6 @@ fastest few) are re-measured interleaved -> the fastest correct trial becomes th
 
 from __future__ import annotations
 
-import itertools
 import os
 import statistics
 import time
@@ -153,7 +152,10 @@ def run_sweep(
     check_sweep_arguments(strategy, budget, time_budget, patience)
     clock = _Clock()
     device = device or current_device()
-    workers = _pool_size(workers, device, strategy, budget, candidates)
+    fitting = None if candidates is None else max(
+        (sum(not template.violations(c, p, device) for c in candidates) for p in problems), default=0
+    )
+    workers = _pool_size(workers, device, strategy, budget, fitting)
     options = _Options(
         strategy, budget, seed, time_budget, patience, min_improvement,
         (3 if device.is_gpu else 0) if finalists is None else finalists,
@@ -174,13 +176,14 @@ def run_sweep(
             compiler.close()
 
 
-def _pool_size(workers: int | None, device: Device, strategy: str, budget: int | None,
-               candidates: list[Config] | None) -> int:
+def _pool_size(workers: int | None, device: Device, strategy: str, budget: int | None, fitting: int | None) -> int:
+    """``fitting``: how many of an explicit candidate list fit the device, for the problem where
+    most do (an idle worker would still start, make its CUDA context and inputs)."""
     if workers is None:
         if not device.is_gpu:
             return 0
         workers = min(16 if strategy in ("grid", "random") else 8, os.cpu_count() or 1)
-    for most in (budget, None if candidates is None else len(candidates)):
+    for most in (budget, fitting):
         if most is not None:
             workers = min(workers, most)  # a batch never holds more candidates than these
     return workers
@@ -289,12 +292,13 @@ def _sweep_one(
             measurer = measurer or _measurer(template, problem, device, options)
             if compiler is not None:
                 on_phase(key, f"compiling {len(batch)} candidates")
-                compiled = compiler.compile_each(template, problem, batch)
+                compiled = compiler.compile_each(template, problem, batch)  # in the order they finish
             else:
-                compiled = itertools.repeat(None)
+                compiled = ((j, None) for j in range(len(batch)))
             clock.lap("measurer start")
             results: list[tuple[Config, str, Measurement]] = []
-            for i, (_, config, h) in enumerate(zip(compiled, batch, hashes)):  # compiled first: its end replaces a broken pool
+            for i, (j, _) in enumerate(compiled):  # to its end: the end replaces a broken pool
+                config, h = batch[j], hashes[j]
                 clock.lap("waiting for compiles")
                 if isinstance(measurer, Worker):
                     measurer.wait_ready()

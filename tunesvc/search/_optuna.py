@@ -7,8 +7,8 @@ CMA-ES and GP need numbers, so each parameter becomes the index of its value amo
 choices: log2 for the power-of-two ones) and how a failure is told: TPE through its
 ``constraints_func`` (an infeasible or failed trial is complete but constrained, so TPE puts it
 in its "bad" density and stops proposing its neighbourhood); CMA-ES and GP, which cannot use a
-penalised value without distorting their model, as a failed trial. A proposal of a config
-already measured is told as a failed trial too (so no sampler sees a measurement twice) and
+penalised value without distorting their model, as a failed trial. TPE's proposal of a config
+already measured is told as a failed trial (so TPE never sees a measurement twice) and
 replaced by the untried feasible config nearest to it.
 
 With ``storage`` (a database URL: the store's own) the study lives in that database, in
@@ -158,7 +158,16 @@ class OptunaStrategy(Strategy):
                 self._pending[key] = trial
                 self.asked.add(key)
                 return config
-            if key not in self._feasible and self.constrained:
+            if not self.constrained:  # CMA-ES, GP: as before, a miss is told as failed or repeated
+                misses += 1
+                if key in self.told and key in self._feasible:
+                    self._tell_study(trial, self.told[key])
+                else:
+                    self.study.tell(trial, state=TrialState.FAIL)
+                if misses < MAX_MISSES_PER_ASK:
+                    continue
+                return self._random_untried()
+            if key not in self._feasible:
                 # TPE learns where the feasible set ends: an infeasible proposal is a constrained
                 # trial (no benchmark spent), and the next ask draws again
                 _set_violation(trial, 1.0)
@@ -169,8 +178,8 @@ class OptunaStrategy(Strategy):
             else:
                 # A config already measured (or in the batch) is no new evidence: told again, its
                 # value would count twice in TPE's densities and pull the next proposals back
-                # onto it, until TPE only repeats itself. It is told as FAIL, which the samplers
-                # ignore, and the untried config nearest to it is measured instead.
+                # onto it, until TPE only repeats itself. It is told as FAIL, which TPE ignores,
+                # and the untried config nearest to it is measured instead.
                 trial.set_user_attr(UNMEASURED, True)
                 self.study.tell(trial, state=TrialState.FAIL)
             nearest = self._nearest_untried(config)
@@ -178,6 +187,14 @@ class OptunaStrategy(Strategy):
                 return None
             self.study.enqueue_trial(self.encode(nearest))
         return None
+
+    def _random_untried(self) -> Config | None:
+        left = [c for c in self.candidates if not self._tried(config_hash(c))]
+        if not left:
+            return None
+        config = self._rng.choice(left)
+        self.asked.add(config_hash(config))
+        return config
 
     def _tried(self, key: str) -> bool:
         return key in self.told or key in self.asked or key in self._pending

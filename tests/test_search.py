@@ -29,6 +29,7 @@ from tunesvc.template import Template
 from tunesvc.search import GridStrategy
 from tunesvc.search import make_strategy
 from tunesvc.search._optuna import SET_CONSTRAINT
+from tunesvc.search._optuna import PENALTY_MS
 from tunesvc.search._optuna import VIOLATION
 from tunesvc.search._optuna import OptunaStrategy
 from tunesvc.search.replay import GroundTruth
@@ -242,6 +243,23 @@ def test_tpe_is_told_infeasible_and_failed_trials_as_constrained(space, candidat
     assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials)
     violations = [t.constraints[VIOLATION] if SET_CONSTRAINT else t.system_attrs["constraints"][0] for t in trials]
     assert violations == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_a_repeated_proposal_is_not_told_twice_but_replaced_by_its_nearest_untried(space, candidates):
+    # TPE that has converged proposes its incumbent again: told its value a second time, the
+    # incumbent would weigh double in TPE's densities and pull every later proposal back onto it
+    strategy = OptunaStrategy(space, candidates, seed=0)
+    proposed = drain(strategy, limit=len(candidates))
+    assert sorted(hashes(proposed)) == sorted(hashes(candidates))
+    complete = [t for t in strategy.study.get_trials() if t.state.name == "COMPLETE" and t.value < PENALTY_MS]
+    assert len(complete) == len(candidates)  # one trial per measured config, no repeats
+    assert len({tuple(sorted(t.params.items())) for t in complete}) == len(candidates)
+    best = {"A": 2, "B": 32, "num_warps": 4}
+    strategy = OptunaStrategy(space, candidates, seed=0)
+    strategy.tell(best, ok(1.0))
+    # one step away in one parameter (A=4 with B=32 is infeasible)
+    assert strategy._nearest_untried(best) in ({"A": 1, "B": 32, "num_warps": 4},
+                                               {"A": 2, "B": 16, "num_warps": 4}, {"A": 2, "B": 32, "num_warps": 8})
 
 
 # -- offline replay -----------------------------------------------------------------------

@@ -7,7 +7,9 @@ CMA-ES and GP need numbers, so each parameter becomes the index of its value amo
 choices: log2 for the power-of-two ones) and how a failure is told: TPE through its
 ``constraints_func`` (an infeasible or failed trial is complete but constrained, so TPE puts it
 in its "bad" density and stops proposing its neighbourhood); CMA-ES and GP, which cannot use a
-penalised value without distorting their model, as a failed trial.
+penalised value without distorting their model, as a failed trial. TPE's proposal of a config
+already measured is told as a failed trial (so TPE never sees a measurement twice) and
+replaced by the untried feasible config nearest to it.
 
 With ``storage`` (a database URL: the store's own) the study lives in that database, in
 Optuna's tables beside tunesvc's (Optuna's RDBStorage), named by the caller, so a killed sweep
@@ -37,9 +39,11 @@ if TYPE_CHECKING:
     from tunesvc.bench import Measurement
     from tunesvc.space import Space
 
-# Infeasible or repeated proposals cost no benchmark, but each one is a study trial that makes
-# the next ask slower; past this many misses in a row, a random unmeasured candidate is used.
+#: infeasible proposals in a row (each a study trial, no benchmark) before the nearest feasible
+#: untried config is measured instead
 MAX_MISSES_PER_ASK = 50
+#: user attribute of a proposal that was not measured (infeasible or already tried), told as FAIL
+UNMEASURED = "unmeasured"
 #: name of a trial's constraint: 1 for infeasible or failed, 0 for correct
 VIOLATION = "violation"
 #: Optuna 5 records constraints on the trial (set_constraint) and TPE reads them there; older
@@ -106,14 +110,16 @@ class OptunaStrategy(Strategy):
         self._rng = random.Random(seed)
         #: configs the (persisted) study already has a finished trial of
         self._in_study = self._finished_in_study()
-        for config in self.initial:
-            self.study.enqueue_trial(self.encode(config), skip_if_exists=True)
+        #: warm-start configs not yet proposed, each enqueued just before the ask that takes it
+        self._queue = list(self.initial)
         self._pending: dict[str, optuna.Trial] = {}
 
     def _finished_in_study(self) -> set[str]:
         """Hashes of the configs a loaded study has finished trials of (none for a new study)."""
         found = set()
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            if trial.user_attrs.get(UNMEASURED):
+                continue
             try:
                 found.add(config_hash(self.decode(trial.params)))
             except (KeyError, IndexError):  # a trial of an older space's values
@@ -139,26 +145,71 @@ class OptunaStrategy(Strategy):
 
     # -- ask / tell ---------------------------------------------------------------------
     def ask(self) -> Config | None:
-        for _ in range(MAX_MISSES_PER_ASK):
-            if self.exhausted:
-                return None
+        misses = 0
+        while not self.exhausted:
+            while self._queue and self._tried(config_hash(self._queue[0])):
+                self._queue.pop(0)
+            if self._queue:
+                self.study.enqueue_trial(self.encode(self._queue.pop(0)))
             trial = self.study.ask(self._distributions)
             config = self.decode(trial.params)
             key = config_hash(config)
-            if key not in self._feasible or key in self._pending:
-                self._tell_failure(trial)
-            elif key in self.told:
-                self._tell_study(trial, self.told[key])
-            else:
+            if key in self._feasible and not self._tried(key):
                 self._pending[key] = trial
                 self.asked.add(key)
                 return config
-        left = [c for c in self.candidates if config_hash(c) not in self.told and config_hash(c) not in self.asked]
+            if not self.constrained:  # CMA-ES, GP: as before, a miss is told as failed or repeated
+                misses += 1
+                if key in self.told and key in self._feasible:
+                    self._tell_study(trial, self.told[key])
+                else:
+                    self.study.tell(trial, state=TrialState.FAIL)
+                if misses < MAX_MISSES_PER_ASK:
+                    continue
+                return self._random_untried()
+            if key not in self._feasible:
+                # TPE learns where the feasible set ends: an infeasible proposal is a constrained
+                # trial (no benchmark spent), and the next ask draws again
+                _set_violation(trial, 1.0)
+                self.study.tell(trial, PENALTY_MS)
+                misses += 1
+                if misses < MAX_MISSES_PER_ASK:
+                    continue
+            else:
+                # A config already measured (or in the batch) is no new evidence: told again, its
+                # value would count twice in TPE's densities and pull the next proposals back
+                # onto it, until TPE only repeats itself. It is told as FAIL, which TPE ignores,
+                # and the untried config nearest to it is measured instead.
+                trial.set_user_attr(UNMEASURED, True)
+                self.study.tell(trial, state=TrialState.FAIL)
+            nearest = self._nearest_untried(config)
+            if nearest is None:
+                return None
+            self.study.enqueue_trial(self.encode(nearest))
+        return None
+
+    def _random_untried(self) -> Config | None:
+        left = [c for c in self.candidates if not self._tried(config_hash(c))]
         if not left:
             return None
         config = self._rng.choice(left)
         self.asked.add(config_hash(config))
         return config
+
+    def _tried(self, key: str) -> bool:
+        return key in self.told or key in self.asked or key in self._pending
+
+    def _nearest_untried(self, config: Config) -> Config | None:
+        """The untried feasible config nearest ``config``: fewest steps between neighbouring
+        values of each parameter (a text value counts one step when it differs); ties broken by
+        the strategy's seeded generator."""
+        def distance(candidate: Config) -> int:
+            return sum(_steps(self._choices[n], config[n], candidate[n]) for n in self.space.names)
+        left = [c for c in self.candidates if not self._tried(config_hash(c))]
+        if not left:
+            return None
+        least = min(map(distance, left))
+        return self._rng.choice([c for c in left if distance(c) == least])
 
     def tell(self, config: Config, measurement: Measurement) -> None:
         super().tell(config, measurement)
@@ -184,15 +235,22 @@ class OptunaStrategy(Strategy):
             if self.constrained:
                 _set_violation(trial, 0.0)
             self.study.tell(trial, measurement.time_ms)
-        else:
-            self._tell_failure(trial)
-
-    def _tell_failure(self, trial: optuna.Trial) -> None:
-        if self.constrained:
+        elif self.constrained:
             _set_violation(trial, 1.0)
             self.study.tell(trial, PENALTY_MS)
         else:
             self.study.tell(trial, state=TrialState.FAIL)
+
+
+def _steps(choices: list[Any], a: Any, b: Any) -> int:
+    """Steps between two values of one parameter: their distance in its sorted choices when
+    numeric (neighbouring tile sizes are one step apart), else 0 or 1."""
+    if a == b:
+        return 0
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in choices) and a in choices and b in choices:
+        ordered = sorted(choices)
+        return abs(ordered.index(a) - ordered.index(b))
+    return 1
 
 
 def _set_violation(trial: optuna.Trial, value: float) -> None:

@@ -309,3 +309,20 @@ def test_compile_past_the_timeout_is_reported_and_the_pool_replaced(problem, tmp
         assert compiler.restarts == 1
         compiler.timeout_s = 120.0
         assert compiler.compile(template, problem, [SMALL]) == {0: None}  # the new pool compiles
+
+
+def test_workers_server_preloads_tunesvc_and_its_kernels():
+    from tunesvc.bench import _forkserver
+    from tunesvc.bench import start_forkserver
+
+    start_forkserver(wait=True)
+    context = _forkserver()
+    queue = context.Queue()
+    # exec, a builtin: a target from a module would import that module (and tunesvc) in the child
+    modules = ("torch", "triton", "tunesvc", "tunesvc.kernels", "tunesvc.kernels.matmul")
+    code = f"import sys; queue.put([m for m in {modules!r} if m in sys.modules])"
+    child = context.Process(target=exec, args=(code, {"queue": queue}))
+    child.start()
+    # a worker forked from the server finds them imported (a preload that fails is silently skipped)
+    assert queue.get(timeout=60) == ["torch", "triton", "tunesvc", "tunesvc.kernels", "tunesvc.kernels.matmul"]
+    child.join()

@@ -22,6 +22,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
+from sqlalchemy import inspect
 from sqlalchemy import text
 from typer.testing import CliRunner
 
@@ -33,6 +34,7 @@ from tunesvc.report import collect
 from tunesvc.store import Store
 from tunesvc.store import current_revision
 from tunesvc.store import head_revision
+from tunesvc.store import resolve_url
 from tunesvc.store import upgrade
 from tunesvc.store._migrate import HEAD
 from tunesvc.store._migrate import KNOWN
@@ -43,6 +45,7 @@ from tunesvc.store.models import SCHEMA_VERSION
 from tunesvc.store.models import Base
 from tunesvc.sweep import run_sweep
 
+from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
 from _backends import pg_database
 
 #: the first H100 sweep (2026-11-22, 6 GEMM shapes), written at schema 1 before Alembic: the
@@ -177,6 +180,82 @@ def table_names(path) -> set[str]:
         con.close()
 
 
+def tunesvc_schema(url: str) -> dict:
+    """Everything of tunesvc's tables that a schema is: per table its columns (type, nullability,
+    default), primary key, indexes, unique constraints and foreign keys with their names, as
+    SQLAlchemy's inspector reflects them; on PostgreSQL also every tunesvc_* relation (tables,
+    indexes, sequences) and constraint in the catalog with its definition, and the sequences'
+    types and ranges; on SQLite what its PRAGMAs report. Other applications' tables are left out.
+    """
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            inspector = inspect(connection)
+            out: dict = {}
+            for table in sorted(t for t in inspector.get_table_names() if t.startswith("tunesvc_")):
+                out[table] = {
+                    "columns": [(c["name"], str(c["type"]), c["nullable"], c["default"], c.get("autoincrement"))
+                                for c in inspector.get_columns(table)],
+                    "primary key": inspector.get_pk_constraint(table),
+                    "indexes": sorted((i["name"], tuple(i["column_names"]), i["unique"]) for i in inspector.get_indexes(table)),
+                    "unique": sorted((u["name"], tuple(u["column_names"])) for u in inspector.get_unique_constraints(table)),
+                    "foreign keys": sorted((f["name"], tuple(f["constrained_columns"]), f["referred_table"],
+                                            tuple(f["referred_columns"]), tuple(sorted(f["options"].items())))
+                                           for f in inspector.get_foreign_keys(table)),
+                }
+            if connection.dialect.name == "postgresql":
+                out["pg relations"] = sorted(connection.execute(text(
+                    "SELECT relname, relkind, COALESCE(pg_get_indexdef(oid), '') FROM pg_class"
+                    " WHERE relnamespace = 'public'::regnamespace AND relname LIKE 'tunesvc%'"
+                )).all())
+                out["pg constraints"] = sorted(connection.execute(text(
+                    "SELECT conname, contype, conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint"
+                    " WHERE connamespace = 'public'::regnamespace AND conrelid::regclass::text LIKE 'tunesvc%'"
+                )).all())
+                out["pg sequences"] = sorted(connection.execute(text(
+                    "SELECT sequencename, data_type::text, start_value, min_value, max_value, increment_by, cycle"
+                    " FROM pg_sequences WHERE schemaname = 'public' AND sequencename LIKE 'tunesvc%'"
+                )).all())
+                out["pg owned sequences"] = sorted(connection.execute(text(
+                    "SELECT t.relname, pg_get_serial_sequence(quote_ident(t.relname), 'id') FROM pg_class t"
+                    " WHERE t.relnamespace = 'public'::regnamespace AND t.relkind = 'r' AND t.relname LIKE 'tunesvc%'"
+                    " AND t.relname <> 'tunesvc_meta' AND t.relname <> 'tunesvc_alembic_version'"
+                )).all())
+            else:
+                for table in [t for t in out if t.startswith("tunesvc_")]:
+                    out[table]["pragmas"] = (
+                        connection.exec_driver_sql(f"PRAGMA table_info({table})").all(),
+                        sorted((r[1], r[2], r[3], tuple(c[2] for c in connection.exec_driver_sql(f"PRAGMA index_info('{r[1]}')")))
+                               for r in connection.exec_driver_sql(f"PRAGMA index_list({table})")),
+                        sorted(r[2:] for r in connection.exec_driver_sql(f"PRAGMA foreign_key_list({table})")),
+                    )
+            out["rows"] = (connection.execute(text("SELECT key, value FROM tunesvc_meta ORDER BY key")).all(),
+                           connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).all())
+            return out
+    finally:
+        engine.dispose()
+
+
+def optuna_rows(url: str) -> dict[str, list[tuple]]:
+    """Every row of every table of Optuna's (its alembic_version too), to check that none changed."""
+    from optuna.storages._rdb.models import BaseModel
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {t: sorted(map(tuple, connection.execute(text(f"SELECT * FROM {t}")).all()), key=repr)
+                    for t in [*BaseModel.metadata.tables, SHARED_VERSION_TABLE]}
+    finally:
+        engine.dispose()
+
+
+def optuna_study_first(url: str) -> list[tuple]:
+    """What `optuna create-study` and a few trials leave in a database: its study's trials."""
+    study = optuna.create_study(study_name="made-first", storage=url)
+    study.optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), n_trials=3)
+    return [(t.number, t.params, t.value) for t in study.trials]
+
+
 def tune(*args: str):
     return CliRunner().invoke(app, list(args))
 
@@ -202,6 +281,38 @@ def test_head_schema_is_the_models(tmp_db):
         engine.dispose()
     assert revision_rows(tmp_db) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
     assert all(name.startswith("tunesvc_") for name in table_names(tmp_db))
+
+
+@pytest.mark.parametrize("optuna_first", [False, True], ids=["empty", "optuna-first"])
+def test_schema_created_at_head_is_the_schema_migrated_from_0001(db_url, tmp_path, optuna_first):
+    """A new database (empty, or holding only Optuna's tables) gets the head schema from the
+    models, stamped head; one migrated 0001..head through every revision must be the same schema,
+    named alike to the last index, constraint and sequence, or later migrations would meet two."""
+    url = resolve_url(db_url)
+    if optuna_first:
+        optuna_study_first(url)
+    store = Store(db_url)
+    try:
+        assert (store.revision_found, store.revision) == (None, HEAD)
+    finally:
+        store.close()
+
+    def migrated(other: str) -> dict:
+        engine = create_engine(other)
+        try:
+            with engine.begin() as connection:
+                command.upgrade(alembic_config(connection), "head")
+        finally:
+            engine.dispose()
+        return tunesvc_schema(other)
+
+    if "://" in db_url:
+        [expected] = [migrated(other) for other in pg_database()]
+    else:
+        expected = migrated(f"sqlite:///{tmp_path / 'migrated.db'}")
+    created = tunesvc_schema(url)
+    assert created == expected
+    assert "tunesvc_trials" in created and created["rows"] == ([("schema_version", str(SCHEMA_VERSION))], [(HEAD,)])
 
 
 def test_revision_0001_is_the_schema_from_before_alembic(tmp_db):
@@ -450,6 +561,75 @@ def test_a_database_holding_an_optuna_study_and_our_tables(tmp_db, device):
         result = tune(*args, "--db", tmp_db)
         assert result.exit_code == 1 and "schema revision 0099, newer than this tunesvc" in result.output
     assert md5(tmp_db) == before
+
+
+def test_tune_db_init_on_a_database_where_optuna_made_a_study_first(db_url):
+    """`optuna create-study --storage URL` first, then `tune db init --db URL`: tunesvc's tables are
+    created at head beside Optuna's (whose `trials` revision 0001 would have collided with), and
+    Optuna's rows, revision and study stay as they were."""
+    url = resolve_url(db_url)
+    trials = optuna_study_first(url)
+    optuna_before = optuna_rows(url)
+    [(optuna_revision,)] = optuna_before[SHARED_VERSION_TABLE]
+    assert optuna_revision not in KNOWN
+    with pytest.raises(TunesvcError, match="not a tunesvc database yet"):
+        Store(db_url, readonly=True)  # reading creates nothing
+
+    result = tune("db", "init", "--db", db_url)
+    assert result.exit_code == 0, result.output
+    assert f"at schema revision {HEAD}" in result.output
+    again = tune("db", "init", "--db", db_url)
+    assert again.exit_code == 0 and f"already at schema revision {HEAD}" in again.output
+    current = tune("db", "current", "--db", db_url, "--json")
+    assert current.exit_code == 0 and json.loads(current.output)["up_to_date"] is True
+    assert tune("show", "--db", db_url).exit_code == 0
+    assert optuna_rows(url) == optuna_before
+    assert [(t.number, t.params, t.value) for t in optuna.load_study(study_name="made-first", storage=url).trials] == trials
+
+
+def test_optuna_tables_beside_another_applications_are_refused_unchanged(tmp_db):
+    """Only Optuna's own tables make a database that tunesvc may add its tables to."""
+    url = f"sqlite:///{tmp_db}"
+    optuna_study_first(url)
+    con = sqlite3.connect(tmp_db)
+    with con:
+        con.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
+    con.close()
+    before = md5(tmp_db)
+    for args in (["db", "init"], ["db", "upgrade"], ["show"]):
+        result = tune(*args, "--db", tmp_db)
+        assert result.exit_code == 1 and "holds other tables" in result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+    with pytest.raises(TunesvcError, match="holds other tables"):
+        Store(tmp_db)
+    assert md5(tmp_db) == before
+
+
+def test_tune_db_upgrade_does_not_initialise_an_optuna_database(tmp_db):
+    """`tune db upgrade` upgrades only a tunesvc database; on Optuna's alone it says so, changing nothing."""
+    optuna_study_first(f"sqlite:///{tmp_db}")
+    before = md5(tmp_db)
+    result = tune("db", "upgrade", "--db", tmp_db)
+    assert result.exit_code == 1 and "not a tunesvc database yet" in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert md5(tmp_db) == before
+
+
+def test_a_failed_creation_beside_optuna_leaves_nothing_behind(tmp_db):
+    """Creating the schema at head is one transaction too: it fails halfway (an index of ours
+    already taken by a name on Optuna's table), and the database is left as Optuna made it."""
+    url = f"sqlite:///{tmp_db}"
+    trials = optuna_study_first(url)
+    con = sqlite3.connect(tmp_db)
+    with con:
+        con.execute("CREATE INDEX ix_tunesvc_trials_shape_key ON trials (number)")
+    con.close()
+    before, names = md5(tmp_db), table_names(tmp_db)
+    result = tune("db", "init", "--db", tmp_db)
+    assert result.exit_code == 1, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert md5(tmp_db) == before and table_names(tmp_db) == names
+    assert [(t.number, t.params, t.value) for t in optuna.load_study(study_name="made-first", storage=url).trials] == trials
 
 
 def test_upgrade_moves_only_our_revision_out_of_alembic_version(tmp_db):

@@ -19,6 +19,7 @@ from tunesvc.bench import Measurement
 from tunesvc.errors import TunesvcError
 from tunesvc.store import Store
 from tunesvc.store import resolve_url
+from tunesvc.store._migrate import HEAD
 from tunesvc.sweep import check_sweep_arguments
 from tunesvc.sweep import run_sweep
 from tunesvc.sweep import stored_warm_start
@@ -400,6 +401,28 @@ def test_optuna_study_lives_in_the_store_database_and_resumes(db_url, device, tm
     # the same study, resumed: its first trials kept, the 2 new configs added
     assert len(resumed) == 6 and measured < resumed
     assert [t.params for t in study.trials[:len(first)]] == first and len(study.trials) > len(first)
+
+
+def test_a_database_where_optuna_made_a_study_first_takes_a_sweep_and_keeps_the_study(db_url, device):
+    """A user ran `optuna create-study` (or optuna-dashboard) on the URL before tunesvc: opening the
+    store creates tunesvc's tables beside Optuna's, the sweep's study joins the one already there,
+    and Optuna still reads the first study as it was."""
+    url = resolve_url(db_url)
+    first = optuna.create_study(study_name="made-first", storage=url)
+    first.optimize(lambda trial: (trial.suggest_float("x", -1.0, 1.0) - 0.25) ** 2, n_trials=3)
+    before = [(t.number, t.params, t.value, t.state) for t in first.trials]
+    with closing(Store(db_url)) as store:
+        assert (store.revision_found, store.revision) == (None, HEAD)
+        result = toy_sweep(store, device, strategy="optuna", budget=3, seed=0)
+        assert result.trials_new == 3 and len(store.winners()) == 1
+    toy = Toy()
+    name = study_name(toy, device, result.shape_key, "optuna")
+    assert sorted(optuna.get_all_study_names(storage=url)) == sorted(["made-first", name])
+    kept = optuna.load_study(study_name="made-first", storage=url)
+    assert [(t.number, t.params, t.value, t.state) for t in kept.trials] == before
+    assert len(optuna.load_study(study_name=name, storage=url).trials) >= 3
+    with closing(Store(db_url)) as store:  # reopened: at head, nothing to do
+        assert (store.revision_found, store.revision) == (HEAD, HEAD)
 
 
 def test_a_study_in_an_older_optuna_db_file_beside_the_database_is_not_read(tmp_db, device):

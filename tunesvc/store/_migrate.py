@@ -14,7 +14,11 @@ is Optuna's, and left alone.
 
 What :class:`~tunesvc.store.Store` does with each state:
 
-* no tables: a writable open creates the schema by upgrading to head (and stamps it);
+* no tunesvc revision yet (no tables, or only Optuna's: a study made first, by `optuna
+  create-study` or optuna-dashboard): a writable open creates tunesvc's tables at head from the
+  models and stamps head, as Alembic's cookbook does for a new database. Replaying 0001..head
+  would create a table named ``trials`` (prefixed only in 0005), which is also Optuna's. Tests
+  check that the two ways give the same schema;
 * the head revision: opens;
 * an older revision: a read-only open reads it, a writable one refuses it (one line that says
   `tune db upgrade`) and changes nothing, unless opened with ``upgrade=True``;
@@ -132,12 +136,13 @@ def upgrade(db: str | os.PathLike | None = None, *, create: bool = True) -> tupl
 def revision_of(connection: Connection, where: str) -> tuple[str | None, str | None]:
     """(revision, the table that records it) of the database behind ``connection``, read with plain SQL.
 
-    None: no tables at all (a new database). The table is VERSION_TABLE, SHARED_VERSION_TABLE
-    (revisions 0001-0004, not yet moved) or None (a database from before Alembic). Another
-    application's database, or one newer than this tunesvc, raises one line that says so.
+    None: no tunesvc revision yet (no tables at all, or only an Optuna storage's). The table is
+    VERSION_TABLE, SHARED_VERSION_TABLE (revisions 0001-0004, not yet moved) or None (a database
+    from before Alembic). Another application's database, or one newer than this tunesvc, raises
+    one line that says so.
     """
     tables = set(sa_inspect(connection).get_table_names())
-    if not tables:
+    if not tables or _only_optuna(tables):
         return None, None
     if "tunesvc_meta" not in tables:
         raise TunesvcError(f"{where} holds other tables, not a tunesvc database; pass another --db.")
@@ -171,20 +176,47 @@ def revision_of(connection: Connection, where: str) -> tuple[str | None, str | N
     return revision, table
 
 
+def _only_optuna(tables: set[str]) -> bool:
+    """Whether ``tables`` are an Optuna RDB storage's and nothing else (a study made before tunesvc).
+
+    Optuna's own models name its tables (importing Optuna only here, for a database that has no
+    tunesvc_meta): a table that is not among them, ours included, means another application's.
+    """
+    if not {"studies", "version_info"} <= tables:
+        return False
+    from optuna.storages._rdb.models import BaseModel
+
+    return tables <= set(BaseModel.metadata.tables) | {SHARED_VERSION_TABLE}
+
+
 def migrate(engine: Engine, where: str) -> tuple[str | None, str]:
-    """Upgrade the database behind ``engine`` to head in one transaction; (before, head)."""
+    """Bring the database behind ``engine`` to head in one transaction; (before, head).
+
+    A database with no tunesvc revision gets the head schema from the models, stamped head;
+    one with a revision is upgraded through the migrations from there.
+    """
     from alembic import command
 
     with engine.connect() as connection, _write_lock(connection):
         before, table = revision_of(connection, where)  # again, now that no one else migrates
-        if before != HEAD:
+        if before is None:
+            _create_at_head(connection)
+            command.stamp(alembic_config(connection), "head")
+        elif before != HEAD:
             config = alembic_config(connection)
-            if before is not None and table != VERSION_TABLE:
+            if table != VERSION_TABLE:
                 command.stamp(config, before)  # into VERSION_TABLE
                 if table == SHARED_VERSION_TABLE:
                     _leave_shared_version_table(connection, before)
             command.upgrade(config, "head")
     return before, HEAD
+
+
+def _create_at_head(connection: Connection) -> None:
+    """tunesvc's tables (and no one else's) as the models define them, schema_version at head."""
+    Base.metadata.create_all(connection)
+    meta = Base.metadata.tables["tunesvc_meta"]
+    connection.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
 
 
 def _leave_shared_version_table(connection: Connection, revision: str) -> None:

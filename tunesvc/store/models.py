@@ -9,8 +9,9 @@ per key and device, and re-running a sweep reuses what is there. One winner row 
 version, device, shape key).
 
 Change the schema here and, with it, add a migration in alembic/versions (the next "000N", which
-SCHEMA_VERSION then names): databases are created and upgraded only through the migrations, and
-tests/test_migrations.py checks that the head matches these models.
+SCHEMA_VERSION then names): a new database is created from these models and stamped at the head
+revision, an existing one is upgraded only through the migrations, and tests/test_migrations.py
+checks that the two give the same schema.
 """
 
 from __future__ import annotations

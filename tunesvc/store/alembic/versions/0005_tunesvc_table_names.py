@@ -10,7 +10,10 @@ Optuna's RDBStorage schema has its own ``trials`` table (and keeps its revision 
 ALTER TABLE RENAME rewrites the foreign keys that point at a renamed table, PostgreSQL's keeps
 them (they refer to the table, not its name). Indexes named after a table get the new name;
 on PostgreSQL so do the primary key, unique and foreign key constraints and the id sequences
-(``trials_pkey`` is also the name of Optuna's, and PostgreSQL names indexes per schema).
+(``trials_pkey`` is also the name of Optuna's, and PostgreSQL names indexes per schema). Each
+constraint gets the name PostgreSQL gives it in a table created under the new name, so that a
+database upgraded to this revision and one created at head from the models (as a new database
+is, see tunesvc/store/_migrate.py) have the same schema.
 """
 
 from __future__ import annotations
@@ -61,12 +64,29 @@ def _rename(before: Callable[[str], str], after: Callable[[str], str]) -> None:
         op.create_index(f"ix_{after(table)}_{rest}", after(table), columns)
 
 
+def _pg_default_name(table: str, columns: list[str], label: str) -> str:
+    """The name PostgreSQL gives a constraint that is not named: makeObjectName() in its
+    src/backend/commands/indexcmds.c, which shortens the longer of the table name and the joined
+    columns a character at a time until the whole fits in 63 (prefixing and then cutting the
+    end, as this revision first did, gave ``tunesvc_trials_..._config_has`` instead of ``..._key``).
+    """
+    middle = "_".join(columns)
+    room = PG_NAME_LENGTH - len(label) - 1 - (1 if middle else 0)
+    n_table, n_middle = len(table), len(middle)
+    while n_table + n_middle > room:
+        if n_table > n_middle:
+            n_table -= 1
+        else:
+            n_middle -= 1
+    return "_".join(part for part in (table[:n_table], middle[:n_middle], label) if part)
+
+
 def _rename_pg_constraints_and_sequence(old: str, new: str) -> None:
     """Name the constraints and the id sequence of a renamed PostgreSQL table after its new name.
 
-    Upgrading prefixes each name that starts with the old table name (truncated to 63 characters,
-    as PostgreSQL would); downgrading gives each constraint PostgreSQL's default name again, made
-    from its columns, so a round trip restores the names of revision 0004 exactly.
+    Each constraint gets PostgreSQL's default name for the new table, made from its columns:
+    upgrading renames those whose name starts with the old table's (every one that revision 0001
+    or 0003 made), downgrading every one, so a round trip restores the names of revision 0004.
     """
     bind = op.get_bind()
     constraints = bind.execute(sa.text(
@@ -77,13 +97,11 @@ def _rename_pg_constraints_and_sequence(old: str, new: str) -> None:
         " GROUP BY c.conname, c.contype"
     ), {"table": new}).all()
     for name, kind, columns in constraints:
-        if new.startswith(PREFIX):
-            if not name.startswith(old + "_"):
-                continue
-            renamed = (PREFIX + name)[:PG_NAME_LENGTH]
-        else:
-            middle = "" if kind == "p" else "_".join(columns) + "_"
-            renamed = f"{new}_{middle}{SUFFIXES[kind]}"
+        if new.startswith(PREFIX) and not name.startswith(old + "_"):
+            continue
+        renamed = _pg_default_name(new, [] if kind == "p" else columns, SUFFIXES[kind])
+        if renamed == name:
+            continue
         op.execute(f'ALTER TABLE "{new}" RENAME CONSTRAINT "{name}" TO "{renamed}"')
     sequence = bind.execute(sa.text("SELECT pg_get_serial_sequence(:table, 'id')"), {"table": new}).scalar()
     if sequence is not None:

@@ -307,6 +307,20 @@ def test_feasible_equals_the_interpreter_for_every_shipped_template(name, device
             assert template.feasible(problem, dev) == reference, (problem, dev.capability)
 
 
+def test_feasible_checks_each_constraint_once_its_names_are_set():
+    data = {
+        "params": {"M": [8, 16], "B": [1, 2, 4]},  # M shadows the problem's M, as in violations()
+        "constraints": {"fits": "B * M <= cap", "small": "M < 16"},
+    }
+    space = Space.from_dict(data, problem_vars=("M", "cap"))
+    expected = [{"M": 8, "B": 1}, {"M": 8, "B": 2}]
+    assert space.feasible({"M": 99, "cap": 16}, {}) == expected
+    assert [c for c in space.enumerate() if not space.violations(c, {"M": 99, "cap": 16}, {})] == expected
+    # a constraint on the problem alone prunes everything before any parameter is set
+    never = Space.from_dict({**data, "constraints": {"never": "cap < 0"}}, problem_vars=("cap",))
+    assert never.feasible({"cap": 1}, {}) == []
+
+
 def test_missing_space_file(tmp_path):
     with pytest.raises(TunesvcError, match="space file not found") as info:
         Space.from_toml(tmp_path / "nope.toml")

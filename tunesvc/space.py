@@ -336,7 +336,25 @@ class Space:
         return [dict(zip(names, values)) for values in itertools.product(*(self.parameters[n].choices for n in names))]
 
     def feasible(self, problem_env: dict[str, Any], device_env: dict[str, Any]) -> list[Config]:
-        return [c for c in self.enumerate() if not self.violations(c, problem_env, device_env)]
+        """The configs of :meth:`enumerate` that break no constraint, in the same order.
+
+        Built one parameter at a time, each constraint checked as soon as the parameters it
+        names are set, so a prefix that breaks one is never extended. Constraints are pure, so
+        the list is the one :meth:`violations` would keep; only a constraint that raises (a
+        bug in the space) may go unnoticed on configs that an earlier check pruned.
+        """
+        names = self.names
+        depth = {name: i + 1 for i, name in enumerate(names)}
+        levels: list[list[Expression]] = [[] for _ in range(len(names) + 1)]  # 0: no parameter
+        for expr in self.constraints.values():
+            levels[max((depth[n] for n in expr.names if n in depth), default=0)].append(expr)
+        base = {**device_env, **problem_env}
+        envs = [base] if all(expr(base) for expr in levels[0]) else []
+        for name, checks in zip(names, levels[1:]):
+            choices = self.parameters[name].choices
+            extended = ({**env, name: value} for env in envs for value in choices)
+            envs = [env for env in extended if all(expr(env) for expr in checks)]
+        return [{name: env[name] for name in names} for env in envs]
 
     def suggest(self, trial: optuna.Trial) -> Config:
         """Draw a config through an Optuna trial (one categorical per parameter)."""

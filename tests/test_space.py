@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import pickle
 import textwrap
 from pathlib import Path
 
 import optuna
 import pytest
 
+import tunesvc
 from tunesvc import Space
 from tunesvc import TunesvcError
 from tunesvc import config_hash
 from tunesvc.space import Expression
+from tunesvc.template import SHIPPED
 
 PROBLEM_VARS = ("M", "N", "K", "elem_bytes")
 
@@ -238,6 +242,83 @@ def test_expression_evaluates_the_whitelist():
     assert expr({"M": 40, "BLOCK_M": 16, "N": 65, "K": 5}) is False
     assert Expression("BLOCK_M if M > 8 else 0")({"M": 9, "BLOCK_M": 32}) == 32
     assert Expression("1 < M <= 4")({"M": 5}) is False
+
+
+@pytest.mark.parametrize(
+    "source, env",
+    [
+        ("(M and 0) + (N or 7) + (not M)", {"M": 3, "N": 0}),  # and/or give a bool, as all()/any() do
+        ("min + min(1, M)", {"min": 5, "M": 0}),  # a variable may not shadow a function
+        ("M / N > 2 ** K - 1 >= -M // 3 % 2", {"M": 7, "N": 2, "K": 1}),
+        ("BLOCK_M if M > 8 else N", {"M": 8, "BLOCK_M": 32, "N": 1}),
+        ("V != 'a' or cdiv(M, 16) * next_pow2(N) <= max(abs(-K), 3)", {"V": "a", "M": 33, "N": 5, "K": 4}),
+        ("M > 0 or X > 0", {"M": 1}),  # X is never looked up, so its absence is no error
+    ],
+)
+def test_compiled_expression_matches_the_interpreter(source, env):
+    expr = Expression(source)
+    value = expr(env)
+    assert value == expr.interpret(env)
+    assert type(value) is type(expr.interpret(env))
+
+
+def test_expression_pickles_as_its_text():
+    expr = pickle.loads(pickle.dumps(Expression("cdiv(M, 16) > 1 and V == 'a'")))
+    assert expr.source == "cdiv(M, 16) > 1 and V == 'a'"
+    assert expr({"M": 17, "V": "a"}) is True
+
+
+def test_compiled_expression_fails_like_the_interpreter():
+    for source, env, error in [("M // N > 0", {"M": 1, "N": 0}, ZeroDivisionError), ("M > 0 and X > 0", {"M": 1}, KeyError)]:
+        with pytest.raises(error):
+            Expression(source).interpret(env)
+        with pytest.raises(error):
+            Expression(source)(env)
+
+
+#: dims of each test problem, in a template's dims order: tiny, odd, mixed and large sizes
+PROBLEM_SIZES = [(1, 1, 1, 1, 1), (45, 3, 77, 129, 1023), (127, 4096, 16, 1000, 33), (4096, 4096, 4096, 4096, 4096)]
+
+
+def _problems(template):
+    for i, sizes in enumerate(PROBLEM_SIZES):
+        dims = dict(zip(template.dims, sizes))
+        if "D" in dims:  # attention and decode take head dims of 64 or 128 only
+            dims["D"] = (64, 128)[i % 2]
+        if "HKV" in dims:  # decode: HQ a multiple of HKV
+            dims["HKV"] = (1, dims["HQ"])[i % 2]
+        options = {name: allowed[i % len(allowed)] for name, allowed in template.options.items()}
+        yield template.problem(**dims, **options, dtype=template.dtypes[i % len(template.dtypes)])
+
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_feasible_equals_the_interpreter_for_every_shipped_template(name, device):
+    template = tunesvc.get_template(name)
+    space = template.space
+    hopper = {"kind": "cuda", "capability": "9.0", "sm_count": 132, "max_shared_memory": 232448, "max_num_regs": 65536}
+    ampere = {**hopper, "capability": "8.0", "sm_count": 108, "max_shared_memory": 166912}
+    devices = [device, dataclasses.replace(device, **hopper), dataclasses.replace(device, **ampere)]
+    for problem in _problems(template):
+        for dev in devices:
+            env = {**dev.limits(), **template.problem_vars(problem)}
+            reference = [
+                c for c in space.enumerate() if all(e.interpret({**env, **c}) for e in space.constraints.values())
+            ]
+            assert template.feasible(problem, dev) == reference, (problem, dev.capability)
+
+
+def test_feasible_checks_each_constraint_once_its_names_are_set():
+    data = {
+        "params": {"M": [8, 16], "B": [1, 2, 4]},  # M shadows the problem's M, as in violations()
+        "constraints": {"fits": "B * M <= cap", "small": "M < 16"},
+    }
+    space = Space.from_dict(data, problem_vars=("M", "cap"))
+    expected = [{"M": 8, "B": 1}, {"M": 8, "B": 2}]
+    assert space.feasible({"M": 99, "cap": 16}, {}) == expected
+    assert [c for c in space.enumerate() if not space.violations(c, {"M": 99, "cap": 16}, {})] == expected
+    # a constraint on the problem alone prunes everything before any parameter is set
+    never = Space.from_dict({**data, "constraints": {"never": "cap < 0"}}, problem_vars=("cap",))
+    assert never.feasible({"cap": 1}, {}) == []
 
 
 def test_missing_space_file(tmp_path):

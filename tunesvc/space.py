@@ -187,6 +187,8 @@ class Space:
     parameters: dict[str, Parameter]
     constraints: dict[str, Expression] = field(default_factory=dict)
     source: str = "<memory>"
+    #: (problem env, device env) -> its feasible configs; see feasible()
+    _feasible: dict[tuple, list[Config]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def names(self) -> list[str]:
@@ -262,6 +264,10 @@ class Space:
         env = {**device_env, **problem_env, **self.with_defaults(config)}
         return [name for name, expr in self.constraints.items() if not expr(env)]
 
+    def __getstate__(self) -> dict[str, Any]:
+        # templates travel to compile and measuring workers with their space: not with this cache
+        return {**self.__dict__, "_feasible": {}}
+
     def with_defaults(self, config: Config) -> Config:
         """The config with every parameter it lacks set to that parameter's first choice."""
         return {**{n: p.choices[0] for n, p in self.parameters.items()}, **config}
@@ -286,7 +292,22 @@ class Space:
         return [dict(zip(names, values)) for values in itertools.product(*(self.parameters[n].choices for n in names))]
 
     def feasible(self, problem_env: dict[str, Any], device_env: dict[str, Any]) -> list[Config]:
-        return [c for c in self.enumerate() if not self.violations(c, problem_env, device_env)]
+        """The configs that break no constraint, in enumerate()'s order.
+
+        Kept per problem and device (handed out as copies): a sweep and its heuristic ask for
+        the same list several times, and checking matmul's 15,360 configs takes about half a
+        second in Python. A config is dropped at the first constraint it breaks.
+        """
+        key = (tuple(sorted(problem_env.items())), tuple(sorted(device_env.items())))
+        configs = self._feasible.get(key)
+        if configs is None:
+            if len(self._feasible) >= 256:
+                self._feasible.clear()  # a bound for long-lived processes that see many shapes
+            base = {**device_env, **problem_env}
+            checks = list(self.constraints.values())
+            configs = [c for c in self.enumerate() if all(check({**base, **c}) for check in checks)]
+            self._feasible[key] = configs
+        return [dict(c) for c in configs]
 
     def suggest(self, trial: optuna.Trial) -> Config:
         """Draw a config through an Optuna trial (one categorical per parameter)."""

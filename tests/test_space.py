@@ -98,6 +98,20 @@ def test_feasible_grows_with_the_problem(template, device):
     assert {c["BLOCK_M"] for c in large} == {16, 32, 64, 128, 256}
 
 
+def test_feasible_is_kept_per_problem_and_device_and_handed_out_as_copies(template, device):
+    space = Space.from_toml(template.space_path, problem_vars=tuple(template.problem_vars_names()))  # a cold cache
+    env, limits = problem_env(37, 45, 29), device.limits()
+    first = space.feasible(env, limits)
+    assert first == [c for c in space.enumerate() if not space.violations(c, env, limits)]
+    first[0]["BLOCK_M"] = -1  # a caller may change what it gets
+    first.clear()
+    again = space.feasible(env, limits)
+    assert again == [c for c in space.enumerate() if not space.violations(c, env, limits)]
+    small_smem = {**limits, "max_shared_memory": 8192}  # another device: its own list
+    assert space.feasible(env, small_smem) == [c for c in space.enumerate() if not space.violations(c, env, small_smem)]
+    assert len(space.feasible(env, small_smem)) < len(again)
+
+
 # -- config hashes ---------------------------------------------------------------------------
 def test_config_hash_is_order_independent():
     a = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4}

@@ -237,6 +237,8 @@ class Space:
     parameters: dict[str, Parameter]
     constraints: dict[str, Expression] = field(default_factory=dict)
     source: str = "<memory>"
+    #: (problem env, device env) -> its feasible configs; see feasible()
+    _feasible: dict[tuple, list[Config]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def names(self) -> list[str]:
@@ -312,6 +314,10 @@ class Space:
         env = {**device_env, **problem_env, **self.with_defaults(config)}
         return [name for name, expr in self.constraints.items() if not expr(env)]
 
+    def __getstate__(self) -> dict[str, Any]:
+        # templates travel to compile and measuring workers with their space: not with this cache
+        return {**self.__dict__, "_feasible": {}}
+
     def with_defaults(self, config: Config) -> Config:
         """The config with every parameter it lacks set to that parameter's first choice."""
         return {**{n: p.choices[0] for n, p in self.parameters.items()}, **config}
@@ -338,11 +344,22 @@ class Space:
     def feasible(self, problem_env: dict[str, Any], device_env: dict[str, Any]) -> list[Config]:
         """The configs of :meth:`enumerate` that break no constraint, in the same order.
 
-        Built one parameter at a time, each constraint checked as soon as the parameters it
-        names are set, so a prefix that breaks one is never extended. Constraints are pure, so
-        the list is the one :meth:`violations` would keep; only a constraint that raises (a
-        bug in the space) may go unnoticed on configs that an earlier check pruned.
+        Kept per problem and device (handed out as copies): a sweep and its heuristic ask for
+        the same list several times. Built one parameter at a time, each constraint checked as
+        soon as the parameters it names are set, so a prefix that breaks one is never extended.
+        Constraints are pure, so the list is the one :meth:`violations` would keep; only a
+        constraint that raises (a bug in the space) may go unnoticed on configs that an earlier
+        check pruned.
         """
+        key = (tuple(sorted(problem_env.items())), tuple(sorted(device_env.items())))
+        configs = self._feasible.get(key)
+        if configs is None:
+            if len(self._feasible) >= 256:
+                self._feasible.clear()  # a bound for long-lived processes that see many shapes
+            configs = self._feasible[key] = self._build_feasible(problem_env, device_env)
+        return [dict(c) for c in configs]
+
+    def _build_feasible(self, problem_env: dict[str, Any], device_env: dict[str, Any]) -> list[Config]:
         names = self.names
         depth = {name: i + 1 for i, name in enumerate(names)}
         levels: list[list[Expression]] = [[] for _ in range(len(names) + 1)]  # 0: no parameter

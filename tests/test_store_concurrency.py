@@ -130,20 +130,24 @@ def test_eight_processes_write_trials_into_one_database(db_url, template, device
         assert _integrity(db_url) == [("ok",)]
 
 
-def test_eight_processes_create_one_database_at_once(tmp_db):
-    """The migration to head runs under SQLite's write lock: one process creates, the rest find it."""
+def test_eight_processes_create_one_database_at_once(db_url):
+    """The creation at head runs under a lock (SQLite's write lock, a PostgreSQL advisory lock):
+    one process creates, the rest find it."""
+    from tunesvc.store import resolve_url
     from tunesvc.store._migrate import HEAD
 
-    out = _run(_open_store, lambda i: (tmp_db,), WRITERS)
+    out = _run(_open_store, lambda i: (db_url,), WRITERS)
     assert [e for _, errs in out for e in errs] == []
     assert [revision for revision, _ in out] == [HEAD] * WRITERS
-    con = sqlite3.connect(tmp_db)
+    engine = create_engine(resolve_url(db_url))
     try:
-        assert con.execute("SELECT version_num FROM tunesvc_alembic_version").fetchall() == [(HEAD,)]
-        assert con.execute("SELECT count(*) FROM tunesvc_meta").fetchone() == (1,)
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT version_num FROM tunesvc_alembic_version")).all() == [(HEAD,)]
+            assert connection.execute(text("SELECT count(*) FROM tunesvc_meta")).scalar() == 1
     finally:
-        con.close()
-    assert _integrity(tmp_db) == [("ok",)]
+        engine.dispose()
+    if "://" not in db_url:
+        assert _integrity(db_url) == [("ok",)]
 
 
 def test_six_sweeps_start_optuna_studies_in_one_new_store_at_once(db_url):

@@ -245,9 +245,15 @@ def prefixed_views(connection: Connection) -> Callable[[Any, Any], None]:
     return create_views
 
 
+#: PostgreSQL advisory lock of tunesvc's schema changes (a fixed number: "tunesvc" in ASCII)
+MIGRATION_LOCK_KEY = 0x74756E657376
+
+
 @contextmanager
 def _write_lock(connection: Connection) -> Iterator[None]:
-    """Begin the connection's transaction; on SQLite with BEGIN IMMEDIATE and foreign keys off.
+    """Begin the connection's transaction; on SQLite with BEGIN IMMEDIATE and foreign keys off,
+    on PostgreSQL holding an advisory lock (DDL there takes no lock that would serialise two
+    processes creating the same tables).
 
     pysqlite by default begins transactions lazily and not before DDL, so a migration would run
     statement by statement in autocommit; here the driver leaves transactions to us, and the
@@ -256,6 +262,8 @@ def _write_lock(connection: Connection) -> Iterator[None]:
     """
     if connection.dialect.name != "sqlite" or connection.dialect.driver != "pysqlite":
         with connection.begin():
+            if connection.dialect.name == "postgresql":  # held to the commit: hosts creating one database at once wait their turn
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             yield
         return
     dbapi_connection = connection.connection.driver_connection

@@ -510,7 +510,7 @@ def _db_name(db: str | None) -> str:
 def _upgraded(db: str | None, before: str | None, after: str) -> None:
     name = _db_name(db)
     if before is None:
-        console.print(f"Created {name} at schema revision {after}.", soft_wrap=True)
+        console.print(f"Created tunesvc's tables in {name} at schema revision {after}.", soft_wrap=True)
     elif before == after:
         console.print(f"{name} is already at schema revision {after}, the newest.", soft_wrap=True)
     else:

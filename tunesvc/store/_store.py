@@ -148,7 +148,7 @@ class Store:
             self.engine.dispose()  # the connection pooled above has no views
         self.revision_found, self.revision = found, found
         if found is None and self.readonly:
-            raise TunesvcError(f"{self._where()} is not a tunesvc database yet; run `tune sweep` first.")
+            raise TunesvcError(f"{self._where()} is not a tunesvc database yet; create its tables with `tune db init` (or `tune sweep`) first.")
         if found != _migrate.HEAD and not self.readonly:
             if found is not None and not upgrade:
                 raise TunesvcError(

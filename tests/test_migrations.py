@@ -479,6 +479,11 @@ def test_tune_db_example_is_current_and_holds_every_shipped_family():
     from tunesvc.template import get_template
 
     assert current_revision(EXAMPLE) == HEAD
+    con = sqlite3.connect(f"file:{EXAMPLE}?mode=ro", uri=True)
+    try:  # a WAL database would leave -wal and -shm files beside a checkout that only reads it
+        assert con.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    finally:
+        con.close()
     store = Store(EXAMPLE, readonly=True)
     try:
         for name in SHIPPED:

@@ -582,7 +582,7 @@ def test_tune_db_init_on_a_database_where_optuna_made_a_study_first(db_url):
 
     result = tune("db", "init", "--db", db_url)
     assert result.exit_code == 0, result.output
-    assert f"at schema revision {HEAD}" in result.output
+    assert f"Created tunesvc's tables in " in result.output and f"at schema revision {HEAD}" in result.output
     again = tune("db", "init", "--db", db_url)
     assert again.exit_code == 0 and f"already at schema revision {HEAD}" in again.output
     current = tune("db", "current", "--db", db_url, "--json")

@@ -279,7 +279,7 @@ def test_readonly_store_refuses_an_empty_sqlite_file(tmp_path):
     path = tmp_path / "empty.db"
     sqlite3.connect(path).close()
     before = path.read_bytes()
-    with pytest.raises(TunesvcError, match="not a tunesvc database yet"):
+    with pytest.raises(TunesvcError, match="not a tunesvc database yet; create its tables with `tune db init`"):
         Store(path, readonly=True)
     assert path.read_bytes() == before
 

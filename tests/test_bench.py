@@ -314,3 +314,25 @@ def test_workers_server_preloads_tunesvc_and_its_kernels():
     # a worker forked from the server finds them imported (a preload that fails is silently skipped)
     assert queue.get(timeout=60) == ["torch", "triton", "tunesvc", "tunesvc.kernels", "tunesvc.kernels.matmul"]
     child.join()
+
+
+def test_workers_are_forked_from_a_process_without_cuda_and_start_after_parallel_cpu_work(monkeypatch):
+    """Fork, not the server, while CUDA is not initialised here; a child forked after this process
+    ran parallel torch CPU ops (GNU OpenMP's pool does not survive fork) still starts."""
+    import tunesvc.bench as bench
+    from tunesvc.device import current_device
+
+    assert bench._context().get_start_method() == "fork"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(700, 700)
+        assert torch.isfinite((x @ x).softmax(-1)).all()  # the parallel region the child must not hang in
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.setattr(bench, "STARTUP_TIMEOUT_S", 30.0)
+    template = MatmulTemplate()
+    with bench.Worker(template, template.problem(M=20, N=33, K=20, dtype="float32"), current_device(), timeout_s=5.0) as worker:
+        worker.wait_ready()  # TunesvcError if the child hung
+        m = worker.measure(SMALL)
+    assert m.status is Status.OK, m.message

@@ -61,6 +61,34 @@ def test_sweep_then_lookup_on_gpu(tmp_path):
     assert found.source == "exact" and found.config == result.winner
 
 
+FORKED_SWEEP = """
+import json, sys, torch
+from tunesvc.bench import _context
+from tunesvc.device import fork_safe_current_device
+from tunesvc.kernels.matmul import TEMPLATE
+from tunesvc.store import Store
+from tunesvc.sweep import run_sweep
+device = fork_safe_current_device()
+start_method = _context().get_start_method()
+[r] = run_sweep(TEMPLATE, [TEMPLATE.problem(M=300, N=260, K=200, dtype="float16")], Store(sys.argv[1]), budget=6, workers=3)
+print(json.dumps({"gpu": device.is_gpu, "start": start_method, "trials": r.trials_stored, "failures": r.failures,
+                  "winner": r.winner is not None, "cuda_here": torch.cuda.is_initialized()}))
+"""
+
+
+def test_a_sweep_forks_its_workers_from_a_process_that_never_initialises_cuda(tmp_path):
+    """In a fresh process (this one has used CUDA): the device is read in a child, the compile and
+    measuring workers are forked from the sweep's process, and they use the GPU."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FORKED_SWEEP, str(tmp_path / "fork.db")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == {
+        "gpu": True, "start": "fork", "trials": 6, "failures": 0, "winner": True, "cuda_here": False}
+
+
 def test_tuned_matmul_is_captured_in_a_cuda_graph(tmp_path):
     """A lookup hit does no host sync: the tuned launch records into a CUDA graph and replays right."""
     from tunesvc.kernels import matmul

@@ -214,7 +214,7 @@ class Compiler:
         import threading
         from concurrent.futures import ProcessPoolExecutor
 
-        pool = ProcessPoolExecutor(self.workers, mp_context=_forkserver(), initializer=_exit_with, initargs=(os.getpid(),))
+        pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_exit_with, initargs=(os.getpid(),))
         # submit() starts a worker process and blocks until the forkserver has forked it
         self._starting = threading.Thread(target=self._start_workers, args=(pool,), daemon=True)
         self._starting.start()
@@ -295,8 +295,21 @@ class Compiler:
         self.close()
 
 
+def _context():
+    """The process context of compile and measuring workers: fork while this process has not
+    initialised CUDA (a sweep reads its device with
+    :func:`~tunesvc.device.fork_safe_current_device`), so a worker starts in milliseconds with
+    everything imported; the forkserver once it has. The children never touch the parent's
+    database connections and end with ``os._exit``, so fork leaves those alone."""
+    import multiprocessing
+
+    from tunesvc.device import can_fork_gpu_children
+
+    return multiprocessing.get_context("fork") if can_fork_gpu_children() else _forkserver()
+
+
 def _forkserver():
-    """The process context of compile and measuring workers.
+    """The process context of workers started from a process that has initialised CUDA.
 
     A forkserver, not fork: a child forked from a process that has touched CUDA cannot use the
     GPU. The server imports torch, triton and tunesvc with its kernels once (none of them
@@ -316,10 +329,11 @@ _worker_inputs: dict[str, Any] = {}
 def start_forkserver(wait: bool = False) -> None:
     """Start the process server of compile and measuring workers now.
 
-    Its imports (torch, triton, tunesvc: seconds) then overlap the caller's own work instead of
-    holding up the first compile: ``tune sweep`` starts it while the store opens; a long-lived
-    process that will sweep later (a notebook, a serving process that tunes on a miss) can
-    start it at start-up. With ``wait``, return once the server can fork a worker.
+    Sweeps use it only from a process that has initialised CUDA (one that has not forks its
+    workers itself). Its imports (torch, triton, tunesvc: seconds) then overlap the caller's own
+    work instead of holding up the first compile: a long-lived process that uses the GPU and
+    will sweep later (a notebook, a serving process that tunes on a miss) can start it at
+    start-up. With ``wait``, return once the server can fork a worker.
     """
     from multiprocessing import forkserver
 
@@ -331,6 +345,13 @@ def start_forkserver(wait: bool = False) -> None:
         child.join()
 
 
+def _forked_child() -> None:
+    """What a worker does first: GNU OpenMP's thread pool does not survive fork, and a child forked
+    after its parent ran a parallel torch CPU op hangs in its own first one; one CPU thread, as in
+    torch's DataLoader workers (the GPU does the work here)."""
+    torch.set_num_threads(1)
+
+
 def _exit_with(owner: int) -> None:
     """Make this compile worker exit once ``owner`` (the sweep's process) is gone.
 
@@ -339,6 +360,8 @@ def _exit_with(owner: int) -> None:
     would keep the forkserver alive). A poll, because the owner is not our parent (no PDEATHSIG).
     """
     import threading
+
+    _forked_child()
 
     def watch() -> None:
         while True:
@@ -452,7 +475,7 @@ class Worker:
         return Measurement(Status.CRASH, message=f"measuring process died (exit code {code}); replaced")
 
     def _start(self) -> None:
-        context = _forkserver()
+        context = _context()
         self._conn, child = context.Pipe()
         payload = pickle.dumps((self.template, self.problem, self.rep_ms))
         self._process = context.Process(target=_worker_main, args=(child, payload, list(sys.path)), daemon=True)
@@ -501,6 +524,7 @@ class Worker:
 def _worker_main(conn, payload: bytes, path: list[str]) -> None:
     """The child of a :class:`Worker`: a Bench answering (kind, config, rep_ms) requests until EOF
     (kind: measure, time, or peer, which has no config)."""
+    _forked_child()
     sys.path[:] = path  # the template may live in a module only the parent's path reaches (a test's)
     import tunesvc  # noqa: F401  (sets TRITON_INTERPRET where there is no GPU, before triton runs)
     from tunesvc.device import current_device

@@ -193,16 +193,11 @@ def sweep(
     gpus: Annotated[Optional[str], typer.Option(help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index); each worker applies --budget, --time-budget, --patience and --workers to every shape it takes. The same command on other hosts with the same --db joins the sweep.")] = None,
 ) -> None:
     """Benchmark configs for each shape on this device, store every trial and the winners."""
-    from tunesvc.bench import start_forkserver
-    from tunesvc.device import current_device
-    from tunesvc.device import interpreting
+    from tunesvc.device import fork_safe_current_device
     from tunesvc.store import Store
     from tunesvc.sweep import check_sweep_arguments
     from tunesvc.sweep import run_sweep
     from tunesvc.template import get_template
-
-    if gpus is None and not interpreting():  # the workers' server imports torch and tunesvc while this process sets up
-        start_forkserver()
 
     template = get_template(kernel)
     problems = _problems(template, shape or [], preset, dtype)
@@ -210,7 +205,7 @@ def sweep(
     if gpus is not None:
         return _sweep_on_workers(kernel, template, problems, strategy, budget, seed, gpus, db, as_json,
                                  time_budget=time_budget, patience=patience, workers=workers)
-    device = current_device()
+    device = fork_safe_current_device()  # CUDA left uninitialised here: the sweep forks its workers from this process
     store = Store(db)
     progress = Progress(
         TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(), MofNCompleteColumn(),

@@ -14,7 +14,6 @@ import os
 import platform
 from dataclasses import asdict
 from dataclasses import dataclass
-from functools import cache
 
 
 @dataclass(frozen=True)
@@ -110,9 +109,63 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@cache
+_current: Device | None = None
+
+
 def current_device() -> Device:
-    """The device this process measures on: the current CUDA GPU, else the interpreter."""
+    """The device this process measures on: the current CUDA GPU, else the interpreter (read once)."""
+    global _current
+    if _current is None:
+        _current = _read_device()
+    return _current
+
+
+def fork_safe_current_device() -> Device:
+    """:func:`current_device`, read without initialising CUDA in this process while it has not.
+
+    A child forked for the purpose asks the driver (a fraction of a second), so this process
+    stays one that can fork GPU processes: a sweep then forks its compile and measuring workers
+    from it, with torch, triton and tunesvc already imported, instead of having a server import
+    them again (seconds). Once this process has initialised CUDA, or where fork is missing, it
+    reads the device itself.
+    """
+    global _current
+    if _current is None and not interpreting() and can_fork_gpu_children():
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")
+        receiver, sender = context.Pipe(duplex=False)
+        child = context.Process(target=_send_device, args=(sender,), daemon=True)
+        child.start()
+        sender.close()
+        try:
+            _current = receiver.recv()
+        except EOFError:  # the child died before answering: read it here, where an error will say why
+            pass
+        finally:
+            receiver.close()
+            child.join()
+    return current_device()
+
+
+def can_fork_gpu_children() -> bool:
+    """Whether a child forked from this process now could use the GPU: fork exists (POSIX, not
+    macOS's, where it is unsafe with the frameworks torch loads) and CUDA is not initialised here."""
+    import multiprocessing
+    import sys
+
+    import torch
+
+    return (sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+            and not torch.cuda.is_initialized())
+
+
+def _send_device(sender) -> None:
+    sender.send(_read_device())
+    sender.close()
+
+
+def _read_device() -> Device:
     import torch
     import triton
 

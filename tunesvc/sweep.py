@@ -25,7 +25,7 @@ from tunesvc.bench import Measurement
 from tunesvc.bench import Status
 from tunesvc.bench import Worker
 from tunesvc.device import Device
-from tunesvc.device import current_device
+from tunesvc.device import fork_safe_current_device
 from tunesvc.errors import TunesvcError
 from tunesvc.search import OPTUNA_STRATEGIES
 from tunesvc.search import STRATEGIES
@@ -151,7 +151,7 @@ def run_sweep(
     """
     check_sweep_arguments(strategy, budget, time_budget, patience)
     clock = _Clock()
-    device = device or current_device()
+    device = device or fork_safe_current_device()  # this process then forks its workers
     fitting = None if candidates is None else max(
         (sum(not template.violations(c, p, device) for c in candidates) for p in problems), default=0
     )

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
+from datetime import timezone
 
 SHAPES = ["4096x4096x4096", "2048x4096x14336", "128x14336x4096", "1000x3000x777", "8192x8192x8192", "16x4096x4096"]
 CHECK_SHAPES = ["37x45x29", "100x70x50"]  # tiny: also runs in the CPU interpreter
@@ -35,6 +37,20 @@ def sweep(db: str, gpus: str, shapes: list[str], budget: int) -> tuple[float, li
     if out.returncode:
         raise SystemExit(f"tune sweep --gpus {gpus} failed:\n{out.stderr[-3000:]}")
     return wall, json.loads(out.stdout)
+
+
+def timeline(db: str, start: datetime) -> list[str]:
+    """Each worker's jobs in the order it finished them, with the seconds from the command's start."""
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute("SELECT worker, shape_key, finished_at FROM tunesvc_jobs ORDER BY finished_at").fetchall()
+    finally:
+        con.close()
+    lines: dict[str, list[str]] = {}
+    for worker, key, finished in rows:
+        at = (datetime.fromisoformat(finished) - start).total_seconds() if finished else float("nan")
+        lines.setdefault(worker, []).append(f"{key} done at {at:.1f} s")
+    return [f"{worker}: " + ", ".join(jobs) for worker, jobs in lines.items()]
 
 
 def trial_counts(db: str) -> tuple[int, int]:
@@ -53,9 +69,13 @@ def main() -> None:
     shapes, budget = (CHECK_SHAPES, 2) if args.check else (SHAPES, args.budget)
     with tempfile.TemporaryDirectory() as folder:
         one_db, two_db = os.path.join(folder, "one.db"), os.path.join(folder, "two.db")
+        starts = [datetime.now(timezone.utc).replace(tzinfo=None)]  # the jobs table's clock: naive UTC
         one_s, one = sweep(one_db, "0", shapes, budget)
+        starts.append(datetime.now(timezone.utc).replace(tzinfo=None))
         two_s, two = sweep(two_db, "0,1", shapes, budget)
         one_counts, two_counts = trial_counts(one_db), trial_counts(two_db)
+        for name, db, start in (("1 GPU", one_db, starts[0]), ("2 GPUs", two_db, starts[1])):
+            print(f"{name}:", *timeline(db, start), sep="\n  ")
     by_key = {r["shape_key"]: r for r in one}
     same = sum(
         r["winner"] == by_key[r["shape_key"]]["winner"]

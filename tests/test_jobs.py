@@ -68,6 +68,22 @@ def test_enqueue_is_idempotent_and_the_batch_depends_on_the_arguments(db_url, te
         store.close()
 
 
+def test_the_costliest_jobs_are_claimed_first(tmp_path, template, device):
+    """Longest job first: a slow shape is not left as the last job while other workers idle."""
+    store = Store(str(tmp_path / "jobs.db"))
+    try:
+        problems = [template.problem(M=m, N=n, K=k, dtype="float16") for m, n, k in
+                    [(16, 40, 16), (300, 200, 100), (17, 20, 11), (64, 64, 600), (40, 16, 16)]]
+        batch = _queue(store, template, device, problems)
+        claimed = [jobs.claim(store, batch, f"w{i}").problem for i in range(len(problems))]  # a worker holds one
+        flops = [template.cost(p).flops for p in claimed]
+        assert flops == sorted((template.cost(p).flops for p in problems), reverse=True)
+        assert claimed == [problems[1], problems[3], problems[0], problems[4], problems[2]]  # a tie (same cost): as given
+        assert jobs.claim(store, batch, "w5") is None
+    finally:
+        store.close()
+
+
 def test_each_job_is_claimed_by_exactly_one_of_many_racing_workers(db_url, template, device):
     store = Store(db_url)
     batch = _queue(store, template, device, _problems(template, 12))

@@ -87,9 +87,14 @@ def batch_name(kernel: str, template: Template, problems: list[Problem], strateg
 
 
 def enqueue(store: Store, batch: str, kernel: str, template: Template, problems: list[Problem], strategy: str, budget: int | None, seed: int) -> int:
-    """Add the batch's jobs that are not there yet (another host may have added them); returns how many."""
+    """Add the batch's jobs that are not there yet (another host may have added them); returns how many.
+
+    Workers claim jobs in the order they were added, so the costliest (the cost model's bytes and
+    FLOPs) go in first: the longest-job-first rule, which keeps one slow shape from being the last
+    job claimed while the other workers sit idle.
+    """
     added = 0
-    for problem in problems:
+    for problem in sorted(problems, key=lambda p: _cost_rank(template, p), reverse=True):
         key = str(template.key(problem))
         with store.session() as session:
             if session.scalar(select(Job.id).where(Job.batch == batch, Job.kernel == kernel, Job.shape_key == key)):
@@ -102,6 +107,14 @@ def enqueue(store: Store, batch: str, kernel: str, template: Template, problems:
         except IntegrityError:  # another host added it between the two transactions
             pass
     return added
+
+
+def _cost_rank(template: Template, problem: Problem) -> tuple[float, float]:
+    try:
+        cost = template.cost(problem)
+    except NotImplementedError:  # a template without a cost model keeps the order given
+        return (0.0, 0.0)
+    return (cost.flops, cost.bytes)
 
 
 def release_stale(store: Store, batch: str, stale_s: float = STALE_S) -> int:

@@ -102,6 +102,8 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=24, help="trials per shape (warm start included)")
     parser.add_argument("--sweep-shapes", default=None, metavar="MxNxK,...",
                         help="with --sweep, tune only these of the shapes (the table still times all)")
+    parser.add_argument("--strategy", default="optuna", help="search strategy of --sweep (grid with a budget above "
+                        "the space's size: the whole space)")
     parser.add_argument("--workers", type=int, default=None, help="parallel compile workers (default: up to 8)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--check", action="store_true", help="only check every variant once, quickly")
@@ -119,7 +121,7 @@ def main() -> int:
             chosen = [p for p in problems if (p["M"], p["N"], p["K"]) in wanted]
             if len(chosen) != len(wanted):
                 parser.error(f"--sweep-shapes must be among {', '.join('x'.join(map(str, s)) for s in shapes())}")
-        sweep(TEMPLATE, chosen, args.db, budget=args.budget, workers=args.workers)
+        sweep(TEMPLATE, chosen, args.db, strategy=args.strategy, budget=args.budget, workers=args.workers)
 
     bandwidth = copy_bandwidth()
     runtime = tuned_runtime(args.db)

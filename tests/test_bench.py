@@ -332,7 +332,11 @@ def test_workers_are_forked_from_a_process_without_cuda_and_start_after_parallel
         torch.set_num_threads(threads)
     monkeypatch.setattr(bench, "STARTUP_TIMEOUT_S", 30.0)
     template = MatmulTemplate()
-    with bench.Worker(template, template.problem(M=20, N=33, K=20, dtype="float32"), current_device(), timeout_s=5.0) as worker:
-        worker.wait_ready()  # TunesvcError if the child hung
-        m = worker.measure(SMALL)
-    assert m.status is Status.OK, m.message
+    worker = bench.Worker(template, template.problem(M=20, N=33, K=20, dtype="float32"), current_device(), timeout_s=5.0)
+    worker.wait_ready()  # TunesvcError if the child hung
+    assert worker.measure(SMALL).status is Status.OK
+    child = worker._process
+    with Compiler(1) as compiler:  # forked after the measuring child: holds a copy of its pipe's parent end
+        compiler._starting.join()
+        worker.close()
+    assert child.exitcode == 0  # told to stop, it exits at once (not killed after the close's 5 s grace)

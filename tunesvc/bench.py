@@ -353,11 +353,14 @@ def _forked_child() -> None:
 
 
 def _exit_with(owner: int) -> None:
-    """Make this compile worker exit once ``owner`` (the sweep's process) is gone.
+    """Make this worker (compile or measuring) exit once ``owner`` (the sweep's process) is gone;
+    first, :func:`_forked_child`.
 
-    A pool worker's parent is the forkserver, which outlives a sweep killed with SIGKILL, and the
-    worker waits on a queue whose writer it holds itself: without this it would never exit (and
-    would keep the forkserver alive). A poll, because the owner is not our parent (no PDEATHSIG).
+    Neither kind can count on EOF when a sweep is killed with SIGKILL: a pool worker waits on a
+    queue whose writer it holds itself (and one from the forkserver has the server, which lives
+    on, for parent), and a forked measuring worker may share its pipe's other end with workers
+    forked after it. Without this they would never exit. A poll, because a forkserver's child is
+    not the owner's (no PDEATHSIG).
     """
     import threading
 
@@ -478,7 +481,11 @@ class Worker:
         context = _context()
         self._conn, child = context.Pipe()
         payload = pickle.dumps((self.template, self.problem, self.rep_ms))
-        self._process = context.Process(target=_worker_main, args=(child, payload, list(sys.path)), daemon=True)
+        # a forked child also holds this end (fork copies every descriptor): it closes its copy
+        # and watches this process, since EOF no longer tells it that the parent is gone
+        forked = context.get_start_method() == "fork"
+        self._process = context.Process(target=_worker_main, args=(child, payload, list(sys.path), os.getpid(),
+                                                                   self._conn if forked else None), daemon=True)
         self._process.start()
         child.close()
         self._ready = False
@@ -512,6 +519,11 @@ class Worker:
         return process.exitcode
 
     def close(self) -> None:
+        if self._process is not None:
+            try:  # said, not left to EOF: processes forked since (compile workers) hold this end too
+                self._conn.send(("stop", None, None))
+            except OSError:
+                pass
         self._stop(grace_s=5.0)
 
     def __enter__(self) -> Worker:
@@ -521,10 +533,12 @@ class Worker:
         self.close()
 
 
-def _worker_main(conn, payload: bytes, path: list[str]) -> None:
-    """The child of a :class:`Worker`: a Bench answering (kind, config, rep_ms) requests until EOF
-    (kind: measure, time, or peer, which has no config)."""
-    _forked_child()
+def _worker_main(conn, payload: bytes, path: list[str], owner: int, parent_end=None) -> None:
+    """The child of a :class:`Worker`: a Bench answering (kind, config, rep_ms) requests until told
+    to stop, EOF, or ``owner`` exiting (kind: measure, time, or peer, which has no config)."""
+    if parent_end is not None:
+        parent_end.close()
+    _exit_with(owner)
     sys.path[:] = path  # the template may live in a module only the parent's path reaches (a test's)
     import tunesvc  # noqa: F401  (sets TRITON_INTERPRET where there is no GPU, before triton runs)
     from tunesvc.device import current_device
@@ -536,6 +550,8 @@ def _worker_main(conn, payload: bytes, path: list[str]) -> None:
         try:
             kind, config, rep_ms = conn.recv()
         except EOFError:
+            return
+        if kind == "stop":
             return
         if kind == "measure":
             m = bench.measure(config)

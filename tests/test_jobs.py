@@ -255,6 +255,30 @@ def test_tune_sweep_gpus_passes_time_budget_patience_and_workers_to_every_job(tm
                 jobs.batch_name("matmul", template, problems, "grid", 6, 0, device, time_budget=1e-6)}) == 3
 
 
+def test_a_worker_keeps_one_compile_pool_for_all_its_jobs(tmp_db, template, device, monkeypatch):
+    """Its processes (and on a GPU their CUDA contexts) are made once, not per job."""
+    from tunesvc import bench
+
+    pools = []
+    original = bench.Compiler.__init__
+
+    def counted(self, *args, **kwargs):
+        pools.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(bench.Compiler, "__init__", counted)
+    problems = [template.problem(**p, dtype="float16") for p in template.presets["tiny"]]
+    store = Store(tmp_db)
+    try:
+        batch = _queue(store, template, device, problems, budget=2)
+        assert jobs.work(tmp_db, batch, log=lambda line: None, compile_workers=2) == len(problems) == 2
+        assert [j.status for j in jobs.jobs(store, batch)] == ["done", "done"]
+        assert _trials_per_key(store) == {str(template.key(p)): (2, 2) for p in problems}
+    finally:
+        store.close()
+    assert len(pools) == 1 and pools[0]._pool._shutdown_thread  # one pool, closed when the worker ends
+
+
 def test_tune_sweep_gpus_rejects_a_bad_value_in_one_line(tmp_db):
     result = CliRunner().invoke(app, ["sweep", "matmul", "--preset", "tiny", "--gpus", "zero", "--db", tmp_db])
     assert result.exit_code == 1

@@ -204,6 +204,7 @@ def work(
     A job whose sweep raises a TunesvcError (no feasible config, ...) is marked failed with its
     message; an unreachable database is retried with backoff (1, 2, 4 ... 30 s) for ``retry_s``.
     """
+    from tunesvc.sweep import compile_pool
     from tunesvc.sweep import run_sweep
     from tunesvc.template import get_template
 
@@ -211,48 +212,57 @@ def work(
     log = log or (lambda line: print(f"[{worker}] {line}", file=sys.stderr, flush=True))
     store: Store | None = None
     held: JobSpec | None = None  # kept across a lost connection: the worker resumes its own job
+    compiler = None  # one compile pool for all this worker's jobs (a batch's jobs share kernel, strategy, budget)
     done = 0
     delay, down_since = 1.0, None
-    while True:
-        try:
-            store = store or Store(db)
-            if held is None or not heartbeat(store, held.id, worker):
-                release_stale(store, batch, stale_s)
-                held = claim(store, batch, worker)
-            delay, down_since = 1.0, None  # the database answers again
-            if held is None:
-                if not any(j.status == "running" for j in jobs(store, batch)):
-                    return done
-                time.sleep(min(heartbeat_s, 1.0))  # a running job comes back if its worker dies
-                continue
-            template = get_template(held.kernel)
+    try:
+        while True:
             try:
-                with _Heartbeat(store, held.id, worker, heartbeat_s):
-                    [result] = run_sweep(template, [template.problem(**held.problem)], store, strategy=held.strategy,
-                                         budget=held.budget, seed=held.seed, time_budget=time_budget, patience=patience,
-                                         workers=compile_workers)
-            except DatabaseUnavailable:
-                raise
-            except TunesvcError as exc:
-                finish(store, held.id, worker, "failed", str(exc))
-                log(f"failed {held.shape_key}: {exc}")
+                store = store or Store(db)
+                if held is None or not heartbeat(store, held.id, worker):
+                    release_stale(store, batch, stale_s)
+                    held = claim(store, batch, worker)
+                delay, down_since = 1.0, None  # the database answers again
+                if held is None:
+                    if not any(j.status == "running" for j in jobs(store, batch)):
+                        return done
+                    time.sleep(min(heartbeat_s, 1.0))  # a running job comes back if its worker dies
+                    continue
+                template = get_template(held.kernel)
+                problem = template.problem(**held.problem)
+                try:
+                    with _Heartbeat(store, held.id, worker, heartbeat_s):
+                        if compiler is None:
+                            compiler = compile_pool(template, problem, strategy=held.strategy, budget=held.budget,
+                                                    workers=compile_workers)
+                        [result] = run_sweep(template, [problem], store, strategy=held.strategy,
+                                             budget=held.budget, seed=held.seed, time_budget=time_budget, patience=patience,
+                                             workers=compile_workers, compiler=compiler)
+                except DatabaseUnavailable:
+                    raise
+                except TunesvcError as exc:
+                    finish(store, held.id, worker, "failed", str(exc))
+                    log(f"failed {held.shape_key}: {exc}")
+                    held = None
+                    continue
+                if finish(store, held.id, worker):
+                    done += 1
+                    best = f"{result.winner_ms:.4g} ms" if result.winner_ms else "no correct config"
+                    log(f"done {held.shape_key}: {best} ({result.trials_stored} trials, +{result.trials_new})")
                 held = None
-                continue
-            if finish(store, held.id, worker):
-                done += 1
-                best = f"{result.winner_ms:.4g} ms" if result.winner_ms else "no correct config"
-                log(f"done {held.shape_key}: {best} ({result.trials_stored} trials, +{result.trials_new})")
-            held = None
-        except BaseException as exc:
-            if not isinstance(exc, DatabaseUnavailable):
-                _give_back(store, held, worker)  # a bug or Ctrl-C: others need not wait for the heartbeat to go stale
-                raise
-            down_since = down_since or time.monotonic()
-            if time.monotonic() - down_since > retry_s:
-                raise TunesvcError(f"{exc}; gave up after {retry_s:.0f} s of retries.") from None
-            log(f"{exc}; retrying in {delay:.0f} s")
-            time.sleep(delay)
-            delay = min(delay * 2, 30.0)
+            except BaseException as exc:
+                if not isinstance(exc, DatabaseUnavailable):
+                    _give_back(store, held, worker)  # a bug or Ctrl-C: others need not wait for the heartbeat to go stale
+                    raise
+                down_since = down_since or time.monotonic()
+                if time.monotonic() - down_since > retry_s:
+                    raise TunesvcError(f"{exc}; gave up after {retry_s:.0f} s of retries.") from None
+                log(f"{exc}; retrying in {delay:.0f} s")
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+    finally:
+        if compiler is not None:
+            compiler.close()
 
 
 def _give_back(store: Store | None, held: JobSpec | None, worker: str) -> None:

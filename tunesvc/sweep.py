@@ -129,6 +129,7 @@ def run_sweep(
     isolate: bool | None = None,
     measure_timeout: float = 60.0,
     rep_ms: float = 100.0,
+    compiler: Compiler | None = None,
 ) -> list[ProblemResult]:
     """Tune ``template`` on every problem; returns one result per problem, in order.
 
@@ -148,6 +149,8 @@ def run_sweep(
     every candidate is measured in a :class:`~tunesvc.bench.Worker` process, and one that
     crashes it or runs past ``measure_timeout`` seconds is stored as ``crash`` or ``timeout``.
     Optuna strategies keep their study in the store's database (see ``study_storage``).
+    ``compiler``: a compile pool the caller keeps across sweeps (see :func:`compile_pool`), used
+    instead of starting one and left open.
     """
     check_sweep_arguments(strategy, budget, time_budget, patience)
     clock = _Clock()
@@ -161,8 +164,8 @@ def run_sweep(
         (3 if device.is_gpu else 0) if finalists is None else finalists,
         device.is_gpu if isolate is None else isolate, measure_timeout, rep_ms,
     )
-    compiler = None
-    if workers > 1 and problems and _picklable(template, problems):
+    own = compiler is None
+    if own and workers > 1 and problems and _picklable(template, problems):
         compiler = Compiler(workers, template=template, problem=problems[0])
     clock.lap("start")
     try:
@@ -172,8 +175,22 @@ def run_sweep(
             for i, problem in enumerate(problems)
         ]
     finally:
-        if compiler is not None:
+        if own and compiler is not None:
             compiler.close()
+
+
+def compile_pool(template: Template, problem: Problem, *, strategy: str = "grid", budget: int | None = None,
+                 workers: int | None = None, device: Device | None = None) -> Compiler | None:
+    """The compile pool :func:`run_sweep` would start for such a sweep, for a caller that runs
+    many sweeps of one kind and passes it to each (``tune sweep --gpus`` workers, one job after
+    another): its processes, their CUDA contexts (made one after another by the driver, seconds
+    for sixteen) and their imports are then paid once, not per sweep. None where the sweep would
+    compile in its own process. The caller closes it."""
+    device = device or fork_safe_current_device()
+    size = _pool_size(workers, device, strategy, budget, None)
+    if size > 1 and _picklable(template, [problem]):
+        return Compiler(size, template=template, problem=problem)
+    return None
 
 
 def _pool_size(workers: int | None, device: Device, strategy: str, budget: int | None, fitting: int | None) -> int:

@@ -4,7 +4,8 @@
     python benchmarks/multi_gpu_sweep.py --check   # 2 small shapes, budget 2: checks the script
 
 Runs `tune sweep matmul --gpus 0` and `tune sweep matmul --gpus 0,1` into two fresh SQLite files
-(same shapes, grid strategy, same --budget, so both measure the same configs) and prints one
+(the GEMM benchmark's 11 shapes, or --six, grid strategy, the same --budget, so both measure the
+same configs), prints each worker's jobs with the time each finished, and one
 table: wall time of each, the ratio (target, issue 6: 2 GPUs <= 0.6x one GPU), trials stored and
 distinct per run (none lost or duplicated: both equal shapes x budget), and how many shapes have
 the same winner, or one within 3% of the one-GPU run's time (measurement noise).
@@ -23,7 +24,11 @@ import time
 from datetime import datetime
 from datetime import timezone
 
-SHAPES = ["4096x4096x4096", "2048x4096x14336", "128x14336x4096", "1000x3000x777", "8192x8192x8192", "16x4096x4096"]
+#: the GEMM benchmark's shapes (benchmarks/matmul.py: the matmul template's "llm" and "skinny" presets)
+SHAPES = ["4096x4096x4096", "8192x8192x8192", "16x4096x4096", "128x14336x4096", "2048x4096x14336", "1000x3000x777",
+          "1x4096x4096", "1x14336x4096", "16x14336x4096", "64x4096x4096", "64x14336x4096"]
+#: the six shapes of the first 2-GPU runs (--six)
+SIX = SHAPES[:2] + ["16x4096x4096", "128x14336x4096", "2048x4096x14336", "1000x3000x777"]
 CHECK_SHAPES = ["37x45x29", "100x70x50"]  # tiny: also runs in the CPU interpreter
 
 
@@ -63,10 +68,11 @@ def trial_counts(db: str) -> tuple[int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", type=int, default=8, help="configs per shape (grid order) [8]")
+    parser.add_argument("--budget", type=int, default=32, help="configs per shape (grid order) [32]")
+    parser.add_argument("--six", action="store_true", help="only the six shapes of the first runs")
     parser.add_argument("--check", action="store_true", help="2 small shapes, budget 2")
     args = parser.parse_args()
-    shapes, budget = (CHECK_SHAPES, 2) if args.check else (SHAPES, args.budget)
+    shapes, budget = (CHECK_SHAPES, 2) if args.check else (SIX if args.six else SHAPES, args.budget)
     with tempfile.TemporaryDirectory() as folder:
         one_db, two_db = os.path.join(folder, "one.db"), os.path.join(folder, "two.db")
         starts = [datetime.now(timezone.utc).replace(tzinfo=None)]  # the jobs table's clock: naive UTC

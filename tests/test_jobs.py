@@ -152,18 +152,11 @@ def _trials_per_key(store: Store) -> dict[str, tuple[int, int]]:
         return {key: (n, distinct) for key, n, distinct in session.execute(query)}
 
 
-@pytest.mark.parametrize("forked", [True, False], ids=["forked", "python -m tunesvc.jobs"])
-def test_a_worker_killed_mid_job_has_its_job_finished_by_another(tmp_db, template, device, forked, monkeypatch):
-    """Workers are forked from a process without CUDA, else started anew (one that has used CUDA)."""
-    import tunesvc.device
-
-    if not forked:
-        monkeypatch.setattr(tunesvc.device, "can_fork_gpu_children", lambda: False)
+def test_a_worker_killed_mid_job_has_its_job_finished_by_another(tmp_db, template, device):
     store = Store(tmp_db)
     problems = [template.problem(**p, dtype="float16") for p in template.presets["tiny"]]
     batch = _queue(store, template, device, problems, budget=4)
     processes = jobs.spawn_workers(tmp_db, batch, [None, None], stale_s=3, heartbeat_s=0.3)
-    assert all(isinstance(p, jobs.ForkedWorker) == forked for p in processes)
     victim = None
     try:
         deadline = time.monotonic() + 120

@@ -255,13 +255,13 @@ def _sweep_on_workers(kernel: str, template, problems: list[dict], strategy: str
     import torch
 
     from tunesvc import jobs
-    from tunesvc.device import fork_safe_current_device
+    from tunesvc.device import current_device
     from tunesvc.store import Store
 
     slots = jobs.worker_slots(gpus, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     store = Store(db)
     try:
-        device = fork_safe_current_device()  # CUDA left uninitialised here: the workers are forked from this process
+        device = current_device()
         batch = jobs.batch_name(kernel, template, problems, strategy, budget, seed, device, time_budget, patience)
         added = jobs.enqueue(store, batch, kernel, template, problems, strategy, budget, seed)
         Console(stderr=True).print(f"sweep {batch}: {added} new of {len(problems)} jobs, {len(slots)} workers", highlight=False)

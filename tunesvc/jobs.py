@@ -299,61 +299,24 @@ def worker_slots(gpus: str, gpu_count: int) -> list[str | None]:
 def spawn_workers(
     db: str, batch: str, slots: list[str | None], *, stale_s: float = STALE_S, heartbeat_s: float = HEARTBEAT_S,
     time_budget: float | None = None, patience: int | None = None, compile_workers: int | None = None,
-) -> list[subprocess.Popen | ForkedWorker]:
-    """One worker per slot, each seeing only its own GPU (see :func:`work`).
+) -> list[subprocess.Popen]:
+    """One ``python -m tunesvc.jobs`` process per slot, each seeing only its own GPU (see :func:`work`).
 
-    Forked from this process while it has not initialised CUDA, so that a worker starts with
-    torch, triton and tunesvc imported (seconds sooner); otherwise ``python -m tunesvc.jobs``,
-    with the database URL in the environment, not the command line, where ``ps`` would show its
-    password.
+    The database URL goes through the environment, not the command line, where ``ps`` would show
+    its password.
     """
-    from tunesvc.device import can_fork_gpu_children
-
-    argv = ["--batch", batch, "--stale-s", str(stale_s), "--heartbeat-s", str(heartbeat_s)]
-    for flag, value in (("--time-budget", time_budget), ("--patience", patience), ("--workers", compile_workers)):
-        if value is not None:
-            argv += [flag, str(value)]
-    processes: list[subprocess.Popen | ForkedWorker] = []
+    processes = []
     for slot in slots:
-        env = {"TUNESVC_DB": db, **({"CUDA_VISIBLE_DEVICES": slot} if slot is not None else {})}
-        if can_fork_gpu_children():
-            processes.append(ForkedWorker(env, argv))
-        else:
-            processes.append(subprocess.Popen([sys.executable, "-m", "tunesvc.jobs", *argv], env={**os.environ, **env}))
+        env = {**os.environ, "TUNESVC_DB": db}
+        if slot is not None:
+            env["CUDA_VISIBLE_DEVICES"] = slot
+        command = [sys.executable, "-m", "tunesvc.jobs", "--batch", batch,
+                   "--stale-s", str(stale_s), "--heartbeat-s", str(heartbeat_s)]
+        for flag, value in (("--time-budget", time_budget), ("--patience", patience), ("--workers", compile_workers)):
+            if value is not None:
+                command += [flag, str(value)]
+        processes.append(subprocess.Popen(command, env=env))
     return processes
-
-
-class ForkedWorker:
-    """A worker forked from this process, waited on like the ``subprocess.Popen`` of one started anew."""
-
-    def __init__(self, env: dict[str, str], argv: list[str]) -> None:
-        import multiprocessing
-
-        self._process = multiprocessing.get_context("fork").Process(target=_forked_main, args=(env, argv))
-        self._process.start()
-        self.pid = self._process.pid
-
-    def poll(self) -> int | None:
-        return self._process.exitcode
-
-    def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
-        if self._process.exitcode is None:
-            raise subprocess.TimeoutExpired(f"tunesvc.jobs worker {self.pid}", timeout)
-        return self._process.exitcode
-
-    def kill(self) -> None:
-        self._process.kill()
-
-
-def _forked_main(env: dict[str, str], argv: list[str]) -> None:
-    import tunesvc.device
-    from tunesvc.bench import _forked_child
-
-    _forked_child()  # one CPU thread: OpenMP's pool does not survive fork
-    os.environ.update(env)  # before this process initialises CUDA, which reads CUDA_VISIBLE_DEVICES
-    tunesvc.device._current = None  # the parent's device: this worker's GPU may be another model
-    sys.exit(_main(argv))
 
 
 def _main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ from tunesvc.search._optuna import SET_CONSTRAINT
 from tunesvc.search._optuna import PENALTY_MS
 from tunesvc.search._optuna import VIOLATION
 from tunesvc.search._optuna import OptunaStrategy
+from tunesvc.search._optuna import startup_count
 from tunesvc.search.replay import GroundTruth
 from tunesvc.search.replay import efficiency
 from tunesvc.search.replay import read_ground_truth
@@ -261,6 +262,53 @@ def test_a_repeated_proposal_is_not_told_twice_but_replaced_by_its_nearest_untri
     # one step away in one parameter (A=4 with B=32 is infeasible)
     assert strategy._nearest_untried(best) in ({"A": 1, "B": 32, "num_warps": 4},
                                                {"A": 2, "B": 16, "num_warps": 4}, {"A": 2, "B": 32, "num_warps": 8})
+
+
+def values_shown(configs):
+    return {(name, config[name]) for config in configs for name in config}
+
+
+@pytest.fixture
+def open_space():
+    # 36 configs, no constraints: startup_count is 9, and A's 4 values need 4 configs
+    return Space.from_dict({"params": {"A": [1, 2, 4, 8], "B": [16, 32, 64]}, "launch": {"num_warps": [2, 4, 8]}})
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tpe_starts_with_a_cover_of_every_value(open_space, seed):
+    # i.i.d. random startup trials leave values unseen (4 random configs show all 4 values of A
+    # with probability 4!/4^4, under 10%); the cover shows every value of every parameter in
+    # as many configs as A has values, then TPE samples
+    candidates = open_space.feasible({}, {})
+    strategy = OptunaStrategy(open_space, candidates, seed=seed)
+    first = first_proposals(strategy, 4)
+    assert len(strategy._startup) == 4
+    every = values_shown(candidates)
+    assert values_shown([c for c in candidates if config_hash(c) in first]) == every
+    assert len(set(first)) == 4
+
+
+def test_tpe_startup_covers_only_what_the_warm_start_and_stored_results_left_unseen(open_space):
+    candidates = open_space.feasible({}, {})
+    warm = {"A": 1, "B": 16, "num_warps": 2}
+    stored = {"A": 2, "B": 32, "num_warps": 4}
+    strategy = OptunaStrategy(open_space, candidates, seed=0, initial=[warm])
+    strategy.tell(stored, ok(1.0))
+    assert strategy.ask() == warm  # the warm start first, then the cover
+    startup = strategy._startup
+    assert len(startup) == 2  # A=4 and A=8 are left, B=64 and num_warps=8 ride along
+    assert values_shown([warm, stored, *startup]) == values_shown(candidates)
+    # Optuna's startup count (warm start and stored results included) caps the cover
+    strategy = OptunaStrategy(open_space, candidates, seed=0)
+    for config in candidates[:startup_count(len(candidates))]:
+        strategy.tell(config, ok(1.0))
+    strategy.ask()
+    assert strategy._startup == []
+
+
+def test_cmaes_and_gp_keep_their_random_startup(open_space):
+    candidates = open_space.feasible({}, {})
+    assert make_strategy("cmaes", open_space, candidates, seed=0).startup() == []
 
 
 # -- offline replay -----------------------------------------------------------------------

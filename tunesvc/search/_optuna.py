@@ -9,7 +9,8 @@ choices: log2 for the power-of-two ones) and how a failure is told: TPE through 
 in its "bad" density and stops proposing its neighbourhood); CMA-ES and GP, which cannot use a
 penalised value without distorting their model, as a failed trial. TPE's proposal of a config
 already measured is told as a failed trial (so TPE never sees a measurement twice) and
-replaced by the untried feasible config nearest to it.
+replaced by the untried feasible config nearest to it. TPE's startup trials are not i.i.d.
+random draws but a cover of the space's values (see :meth:`OptunaStrategy.startup`).
 
 With ``storage`` (a database URL: the store's own) the study lives in that database, in
 Optuna's tables beside tunesvc's (Optuna's RDBStorage), named by the caller, so a killed sweep
@@ -53,6 +54,14 @@ SET_CONSTRAINT = hasattr(optuna.Trial, "set_constraint")
 PENALTY_MS = 1e9
 #: attempts at opening Optuna's storage (see rdb_storage)
 STORAGE_ATTEMPTS = 5
+#: most startup trials before a model samples: Optuna's default of 10, fewer on a small space
+MAX_STARTUP_TRIALS = 10
+
+
+def startup_count(n_candidates: int) -> int:
+    """Startup trials (warm start included) before a sampler's model proposes: a quarter of a
+    small space, at most Optuna's default."""
+    return min(MAX_STARTUP_TRIALS, max(1, n_candidates // 4))
 
 
 def rdb_storage(url: str) -> optuna.storages.RDBStorage:
@@ -112,6 +121,8 @@ class OptunaStrategy(Strategy):
         self._in_study = self._finished_in_study()
         #: warm-start configs not yet proposed, each enqueued just before the ask that takes it
         self._queue = list(self.initial)
+        #: the startup configs, chosen at the first ask (after stored results are told)
+        self._startup: list[Config] | None = None
         self._pending: dict[str, optuna.Trial] = {}
 
     def _finished_in_study(self) -> set[str]:
@@ -128,11 +139,44 @@ class OptunaStrategy(Strategy):
 
     # -- what each sampler changes ------------------------------------------------------
     def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
-        startup = min(10, max(1, len(self.candidates) // 4))
+        # no random startup of TPE's own: the startup trials are the cover of startup(), asked
+        # like the warm start, and TPE samples from the first trial that is not queued
         return optuna.samplers.TPESampler(
-            seed=seed, n_startup_trials=startup, multivariate=True,
+            seed=seed, n_startup_trials=0, multivariate=True,
             constraints_func=None if SET_CONSTRAINT else _violation,
         )
+
+    def startup(self) -> list[Config]:
+        """The configs measured after the warm start and before TPE samples: a cover of every
+        value of every parameter that neither the warm start nor a stored result has shown.
+
+        TPE's density of a categorical parameter can only favour a value it has seen in its
+        "good" trials; i.i.d. random startup trials leave values unseen and, on a small space,
+        use up the trials a search has: ``startup_count(36)`` is 9 random trials on a space
+        where 20% is 7. Greedily, each startup config is the untried feasible config that shows
+        the most values not yet seen (ties broken by a generator of the strategy's seed), until
+        every value is seen or ``startup_count`` trials are known (warm start and stored results
+        included, as Optuna counts its startup trials): at least as many configs as the parameter
+        with the most values has, more where constraints couple parameters (3 to 10 cold on the
+        problems of benchmarks/data/ground_truth.csv).
+        """
+        seen = [*self.initial, *(c for c in self.candidates if config_hash(c) in self.told)]
+        known = {config_hash(c) for c in seen}
+        unseen = {(n, v) for n, values in self._choices.items() if len(values) > 1 for v in values}
+        unseen -= {(n, c[n]) for c in seen for n in self.space.names}
+        left = [c for c in self.candidates if config_hash(c) not in known]
+        rng = random.Random(self.seed)
+        design: list[Config] = []
+        while unseen and len(known) + len(design) < startup_count(len(self.candidates)):
+            shown = [sum((n, c[n]) in unseen for n in self.space.names) for c in left]
+            most = max(shown, default=0)
+            if most == 0:
+                break
+            config = rng.choice([c for c, k in zip(left, shown) if k == most])
+            design.append(config)
+            left.remove(config)
+            unseen -= {(n, config[n]) for n in self.space.names}
+        return design
 
     def distributions(self) -> dict[str, Any]:
         return {n: optuna.distributions.CategoricalDistribution(v) for n, v in self._choices.items()}
@@ -145,6 +189,9 @@ class OptunaStrategy(Strategy):
 
     # -- ask / tell ---------------------------------------------------------------------
     def ask(self) -> Config | None:
+        if self._startup is None:
+            self._startup = self.startup()
+            self._queue.extend(self._startup)
         misses = 0
         while not self.exhausted:
             while self._queue and self._tried(config_hash(self._queue[0])):
@@ -280,6 +327,10 @@ class _IndexEncoded(OptunaStrategy):
 
     constrained = False
 
+    def startup(self) -> list[Config]:
+        # CMA-ES and GP keep their samplers' own random startup trials
+        return []
+
     def _ordinal(self) -> dict[str, list[Any]]:
         return {
             n: sorted(v) for n, v in self._choices.items()
@@ -313,9 +364,8 @@ class CmaEsStrategy(_IndexEncoded):
             import cmaes  # noqa: F401  (Optuna imports it lazily, on the first relative sample)
         except ImportError:
             raise TunesvcError("--strategy cmaes needs the cmaes package; run `pip install cmaes`.") from None
-        startup = min(10, max(1, len(self.candidates) // 4))
         return optuna.samplers.CmaEsSampler(
-            seed=seed, n_startup_trials=startup, warn_independent_sampling=False,
+            seed=seed, n_startup_trials=startup_count(len(self.candidates)), warn_independent_sampling=False,
             independent_sampler=optuna.samplers.RandomSampler(seed=seed),
         )
 
@@ -332,5 +382,4 @@ class GPStrategy(_IndexEncoded):
             import scipy  # noqa: F401  (GPSampler imports it lazily, on the first sample)
         except ImportError:
             raise TunesvcError("--strategy gp needs scipy; run `pip install scipy`.") from None
-        startup = min(10, max(1, len(self.candidates) // 4))
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup_count(len(self.candidates)))

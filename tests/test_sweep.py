@@ -143,9 +143,11 @@ def count_trials(db: str) -> int:
 
 
 def study_params(db: str) -> list[dict]:
-    """The params of every trial of the one Optuna study in the database, in order."""
+    """The params of every trial of the one Optuna study in the database, in order; for a trial
+    enqueued but not yet sampled (a sweep killed between the two), the params it was enqueued with."""
     [name] = optuna.get_all_study_names(storage=f"sqlite:///{db}")
-    return [t.params for t in optuna.load_study(study_name=name, storage=f"sqlite:///{db}").trials]
+    return [t.params or t.system_attrs.get("fixed_params", {})
+            for t in optuna.load_study(study_name=name, storage=f"sqlite:///{db}").trials]
 
 
 @pytest.mark.parametrize(

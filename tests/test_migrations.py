@@ -180,6 +180,20 @@ def table_names(path) -> set[str]:
         con.close()
 
 
+#: what PostgreSQL's catalogue says of tunesvc's relations, constraints and sequences
+PG_CATALOG = {
+    "pg relations": "SELECT relname, relkind, COALESCE(pg_get_indexdef(oid), '') FROM pg_class"
+                    " WHERE relnamespace = 'public'::regnamespace AND relname LIKE 'tunesvc%'",
+    "pg constraints": "SELECT conname, contype, conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint"
+                      " WHERE connamespace = 'public'::regnamespace AND conrelid::regclass::text LIKE 'tunesvc%'",
+    "pg sequences": "SELECT sequencename, data_type::text, start_value, min_value, max_value, increment_by, cycle"
+                    " FROM pg_sequences WHERE schemaname = 'public' AND sequencename LIKE 'tunesvc%'",
+    "pg owned sequences": "SELECT t.relname, pg_get_serial_sequence(quote_ident(t.relname), 'id') FROM pg_class t"
+                          " WHERE t.relnamespace = 'public'::regnamespace AND t.relkind = 'r' AND t.relname LIKE 'tunesvc%'"
+                          " AND t.relname <> 'tunesvc_meta' AND t.relname <> 'tunesvc_alembic_version'",
+}
+
+
 def tunesvc_schema(url: str) -> dict:
     """Everything of tunesvc's tables that a schema is: per table its columns (type, nullability,
     default), primary key, indexes, unique constraints and foreign keys with their names, as
@@ -204,23 +218,8 @@ def tunesvc_schema(url: str) -> dict:
                                            for f in inspector.get_foreign_keys(table)),
                 }
             if connection.dialect.name == "postgresql":
-                out["pg relations"] = sorted(connection.execute(text(
-                    "SELECT relname, relkind, COALESCE(pg_get_indexdef(oid), '') FROM pg_class"
-                    " WHERE relnamespace = 'public'::regnamespace AND relname LIKE 'tunesvc%'"
-                )).all())
-                out["pg constraints"] = sorted(connection.execute(text(
-                    "SELECT conname, contype, conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint"
-                    " WHERE connamespace = 'public'::regnamespace AND conrelid::regclass::text LIKE 'tunesvc%'"
-                )).all())
-                out["pg sequences"] = sorted(connection.execute(text(
-                    "SELECT sequencename, data_type::text, start_value, min_value, max_value, increment_by, cycle"
-                    " FROM pg_sequences WHERE schemaname = 'public' AND sequencename LIKE 'tunesvc%'"
-                )).all())
-                out["pg owned sequences"] = sorted(connection.execute(text(
-                    "SELECT t.relname, pg_get_serial_sequence(quote_ident(t.relname), 'id') FROM pg_class t"
-                    " WHERE t.relnamespace = 'public'::regnamespace AND t.relkind = 'r' AND t.relname LIKE 'tunesvc%'"
-                    " AND t.relname <> 'tunesvc_meta' AND t.relname <> 'tunesvc_alembic_version'"
-                )).all())
+                for name, query in PG_CATALOG.items():
+                    out[name] = sorted(connection.execute(text(query)).all())
             else:
                 for table in [t for t in out if t.startswith("tunesvc_")]:
                     out[table]["pragmas"] = (

@@ -214,8 +214,8 @@ class Compiler:
         import threading
         from concurrent.futures import ProcessPoolExecutor
 
-        pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_exit_with, initargs=(os.getpid(),))
-        # submit() starts a worker process and blocks until the forkserver has forked it
+        pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_start_worker, initargs=(os.getpid(),))
+        # submit() starts a worker process and blocks until it is forked (by this process or the forkserver)
         self._starting = threading.Thread(target=self._start_workers, args=(pool,), daemon=True)
         self._starting.start()
         return pool
@@ -345,26 +345,21 @@ def start_forkserver(wait: bool = False) -> None:
         child.join()
 
 
-def _forked_child() -> None:
-    """What a worker does first: GNU OpenMP's thread pool does not survive fork, and a child forked
-    after its parent ran a parallel torch CPU op hangs in its own first one; one CPU thread, as in
-    torch's DataLoader workers (the GPU does the work here)."""
-    torch.set_num_threads(1)
+def _start_worker(owner: int) -> None:
+    """What a worker (compile or measuring) does first: use one CPU thread, and exit once ``owner``
+    (the sweep's process) is gone.
 
-
-def _exit_with(owner: int) -> None:
-    """Make this worker (compile or measuring) exit once ``owner`` (the sweep's process) is gone;
-    first, :func:`_forked_child`.
-
-    Neither kind can count on EOF when a sweep is killed with SIGKILL: a pool worker waits on a
-    queue whose writer it holds itself (and one from the forkserver has the server, which lives
-    on, for parent), and a forked measuring worker may share its pipe's other end with workers
-    forked after it. Without this they would never exit. A poll, because a forkserver's child is
-    not the owner's (no PDEATHSIG).
+    One thread: GNU OpenMP's thread pool does not survive fork, and a child forked after its
+    parent ran a parallel torch CPU op hangs in its own first one (as in torch's DataLoader
+    workers; the GPU does the work here). The watch: neither kind of worker can count on EOF when
+    a sweep is killed with SIGKILL: a pool worker waits on a queue whose writer it holds itself
+    (and one from the forkserver has the server, which lives on, for parent), and a forked
+    measuring worker may share its pipe's other end with workers forked after it. Without it they
+    would never exit. A poll, because a forkserver's child is not the owner's (no PDEATHSIG).
     """
     import threading
 
-    _forked_child()
+    torch.set_num_threads(1)
 
     def watch() -> None:
         while True:
@@ -538,7 +533,7 @@ def _worker_main(conn, payload: bytes, path: list[str], owner: int, parent_end=N
     to stop, EOF, or ``owner`` exiting (kind: measure, time, or peer, which has no config)."""
     if parent_end is not None:
         parent_end.close()
-    _exit_with(owner)
+    _start_worker(owner)
     sys.path[:] = path  # the template may live in a module only the parent's path reaches (a test's)
     import tunesvc  # noqa: F401  (sets TRITON_INTERPRET where there is no GPU, before triton runs)
     from tunesvc.device import current_device

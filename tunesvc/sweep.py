@@ -165,8 +165,8 @@ def run_sweep(
         device.is_gpu if isolate is None else isolate, measure_timeout, rep_ms,
     )
     own = compiler is None
-    if own and workers > 1 and problems and _picklable(template, problems):
-        compiler = Compiler(workers, template=template, problem=problems[0])
+    if own:
+        compiler = _start_pool(workers, template, problems)
     clock.lap("start")
     try:
         return [
@@ -187,9 +187,14 @@ def compile_pool(template: Template, problem: Problem, *, strategy: str = "grid"
     for sixteen) and their imports are then paid once, not per sweep. None where the sweep would
     compile in its own process. The caller closes it."""
     device = device or fork_safe_current_device()
-    size = _pool_size(workers, device, strategy, budget, None)
-    if size > 1 and _picklable(template, [problem]):
-        return Compiler(size, template=template, problem=problem)
+    return _start_pool(_pool_size(workers, device, strategy, budget, None), template, [problem])
+
+
+def _start_pool(size: int, template: Template, problems: list[Problem]) -> Compiler | None:
+    """A pool of ``size`` compile workers warmed up on the first problem; None where a sweep
+    compiles in its own process (one worker or none, or a template the workers cannot unpickle)."""
+    if size > 1 and problems and _picklable(template, problems):
+        return Compiler(size, template=template, problem=problems[0])
     return None
 
 

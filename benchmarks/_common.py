@@ -11,12 +11,17 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import triton
 import triton.testing
 
+from tunesvc.bench import graph_time
+from tunesvc.bench import input_bytes
+from tunesvc.bench import input_sets_needed
+from tunesvc.bench import l2_bytes
 from tunesvc.device import current_device
 from tunesvc.runtime import Runtime
 from tunesvc.store import Store
@@ -35,10 +40,20 @@ def bench_ms(fn: Callable[[], Any]) -> float:
     return triton.testing.do_bench(fn, quantiles=[0.5])
 
 
-def bench_graph_ms(fn: Callable[[], Any]) -> float:
-    """Median GPU time of fn in ms replayed from a CUDA graph: no host launch cost, as serving
-    engines run decode steps. Use it for ours and the peer alike."""
-    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+def bench_graph_ms(calls: Callable[[], Any] | Sequence[Callable[[], Any]]) -> float:
+    """Median GPU time of one call in ms replayed from a CUDA graph: no host launch cost, as
+    serving engines run decode steps. Given several calls (the same op on copies of its inputs,
+    see :func:`copies`), the graph takes them in turn, so inputs that fit in L2 are not timed
+    from it (``tunesvc.bench.graph_time``). Use it for ours and the peer alike."""
+    return graph_time([calls] if callable(calls) else list(calls), 100, [0.5])[0]
+
+
+def copies(first: Any, make: Callable[[], Any], per_call_bytes: int | None = None) -> list[Any]:
+    """``first`` and as many more input sets from ``make()`` as cycling through them without L2
+    hits takes (one when ``first`` alone exceeds twice the L2 cache). ``per_call_bytes``: what
+    one call reads, where a set holds the inputs of several ops (default: the whole set)."""
+    count = input_sets_needed(per_call_bytes or input_bytes(first), l2_bytes())
+    return [first] + [make() for _ in range(count - 1)]
 
 
 def copy_bandwidth(elements: int = 1 << 28, timer: Callable[[Callable[[], Any]], float] = bench_ms) -> float:

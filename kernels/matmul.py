@@ -13,8 +13,10 @@
   (e.g. A with K=777 in bf16) is first copied into a row-padded buffer, which costs one pass
   over it but turns every later load into an aligned bulk copy.
 - ``splitk``: for small M and large K, where the tiles alone leave most SMs idle: SPLIT_K
-  programs per tile each sum one slice of K into a float32 workspace, and a second kernel adds
-  the slices in a fixed order, so results are deterministic (no atomics).
+  programs per tile each sum one slice of K into a float32 workspace and count their arrival
+  on the tile's counter; the last to arrive adds the slices in a fixed order (s = 0, 1, ...)
+  and writes C. One launch (a second, reducing kernel cost a Triton launch of host time and a
+  kernel's latency on the GPU), and the result is the same whichever program finishes last.
 
 Masks make any M, N, K valid. FLOPs = 2 M N K; minimum bytes = (M K + K N + M N) * element size.
 """
@@ -43,10 +45,6 @@ from tunesvc.template import Template
 from tunesvc.template import pow2_bucket
 
 VARIANTS = ("grouped", "persistent", "tma", "splitk")
-
-#: elements each program of the split-K reduction adds up
-_REDUCE_BLOCK = 1024
-
 
 @triton.jit
 def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
@@ -193,18 +191,27 @@ def _matmul_tma_kernel(
 
 @triton.jit
 def _matmul_splitk_kernel(
-    a_ptr, b_ptr, partial_ptr,
+    a_ptr, b_ptr, c_ptr, partial_ptr, arrivals_ptr,
     M, N, K,
     stride_am, stride_ak,
     stride_bk, stride_bn,
+    stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     EVEN_K: tl.constexpr = False,
 ):
-    """Program (tile, s) writes partial[s] = A[tile rows, slice s of K] @ B[slice s of K, tile columns]."""
-    pid_m, pid_n = _tile_coords(tl.program_id(axis=0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    """Program (tile, s) writes partial[s] = A[tile rows, slice s of K] @ B[slice s of K, tile
+    columns]; the tile's last program to arrive writes C = sum over s of partial[s], in order.
+
+    The arrival counter (zeroed by the host) is the only communication between programs: each
+    program's partial is stored before its arrival is counted (release), and the last program
+    reads the partials after it has seen every arrival (acquire), bypassing L1 (``.cg``), which
+    is not coherent between SMs. No program waits for another, so any launch order is safe.
+    """
+    tile = tl.program_id(axis=0)
+    pid_m, pid_n = _tile_coords(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     split = tl.program_id(axis=1)
     # slices are whole BLOCK_K steps, so only the last slice meets the edge of K
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
@@ -214,19 +221,17 @@ def _matmul_splitk_kernel(
         a_ptr, b_ptr, pid_m, pid_n, M, N, k_start, k_end, stride_am, stride_ak, stride_bk, stride_bn,
         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DOT_IN_FP32,
     )
-    _store_tile(partial_ptr + split * M * N, acc, pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def _splitk_reduce_kernel(partial_ptr, c_ptr, M, N, stride_cm, stride_cn, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    """C = sum over s of partial[s], added in order s = 0, 1, ... (deterministic)."""
-    offs = tl.program_id(axis=0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < M * N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        acc += tl.load(partial_ptr + s * M * N + offs, mask=mask, other=0.0)
-    c_ptrs = c_ptr + (offs // N) * stride_cm + (offs % N) * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tile_offs = offs_m[:, None] * N + offs_n[None, :]
+    tl.store(partial_ptr + split * M * N + tile_offs, acc, mask=mask)
+    tl.debug_barrier()  # every thread's stores, before the one thread that counts the arrival
+    if tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1:
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            total += tl.load(partial_ptr + s * M * N + tile_offs, mask=mask, other=0.0, cache_modifier=".cg")
+        _store_tile(c_ptr, total.to(c_ptr.dtype.element_ty), pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 @cache
@@ -289,13 +294,13 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
     elif variant == "splitk":
         split_k = config["SPLIT_K"]
         partial = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)
+        # per call, not a cached buffer reset by the kernel: launches on two streams at once
+        # would share a cached one
+        arrivals = torch.zeros(tiles, device=a.device, dtype=torch.int32)
         _matmul_splitk_kernel[(tiles, split_k)](
-            a, b, partial, M, N, K,
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            a, b, c, partial, arrivals, M, N, K,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
             **blocks, SPLIT_K=split_k, DOT_IN_FP32=dot_in_fp32, EVEN_K=even_k, **options,
-        )
-        _splitk_reduce_kernel[(triton.cdiv(M * N, _REDUCE_BLOCK),)](
-            partial, c, M, N, c.stride(0), c.stride(1), SPLIT_K=split_k, BLOCK=_REDUCE_BLOCK,
         )
     else:
         raise TunesvcError(f"matmul config has VARIANT={variant!r}; use one of {', '.join(VARIANTS)}.")
@@ -314,7 +319,7 @@ class MatmulTemplate(Template):
     dims = ("M", "N", "K")
     kernel_sources = (
         _tile_coords, _tile_dot, _store_tile, _matmul_kernel, _matmul_persistent_kernel, _matmul_tma_kernel,
-        _matmul_splitk_kernel, _splitk_reduce_kernel, _tma_ready, _aligned_copy, launch_matmul,
+        _matmul_splitk_kernel, _tma_ready, _aligned_copy, launch_matmul,
     )
     presets = {
         # the foundation issue's H100 problem set

@@ -17,7 +17,10 @@ import tunesvc
 from tunesvc import Bench
 from tunesvc import Status
 from tunesvc import config_hash
+from tunesvc.bench import MAX_INPUT_SETS
 from tunesvc.bench import Compiler
+from tunesvc.bench import input_bytes
+from tunesvc.bench import input_sets_needed
 from tunesvc.bench import relative_error
 from tunesvc.kernels.matmul import MatmulTemplate
 from tunesvc.store import Store
@@ -130,6 +133,21 @@ def test_relative_error():
     assert relative_error(torch.tensor([3.0, 4.0], dtype=torch.float16), ref) == 0.0
 
 
+def test_graph_replays_cycle_through_enough_input_copies_to_miss_l2():
+    l2 = 50 * 2**20
+    assert input_sets_needed(l2 // 4, l2) == 8  # together 2x L2: each set is evicted before its turn
+    assert input_sets_needed(l2 // 3, l2) == 7  # 6 sets would hold 2 bytes short of 2x L2
+    assert input_sets_needed(3 * l2, l2) == 1  # larger than L2 alone
+    assert input_sets_needed(1000, l2) == MAX_INPUT_SETS  # tiny inputs: capped
+    a, b = torch.randn(3, 5), torch.randn(5, 7, dtype=torch.float16)
+    assert input_bytes((a, {"b": b, "n": 3}, [None])) == 3 * 5 * 4 + 5 * 7 * 2
+
+
+def test_bench_on_the_interpreter_times_one_input_set(template, problem, device):
+    bench = Bench(template, problem, device)
+    assert bench.input_sets() == [bench.inputs]
+
+
 CRASH = {**SMALL, "BLOCK_N": 64}
 HANG = {**SMALL, "num_stages": 3}
 
@@ -198,7 +216,10 @@ def test_compiler_replaces_a_pool_whose_worker_died(problem):
 
 OWNER = """
 import time
+from tunesvc.bench import MAX_INPUT_SETS
 from tunesvc.bench import Compiler
+from tunesvc.bench import input_bytes
+from tunesvc.bench import input_sets_needed
 from tunesvc.kernels.matmul import TEMPLATE
 import tunesvc
 

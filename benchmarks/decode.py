@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from _common import bench_graph_ms
-from _common import copies
 from _common import bench_ms
+from _common import copies
 from _common import copy_bandwidth
 from _common import print_table
 from _common import rel_error

@@ -31,7 +31,9 @@ from tunesvc.search import GridStrategy
 from tunesvc.search import make_strategy
 from tunesvc.search._optuna import SET_CONSTRAINT
 from tunesvc.search._optuna import PENALTY_MS
+from tunesvc.search._optuna import LOCAL_EVERY
 from tunesvc.search._optuna import VIOLATION
+from tunesvc.search._optuna import _steps
 from tunesvc.search._optuna import OptunaStrategy
 from tunesvc.search._optuna import startup_count
 from tunesvc.search.replay import GroundTruth
@@ -309,6 +311,56 @@ def test_tpe_startup_covers_only_what_the_warm_start_and_stored_results_left_uns
 def test_cmaes_and_gp_keep_their_random_startup(open_space):
     candidates = open_space.feasible({}, {})
     assert make_strategy("cmaes", open_space, candidates, seed=0).startup() == []
+
+
+def test_a_local_move_changes_one_parameter_one_step_and_repairs_a_coupled_one():
+    # BLOCK_M=64 only with 4 warps: from 128 with 8 warps, the move to BLOCK_M=64 is repaired
+    # to the nearest feasible config with that value (4 warps), not dropped
+    space = Space.from_dict({
+        "params": {"BLOCK_M": [32, 64, 128], "BLOCK_N": [32, 64]},
+        "launch": {"num_warps": [4, 8]},
+        "constraints": {"warps": "BLOCK_M == 128 or num_warps == 4"},
+    })
+    candidates = space.feasible({}, {})
+    strategy = OptunaStrategy(space, candidates, seed=0)
+    incumbent = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8}
+    strategy.tell(incumbent, ok(1.0))
+    moves = strategy._moves(incumbent)
+    assert sorted(hashes(moves)) == sorted(hashes([
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},  # repaired: 64 with 8 warps is infeasible
+        {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8},
+        {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4},
+    ]))
+    assert strategy.local_move() in moves
+    strategy.tell({"BLOCK_M": 99, "BLOCK_N": 64, "num_warps": 4}, ok(0.5))  # outside the space: not an incumbent
+    assert strategy.local_move() in moves
+    assert make_strategy("cmaes", space, candidates).local_every == 0  # CMA-ES and GP: their model alone
+
+
+def is_a_move(strategy, incumbent, config) -> bool:
+    """One parameter one value away from ``incumbent``, the others as near as any untried config
+    with that value allows."""
+    def steps(a, b):
+        return sum(_steps(strategy._choices[n], a[n], b[n]) for n in a)
+    untried = [c for c in strategy.candidates if config_hash(c) not in strategy.told]
+    return any(
+        _steps(strategy._choices[n], incumbent[n], config[n]) == 1
+        and steps(incumbent, config) == min(steps(incumbent, c) for c in untried if c[n] == config[n])
+        for n in config
+    )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_second_tpe_proposal_is_a_move_from_the_incumbent(open_space, seed):
+    candidates = open_space.feasible({}, {})
+    strategy = OptunaStrategy(open_space, candidates, seed=seed)
+    cover = len(strategy.startup())
+    for i in range(-cover + 1, 13):  # i > 0: TPE's i-th proposal
+        incumbent = strategy._by_hash[min(strategy.told, key=lambda key: strategy.told[key].time_ms)] if i > 0 else None
+        config = strategy.ask()
+        if i > 0 and i % LOCAL_EVERY == 0:
+            assert is_a_move(strategy, incumbent, config)
+        strategy.tell(config, ok(fake_time(config) + 0.001 * i))  # no ties: one incumbent
 
 
 # -- offline replay -----------------------------------------------------------------------

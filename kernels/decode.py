@@ -99,11 +99,19 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_G, D], dtype=tl.float32)
     k_head = k_ptr + kv_head * stride_kh + offs_d[None, :] * stride_kd
     v_head = v_ptr + kv_head * stride_vh + offs_d[None, :] * stride_vd
+    if PAGE > 0:
+        # each tile's pages are read one tile ahead: the K and V loads then never wait on the
+        # block table's load in the same step
+        pages_of = block_table_ptr + b * stride_bt
+        offs_next = start + tl.arange(0, BLOCK_N)
+        next_page = tl.load(pages_of + offs_next // PAGE, mask=offs_next < end, other=0)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
         if PAGE > 0:
-            page = tl.load(block_table_ptr + b * stride_bt + offs_n // PAGE, mask=mask_n, other=0).to(tl.int64)
+            page = next_page.to(tl.int64)
+            offs_next = offs_n + BLOCK_N
+            next_page = tl.load(pages_of + offs_next // PAGE, mask=offs_next < end, other=0)
             k_rows = page * stride_kb + (offs_n % PAGE) * stride_kn
             v_rows = page * stride_vb + (offs_n % PAGE) * stride_vn
         else:

@@ -216,10 +216,7 @@ def test_compiler_replaces_a_pool_whose_worker_died(problem):
 
 OWNER = """
 import time
-from tunesvc.bench import MAX_INPUT_SETS
 from tunesvc.bench import Compiler
-from tunesvc.bench import input_bytes
-from tunesvc.bench import input_sets_needed
 from tunesvc.kernels.matmul import TEMPLATE
 import tunesvc
 

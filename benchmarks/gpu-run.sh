@@ -35,7 +35,7 @@ for s in ${STEPS:-tests matmul}; do
     unaligned) step unaligned 120 python3 "$R/benchmarks/matmul_unaligned.py" --db "$OUT/tune.db" ;;
     runtime) step runtime 120 python3 "$R/benchmarks/runtime_overhead.py" ;;
     timing) step timing 120 python3 "$R/benchmarks/timing_methods.py" ;;
-    matmulgrid) step matmulgrid 480 python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --strategy grid --budget 500 --sweep-shapes 1x4096x4096,16x4096x4096,64x4096x4096 ;;
+    matmulgrid) step matmulgrid 480 python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --strategy grid --budget 1000 --sweep-shapes 1x4096x4096,16x4096x4096,64x4096x4096 ;;
     matmul64) step matmul64 240 python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --budget 64 --sweep-shapes 1x4096x4096,16x4096x4096,64x4096x4096 ;;
     multigpu) step multigpu 420 python3 "$R/benchmarks/multi_gpu_sweep.py" ;;
     sva) step sva 300 python3 "$R/benchmarks/sweep_vs_autotune.py" ;;

@@ -23,6 +23,7 @@ from _common import copies
 from _common import print_table
 from _common import require_gpu
 from tunesvc.bench import graph_time
+from tunesvc.kernels.matmul import _config
 from tunesvc.kernels.matmul import launch_matmul
 
 FLUSH_BYTES = 256 * 2**20
@@ -43,8 +44,7 @@ def events_ms(fn, flush, reps: int = 200) -> float:
 
 
 def config(variant, bm, bn, bk, split, stages):
-    return {"VARIANT": variant, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": split,
-            "num_warps": 4, "num_stages": stages}
+    return _config(variant, bm, bn, bk, 1, split, 4, stages)  # one tile-row or split-K: GROUP_M 1, 4 warps
 
 
 CASES = {

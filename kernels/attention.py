@@ -17,7 +17,8 @@ Backward (tutorial 06's scheme): a preprocess kernel computes Delta = rowsum(O *
 P = exp(S - LSE) recomputed from the saved LSE and dS = P * (dO V^T - Delta),
 dV = P^T dO, dK = sm_scale dS^T Q (programs that own a K/V block walk the queries) and
 dQ = sm_scale dS K (programs that own a Q block walk the keys). One launch holds both kinds of
-programs, so neither needs atomics.
+programs, so neither needs atomics. ``TMA`` (tuned) streams the walked blocks (Q and dO, or K and
+V) through on-device tensor descriptors, as the forward does.
 
 Any S: when S is not a multiple of the largest block, a constexpr flag turns on masked loads and
 the key mask; sequence lengths that are multiples pay for neither.
@@ -318,24 +319,29 @@ def _attn_bwd_dkdv(
     HEAD_DIM: tl.constexpr,
     MASK: tl.constexpr,  # causal mask (the diagonal blocks)
     EVEN: tl.constexpr,  # every query block lies inside S: unmasked loads
+    TMA: tl.constexpr,  # Q and DO are tensor descriptors (rows past S read as zeros)
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N1)
     offs_d = tl.arange(0, HEAD_DIM)
     curr_m = start_m
     for _ in range(num_steps):
         offs_m = curr_m + tl.arange(0, BLOCK_M1)
-        qT_ptrs = Q + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd
-        do_ptrs = DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd
+        if TMA:
+            qT = Q.load([curr_m, 0]).T
+            do = DO.load([curr_m, 0])
+        elif EVEN:
+            qT = tl.load(Q + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd)
+            do = tl.load(DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd)
+        else:
+            # rows past S: zero Q and dO (and below LSE = +inf, so that their P is exactly 0)
+            in_s = offs_m < S
+            qT = tl.load(Q + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd, mask=in_s[None, :], other=0.0)
+            do = tl.load(DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=in_s[:, None], other=0.0)
         if EVEN:
-            qT = tl.load(qT_ptrs)
-            do = tl.load(do_ptrs)
             lse = tl.load(LSE + offs_m)
             Di = tl.load(Delta + offs_m)
         else:
-            # rows past S: zero Q and dO, and LSE = +inf so that their P is exactly 0
             in_s = offs_m < S
-            qT = tl.load(qT_ptrs, mask=in_s[None, :], other=0.0)
-            do = tl.load(do_ptrs, mask=in_s[:, None], other=0.0)
             lse = tl.load(LSE + offs_m, mask=in_s, other=float("inf"))
             Di = tl.load(Delta + offs_m, mask=in_s, other=0.0)
         qT = qT.to(k.dtype)
@@ -364,20 +370,22 @@ def _attn_bwd_dq(
     HEAD_DIM: tl.constexpr,
     MASK: tl.constexpr,  # 0: none, 1: causal (the diagonal blocks), 2: keys past S
     EVEN: tl.constexpr,  # every key block lies inside S: unmasked loads
+    TMA: tl.constexpr,  # K and V are tensor descriptors (rows past S read as zeros)
 ):
     offs_m = start_m + tl.arange(0, BLOCK_M2)
     offs_d = tl.arange(0, HEAD_DIM)
     curr_n = start_n
     for _ in range(num_steps):
         offs_n = curr_n + tl.arange(0, BLOCK_N2)
-        kT_ptrs = K + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-        vT_ptrs = V + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
-        if EVEN:
-            kT = tl.load(kT_ptrs)
-            vT = tl.load(vT_ptrs)
+        if TMA:
+            kT = K.load([curr_n, 0]).T
+            vT = V.load([curr_n, 0]).T
+        elif EVEN:
+            kT = tl.load(K + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd)
+            vT = tl.load(V + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd)
         else:
-            kT = tl.load(kT_ptrs, mask=offs_n[None, :] < S, other=0.0)
-            vT = tl.load(vT_ptrs, mask=offs_n[None, :] < S, other=0.0)
+            kT = tl.load(K + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=offs_n[None, :] < S, other=0.0)
+            vT = tl.load(V + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd, mask=offs_n[None, :] < S, other=0.0)
         kT = kT.to(q.dtype)
         vT = vT.to(q.dtype)
         qk = tl.dot(q, kT)
@@ -409,6 +417,7 @@ def _attn_bwd_kernel(
     BLOCK_N2: tl.constexpr,
     CAUSAL: tl.constexpr,
     EVEN_S: tl.constexpr,
+    TMA: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -445,21 +454,28 @@ def _attn_bwd_kernel(
             v = v.to(tl.float32)
         dk = tl.zeros([BLOCK_N1, HEAD_DIM], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N1, HEAD_DIM], dtype=tl.float32)
+        if TMA:
+            # the streamed Q and dO blocks through descriptors, as the forward streams K and V
+            q_src = tl.make_tensor_descriptor(Q, shape=[S, HEAD_DIM], strides=[stride_qm, 1], block_shape=[BLOCK_M1, HEAD_DIM])
+            do_src = tl.make_tensor_descriptor(DO, shape=[S, HEAD_DIM], strides=[stride_dm, 1], block_shape=[BLOCK_M1, HEAD_DIM])
+        else:
+            q_src = Q
+            do_src = DO
         if CAUSAL:
             # queries before start_n see none of these keys; the diagonal blocks are masked
             dk, dv = _attn_bwd_dkdv(
-                dk, dv, k, v, Q, DO, LSE, Delta, stride_qm, stride_qd, stride_dm, stride_dd, S, qk_scale,
-                start_n, start_n, BLOCK_N1 // BLOCK_M1, BLOCK_M1, BLOCK_N1, HEAD_DIM, True, EVEN_S,
+                dk, dv, k, v, q_src, do_src, LSE, Delta, stride_qm, stride_qd, stride_dm, stride_dd, S, qk_scale,
+                start_n, start_n, BLOCK_N1 // BLOCK_M1, BLOCK_M1, BLOCK_N1, HEAD_DIM, True, EVEN_S, TMA,
             )
             start_m = start_n + BLOCK_N1
             dk, dv = _attn_bwd_dkdv(
-                dk, dv, k, v, Q, DO, LSE, Delta, stride_qm, stride_qd, stride_dm, stride_dd, S, qk_scale,
-                start_n, start_m, tl.cdiv(S - start_m, BLOCK_M1), BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S,
+                dk, dv, k, v, q_src, do_src, LSE, Delta, stride_qm, stride_qd, stride_dm, stride_dd, S, qk_scale,
+                start_n, start_m, tl.cdiv(S - start_m, BLOCK_M1), BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S, TMA,
             )
         else:
             dk, dv = _attn_bwd_dkdv(
-                dk, dv, k, v, Q, DO, LSE, Delta, stride_qm, stride_qd, stride_dm, stride_dd, S, qk_scale,
-                start_n, 0, tl.cdiv(S, BLOCK_M1), BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S,
+                dk, dv, k, v, q_src, do_src, LSE, Delta, stride_qm, stride_qd, stride_dm, stride_dd, S, qk_scale,
+                start_n, 0, tl.cdiv(S, BLOCK_M1), BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S, TMA,
             )
         dk *= sm_scale
         dk_ptrs = DK + grad_offset + offs_n[:, None] * stride_gm + offs_d[None, :] * stride_gd
@@ -492,26 +508,32 @@ def _attn_bwd_kernel(
         do = do.to(q.dtype)
         lse2 = lse * 1.4426950408889634  # in log2 units, like the exponent
         dq = tl.zeros([BLOCK_M2, HEAD_DIM], dtype=tl.float32)
+        if TMA:
+            k_src = tl.make_tensor_descriptor(K, shape=[S, HEAD_DIM], strides=[stride_kn, 1], block_shape=[BLOCK_N2, HEAD_DIM])
+            v_src = tl.make_tensor_descriptor(V, shape=[S, HEAD_DIM], strides=[stride_vn, 1], block_shape=[BLOCK_N2, HEAD_DIM])
+        else:
+            k_src = K
+            v_src = V
         if CAUSAL:
             # the diagonal blocks, masked; then every key block left of them, unmasked
             dq = _attn_bwd_dq(
-                dq, q, do, lse2, Di, K, V, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
-                start_m, start_m, BLOCK_M2 // BLOCK_N2, BLOCK_M2, BLOCK_N2, HEAD_DIM, 1, EVEN_S,
+                dq, q, do, lse2, Di, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
+                start_m, start_m, BLOCK_M2 // BLOCK_N2, BLOCK_M2, BLOCK_N2, HEAD_DIM, 1, EVEN_S, TMA,
             )
             dq = _attn_bwd_dq(
-                dq, q, do, lse2, Di, K, V, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
-                start_m, 0, start_m // BLOCK_N2, BLOCK_M2, BLOCK_N2, HEAD_DIM, 0, True,
+                dq, q, do, lse2, Di, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
+                start_m, 0, start_m // BLOCK_N2, BLOCK_M2, BLOCK_N2, HEAD_DIM, 0, True, TMA,
             )
         else:
             if EVEN_S:
                 dq = _attn_bwd_dq(
-                    dq, q, do, lse2, Di, K, V, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
-                    start_m, 0, tl.cdiv(S, BLOCK_N2), BLOCK_M2, BLOCK_N2, HEAD_DIM, 0, True,
+                    dq, q, do, lse2, Di, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
+                    start_m, 0, tl.cdiv(S, BLOCK_N2), BLOCK_M2, BLOCK_N2, HEAD_DIM, 0, True, TMA,
                 )
             else:
                 dq = _attn_bwd_dq(
-                    dq, q, do, lse2, Di, K, V, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
-                    start_m, 0, tl.cdiv(S, BLOCK_N2), BLOCK_M2, BLOCK_N2, HEAD_DIM, 2, False,
+                    dq, q, do, lse2, Di, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
+                    start_m, 0, tl.cdiv(S, BLOCK_N2), BLOCK_M2, BLOCK_N2, HEAD_DIM, 2, False, TMA,
                 )
         dq *= sm_scale
         dq_ptrs = DQ + grad_offset + offs_m[:, None] * stride_gm + offs_d[None, :] * stride_gd
@@ -527,7 +549,9 @@ def launch_attention_bwd(
 ) -> torch.Tensor:
     """Run the backward with one explicit config: dQ, dK, dV stacked in one (3, B, H, S, D) tensor.
 
-    ``lse`` is the forward's log-sum-exp (float32, (B, H, S), contiguous).
+    ``lse`` is the forward's log-sum-exp (float32, (B, H, S), contiguous). A config with TMA=1
+    falls back to pointer loads where a tensor's rows are not 16-byte aligned; configs stored
+    before TMA existed are TMA=0.
     """
     B, H, S, D = q.shape
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
@@ -537,6 +561,11 @@ def launch_attention_bwd(
         o, do, delta, *o.stride(), *do.stride(), H, S, HEAD_DIM=D, BLOCK_M=_PRE_BLOCK,
     )
     meta, options = _split(config)
+    meta = {"TMA": 0, **meta}
+    if meta["TMA"] and not all(_tma_ready(t) for t in (q, k, v, do)):
+        meta["TMA"] = 0
+    if meta["TMA"] and q.is_cuda:
+        _use_torch_allocator()
     grid = (triton.cdiv(S, meta["BLOCK_N1"]) + triton.cdiv(S, meta["BLOCK_M2"]), B * H)
     _attn_bwd_kernel[grid](
         q, k, v, do, grads[0], grads[1], grads[2], lse, delta, sm_scale,
@@ -690,8 +719,15 @@ class AttentionBwdTemplate(_AttentionBase):
     name = "attention_bwd"
     kernel_sources = (_attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_kernel, launch_attention_bwd)
 
-    # Triton tutorial 06's fixed backward config
-    known_good = ({"BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 32, "num_warps": 4, "num_stages": 5},)
+    # Triton tutorial 06's fixed backward config, and the fastest tiles of the H100 A/B of
+    # 2026-11-24 (benchmarks/results/2026-11-24-session6/attn_bwd_ab.log) with both kinds of loads
+    known_good = (
+        {"BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 32, "TMA": 0, "num_warps": 4, "num_stages": 5},
+        *(
+            {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64, "TMA": tma, "num_warps": 8, "num_stages": 3}
+            for tma in (1, 0)
+        ),
+    )
 
     def make_inputs(self, problem: Problem, device: Device) -> AttentionBwdInputs:
         q, k, v = self._qkv(problem, device)
@@ -724,7 +760,7 @@ class AttentionBwdTemplate(_AttentionBase):
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         warps = 4 if problem["D"] == 64 else 8
-        config = {"BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 32, "num_warps": warps, "num_stages": 3}
+        config = {"BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 32, "TMA": 0, "num_warps": warps, "num_stages": 3}
         if self.violations(config, problem, device):
             config = self.feasible(problem, device)[0]  # short sequences: the smallest tiles
         return config

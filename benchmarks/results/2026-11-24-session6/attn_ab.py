@@ -4,6 +4,11 @@ tensor-descriptor (TMA) loads in its inner loops, over the best configs of the H
 
     python attn_ab.py   (from the repo root, GPU machine)
 
+It ran against a working tree whose forward took LAZY (and PIPE, which Triton 3.6 compiled with
+no overlap, so it was not timed) as constexpr flags: lazy_pipe_forward_variant.py.txt beside this
+file holds those functions. LAZY measured slower on every config (attn_ab.log), so it was not
+committed, and this script no longer runs against main as it is.
+
 Each variant is first checked against the float32 reference on a ragged shape (B2 H3 S1000), then
 timed with do_bench (median, L2 flushed) on B4 H32 S4096 D128 bf16, causal and not.
 """

@@ -12,8 +12,8 @@ It ran against a working tree whose backward took ATOMIC_DQ as a flag: the dK/dV
     tl.atomic_add(DQA + offsets, dq, sem="relaxed")   # TMA=0 (atom.global.add.v4.f32)
 
 into a zeroed float32 (B, H, S, D) buffer, scaled and cast by torch.mul(..., out=dQ) after the
-launch, and the grid held the dK/dV programs alone. It measured 9-50% slower than the two-kind
-kernel (attn_bwd_ab.log), so it was not committed, and this script no longer runs against main.
+launch, and the grid held the dK/dV programs alone. It measured 10% slower at best than the
+two-kind kernel (attn_bwd_ab.log), so it was not committed, and this script no longer runs against main.
 
 Each variant is checked against the float32 reference on a ragged shape (B2 H3 S1000 D128), then
 timed with do_bench (median, L2 flushed) on B4 H32 S4096 D128 bf16, causal and not.

@@ -205,10 +205,12 @@ def _matmul_splitk_kernel(
     """Program (tile, s) writes partial[s] = A[tile rows, slice s of K] @ B[slice s of K, tile
     columns]; the tile's last program to arrive writes C = sum over s of partial[s], in order.
 
-    The arrival counter (zeroed by the host) is the only communication between programs: each
-    program's partial is stored before its arrival is counted (release), and the last program
-    reads the partials after it has seen every arrival (acquire), bypassing L1 (``.cg``), which
-    is not coherent between SMs. No program waits for another, so any launch order is safe.
+    The arrival counter is the only communication between programs: each program's partial is
+    stored before its arrival is counted (release), and the last program reads the partials
+    after it has seen every arrival (acquire), bypassing L1 (``.cg``), which is not coherent
+    between SMs. No program waits for another, so any launch order is safe. The last program
+    also sets the counter back to 0 (no other program of this launch touches it again), so the
+    next launch on the same buffer finds it zeroed without a memset.
     """
     tile = tl.program_id(axis=0)
     pid_m, pid_n = _tile_coords(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -228,6 +230,7 @@ def _matmul_splitk_kernel(
     tl.store(partial_ptr + split * M * N + tile_offs, acc, mask=mask)
     tl.debug_barrier()  # every thread's stores, before the one thread that counts the arrival
     if tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1:
+        tl.store(arrivals_ptr + tile, 0)
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for s in tl.static_range(SPLIT_K):
             total += tl.load(partial_ptr + s * M * N + tile_offs, mask=mask, other=0.0, cache_modifier=".cg")
@@ -253,6 +256,23 @@ def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
     view = padded[:, :cols]
     view.copy_(t)
     return view
+
+
+# Split-K's arrival counters, one buffer per (device, stream), zeroed once: the kernel leaves
+# them zeroed, so a call costs no memset (on the GPU a kernel's latency, in a CUDA graph a node).
+# Per stream because launches in flight at once must not share counters; buffers outgrown are
+# kept, never freed, since a CUDA graph captured with one still addresses it.
+_ARRIVALS: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
+
+
+def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
+    """A zeroed int32 counter per tile, reused by every split-K launch on the current stream."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    buffers = _ARRIVALS.setdefault((device, stream), [])
+    if not buffers or buffers[-1].numel() < tiles:
+        # under graph capture the zeroing is captured too (it runs at each replay of that graph)
+        buffers.append(torch.zeros(max(tiles, 1024), device=device, dtype=torch.int32))
+    return buffers[-1]
 
 
 def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -294,9 +314,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
     elif variant == "splitk":
         split_k = config["SPLIT_K"]
         partial = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)
-        # per call, not a cached buffer reset by the kernel: launches on two streams at once
-        # would share a cached one
-        arrivals = torch.zeros(tiles, device=a.device, dtype=torch.int32)
+        arrivals = _arrivals(a.device, tiles)
         _matmul_splitk_kernel[(tiles, split_k)](
             a, b, c, partial, arrivals, M, N, K,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
@@ -319,7 +337,7 @@ class MatmulTemplate(Template):
     dims = ("M", "N", "K")
     kernel_sources = (
         _tile_coords, _tile_dot, _store_tile, _matmul_kernel, _matmul_persistent_kernel, _matmul_tma_kernel,
-        _matmul_splitk_kernel, _tma_ready, _aligned_copy, launch_matmul,
+        _matmul_splitk_kernel, _tma_ready, _aligned_copy, _arrivals, launch_matmul,
     )
     presets = {
         # the foundation issue's H100 problem set

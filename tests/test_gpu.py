@@ -60,6 +60,36 @@ def test_split_k_reduces_once_per_tile_and_deterministically(split):
         assert torch.equal(launch_matmul(a, b, config), first)
 
 
+def test_split_k_counters_across_graphs_streams_and_growth():
+    """Split-K's counters are zeroed once per stream and reset by the kernel: a CUDA graph
+    replayed with eager calls between its replays, a problem that outgrows the counters after
+    the graph was captured, and another stream all give the same, right result."""
+    config = {"VARIANT": "splitk", "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 1, "SPLIT_K": 4,
+              "num_warps": 4, "num_stages": 3}
+    a = torch.randn(61, 2049, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2049, 999, device="cuda", dtype=torch.bfloat16)
+    expected = launch_matmul(a, b, config)
+    assert ((expected.double() - a.double() @ b.double()).norm() / (a.double() @ b.double()).norm()).item() < 2e-2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = launch_matmul(a, b, config)
+    big_a = torch.randn(300, 1000, device="cuda", dtype=torch.bfloat16)
+    big_b = torch.randn(1000, 8191, device="cuda", dtype=torch.bfloat16)  # 5 x 256 tiles: past 1024 counters
+    big = launch_matmul(big_a, big_b, config)
+    big_ref = big_a.double() @ big_b.double()
+    assert ((big.double() - big_ref).norm() / big_ref.norm()).item() < 2e-2
+    other = torch.cuda.Stream()
+    for _ in range(5):
+        captured.zero_()
+        graph.replay()
+        assert torch.equal(captured, expected)
+        assert torch.equal(launch_matmul(a, b, config), expected)
+        with torch.cuda.stream(other):
+            on_other = launch_matmul(a, b, config)
+        torch.cuda.current_stream().wait_stream(other)
+        assert torch.equal(on_other, expected)
+
+
 def test_bench_times_with_events_and_flags_wrong_configs():
     problem = TEMPLATE.problem(M=512, N=512, K=512, dtype="bfloat16")
     bench = Bench(TEMPLATE, problem, current_device())

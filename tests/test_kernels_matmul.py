@@ -224,6 +224,24 @@ def test_split_k_is_deterministic_and_matches(split):
     assert torch.equal(launch_matmul(a, b, config), first)
 
 
+def test_split_k_leaves_its_counters_zeroed_for_the_next_call():
+    # the counters are zeroed once and reused: a launch that did not reset them would leave
+    # the next launch's tiles without a last arrival, and its C unwritten (NaN here)
+    M, N, K = 37, 70, 200
+    config = variant("splitk", block_k=32, group=1, split=3)
+    for _ in range(3):
+        a = torch.randn(M, K, dtype=torch.float32)
+        b = torch.randn(K, N, dtype=torch.float32)
+        out = torch.full((M, N), float("nan"))
+        launch_matmul(a, b, config, out=out)
+        assert rel_error(out, a, b) < TOL[torch.float32]
+        counters = matmul_module._arrivals(a.device, 1)
+        assert not counters.any(), f"{int(counters.count_nonzero())} counters left non-zero"
+    # a config with another SPLIT_K reuses the same counters
+    launch_matmul(a, b, variant("splitk", block_k=32, group=1, split=2), out=out)
+    assert rel_error(out, a, b) < TOL[torch.float32]
+
+
 def test_config_without_variant_launches_the_grouped_kernel(monkeypatch):
     # winners stored before VARIANT existed (tune.db.example) have no VARIANT or SPLIT_K
     old = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 5}

@@ -8,6 +8,7 @@ this folder is on ``sys.path``).
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -38,6 +39,20 @@ def require_gpu(script: str) -> None:
 def bench_ms(fn: Callable[[], Any]) -> float:
     """Median time of fn in ms: CUDA events, warm-up, L2 flushed between repetitions."""
     return triton.testing.do_bench(fn, quantiles=[0.5])
+
+
+def interleaved_ms(ours: Callable[[], Any], peer: Callable[[], Any], rounds: int) -> tuple[float, float, list[float]]:
+    """Median ``bench_ms`` of ours and of the peer over ``rounds`` rounds that time both (the
+    order alternating), and the per-round ratios peer / ours: what moves between runs (clocks,
+    the L2's state, the host) then moves both sides of a ratio alike."""
+    ours_ms, peer_ms = [], []
+    for r in range(rounds):
+        first, second = (ours, peer) if r % 2 == 0 else (peer, ours)
+        a, b = bench_ms(first), bench_ms(second)
+        ours_ms.append(a if r % 2 == 0 else b)
+        peer_ms.append(b if r % 2 == 0 else a)
+    ratios = sorted(p / o for o, p in zip(ours_ms, peer_ms))
+    return statistics.median(ours_ms), statistics.median(peer_ms), ratios
 
 
 def bench_graph_ms(calls: Callable[[], Any] | Sequence[Callable[[], Any]]) -> float:

@@ -55,12 +55,13 @@ def _layernorm_fwd_kernel(
     col_mask = cols < N
     mask = row_mask[:, None] & col_mask[None, :]
     x = tl.load(X + r64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    # issued with the row, not after its reductions: their latency then overlaps the row's
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)
     mean = tl.sum(x, axis=1) / N
     xc = tl.where(mask, x - mean[:, None], 0.0)
     var = tl.sum(xc * xc, axis=1) / N
     rstd = 1.0 / tl.sqrt(var + eps)
-    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
-    b = tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = xc * rstd[:, None] * w[None, :] + b[None, :]
     tl.store(Y + r64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     tl.store(Mean + rows, mean, mask=row_mask)

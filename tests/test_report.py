@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import re
 import shutil
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -271,9 +272,15 @@ def test_report_of_the_h100_example(example_report, template):
     # attention was swept over its whole space (grid) in the second session, the rest with TPE
     assert all(set(k.traces) <= {"optuna", "grid"} for k in keys)
     assert any("grid" in k.traces for s in sections if s.kernel == "attention" for k in s.keys)
-    # one section per kernel version: the fifth session's split-K kernel (one launch) is a new
-    # matmul version beside the old one's sweeps
-    assert len([s for s in sections if s.kernel == "matmul"]) == 2
+    # one section per kernel version: the fifth session's split-K kernel (one launch) and the
+    # seventh's (counters reset by the kernel) are new matmul versions beside the first one's sweeps
+    db = sqlite3.connect(f"file:{EXAMPLE}?mode=ro", uri=True)
+    versions = {v for (v,) in db.execute(
+        "select distinct kv.version from tunesvc_sweeps s join tunesvc_kernel_versions kv"
+        " on kv.id = s.kernel_version_id where kv.kernel = 'matmul'")}
+    db.close()
+    assert len(versions) == 3 and template.version in versions
+    assert {s.version for s in sections if s.kernel == "matmul"} == versions
     [section] = [s for s in sections if s.kernel == "matmul" and s.version == template.version]
     assert section.device.name == H100 and len(section.keys) == 11
     keys = {k.shape_key: k for k in section.keys}

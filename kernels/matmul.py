@@ -260,8 +260,9 @@ def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
 
 # Split-K's arrival counters, one buffer per (device, stream), zeroed once: the kernel leaves
 # them zeroed, so a call costs no memset (on the GPU a kernel's latency, in a CUDA graph a node).
-# Per stream because launches in flight at once must not share counters; buffers outgrown are
-# kept, never freed, since a CUDA graph captured with one still addresses it.
+# Per stream because launches in flight at once must not share counters (a bounded set: torch
+# hands out streams round-robin from a fixed pool per device); buffers outgrown are kept, never
+# freed, since a CUDA graph captured with one still addresses it.
 _ARRIVALS: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
 
 

@@ -156,6 +156,7 @@ def main() -> int:
             bwd_bytes = module.BWD_TEMPLATE.cost(module.BWD_TEMPLATE.problem(**problem)).bytes
 
             eager_fwd_ms = bench_ms(eager_fwd)
+            # a peer that fails is reported and left out; a first timing also compiles it outside the rounds
             compiled_fwd = compiled_fwd if compiled_fwd and time_or_none(compiled_fwd) else None
             if compiled_fwd:
                 # ours and torch.compile tie at the copy roofline: rounds, so that the ratio is one

@@ -202,16 +202,14 @@ class OptunaStrategy(Strategy):
         if self._startup is None:
             self._startup = self.startup()
             self._queue.extend(self._startup)
-        while self._queue and self._tried(config_hash(self._queue[0])):
-            self._queue.pop(0)
+        self._drop_tried_from_queue()
         local = False
         if not self._queue and self.local_every:
             self._sampled += 1
             local = self._sampled % self.local_every == 0
         misses = 0
         while not self.exhausted:
-            while self._queue and self._tried(config_hash(self._queue[0])):
-                self._queue.pop(0)
+            self._drop_tried_from_queue()
             if self._queue:
                 self.study.enqueue_trial(self.encode(self._queue.pop(0)))
             elif local:
@@ -289,7 +287,7 @@ class OptunaStrategy(Strategy):
 
     def _moves(self, incumbent: Config) -> list[Config]:
         """Untried feasible configs one move from ``incumbent`` (see :meth:`local_move`)."""
-        left = [c for c in self.candidates if not self._tried(config_hash(c))]
+        left = self._untried()
         moves: dict[str, Config] = {}
         for name, values in self._choices.items():
             for value in values:
@@ -301,7 +299,7 @@ class OptunaStrategy(Strategy):
         return list(moves.values())
 
     def _random_untried(self) -> Config | None:
-        left = [c for c in self.candidates if not self._tried(config_hash(c))]
+        left = self._untried()
         if not left:
             return None
         config = self._rng.choice(left)
@@ -311,11 +309,18 @@ class OptunaStrategy(Strategy):
     def _tried(self, key: str) -> bool:
         return key in self.told or key in self.asked or key in self._pending
 
+    def _untried(self) -> list[Config]:
+        return [c for c in self.candidates if not self._tried(config_hash(c))]
+
+    def _drop_tried_from_queue(self) -> None:
+        while self._queue and self._tried(config_hash(self._queue[0])):
+            self._queue.pop(0)
+
     def _nearest_untried(self, config: Config) -> Config | None:
         """The untried feasible config nearest ``config``: fewest steps between neighbouring
         values of each parameter (a text value counts one step when it differs); ties broken by
         the strategy's seeded generator."""
-        return self._nearest(config, [c for c in self.candidates if not self._tried(config_hash(c))])
+        return self._nearest(config, self._untried())
 
     def _nearest(self, config: Config, among: list[Config]) -> Config | None:
         def distance(candidate: Config) -> int:

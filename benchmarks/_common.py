@@ -81,8 +81,15 @@ def copy_bandwidth(elements: int = 1 << 28, timer: Callable[[Callable[[], Any]],
     return 2 * elements * 2 / (ms * 1e-3)
 
 
-def sweep(template: Template, problems: list[dict], db: str, *, strategy: str = "optuna", budget: int = 40,
-          workers: int | None = None) -> dict[str, float]:
+def sweep(
+    template: Template,
+    problems: list[dict],
+    db: str,
+    *,
+    strategy: str = "optuna",
+    budget: int = 40,
+    workers: int | None = None,
+) -> dict[str, float]:
     """Tune every problem into db (resuming what is stored there); shape key -> wall seconds."""
     store = Store(db)
     seconds: dict[str, float] = {}
@@ -90,8 +97,11 @@ def sweep(template: Template, problems: list[dict], db: str, *, strategy: str = 
         for problem in problems:
             [result] = run_sweep(template, [problem], store, strategy=strategy, budget=budget, workers=workers)
             seconds[result.shape_key] = result.wall_seconds
-            print(f"swept {template.name} {result.shape_key}: {result.trials_stored} trials in "
-                  f"{result.wall_seconds:.1f} s, best {result.winner_ms} ms {result.winner}", flush=True)
+            print(
+                f"swept {template.name} {result.shape_key}: {result.trials_stored} trials in "
+                f"{result.wall_seconds:.1f} s, best {result.winner_ms} ms {result.winner}",
+                flush=True,
+            )
     finally:
         store.close()
     return seconds
@@ -110,8 +120,10 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 def print_table(title: str, header: list[str], rows: list[list[Any]]) -> None:
     """One markdown table, headed by the device, software and date."""
     device = current_device()
-    print(f"\n### {title}\n\n{device.name}, torch {torch.__version__}, triton {triton.__version__}, "
-          f"{time.strftime('%Y-%m-%d')}\n")
+    print(
+        f"\n### {title}\n\n{device.name}, torch {torch.__version__}, triton {triton.__version__}, "
+        f"{time.strftime('%Y-%m-%d')}\n"
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:

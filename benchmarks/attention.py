@@ -134,10 +134,19 @@ def main() -> int:
         ):
             flops = template.cost(problem).flops
             ours_tflops, peer_tflops = flops / ours / 1e9, flops / peer / 1e9
-            rows.append([
-                label(problem), direction, ours_tflops, peer_tflops, f"{peer / ours:.2f}x",
-                f"{100 * ours_tflops / peak:.0f}%" if peak else "-", f"{err:.1e}", found.source, found.config,
-            ])
+            rows.append(
+                [
+                    label(problem),
+                    direction,
+                    ours_tflops,
+                    peer_tflops,
+                    f"{peer / ours:.2f}x",
+                    f"{100 * ours_tflops / peak:.0f}%" if peak else "-",
+                    f"{err:.1e}",
+                    found.source,
+                    found.config,
+                ]
+            )
         torch.cuda.empty_cache()
 
     print_table(

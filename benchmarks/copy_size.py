@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
 from _common import bench_graph_ms
 from _common import bench_ms
 from _common import copy_bandwidth
@@ -22,8 +23,6 @@ from _common import print_table
 from _common import require_gpu
 from _common import tuned_runtime
 from pointwise import shape_problem
-
-import torch
 
 import tunesvc
 
@@ -55,13 +54,24 @@ def main() -> int:
             gbytes = template.cost(problem).bytes / 1e9
             rate = gbytes / (bench_ms(lambda: template.launch(inputs, config)) * 1e-3)
             rate_graph = gbytes / (bench_graph_ms(lambda: template.launch(inputs, config)) * 1e-3)
-            rows.append([name, f"{m}x{n}", f"{rate:.0f}", f"{rate_graph:.0f}", f"{100 * rate / large:.0f}%",
-                         f"{100 * rate / copy:.0f}%", config])
+            rows.append(
+                [
+                    name,
+                    f"{m}x{n}",
+                    f"{rate:.0f}",
+                    f"{rate_graph:.0f}",
+                    f"{100 * rate / large:.0f}%",
+                    f"{100 * rate / copy:.0f}%",
+                    config,
+                ]
+            )
             del inputs
         torch.cuda.empty_cache()
-    print_table("Memory-bound kernels against copies of their own size (GB/s, read + write)",
-                ["what", "shape", "do_bench GB/s", "CUDA graph GB/s", "% of 512 MB copy", "% of same-size copy", "config"],
-                rows)
+    print_table(
+        "Memory-bound kernels against copies of their own size (GB/s, read + write)",
+        ["what", "shape", "do_bench GB/s", "CUDA graph GB/s", "% of 512 MB copy", "% of same-size copy", "config"],
+        rows,
+    )
     return 0
 
 

@@ -22,11 +22,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-import tunesvc  # noqa: F401  (first: without a GPU, --check needs Triton's interpreter chosen before triton loads)
-
 import torch
 import torch.nn.functional as F
-
 from _common import bench_graph_ms
 from _common import bench_ms
 from _common import copies
@@ -36,6 +33,8 @@ from _common import rel_error
 from _common import require_gpu
 from _common import sweep
 from _common import tuned_runtime
+
+import tunesvc  # noqa: F401  (first: without a GPU, --check needs Triton's interpreter chosen before triton loads)
 from tunesvc.bench import input_bytes
 from tunesvc.device import current_device
 from tunesvc.device import torch_device
@@ -132,10 +131,10 @@ def main() -> int:
     copy = copy_bandwidth()
     rows = []
     for problem in problems:
-        B, HQ, HKV, S, D = (problem[d] for d in TEMPLATE.dims)
+        B, _HQ, HKV, S, D = (problem[d] for d in TEMPLATE.dims)
         found = runtime.lookup(TEMPLATE, **problem)
         inputs = full_length_inputs(problem, torch_device())
-        q, k, v, seq_lens, block_table = inputs
+        q, k, v, _seq_lens, block_table = inputs
         k4, v4 = (dense_head_major(c, block_table, S) for c in (k, v))
         varlen = TEMPLATE.make_inputs(problem, current_device())
         err = max(
@@ -143,6 +142,7 @@ def main() -> int:
             rel_error(launch_decode(*varlen, found.config), decode_reference(*varlen)),
         )
         del varlen
+
         # host launch cost (two Triton launches, ~20 us each on the H100 host) hides a ~10 us
         # kernel: the ratio is taken on CUDA-graph replays; plain launches are shown beside it
         # copies of the cache exceeding L2 twice: one 2k-context sequence's 8 MB would stay in
@@ -151,8 +151,11 @@ def main() -> int:
             fk, fv = (dense_head_major(c, full[4], S) for c in full[1:3])
             return full, (full[0], fk, fv)
 
-        sets = copies(dense_set(inputs), lambda: dense_set(full_length_inputs(problem, torch_device())),
-                      per_call_bytes=input_bytes(inputs))
+        sets = copies(
+            dense_set(inputs),
+            lambda: dense_set(full_length_inputs(problem, torch_device())),
+            per_call_bytes=input_bytes(inputs),
+        )
         ours = bench_graph_ms([lambda x=x: launch_decode(*x, found.config) for x, _ in sets])
         peer = bench_graph_ms([lambda y=y: sdpa_decode(*y) for _, y in sets])
         del sets
@@ -160,13 +163,22 @@ def main() -> int:
         peer_launch = bench_ms(lambda: sdpa_decode(q, k4, v4))
         kv_bytes = 2 * B * S * HKV * D * q.element_size()
         ours_rate, peer_rate = kv_bytes / (ours * 1e-3), kv_bytes / (peer * 1e-3)  # bytes/s
-        rows.append([
-            f"B{B} S{S}" + (" paged" if problem["paged"] else ""),
-            ours * 1e3, peer * 1e3, f"{peer / ours:.2f}x", ours_launch * 1e3, peer_launch * 1e3,
-            ours_rate / 1e9, f"{100 * ours_rate / copy:.0f}%", peer_rate / 1e9,
-            f"{err:.1e}" + ("" if err <= TEMPLATE.tolerance(problem) else " WRONG"),
-            found.source, " ".join(f"{key}={value}" for key, value in found.config.items()),
-        ])
+        rows.append(
+            [
+                f"B{B} S{S}" + (" paged" if problem["paged"] else ""),
+                ours * 1e3,
+                peer * 1e3,
+                f"{peer / ours:.2f}x",
+                ours_launch * 1e3,
+                peer_launch * 1e3,
+                ours_rate / 1e9,
+                f"{100 * ours_rate / copy:.0f}%",
+                peer_rate / 1e9,
+                f"{err:.1e}" + ("" if err <= TEMPLATE.tolerance(problem) else " WRONG"),
+                found.source,
+                " ".join(f"{key}={value}" for key, value in found.config.items()),
+            ]
+        )
         del inputs, q, k, v, k4, v4
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -174,8 +186,20 @@ def main() -> int:
     print_table(
         f"Decode attention, bf16, {heads['HQ']} query / {heads['HKV']} KV heads, D {heads['D']}: tunesvc vs torch SDPA "
         f"(copy bandwidth {copy / 1e9:.0f} GB/s)",
-        ["setting", "ours us (graph)", "SDPA us (graph)", "SDPA/ours", "ours us (launch)", "SDPA us (launch)", "ours GB/s", "% of copy", "SDPA GB/s", "rel err",
-         "config source", "config"],
+        [
+            "setting",
+            "ours us (graph)",
+            "SDPA us (graph)",
+            "SDPA/ours",
+            "ours us (launch)",
+            "SDPA us (launch)",
+            "ours GB/s",
+            "% of copy",
+            "SDPA GB/s",
+            "rel err",
+            "config source",
+            "config",
+        ],
         rows,
     )
     return 0

@@ -77,12 +77,21 @@ def main() -> None:
             candidates = feasible[:6] if args.check else None
             start = time.perf_counter()
             [result] = run_sweep(
-                template, [problem], store, strategy="grid", device=device, candidates=candidates,
-                workers=workers if device.is_gpu else 0, rep_ms=args.rep_ms, measure_timeout=30.0,
+                template,
+                [problem],
+                store,
+                strategy="grid",
+                device=device,
+                candidates=candidates,
+                workers=workers if device.is_gpu else 0,
+                rep_ms=args.rep_ms,
+                measure_timeout=30.0,
             )
-            print(f"{template.name} {result.shape_key}: {result.trials_stored} configs ({result.trials_new} new, "
-                  f"{result.failures} failed) in {time.perf_counter() - start:.0f} s, best {result.winner_ms} ms",
-                  flush=True)
+            print(
+                f"{template.name} {result.shape_key}: {result.trials_stored} configs ({result.trials_new} new, "
+                f"{result.failures} failed) in {time.perf_counter() - start:.0f} s, best {result.winner_ms} ms",
+                flush=True,
+            )
             truths.append(_truth(store, template, device, result.shape_key))
     finally:
         store.close()

@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+import triton
 from _common import bench_graph_ms
 from _common import bench_ms
 from _common import copies
@@ -32,9 +34,6 @@ from _common import require_gpu
 from _common import sweep
 from _common import tuned_runtime
 
-import torch
-import triton
-
 from tunesvc.kernels.matmul import TEMPLATE
 from tunesvc.kernels.matmul import VARIANTS
 from tunesvc.kernels.matmul import _matmul_kernel
@@ -45,10 +44,22 @@ from tunesvc.kernels.matmul import launch_matmul
 TUTORIAL = [
     triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_stages=s, num_warps=w)
     for m, n, k, s, w in (
-        (128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
-        (64, 128, 32, 4, 4), (128, 32, 32, 4, 4), (64, 32, 32, 5, 2), (32, 64, 32, 5, 2),
-        (128, 256, 128, 3, 8), (256, 128, 128, 3, 8), (256, 64, 128, 4, 4), (64, 256, 128, 4, 4),
-        (128, 128, 128, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 32, 64, 4, 4),
+        (128, 256, 64, 3, 8),
+        (64, 256, 32, 4, 4),
+        (128, 128, 32, 4, 4),
+        (128, 64, 32, 4, 4),
+        (64, 128, 32, 4, 4),
+        (128, 32, 32, 4, 4),
+        (64, 32, 32, 5, 2),
+        (32, 64, 32, 5, 2),
+        (128, 256, 128, 3, 8),
+        (256, 128, 128, 3, 8),
+        (256, 64, 128, 4, 4),
+        (64, 256, 128, 4, 4),
+        (128, 128, 128, 4, 4),
+        (128, 64, 64, 4, 4),
+        (64, 128, 64, 4, 4),
+        (128, 32, 64, 4, 4),
     )
 ]
 
@@ -62,11 +73,25 @@ def autotuned_matmul():
         N = b.shape[1]
         c = torch.empty((M, N), device=a.device, dtype=a.dtype)
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-        kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                     c.stride(0), c.stride(1), DOT_IN_FP32=False)
+        kernel[grid](
+            a,
+            b,
+            c,
+            M,
+            N,
+            K,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            c.stride(0),
+            c.stride(1),
+            DOT_IN_FP32=False,
+        )
         return c
 
     return run, kernel
+
 
 #: NVIDIA H100 SXM datasheet, dense bf16 tensor-core peak
 PEAK_TFLOPS = 989.0
@@ -88,8 +113,16 @@ def check(dtype: torch.dtype) -> int:
     ref = a.float() @ b.float()
     failed = 0
     for variant in VARIANTS:
-        config = {"VARIANT": variant, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1,
-                  "SPLIT_K": 4 if variant == "splitk" else 1, "num_warps": 4, "num_stages": 3}
+        config = {
+            "VARIANT": variant,
+            "BLOCK_M": 64,
+            "BLOCK_N": 64,
+            "BLOCK_K": 64,
+            "GROUP_M": 1,
+            "SPLIT_K": 4 if variant == "splitk" else 1,
+            "num_warps": 4,
+            "num_stages": 3,
+        }
         err = rel_error(launch_matmul(a, b, config), ref)
         ok = err < 2e-2
         failed += not ok
@@ -102,10 +135,17 @@ def main() -> int:
     parser.add_argument("--db", default="tune.db")
     parser.add_argument("--sweep", action="store_true", help="tune the shapes into --db first")
     parser.add_argument("--budget", type=int, default=24, help="trials per shape (warm start included)")
-    parser.add_argument("--sweep-shapes", default=None, metavar="MxNxK,...",
-                        help="with --sweep, tune only these of the shapes (the table still times all)")
-    parser.add_argument("--strategy", default="optuna", help="search strategy of --sweep (grid with a budget above "
-                        "the space's size: the whole space)")
+    parser.add_argument(
+        "--sweep-shapes",
+        default=None,
+        metavar="MxNxK,...",
+        help="with --sweep, tune only these of the shapes (the table still times all)",
+    )
+    parser.add_argument(
+        "--strategy",
+        default="optuna",
+        help="search strategy of --sweep (grid with a budget above the space's size: the whole space)",
+    )
     parser.add_argument("--workers", type=int, default=None, help="parallel compile workers (default: up to 8)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--check", action="store_true", help="only check every variant once, quickly")
@@ -138,8 +178,10 @@ def main() -> int:
             wrong += 1
         ours = bench_ms(lambda: launch_matmul(a, b, found.config))
         peer = bench_ms(lambda: torch.matmul(a, b))
-        sets = copies((a, b), lambda: (torch.randn(m, k, device="cuda", dtype=dtype),
-                                       torch.randn(k, n, device="cuda", dtype=dtype)))
+        sets = copies(
+            (a, b),
+            lambda: (torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)),
+        )
         ours_graph = bench_graph_ms([lambda x=x, y=y: launch_matmul(x, y, found.config) for x, y in sets])
         peer_graph = bench_graph_ms([lambda x=x, y=y: torch.matmul(x, y) for x, y in sets])
         del sets
@@ -149,20 +191,39 @@ def main() -> int:
         ratios.append(ratio)
         graph_ratios.append(peer_graph / ours_graph)
         config = found.config
-        rows.append([
-            f"{m}x{n}x{k}", f"{cost.flops / ours / 1e9:.0f} TFLOP/s", f"{cost.flops / peer / 1e9:.0f} TFLOP/s",
-            f"{ratio:.2f}x", f"{peer_graph / ours_graph:.2f}x", f"{100 * bound_ms / ours:.0f}%",
-            f"{config.get('VARIANT', 'grouped')} {config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}"
-            + (f"/{config['SPLIT_K']}" if config.get("VARIANT") == "splitk" else ""),
-            found.source, f"{err:.1e}",
-        ])
+        rows.append(
+            [
+                f"{m}x{n}x{k}",
+                f"{cost.flops / ours / 1e9:.0f} TFLOP/s",
+                f"{cost.flops / peer / 1e9:.0f} TFLOP/s",
+                f"{ratio:.2f}x",
+                f"{peer_graph / ours_graph:.2f}x",
+                f"{100 * bound_ms / ours:.0f}%",
+                f"{config.get('VARIANT', 'grouped')} {config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}"
+                + (f"/{config['SPLIT_K']}" if config.get("VARIANT") == "splitk" else ""),
+                found.source,
+                f"{err:.1e}",
+            ]
+        )
     print_table(
         f"GEMM {args.dtype}: tunesvc vs cuBLAS (copy bandwidth {bandwidth / 1e12:.2f} TB/s in this run)",
-        ["M x N x K", "tunesvc", "cuBLAS", "ours / cuBLAS", "same, CUDA graph", "% of roofline", "variant tile/split", "config", "rel err"],
+        [
+            "M x N x K",
+            "tunesvc",
+            "cuBLAS",
+            "ours / cuBLAS",
+            "same, CUDA graph",
+            "% of roofline",
+            "variant tile/split",
+            "config",
+            "rel err",
+        ],
         rows,
     )
-    print(f"geometric mean ours / cuBLAS: {geomean(ratios):.3f}x plain, {geomean(graph_ratios):.3f}x CUDA graph; "
-          f"lowest {min(ratios):.2f}x plain, {min(graph_ratios):.2f}x CUDA graph (targets: >= 1.0x and no shape below 0.9x)")
+    print(
+        f"geometric mean ours / cuBLAS: {geomean(ratios):.3f}x plain, {geomean(graph_ratios):.3f}x CUDA graph; "
+        f"lowest {min(ratios):.2f}x plain, {min(graph_ratios):.2f}x CUDA graph (targets: >= 1.0x and no shape below 0.9x)"
+    )
     if wrong:
         print(f"{wrong} shape(s) exceeded the tolerance against the reference", file=sys.stderr)
     return 1 if wrong else 0

@@ -18,13 +18,12 @@ import argparse
 import sys
 import time
 
+import torch
 from _common import bench_graph_ms
 from _common import bench_ms
 from _common import print_table
 from _common import rel_error
 from _common import require_gpu
-
-import torch
 
 from tunesvc.device import current_device
 from tunesvc.kernels.matmul import TEMPLATE
@@ -72,7 +71,10 @@ def main() -> int:
     key = str(TEMPLATE.key(TEMPLATE.problem(M=1000, N=n, K=k, dtype="bfloat16")))
     configs = best_per_variant(args.db, key)
     if "tma" not in configs:
-        print(f"no stored tma trial for {key} in {args.db}: sweep it first (benchmarks/matmul.py --sweep)", file=sys.stderr)
+        print(
+            f"no stored tma trial for {key} in {args.db}: sweep it first (benchmarks/matmul.py --sweep)",
+            file=sys.stderr,
+        )
         return 1
     rows = []
     for m in (1000, 1024):
@@ -94,10 +96,32 @@ def main() -> int:
             graph = bench_graph_ms(fn)
             host = host_us(fn)
             tflops = "-" if config is None and "cuBLAS" not in name else f"{flops / (min(times) * 1e9):.0f}"
-            rows.append([f"{m}x{n}x{k}", name, " / ".join(f"{1e3 * t:.1f}" for t in times), f"{1e3 * graph:.1f}", f"{host:.1f}",
-                         tflops, err, config or "-"])
-    print_table(f"GEMM with unaligned K: pieces of the time (us), shape key {key}",
-                ["shape", "what", "do_bench x3 (us)", "CUDA graph (us)", "host per launch (us)", "TFLOP/s (best)", "rel err", "config"], rows)
+            rows.append(
+                [
+                    f"{m}x{n}x{k}",
+                    name,
+                    " / ".join(f"{1e3 * t:.1f}" for t in times),
+                    f"{1e3 * graph:.1f}",
+                    f"{host:.1f}",
+                    tflops,
+                    err,
+                    config or "-",
+                ]
+            )
+    print_table(
+        f"GEMM with unaligned K: pieces of the time (us), shape key {key}",
+        [
+            "shape",
+            "what",
+            "do_bench x3 (us)",
+            "CUDA graph (us)",
+            "host per launch (us)",
+            "TFLOP/s (best)",
+            "rel err",
+            "config",
+        ],
+        rows,
+    )
     return 0
 
 

@@ -21,19 +21,43 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC
 from datetime import datetime
-from datetime import timezone
 
 #: the GEMM benchmark's shapes (benchmarks/matmul.py: the matmul template's "llm" and "skinny" presets)
-SHAPES = ["4096x4096x4096", "8192x8192x8192", "16x4096x4096", "128x14336x4096", "2048x4096x14336", "1000x3000x777",
-          "1x4096x4096", "1x14336x4096", "16x14336x4096", "64x4096x4096", "64x14336x4096"]
+SHAPES = [
+    "4096x4096x4096",
+    "8192x8192x8192",
+    "16x4096x4096",
+    "128x14336x4096",
+    "2048x4096x14336",
+    "1000x3000x777",
+    "1x4096x4096",
+    "1x14336x4096",
+    "16x14336x4096",
+    "64x4096x4096",
+    "64x14336x4096",
+]
 #: the six shapes of the first 2-GPU runs (--six)
 SIX = SHAPES[:2] + ["16x4096x4096", "128x14336x4096", "2048x4096x14336", "1000x3000x777"]
 CHECK_SHAPES = ["37x45x29", "100x70x50"]  # tiny: also runs in the CPU interpreter
 
 
 def sweep(db: str, gpus: str, shapes: list[str], budget: int) -> tuple[float, list[dict]]:
-    command = [sys.executable, "-m", "tunesvc", "sweep", "matmul", "--budget", str(budget), "--gpus", gpus, "--db", db, "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "tunesvc",
+        "sweep",
+        "matmul",
+        "--budget",
+        str(budget),
+        "--gpus",
+        gpus,
+        "--db",
+        db,
+        "--json",
+    ]
     for shape in shapes:
         command += ["--shape", shape]
     start = time.perf_counter()
@@ -75,9 +99,9 @@ def main() -> None:
     shapes, budget = (CHECK_SHAPES, 2) if args.check else (SIX if args.six else SHAPES, args.budget)
     with tempfile.TemporaryDirectory() as folder:
         one_db, two_db = os.path.join(folder, "one.db"), os.path.join(folder, "two.db")
-        starts = [datetime.now(timezone.utc).replace(tzinfo=None)]  # the jobs table's clock: naive UTC
+        starts = [datetime.now(UTC).replace(tzinfo=None)]  # the jobs table's clock: naive UTC
         one_s, one = sweep(one_db, "0", shapes, budget)
-        starts.append(datetime.now(timezone.utc).replace(tzinfo=None))
+        starts.append(datetime.now(UTC).replace(tzinfo=None))
         two_s, two = sweep(two_db, "0,1", shapes, budget)
         one_counts, two_counts = trial_counts(one_db), trial_counts(two_db)
         for name, db, start in (("1 GPU", one_db, starts[0]), ("2 GPUs", two_db, starts[1])):
@@ -89,10 +113,14 @@ def main() -> None:
         for r in two
     )
     expected = len(shapes) * budget
-    print("| run | wall s | ratio 2 GPUs / 1 (target <= 0.6) | trials stored / distinct (expected) | same winner (within 3%) |")
+    print(
+        "| run | wall s | ratio 2 GPUs / 1 (target <= 0.6) | trials stored / distinct (expected) | same winner (within 3%) |"
+    )
     print("|---|---|---|---|---|")
     print(f"| 1 GPU | {one_s:.1f} | | {one_counts[0]} / {one_counts[1]} ({expected}) | |")
-    print(f"| 2 GPUs | {two_s:.1f} | {two_s / one_s:.2f} | {two_counts[0]} / {two_counts[1]} ({expected}) | {same} of {len(two)} |")
+    print(
+        f"| 2 GPUs | {two_s:.1f} | {two_s / one_s:.2f} | {two_counts[0]} / {two_counts[1]} ({expected}) | {same} of {len(two)} |"
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-
 from _common import bench_ms
 from _common import copy_bandwidth
 from _common import interleaved_ms
@@ -34,6 +33,7 @@ from _common import print_table
 from _common import rel_error
 from _common import require_gpu
 from _common import sweep
+
 from tunesvc.kernels import layer_norm
 from tunesvc.kernels import layernorm
 from tunesvc.kernels import rms_norm
@@ -58,7 +58,11 @@ def reference(op: str, x, w, b, dy) -> tuple[torch.Tensor, ...]:
     """Float32 torch autograd: (y, dx, dw[, db])."""
     x32, w32, b32 = (t.float().requires_grad_(True) for t in (x, w, b))
     params = (w32, b32) if op == "layer_norm" else (w32,)
-    y = F.layer_norm(x32, (x.shape[1],), w32, b32, LN_EPS) if op == "layer_norm" else F.rms_norm(x32, (x.shape[1],), w32, RMS_EPS)
+    y = (
+        F.layer_norm(x32, (x.shape[1],), w32, b32, LN_EPS)
+        if op == "layer_norm"
+        else F.rms_norm(x32, (x.shape[1],), w32, RMS_EPS)
+    )
     grads = torch.autograd.grad(y, (x32, *params), dy.float())
     return (y.detach(), *grads)
 
@@ -76,8 +80,11 @@ def check(dtype: str) -> int:
             errors = [rel_error(o, r) for o, r in zip(ours, reference(op, x, w, b, dy))]
             ok = max(errors) <= TOL[dtype]
             failures += not ok
-            print(f"{'ok ' if ok else 'BAD'} {op} {M}x{N} {dtype}: relative errors (y, dx, dw[, db]) "
-                  + ", ".join(f"{e:.2e}" for e in errors), flush=True)
+            print(
+                f"{'ok ' if ok else 'BAD'} {op} {M}x{N} {dtype}: relative errors (y, dx, dw[, db]) "
+                + ", ".join(f"{e:.2e}" for e in errors),
+                flush=True,
+            )
     return 1 if failures else 0
 
 
@@ -102,11 +109,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="tune.db")
     parser.add_argument("--sweep", action="store_true", help="tune the four templates on the shapes first")
-    parser.add_argument("--budget", type=int, default=16, help="trials per template and shape (12 sweeps: keep it small)")
+    parser.add_argument(
+        "--budget", type=int, default=16, help="trials per template and shape (12 sweeps: keep it small)"
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(TOL))
     parser.add_argument("--check", action="store_true", help="only check correctness, quickly")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the forwards against torch.compile")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="interleaved rounds of the forwards against torch.compile"
+    )
     args = parser.parse_args()
     require_gpu("benchmarks/norms.py")
     runtime = configure(db=args.db)
@@ -115,15 +126,21 @@ def main() -> int:
 
     if args.sweep:
         for template in TEMPLATES:
-            sweep(template, [template.problem(M=m, N=n, dtype=args.dtype) for m, n in SHAPES], args.db, budget=args.budget)
+            sweep(
+                template, [template.problem(M=m, N=n, dtype=args.dtype) for m, n in SHAPES], args.db, budget=args.budget
+            )
         runtime = configure(db=args.db)  # read the winners just stored
 
     bandwidth = copy_bandwidth()
     dtype = getattr(torch, args.dtype)
-    peers_compiled = {} if args.no_compile else {
-        "layer_norm": compiled(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS)),
-        "rms_norm": compiled(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, RMS_EPS)),
-    }
+    peers_compiled = (
+        {}
+        if args.no_compile
+        else {
+            "layer_norm": compiled(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS)),
+            "rms_norm": compiled(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, RMS_EPS)),
+        }
+    )
     rows = []
     for M, N in SHAPES:
         x, w, b, dy = inputs(M, N, dtype)
@@ -134,19 +151,19 @@ def main() -> int:
             bwd = runtime.lookup(module.BWD_TEMPLATE, **problem)
             if op == "layer_norm":
                 y, mean, rstd = layernorm.launch_layernorm(x, w, b, LN_EPS, fwd.config)
-                run_fwd = lambda: layernorm.launch_layernorm(x, w, b, LN_EPS, fwd.config)  # noqa: E731
+                run_fwd = lambda: layernorm.launch_layernorm(x, w, b, LN_EPS, fwd.config)
                 grads = layernorm.launch_layernorm_bwd(x, w, dy, mean, rstd, bwd.config)
-                run_bwd = lambda: layernorm.launch_layernorm_bwd(x, w, dy, mean, rstd, bwd.config)  # noqa: E731
-                eager_fwd = lambda: F.layer_norm(x, (N,), w, b, LN_EPS)  # noqa: E731
+                run_bwd = lambda: layernorm.launch_layernorm_bwd(x, w, dy, mean, rstd, bwd.config)
+                eager_fwd = lambda: F.layer_norm(x, (N,), w, b, LN_EPS)
                 leaves = (x, w, b)
                 peer = peers_compiled.get(op)
                 compiled_fwd = peer and (lambda: peer(x, w, b))
             else:
                 y, rstd = rmsnorm.launch_rmsnorm(x, w, RMS_EPS, fwd.config)
-                run_fwd = lambda: rmsnorm.launch_rmsnorm(x, w, RMS_EPS, fwd.config)  # noqa: E731
+                run_fwd = lambda: rmsnorm.launch_rmsnorm(x, w, RMS_EPS, fwd.config)
                 grads = rmsnorm.launch_rmsnorm_bwd(x, w, dy, rstd, bwd.config)
-                run_bwd = lambda: rmsnorm.launch_rmsnorm_bwd(x, w, dy, rstd, bwd.config)  # noqa: E731
-                eager_fwd = lambda: F.rms_norm(x, (N,), w, RMS_EPS)  # noqa: E731
+                run_bwd = lambda: rmsnorm.launch_rmsnorm_bwd(x, w, dy, rstd, bwd.config)
+                eager_fwd = lambda: F.rms_norm(x, (N,), w, RMS_EPS)
                 leaves = (x, w)
                 peer = peers_compiled.get(op)
                 compiled_fwd = peer and (lambda: peer(x, w))
@@ -164,34 +181,73 @@ def main() -> int:
                 spread = f"{ratios[0]:.3f}-{ratios[-1]:.3f}x"
             else:
                 ours_fwd, compiled_fwd_ms, spread = bench_ms(run_fwd), None, "-"
-            rows.append(row(f"{op} fwd", M, N, fwd_bytes, bandwidth, ours_fwd, eager_fwd_ms, compiled_fwd_ms, fwd_err, fwd.source)
-                        + [spread])
+            rows.append(
+                row(
+                    f"{op} fwd",
+                    M,
+                    N,
+                    fwd_bytes,
+                    bandwidth,
+                    ours_fwd,
+                    eager_fwd_ms,
+                    compiled_fwd_ms,
+                    fwd_err,
+                    fwd.source,
+                )
+                + [spread]
+            )
 
             ts = [t.detach().requires_grad_(True) for t in leaves]
-            y_torch = F.layer_norm(ts[0], (N,), *ts[1:], LN_EPS) if op == "layer_norm" else F.rms_norm(ts[0], (N,), ts[1], RMS_EPS)
+            y_torch = (
+                F.layer_norm(ts[0], (N,), *ts[1:], LN_EPS)
+                if op == "layer_norm"
+                else F.rms_norm(ts[0], (N,), ts[1], RMS_EPS)
+            )
             eager_bwd_ms = bench_ms(lambda: torch.autograd.grad(y_torch, ts, dy, retain_graph=True))
             ours_bwd = bench_ms(run_bwd)
-            rows.append(row(f"{op} bwd", M, N, bwd_bytes, bandwidth, ours_bwd, eager_bwd_ms, None, bwd_err, bwd.source) + ["-"])
-            print(f"timed {op} {M}x{N}: fwd {ours_fwd * 1e3:.0f} us ({fwd.source}), bwd {ours_bwd * 1e3:.0f} us ({bwd.source})", flush=True)
+            rows.append(
+                row(f"{op} bwd", M, N, bwd_bytes, bandwidth, ours_bwd, eager_bwd_ms, None, bwd_err, bwd.source) + ["-"]
+            )
+            print(
+                f"timed {op} {M}x{N}: fwd {ours_fwd * 1e3:.0f} us ({fwd.source}), bwd {ours_bwd * 1e3:.0f} us ({bwd.source})",
+                flush=True,
+            )
             del y_torch, grads, y, ref
 
     print(f"\ncopy bandwidth measured now: {bandwidth / 1e9:.0f} GB/s (read + write)")
     print_table(
         f"LayerNorm / RMSNorm, {args.dtype}: tunesvc vs torch (ratios > 1: tunesvc is faster)",
-        ["op", "M x N", "ours GB/s", "% of copy", "eager GB/s", "compile GB/s", "ours / eager",
-         "ours / compile", "rel err", "config", "ours / compile, each round"],
+        [
+            "op",
+            "M x N",
+            "ours GB/s",
+            "% of copy",
+            "eager GB/s",
+            "compile GB/s",
+            "ours / eager",
+            "ours / compile",
+            "rel err",
+            "config",
+            "ours / compile, each round",
+        ],
         rows,
     )
     return 0
 
 
 def row(op, M, N, nbytes, bandwidth, ours_ms, eager_ms, compiled_ms, err, source) -> list:
-    gbs = lambda ms: nbytes / (ms * 1e-3) / 1e9  # noqa: E731
+    gbs = lambda ms: nbytes / (ms * 1e-3) / 1e9
     return [
-        op, f"{M}x{N}", gbs(ours_ms), f"{100 * gbs(ours_ms) * 1e9 / bandwidth:.0f}%", gbs(eager_ms),
-        gbs(compiled_ms) if compiled_ms else "-", f"{eager_ms / ours_ms:.2f}x",
+        op,
+        f"{M}x{N}",
+        gbs(ours_ms),
+        f"{100 * gbs(ours_ms) * 1e9 / bandwidth:.0f}%",
+        gbs(eager_ms),
+        gbs(compiled_ms) if compiled_ms else "-",
+        f"{eager_ms / ours_ms:.2f}x",
         f"{compiled_ms / ours_ms:.2f}x" if compiled_ms else ("n/a" if op.endswith("fwd") else "-"),
-        f"{err:.1e}", source,
+        f"{err:.1e}",
+        source,
     ]
 
 

@@ -45,7 +45,6 @@ from tunesvc.kernels.pointwise import BWD_TEMPLATE as BIAS_ACT_RESIDUAL_BWD
 from tunesvc.kernels.pointwise import TEMPLATE as BIAS_ACT_RESIDUAL
 from tunesvc.kernels.pointwise import bias_act_residual_reference
 from tunesvc.kernels.pointwise import launch_bias_act_residual
-from tunesvc.kernels.pointwise import launch_bias_act_residual_bwd
 from tunesvc.kernels.softmax import BWD_TEMPLATE as SOFTMAX_BWD
 from tunesvc.kernels.softmax import TEMPLATE as SOFTMAX
 from tunesvc.kernels.softmax import launch_softmax
@@ -112,24 +111,50 @@ def cases(m: int, n: int) -> list[Case]:
     x_grad, bias_grad = x.detach().requires_grad_(), bias.detach().requires_grad_()
     graph = eager_bias_gelu_residual(x_grad, bias_grad, residual)
     return [
-        Case(SOFTMAX, SOFTMAX.problem(**shape_problem(SOFTMAX, m, n)), x, (x,),
-             lambda inputs, config: launch_softmax(inputs, config)),
-        Case(SOFTMAX_BWD, SOFTMAX_BWD.problem(**shape_problem(SOFTMAX_BWD, m, n)), (y, residual), (residual, y),
-             lambda inputs, config: launch_softmax_bwd(*inputs, config)),
-        Case(BIAS_ACT_RESIDUAL, BIAS_ACT_RESIDUAL.problem(**shape_problem(BIAS_ACT_RESIDUAL, m, n)),
-             (x, bias, residual, ACT), (x, bias, residual),
-             lambda inputs, config: launch_bias_act_residual(*inputs, config)),
-        Case(BIAS_ACT_RESIDUAL_BWD, BIAS_ACT_RESIDUAL_BWD.problem(**shape_problem(BIAS_ACT_RESIDUAL_BWD, m, n)),
-             (x, bias, residual, ACT), (graph, x_grad, bias_grad, residual),
-             BIAS_ACT_RESIDUAL_BWD.launch),
-        Case(DROPOUT, DROPOUT.problem(**shape_problem(DROPOUT, m, n)), (x, P, SEED), (x,),
-             lambda inputs, config: launch_dropout(*inputs, config)),
+        Case(
+            SOFTMAX,
+            SOFTMAX.problem(**shape_problem(SOFTMAX, m, n)),
+            x,
+            (x,),
+            lambda inputs, config: launch_softmax(inputs, config),
+        ),
+        Case(
+            SOFTMAX_BWD,
+            SOFTMAX_BWD.problem(**shape_problem(SOFTMAX_BWD, m, n)),
+            (y, residual),
+            (residual, y),
+            lambda inputs, config: launch_softmax_bwd(*inputs, config),
+        ),
+        Case(
+            BIAS_ACT_RESIDUAL,
+            BIAS_ACT_RESIDUAL.problem(**shape_problem(BIAS_ACT_RESIDUAL, m, n)),
+            (x, bias, residual, ACT),
+            (x, bias, residual),
+            lambda inputs, config: launch_bias_act_residual(*inputs, config),
+        ),
+        Case(
+            BIAS_ACT_RESIDUAL_BWD,
+            BIAS_ACT_RESIDUAL_BWD.problem(**shape_problem(BIAS_ACT_RESIDUAL_BWD, m, n)),
+            (x, bias, residual, ACT),
+            (graph, x_grad, bias_grad, residual),
+            BIAS_ACT_RESIDUAL_BWD.launch,
+        ),
+        Case(
+            DROPOUT,
+            DROPOUT.problem(**shape_problem(DROPOUT, m, n)),
+            (x, P, SEED),
+            (x,),
+            lambda inputs, config: launch_dropout(*inputs, config),
+        ),
     ]
 
 
 PEERS: dict[str, Callable] = {
-    "softmax": eager_softmax, "softmax_bwd": eager_softmax_bwd, "bias_act_residual": eager_bias_gelu_residual,
-    "bias_act_residual_bwd": autograd_bias_gelu_residual_bwd, "dropout": eager_dropout,
+    "softmax": eager_softmax,
+    "softmax_bwd": eager_softmax_bwd,
+    "bias_act_residual": eager_bias_gelu_residual,
+    "bias_act_residual_bwd": autograd_bias_gelu_residual_bwd,
+    "dropout": eager_dropout,
 }
 COMPILED = ("softmax", "softmax_bwd", "bias_act_residual", "dropout")
 
@@ -160,8 +185,12 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="tune the five templates on the shapes first")
     parser.add_argument("--strategy", default="optuna")
     parser.add_argument("--budget", type=int, default=6, help="trials per template and shape (15 sweeps)")
-    parser.add_argument("--templates", default=None, metavar="NAME,...",
-                        help="with --sweep, tune only these templates (the table still times all five)")
+    parser.add_argument(
+        "--templates",
+        default=None,
+        metavar="NAME,...",
+        help="with --sweep, tune only these templates (the table still times all five)",
+    )
     parser.add_argument("--check", action="store_true", help="only check small shapes for correctness")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
     args = parser.parse_args()
@@ -200,21 +229,40 @@ def main() -> int:
                 compiled[name](*case.peer_args)  # compile outside the timing
                 compile_ms = bench_ms(lambda: compiled[name](*case.peer_args))
             ours_gbs = gbytes / (ours * 1e-3)
-            rows.append([
-                name, f"{m}x{n}", ours_gbs, f"{100 * ours_gbs * 1e9 / bandwidth:.0f}%",
-                gbytes / (eager * 1e-3), f"{eager / ours:.2f}x",
-                gbytes / (compile_ms * 1e-3) if compile_ms else "-", f"{compile_ms / ours:.2f}x" if compile_ms else "-",
-                f"{err:.1e}" if err <= case.template.tolerance(case.problem) else f"{err:.1e} WRONG",
-                found.source, found.config,
-            ])
+            rows.append(
+                [
+                    name,
+                    f"{m}x{n}",
+                    ours_gbs,
+                    f"{100 * ours_gbs * 1e9 / bandwidth:.0f}%",
+                    gbytes / (eager * 1e-3),
+                    f"{eager / ours:.2f}x",
+                    gbytes / (compile_ms * 1e-3) if compile_ms else "-",
+                    f"{compile_ms / ours:.2f}x" if compile_ms else "-",
+                    f"{err:.1e}" if err <= case.template.tolerance(case.problem) else f"{err:.1e} WRONG",
+                    found.source,
+                    found.config,
+                ]
+            )
         torch.cuda.empty_cache()
 
     print_table(
         f"Softmax, bias + {ACT} + residual (and backwards), dropout p={P} ({DTYPE}): tunesvc vs torch eager "
         f"and torch.compile; "
         f"copy bandwidth {bandwidth / 1e9:.0f} GB/s",
-        ["kernel", "shape", "ours GB/s", "% of copy", "eager GB/s", "ours / eager", "compile GB/s",
-         "ours / compile", "rel err", "config", "values"],
+        [
+            "kernel",
+            "shape",
+            "ours GB/s",
+            "% of copy",
+            "eager GB/s",
+            "ours / eager",
+            "compile GB/s",
+            "ours / compile",
+            "rel err",
+            "config",
+            "values",
+        ],
         rows,
     )
     return 1 if failures else 0

@@ -23,8 +23,22 @@ def main() -> None:
             meta = {k: v for k, v in config.items() if not k.startswith("num_")}
             c = torch.empty_like(a)
             compiled = _matmul_kernel[(1,)](
-                a, b, c, 512, 512, 512, 512, 1, 512, 1, 512, 1, **meta, DOT_IN_FP32=False,
-                num_warps=config["num_warps"], num_stages=config["num_stages"],
+                a,
+                b,
+                c,
+                512,
+                512,
+                512,
+                512,
+                1,
+                512,
+                1,
+                512,
+                1,
+                **meta,
+                DOT_IN_FP32=False,
+                num_warps=config["num_warps"],
+                num_stages=config["num_stages"],
             )
             torch.cuda.synchronize()
             status = "ok"

@@ -46,7 +46,9 @@ TEMPLATE = matmul_module.TEMPLATE
 launch_matmul = matmul_module.launch_matmul
 
 
-def timed(fns: dict, calls: int, repeats: int = 7, sync=None, samples: dict | None = None) -> dict[str, tuple[float, float, float]]:
+def timed(
+    fns: dict, calls: int, repeats: int = 7, sync=None, samples: dict | None = None
+) -> dict[str, tuple[float, float, float]]:
     """Per-call host time of each function: (median, lowest, highest) over rounds that take
     the functions in turn (in reverse order every other round), so a busy moment of the machine
     lands on all of them alike; ``samples`` receives each function's per-round times."""
@@ -55,7 +57,7 @@ def timed(fns: dict, calls: int, repeats: int = 7, sync=None, samples: dict | No
     for fn in fns.values():
         fn()  # a kwargs order Triton has not seen is a new cache entry: compile it before timing
     for round_ in range(repeats):
-        for name, fn in (list(fns.items()) if round_ % 2 == 0 else list(fns.items())[::-1]):
+        for name, fn in list(fns.items()) if round_ % 2 == 0 else list(fns.items())[::-1]:
             if sync:
                 sync()
             start = time.perf_counter()
@@ -102,23 +104,51 @@ def kernel_launchers(config: dict, bundle: Path):
         M, K = a.shape
         N = b.shape[1]
         c = torch.empty((M, N), device=a.device, dtype=a.dtype)
-        kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                     c.stride(0), c.stride(1), DOT_IN_FP32=False, **fixed)
+        kernel[grid](
+            a,
+            b,
+            c,
+            M,
+            N,
+            K,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            c.stride(0),
+            c.stride(1),
+            DOT_IN_FP32=False,
+            **fixed,
+        )
         return c
 
     def through_tunesvc(a, b):
         M, K = a.shape
         N = b.shape[1]
         c = torch.empty((M, N), device=a.device, dtype=a.dtype)
-        decorated[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                        c.stride(0), c.stride(1), DOT_IN_FP32=False)
+        decorated[grid](
+            a,
+            b,
+            c,
+            M,
+            N,
+            K,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            c.stride(0),
+            c.stride(1),
+            DOT_IN_FP32=False,
+        )
         return c
 
     return direct, through_tunesvc, decorated
 
 
-def synthetic_bundle(path: Path, device, n: int, extra: dict | None = None, kernel: str = "matmul",
-                     version: str | None = None) -> None:
+def synthetic_bundle(
+    path: Path, device, n: int, extra: dict | None = None, kernel: str = "matmul", version: str | None = None
+) -> None:
     """A bundle of ``n`` winners spread over up to 600 of the matmul space's configs (a real
     bundle's winners differ; one config for all would make the file unrealistically small)."""
     problem = TEMPLATE.problem(M=4096, N=4096, K=4096)
@@ -133,8 +163,14 @@ def synthetic_bundle(path: Path, device, n: int, extra: dict | None = None, kern
         section["configs"] = {config_hash(c): c for c in winners.values()}
         section["winners"] = {key: {"config": config_hash(c), "time_ms": 0.1} for key, c in winners.items()}
     bundle = {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
-        "device": {"hardware_id": device.hardware_id, "name": device.name, "capability": device.capability, "sm_count": device.sm_count},
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "device": {
+            "hardware_id": device.hardware_id,
+            "name": device.name,
+            "capability": device.capability,
+            "sm_count": device.sm_count,
+        },
         "kernels": {kernel: section},
     }
     path.write_text(json.dumps(bundle, indent=2, sort_keys=True))
@@ -157,12 +193,19 @@ def bundle_rows(device) -> list[tuple[str, str, str]]:
         tracemalloc.stop()
         assert hit.source == "exact", hit
         size = path.stat().st_size / 2**20
-        rows.append((f"load a 10,000-winner bundle ({size:.1f} MB) + first lookup",
-                     f"{statistics.median(loads):.1f} ms ({min(loads):.1f}-{max(loads):.1f}, 5 loads)", "<= 50 ms"))
+        rows.append(
+            (
+                f"load a 10,000-winner bundle ({size:.1f} MB) + first lookup",
+                f"{statistics.median(loads):.1f} ms ({min(loads):.1f}-{max(loads):.1f}, 5 loads)",
+                "<= 50 ms",
+            )
+        )
         rows.append(("memory while loading it (tracemalloc peak)", f"{peak / 2**20:.1f} MB", "<= 20 MB"))
         lookup = timed({"": lambda: runtime.lookup("matmul", M=4096, N=76, K=4096, dtype="bfloat16")}, 20000, 9)[""]
         rows.append(("lookup() on a hit", us(lookup), "<= 1 us"))
-        config_for = timed({"": lambda: runtime.config_for(TEMPLATE, M=4096, N=76, K=4096, dtype=torch.bfloat16)}, 20000, 9)[""]
+        config_for = timed(
+            {"": lambda: runtime.config_for(TEMPLATE, M=4096, N=76, K=4096, dtype=torch.bfloat16)}, 20000, 9
+        )[""]
         rows.append(("config_for() on a hit", us(config_for), ""))
     return rows
 
@@ -183,25 +226,32 @@ def breakdown_rows(a: torch.Tensor, b: torch.Tensor, decorated, run_direct, run_
     stored = dict(decorated._configs[(M, N, K, a.dtype)])  # the decorator's config, in the bundle's key order
     launcher = decorated[grid]
     rt = default_runtime()
-    t = timed({
-        "matmul": lambda: matmul(a, b),
-        "launch_matmul": lambda: launch_matmul(a, b, config),
-        "kernel[(tiles,)]": lambda: kernel[(1,)](*args, **blocks, DOT_IN_FP32=False, EVEN_K=even_k, **options),
-        "kernel.run": lambda: kernel.run(*args, grid=(1,), warmup=False, **blocks, DOT_IN_FP32=False, EVEN_K=even_k, **options),
-        "empty": lambda: torch.empty((M, N), device=a.device, dtype=a.dtype),
-        "strides": lambda: (a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1)),
-        "cdiv": lambda: triton.cdiv(M, 64),
-        "is_compiling": torch.compiler.is_compiling,
-        "checks": lambda: a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype,
-        "config_for": lambda: rt.config_for(TEMPLATE, M=a.shape[0], N=b.shape[1], K=a.shape[1], dtype=a.dtype),
-        "memo get": lambda: rt.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)),
-        "direct kernel[grid]": lambda: run_direct(a, b),
-        "decorated": lambda: run_decorated(a, b),
-        "decorated[grid]": lambda: decorated[grid],
-        "launcher(...)": lambda: launcher(*args, DOT_IN_FP32=False),
-        "run, caller's order": lambda: kernel.run(*args, grid=grid, warmup=False, DOT_IN_FP32=False, **GROUPED),
-        "run, stored order": lambda: kernel.run(*args, grid=grid, warmup=False, DOT_IN_FP32=False, **stored),
-    }, calls, 9, sync)
+    t = timed(
+        {
+            "matmul": lambda: matmul(a, b),
+            "launch_matmul": lambda: launch_matmul(a, b, config),
+            "kernel[(tiles,)]": lambda: kernel[(1,)](*args, **blocks, DOT_IN_FP32=False, EVEN_K=even_k, **options),
+            "kernel.run": lambda: kernel.run(
+                *args, grid=(1,), warmup=False, **blocks, DOT_IN_FP32=False, EVEN_K=even_k, **options
+            ),
+            "empty": lambda: torch.empty((M, N), device=a.device, dtype=a.dtype),
+            "strides": lambda: (a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1)),
+            "cdiv": lambda: triton.cdiv(M, 64),
+            "is_compiling": torch.compiler.is_compiling,
+            "checks": lambda: a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype,
+            "config_for": lambda: rt.config_for(TEMPLATE, M=a.shape[0], N=b.shape[1], K=a.shape[1], dtype=a.dtype),
+            "memo get": lambda: rt.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)),
+            "direct kernel[grid]": lambda: run_direct(a, b),
+            "decorated": lambda: run_decorated(a, b),
+            "decorated[grid]": lambda: decorated[grid],
+            "launcher(...)": lambda: launcher(*args, DOT_IN_FP32=False),
+            "run, caller's order": lambda: kernel.run(*args, grid=grid, warmup=False, DOT_IN_FP32=False, **GROUPED),
+            "run, stored order": lambda: kernel.run(*args, grid=grid, warmup=False, DOT_IN_FP32=False, **stored),
+        },
+        calls,
+        9,
+        sync,
+    )
 
     def diff(x: str, y: str) -> str:
         return f"{t[x][0] - t[y][0]:.2f} us"
@@ -216,8 +266,11 @@ def breakdown_rows(a: torch.Tensor, b: torch.Tensor, decorated, run_direct, run_
         ("    on a miss only: runtime.config_for(TEMPLATE, M=, N=, K=, dtype=) hit", us(t["config_for"]), ""),
         ("  the Triton launch: _matmul_kernel[(1,)](prebuilt args)", us(t["kernel[(tiles,)]"]), ""),
         ("    of it, _matmul_kernel.run(...) alone", us(t["kernel.run"]), ""),
-        ("  launch_matmul's own steps (launch_matmul - launch - empty)",
-         f"{t['launch_matmul'][0] - t['kernel[(tiles,)]'][0] - t['empty'][0]:.2f} us", ""),
+        (
+            "  launch_matmul's own steps (launch_matmul - launch - empty)",
+            f"{t['launch_matmul'][0] - t['kernel[(tiles,)]'][0] - t['empty'][0]:.2f} us",
+            "",
+        ),
         ("    torch.empty((M, N))", us(t["empty"]), ""),
         ("    six .stride() calls", us(t["strides"]), ""),
         ("    triton.cdiv(M, 64) (two per launch_matmul)", us(t["cdiv"]), ""),
@@ -257,8 +310,14 @@ def main() -> int:
         path = Path(tmp) / "decorated.json"
         run_direct, run_decorated, decorated = kernel_launchers(GROUPED, path)
         # the bundle is read at the first miss, so it may be written after the decoration
-        synthetic_bundle(path, device, 0, kernel="matmul_decorated", version=decorated.template.version,
-                         extra={"M=64,N=64,K=64,dtype=float16": GROUPED})
+        synthetic_bundle(
+            path,
+            device,
+            0,
+            kernel="matmul_decorated",
+            version=decorated.template.version,
+            extra={"M=64,N=64,K=64,dtype=float16": GROUPED},
+        )
         run_decorated(a, b)  # the miss: looks the key up in the bundle once
         assert decorated.last.source == "exact", decorated.last
     run_direct(a, b)  # compiles the fixed config
@@ -271,18 +330,32 @@ def main() -> int:
         run_autotuned, _ = autotuned_matmul()
         run_autotuned(a, b)  # tunes once; later calls are autotune cache hits
         rounds: dict[str, list[float]] = {}
-        t = timed({
-            "direct": lambda: launch_matmul(a, b, config), "ours": lambda: matmul(a, b),
-            "raw": lambda: run_direct(a, b), "decorated": lambda: run_decorated(a, b),
-            "autotuned": lambda: run_autotuned(a, b),
-        }, 500, 41, sync, samples=rounds)
+        t = timed(
+            {
+                "direct": lambda: launch_matmul(a, b, config),
+                "ours": lambda: matmul(a, b),
+                "raw": lambda: run_direct(a, b),
+                "decorated": lambda: run_decorated(a, b),
+                "autotuned": lambda: run_autotuned(a, b),
+            },
+            500,
+            41,
+            sync,
+            samples=rounds,
+        )
         direct, ours, raw, dec, auto = (t[k][0] for k in ("direct", "ours", "raw", "decorated", "autotuned"))
         rows.append(("launch: direct launch_matmul, fixed config", us(t["direct"]), ""))
         rows.append(("launch: tunesvc.kernels.matmul (hit)", us(t["ours"]), f"{ours / direct:.3f}x direct (<= 1.05x)"))
-        rows.append(("  the same, median of per-round ratios (quartiles)", paired(rounds, "ours", "direct"), "<= 1.05x"))
+        rows.append(
+            ("  the same, median of per-round ratios (quartiles)", paired(rounds, "ours", "direct"), "<= 1.05x")
+        )
         rows.append(("launch: kernel[grid](...), fixed config", us(t["raw"]), ""))
-        rows.append(("launch: @tunesvc.autotune kernel (hit)", us(t["decorated"]), f"{dec / raw:.3f}x kernel[grid] (<= 1.05x)"))
-        rows.append(("  the same, median of per-round ratios (quartiles)", paired(rounds, "decorated", "raw"), "<= 1.05x"))
+        rows.append(
+            ("launch: @tunesvc.autotune kernel (hit)", us(t["decorated"]), f"{dec / raw:.3f}x kernel[grid] (<= 1.05x)")
+        )
+        rows.append(
+            ("  the same, median of per-round ratios (quartiles)", paired(rounds, "decorated", "raw"), "<= 1.05x")
+        )
         rows.append(("launch: triton.autotune kernel (hit)", us(t["autotuned"]), f"{auto / raw:.3f}x kernel[grid]"))
         rows.append(("  the same, median of per-round ratios (quartiles)", paired(rounds, "autotuned", "raw"), ""))
     breakdown = breakdown_rows(a, b, decorated, run_direct, run_decorated, sync, 2000 if on_gpu else 5000)
@@ -291,8 +364,10 @@ def main() -> int:
     print("|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
-    print(f"\nBreakdown ({'GPU launches' if on_gpu else 'Triton launch replaced by a no-op'}); "
-          "an indented step is part of the line above it:\n")
+    print(
+        f"\nBreakdown ({'GPU launches' if on_gpu else 'Triton launch replaced by a no-op'}); "
+        "an indented step is part of the line above it:\n"
+    )
     print("| step | host time per call |")
     print("|---|---|")
     for name, value, _ in breakdown:

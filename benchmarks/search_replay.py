@@ -19,20 +19,25 @@ import sys
 from pathlib import Path
 
 import tunesvc
-from tunesvc.space import Config
-from tunesvc.template import get_template
-
 from tunesvc.errors import TunesvcError
 from tunesvc.search.replay import TARGET_FRACTION
 from tunesvc.search.replay import efficiency
 from tunesvc.search.replay import read_ground_truth
+from tunesvc.space import Config
+from tunesvc.template import get_template
 
 DEFAULT_CSV = Path(__file__).parent / "data" / "ground_truth.csv"
 STRATEGIES = ("optuna", "random", "cmaes")
 #: the device the ground truth was measured on (benchmarks/results/*/gpu.txt): its limits decide
 #: the heuristic and which known-good configs a sweep would try first
-H100 = dict(kind="cuda", name="NVIDIA H100 80GB HBM3", capability="9.0", sm_count=132,
-            max_shared_memory=232448, max_num_regs=65536)
+H100 = dict(
+    kind="cuda",
+    name="NVIDIA H100 80GB HBM3",
+    capability="9.0",
+    sm_count=132,
+    max_shared_memory=232448,
+    max_num_regs=65536,
+)
 
 
 def warm_start(kernel: str, shape_key: str) -> list[Config]:
@@ -55,11 +60,16 @@ def main() -> None:
         print(f"No ground truth at {args.csv}; run benchmarks/ground_truth.py on a GPU first.", file=sys.stderr)
         raise SystemExit(1)
     strategies = args.strategies.split(",")
-    header = ["problem", "space"] + [f"{s} trials (% of space)" for s in strategies] + [
-        f"{strategies[0]} <= {TARGET_FRACTION:.0%}"]
+    header = (
+        ["problem", "space"]
+        + [f"{s} trials (% of space)" for s in strategies]
+        + [f"{strategies[0]} <= {TARGET_FRACTION:.0%}"]
+    )
     for warm in (False, True) if args.warm else (False,):
         title = "warm start first, as a sweep runs" if warm else "cold: the strategy alone"
-        print(f"\n### Trials to within {args.tolerance:.0%} of the exhaustive best, median of {args.seeds} seeds ({title})\n")
+        print(
+            f"\n### Trials to within {args.tolerance:.0%} of the exhaustive best, median of {args.seeds} seeds ({title})\n"
+        )
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
         for truth in read_ground_truth(args.csv):

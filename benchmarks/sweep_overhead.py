@@ -46,7 +46,10 @@ def probe(name: str) -> dict[str, float]:
     from tunesvc.sweep import run_sweep
 
     if name == "imports":
-        return {"import torch": imported - start, "import tunesvc (triton, kernels, store, sweep)": time.perf_counter() - imported}
+        return {
+            "import torch": imported - start,
+            "import tunesvc (triton, kernels, store, sweep)": time.perf_counter() - imported,
+        }
     device = current_device()
     problem = TEMPLATE.problem(**SHAPE)
     configs = TEMPLATE.feasible(problem, device)[:CANDIDATES]
@@ -71,10 +74,16 @@ def probe(name: str) -> dict[str, float]:
         with Compiler(2, template=TEMPLATE, problem=problem) as compiler:
             started = time.perf_counter() - tick
             next(compiler.compile_each(TEMPLATE, problem, configs[:1]))
-            return {"Compiler(2) returns": started, "compile pool: first candidate compiled, cold": time.perf_counter() - tick}
+            return {
+                "Compiler(2) returns": started,
+                "compile pool: first candidate compiled, cold": time.perf_counter() - tick,
+            }
     if name == "per-candidate":
         figures = {}
-        for label, measurer in (("in process", Bench(TEMPLATE, problem, device)), ("in the measuring process", Worker(TEMPLATE, problem, device))):
+        for label, measurer in (
+            ("in process", Bench(TEMPLATE, problem, device)),
+            ("in the measuring process", Worker(TEMPLATE, problem, device)),
+        ):
             measurer.measure(configs[0])  # the first launch pays for the process's own warm-up
             walls = []
             for config in configs:
@@ -90,11 +99,22 @@ def probe(name: str) -> dict[str, float]:
         return pool_stages(device) if device.is_gpu else {}
     assert name == "sweep"
     store = Store(f"{tmp}/t.db")
-    [result] = run_sweep(TEMPLATE, [problem], store, strategy="grid", candidates=configs, workers=2, isolate=True,
-                         finalists=3, device=device)
+    [result] = run_sweep(
+        TEMPLATE,
+        [problem],
+        store,
+        strategy="grid",
+        candidates=configs,
+        workers=2,
+        isolate=True,
+        finalists=3,
+        device=device,
+    )
     store.close()
-    return {"sweep of 8 (isolated, 2 compile workers)": time.perf_counter() - tick,
-            **{f"  phase: {phase}": seconds for phase, seconds in result.phases.items()}}
+    return {
+        "sweep of 8 (isolated, 2 compile workers)": time.perf_counter() - tick,
+        **{f"  phase: {phase}": seconds for phase, seconds in result.phases.items()},
+    }
 
 
 def _stages(template, problem, config, second=None) -> dict[str, float]:
@@ -118,8 +138,14 @@ def _stages(template, problem, config, second=None) -> dict[str, float]:
     if second is not None:
         template.launch(inputs, second)
         torch.cuda.synchronize()
-    return {"started": t0, "CUDA context": t1 - t0, "inputs": t2 - t1, "first compile + launch": t3 - t2,
-            "second compile + launch": time.time() - t3, "compiled": config is not None}
+    return {
+        "started": t0,
+        "CUDA context": t1 - t0,
+        "inputs": t2 - t1,
+        "first compile + launch": t3 - t2,
+        "second compile + launch": time.time() - t3,
+        "compiled": config is not None,
+    }
 
 
 def pool_stages(device) -> dict[str, float]:
@@ -139,7 +165,10 @@ def pool_stages(device) -> dict[str, float]:
     configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for c in TUTORIAL]
     configs = [c for c in configs if not TEMPLATE.violations(c, problem, device)]  # as the sweep prunes them
     figures = {}
-    for n, batch in ((1, configs[:1]), (16, [*configs[2:], *[None] * (18 - len(configs))])):  # the 1-worker pool compiled the first two
+    for n, batch in (
+        (1, configs[:1]),
+        (16, [*configs[2:], *[None] * (18 - len(configs))]),
+    ):  # the 1-worker pool compiled the first two
         with ProcessPoolExecutor(n, mp_context=_forkserver()) as pool:
             submitted = time.time()
             second = configs[1] if n == 1 else None
@@ -169,15 +198,19 @@ def main() -> int:
     figures: dict[str, list[float]] = {}
     for _ in range(args.runs):
         for name in args.only or PROBES:  # interleaved, so load drift hits every probe alike
-            out = subprocess.run([sys.executable, __file__, "--probe", name], capture_output=True, text=True, timeout=600)
+            out = subprocess.run(
+                [sys.executable, __file__, "--probe", name], capture_output=True, text=True, timeout=600
+            )
             if out.returncode != 0:
                 raise RuntimeError(out.stderr[-3000:])
             for figure, seconds in json.loads(out.stdout.strip().splitlines()[-1]).items():
                 figures.setdefault(figure, []).append(seconds)
     from tunesvc.device import current_device
 
-    print(f"\n{current_device().name}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} (1 min) at the end, "
-          f"{time.strftime('%Y-%m-%d')}\n")
+    print(
+        f"\n{current_device().name}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} (1 min) at the end, "
+        f"{time.strftime('%Y-%m-%d')}\n"
+    )
     print("| fixed cost | runs | min s | median s | max s |\n|---|---|---|---|---|")
     for figure, values in figures.items():
         print(f"| {figure} | {len(values)} | {min(values):.3f} | {statistics.median(values):.3f} | {max(values):.3f} |")

@@ -17,20 +17,20 @@ import sys
 import time
 from pathlib import Path
 
-import tunesvc.kernels  # noqa: F401  (first: without a GPU it sets TRITON_INTERPRET before triton loads)
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import bench_graph_ms  # noqa: E402
-from _common import bench_ms  # noqa: E402
-from _common import print_table  # noqa: E402
-from _common import require_gpu  # noqa: E402
+import tunesvc.kernels  # noqa: F401  (first: without a GPU it sets TRITON_INTERPRET before triton loads)
 
-from tunesvc.device import current_device  # noqa: E402
-from tunesvc.kernels.matmul import TEMPLATE  # noqa: E402
-from tunesvc.store import Store  # noqa: E402
-from tunesvc.sweep import run_sweep  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import bench_graph_ms
+from _common import bench_ms
+from _common import print_table
+from _common import require_gpu
+
+from tunesvc.device import current_device
+from tunesvc.kernels.matmul import TEMPLATE
+from tunesvc.store import Store
+from tunesvc.sweep import run_sweep
 
 SHAPES = [(4096, 4096, 4096), (1000, 3000, 777)]
 CHECK_SHAPES = [(37, 45, 29)]
@@ -60,14 +60,19 @@ def main() -> None:
             store = Store(str(path))
             start = time.perf_counter()
             try:
-                [result] = run_sweep(TEMPLATE, [problem], store, strategy="optuna", budget=budget, seed=0, device=device)
+                [result] = run_sweep(
+                    TEMPLATE, [problem], store, strategy="optuna", budget=budget, seed=0, device=device
+                )
             finally:
                 store.close()
             seconds.append(time.perf_counter() - start)
             if result.winner is None:
                 raise SystemExit(f"run {run} {result.shape_key}: no correct config in {budget} trials; see {path}.")
             winners.append(result.winner)
-            print(f"run {run} {result.shape_key}: {result.winner} {result.winner_ms:.4g} ms in {seconds[-1]:.0f} s", flush=True)
+            print(
+                f"run {run} {result.shape_key}: {result.winner} {result.winner_ms:.4g} ms in {seconds[-1]:.0f} s",
+                flush=True,
+            )
         first, second = _interleaved(problem, winners, device, bench_ms)
         diff = abs(first - second) / min(first, second)
         same = "same config" if winners[0] == winners[1] else "different configs"

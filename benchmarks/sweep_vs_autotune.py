@@ -33,11 +33,10 @@ import subprocess
 import sys
 import tempfile
 
-from _common import print_table
-from _common import require_gpu
-
 import torch
 import triton.testing
+from _common import print_table
+from _common import require_gpu
 
 from tunesvc.sweep import PHASES
 
@@ -104,8 +103,9 @@ def sweep_in_fresh_process(shape: tuple[int, int, int], workers: int, mode: str,
     its workers forked from it or from a server started inside ("cold") or before ("warm") the clock."""
     bench_dir = os.path.dirname(os.path.abspath(__file__))
     with tempfile.TemporaryDirectory() as tmp:
-        return fresh_process(SWEEP.format(bench=bench_dir, shape=shape, db=f"{tmp}/t.db", workers=workers, dtype=dtype,
-                                          mode=mode))
+        return fresh_process(
+            SWEEP.format(bench=bench_dir, shape=shape, db=f"{tmp}/t.db", workers=workers, dtype=dtype, mode=mode)
+        )
 
 
 def phase_columns() -> list[str]:
@@ -125,9 +125,17 @@ def table_rows(shape: tuple[int, int, int], results: dict[str, dict], times: dic
     for mode in MODES:
         same = " (same config)" if at["config"] == results[mode]["config"] else ""
         row.append(f"{times[mode]:.4f} = {times[mode] / times['autotune']:.3f}x{same}")
-    phase_rows = [[f"{name} ({title})", results[mode]["trials"], f"{results[mode]['device read']:.2f}", at["wall"], results[mode]["wall"],
-                   *(f"{results[mode]['phases'].get(p, 0.0):.2f}" for p in phase_columns())]
-                  for mode, title in MODES.items()]
+    phase_rows = [
+        [
+            f"{name} ({title})",
+            results[mode]["trials"],
+            f"{results[mode]['device read']:.2f}",
+            at["wall"],
+            results[mode]["wall"],
+            *(f"{results[mode]['phases'].get(p, 0.0):.2f}" for p in phase_columns()),
+        ]
+        for mode, title in MODES.items()
+    ]
     return row, phase_rows
 
 
@@ -149,7 +157,9 @@ def main() -> int:
         samples: dict[str, list[float]] = {name: [] for name in results}
         for _ in range(3):  # interleaved, so drift hits all alike
             for name, result in results.items():
-                samples[name].append(triton.testing.do_bench(lambda: launch_matmul(a, b, result["config"]), quantiles=[0.5]))
+                samples[name].append(
+                    triton.testing.do_bench(lambda: launch_matmul(a, b, result["config"]), quantiles=[0.5])
+                )
         times = {name: statistics.median(s) for name, s in samples.items()}
         print(shape, json.dumps(results), json.dumps(times), flush=True)
         row, phase_row = table_rows(shape, results, times)
@@ -157,13 +167,20 @@ def main() -> int:
         phase_rows += phase_row
     print_table(
         f"Tuning time against triton.autotune (16 tutorial configs, bf16, {workers} compile workers)",
-        ["M x N x K", "autotune 1st call s",
-         *(f"{title}{column}" for title in MODES.values() for column in (" s", " / autotune", ", like autotune")),
-         "picked: autotune ms", *(f"picked: {title} ms" for title in MODES.values())],
+        [
+            "M x N x K",
+            "autotune 1st call s",
+            *(f"{title}{column}" for title in MODES.values() for column in (" s", " / autotune", ", like autotune")),
+            "picked: autotune ms",
+            *(f"picked: {title} ms" for title in MODES.values()),
+        ],
         rows,
     )
-    print_table("Where the sweep's wall time went (s; what the sweep process waited on; device read: before the clock)",
-                ["M x N x K", "trials", "device read", "autotune s", "sweep s", *phase_columns()], phase_rows)
+    print_table(
+        "Where the sweep's wall time went (s; what the sweep process waited on; device read: before the clock)",
+        ["M x N x K", "trials", "device read", "autotune s", "sweep s", *phase_columns()],
+        phase_rows,
+    )
     return 0
 
 

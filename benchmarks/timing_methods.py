@@ -18,10 +18,10 @@ import sys
 
 import torch
 import triton.testing
-
 from _common import copies
 from _common import print_table
 from _common import require_gpu
+
 from tunesvc.bench import graph_time
 from tunesvc.kernels.matmul import _config
 from tunesvc.kernels.matmul import launch_matmul
@@ -48,12 +48,21 @@ def config(variant, bm, bn, bk, split, stages):
 
 
 CASES = {
-    (64, 4096, 4096): [config("grouped", 64, 32, 128, 1, 5), config("grouped", 64, 64, 128, 1, 5),
-                       config("splitk", 64, 64, 128, 2, 5)],
-    (16, 4096, 4096): [config("grouped", 16, 32, 128, 1, 5), config("grouped", 16, 64, 128, 1, 5),
-                       config("splitk", 16, 64, 128, 2, 4)],
-    (1, 4096, 4096): [config("splitk", 16, 128, 32, 4, 5), config("splitk", 16, 128, 32, 8, 4),
-                      config("grouped", 16, 64, 128, 1, 5)],
+    (64, 4096, 4096): [
+        config("grouped", 64, 32, 128, 1, 5),
+        config("grouped", 64, 64, 128, 1, 5),
+        config("splitk", 64, 64, 128, 2, 5),
+    ],
+    (16, 4096, 4096): [
+        config("grouped", 16, 32, 128, 1, 5),
+        config("grouped", 16, 64, 128, 1, 5),
+        config("splitk", 16, 64, 128, 2, 4),
+    ],
+    (1, 4096, 4096): [
+        config("splitk", 16, 128, 32, 4, 5),
+        config("splitk", 16, 128, 32, 8, 4),
+        config("grouped", 16, 64, 128, 1, 5),
+    ],
 }
 
 
@@ -63,15 +72,22 @@ def main() -> int:
     read_flush = scratch.sum
     rows = []
     for (m, n, k), configs in CASES.items():
-        make = lambda: (torch.randn(m, k, device="cuda", dtype=torch.bfloat16),  # noqa: E731
-                        torch.randn(k, n, device="cuda", dtype=torch.bfloat16))
+        make = lambda: (
+            torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
+            torch.randn(k, n, device="cuda", dtype=torch.bfloat16),
+        )
         sets = copies(make(), make)
         a, b = sets[0]
-        runs = [(f"{c['VARIANT']} {c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']}/{c['SPLIT_K']} s{c['num_stages']}",
-                 lambda x, y, c=c: launch_matmul(x, y, c)) for c in configs]
+        runs = [
+            (
+                f"{c['VARIANT']} {c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']}/{c['SPLIT_K']} s{c['num_stages']}",
+                lambda x, y, c=c: launch_matmul(x, y, c),
+            )
+            for c in configs
+        ]
         runs.append(("cuBLAS", lambda x, y: torch.matmul(x, y)))
         for name, run in runs:
-            fn = lambda: run(a, b)  # noqa: E731
+            fn = lambda: run(a, b)
             times = [
                 triton.testing.do_bench(fn, quantiles=[0.5]),
                 events_ms(fn, read_flush),
@@ -80,8 +96,18 @@ def main() -> int:
             ]
             rows.append([f"{m}x{n}x{k}", name, *(f"{t * 1e3:.1f}" for t in times)])
         del sets
-    print_table("One call's median time (us) by timing method", ["M x N x K", "kernel", "do_bench (zero-write flush)",
-                "events, read flush", "graph, one input set", "graph, cycled input sets"], rows)
+    print_table(
+        "One call's median time (us) by timing method",
+        [
+            "M x N x K",
+            "kernel",
+            "do_bench (zero-write flush)",
+            "events, read flush",
+            "graph, one input set",
+            "graph, cycled input sets",
+        ],
+        rows,
+    )
     return 0
 
 

@@ -34,14 +34,20 @@ def _writer(url: str, ids: tuple[int, int, int], writer: int, rows: int, batch: 
 
     kv, dev, sweep = ids
     store = Store(url)
-    trials = [({"writer": writer, "i": i}, f"w{writer}-{i}", Measurement(Status.OK, time_ms=1.0 + i, spread=0.01, reps=10, rel_error=1e-4))
-              for i in range(rows)]
+    trials = [
+        (
+            {"writer": writer, "i": i},
+            f"w{writer}-{i}",
+            Measurement(Status.OK, time_ms=1.0 + i, spread=0.01, reps=10, rel_error=1e-4),
+        )
+        for i in range(rows)
+    ]
     barrier.wait(timeout=300)
     start = time.time()
     stored = sum(
         row is not None
         for first in range(0, rows, batch)
-        for row in store.add_trials(sweep, kv, dev, "bench", trials[first:first + batch])
+        for row in store.add_trials(sweep, kv, dev, "bench", trials[first : first + batch])
     )
     results.put((start, time.time(), stored))
     store.close()
@@ -57,9 +63,14 @@ def measure(url: str, writers: int, rows: int, batch: int) -> tuple[float, int]:
     kv, dev = store.kernel_version_id(template), store.device_id(tunesvc.current_device())
     sweep = store.start_sweep(kv, dev, "bench", {}, "grid", None, 0)
     store.close()
-    context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
+    context = multiprocessing.get_context(
+        "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    )
     barrier, results = context.Barrier(writers), context.Queue()
-    processes = [context.Process(target=_writer, args=(url, (kv, dev, sweep), w, rows, batch, barrier, results)) for w in range(writers)]
+    processes = [
+        context.Process(target=_writer, args=(url, (kv, dev, sweep), w, rows, batch, barrier, results))
+        for w in range(writers)
+    ]
     for p in processes:
         p.start()
     out = [results.get(timeout=600) for _ in processes]
@@ -87,18 +98,29 @@ def _pg_database(admin_url: str):
         engine.dispose()
 
     admin(f'CREATE DATABASE "{name}"')
-    return make_url(admin_url).set(database=name).render_as_string(hide_password=False), lambda: admin(f'DROP DATABASE "{name}" WITH (FORCE)')
+    return make_url(admin_url).set(database=name).render_as_string(hide_password=False), lambda: admin(
+        f'DROP DATABASE "{name}" WITH (FORCE)'
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--rows", type=int, default=1000, help="trials per writer")
-    parser.add_argument("--batch", type=int, action="append",
-                        help="trials per transaction, repeatable [default: 8, a GPU sweep's batch, and 1]")
-    parser.add_argument("--pg", default=os.environ.get("TUNESVC_TEST_PG_URL"),
-                        help="PostgreSQL server URL [default: $TUNESVC_TEST_PG_URL; without one, SQLite only]")
-    parser.add_argument("--check", action="store_true", help="a quick run (2 writers x 50 rows) that checks the script works")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        action="append",
+        help="trials per transaction, repeatable [default: 8, a GPU sweep's batch, and 1]",
+    )
+    parser.add_argument(
+        "--pg",
+        default=os.environ.get("TUNESVC_TEST_PG_URL"),
+        help="PostgreSQL server URL [default: $TUNESVC_TEST_PG_URL; without one, SQLite only]",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="a quick run (2 writers x 50 rows) that checks the script works"
+    )
     args = parser.parse_args()
     writers, rows = (2, 50) if args.check else (args.writers, args.rows)
     batches = args.batch or [8, 1]

@@ -16,4 +16,13 @@ from tunesvc.kernels.pointwise import bias_act_residual
 from tunesvc.kernels.rmsnorm import rms_norm
 from tunesvc.kernels.softmax import softmax
 
-__all__ = ["attention", "bias_act_residual", "decode_attention", "dropout", "layer_norm", "matmul", "rms_norm", "softmax"]
+__all__ = [
+    "attention",
+    "bias_act_residual",
+    "decode_attention",
+    "dropout",
+    "layer_norm",
+    "matmul",
+    "rms_norm",
+    "softmax",
+]

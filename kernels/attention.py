@@ -31,7 +31,7 @@ writes O and LSE; backward reads Q, K, V, O, dO, LSE and writes dQ, dK, dV.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -59,10 +59,19 @@ _PRE_BLOCK = 64
 
 @triton.jit
 def _attn_fwd_step(
-    acc, l_i, m_i, q,
-    k_src, v_src, stride_kn, stride_vn,
-    start_n, qk_scale, S,
-    offs_m, offs_n,
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_src,
+    v_src,
+    stride_kn,
+    stride_vn,
+    start_n,
+    qk_scale,
+    S,
+    offs_m,
+    offs_n,
     MASK: tl.constexpr,  # 0: none, 1: causal (on-band block), 2: keys past S
     EVEN: tl.constexpr,  # every key of the block lies inside S: unmasked pointer loads
     TMA: tl.constexpr,  # k_src and v_src are tensor descriptors, else K^T and V pointer blocks
@@ -106,10 +115,20 @@ def _attn_fwd_step(
 
 @triton.jit
 def _attn_fwd_inner(
-    acc, l_i, m_i, q,
-    k_src, v_src, stride_kn, stride_vn,
-    lo, hi, qk_scale, S,
-    offs_m, offs_n,
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_src,
+    v_src,
+    stride_kn,
+    stride_vn,
+    lo,
+    hi,
+    qk_scale,
+    S,
+    offs_m,
+    offs_n,
     BLOCK_N: tl.constexpr,
     MASK: tl.constexpr,
     EVEN: tl.constexpr,
@@ -121,27 +140,73 @@ def _attn_fwd_inner(
         for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=True):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             acc, l_i, m_i = _attn_fwd_step(
-                acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, start_n, qk_scale, S,
-                offs_m, offs_n, MASK, EVEN, TMA,
+                acc,
+                l_i,
+                m_i,
+                q,
+                k_src,
+                v_src,
+                stride_kn,
+                stride_vn,
+                start_n,
+                qk_scale,
+                S,
+                offs_m,
+                offs_n,
+                MASK,
+                EVEN,
+                TMA,
             )
     else:
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             acc, l_i, m_i = _attn_fwd_step(
-                acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, start_n, qk_scale, S,
-                offs_m, offs_n, MASK, EVEN, TMA,
+                acc,
+                l_i,
+                m_i,
+                q,
+                k_src,
+                v_src,
+                stride_kn,
+                stride_vn,
+                start_n,
+                qk_scale,
+                S,
+                offs_m,
+                offs_n,
+                MASK,
+                EVEN,
+                TMA,
             )
     return acc, l_i, m_i
 
 
 @triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, O, LSE, sm_scale,
-    stride_qz, stride_qh, stride_qm, stride_qd,
-    stride_kz, stride_kh, stride_kn, stride_kd,
-    stride_vz, stride_vh, stride_vn, stride_vd,
-    stride_oz, stride_oh, stride_om, stride_od,
-    H, S,
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    sm_scale,
+    stride_qz,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kz,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vz,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_oz,
+    stride_oh,
+    stride_om,
+    stride_od,
+    H,
+    S,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -169,10 +234,18 @@ def _attn_fwd_kernel(
     if TMA:
         # One descriptor per (batch, head), built on the device (tutorial 06's Hopper path): the
         # TMA engine zero-fills rows past S on loads and drops them on stores, so no masks.
-        q_desc = tl.make_tensor_descriptor(Q, shape=[S, HEAD_DIM], strides=[stride_qm, 1], block_shape=[BLOCK_M, HEAD_DIM])
-        k_src = tl.make_tensor_descriptor(K, shape=[S, HEAD_DIM], strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM])
-        v_src = tl.make_tensor_descriptor(V, shape=[S, HEAD_DIM], strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM])
-        o_desc = tl.make_tensor_descriptor(O, shape=[S, HEAD_DIM], strides=[stride_om, 1], block_shape=[BLOCK_M, HEAD_DIM])
+        q_desc = tl.make_tensor_descriptor(
+            Q, shape=[S, HEAD_DIM], strides=[stride_qm, 1], block_shape=[BLOCK_M, HEAD_DIM]
+        )
+        k_src = tl.make_tensor_descriptor(
+            K, shape=[S, HEAD_DIM], strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM]
+        )
+        v_src = tl.make_tensor_descriptor(
+            V, shape=[S, HEAD_DIM], strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM]
+        )
+        o_desc = tl.make_tensor_descriptor(
+            O, shape=[S, HEAD_DIM], strides=[stride_om, 1], block_shape=[BLOCK_M, HEAD_DIM]
+        )
         q = q_desc.load([start_m * BLOCK_M, 0])
     else:
         q_ptrs = Q + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
@@ -195,29 +268,114 @@ def _attn_fwd_kernel(
     if CAUSAL:
         # off-band: key blocks wholly left of the diagonal, all inside S, never masked
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
-            0, start_m * BLOCK_M, qk_scale, S, offs_m, offs_n, BLOCK_N, 0, True, TMA, WS,
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_src,
+            v_src,
+            stride_kn,
+            stride_vn,
+            0,
+            start_m * BLOCK_M,
+            qk_scale,
+            S,
+            offs_m,
+            offs_n,
+            BLOCK_N,
+            0,
+            True,
+            TMA,
+            WS,
         )
         # on-band: the diagonal block, causally masked
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
-            start_m * BLOCK_M, (start_m + 1) * BLOCK_M, qk_scale, S, offs_m, offs_n, BLOCK_N, 1, EVEN_S, TMA, False,
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_src,
+            v_src,
+            stride_kn,
+            stride_vn,
+            start_m * BLOCK_M,
+            (start_m + 1) * BLOCK_M,
+            qk_scale,
+            S,
+            offs_m,
+            offs_n,
+            BLOCK_N,
+            1,
+            EVEN_S,
+            TMA,
+            False,
         )
     elif EVEN_S:
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
-            0, S, qk_scale, S, offs_m, offs_n, BLOCK_N, 0, True, TMA, WS,
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_src,
+            v_src,
+            stride_kn,
+            stride_vn,
+            0,
+            S,
+            qk_scale,
+            S,
+            offs_m,
+            offs_n,
+            BLOCK_N,
+            0,
+            True,
+            TMA,
+            WS,
         )
     else:
         # whole key blocks unmasked, then the ragged last block (if any) with the key mask
         full = (S // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
-            0, full, qk_scale, S, offs_m, offs_n, BLOCK_N, 0, True, TMA, WS,
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_src,
+            v_src,
+            stride_kn,
+            stride_vn,
+            0,
+            full,
+            qk_scale,
+            S,
+            offs_m,
+            offs_n,
+            BLOCK_N,
+            0,
+            True,
+            TMA,
+            WS,
         )
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
-            full, S, qk_scale, S, offs_m, offs_n, BLOCK_N, 2, False, TMA, False,
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_src,
+            v_src,
+            stride_kn,
+            stride_vn,
+            full,
+            S,
+            qk_scale,
+            S,
+            offs_m,
+            offs_n,
+            BLOCK_N,
+            2,
+            False,
+            TMA,
+            False,
         )
 
     m_i += tl.math.log2(l_i)
@@ -250,7 +408,12 @@ def _tma_ready(t: torch.Tensor) -> bool:
 
 
 def launch_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Config, *, causal: bool = False,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    config: Config,
+    *,
+    causal: bool = False,
     sm_scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel with one explicit config: (O, LSE), LSE float32 of shape (B, H, S).
@@ -273,10 +436,21 @@ def launch_attention(
     # all B * H heads' K and V (256 MiB at B=4, H=32) in flight, far past the 50 MB L2.
     grid = (triton.cdiv(S, meta["BLOCK_M"]), B * H)
     _attn_fwd_kernel[grid](
-        q, k, v, o, lse, sm_scale,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, S,
-        HEAD_DIM=D, **meta, CAUSAL=causal,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        sm_scale,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *o.stride(),
+        H,
+        S,
+        HEAD_DIM=D,
+        **meta,
+        CAUSAL=causal,
         EVEN_S=S % max(meta["BLOCK_M"], meta["BLOCK_N"]) == 0,
         DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16,
         **options,
@@ -286,10 +460,19 @@ def launch_attention(
 
 @triton.jit
 def _attn_bwd_preprocess(
-    O, DO, Delta,
-    stride_oz, stride_oh, stride_om, stride_od,
-    stride_dz, stride_dh, stride_dm, stride_dd,
-    H, S,
+    O,
+    DO,
+    Delta,
+    stride_oz,
+    stride_oh,
+    stride_om,
+    stride_od,
+    stride_dz,
+    stride_dh,
+    stride_dm,
+    stride_dd,
+    H,
+    S,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
@@ -299,21 +482,39 @@ def _attn_bwd_preprocess(
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m[:, None] < S
-    o = tl.load(O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-                mask=rows, other=0.0)
-    do = tl.load(DO + off_z * stride_dz + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
-                 mask=rows, other=0.0)
+    o = tl.load(
+        O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+        mask=rows,
+        other=0.0,
+    )
+    do = tl.load(
+        DO + off_z * stride_dz + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
+        mask=rows,
+        other=0.0,
+    )
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(Delta + off_hz * S + offs_m, delta, mask=offs_m < S)
 
 
 @triton.jit
 def _attn_bwd_dkdv(
-    dk, dv, k, v,
-    Q, DO, LSE, Delta,
-    stride_qm, stride_qd, stride_dm, stride_dd,
-    S, qk_scale,
-    start_n, start_m, num_steps,
+    dk,
+    dv,
+    k,
+    v,
+    Q,
+    DO,
+    LSE,
+    Delta,
+    stride_qm,
+    stride_qd,
+    stride_dm,
+    stride_dd,
+    S,
+    qk_scale,
+    start_n,
+    start_m,
+    num_steps,
     BLOCK_M1: tl.constexpr,
     BLOCK_N1: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -360,11 +561,22 @@ def _attn_bwd_dkdv(
 
 @triton.jit
 def _attn_bwd_dq(
-    dq, q, do, lse2, Di,
-    K, V,
-    stride_kn, stride_kd, stride_vn, stride_vd,
-    S, qk_scale,
-    start_m, start_n, num_steps,
+    dq,
+    q,
+    do,
+    lse2,
+    Di,
+    K,
+    V,
+    stride_kn,
+    stride_kd,
+    stride_vn,
+    stride_vd,
+    S,
+    qk_scale,
+    start_m,
+    start_n,
+    num_steps,
     BLOCK_M2: tl.constexpr,
     BLOCK_N2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -384,8 +596,12 @@ def _attn_bwd_dq(
             kT = tl.load(K + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd)
             vT = tl.load(V + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd)
         else:
-            kT = tl.load(K + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=offs_n[None, :] < S, other=0.0)
-            vT = tl.load(V + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd, mask=offs_n[None, :] < S, other=0.0)
+            kT = tl.load(
+                K + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=offs_n[None, :] < S, other=0.0
+            )
+            vT = tl.load(
+                V + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd, mask=offs_n[None, :] < S, other=0.0
+            )
         kT = kT.to(q.dtype)
         vT = vT.to(q.dtype)
         qk = tl.dot(q, kT)
@@ -403,13 +619,38 @@ def _attn_bwd_dq(
 
 @triton.jit
 def _attn_bwd_kernel(
-    Q, K, V, DO, DQ, DK, DV, LSE, Delta, sm_scale,
-    stride_qz, stride_qh, stride_qm, stride_qd,
-    stride_kz, stride_kh, stride_kn, stride_kd,
-    stride_vz, stride_vh, stride_vn, stride_vd,
-    stride_dz, stride_dh, stride_dm, stride_dd,
-    stride_gz, stride_gh, stride_gm, stride_gd,  # dQ, dK and dV share one layout
-    H, S,
+    Q,
+    K,
+    V,
+    DO,
+    DQ,
+    DK,
+    DV,
+    LSE,
+    Delta,
+    sm_scale,
+    stride_qz,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kz,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vz,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_dz,
+    stride_dh,
+    stride_dm,
+    stride_dd,
+    stride_gz,
+    stride_gh,
+    stride_gm,
+    stride_gd,  # dQ, dK and dV share one layout
+    H,
+    S,
     HEAD_DIM: tl.constexpr,
     BLOCK_M1: tl.constexpr,
     BLOCK_N1: tl.constexpr,
@@ -456,26 +697,93 @@ def _attn_bwd_kernel(
         dv = tl.zeros([BLOCK_N1, HEAD_DIM], dtype=tl.float32)
         if TMA:
             # the streamed Q and dO blocks through descriptors, as the forward streams K and V
-            q_src = tl.make_tensor_descriptor(Q, shape=[S, HEAD_DIM], strides=[stride_qm, 1], block_shape=[BLOCK_M1, HEAD_DIM])
-            do_src = tl.make_tensor_descriptor(DO, shape=[S, HEAD_DIM], strides=[stride_dm, 1], block_shape=[BLOCK_M1, HEAD_DIM])
+            q_src = tl.make_tensor_descriptor(
+                Q, shape=[S, HEAD_DIM], strides=[stride_qm, 1], block_shape=[BLOCK_M1, HEAD_DIM]
+            )
+            do_src = tl.make_tensor_descriptor(
+                DO, shape=[S, HEAD_DIM], strides=[stride_dm, 1], block_shape=[BLOCK_M1, HEAD_DIM]
+            )
         else:
             q_src = Q
             do_src = DO
         if CAUSAL:
             # queries before start_n see none of these keys; the diagonal blocks are masked
             dk, dv = _attn_bwd_dkdv(
-                dk, dv, k, v, q_src, do_src, LSE, Delta, stride_qm, stride_qd, stride_dm, stride_dd, S, qk_scale,
-                start_n, start_n, BLOCK_N1 // BLOCK_M1, BLOCK_M1, BLOCK_N1, HEAD_DIM, True, EVEN_S, TMA,
+                dk,
+                dv,
+                k,
+                v,
+                q_src,
+                do_src,
+                LSE,
+                Delta,
+                stride_qm,
+                stride_qd,
+                stride_dm,
+                stride_dd,
+                S,
+                qk_scale,
+                start_n,
+                start_n,
+                BLOCK_N1 // BLOCK_M1,
+                BLOCK_M1,
+                BLOCK_N1,
+                HEAD_DIM,
+                True,
+                EVEN_S,
+                TMA,
             )
             start_m = start_n + BLOCK_N1
             dk, dv = _attn_bwd_dkdv(
-                dk, dv, k, v, q_src, do_src, LSE, Delta, stride_qm, stride_qd, stride_dm, stride_dd, S, qk_scale,
-                start_n, start_m, tl.cdiv(S - start_m, BLOCK_M1), BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S, TMA,
+                dk,
+                dv,
+                k,
+                v,
+                q_src,
+                do_src,
+                LSE,
+                Delta,
+                stride_qm,
+                stride_qd,
+                stride_dm,
+                stride_dd,
+                S,
+                qk_scale,
+                start_n,
+                start_m,
+                tl.cdiv(S - start_m, BLOCK_M1),
+                BLOCK_M1,
+                BLOCK_N1,
+                HEAD_DIM,
+                False,
+                EVEN_S,
+                TMA,
             )
         else:
             dk, dv = _attn_bwd_dkdv(
-                dk, dv, k, v, q_src, do_src, LSE, Delta, stride_qm, stride_qd, stride_dm, stride_dd, S, qk_scale,
-                start_n, 0, tl.cdiv(S, BLOCK_M1), BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S, TMA,
+                dk,
+                dv,
+                k,
+                v,
+                q_src,
+                do_src,
+                LSE,
+                Delta,
+                stride_qm,
+                stride_qd,
+                stride_dm,
+                stride_dd,
+                S,
+                qk_scale,
+                start_n,
+                0,
+                tl.cdiv(S, BLOCK_M1),
+                BLOCK_M1,
+                BLOCK_N1,
+                HEAD_DIM,
+                False,
+                EVEN_S,
+                TMA,
             )
         dk *= sm_scale
         dk_ptrs = DK + grad_offset + offs_n[:, None] * stride_gm + offs_d[None, :] * stride_gd
@@ -509,31 +817,115 @@ def _attn_bwd_kernel(
         lse2 = lse * 1.4426950408889634  # in log2 units, like the exponent
         dq = tl.zeros([BLOCK_M2, HEAD_DIM], dtype=tl.float32)
         if TMA:
-            k_src = tl.make_tensor_descriptor(K, shape=[S, HEAD_DIM], strides=[stride_kn, 1], block_shape=[BLOCK_N2, HEAD_DIM])
-            v_src = tl.make_tensor_descriptor(V, shape=[S, HEAD_DIM], strides=[stride_vn, 1], block_shape=[BLOCK_N2, HEAD_DIM])
+            k_src = tl.make_tensor_descriptor(
+                K, shape=[S, HEAD_DIM], strides=[stride_kn, 1], block_shape=[BLOCK_N2, HEAD_DIM]
+            )
+            v_src = tl.make_tensor_descriptor(
+                V, shape=[S, HEAD_DIM], strides=[stride_vn, 1], block_shape=[BLOCK_N2, HEAD_DIM]
+            )
         else:
             k_src = K
             v_src = V
         if CAUSAL:
             # the diagonal blocks, masked; then every key block left of them, unmasked
             dq = _attn_bwd_dq(
-                dq, q, do, lse2, Di, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
-                start_m, start_m, BLOCK_M2 // BLOCK_N2, BLOCK_M2, BLOCK_N2, HEAD_DIM, 1, EVEN_S, TMA,
+                dq,
+                q,
+                do,
+                lse2,
+                Di,
+                k_src,
+                v_src,
+                stride_kn,
+                stride_kd,
+                stride_vn,
+                stride_vd,
+                S,
+                qk_scale,
+                start_m,
+                start_m,
+                BLOCK_M2 // BLOCK_N2,
+                BLOCK_M2,
+                BLOCK_N2,
+                HEAD_DIM,
+                1,
+                EVEN_S,
+                TMA,
             )
             dq = _attn_bwd_dq(
-                dq, q, do, lse2, Di, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
-                start_m, 0, start_m // BLOCK_N2, BLOCK_M2, BLOCK_N2, HEAD_DIM, 0, True, TMA,
+                dq,
+                q,
+                do,
+                lse2,
+                Di,
+                k_src,
+                v_src,
+                stride_kn,
+                stride_kd,
+                stride_vn,
+                stride_vd,
+                S,
+                qk_scale,
+                start_m,
+                0,
+                start_m // BLOCK_N2,
+                BLOCK_M2,
+                BLOCK_N2,
+                HEAD_DIM,
+                0,
+                True,
+                TMA,
             )
         else:
             if EVEN_S:
                 dq = _attn_bwd_dq(
-                    dq, q, do, lse2, Di, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
-                    start_m, 0, tl.cdiv(S, BLOCK_N2), BLOCK_M2, BLOCK_N2, HEAD_DIM, 0, True, TMA,
+                    dq,
+                    q,
+                    do,
+                    lse2,
+                    Di,
+                    k_src,
+                    v_src,
+                    stride_kn,
+                    stride_kd,
+                    stride_vn,
+                    stride_vd,
+                    S,
+                    qk_scale,
+                    start_m,
+                    0,
+                    tl.cdiv(S, BLOCK_N2),
+                    BLOCK_M2,
+                    BLOCK_N2,
+                    HEAD_DIM,
+                    0,
+                    True,
+                    TMA,
                 )
             else:
                 dq = _attn_bwd_dq(
-                    dq, q, do, lse2, Di, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd, S, qk_scale,
-                    start_m, 0, tl.cdiv(S, BLOCK_N2), BLOCK_M2, BLOCK_N2, HEAD_DIM, 2, False, TMA,
+                    dq,
+                    q,
+                    do,
+                    lse2,
+                    Di,
+                    k_src,
+                    v_src,
+                    stride_kn,
+                    stride_kd,
+                    stride_vn,
+                    stride_vd,
+                    S,
+                    qk_scale,
+                    start_m,
+                    0,
+                    tl.cdiv(S, BLOCK_N2),
+                    BLOCK_M2,
+                    BLOCK_N2,
+                    HEAD_DIM,
+                    2,
+                    False,
+                    TMA,
                 )
         dq *= sm_scale
         dq_ptrs = DQ + grad_offset + offs_m[:, None] * stride_gm + offs_d[None, :] * stride_gd
@@ -544,8 +936,16 @@ def _attn_bwd_kernel(
 
 
 def launch_attention_bwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
-    config: Config, *, causal: bool = False, sm_scale: float | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    config: Config,
+    *,
+    causal: bool = False,
+    sm_scale: float | None = None,
 ) -> torch.Tensor:
     """Run the backward with one explicit config: dQ, dK, dV stacked in one (3, B, H, S, D) tensor.
 
@@ -558,7 +958,15 @@ def launch_attention_bwd(
     grads = torch.empty((3, B, H, S, D), device=q.device, dtype=q.dtype)
     delta = torch.empty_like(lse)
     _attn_bwd_preprocess[(triton.cdiv(S, _PRE_BLOCK), B * H)](
-        o, do, delta, *o.stride(), *do.stride(), H, S, HEAD_DIM=D, BLOCK_M=_PRE_BLOCK,
+        o,
+        do,
+        delta,
+        *o.stride(),
+        *do.stride(),
+        H,
+        S,
+        HEAD_DIM=D,
+        BLOCK_M=_PRE_BLOCK,
     )
     meta, options = _split(config)
     meta = {"TMA": 0, **meta}
@@ -568,10 +976,26 @@ def launch_attention_bwd(
         _use_torch_allocator()
     grid = (triton.cdiv(S, meta["BLOCK_N1"]) + triton.cdiv(S, meta["BLOCK_M2"]), B * H)
     _attn_bwd_kernel[grid](
-        q, k, v, do, grads[0], grads[1], grads[2], lse, delta, sm_scale,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *grads[0].stride(),
-        H, S,
-        HEAD_DIM=D, **meta, CAUSAL=causal,
+        q,
+        k,
+        v,
+        do,
+        grads[0],
+        grads[1],
+        grads[2],
+        lse,
+        delta,
+        sm_scale,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *do.stride(),
+        *grads[0].stride(),
+        H,
+        S,
+        HEAD_DIM=D,
+        **meta,
+        CAUSAL=causal,
         EVEN_S=S % max(meta["BLOCK_N1"], meta["BLOCK_M2"]) == 0,
         DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16,
         **options,
@@ -580,7 +1004,12 @@ def launch_attention_bwd(
 
 
 def reference_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, sm_scale: float | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    sm_scale: float | None = None,
     do: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Float32 attention by its definition: (O, LSE), or (dQ, dK, dV) by autograd when ``do`` is given.
@@ -724,7 +1153,15 @@ class AttentionBwdTemplate(_AttentionBase):
     known_good = (
         {"BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 32, "TMA": 0, "num_warps": 4, "num_stages": 5},
         *(
-            {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64, "TMA": tma, "num_warps": 8, "num_stages": 3}
+            {
+                "BLOCK_M1": 64,
+                "BLOCK_N1": 128,
+                "BLOCK_M2": 128,
+                "BLOCK_N2": 64,
+                "TMA": tma,
+                "num_warps": 8,
+                "num_stages": 3,
+            }
             for tma in (1, 0)
         ),
     )
@@ -760,7 +1197,15 @@ class AttentionBwdTemplate(_AttentionBase):
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         warps = 4 if problem["D"] == 64 else 8
-        config = {"BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 32, "TMA": 0, "num_warps": warps, "num_stages": 3}
+        config = {
+            "BLOCK_M1": 32,
+            "BLOCK_N1": 128,
+            "BLOCK_M2": 128,
+            "BLOCK_N2": 32,
+            "TMA": 0,
+            "num_warps": warps,
+            "num_stages": 3,
+        }
         if self.violations(config, problem, device):
             config = self.feasible(problem, device)[0]  # short sequences: the smallest tiles
         return config
@@ -802,7 +1247,11 @@ class _Attention(torch.autograd.Function):
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
 ) -> torch.Tensor:
     """softmax(Q K^T * sm_scale) V with the tuned configs for this device and shape; differentiable.
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import triton
@@ -49,18 +49,39 @@ PAGE_SIZE = 16
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, seq_lens_ptr, block_table_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    out_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
     qk_scale,
     HKV,
-    stride_qb, stride_qh, stride_qd,
-    stride_kb, stride_kn, stride_kh, stride_kd,
-    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vh,
+    stride_vd,
     stride_bt,
-    stride_ob, stride_oh, stride_od,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
     PAGE: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One (sequence, kv head, split): online softmax over the split's chunk of the sequence.
 
@@ -87,7 +108,8 @@ def _decode_split_kernel(
     mask_g = offs_g < GROUP
     q = tl.load(
         q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-        mask=mask_g[:, None], other=0.0,
+        mask=mask_g[:, None],
+        other=0.0,
     )
     if DOT_IN_FP32:
         # Triton's CPU interpreter computes bf16 dots wrongly (seen with Triton 3.9);
@@ -147,10 +169,16 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_combine_kernel(
-    mid_o_ptr, mid_lse_ptr, out_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    out_ptr,
     HQ,
-    stride_ob, stride_oh, stride_od,
-    D: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One (sequence, query head): the splits' partial outputs weighted by 2^lse."""
     if USE_PDL:
@@ -201,23 +229,50 @@ def launch_decode(
     paged = block_table is not None
     pdl = num_splits > 1 and q.is_cuda and _pdl_available(q.device.index)
     _decode_split_kernel[(B * HKV, num_splits)](
-        q, k_cache, v_cache, seq_lens, block_table if paged else seq_lens, out, mid_o, mid_lse,
-        scale, HKV,
-        q.stride(0), q.stride(1), q.stride(2),
-        *k_cache.stride(), *v_cache.stride(),
+        q,
+        k_cache,
+        v_cache,
+        seq_lens,
+        block_table if paged else seq_lens,
+        out,
+        mid_o,
+        mid_lse,
+        scale,
+        HKV,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        *k_cache.stride(),
+        *v_cache.stride(),
         block_table.stride(0) if paged else 0,
-        out.stride(0), out.stride(1), out.stride(2),
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D,
-        BLOCK_N=meta["BLOCK_N"], NUM_SPLITS=num_splits,
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        GROUP=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        D=D,
+        BLOCK_N=meta["BLOCK_N"],
+        NUM_SPLITS=num_splits,
         PAGE=k_cache.shape[1] if paged else 0,
-        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16, USE_PDL=pdl,
+        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16,
+        USE_PDL=pdl,
         **options,
     )
     if num_splits > 1:
         # a tiny pass (NUM_SPLITS x D floats per program): the tuned launch options are the first kernel's
         _decode_combine_kernel[(B * HQ,)](
-            mid_o, mid_lse, out, HQ, out.stride(0), out.stride(1), out.stride(2),
-            D=D, NUM_SPLITS=num_splits, USE_PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+            mid_o,
+            mid_lse,
+            out,
+            HQ,
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            D=D,
+            NUM_SPLITS=num_splits,
+            USE_PDL=pdl,
+            num_warps=4,
+            **({"launch_pdl": True} if pdl else {}),
         )
     return out
 
@@ -274,8 +329,11 @@ class DecodeTemplate(Template):
         # heads and head dim come from the model and are kept exact
         return ShapeKey.make(
             {
-                "B": pow2_bucket(problem["B"]), "HQ": problem["HQ"], "HKV": problem["HKV"],
-                "S": pow2_bucket(problem["S"]), "D": problem["D"],
+                "B": pow2_bucket(problem["B"]),
+                "HQ": problem["HQ"],
+                "HKV": problem["HKV"],
+                "S": pow2_bucket(problem["S"]),
+                "D": problem["D"],
             },
             {"dtype": problem["dtype"], "paged": str(problem["paged"])},
         )

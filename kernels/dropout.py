@@ -14,8 +14,8 @@ Minimum bytes = 2 * numel * element size (x read once, y written once).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
-from typing import Callable
 
 import torch
 import triton
@@ -58,8 +58,15 @@ def _uniform_lanes(seed, start, BLOCK: tl.constexpr):
 
 @triton.jit
 def _dropout_kernel(
-    x_ptr, y_ptr, n_elements, seed, p, scale,
-    BLOCK: tl.constexpr, LANES_2D: tl.constexpr, INT64_OFFSETS: tl.constexpr,
+    x_ptr,
+    y_ptr,
+    n_elements,
+    seed,
+    p,
+    scale,
+    BLOCK: tl.constexpr,
+    LANES_2D: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr,
 ):
     pid = tl.program_id(axis=0)
     if INT64_OFFSETS:

@@ -22,7 +22,7 @@ w, dw, db, mean and rstd).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import triton
@@ -44,9 +44,19 @@ MAX_ROW_BYTES = 65536
 
 @triton.jit
 def _layernorm_fwd_kernel(
-    X, Y, W, B, Mean, Rstd,
-    M, N, stride_x, stride_y, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    X,
+    Y,
+    W,
+    B,
+    Mean,
+    Rstd,
+    M,
+    N,
+    stride_x,
+    stride_y,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)  # row offsets in 64 bits: M * N may pass 2**31 elements
@@ -70,9 +80,21 @@ def _layernorm_fwd_kernel(
 
 @triton.jit
 def _layernorm_bwd_kernel(
-    X, W, DY, DX, Mean, Rstd, Partial,
-    M, N, stride_x, stride_dy, stride_dx, rows_per_program,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    X,
+    W,
+    DY,
+    DX,
+    Mean,
+    Rstd,
+    Partial,
+    M,
+    N,
+    stride_x,
+    stride_dy,
+    stride_dx,
+    rows_per_program,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -129,7 +151,9 @@ def launch_column_sum(partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     rows, width = partial.shape
     # narrow blocks for narrow rows so that enough programs share the work
     block_n = 32 if width <= 8192 else 128
-    column_sum_kernel[(triton.cdiv(width, block_n),)](partial, out, rows, width, BLOCK_M=32, BLOCK_N=block_n, num_warps=4)
+    column_sum_kernel[(triton.cdiv(width, block_n),)](
+        partial, out, rows, width, BLOCK_M=32, BLOCK_N=block_n, num_warps=4
+    )
     return out
 
 
@@ -148,8 +172,13 @@ def launch_layernorm(
 
 
 def launch_layernorm_bwd(
-    x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-    config: Config, out: torch.Tensor | None = None,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    dy: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    config: Config,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dx, dw, db with one explicit config (no lookup).
 
@@ -167,9 +196,21 @@ def launch_layernorm_bwd(
     programs = triton.cdiv(M, rows_per_program)
     partial = torch.empty((programs, 2 * N), device=x.device, dtype=torch.float32)
     _layernorm_bwd_kernel[(programs,)](
-        x, w, dy, dx, mean, rstd, partial,
-        M, N, x.stride(0), dy.stride(0), dx.stride(0), rows_per_program,
-        **meta, **options,
+        x,
+        w,
+        dy,
+        dx,
+        mean,
+        rstd,
+        partial,
+        M,
+        N,
+        x.stride(0),
+        dy.stride(0),
+        dx.stride(0),
+        rows_per_program,
+        **meta,
+        **options,
     )
     launch_column_sum(partial, dwdb)
     return dx, dwdb[:N], dwdb[N:]
@@ -201,7 +242,9 @@ class RowNormTemplate(Template):
     def key(self, problem: Problem) -> ShapeKey:
         return ShapeKey.make({"M": pow2_bucket(problem["M"]), "N": problem["N"]}, {"dtype": problem["dtype"]})
 
-    def _tensor(self, problem: Problem, device: Device, *shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    def _tensor(
+        self, problem: Problem, device: Device, *shape: int, scale: float = 1.0, shift: float = 0.0
+    ) -> torch.Tensor:
         where = "cuda" if device.is_gpu else "cpu"
         data = torch.randn(*shape, device=where, dtype=torch.float32) * scale + shift
         return data.to(getattr(torch, problem["dtype"]))

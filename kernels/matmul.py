@@ -23,8 +23,8 @@ Masks make any M, N, K valid. FLOPs = 2 M N K; minimum bytes = (M K + K N + M N)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
-from typing import Callable
 
 import torch
 import triton
@@ -46,6 +46,7 @@ from tunesvc.template import pow2_bucket
 
 VARIANTS = ("grouped", "persistent", "tma", "splitk")
 
+
 @triton.jit
 def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """(pid_m, pid_n) of a tile number in grouped order (GROUP_M tile-rows per column sweep)."""
@@ -60,10 +61,23 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _tile_dot(
-    a_ptr, b_ptr, pid_m, pid_n, M, N, k_start, k_end,
-    stride_am, stride_ak, stride_bk, stride_bn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    pid_m,
+    pid_n,
+    M,
+    N,
+    k_start,
+    k_end,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
 ):
     """float32 sum over k in [k_start, k_end) of A[tile rows, k] * B[k, tile columns].
 
@@ -109,32 +123,65 @@ def _store_tile(c_ptr, c, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.
 
 @triton.jit
 def _matmul_kernel(
-    a_ptr, b_ptr, c_ptr,
-    M, N, K,
-    stride_am, stride_ak,
-    stride_bk, stride_bn,
-    stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     EVEN_K: tl.constexpr = False,
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(axis=0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     acc = _tile_dot(
-        a_ptr, b_ptr, pid_m, pid_n, M, N, 0, K, stride_am, stride_ak, stride_bk, stride_bn,
-        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DOT_IN_FP32,
+        a_ptr,
+        b_ptr,
+        pid_m,
+        pid_n,
+        M,
+        N,
+        0,
+        K,
+        stride_am,
+        stride_ak,
+        stride_bk,
+        stride_bn,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        EVEN_K,
+        DOT_IN_FP32,
     )
     _store_tile(c_ptr, acc.to(c_ptr.dtype.element_ty), pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
 def _matmul_persistent_kernel(
-    a_ptr, b_ptr, c_ptr,
-    M, N, K,
-    stride_am, stride_ak,
-    stride_bk, stride_bn,
-    stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     NUM_SMS: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -145,18 +192,42 @@ def _matmul_persistent_kernel(
     for tile_id in range(tl.program_id(axis=0), num_pid_m * num_pid_n, NUM_SMS):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         acc = _tile_dot(
-            a_ptr, b_ptr, pid_m, pid_n, M, N, 0, K, stride_am, stride_ak, stride_bk, stride_bn,
-            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DOT_IN_FP32,
+            a_ptr,
+            b_ptr,
+            pid_m,
+            pid_n,
+            M,
+            N,
+            0,
+            K,
+            stride_am,
+            stride_ak,
+            stride_bk,
+            stride_bn,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            EVEN_K,
+            DOT_IN_FP32,
         )
         _store_tile(c_ptr, acc.to(c_ptr.dtype.element_ty), pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
 def _matmul_tma_kernel(
-    a_ptr, b_ptr, c_ptr,
-    M, N, K,
-    stride_am, stride_bk, stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_bk,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     NUM_SMS: tl.constexpr,
     C_DESCRIPTOR: tl.constexpr,
@@ -191,12 +262,23 @@ def _matmul_tma_kernel(
 
 @triton.jit
 def _matmul_splitk_kernel(
-    a_ptr, b_ptr, c_ptr, partial_ptr, arrivals_ptr,
-    M, N, K,
-    stride_am, stride_ak,
-    stride_bk, stride_bn,
-    stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    partial_ptr,
+    arrivals_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -220,8 +302,23 @@ def _matmul_splitk_kernel(
     k_start = split * k_per_split
     k_end = min(K, k_start + k_per_split)
     acc = _tile_dot(
-        a_ptr, b_ptr, pid_m, pid_n, M, N, k_start, k_end, stride_am, stride_ak, stride_bk, stride_bn,
-        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DOT_IN_FP32,
+        a_ptr,
+        b_ptr,
+        pid_m,
+        pid_n,
+        M,
+        N,
+        k_start,
+        k_end,
+        stride_am,
+        stride_ak,
+        stride_bk,
+        stride_bn,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        EVEN_K,
+        DOT_IN_FP32,
     )
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -290,16 +387,43 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
     even_k = K % blocks["BLOCK_K"] == 0
     if variant == "grouped":
         _matmul_kernel[(tiles,)](
-            a, b, c, M, N, K,
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-            **blocks, DOT_IN_FP32=dot_in_fp32, EVEN_K=even_k, **options,
+            a,
+            b,
+            c,
+            M,
+            N,
+            K,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            c.stride(0),
+            c.stride(1),
+            **blocks,
+            DOT_IN_FP32=dot_in_fp32,
+            EVEN_K=even_k,
+            **options,
         )
     elif variant == "persistent":
         num_sms = current_device().sm_count
         _matmul_persistent_kernel[(min(num_sms, tiles),)](
-            a, b, c, M, N, K,
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-            **blocks, NUM_SMS=num_sms, DOT_IN_FP32=dot_in_fp32, EVEN_K=even_k, **options,
+            a,
+            b,
+            c,
+            M,
+            N,
+            K,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            c.stride(0),
+            c.stride(1),
+            **blocks,
+            NUM_SMS=num_sms,
+            DOT_IN_FP32=dot_in_fp32,
+            EVEN_K=even_k,
+            **options,
         )
     elif variant == "tma":
         if a.is_cuda:
@@ -308,18 +432,46 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
         b_tma = b if _tma_ready(b) else _aligned_copy(b)
         num_sms = current_device().sm_count
         _matmul_tma_kernel[(min(num_sms, tiles),)](
-            a_tma, b_tma, c, M, N, K,
-            a_tma.stride(0), b_tma.stride(0), c.stride(0), c.stride(1),
-            **blocks, NUM_SMS=num_sms, C_DESCRIPTOR=_tma_ready(c), DOT_IN_FP32=dot_in_fp32, **options,
+            a_tma,
+            b_tma,
+            c,
+            M,
+            N,
+            K,
+            a_tma.stride(0),
+            b_tma.stride(0),
+            c.stride(0),
+            c.stride(1),
+            **blocks,
+            NUM_SMS=num_sms,
+            C_DESCRIPTOR=_tma_ready(c),
+            DOT_IN_FP32=dot_in_fp32,
+            **options,
         )
     elif variant == "splitk":
         split_k = config["SPLIT_K"]
         partial = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)
         arrivals = _arrivals(a.device, tiles)
         _matmul_splitk_kernel[(tiles, split_k)](
-            a, b, c, partial, arrivals, M, N, K,
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-            **blocks, SPLIT_K=split_k, DOT_IN_FP32=dot_in_fp32, EVEN_K=even_k, **options,
+            a,
+            b,
+            c,
+            partial,
+            arrivals,
+            M,
+            N,
+            K,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            c.stride(0),
+            c.stride(1),
+            **blocks,
+            SPLIT_K=split_k,
+            DOT_IN_FP32=dot_in_fp32,
+            EVEN_K=even_k,
+            **options,
         )
     else:
         raise TunesvcError(f"matmul config has VARIANT={variant!r}; use one of {', '.join(VARIANTS)}.")
@@ -328,8 +480,14 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
 
 def _config(variant: str, m: int, n: int, k: int, group: int, split: int, warps: int, stages: int) -> Config:
     return {
-        "VARIANT": variant, "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": group, "SPLIT_K": split,
-        "num_warps": warps, "num_stages": stages,
+        "VARIANT": variant,
+        "BLOCK_M": m,
+        "BLOCK_N": n,
+        "BLOCK_K": k,
+        "GROUP_M": group,
+        "SPLIT_K": split,
+        "num_warps": warps,
+        "num_stages": stages,
     }
 
 
@@ -337,8 +495,17 @@ class MatmulTemplate(Template):
     name = "matmul"
     dims = ("M", "N", "K")
     kernel_sources = (
-        _tile_coords, _tile_dot, _store_tile, _matmul_kernel, _matmul_persistent_kernel, _matmul_tma_kernel,
-        _matmul_splitk_kernel, _tma_ready, _aligned_copy, _arrivals, launch_matmul,
+        _tile_coords,
+        _tile_dot,
+        _store_tile,
+        _matmul_kernel,
+        _matmul_persistent_kernel,
+        _matmul_tma_kernel,
+        _matmul_splitk_kernel,
+        _tma_ready,
+        _aligned_copy,
+        _arrivals,
+        launch_matmul,
     )
     presets = {
         # the foundation issue's H100 problem set
@@ -351,9 +518,7 @@ class MatmulTemplate(Template):
             {"M": 1000, "N": 3000, "K": 777},
         ],
         # issue "Kernel library": decode-sized M against LLM weight shapes, where split-K matters
-        "skinny": [
-            {"M": m, "N": n, "K": k} for m in (1, 16, 64) for n, k in ((4096, 4096), (14336, 4096))
-        ],
+        "skinny": [{"M": m, "N": n, "K": k} for m in (1, 16, 64) for n, k in ((4096, 4096), (14336, 4096))],
         # small and odd on purpose: runs in the CPU interpreter in seconds
         "tiny": [
             {"M": 37, "N": 45, "K": 29},
@@ -383,10 +548,20 @@ class MatmulTemplate(Template):
         *(
             _config("grouped", m, n, k, 8, 1, w, s)
             for m, n, k, s, w in (
-                (128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
-                (64, 128, 32, 4, 4), (128, 32, 32, 4, 4), (128, 256, 128, 3, 8), (256, 128, 128, 3, 8),
-                (256, 64, 128, 4, 4), (64, 256, 128, 4, 4), (128, 128, 128, 4, 4), (128, 64, 64, 4, 4),
-                (64, 128, 64, 4, 4), (128, 32, 64, 4, 4),
+                (128, 256, 64, 3, 8),
+                (64, 256, 32, 4, 4),
+                (128, 128, 32, 4, 4),
+                (128, 64, 32, 4, 4),
+                (64, 128, 32, 4, 4),
+                (128, 32, 32, 4, 4),
+                (128, 256, 128, 3, 8),
+                (256, 128, 128, 3, 8),
+                (256, 64, 128, 4, 4),
+                (64, 256, 128, 4, 4),
+                (128, 128, 128, 4, 4),
+                (128, 64, 64, 4, 4),
+                (64, 128, 64, 4, 4),
+                (128, 32, 64, 4, 4),
             )
         ),
     )

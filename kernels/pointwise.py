@@ -18,8 +18,8 @@ Minimum bytes = (3 M N + N) * element size (x, residual and y once, bias once); 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
-from typing import Callable
 
 import torch
 import triton
@@ -42,11 +42,18 @@ _FLOPS_PER_ELEMENT = {"gelu": 7, "silu": 5, "relu": 3}
 
 @triton.jit
 def _bias_act_residual_kernel(
-    x_ptr, bias_ptr, res_ptr, y_ptr,
-    M, N,
-    stride_xm, stride_rm, stride_ym,
+    x_ptr,
+    bias_ptr,
+    res_ptr,
+    y_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_rm,
+    stride_ym,
     ACT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(axis=0)
     pid_n = tl.program_id(axis=1)
@@ -70,7 +77,11 @@ def _bias_act_residual_kernel(
 
 
 def launch_bias_act_residual(
-    x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, act: str, config: Config,
+    x: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    act: str,
+    config: Config,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """act(x + bias) + residual with one explicit config (no lookup); x, residual (M, N) with unit column stride."""
@@ -87,11 +98,20 @@ def launch_bias_act_residual(
 
 @triton.jit
 def _bias_act_residual_bwd_kernel(
-    x_ptr, bias_ptr, dy_ptr, dx_ptr, partial_ptr,
-    M, N,
-    stride_xm, stride_dym, stride_dxm,
+    x_ptr,
+    bias_ptr,
+    dy_ptr,
+    dx_ptr,
+    partial_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_dym,
+    stride_dxm,
     ACT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
     pid_m = tl.program_id(axis=0)
     pid_n = tl.program_id(axis=1)
@@ -120,7 +140,11 @@ def _bias_act_residual_bwd_kernel(
 
 
 def launch_bias_act_residual_bwd(
-    x: torch.Tensor, bias: torch.Tensor, dy: torch.Tensor, act: str, config: Config,
+    x: torch.Tensor,
+    bias: torch.Tensor,
+    dy: torch.Tensor,
+    act: str,
+    config: Config,
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dx and dbias (dresidual is dy) with one explicit config; x, dy (M, N) with unit column stride.
@@ -229,7 +253,9 @@ class BiasActResidualBwdTemplate(BiasActResidualTemplate):
 
     peer_name = "torch eager backward (autograd)"
 
-    def peer(self, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]) -> Callable[[], tuple[torch.Tensor, ...]]:
+    def peer(
+        self, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]
+    ) -> Callable[[], tuple[torch.Tensor, ...]]:
         """dx, dbias by autograd of the eager expression, the forward run once here: only the
         backward is timed."""
         x, bias, dy, act = inputs
@@ -244,8 +270,12 @@ class BiasActResidualBwdTemplate(BiasActResidualTemplate):
         # the longest row group that still leaves two waves of programs: fewest partial rows
         programs = triton.cdiv(problem["N"], block_n)
         rows = next((r for r in (1024, 256) if triton.cdiv(problem["M"], r) * programs >= 2 * device.sm_count), 64)
-        config = {"BLOCK_M": min(forward["BLOCK_M"], 16), "BLOCK_N": block_n, "ROWS": rows,
-                  "num_warps": forward["num_warps"]}
+        config = {
+            "BLOCK_M": min(forward["BLOCK_M"], 16),
+            "BLOCK_N": block_n,
+            "ROWS": rows,
+            "num_warps": forward["num_warps"],
+        }
         if self.violations(config, problem, device):
             config = self.feasible(problem, device)[0]
         return config
@@ -267,8 +297,13 @@ def bias_act_residual_reference(x: torch.Tensor, bias: torch.Tensor, residual: t
 
 
 def bias_act_residual(
-    x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, act: str = "gelu", *,
-    config: Config | None = None, bwd_config: Config | None = None,
+    x: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    act: str = "gelu",
+    *,
+    config: Config | None = None,
+    bwd_config: Config | None = None,
 ) -> torch.Tensor:
     """act(x + bias) + residual over the last dimension, with the tuned config for this shape.
 
@@ -300,8 +335,13 @@ def bias_act_residual(
 class _BiasActResidual(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, act: str,
-        config: Config | None, bwd_config: Config | None,
+        ctx: Any,
+        x: torch.Tensor,
+        bias: torch.Tensor,
+        residual: torch.Tensor,
+        act: str,
+        config: Config | None,
+        bwd_config: Config | None,
     ) -> torch.Tensor:
         if config is None:
             from tunesvc.runtime import default_runtime
@@ -318,9 +358,7 @@ class _BiasActResidual(torch.autograd.Function):
         if config is None:
             from tunesvc.runtime import default_runtime
 
-            config = default_runtime().config_for(
-                BWD_TEMPLATE, M=x.shape[0], N=x.shape[1], act=ctx.act, dtype=x.dtype
-            )
+            config = default_runtime().config_for(BWD_TEMPLATE, M=x.shape[0], N=x.shape[1], act=ctx.act, dtype=x.dtype)
         dy_rows = dy if dy.stride(1) == 1 else dy.contiguous()
         dx, dbias = launch_bias_act_residual_bwd(x, bias, dy_rows, ctx.act, config)
         return dx, dbias, dy, None, None, None

@@ -16,7 +16,7 @@ w, dw and rstd).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import triton
@@ -36,9 +36,17 @@ from tunesvc.template import Problem
 
 @triton.jit
 def _rmsnorm_fwd_kernel(
-    X, Y, W, Rstd,
-    M, N, stride_x, stride_y, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    X,
+    Y,
+    W,
+    Rstd,
+    M,
+    N,
+    stride_x,
+    stride_y,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)  # row offsets in 64 bits: M * N may pass 2**31 elements
@@ -56,9 +64,20 @@ def _rmsnorm_fwd_kernel(
 
 @triton.jit
 def _rmsnorm_bwd_kernel(
-    X, W, DY, DX, Rstd, Partial,
-    M, N, stride_x, stride_dy, stride_dx, rows_per_program,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    X,
+    W,
+    DY,
+    DX,
+    Rstd,
+    Partial,
+    M,
+    N,
+    stride_x,
+    stride_dy,
+    stride_dx,
+    rows_per_program,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -96,8 +115,12 @@ def launch_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, config: Config)
 
 
 def launch_rmsnorm_bwd(
-    x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor,
-    config: Config, out: torch.Tensor | None = None,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    dy: torch.Tensor,
+    rstd: torch.Tensor,
+    config: Config,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dx, dw with one explicit config (no lookup).
 
@@ -115,9 +138,20 @@ def launch_rmsnorm_bwd(
     programs = triton.cdiv(M, rows_per_program)
     partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)
     _rmsnorm_bwd_kernel[(programs,)](
-        x, w, dy, dx, rstd, partial,
-        M, N, x.stride(0), dy.stride(0), dx.stride(0), rows_per_program,
-        **meta, **options,
+        x,
+        w,
+        dy,
+        dx,
+        rstd,
+        partial,
+        M,
+        N,
+        x.stride(0),
+        dy.stride(0),
+        dx.stride(0),
+        rows_per_program,
+        **meta,
+        **options,
     )
     launch_column_sum(partial, dw)
     return dx, dw

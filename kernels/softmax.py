@@ -17,8 +17,8 @@ FLOPs ~ 4 M N (max, subtract, exp, divide); minimum bytes = 2 M N * element size
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
-from typing import Callable
 
 import torch
 import triton
@@ -33,12 +33,17 @@ from tunesvc.template import ShapeKey
 from tunesvc.template import Template
 from tunesvc.template import pow2_bucket
 
+
 @triton.jit
 def _softmax_kernel(
-    x_ptr, y_ptr,
-    M, N,
-    stride_xm, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr,
+    y_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_ym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
 ):
     pid = tl.program_id(axis=0)
@@ -91,10 +96,16 @@ def launch_softmax(x: torch.Tensor, config: Config, out: torch.Tensor | None = N
 
 @triton.jit
 def _softmax_bwd_kernel(
-    y_ptr, dy_ptr, dx_ptr,
-    M, N,
-    stride_ym, stride_dym, stride_dxm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    y_ptr,
+    dy_ptr,
+    dx_ptr,
+    M,
+    N,
+    stride_ym,
+    stride_dym,
+    stride_dxm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     ONE_PASS: tl.constexpr,
 ):
     pid = tl.program_id(axis=0)
@@ -263,9 +274,7 @@ class _Softmax(torch.autograd.Function):
         return launch_softmax_bwd(y, dy, config), None, None
 
 
-def softmax(
-    x: torch.Tensor, *, config: Config | None = None, bwd_config: Config | None = None
-) -> torch.Tensor:
+def softmax(x: torch.Tensor, *, config: Config | None = None, bwd_config: Config | None = None) -> torch.Tensor:
     """Softmax over the last dimension of x with the tuned configs for this device and shape.
 
     x is float16, bfloat16 or float32 with at least one dimension; the result has x's shape

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import create_engine
@@ -23,7 +23,9 @@ BACKENDS = ["sqlite", "postgresql"]
 def pg_admin_url() -> str:
     url = os.environ.get(PG_ENV)
     if not url:
-        pytest.skip(f"PostgreSQL tests need ${PG_ENV} (a server URL, e.g. postgresql+psycopg://user:pw@127.0.0.1/db); .ci/run sets it")
+        pytest.skip(
+            f"PostgreSQL tests need ${PG_ENV} (a server URL, e.g. postgresql+psycopg://user:pw@127.0.0.1/db); .ci/run sets it"
+        )
     return url
 
 
@@ -51,7 +53,9 @@ def set_connections_allowed(url: str, allowed: bool) -> None:
     name = make_url(url).database
     _admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
     if not allowed:
-        _admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()")
+        _admin(
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+        )
 
 
 @pytest.fixture(params=BACKENDS)

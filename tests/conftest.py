@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tunesvc
-import tunesvc.kernels  # noqa: F401  (first: sets TRITON_INTERPRET before anything imports triton)
+import tunesvc.kernels
 import tunesvc.runtime
 
 

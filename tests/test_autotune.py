@@ -17,8 +17,11 @@ from tunesvc import TunesvcError
 from tunesvc.kernels import matmul
 from tunesvc.store import Store
 
-CONFIGS = [{"BLOCK": 16, "SHIFT": 0, "num_warps": 4}, {"BLOCK": 32, "SHIFT": 0, "num_warps": 4},
-           {"BLOCK": 64, "SHIFT": 1, "num_warps": 4}]
+CONFIGS = [
+    {"BLOCK": 16, "SHIFT": 0, "num_warps": 4},
+    {"BLOCK": 32, "SHIFT": 0, "num_warps": 4},
+    {"BLOCK": 64, "SHIFT": 1, "num_warps": 4},
+]
 
 
 @triton.jit
@@ -49,8 +52,9 @@ def _reference(x, y, z, n, alpha):
 
 def test_lookup_mode_falls_back_to_the_heuristic_and_memoises(monkeypatch):
     runtime = Runtime()
-    kernel = tunesvc.autotune(CONFIGS, key=["n"], name="axpy_lookup", runtime=runtime,
-                              heuristic=lambda n, dtype: CONFIGS[1])(_axpy)
+    kernel = tunesvc.autotune(
+        CONFIGS, key=["n"], name="axpy_lookup", runtime=runtime, heuristic=lambda n, dtype: CONFIGS[1]
+    )(_axpy)
     x, y, z = _inputs(77)
     with pytest.warns(RuntimeWarning, match="no tuned config of axpy_lookup"):
         kernel[_grid(77)](x, y, z, 77, 0.5)
@@ -70,7 +74,7 @@ def test_lookup_mode_falls_back_to_the_heuristic_and_memoises(monkeypatch):
 def test_space_file_constraints_prune_the_default_heuristic(tmp_path):
     space = tmp_path / "axpy.toml"
     space.write_text(
-        '[params]\nBLOCK = [16, 32, 64]\nSHIFT = [0]\n[launch]\nnum_warps = [4]\n'
+        "[params]\nBLOCK = [16, 32, 64]\nSHIFT = [0]\n[launch]\nnum_warps = [4]\n"
         '[constraints]\nfits = "BLOCK >= next_pow2(n) or BLOCK == 64"\n'
     )
     kernel = tunesvc.autotune(space, key=["n"], name="axpy_file", runtime=Runtime(mode="heuristic"))(_axpy)
@@ -81,8 +85,9 @@ def test_space_file_constraints_prune_the_default_heuristic(tmp_path):
 
 
 def test_tune_on_miss_checks_outputs_persists_and_is_found_later(tmp_db):
-    kernel = tunesvc.autotune(CONFIGS, key=["n"], name="axpy_tune", output="z_ptr", reference=_reference,
-                              db=tmp_db, mode="tune")(_axpy)
+    kernel = tunesvc.autotune(
+        CONFIGS, key=["n"], name="axpy_tune", output="z_ptr", reference=_reference, db=tmp_db, mode="tune"
+    )(_axpy)
     x, y, z = _inputs(45)
     kernel[_grid(45)](x, y, z, 45, 3.0)
     assert kernel.last.source == "tuned"
@@ -117,8 +122,9 @@ class _OneLaunchAtATime:
 
 
 def test_threads_missing_one_key_tune_it_once(tmp_db):
-    kernel = tunesvc.autotune(CONFIGS[:2], key=["n"], name="axpy_threads", output="z_ptr", db=tmp_db,
-                              mode="tune")(_OneLaunchAtATime(_axpy))
+    kernel = tunesvc.autotune(CONFIGS[:2], key=["n"], name="axpy_threads", output="z_ptr", db=tmp_db, mode="tune")(
+        _OneLaunchAtATime(_axpy)
+    )
     results, errors = [], []
 
     def launch():

@@ -171,8 +171,17 @@ def test_isolated_sweep_records_crash_and_timeout_and_goes_on(tmp_db, problem, d
     assert all(tpl.violations(c, problem, device) == [] for c in configs)
     store = Store(tmp_db)
     try:
-        [result] = run_sweep(tpl, [problem], store, strategy="grid", candidates=configs, isolate=True,
-                             measure_timeout=6.0, finalists=0, device=device)
+        [result] = run_sweep(
+            tpl,
+            [problem],
+            store,
+            strategy="grid",
+            candidates=configs,
+            isolate=True,
+            measure_timeout=6.0,
+            finalists=0,
+            device=device,
+        )
         rows = store.trials(store.kernel_version_id(tpl), store.device_id(device), result.shape_key)
     finally:
         store.close()
@@ -191,8 +200,9 @@ def test_finalists_are_remeasured_interleaved(tmp_db, template, problem, device)
     store = Store(tmp_db)
     configs = [SMALL, {**SMALL, "BLOCK_M": 32}, {**SMALL, "BLOCK_N": 64}]
     try:
-        [result] = run_sweep(template, [problem], store, strategy="grid", candidates=configs, finalists=2,
-                             device=device)
+        [result] = run_sweep(
+            template, [problem], store, strategy="grid", candidates=configs, finalists=2, device=device
+        )
         rows = store.trials(store.kernel_version_id(template), store.device_id(device), result.shape_key)
     finally:
         store.close()
@@ -285,8 +295,17 @@ def test_sweep_measures_each_candidate_while_later_ones_compile(order, tmp_db, t
     tpl = SlowToCompile(str(tmp_path / "slow-compiled"))
     store = Store(tmp_db)
     try:
-        [result] = run_sweep(tpl, [problem], store, strategy="grid", workers=2, isolate=False, finalists=0, device=device,
-                             candidates=[SMALL, SLOW] if order == "fast first" else [SLOW, SMALL])
+        [result] = run_sweep(
+            tpl,
+            [problem],
+            store,
+            strategy="grid",
+            workers=2,
+            isolate=False,
+            finalists=0,
+            device=device,
+            candidates=[SMALL, SLOW] if order == "fast first" else [SLOW, SMALL],
+        )
     finally:
         store.close()
     assert result.trials_new == 2 and result.failures == 0
@@ -298,7 +317,9 @@ def test_sweep_measures_each_candidate_while_later_ones_compile(order, tmp_db, t
 
 def test_compile_each_yields_each_config_as_it_finishes(problem, tmp_path):
     with Compiler(2) as compiler:
-        outcomes = compiler.compile_each(SlowToCompile(str(tmp_path / "m")), problem, [SLOW, SMALL, {**SMALL, "BLOCK_K": 16}])
+        outcomes = compiler.compile_each(
+            SlowToCompile(str(tmp_path / "m")), problem, [SLOW, SMALL, {**SMALL, "BLOCK_K": 16}]
+        )
         assert next(outcomes) == (1, None)  # the fast second config, while the slow first one compiles
         assert not (tmp_path / "m").exists()
         assert sorted(outcomes) == [(0, None), (2, None)]
@@ -350,7 +371,9 @@ def test_workers_are_forked_from_a_process_without_cuda_and_start_after_parallel
         torch.set_num_threads(threads)
     monkeypatch.setattr(bench, "STARTUP_TIMEOUT_S", 30.0)
     template = MatmulTemplate()
-    worker = bench.Worker(template, template.problem(M=20, N=33, K=20, dtype="float32"), current_device(), timeout_s=5.0)
+    worker = bench.Worker(
+        template, template.problem(M=20, N=33, K=20, dtype="float32"), current_device(), timeout_s=5.0
+    )
     worker.wait_ready()  # TunesvcError if the child hung
     assert worker.measure(SMALL).status is Status.OK
     child = worker._process

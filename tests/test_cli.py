@@ -113,8 +113,21 @@ def test_sweep_again_measures_nothing_new(db):
 
 
 def test_sweep_json_optuna(tmp_db):
-    result = invoke("sweep", "matmul", "--shape", "16x32x32", "--strategy", "optuna", "--budget", "2",
-                    "--seed", "1", "--db", tmp_db, "--json")
+    result = invoke(
+        "sweep",
+        "matmul",
+        "--shape",
+        "16x32x32",
+        "--strategy",
+        "optuna",
+        "--budget",
+        "2",
+        "--seed",
+        "1",
+        "--db",
+        tmp_db,
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     [row] = json.loads(result.stdout)
     assert row["trials_new"] == 2 and row["winner"] is not None
@@ -142,8 +155,11 @@ def test_show_json(db, device, template):
 
 def test_show_does_not_change_the_database(db):
     before = Path(db).read_bytes()
-    for args in (("show", "--db", db), ("show", "--db", db, "--json"),
-                 ("lookup", "matmul", "--shape", SHAPE, "--db", db)):
+    for args in (
+        ("show", "--db", db),
+        ("show", "--db", db, "--json"),
+        ("lookup", "matmul", "--shape", SHAPE, "--db", db),
+    ):
         assert invoke(*args).exit_code == 0
     assert Path(db).read_bytes() == before
 
@@ -209,7 +225,10 @@ def test_no_arguments_shows_help():
 BAD = {
     "unknown_kernel": (["sweep", "conv2d", "--shape", SHAPE, "--budget", "2"], "Unknown kernel 'conv2d'"),
     "unknown_kernel_lookup": (["lookup", "conv2d", "--shape", SHAPE], "Unknown kernel"),
-    "unknown_strategy": (["sweep", "matmul", "--shape", SHAPE, "--budget", "2", "--strategy", "annealing"], "Unknown strategy"),
+    "unknown_strategy": (
+        ["sweep", "matmul", "--shape", SHAPE, "--budget", "2", "--strategy", "annealing"],
+        "Unknown strategy",
+    ),
     "bad_shape": (["sweep", "matmul", "--shape", "12x", "--budget", "2"], "12x"),
     "impossible_shape": (["sweep", "matmul", "--shape", "0x4x4", "--budget", "2"], "M=0 is impossible"),
     "non_integer_shape": (["lookup", "matmul", "--shape", "4xKx4"], "not an integer"),
@@ -231,9 +250,14 @@ def test_bad_input_is_one_line_and_leaves_the_database_alone(db, name):
     assert Path(db).read_bytes() == before
 
 
-@pytest.mark.parametrize("args", [["sweep", "matmul", "--shape", SHAPE, "--strategy", "annealing"],
-                                  ["sweep", "matmul", "--shape", SHAPE, "--budget", "0"]],
-                         ids=["unknown_strategy", "zero_budget"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sweep", "matmul", "--shape", SHAPE, "--strategy", "annealing"],
+        ["sweep", "matmul", "--shape", SHAPE, "--budget", "0"],
+    ],
+    ids=["unknown_strategy", "zero_budget"],
+)
 def test_rejected_sweep_creates_no_database(tmp_path, args):
     # BUG (minor): cli.py `sweep` opens Store(db) -- creating the file, its schema and the
     # device / kernel-version rows -- before run_sweep() rejects the strategy or the budget;
@@ -247,7 +271,12 @@ def test_show_on_a_text_file(tmp_path):
     path = tmp_path / "notes.txt"
     text = b"not a database, just some text\n" * 30
     path.write_bytes(text)
-    for command in (["show"], ["lookup", "matmul", "--shape", SHAPE], ["export"], ["sweep", "matmul", "--shape", SHAPE]):
+    for command in (
+        ["show"],
+        ["lookup", "matmul", "--shape", SHAPE],
+        ["export"],
+        ["sweep", "matmul", "--shape", SHAPE],
+    ):
         result = invoke(*command, "--db", str(path))
         assert_one_line_error(result, "is not a SQLite database")
         assert path.read_bytes() == text
@@ -290,8 +319,13 @@ def test_show_filters_by_device_and_shape(db, device):
         return json.loads(result.stdout)
 
     everything = shown()
-    for args in (("--device", device.name[3:9].upper()), ("--device", device.hardware_id), ("--shape", "M=64"),
-                 ("--shape", "FLOAT16"), ("--kernel", "matmul", "--device", device.name, "--shape", "K=29")):
+    for args in (
+        ("--device", device.name[3:9].upper()),
+        ("--device", device.hardware_id),
+        ("--shape", "M=64"),
+        ("--shape", "FLOAT16"),
+        ("--kernel", "matmul", "--device", device.name, "--shape", "K=29"),
+    ):
         assert shown(*args) == everything, args  # substrings, any case
     for args in (("--device", "no such gpu"), ("--shape", "float32"), ("--shape", "M=6_"), ("--shape", "%")):
         assert shown(*args) == {"winners": [], "trials": {}}, args  # LIKE wildcards are plain text
@@ -326,8 +360,13 @@ def test_debug_keeps_the_traceback(tmp_path):
     # the flag is per run: the next command without it is back to one line
     assert_one_line_error(invoke("show", "--db", missing), "No database at")
 
-    done = subprocess.run([sys.executable, "-m", "tunesvc", "--debug", "show", "--db", missing],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "tunesvc", "--debug", "show", "--db", missing],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode == 1
     assert "Traceback (most recent call last)" in done.stderr
     assert "tunesvc.errors.TunesvcError: No database at" in done.stderr

@@ -17,8 +17,11 @@ import sqlite3
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
+from _backends import pg_database
+from _backends import set_connections_allowed
 from typer.testing import CliRunner
 
 import tunesvc
@@ -27,9 +30,6 @@ from tunesvc.cli import app
 from tunesvc.store import Store
 from tunesvc.store import _store
 from tunesvc.sweep import run_sweep
-
-from _backends import pg_database
-from _backends import set_connections_allowed
 
 PROBLEM = {"M": 37, "N": 45, "K": 29, "dtype": "float16"}
 BUDGET = 3
@@ -40,7 +40,16 @@ def _context():
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(
-            ["torch", "triton", "triton.language", "tunesvc.store", "tunesvc.bench", "alembic.command", "tunesvc.sweep", "tunesvc.kernels"]
+            [
+                "torch",
+                "triton",
+                "triton.language",
+                "tunesvc.store",
+                "tunesvc.bench",
+                "alembic.command",
+                "tunesvc.sweep",
+                "tunesvc.kernels",
+            ]
         )
         return context
     return multiprocessing.get_context("spawn")
@@ -56,22 +65,29 @@ def _sweep(path: str, log_path: str) -> None:
     template = tunesvc.get_template("matmul")
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     store = Store(path)
-    run_sweep(template, [template.problem(**PROBLEM)], store, budget=BUDGET,
-              on_trial=lambda event: os.write(fd, f"{config_hash(event.config)}\n".encode()))
+    run_sweep(
+        template,
+        [template.problem(**PROBLEM)],
+        store,
+        budget=BUDGET,
+        on_trial=lambda event: os.write(fd, f"{config_hash(event.config)}\n".encode()),
+    )
     store.close()
 
 
 def _committed(log_path: str) -> list[str]:
     if not os.path.exists(log_path):
         return []
-    text = open(log_path).read()
+    text = Path(log_path).read_text()
     return [line for line in text.split("\n")[:-1]]  # a line cut by the kill has no newline: dropped
 
 
 def _trials(path: str) -> list[tuple]:
     con = sqlite3.connect(path)
     try:
-        return con.execute("SELECT id, shape_key, config_hash, status, time_ms FROM tunesvc_trials ORDER BY id").fetchall()
+        return con.execute(
+            "SELECT id, shape_key, config_hash, status, time_ms FROM tunesvc_trials ORDER BY id"
+        ).fetchall()
     finally:
         con.close()
 
@@ -157,7 +173,9 @@ def _limit_sqlite(monkeypatch, pragma: str) -> None:
 
 
 def _sweep_cli(db: str, budget: int):
-    return CliRunner().invoke(app, ["sweep", "matmul", "--shape", "37x45x29", "--budget", str(budget), "--db", db, "--quiet"])
+    return CliRunner().invoke(
+        app, ["sweep", "matmul", "--shape", "37x45x29", "--budget", str(budget), "--db", db, "--quiet"]
+    )
 
 
 def test_a_full_disk_is_one_error_line_and_leaves_no_partial_rows(tmp_db, monkeypatch):
@@ -194,7 +212,9 @@ def test_a_read_only_database_is_one_error_line_and_changes_nothing(tmp_db, monk
     result = _sweep_cli(tmp_db, 3)
 
     assert result.exit_code == 1
-    assert result.output.strip().splitlines() == [f"Error: {tmp_db} is read-only; make it writable or pass another --db."]
+    assert result.output.strip().splitlines() == [
+        f"Error: {tmp_db} is read-only; make it writable or pass another --db."
+    ]
     assert _trials(tmp_db) == before
     assert _integrity(tmp_db) == [("ok",)]
 
@@ -217,7 +237,7 @@ def test_postgresql_server_restarted_mid_sweep_is_reported_retried_and_finished(
         def worker() -> None:
             try:
                 jobs.work(url, batch, heartbeat_s=0.2, retry_s=120, log=lines.append)
-            except BaseException as exc:  # noqa: BLE001  (reported to the test)
+            except BaseException as exc:
                 errors.append(exc)
 
         thread = threading.Thread(target=worker)
@@ -237,7 +257,9 @@ def test_postgresql_server_restarted_mid_sweep_is_reported_retried_and_finished(
             _server(ctl, url, up=True)
         thread.join(timeout=180)
         assert not thread.is_alive() and errors == []
-        assert any(line.startswith("Lost the connection to postgresql") and "retrying in" in line for line in lines), lines
+        assert any(line.startswith("Lost the connection to postgresql") and "retrying in" in line for line in lines), (
+            lines
+        )
         assert lines[-1].startswith("done ")
         store = Store(url)
         try:
@@ -275,7 +297,7 @@ def _wait_for_server(url: str) -> None:
             with engine.connect() as connection:
                 connection.execute(text("SELECT 1"))
             return
-        except Exception:  # noqa: BLE001  (still starting)
+        except Exception:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)

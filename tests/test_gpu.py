@@ -53,8 +53,16 @@ def test_split_k_reduces_once_per_tile_and_deterministically(split):
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     ref = a.double() @ b.double()
-    config = {"VARIANT": "splitk", "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 1, "SPLIT_K": split,
-              "num_warps": 4, "num_stages": 3}
+    config = {
+        "VARIANT": "splitk",
+        "BLOCK_M": 64,
+        "BLOCK_N": 32,
+        "BLOCK_K": 64,
+        "GROUP_M": 1,
+        "SPLIT_K": split,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     first = launch_matmul(a, b, config)
     assert relative_error(first, ref) < 2e-2
     for _ in range(20):
@@ -65,8 +73,16 @@ def test_split_k_counters_across_graphs_streams_and_growth():
     """Split-K's counters are zeroed once per stream and reset by the kernel: a CUDA graph
     replayed with eager calls between its replays, a problem that outgrows the counters after
     the graph was captured, and another stream all give the same, right result."""
-    config = {"VARIANT": "splitk", "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 1, "SPLIT_K": 4,
-              "num_warps": 4, "num_stages": 3}
+    config = {
+        "VARIANT": "splitk",
+        "BLOCK_M": 64,
+        "BLOCK_N": 32,
+        "BLOCK_K": 64,
+        "GROUP_M": 1,
+        "SPLIT_K": 4,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     a = torch.randn(61, 2049, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2049, 999, device="cuda", dtype=torch.bfloat16)
     expected = launch_matmul(a, b, config)
@@ -130,10 +146,18 @@ def test_a_sweep_forks_its_workers_from_a_process_that_never_initialises_cuda(tm
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", FORKED_SWEEP, str(tmp_path / "fork.db")], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", FORKED_SWEEP, str(tmp_path / "fork.db")], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.splitlines()[-1]) == {
-        "gpu": True, "start": "fork", "trials": 6, "failures": 0, "winner": True, "cuda_here": False}
+        "gpu": True,
+        "start": "fork",
+        "trials": 6,
+        "failures": 0,
+        "winner": True,
+        "cuda_here": False,
+    }
 
 
 def test_tuned_matmul_is_captured_in_a_cuda_graph(tmp_path):
@@ -167,12 +191,13 @@ def test_autotune_decorator_tunes_on_miss_on_gpu(tmp_path):
         tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0, mask=mask)
 
     configs = [{"BLOCK": b, "num_warps": w} for b in (256, 1024) for w in (4, 8)]
-    kernel = tunesvc.autotune(configs, key=["n"], name="scale_gpu", output="y_ptr",
-                              db=str(tmp_path / "gpu.db"), mode="tune")(scale)
+    kernel = tunesvc.autotune(
+        configs, key=["n"], name="scale_gpu", output="y_ptr", db=str(tmp_path / "gpu.db"), mode="tune"
+    )(scale)
     n = 1_000_003
     x = torch.randn(n, device="cuda")
     y = torch.empty_like(x)
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)  # noqa: E731
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
     kernel[grid](x, y, n)
     assert kernel.last.source == "tuned" and kernel.last.config in configs
     torch.cuda.synchronize()
@@ -225,8 +250,9 @@ def test_a_faulting_kernel_is_a_crash_and_the_sweep_goes_on(tmp_path, workers):
     configs = [{"BLOCK": 128, "num_warps": 4}, FAULT, {"BLOCK": 512, "num_warps": 4}]
     store = Store(str(tmp_path / "faults.db"))
     try:
-        [result] = run_sweep(template, [problem], store, strategy="grid", candidates=configs, workers=workers,
-                             isolate=True, finalists=0)
+        [result] = run_sweep(
+            template, [problem], store, strategy="grid", candidates=configs, workers=workers, isolate=True, finalists=0
+        )
         rows = store.trials(store.kernel_version_id(template), store.device_id(current_device()), result.shape_key)
     finally:
         store.close()

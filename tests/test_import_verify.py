@@ -36,8 +36,9 @@ def source_db(tmp_path_factory):
     problem = template.problem(**PROBLEM)
     store = Store(db)
     try:
-        [result] = run_sweep(template, [problem], store, budget=1,
-                             candidates=[template.heuristic(problem, tunesvc.current_device())])
+        [result] = run_sweep(
+            template, [problem], store, budget=1, candidates=[template.heuristic(problem, tunesvc.current_device())]
+        )
     finally:
         store.close()
     assert result.winner is not None
@@ -110,10 +111,13 @@ def test_import_of_a_database_and_the_cli_report(source_db, tmp_path):
     assert "0 added, 0 replaced, 1 kept." in result.output
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{not json", "not valid JSON"),
-    (json.dumps({"format": "tunesvc-bundle", "format_version": 99}), "bundle format 99"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({"format": "tunesvc-bundle", "format_version": 99}), "bundle format 99"),
+    ],
+)
 def test_import_of_a_bad_bundle_is_one_error_and_writes_nothing(bundle, tmp_path, tmp_db, content, message):
     bad = tmp_path / "bad.json"
     bad.write_text(content)
@@ -145,7 +149,9 @@ def test_verify_flags_a_winner_slower_than_the_heuristic(source_db, tmp_db, monk
     with sqlite3.connect(tmp_db) as db:
         db.execute("UPDATE tunesvc_winners SET config = ?", (json.dumps(other),))
     # timings are the point here, not the interpreter's noise: the heuristic measures 2x faster
-    monkeypatch.setattr(Bench, "measure", lambda self, c: Measurement(Status.OK, time_ms=1.0 if c == heuristic else 2.0))
+    monkeypatch.setattr(
+        Bench, "measure", lambda self, c: Measurement(Status.OK, time_ms=1.0 if c == heuristic else 2.0)
+    )
     store = Store(tmp_db, readonly=True)
     try:
         [verdict] = verify(store)

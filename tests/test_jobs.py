@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
 from sqlalchemy import func
 from sqlalchemy import select
 from typer.testing import CliRunner
@@ -25,8 +26,6 @@ from tunesvc.cli import app
 from tunesvc.store import Store
 from tunesvc.store.models import Job
 from tunesvc.store.models import Trial
-
-from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
 
 BUDGET = 3
 
@@ -72,13 +71,21 @@ def test_the_costliest_jobs_are_claimed_first(tmp_path, template, device):
     """Longest job first: a slow shape is not left as the last job while other workers idle."""
     store = Store(str(tmp_path / "jobs.db"))
     try:
-        problems = [template.problem(M=m, N=n, K=k, dtype="float16") for m, n, k in
-                    [(16, 40, 16), (300, 200, 100), (17, 20, 11), (64, 64, 600), (40, 16, 16)]]
+        problems = [
+            template.problem(M=m, N=n, K=k, dtype="float16")
+            for m, n, k in [(16, 40, 16), (300, 200, 100), (17, 20, 11), (64, 64, 600), (40, 16, 16)]
+        ]
         batch = _queue(store, template, device, problems)
         claimed = [jobs.claim(store, batch, f"w{i}").problem for i in range(len(problems))]  # a worker holds one
         flops = [template.cost(p).flops for p in claimed]
         assert flops == sorted((template.cost(p).flops for p in problems), reverse=True)
-        assert claimed == [problems[1], problems[3], problems[0], problems[4], problems[2]]  # a tie (same cost): as given
+        assert claimed == [
+            problems[1],
+            problems[3],
+            problems[0],
+            problems[4],
+            problems[2],
+        ]  # a tie (same cost): as given
         assert jobs.claim(store, batch, "w5") is None
     finally:
         store.close()
@@ -99,7 +106,7 @@ def test_each_job_is_claimed_by_exactly_one_of_many_racing_workers(db_url, templ
             while (job := jobs.claim(own, batch, name)) is not None:
                 mine.append(job.id)
                 assert jobs.finish(own, job.id, name)
-        except Exception as exc:  # noqa: BLE001  (reported to the test, which fails on any)
+        except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
         finally:
             own.close()
@@ -148,7 +155,9 @@ def test_a_stale_job_is_released_and_a_done_one_never_runs_again(db_url, templat
 def _trials_per_key(store: Store) -> dict[str, tuple[int, int]]:
     """shape key -> (trial rows, distinct configs)."""
     with store.session() as session:
-        query = select(Trial.shape_key, func.count(), func.count(func.distinct(Trial.config_hash))).group_by(Trial.shape_key)
+        query = select(Trial.shape_key, func.count(), func.count(func.distinct(Trial.config_hash))).group_by(
+            Trial.shape_key
+        )
         return {key: (n, distinct) for key, n, distinct in session.execute(query)}
 
 
@@ -188,7 +197,9 @@ def test_a_worker_killed_mid_job_has_its_job_finished_by_another(tmp_db, templat
 
 
 def test_tune_sweep_gpus_runs_one_worker_per_index(tmp_db, template):
-    result = CliRunner().invoke(app, ["sweep", "matmul", "--preset", "tiny", "--budget", "2", "--gpus", "0,1", "--db", tmp_db, "--json"])
+    result = CliRunner().invoke(
+        app, ["sweep", "matmul", "--preset", "tiny", "--budget", "2", "--gpus", "0,1", "--db", tmp_db, "--json"]
+    )
     assert result.exit_code == 0, result.output
     store = Store(tmp_db, readonly=True)
     try:
@@ -225,7 +236,9 @@ def test_tune_sweep_gpus_passes_time_budget_patience_and_workers_to_every_job(tm
             for p in problems:
                 key, first = str(template.key(p)), template.feasible(p, device)[0]
                 sweep = store.start_sweep(kv, dev, key, dict(p), "grid", None, 0)
-                store.add_trial(sweep, kv, dev, key, first, config_hash(first), Measurement(Status.OK, time_ms=1e-9, reps=1))
+                store.add_trial(
+                    sweep, kv, dev, key, first, config_hash(first), Measurement(Status.OK, time_ms=1e-9, reps=1)
+                )
         finally:
             store.close()
     sweep = ["sweep", "matmul", "--preset", "tiny", "--budget", "6", "--gpus", "0,1", "--json"]
@@ -251,8 +264,16 @@ def test_tune_sweep_gpus_passes_time_budget_patience_and_workers_to_every_job(tm
         store.close()
     # a limit names another batch, so a host running the sweep without it does not join this one
     plain = jobs.batch_name("matmul", template, problems, "grid", 6, 0, device)
-    assert len({plain, jobs.batch_name("matmul", template, problems, "grid", 6, 0, device, patience=1),
-                jobs.batch_name("matmul", template, problems, "grid", 6, 0, device, time_budget=1e-6)}) == 3
+    assert (
+        len(
+            {
+                plain,
+                jobs.batch_name("matmul", template, problems, "grid", 6, 0, device, patience=1),
+                jobs.batch_name("matmul", template, problems, "grid", 6, 0, device, time_budget=1e-6),
+            }
+        )
+        == 3
+    )
 
 
 def test_a_worker_keeps_one_compile_pool_for_all_its_jobs(tmp_db, template, device, monkeypatch):
@@ -282,7 +303,9 @@ def test_a_worker_keeps_one_compile_pool_for_all_its_jobs(tmp_db, template, devi
 def test_tune_sweep_gpus_rejects_a_bad_value_in_one_line(tmp_db):
     result = CliRunner().invoke(app, ["sweep", "matmul", "--preset", "tiny", "--gpus", "zero", "--db", tmp_db])
     assert result.exit_code == 1
-    assert result.output.strip().splitlines() == ["Error: --gpus takes 'all' or distinct GPU indices such as 0,1; got 'zero'."]
+    assert result.output.strip().splitlines() == [
+        "Error: --gpus takes 'all' or distinct GPU indices such as 0,1; got 'zero'."
+    ]
 
 
 def _all_jobs(store: Store) -> list[Job]:

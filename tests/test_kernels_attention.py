@@ -26,8 +26,17 @@ FWD = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
 BWD = {"BLOCK_M1": 16, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 16, "num_warps": 4, "num_stages": 2}
 
 H100 = Device(
-    kind="cuda", name="NVIDIA H100 80GB HBM3", capability="9.0", sm_count=132, memory_bytes=80 << 30,
-    max_shared_memory=232448, max_num_regs=65536, driver="", cuda="", torch="", triton="",
+    kind="cuda",
+    name="NVIDIA H100 80GB HBM3",
+    capability="9.0",
+    sm_count=132,
+    memory_bytes=80 << 30,
+    max_shared_memory=232448,
+    max_num_regs=65536,
+    driver="",
+    cuda="",
+    torch="",
+    triton="",
 )
 
 
@@ -109,7 +118,10 @@ def test_attention_function_gradients_with_strided_inputs():
     for name, t, want in zip(("dq", "dk", "dv"), (q, k, v), reference(q, k, v, True, sm_scale=0.3, do=do)):
         assert rel_error(t.grad, want) < TOL[torch.float16], name
     # no database: both directions fell back to their own heuristic configs
-    assert tunesvc.runtime.default_runtime().stats() == {"attention": {"heuristic": 1}, "attention_bwd": {"heuristic": 1}}
+    assert tunesvc.runtime.default_runtime().stats() == {
+        "attention": {"heuristic": 1},
+        "attention_bwd": {"heuristic": 1},
+    }
 
 
 @pytest.mark.parametrize(
@@ -126,7 +138,9 @@ def test_attention_rejects_tensor_misuse(shapes, dtypes, match):
         attention(q, k, v)
 
 
-@pytest.mark.parametrize(("D", "dtype", "match"), [(96, torch.float16, "use 64 or 128"), (64, torch.float32, "not supported")])
+@pytest.mark.parametrize(
+    ("D", "dtype", "match"), [(96, torch.float16, "use 64 or 128"), (64, torch.float32, "not supported")]
+)
 def test_attention_rejects_unsupported_problems(D, dtype, match):
     q, k, v = qkv(1, 1, 8, D, dtype)
     with pytest.raises(tunesvc.TunesvcError, match=match):
@@ -201,7 +215,11 @@ def test_gpu_forward_and_backward_match_reference(dtype, D, causal):
     for config in TEMPLATE.warm_start(problem, device):
         if not TEMPLATE.violations(config, problem, device):
             configs.setdefault((config["TMA"], config["WS"]), []).append(config)
-    wanted = {(0, 0), *([(1, 0)] if device.has_tma else []), *([(1, 1)] if device.has_tma and device.has_ws and not causal else [])}
+    wanted = {
+        (0, 0),
+        *([(1, 0)] if device.has_tma else []),
+        *([(1, 1)] if device.has_tma and device.has_ws and not causal else []),
+    }
     assert set(configs) == wanted
     for config in [TEMPLATE.heuristic(problem, device)] + [found[0] for found in configs.values()]:
         o, lse = launch_attention(q, k, v, config, causal=causal)

@@ -13,7 +13,6 @@ import tunesvc
 import tunesvc.kernels
 from tunesvc.errors import TunesvcError
 from tunesvc.kernels.decode import TEMPLATE
-from tunesvc.kernels.decode import decode_reference
 from tunesvc.kernels.decode import launch_decode
 from tunesvc.runtime import Runtime
 from tunesvc.store import Store
@@ -213,8 +212,13 @@ def test_cost_counts_flops_and_the_kv_bytes():
 
 
 H100 = dataclasses.replace(
-    tunesvc.current_device(), kind="cuda", name="NVIDIA H100 80GB HBM3", capability="9.0", sm_count=132,
-    max_shared_memory=232448, max_num_regs=65536,
+    tunesvc.current_device(),
+    kind="cuda",
+    name="NVIDIA H100 80GB HBM3",
+    capability="9.0",
+    sm_count=132,
+    max_shared_memory=232448,
+    max_num_regs=65536,
 )
 
 
@@ -224,8 +228,11 @@ def test_heuristic_is_feasible_everywhere(device):
     problems = [TEMPLATE.problem(**{"dtype": "bfloat16", **p}) for ps in TEMPLATE.presets.values() for p in ps]
     problems += [
         TEMPLATE.problem(B=b, HQ=hq, HKV=hkv, S=s, D=d, paged=paged, dtype=dtype)
-        for b in (1, 3, 64) for hq, hkv in ((4, 1), (8, 8)) for s in (1, 37, 4096)
-        for d, dtype in ((16, "float16"), (128, "bfloat16"), (256, "float32")) for paged in (False, True)
+        for b in (1, 3, 64)
+        for hq, hkv in ((4, 1), (8, 8))
+        for s in (1, 37, 4096)
+        for d, dtype in ((16, "float16"), (128, "bfloat16"), (256, "float32"))
+        for paged in (False, True)
     ]
     for problem in problems:
         config = TEMPLATE.heuristic(problem, device)

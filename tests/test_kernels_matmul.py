@@ -150,7 +150,9 @@ def test_kernels_work_when_current_device_is_called_first(tmp_path):
         "print(m.status.value, m.message)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[0] == "ok", proc.stdout
 
@@ -158,8 +160,14 @@ def test_kernels_work_when_current_device_is_called_first(tmp_path):
 # -- variants: persistent, TMA (tensor descriptors), split-K ----------------------------------
 def variant(name: str, block_m=16, block_n=32, block_k=32, group=8, split=1, warps=4, stages=3) -> dict:
     return {
-        "VARIANT": name, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group,
-        "SPLIT_K": split, "num_warps": warps, "num_stages": stages,
+        "VARIANT": name,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "BLOCK_K": block_k,
+        "GROUP_M": group,
+        "SPLIT_K": split,
+        "num_warps": warps,
+        "num_stages": stages,
     }
 
 
@@ -331,10 +339,7 @@ def test_known_good_configs_are_in_the_space_and_cover_every_variant():
 
 def test_string_choices_and_constraints(tmp_path, device):
     path = tmp_path / "s.toml"
-    path.write_text(
-        '[params]\nV = ["a", "b"]\nX = [1, 2]\n'
-        '[constraints]\nonly_b_splits = "V == \'b\' or X == 1"\n'
-    )
+    path.write_text('[params]\nV = ["a", "b"]\nX = [1, 2]\n[constraints]\nonly_b_splits = "V == \'b\' or X == 1"\n')
     space = Space.from_toml(path)
     assert space.parameters["V"].choices == ("a", "b")
     assert space.feasible({}, {}) == [{"V": "a", "X": 1}, {"V": "b", "X": 1}, {"V": "b", "X": 2}]
@@ -352,14 +357,14 @@ def test_sweep_over_variants_stores_a_winner_the_runtime_launches(tmp_db, device
     # one candidate per variant that fits a one-tile problem, through the real pipeline
     # (persistent needs more tiles than the interpreter's "SMs", its CPU cores: tested above)
     problem = TEMPLATE.problem(M=9, N=30, K=150, dtype="bfloat16")
-    candidates = [variant("grouped", group=1), variant("tma", block_k=64, group=1),
-                  variant("splitk", group=1, split=2)]
+    candidates = [variant("grouped", group=1), variant("tma", block_k=64, group=1), variant("splitk", group=1, split=2)]
     candidates = [c for c in candidates if not TEMPLATE.violations(c, problem, device)]
     assert {c["VARIANT"] for c in candidates} >= {"grouped", "tma"}
     store = Store(tmp_db)
     try:
-        [result] = run_sweep(TEMPLATE, [problem], store, strategy="grid", budget=len(candidates), device=device,
-                             candidates=candidates)
+        [result] = run_sweep(
+            TEMPLATE, [problem], store, strategy="grid", budget=len(candidates), device=device, candidates=candidates
+        )
     finally:
         store.close()
     assert result.failures == 0 and result.trials_new == len(candidates)

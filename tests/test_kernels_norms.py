@@ -260,7 +260,9 @@ def test_user_functions_launch_the_tuned_configs(tmp_db, device):
     store = Store(tmp_db)
     try:
         for template in TEMPLATES:
-            run_sweep(template, [template.problem(M=M, N=N, dtype="float32")], store, strategy="grid", budget=1, device=device)
+            run_sweep(
+                template, [template.problem(M=M, N=N, dtype="float32")], store, strategy="grid", budget=1, device=device
+            )
     finally:
         store.close()
     runtime = tunesvc.runtime.configure(db=tmp_db)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import optuna
 import pytest
+from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
+from _backends import pg_database
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -44,9 +46,6 @@ from tunesvc.store._migrate import alembic_config
 from tunesvc.store.models import SCHEMA_VERSION
 from tunesvc.store.models import Base
 from tunesvc.sweep import run_sweep
-
-from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
-from _backends import pg_database
 
 #: the first H100 sweep (2026-11-22, 6 GEMM shapes), written at schema 1 before Alembic: the
 #: database from an older schema revision that the migration tests start from
@@ -98,7 +97,9 @@ def database_at_0001(path, recorded_in: str = SHARED_VERSION_TABLE) -> None:
             " (1, 'fp0001', 'H100|sm_90|132SM', 'cuda', 'NVIDIA H100 80GB HBM3', '9.0', 132, 85899345920,"
             " 232448, 65536, '550', '12.4', '2.4', '3.0', '2026-01-01 00:00:00')"
         )
-        con.execute("INSERT INTO kernel_versions (id, kernel, version, first_seen) VALUES (1, 'matmul', 'abc123', '2026-01-01 00:00:00')")
+        con.execute(
+            "INSERT INTO kernel_versions (id, kernel, version, first_seen) VALUES (1, 'matmul', 'abc123', '2026-01-01 00:00:00')"
+        )
         con.execute(
             "INSERT INTO sweeps (id, kernel_version_id, device_id, shape_key, problem, strategy, budget, seed, status,"
             " started_at, finished_at, wall_seconds) VALUES (1, 1, 1, ?, ?, 'grid', 3, 0, 'done',"
@@ -138,7 +139,9 @@ def rows(path) -> dict[str, list[tuple]]:
 def schema(path) -> set[tuple]:
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return set(con.execute(f"SELECT type, name, tbl_name, sql FROM sqlite_master WHERE tbl_name NOT IN {VERSION_TABLES}"))
+        return set(
+            con.execute(f"SELECT type, name, tbl_name, sql FROM sqlite_master WHERE tbl_name NOT IN {VERSION_TABLES}")
+        )
     finally:
         con.close()
 
@@ -147,15 +150,26 @@ def structure(path) -> dict[str, tuple]:
     """Columns, indexes and foreign keys of each table, as SQLite reports them (not the DDL text)."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        tables = [r[0] for r in con.execute(f"SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT IN {VERSION_TABLES}")]
+        tables = [
+            r[0]
+            for r in con.execute(
+                f"SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT IN {VERSION_TABLES}"
+            )
+        ]
         return {
             t: (
                 con.execute(f"PRAGMA table_info({t})").fetchall(),
-                sorted((r[1], r[2], tuple(c[2] for c in con.execute(f"PRAGMA index_info('{r[1]}')")))
-                       for r in con.execute(f"PRAGMA index_list({t})") if not r[1].startswith("sqlite_autoindex")),
+                sorted(
+                    (r[1], r[2], tuple(c[2] for c in con.execute(f"PRAGMA index_info('{r[1]}')")))
+                    for r in con.execute(f"PRAGMA index_list({t})")
+                    if not r[1].startswith("sqlite_autoindex")
+                ),
                 sorted(r[2:5] for r in con.execute(f"PRAGMA foreign_key_list({t})")),
-                sorted(tuple(c[2] for c in con.execute(f"PRAGMA index_info('{r[1]}')"))
-                       for r in con.execute(f"PRAGMA index_list({t})") if r[2]),  # unique constraints
+                sorted(
+                    tuple(c[2] for c in con.execute(f"PRAGMA index_info('{r[1]}')"))
+                    for r in con.execute(f"PRAGMA index_list({t})")
+                    if r[2]
+                ),  # unique constraints
             )
             for t in sorted(tables)
         }
@@ -166,8 +180,10 @@ def structure(path) -> dict[str, tuple]:
 def revision_rows(path, table: str = VERSION_TABLE) -> tuple[list, list]:
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return (con.execute(f"SELECT version_num FROM {table}").fetchall(),
-                con.execute("SELECT value FROM tunesvc_meta WHERE key = 'schema_version'").fetchall())
+        return (
+            con.execute(f"SELECT version_num FROM {table}").fetchall(),
+            con.execute("SELECT value FROM tunesvc_meta WHERE key = 'schema_version'").fetchall(),
+        )
     finally:
         con.close()
 
@@ -183,14 +199,14 @@ def table_names(path) -> set[str]:
 #: what PostgreSQL's catalogue says of tunesvc's relations, constraints and sequences
 PG_CATALOG = {
     "pg relations": "SELECT relname, relkind, COALESCE(pg_get_indexdef(oid), '') FROM pg_class"
-                    " WHERE relnamespace = 'public'::regnamespace AND relname LIKE 'tunesvc%'",
+    " WHERE relnamespace = 'public'::regnamespace AND relname LIKE 'tunesvc%'",
     "pg constraints": "SELECT conname, contype, conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint"
-                      " WHERE connamespace = 'public'::regnamespace AND conrelid::regclass::text LIKE 'tunesvc%'",
+    " WHERE connamespace = 'public'::regnamespace AND conrelid::regclass::text LIKE 'tunesvc%'",
     "pg sequences": "SELECT sequencename, data_type::text, start_value, min_value, max_value, increment_by, cycle"
-                    " FROM pg_sequences WHERE schemaname = 'public' AND sequencename LIKE 'tunesvc%'",
+    " FROM pg_sequences WHERE schemaname = 'public' AND sequencename LIKE 'tunesvc%'",
     "pg owned sequences": "SELECT t.relname, pg_get_serial_sequence(quote_ident(t.relname), 'id') FROM pg_class t"
-                          " WHERE t.relnamespace = 'public'::regnamespace AND t.relkind = 'r' AND t.relname LIKE 'tunesvc%'"
-                          " AND t.relname <> 'tunesvc_meta' AND t.relname <> 'tunesvc_alembic_version'",
+    " WHERE t.relnamespace = 'public'::regnamespace AND t.relkind = 'r' AND t.relname LIKE 'tunesvc%'"
+    " AND t.relname <> 'tunesvc_meta' AND t.relname <> 'tunesvc_alembic_version'",
 }
 
 
@@ -208,14 +224,27 @@ def tunesvc_schema(url: str) -> dict:
             out: dict = {}
             for table in sorted(t for t in inspector.get_table_names() if t.startswith("tunesvc_")):
                 out[table] = {
-                    "columns": [(c["name"], str(c["type"]), c["nullable"], c["default"], c.get("autoincrement"))
-                                for c in inspector.get_columns(table)],
+                    "columns": [
+                        (c["name"], str(c["type"]), c["nullable"], c["default"], c.get("autoincrement"))
+                        for c in inspector.get_columns(table)
+                    ],
                     "primary key": inspector.get_pk_constraint(table),
-                    "indexes": sorted((i["name"], tuple(i["column_names"]), i["unique"]) for i in inspector.get_indexes(table)),
-                    "unique": sorted((u["name"], tuple(u["column_names"])) for u in inspector.get_unique_constraints(table)),
-                    "foreign keys": sorted((f["name"], tuple(f["constrained_columns"]), f["referred_table"],
-                                            tuple(f["referred_columns"]), tuple(sorted(f["options"].items())))
-                                           for f in inspector.get_foreign_keys(table)),
+                    "indexes": sorted(
+                        (i["name"], tuple(i["column_names"]), i["unique"]) for i in inspector.get_indexes(table)
+                    ),
+                    "unique": sorted(
+                        (u["name"], tuple(u["column_names"])) for u in inspector.get_unique_constraints(table)
+                    ),
+                    "foreign keys": sorted(
+                        (
+                            f["name"],
+                            tuple(f["constrained_columns"]),
+                            f["referred_table"],
+                            tuple(f["referred_columns"]),
+                            tuple(sorted(f["options"].items())),
+                        )
+                        for f in inspector.get_foreign_keys(table)
+                    ),
                 }
             if connection.dialect.name == "postgresql":
                 for name, query in PG_CATALOG.items():
@@ -224,12 +253,21 @@ def tunesvc_schema(url: str) -> dict:
                 for table in [t for t in out if t.startswith("tunesvc_")]:
                     out[table]["pragmas"] = (
                         connection.exec_driver_sql(f"PRAGMA table_info({table})").all(),
-                        sorted((r[1], r[2], r[3], tuple(c[2] for c in connection.exec_driver_sql(f"PRAGMA index_info('{r[1]}')")))
-                               for r in connection.exec_driver_sql(f"PRAGMA index_list({table})")),
+                        sorted(
+                            (
+                                r[1],
+                                r[2],
+                                r[3],
+                                tuple(c[2] for c in connection.exec_driver_sql(f"PRAGMA index_info('{r[1]}')")),
+                            )
+                            for r in connection.exec_driver_sql(f"PRAGMA index_list({table})")
+                        ),
                         sorted(r[2:] for r in connection.exec_driver_sql(f"PRAGMA foreign_key_list({table})")),
                     )
-            out["rows"] = (connection.execute(text("SELECT key, value FROM tunesvc_meta ORDER BY key")).all(),
-                           connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).all())
+            out["rows"] = (
+                connection.execute(text("SELECT key, value FROM tunesvc_meta ORDER BY key")).all(),
+                connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).all(),
+            )
             return out
     finally:
         engine.dispose()
@@ -242,8 +280,10 @@ def optuna_rows(url: str) -> dict[str, list[tuple]]:
     engine = create_engine(url)
     try:
         with engine.connect() as connection:
-            return {t: sorted(map(tuple, connection.execute(text(f"SELECT * FROM {t}")).all()), key=repr)
-                    for t in [*BaseModel.metadata.tables, SHARED_VERSION_TABLE]}
+            return {
+                t: sorted(map(tuple, connection.execute(text(f"SELECT * FROM {t}")).all()), key=repr)
+                for t in [*BaseModel.metadata.tables, SHARED_VERSION_TABLE]
+            }
     finally:
         engine.dispose()
 
@@ -274,7 +314,9 @@ def test_head_schema_is_the_models(tmp_db):
     engine = create_engine(f"sqlite:///{tmp_db}")
     try:
         with engine.connect() as connection:
-            context = MigrationContext.configure(connection, opts={"compare_type": True, "version_table": VERSION_TABLE})
+            context = MigrationContext.configure(
+                connection, opts={"compare_type": True, "version_table": VERSION_TABLE}
+            )
             assert compare_metadata(context, Base.metadata) == []
     finally:
         engine.dispose()
@@ -356,10 +398,13 @@ def test_winner_query_reads_the_new_index(tmp_db):
     Store(tmp_db).close()
     con = sqlite3.connect(tmp_db)
     try:
-        plan = " ".join(r[3] for r in con.execute(
-            "EXPLAIN QUERY PLAN SELECT * FROM tunesvc_trials WHERE kernel_version_id = 1 AND device_id = 1"
-            " AND shape_key = 'k' AND status = 'ok' ORDER BY time_ms, id LIMIT 1"
-        ))
+        plan = " ".join(
+            r[3]
+            for r in con.execute(
+                "EXPLAIN QUERY PLAN SELECT * FROM tunesvc_trials WHERE kernel_version_id = 1 AND device_id = 1"
+                " AND shape_key = 'k' AND status = 'ok' ORDER BY time_ms, id LIMIT 1"
+            )
+        )
     finally:
         con.close()
     assert "ix_tunesvc_trials_key_status_time" in plan and "TEMP B-TREE" not in plan, plan
@@ -394,7 +439,10 @@ def test_tune_db_upgrade_keeps_every_row_and_the_store_then_sweeps(tmp_db):
     con = sqlite3.connect(tmp_db)
     try:
         assert con.execute("SELECT count(*) FROM tunesvc_trials").fetchone() == (4,)
-        assert con.execute("SELECT host FROM tunesvc_sweeps ORDER BY id").fetchall() == [(None,), (socket.gethostname(),)]
+        assert con.execute("SELECT host FROM tunesvc_sweeps ORDER BY id").fetchall() == [
+            (None,),
+            (socket.gethostname(),),
+        ]
         # the new sweep timed matmul's torch peer (revision 0004's column); the old one has none
         [(old,), (new,)] = con.execute("SELECT peer_ms FROM tunesvc_sweeps ORDER BY id").fetchall()
         assert old is None and new > 0
@@ -408,7 +456,9 @@ def test_tune_db_upgrade_keeps_every_row_and_the_store_then_sweeps(tmp_db):
 def test_older_database_is_read_but_a_writable_open_refuses_it_unchanged(tmp_db):
     database_at_0001(tmp_db)
     before = md5(tmp_db)
-    with pytest.raises(TunesvcError, match=r"schema revision 0001, older than .*run `tune db upgrade --db .*` first") as info:
+    with pytest.raises(
+        TunesvcError, match=r"schema revision 0001, older than .*run `tune db upgrade --db .*` first"
+    ) as info:
         Store(tmp_db)
     assert "\n" not in str(info.value)
     ro = Store(tmp_db, readonly=True)
@@ -455,7 +505,10 @@ def test_database_from_before_alembic(tmp_path):
     assert revision_rows(path) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
     con = sqlite3.connect(path)
     try:
-        assert con.execute("SELECT count(*), count(peer_ms) FROM tunesvc_sweeps").fetchone() == (len(before["sweeps"]), 0)
+        assert con.execute("SELECT count(*), count(peer_ms) FROM tunesvc_sweeps").fetchone() == (
+            len(before["sweeps"]),
+            0,
+        )
     finally:
         con.close()
     Store(path).close()
@@ -546,15 +599,18 @@ def test_a_database_holding_an_optuna_study_and_our_tables(tmp_db, device):
     template = get_template("matmul")
     store = Store(tmp_db)
     try:
-        [result] = run_sweep(template, [template.parse_shape("16x16x16", "float16")], store, strategy="optuna",
-                             budget=2, device=device)
+        [result] = run_sweep(
+            template, [template.parse_shape("16x16x16", "float16")], store, strategy="optuna", budget=2, device=device
+        )
         assert result.trials_new == 2 and len(store.winners()) == 1
     finally:
         store.close()
     assert revision_rows(tmp_db, SHARED_VERSION_TABLE)[0] == optuna_revision
     assert revision_rows(tmp_db) == ([(HEAD,)], [(str(SCHEMA_VERSION),)])
     assert sorted(optuna.get_all_study_names(storage=url))[0] == "beside"
-    assert [t.params for t in optuna.load_study(study_name="beside", storage=url).trials] == [t.params for t in study.trials]
+    assert [t.params for t in optuna.load_study(study_name="beside", storage=url).trials] == [
+        t.params for t in study.trials
+    ]
 
     con = sqlite3.connect(tmp_db)
     with con:
@@ -581,14 +637,16 @@ def test_tune_db_init_on_a_database_where_optuna_made_a_study_first(db_url):
 
     result = tune("db", "init", "--db", db_url)
     assert result.exit_code == 0, result.output
-    assert f"Created tunesvc's tables in " in result.output and f"at schema revision {HEAD}" in result.output
+    assert "Created tunesvc's tables in " in result.output and f"at schema revision {HEAD}" in result.output
     again = tune("db", "init", "--db", db_url)
     assert again.exit_code == 0 and f"already at schema revision {HEAD}" in again.output
     current = tune("db", "current", "--db", db_url, "--json")
     assert current.exit_code == 0 and json.loads(current.output)["up_to_date"] is True
     assert tune("show", "--db", db_url).exit_code == 0
     assert optuna_rows(url) == optuna_before
-    assert [(t.number, t.params, t.value) for t in optuna.load_study(study_name="made-first", storage=url).trials] == trials
+    assert [
+        (t.number, t.params, t.value) for t in optuna.load_study(study_name="made-first", storage=url).trials
+    ] == trials
 
 
 def test_optuna_tables_beside_another_applications_are_refused_unchanged(tmp_db):
@@ -633,7 +691,9 @@ def test_a_failed_creation_beside_optuna_leaves_nothing_behind(tmp_db):
     assert result.exit_code == 1, result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
     assert md5(tmp_db) == before and table_names(tmp_db) == names
-    assert [(t.number, t.params, t.value) for t in optuna.load_study(study_name="made-first", storage=url).trials] == trials
+    assert [
+        (t.number, t.params, t.value) for t in optuna.load_study(study_name="made-first", storage=url).trials
+    ] == trials
 
 
 def test_upgrade_moves_only_our_revision_out_of_alembic_version(tmp_db):
@@ -660,7 +720,10 @@ def test_a_database_that_lost_its_revision_table_is_refused_unchanged(tmp_db):
     before = md5(tmp_db)
     for args in (["db", "upgrade"], ["db", "current"], ["show"]):
         result = tune(*args, "--db", tmp_db)
-        assert result.exit_code == 1 and f"has schema version {SCHEMA_VERSION} but records no schema revision" in result.output
+        assert (
+            result.exit_code == 1
+            and f"has schema version {SCHEMA_VERSION} but records no schema revision" in result.output
+        )
     assert md5(tmp_db) == before
 
 
@@ -710,24 +773,40 @@ def test_postgresql_head_schema_is_the_models_and_an_older_database_upgrades_kee
                 command.upgrade(alembic_config(connection), "0001")
                 # where tunesvc before revision 0005 recorded it
                 connection.execute(text(f"ALTER TABLE {VERSION_TABLE} RENAME TO {SHARED_VERSION_TABLE}"))
-                connection.execute(text(f"ALTER TABLE {SHARED_VERSION_TABLE} RENAME CONSTRAINT {VERSION_TABLE}_pkc TO {SHARED_VERSION_TABLE}_pkc"))
-                connection.execute(text(
-                    "INSERT INTO devices (fingerprint, hardware_id, kind, name, capability, sm_count, memory_bytes,"
-                    " max_shared_memory, max_num_regs, driver, cuda, torch, triton, first_seen) VALUES ('fp0001',"
-                    " 'V100|sm_70|80SM', 'cuda', 'Tesla V100', '7.0', 80, 2147483647, 98304, 65536, '550', '12.4',"
-                    " '2.4', '3.0', '2026-01-01 00:00:00')"
-                ))
-                connection.execute(text("INSERT INTO kernel_versions (kernel, version, first_seen) VALUES ('matmul', 'abc123', '2026-01-01')"))
-                connection.execute(text(
-                    "INSERT INTO sweeps (kernel_version_id, device_id, shape_key, problem, strategy, budget, seed,"
-                    " status, started_at) VALUES (1, 1, :key, '{}', 'grid', 3, 0, 'done', '2026-01-01 00:00:00')"
-                ), {"key": KEY})
+                connection.execute(
+                    text(
+                        f"ALTER TABLE {SHARED_VERSION_TABLE} RENAME CONSTRAINT {VERSION_TABLE}_pkc TO {SHARED_VERSION_TABLE}_pkc"
+                    )
+                )
+                connection.execute(
+                    text(
+                        "INSERT INTO devices (fingerprint, hardware_id, kind, name, capability, sm_count, memory_bytes,"
+                        " max_shared_memory, max_num_regs, driver, cuda, torch, triton, first_seen) VALUES ('fp0001',"
+                        " 'V100|sm_70|80SM', 'cuda', 'Tesla V100', '7.0', 80, 2147483647, 98304, 65536, '550', '12.4',"
+                        " '2.4', '3.0', '2026-01-01 00:00:00')"
+                    )
+                )
+                connection.execute(
+                    text(
+                        "INSERT INTO kernel_versions (kernel, version, first_seen) VALUES ('matmul', 'abc123', '2026-01-01')"
+                    )
+                )
+                connection.execute(
+                    text(
+                        "INSERT INTO sweeps (kernel_version_id, device_id, shape_key, problem, strategy, budget, seed,"
+                        " status, started_at) VALUES (1, 1, :key, '{}', 'grid', 3, 0, 'done', '2026-01-01 00:00:00')"
+                    ),
+                    {"key": KEY},
+                )
                 for i, ms in enumerate([2.5, 1.5], start=1):
-                    connection.execute(text(
-                        "INSERT INTO trials (sweep_id, kernel_version_id, device_id, shape_key, config, config_hash,"
-                        " status, time_ms, reps, created_at) VALUES (1, 1, 1, :key, '{}', :h, 'ok', :ms, 3,"
-                        " '2026-01-01 00:00:00')"
-                    ), {"key": KEY, "h": f"hash{i}", "ms": ms})
+                    connection.execute(
+                        text(
+                            "INSERT INTO trials (sweep_id, kernel_version_id, device_id, shape_key, config, config_hash,"
+                            " status, time_ms, reps, created_at) VALUES (1, 1, 1, :key, '{}', :h, 'ok', :ms, 3,"
+                            " '2026-01-01 00:00:00')"
+                        ),
+                        {"key": KEY, "h": f"hash{i}", "ms": ms},
+                    )
             before = {t: _pg_rows(engine, t) for t in TABLES}
             assert tune("db", "current", "--db", url).output.count("0001") >= 1
             ro = Store(url, readonly=True)  # reads the old table names through temporary views
@@ -742,28 +821,51 @@ def test_postgresql_head_schema_is_the_models_and_an_older_database_upgrades_kee
             assert f"from schema revision 0001 to {HEAD}" in result.output
             assert {t: _pg_rows(engine, f"tunesvc_{t}") for t in TABLES} == before
             with engine.connect() as connection:
-                context = MigrationContext.configure(connection, opts={"compare_type": True, "version_table": VERSION_TABLE})
+                context = MigrationContext.configure(
+                    connection, opts={"compare_type": True, "version_table": VERSION_TABLE}
+                )
                 assert compare_metadata(context, Base.metadata) == []
                 assert connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == [HEAD]
                 # every table, index, constraint and sequence is named tunesvc_*: none can collide with Optuna's
-                names = connection.execute(text(
-                    "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace"
-                    " UNION SELECT conname FROM pg_constraint WHERE connamespace = 'public'::regnamespace"
-                )).scalars().all()
+                names = (
+                    connection.execute(
+                        text(
+                            "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace"
+                            " UNION SELECT conname FROM pg_constraint WHERE connamespace = 'public'::regnamespace"
+                        )
+                    )
+                    .scalars()
+                    .all()
+                )
                 assert names and sorted(n for n in names if "tunesvc_" not in n) == []
             store = Store(url)  # revision 0003 widened devices.memory_bytes: an 80 GiB GPU now fits
             try:
                 assert store.find_device(store.find_device("Tesla V100").name).memory_bytes == 2147483647
                 h100 = tunesvc.Device(
-                    kind="cuda", name="NVIDIA H100 80GB HBM3", capability="9.0", sm_count=132, memory_bytes=80 << 30,
-                    max_shared_memory=232448, max_num_regs=65536, driver="550", cuda="12.4", torch="2.4", triton="3.0",
+                    kind="cuda",
+                    name="NVIDIA H100 80GB HBM3",
+                    capability="9.0",
+                    sm_count=132,
+                    memory_bytes=80 << 30,
+                    max_shared_memory=232448,
+                    max_num_regs=65536,
+                    driver="550",
+                    cuda="12.4",
+                    torch="2.4",
+                    triton="3.0",
                 )
                 # the renamed sequences still hand out ids after the rows that were there
                 assert store.device_id(h100) == 2
                 assert store.find_device("NVIDIA H100 80GB HBM3").memory_bytes == 80 << 30
                 template, here = get_template("matmul"), tunesvc.current_device()
-                [swept] = run_sweep(template, [template.parse_shape("16x16x16", "float16")], store,
-                                    strategy="optuna", budget=1, device=here)
+                [swept] = run_sweep(
+                    template,
+                    [template.parse_shape("16x16x16", "float16")],
+                    store,
+                    strategy="optuna",
+                    budget=1,
+                    device=here,
+                )
                 assert store.device_id(here) == 3
                 assert [t.id for t in store.trials(store.kernel_version_id(template), 3, swept.shape_key)] == [3]
             finally:
@@ -800,10 +902,13 @@ def test_postgresql_revision_0005_round_trip_restores_every_name():
         finally:
             engine.dispose()
         assert ("class", "trials_pkey") in before and ("class", "tunesvc_trials_pkey") in prefixed
-        assert ("class", "tunesvc_trials_id_seq") in prefixed and ("constraint", "tunesvc_winners_trial_id_fkey") in prefixed
+        assert ("class", "tunesvc_trials_id_seq") in prefixed and (
+            "constraint",
+            "tunesvc_winners_trial_id_fkey",
+        ) in prefixed
 
 
 def _pg_rows(engine, table: str) -> list[tuple]:
     with engine.connect() as connection:
-        columns = [c for c in connection.execute(text(f"SELECT * FROM {table} LIMIT 0")).keys() if c not in ADDED]
+        columns = [c for c in connection.execute(text(f"SELECT * FROM {table} LIMIT 0")) if c not in ADDED]
         return [tuple(r) for r in connection.execute(text(f"SELECT {', '.join(columns)} FROM {table} ORDER BY id"))]

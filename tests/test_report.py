@@ -87,8 +87,11 @@ def check_page(html: str) -> None:
 def chromium() -> str:
     path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
     if path is None:
-        pytest.fail("chromium is not installed: the report's browser check needs it "
-                    "(Debian: apt-get install -y chromium; .ci/run installs it)", pytrace=False)
+        pytest.fail(
+            "chromium is not installed: the report's browser check needs it "
+            "(Debian: apt-get install -y chromium; .ci/run installs it)",
+            pytrace=False,
+        )
     return path
 
 
@@ -96,10 +99,21 @@ def screenshot(page: Path, tmp_path: Path) -> tuple[Path, str]:
     """Render ``page`` in headless Chromium; the screenshot and Chromium's log (stderr)."""
     shot = tmp_path / "shot.png"
     cmd = [
-        chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        f"--screenshot={shot}", "--window-size=1200,1600", page.resolve().as_uri(),
+        chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        f"--screenshot={shot}",
+        "--window-size=1200,1600",
+        page.resolve().as_uri(),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -185,8 +199,19 @@ def test_two_strategies_on_one_key_draw_two_labelled_lines(tmp_path):
     each convergence figure's panel has one best-so-far line per strategy, labelled with its name."""
     db = tmp_path / "two.db"
     for strategy, budget in (("grid", "2"), ("random", "4")):
-        result = invoke("sweep", "matmul", "--shape", "16x32x32", "--strategy", strategy, "--budget", budget,
-                        "--db", str(db), "--quiet")
+        result = invoke(
+            "sweep",
+            "matmul",
+            "--shape",
+            "16x32x32",
+            "--strategy",
+            strategy,
+            "--budget",
+            budget,
+            "--db",
+            str(db),
+            "--quiet",
+        )
         assert result.exit_code == 0, result.output
     store = Store(db, readonly=True)
     try:
@@ -275,9 +300,13 @@ def test_report_of_the_h100_example(example_report, template):
     # one section per kernel version: the fifth session's split-K kernel (one launch) and the
     # seventh's (counters reset by the kernel) are new matmul versions beside the first one's sweeps
     db = sqlite3.connect(f"file:{EXAMPLE}?mode=ro", uri=True)
-    versions = {v for (v,) in db.execute(
-        "select distinct kv.version from tunesvc_sweeps s join tunesvc_kernel_versions kv"
-        " on kv.id = s.kernel_version_id where kv.kernel = 'matmul'")}
+    versions = {
+        v
+        for (v,) in db.execute(
+            "select distinct kv.version from tunesvc_sweeps s join tunesvc_kernel_versions kv"
+            " on kv.id = s.kernel_version_id where kv.kernel = 'matmul'"
+        )
+    }
     db.close()
     assert len(versions) == 3 and template.version in versions
     assert {s.version for s in sections if s.kernel == "matmul"} == versions

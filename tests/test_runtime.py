@@ -14,10 +14,10 @@ import tunesvc.kernels
 import tunesvc.runtime
 from tunesvc import Runtime
 from tunesvc import TunesvcError
-from tunesvc.export import bundle_filename
 from tunesvc.export import build_bundles
-from tunesvc.export import read_bundle
+from tunesvc.export import bundle_filename
 from tunesvc.export import import_sources
+from tunesvc.export import read_bundle
 from tunesvc.export import write_bundles
 from tunesvc.space import config_hash
 from tunesvc.store import Store
@@ -331,7 +331,9 @@ def test_structurally_broken_bundle_is_one_clear_error(tmp_path, content):
 def test_bundle_writes_each_config_once_and_winners_name_it(tuned_db, winner, template, device, tmp_path):
     store = Store(tuned_db)
     try:
-        store.merge_winner("matmul", template.version, device, "M=32,N=32,K=32,dtype=float16", dict(winner), 1.0, "test")
+        store.merge_winner(
+            "matmul", template.version, device, "M=32,N=32,K=32,dtype=float16", dict(winner), 1.0, "test"
+        )
         [path] = write_bundles(build_bundles(store), tmp_path / "bundle.json")
     finally:
         store.close()
@@ -379,7 +381,9 @@ def test_damaged_format_2_section_is_one_clear_error(bundle_file, tmp_path, dama
     damage(data["kernels"]["matmul"])
     path = tmp_path / "damaged.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(TunesvcError, match=r"is a damaged bundle \(a winner of kernels.matmul has no valid config\)") as info:
+    with pytest.raises(
+        TunesvcError, match=r"is a damaged bundle \(a winner of kernels.matmul has no valid config\)"
+    ) as info:
         read_bundle(path)
     assert "\n" not in str(info.value)
     _corrupt_bundle_is_an_error_or_a_warned_fallback(path)
@@ -389,7 +393,11 @@ def test_runtime_checks_only_the_sections_it_loads(bundle_file, tmp_path, winner
     # another kernel's damaged section does not keep the runtime from matmul's winners,
     # but `tune import` (which reads every section) refuses the file
     data = json.loads(bundle_file.read_text())
-    data["kernels"]["softmax"] = {"version": "x", "configs": {}, "winners": {"M=1,N=1,dtype=float16": {"config": "nope"}}}
+    data["kernels"]["softmax"] = {
+        "version": "x",
+        "configs": {},
+        "winners": {"M=1,N=1,dtype=float16": {"config": "nope"}},
+    }
     path = tmp_path / "partly-damaged.json"
     path.write_text(json.dumps(data))
     assert Runtime(bundle=path, strict=True).lookup("matmul", **TUNED).config == winner

@@ -80,7 +80,9 @@ def test_concurrent_misses_from_several_processes_tune_the_key_once(tmp_path):
         "print(r.lookup('matmul', M=24, N=40, K=36).source)\n"
     )
     procs = [
-        subprocess.Popen([sys.executable, "-c", code, db], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", code, db], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(3)
     ]
     outputs = [p.communicate(timeout=300) for p in procs]

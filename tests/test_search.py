@@ -11,12 +11,27 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
+from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
 
 from tunesvc import Space
 from tunesvc import Status
 from tunesvc import config_hash
 from tunesvc.bench import Measurement
 from tunesvc.errors import TunesvcError
+from tunesvc.search import GridStrategy
+from tunesvc.search import make_strategy
+from tunesvc.search._optuna import LOCAL_EVERY
+from tunesvc.search._optuna import PENALTY_MS
+from tunesvc.search._optuna import SET_CONSTRAINT
+from tunesvc.search._optuna import VIOLATION
+from tunesvc.search._optuna import OptunaStrategy
+from tunesvc.search._optuna import _steps
+from tunesvc.search._optuna import startup_count
+from tunesvc.search.replay import GroundTruth
+from tunesvc.search.replay import efficiency
+from tunesvc.search.replay import read_ground_truth
+from tunesvc.search.replay import trials_to_reach
+from tunesvc.search.replay import write_ground_truth
 from tunesvc.store import Store
 from tunesvc.store import resolve_url
 from tunesvc.store._migrate import HEAD
@@ -27,22 +42,6 @@ from tunesvc.sweep import study_name
 from tunesvc.sweep import study_storage
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
-from tunesvc.search import GridStrategy
-from tunesvc.search import make_strategy
-from tunesvc.search._optuna import SET_CONSTRAINT
-from tunesvc.search._optuna import PENALTY_MS
-from tunesvc.search._optuna import LOCAL_EVERY
-from tunesvc.search._optuna import VIOLATION
-from tunesvc.search._optuna import _steps
-from tunesvc.search._optuna import OptunaStrategy
-from tunesvc.search._optuna import startup_count
-from tunesvc.search.replay import GroundTruth
-from tunesvc.search.replay import efficiency
-from tunesvc.search.replay import read_ground_truth
-from tunesvc.search.replay import trials_to_reach
-from tunesvc.search.replay import write_ground_truth
-
-from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
 
 
 @pytest.fixture
@@ -180,8 +179,7 @@ def test_optuna_on_the_matmul_space(template, device):
     problem = template.problem(M=64, N=64, K=64)
     candidates = template.feasible(problem, device)
     assert 0 < len(candidates) < template.space.size
-    strategy = make_strategy("optuna", template.space, candidates, seed=0,
-                             initial=template.warm_start(problem, device))
+    strategy = make_strategy("optuna", template.space, candidates, seed=0, initial=template.warm_start(problem, device))
     proposed = []
     for _ in range(5):
         config = strategy.ask()
@@ -214,6 +212,7 @@ def test_make_strategy():
 
 
 # -- more strategies ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["random", "cmaes"])
 def test_strategy_proposes_each_feasible_config_once_warm_start_first(space, candidates, name):
@@ -262,8 +261,11 @@ def test_a_repeated_proposal_is_not_told_twice_but_replaced_by_its_nearest_untri
     strategy = OptunaStrategy(space, candidates, seed=0)
     strategy.tell(best, ok(1.0))
     # one step away in one parameter (A=4 with B=32 is infeasible)
-    assert strategy._nearest_untried(best) in ({"A": 1, "B": 32, "num_warps": 4},
-                                               {"A": 2, "B": 16, "num_warps": 4}, {"A": 2, "B": 32, "num_warps": 8})
+    assert strategy._nearest_untried(best) in (
+        {"A": 1, "B": 32, "num_warps": 4},
+        {"A": 2, "B": 16, "num_warps": 4},
+        {"A": 2, "B": 32, "num_warps": 8},
+    )
 
 
 def values_shown(configs):
@@ -302,7 +304,7 @@ def test_tpe_startup_covers_only_what_the_warm_start_and_stored_results_left_uns
     assert values_shown([warm, stored, *startup]) == values_shown(candidates)
     # Optuna's startup count (warm start and stored results included) caps the cover
     strategy = OptunaStrategy(open_space, candidates, seed=0)
-    for config in candidates[:startup_count(len(candidates))]:
+    for config in candidates[: startup_count(len(candidates))]:
         strategy.tell(config, ok(1.0))
     strategy.ask()
     assert strategy._startup == []
@@ -316,21 +318,27 @@ def test_cmaes_and_gp_keep_their_random_startup(open_space):
 def test_a_local_move_changes_one_parameter_one_step_and_repairs_a_coupled_one():
     # BLOCK_M=64 only with 4 warps: from 128 with 8 warps, the move to BLOCK_M=64 is repaired
     # to the nearest feasible config with that value (4 warps), not dropped
-    space = Space.from_dict({
-        "params": {"BLOCK_M": [32, 64, 128], "BLOCK_N": [32, 64]},
-        "launch": {"num_warps": [4, 8]},
-        "constraints": {"warps": "BLOCK_M == 128 or num_warps == 4"},
-    })
+    space = Space.from_dict(
+        {
+            "params": {"BLOCK_M": [32, 64, 128], "BLOCK_N": [32, 64]},
+            "launch": {"num_warps": [4, 8]},
+            "constraints": {"warps": "BLOCK_M == 128 or num_warps == 4"},
+        }
+    )
     candidates = space.feasible({}, {})
     strategy = OptunaStrategy(space, candidates, seed=0)
     incumbent = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8}
     strategy.tell(incumbent, ok(1.0))
     moves = strategy._moves(incumbent)
-    assert sorted(hashes(moves)) == sorted(hashes([
-        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},  # repaired: 64 with 8 warps is infeasible
-        {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8},
-        {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4},
-    ]))
+    assert sorted(hashes(moves)) == sorted(
+        hashes(
+            [
+                {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},  # repaired: 64 with 8 warps is infeasible
+                {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8},
+                {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4},
+            ]
+        )
+    )
     assert strategy.local_move() in moves
     strategy.tell({"BLOCK_M": 99, "BLOCK_N": 64, "num_warps": 4}, ok(0.5))  # outside the space: not an incumbent
     assert strategy.local_move() in moves
@@ -340,8 +348,10 @@ def test_a_local_move_changes_one_parameter_one_step_and_repairs_a_coupled_one()
 def is_a_move(strategy, incumbent, config) -> bool:
     """One parameter one value away from ``incumbent``, the others as near as any untried config
     with that value allows."""
+
     def steps(a, b):
         return sum(_steps(strategy._choices[n], a[n], b[n]) for n in a)
+
     untried = [c for c in strategy.candidates if config_hash(c) not in strategy.told]
     return any(
         _steps(strategy._choices[n], incumbent[n], config[n]) == 1
@@ -364,6 +374,7 @@ def test_every_second_tpe_proposal_is_a_move_from_the_incumbent(open_space, seed
 
 
 # -- offline replay -----------------------------------------------------------------------
+
 
 def synthetic_truth() -> GroundTruth:
     """A structured landscape: a smooth bowl in log2 tile sizes with one optimum, a region that
@@ -390,8 +401,10 @@ def test_replay_round_trips_a_csv_and_tpe_beats_random(tmp_path):
     [read] = read_ground_truth(path)
     assert read.name == "toy N=1" and len(read.configs) == 300
     assert read.best_ms == pytest.approx(truth.best_ms) == pytest.approx(1.0)
-    assert read.outcomes[config_hash({"BLOCK_M": 256, "BLOCK_N": 256, "num_warps": 2, "num_stages": 2})].status \
+    assert (
+        read.outcomes[config_hash({"BLOCK_M": 256, "BLOCK_N": 256, "num_warps": 2, "num_stages": 2})].status
         is Status.COMPILE_ERROR
+    )
     tpe = efficiency(read, "optuna", seeds=8)
     rand = efficiency(read, "random", seeds=8)
     # only the optimum is within 3%: random search needs about half the space
@@ -412,6 +425,7 @@ def test_trials_to_reach_counts_until_within_tolerance():
 
 # -- wired into sweeps ----------------------------------------------------------------------
 
+
 class Toy(Template):
     """y = 2x, with a launch that sleeps 3 ms per unit of A + B + (num_warps == 8): a landscape
     whose times are the config's, not noise, with the heuristic's config the only fastest."""
@@ -428,7 +442,9 @@ class Toy(Template):
         return torch.randn(problem["N"])
 
     def launch(self, inputs, config):
-        time.sleep((config["A"] + config["B"] + (config["num_warps"] == 8)) * 1e-2)  # steps far above sleep jitter on a loaded machine
+        time.sleep(
+            (config["A"] + config["B"] + (config["num_warps"] == 8)) * 1e-2
+        )  # steps far above sleep jitter on a loaded machine
         return inputs * 2
 
     def reference(self, inputs):
@@ -500,7 +516,7 @@ def test_optuna_study_lives_in_the_store_database_and_resumes(db_url, device, tm
     resumed = {tuple(sorted(t.params.items())) for t in study.trials if t.state.name == "COMPLETE" and t.value < 1e6}
     # the same study, resumed: its first trials kept, the 2 new configs added
     assert len(resumed) == 6 and measured < resumed
-    assert [t.params for t in study.trials[:len(first)]] == first and len(study.trials) > len(first)
+    assert [t.params for t in study.trials[: len(first)]] == first and len(study.trials) > len(first)
 
 
 def test_a_database_where_optuna_made_a_study_first_takes_a_sweep_and_keeps_the_study(db_url, device):

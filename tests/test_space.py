@@ -232,9 +232,7 @@ def test_bad_space_file_is_one_line_naming_file_and_key(tmp_path, name):
 
 def test_constraint_code_is_never_executed(tmp_path):
     path = tmp_path / "evil.toml"
-    path.write_text(
-        GOOD_PARAMS + "\n[constraints]\nsmem = \"__import__('os').system('touch pwned') == 0\"\n"
-    )
+    path.write_text(GOOD_PARAMS + "\n[constraints]\nsmem = \"__import__('os').system('touch pwned') == 0\"\n")
     with pytest.raises(TunesvcError, match=r"constraints\.smem"):
         Space.from_toml(path, problem_vars=PROBLEM_VARS)
     assert not (tmp_path / "pwned").exists()
@@ -283,7 +281,10 @@ def test_expression_pickles_as_its_text():
 
 
 def test_compiled_expression_fails_like_the_interpreter():
-    for source, env, error in [("M // N > 0", {"M": 1, "N": 0}, ZeroDivisionError), ("M > 0 and X > 0", {"M": 1}, KeyError)]:
+    for source, env, error in [
+        ("M // N > 0", {"M": 1, "N": 0}, ZeroDivisionError),
+        ("M > 0 and X > 0", {"M": 1}, KeyError),
+    ]:
         with pytest.raises(error):
             Expression(source).interpret(env)
         with pytest.raises(error):
@@ -349,6 +350,8 @@ def test_from_toml_accepts_a_valid_custom_file(tmp_path):
     )
     space = Space.from_toml(path, problem_vars=PROBLEM_VARS)
     assert space.size == 2 * 3 * 2
-    feasible = space.feasible({"M": 1, "N": 1, "K": 1, "elem_bytes": 2}, {"max_shared_memory": 2048, "sm_count": 1, "max_num_regs": 1})
+    feasible = space.feasible(
+        {"M": 1, "N": 1, "K": 1, "elem_bytes": 2}, {"max_shared_memory": 2048, "sm_count": 1, "max_num_regs": 1}
+    )
     # BLOCK_M * BLOCK_K * 2 <= 2048 -> BLOCK_M * BLOCK_K <= 1024
     assert {(c["BLOCK_M"], c["BLOCK_K"]) for c in feasible} == {(16, 16), (16, 32), (16, 64), (32, 16), (32, 32)}

@@ -6,6 +6,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
+from _backends import pg_admin_url
+from _backends import pg_database
 from sqlalchemy import create_engine
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -21,10 +24,6 @@ from tunesvc.store import DatabaseUnavailable
 from tunesvc.store import Store
 from tunesvc.store import resolve_url
 from tunesvc.store.models import SCHEMA_VERSION
-
-from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
-from _backends import pg_admin_url
-from _backends import pg_database
 
 KEY = "M=64,N=45,K=29,dtype=float16"
 
@@ -95,8 +94,14 @@ def test_new_store_creates_the_schema(tmp_db):
         con.close()
     # every table is tunesvc's own (revision 0005): Optuna's tables can sit beside them
     assert tables == {
-        "tunesvc_meta", "tunesvc_alembic_version", "tunesvc_devices", "tunesvc_kernel_versions",
-        "tunesvc_sweeps", "tunesvc_trials", "tunesvc_winners", "tunesvc_jobs",
+        "tunesvc_meta",
+        "tunesvc_alembic_version",
+        "tunesvc_devices",
+        "tunesvc_kernel_versions",
+        "tunesvc_sweeps",
+        "tunesvc_trials",
+        "tunesvc_winners",
+        "tunesvc_jobs",
     }
     assert version == (str(SCHEMA_VERSION),)
 
@@ -157,8 +162,10 @@ def test_add_trials_stores_a_batch_in_order_and_skips_stored_configs(store, ids,
     assert [i is not None for i in ids] == [True, False, True, True, False]
     trials = store.trials(kv, dev, KEY)
     assert [(t.id, t.config, t.config_hash, t.time_ms) for t in trials] == [
-        (first.id, cfg(16), config_hash(cfg(16)), 2.5), (ids[0], cfg(32), config_hash(cfg(32)), 3.0),
-        (ids[2], cfg(64), config_hash(cfg(64)), 4.0), (ids[3], cfg(32, 3), config_hash(cfg(32, 3)), 5.0),
+        (first.id, cfg(16), config_hash(cfg(16)), 2.5),
+        (ids[0], cfg(32), config_hash(cfg(32)), 3.0),
+        (ids[2], cfg(64), config_hash(cfg(64)), 4.0),
+        (ids[3], cfg(32, 3), config_hash(cfg(32, 3)), 5.0),
     ]
     assert store.add_trials(sweep, kv, dev, KEY, []) == []
 
@@ -178,8 +185,11 @@ def test_a_batch_that_does_not_fit_stores_none_of_its_trials(tmp_db, file_ids, f
     full = Store(tmp_db)
     try:
         # 40 rows of 1 KB messages need about 10 more 4 KB pages: the batch fails part-way
-        batch = [(cfg(b, s), config_hash(cfg(b, s)), Measurement(Status.OK, time_ms=1.0, reps=1, message="x" * 1000))
-                 for b in (32, 64, 128, 256) for s in range(10)]
+        batch = [
+            (cfg(b, s), config_hash(cfg(b, s)), Measurement(Status.OK, time_ms=1.0, reps=1, message="x" * 1000))
+            for b in (32, 64, 128, 256)
+            for s in range(10)
+        ]
         with pytest.raises(TunesvcError, match="is full"):
             full.add_trials(sweep, kv, dev, KEY, batch)
         assert [t.config for t in full.trials(kv, dev, KEY)] == [cfg(16)]
@@ -332,8 +342,17 @@ def test_readonly_store_cannot_write(tmp_db, file_ids, file_store):
 
 def _other_device() -> tunesvc.Device:
     return tunesvc.Device(
-        kind="cuda", name="NVIDIA H100 80GB HBM3", capability="9.0", sm_count=132, memory_bytes=80 << 30,
-        max_shared_memory=232448, max_num_regs=65536, driver="550", cuda="12.4", torch="2.4", triton="3.0",
+        kind="cuda",
+        name="NVIDIA H100 80GB HBM3",
+        capability="9.0",
+        sm_count=132,
+        memory_bytes=80 << 30,
+        max_shared_memory=232448,
+        max_num_regs=65536,
+        driver="550",
+        cuda="12.4",
+        torch="2.4",
+        triton="3.0",
     )
 
 
@@ -367,7 +386,9 @@ def test_postgresql_newer_schema_is_refused_unchanged():
         Store(url).close()
         engine = create_engine(url)
         with engine.begin() as connection:
-            connection.execute(text("UPDATE tunesvc_meta SET value = :v WHERE key = 'schema_version'"), {"v": str(SCHEMA_VERSION + 1)})
+            connection.execute(
+                text("UPDATE tunesvc_meta SET value = :v WHERE key = 'schema_version'"), {"v": str(SCHEMA_VERSION + 1)}
+            )
         with pytest.raises(TunesvcError, match=f"schema version {SCHEMA_VERSION + 1}, newer than"):
             Store(url)
         with engine.connect() as connection:
@@ -395,7 +416,7 @@ def test_racing_stores_add_one_device_and_kernel_version(db_url, template, devic
         try:
             start.wait()
             out.append((store.kernel_version_id(template), store.device_id(device)))
-        except Exception as exc:  # noqa: BLE001  (reported to the test, which fails on any)
+        except Exception as exc:
             errors.append(exc)
         finally:
             store.close()

@@ -12,10 +12,9 @@ import multiprocessing
 import sqlite3
 
 import pytest
+from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
 from sqlalchemy import create_engine
 from sqlalchemy import text
-
-from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
 
 WRITERS = 8
 TRIALS = 50
@@ -27,7 +26,9 @@ def _context():
         context = multiprocessing.get_context("forkserver")
         # one forkserver serves the whole pytest process: preload what tunesvc.bench.Compiler's
         # workers need too, so whichever test starts it, later ones find their modules loaded
-        context.set_forkserver_preload(["torch", "triton", "triton.language", "tunesvc.store", "tunesvc.bench", "alembic.command"])
+        context.set_forkserver_preload(
+            ["torch", "triton", "triton.language", "tunesvc.store", "tunesvc.bench", "alembic.command"]
+        )
         return context
     return multiprocessing.get_context("spawn")
 
@@ -46,12 +47,14 @@ def _write_trials(path: str, ids: tuple[int, int, int], writer: int, barrier, re
         for i in range(TRIALS):
             config = {"writer": writer, "i": i}
             try:
-                row = store.add_trial(sweep, kv, dev, KEY, config, f"w{writer}-{i}", Measurement(Status.OK, time_ms=1.0 + i, reps=1))
+                row = store.add_trial(
+                    sweep, kv, dev, KEY, config, f"w{writer}-{i}", Measurement(Status.OK, time_ms=1.0 + i, reps=1)
+                )
                 stored += row is not None
-            except Exception as exc:  # noqa: BLE001  (reported to the test, which fails on any)
+            except Exception as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
         store.close()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         errors.append(f"{type(exc).__name__}: {exc}")
     results.put((writer, stored, errors))
 
@@ -64,7 +67,7 @@ def _open_store(path: str, barrier, results) -> None:
         store = Store(path)  # all at once, on a file that does not exist yet
         results.put((store.revision, []))
         store.close()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         results.put((None, [f"{type(exc).__name__}: {exc}"]))
 
 
@@ -78,7 +81,7 @@ def _open_study(url: str, study: str, barrier, results) -> None:
         storage = rdb_storage(url)  # all at once, on a database with no Optuna tables yet
         optuna.create_study(study_name=study, storage=storage)
         results.put((study, []))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         results.put((None, [f"{type(exc).__name__}: {exc}"]))
 
 

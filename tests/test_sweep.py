@@ -73,8 +73,9 @@ def test_optuna_budget_and_seed(tmp_db, template, device):
     events = []
     store = Store(tmp_db)
     try:
-        [result] = run_sweep(template, [problem], store, strategy="optuna", budget=3, seed=7, device=device,
-                             on_trial=events.append)
+        [result] = run_sweep(
+            template, [problem], store, strategy="optuna", budget=3, seed=7, device=device, on_trial=events.append
+        )
         key = str(template.key(problem))
         rows = trial_rows(store, template, device, key)
         assert result.trials_new == 3 and len(rows) == 3
@@ -146,8 +147,10 @@ def study_params(db: str) -> list[dict]:
     """The params of every trial of the one Optuna study in the database, in order; for a trial
     enqueued but not yet sampled (a sweep killed between the two), the params it was enqueued with."""
     [name] = optuna.get_all_study_names(storage=f"sqlite:///{db}")
-    return [t.params or t.system_attrs.get("fixed_params", {})
-            for t in optuna.load_study(study_name=name, storage=f"sqlite:///{db}").trials]
+    return [
+        t.params or t.system_attrs.get("fixed_params", {})
+        for t in optuna.load_study(study_name=name, storage=f"sqlite:///{db}").trials
+    ]
 
 
 @pytest.mark.parametrize(
@@ -157,8 +160,22 @@ def study_params(db: str) -> list[dict]:
 )
 def test_resume_after_sigkill(tmp_path, strategy, workers):
     db = str(tmp_path / "killed.db")
-    cmd = [sys.executable, "-m", "tunesvc", "sweep", "matmul", "--shape", "40x40x40", "--budget", "12",
-           "--strategy", strategy, "--db", db, *workers]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tunesvc",
+        "sweep",
+        "matmul",
+        "--shape",
+        "40x40x40",
+        "--budget",
+        "12",
+        "--strategy",
+        strategy,
+        "--db",
+        db,
+        *workers,
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
@@ -203,7 +220,7 @@ def test_resume_after_sigkill(tmp_path, strategy, workers):
         # the rerun resumed the killed sweep's study in the same file: its trials first, then every
         # stored config told to it
         study = study_params(db)
-        assert len(killed_study) >= after_kill and study[:len(killed_study)] == killed_study
+        assert len(killed_study) >= after_kill and study[: len(killed_study)] == killed_study
         assert stored <= {config_hash(p) for p in study}
 
 
@@ -225,8 +242,15 @@ def test_sweep_with_compile_workers_measures_every_trial_once(tmp_db, template, 
     seen: list[tuple[str, int]] = []  # (config hash, trial rows committed when it was reported)
     store = Store(tmp_db)
     try:
-        [result] = run_sweep(template, [problem], store, budget=4, device=device, workers=2,
-                             on_trial=lambda event: seen.append((config_hash(event.config), count_trials(tmp_db))))
+        [result] = run_sweep(
+            template,
+            [problem],
+            store,
+            budget=4,
+            device=device,
+            workers=2,
+            on_trial=lambda event: seen.append((config_hash(event.config), count_trials(tmp_db))),
+        )
         rows = trial_rows(store, template, device, result.shape_key)
     finally:
         store.close()
@@ -244,8 +268,9 @@ def test_sweep_reports_what_it_is_doing(tmp_db, template, device):
     phases: list[tuple[str, str]] = []
     store = Store(tmp_db)
     try:
-        [result] = run_sweep(template, [problem], store, budget=2, device=device,
-                             on_phase=lambda key, what: phases.append((key, what)))
+        [result] = run_sweep(
+            template, [problem], store, budget=2, device=device, on_phase=lambda key, what: phases.append((key, what))
+        )
     finally:
         store.close()
     whats = [what for key, what in phases]
@@ -265,8 +290,18 @@ def test_phases_say_where_the_wall_time_went(tmp_db, template, device):
         store.close()
     phases = result.phases
     assert set(phases) <= set(PHASES)
-    for phase in ("start", "set-up", "measurer start", "waiting for compiles", "checking and timing",
-                  "trial writes", "finalists", "torch peer", "measurer stop", "winner"):
+    for phase in (
+        "start",
+        "set-up",
+        "measurer start",
+        "waiting for compiles",
+        "checking and timing",
+        "trial writes",
+        "finalists",
+        "torch peer",
+        "measurer stop",
+        "winner",
+    ):
         assert phases[phase] >= 0, phase
     assert phases["checking and timing"] > 0 and phases["finalists"] > 0
     assert sum(phases.values()) == pytest.approx(result.wall_seconds)

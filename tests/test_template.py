@@ -45,7 +45,9 @@ def test_problem_rejects(template, kwargs, pattern):
 
 
 # -- parse_shape() -----------------------------------------------------------------------------
-@pytest.mark.parametrize("text", ["37x45x29", " 37x45x29 ", "37×45×29", "37*45*29", "M=37,N=45,K=29", "K=29, N=45, M=37"])
+@pytest.mark.parametrize(
+    "text", ["37x45x29", " 37x45x29 ", "37×45×29", "37*45*29", "M=37,N=45,K=29", "K=29, N=45, M=37"]
+)
 def test_parse_shape(template, text):
     assert template.parse_shape(text) == {"M": 37, "N": 45, "K": 29, "dtype": "float16"}
 
@@ -212,7 +214,9 @@ INSTANCE = Scale()
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
     (tmp_path / "my_templates.py").write_text(textwrap.dedent(USER_MODULE))
-    (tmp_path / "scale_space.toml").write_text('[params]\nBLOCK = [32, 64, 128]\n\n[constraints]\nfit = "BLOCK <= max(32, next_pow2(N))"\n')
+    (tmp_path / "scale_space.toml").write_text(
+        '[params]\nBLOCK = [32, 64, 128]\n\n[constraints]\nfit = "BLOCK <= max(32, next_pow2(N))"\n'
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "my_templates"
     import sys
@@ -239,8 +243,17 @@ def test_get_template_module_attr(user_module, attr, device):
 # -- heuristic ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "shape",
-    [(1, 1, 1), (1, 33, 17), (16, 64, 128), (37, 45, 29), (64, 64, 64), (70, 19, 65), (100, 4096, 4096),
-     (1000, 3000, 777), (4096, 4096, 4096)],
+    [
+        (1, 1, 1),
+        (1, 33, 17),
+        (16, 64, 128),
+        (37, 45, 29),
+        (64, 64, 64),
+        (70, 19, 65),
+        (100, 4096, 4096),
+        (1000, 3000, 777),
+        (4096, 4096, 4096),
+    ],
 )
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_heuristic_is_feasible(template, device, shape, dtype):

@@ -30,7 +30,24 @@ from tunesvc.template import get_template  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "Bench", "Cost", "Device", "LookupResult", "Measurement", "Runtime", "ShapeKey", "Space",
-    "Status", "Template", "TunedKernel", "TunesvcError", "autotune", "config_hash", "configure",
-    "current_device", "get_template", "lookup", "start_forkserver", "tuned",
+    "Bench",
+    "Cost",
+    "Device",
+    "LookupResult",
+    "Measurement",
+    "Runtime",
+    "ShapeKey",
+    "Space",
+    "Status",
+    "Template",
+    "TunedKernel",
+    "TunesvcError",
+    "autotune",
+    "config_hash",
+    "configure",
+    "current_device",
+    "get_template",
+    "lookup",
+    "start_forkserver",
+    "tuned",
 ]

@@ -33,11 +33,11 @@ import operator
 import os
 import threading
 import weakref
+from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Callable
-from typing import Sequence
 
 import torch
 
@@ -70,9 +70,15 @@ class KernelTemplate(Template):
     dtypes = ANY_DTYPE
 
     def __init__(
-        self, kernel: Any, name: str, key: Sequence[str], space: str | os.PathLike | Sequence[Config],
-        heuristic: Callable[..., Config] | None, output: int | None,
-        reference: Callable[..., torch.Tensor] | None, tolerance: float | None,
+        self,
+        kernel: Any,
+        name: str,
+        key: Sequence[str],
+        space: str | os.PathLike | Sequence[Config],
+        heuristic: Callable[..., Config] | None,
+        output: int | None,
+        reference: Callable[..., torch.Tensor] | None,
+        tolerance: float | None,
     ) -> None:
         self.name = name
         self.dims = tuple(key)
@@ -143,7 +149,9 @@ class KernelTemplate(Template):
 
     def make_inputs(self, problem: Problem, device: Device) -> tuple[Any, tuple, dict[str, Any]]:
         if self._call is None or self._call[3] != problem:
-            raise TunesvcError(f"{self.name} is tuned on a call's own arguments; launch it in mode 'tune' instead of sweeping it.")
+            raise TunesvcError(
+                f"{self.name} is tuned on a call's own arguments; launch it in mode 'tune' instead of sweeping it."
+            )
         grid, args, kwargs, _ = self._call
         return grid, _copies(args), kwargs
 
@@ -179,12 +187,22 @@ class TunedKernel:
     most recent miss, ``template`` the kernel as a template (for ``tunesvc.Runtime.lookup``).
     """
 
-    def __init__(self, kernel: Any, template: KernelTemplate, dtype_arg: str | None, runtime: Runtime | None,
-                 db: str | os.PathLike | None, bundle: str | os.PathLike | None, mode: str | None) -> None:
+    def __init__(
+        self,
+        kernel: Any,
+        template: KernelTemplate,
+        dtype_arg: str | None,
+        runtime: Runtime | None,
+        db: str | os.PathLike | None,
+        bundle: str | os.PathLike | None,
+        mode: str | None,
+    ) -> None:
         names = list(kernel.arg_names)
         missing = [k for k in (*template.dims, *([dtype_arg] if dtype_arg else [])) if k not in names]
         if missing:
-            raise TunesvcError(f"{template.name} has no argument {missing[0]}; key names must be the kernel's arguments.")
+            raise TunesvcError(
+                f"{template.name} has no argument {missing[0]}; key names must be the kernel's arguments."
+            )
         self.kernel = kernel
         self.template = template
         self.arg_names = names
@@ -254,8 +272,10 @@ class TunedKernel:
                 return config
             runtime = self.runtime()
             dtype = args[self._dtype_pos].dtype
-            problem = {**{d: args[p] for d, p in zip(self.template.dims, self._positions)},
-                       "dtype": str(dtype).removeprefix("torch.")}
+            problem = {
+                **{d: args[p] for d, p in zip(self.template.dims, self._positions)},
+                "dtype": str(dtype).removeprefix("torch."),
+            }
             if runtime.mode == "tune":
                 if self.template._output is None:
                     raise TunesvcError(

@@ -20,11 +20,11 @@ import pickle
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Iterator
 
 import torch
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from tunesvc.template import Template
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     OK = "ok"
     INVALID = "invalid"  # breaks a space constraint or does not fit the device
     COMPILE_ERROR = "compile_error"
@@ -222,7 +222,9 @@ class Bench:
         if self.device.is_gpu:
             import triton.testing
 
-            median, low, high = triton.testing.do_bench(fn, warmup=min(25, rep_ms), rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+            median, low, high = triton.testing.do_bench(
+                fn, warmup=min(25, rep_ms), rep=rep_ms, quantiles=[0.5, 0.2, 0.8]
+            )
             if median < GRAPH_BELOW_MS:
                 try:
                     calls = [fn] + [call_on(inputs) for inputs in self.input_sets()[1:]]
@@ -261,8 +263,14 @@ class Compiler:
     problem's inputs, so that all of it overlaps the caller's own set-up.
     """
 
-    def __init__(self, workers: int, timeout_s: float = 120.0, *, template: Template | None = None,
-                 problem: Problem | None = None) -> None:
+    def __init__(
+        self,
+        workers: int,
+        timeout_s: float = 120.0,
+        *,
+        template: Template | None = None,
+        problem: Problem | None = None,
+    ) -> None:
         self.workers = workers
         self.timeout_s = timeout_s
         #: how many times the pool was replaced after a worker died or hung
@@ -274,7 +282,9 @@ class Compiler:
         import threading
         from concurrent.futures import ProcessPoolExecutor
 
-        pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_start_worker, initargs=(os.getpid(),))
+        pool = ProcessPoolExecutor(
+            self.workers, mp_context=_context(), initializer=_start_worker, initargs=(os.getpid(),)
+        )
         # submit() starts a worker process and blocks until it is forked (by this process or the forkserver)
         self._starting = threading.Thread(target=self._start_workers, args=(pool,), daemon=True)
         self._starting.start()
@@ -291,7 +301,9 @@ class Compiler:
         """Launch each config once in the pool; index -> None, or the error it raised."""
         return dict(self.compile_each(template, problem, configs))
 
-    def compile_each(self, template: Template, problem: Problem, configs: list[Config]) -> Iterator[tuple[int, str | None]]:
+    def compile_each(
+        self, template: Template, problem: Problem, configs: list[Config]
+    ) -> Iterator[tuple[int, str | None]]:
         """Launch each config once in the pool, yielding (index, outcome) as each is done, in the
         order they finish (outcome: None, or the error it raised); so the caller measures a
         candidate while the later ones compile, and never waits on a slow one while others are ready.
@@ -315,7 +327,9 @@ class Compiler:
         replace = False
         try:
             while pending:
-                done, pending = wait(pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+                done, pending = wait(
+                    pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED
+                )
                 if not done:  # the deadline passed with these still compiling (or queued behind them)
                     for future in sorted(pending, key=index.__getitem__):
                         yield index[future], f"compile timeout after {self.timeout_s:g} s"
@@ -470,8 +484,14 @@ def _compile_in_worker(template: Template, problem: Problem, config: Config) -> 
 #: how long a Worker's child may take to start and make its inputs and reference
 STARTUP_TIMEOUT_S = 300.0
 #: what a CUDA error that leaves the process's context unusable says (torch re-raises the driver's text)
-_CONTEXT_LOST = ("illegal memory access", "unspecified launch failure", "misaligned address",
-                 "device-side assert", "CUDA error", "illegal instruction")
+_CONTEXT_LOST = (
+    "illegal memory access",
+    "unspecified launch failure",
+    "misaligned address",
+    "device-side assert",
+    "CUDA error",
+    "illegal instruction",
+)
 
 
 class Worker:
@@ -485,8 +505,9 @@ class Worker:
     CUDA context belongs to a process: only a process boundary contains a kernel that faults.
     """
 
-    def __init__(self, template: Template, problem: Problem, device: Device, *, timeout_s: float = 60.0,
-                 rep_ms: float = 100.0) -> None:
+    def __init__(
+        self, template: Template, problem: Problem, device: Device, *, timeout_s: float = 60.0, rep_ms: float = 100.0
+    ) -> None:
         self.template = template
         self.problem = problem
         self.device = device
@@ -528,7 +549,9 @@ class Worker:
             pass
         else:
             self._replace()
-            return Measurement(Status.TIMEOUT, message=f"no result within {self.timeout_s:g} s; measuring process replaced")
+            return Measurement(
+                Status.TIMEOUT, message=f"no result within {self.timeout_s:g} s; measuring process replaced"
+            )
         code = self._replace()
         return Measurement(Status.CRASH, message=f"measuring process died (exit code {code}); replaced")
 
@@ -539,8 +562,11 @@ class Worker:
         # a forked child also holds this end (fork copies every descriptor): it closes its copy
         # and watches this process, since EOF no longer tells it that the parent is gone
         forked = context.get_start_method() == "fork"
-        self._process = context.Process(target=_worker_main, args=(child, payload, list(sys.path), os.getpid(),
-                                                                   self._conn if forked else None), daemon=True)
+        self._process = context.Process(
+            target=_worker_main,
+            args=(child, payload, list(sys.path), os.getpid(), self._conn if forked else None),
+            daemon=True,
+        )
         self._process.start()
         child.close()
         self._ready = False
@@ -553,7 +579,9 @@ class Worker:
             ready = False
         if not ready:
             self._stop(grace_s=0.0)
-            raise TunesvcError(f"The measuring process for {self.template.name} did not start; run the sweep with isolate=False to see why.")
+            raise TunesvcError(
+                f"The measuring process for {self.template.name} did not start; run the sweep with isolate=False to see why."
+            )
         self._ready = True
 
     def _replace(self) -> int | None:

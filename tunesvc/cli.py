@@ -5,11 +5,10 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 from typing import Any
-from typing import Callable
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -32,7 +31,7 @@ app = typer.Typer(
 console = Console()
 
 DbOption = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--db", envvar="TUNESVC_DB", help="SQLite file or SQLAlchemy URL [default: ./tune.db]."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
@@ -51,8 +50,12 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
-    debug: Annotated[bool, typer.Option("--debug", help="Show errors with their traceback instead of one line.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show errors with their traceback instead of one line.")
+    ] = False,
 ) -> None:
     """Tune Triton kernels once per GPU and shape, keep the results, look them up at run time."""
     global _DEBUG
@@ -69,7 +72,9 @@ def user_errors(fn: Callable) -> Callable:
         except TunesvcError as exc:
             if _DEBUG:
                 raise
-            Console(stderr=True).print(f"[bold red]Error:[/bold red] {exc}", markup=True, highlight=False, soft_wrap=True)
+            Console(stderr=True).print(
+                f"[bold red]Error:[/bold red] {exc}", markup=True, highlight=False, soft_wrap=True
+            )
             raise typer.Exit(1) from None
 
     return wrapper
@@ -114,8 +119,12 @@ def kernels(as_json: JsonOption = False) -> None:
 
     rows = [
         {
-            "name": t.name, "dims": list(t.dims), "version": t.version, "space_size": t.space.size,
-            "presets": sorted(t.presets), "space_file": str(t.space_path),
+            "name": t.name,
+            "dims": list(t.dims),
+            "version": t.version,
+            "space_size": t.space.size,
+            "presets": sorted(t.presets),
+            "space_file": str(t.space_path),
         }
         for t in list_templates()
     ]
@@ -133,7 +142,9 @@ def kernels(as_json: JsonOption = False) -> None:
 @user_errors
 def space(
     kernel: Annotated[str, typer.Argument(help="Kernel name (see `tune kernels`) or module:attribute.")],
-    shape: Annotated[Optional[str], typer.Option(help="Count feasible configs for this shape, e.g. 4096x4096x4096.")] = None,
+    shape: Annotated[
+        str | None, typer.Option(help="Count feasible configs for this shape, e.g. 4096x4096x4096.")
+    ] = None,
     dtype: Annotated[str, typer.Option(help="float16, bfloat16 or float32.")] = "float16",
     as_json: JsonOption = False,
 ) -> None:
@@ -144,15 +155,21 @@ def space(
     template = get_template(kernel)
     sp = template.space
     data: dict[str, Any] = {
-        "kernel": template.name, "file": sp.source, "size": sp.size,
+        "kernel": template.name,
+        "file": sp.source,
+        "size": sp.size,
         "parameters": {n: list(p.choices) for n, p in sp.parameters.items()},
         "constraints": {n: e.source for n, e in sp.constraints.items()},
     }
     if shape is not None:
         problem = template.parse_shape(shape, dtype)
         device = current_device()
-        data.update(shape_key=str(template.key(problem)), device=device.name,
-                    feasible=len(template.feasible(problem, device)), heuristic=template.heuristic(problem, device))
+        data.update(
+            shape_key=str(template.key(problem)),
+            device=device.name,
+            feasible=len(template.feasible(problem, device)),
+            heuristic=template.heuristic(problem, device),
+        )
     if as_json:
         return _print_json(data)
     table = Table(title=f"{template.name}: {sp.size} configs ({sp.source})")
@@ -178,19 +195,42 @@ def space(
 @user_errors
 def sweep(
     kernel: Annotated[str, typer.Argument(help="Kernel name (see `tune kernels`) or module:attribute.")],
-    shape: Annotated[Optional[list[str]], typer.Option("--shape", "-s", help="A problem shape, e.g. 4096x4096x4096 (repeatable).")] = None,
-    preset: Annotated[Optional[str], typer.Option(help="A named problem set of the kernel (see `tune kernels`).")] = None,
+    shape: Annotated[
+        list[str] | None, typer.Option("--shape", "-s", help="A problem shape, e.g. 4096x4096x4096 (repeatable).")
+    ] = None,
+    preset: Annotated[str | None, typer.Option(help="A named problem set of the kernel (see `tune kernels`).")] = None,
     dtype: Annotated[str, typer.Option(help="float16, bfloat16 or float32.")] = "float16",
-    strategy: Annotated[str, typer.Option(help="grid (every feasible config), random, optuna (TPE), cmaes (CMA-ES) or gp (Gaussian process).")] = "grid",
-    budget: Annotated[Optional[int], typer.Option(help="Most trials per shape, stored ones included [grid: all; others: 50].")] = None,
-    time_budget: Annotated[Optional[float], typer.Option(help="Most seconds of search per shape.")] = None,
-    patience: Annotated[Optional[int], typer.Option(help="Stop a shape after this many trials in a row that do not beat the best by 1%.")] = None,
+    strategy: Annotated[
+        str,
+        typer.Option(
+            help="grid (every feasible config), random, optuna (TPE), cmaes (CMA-ES) or gp (Gaussian process)."
+        ),
+    ] = "grid",
+    budget: Annotated[
+        int | None, typer.Option(help="Most trials per shape, stored ones included [grid: all; others: 50].")
+    ] = None,
+    time_budget: Annotated[float | None, typer.Option(help="Most seconds of search per shape.")] = None,
+    patience: Annotated[
+        int | None, typer.Option(help="Stop a shape after this many trials in a row that do not beat the best by 1%.")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the sampler.")] = 0,
-    workers: Annotated[Optional[int], typer.Option(help="Processes compiling candidates in parallel [GPU: a core each, up to 16 (grid, random) or 8 (Optuna); interpreter: 0].")] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Processes compiling candidates in parallel [GPU: a core each, up to 16 (grid, random) or 8 (Optuna); interpreter: 0]."
+        ),
+    ] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar (for logs); the result table still prints.")] = False,
-    gpus: Annotated[Optional[str], typer.Option(help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index); each worker applies --budget, --time-budget, --patience and --workers to every shape it takes. The same command on other hosts with the same --db joins the sweep.")] = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress bar (for logs); the result table still prints.")
+    ] = False,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index); each worker applies --budget, --time-budget, --patience and --workers to every shape it takes. The same command on other hosts with the same --db joins the sweep."
+        ),
+    ] = None,
 ) -> None:
     """Benchmark configs for each shape on this device, store every trial and the winners."""
     from tunesvc.device import fork_safe_current_device
@@ -203,14 +243,31 @@ def sweep(
     problems = _problems(template, shape or [], preset, dtype)
     check_sweep_arguments(strategy, budget, time_budget, patience)  # before Store(): a rejected sweep creates no file
     if gpus is not None:
-        return _sweep_on_workers(kernel, template, problems, strategy, budget, seed, gpus, db, as_json,
-                                 time_budget=time_budget, patience=patience, workers=workers)
+        return _sweep_on_workers(
+            kernel,
+            template,
+            problems,
+            strategy,
+            budget,
+            seed,
+            gpus,
+            db,
+            as_json,
+            time_budget=time_budget,
+            patience=patience,
+            workers=workers,
+        )
     device = fork_safe_current_device()  # CUDA left uninitialised here: the sweep forks its workers from this process
     store = Store(db)
     progress = Progress(
-        TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("[dim]{task.fields[phase]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
         TextColumn("{task.fields[best]}"),
-        TimeElapsedColumn(), console=Console(stderr=True), disable=as_json or quiet,
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=as_json or quiet,
     )
     tasks: dict[str, Any] = {}
 
@@ -226,9 +283,21 @@ def sweep(
 
     try:
         with progress:
-            results = run_sweep(template, problems, store, strategy=strategy, budget=budget, seed=seed,
-                                device=device, on_start=on_start, on_trial=on_trial, on_phase=on_phase, workers=workers,
-                                time_budget=time_budget, patience=patience)
+            results = run_sweep(
+                template,
+                problems,
+                store,
+                strategy=strategy,
+                budget=budget,
+                seed=seed,
+                device=device,
+                on_start=on_start,
+                on_trial=on_trial,
+                on_phase=on_phase,
+                workers=workers,
+                time_budget=time_budget,
+                patience=patience,
+            )
     finally:
         store.close()
     if as_json:
@@ -239,15 +308,33 @@ def sweep(
     for r in results:
         speedup = f"{r.heuristic_ms / r.winner_ms:.2f}x" if r.heuristic_ms and r.winner_ms else "-"
         table.add_row(
-            r.shape_key, _config_text(r.winner), _ms(r.winner_ms), _ms(r.heuristic_ms), speedup,
-            f"{r.trials_stored} (+{r.trials_new})", str(r.failures), f"{r.wall_seconds:.1f}",
+            r.shape_key,
+            _config_text(r.winner),
+            _ms(r.winner_ms),
+            _ms(r.heuristic_ms),
+            speedup,
+            f"{r.trials_stored} (+{r.trials_new})",
+            str(r.failures),
+            f"{r.wall_seconds:.1f}",
         )
     console.print(table)
 
 
-def _sweep_on_workers(kernel: str, template, problems: list[dict], strategy: str, budget: int | None, seed: int,
-                      gpus: str, db: str | None, as_json: bool, *, time_budget: float | None, patience: int | None,
-                      workers: int | None) -> None:
+def _sweep_on_workers(
+    kernel: str,
+    template,
+    problems: list[dict],
+    strategy: str,
+    budget: int | None,
+    seed: int,
+    gpus: str,
+    db: str | None,
+    as_json: bool,
+    *,
+    time_budget: float | None,
+    patience: int | None,
+    workers: int | None,
+) -> None:
     """`tune sweep --gpus`: queue the (kernel x shape) jobs in the database, run one worker per GPU.
 
     Each worker runs its jobs with the sweep's --time-budget, --patience and --workers.
@@ -264,37 +351,68 @@ def _sweep_on_workers(kernel: str, template, problems: list[dict], strategy: str
         device = current_device()
         batch = jobs.batch_name(kernel, template, problems, strategy, budget, seed, device, time_budget, patience)
         added = jobs.enqueue(store, batch, kernel, template, problems, strategy, budget, seed)
-        Console(stderr=True).print(f"sweep {batch}: {added} new of {len(problems)} jobs, {len(slots)} workers", highlight=False)
-        codes = [p.wait() for p in jobs.spawn_workers(store.url, batch, slots, time_budget=time_budget, patience=patience,
-                                                      compile_workers=workers)]
+        Console(stderr=True).print(
+            f"sweep {batch}: {added} new of {len(problems)} jobs, {len(slots)} workers", highlight=False
+        )
+        codes = [
+            p.wait()
+            for p in jobs.spawn_workers(
+                store.url, batch, slots, time_budget=time_budget, patience=patience, compile_workers=workers
+            )
+        ]
         rows = jobs.jobs(store, batch)
-        winners = {w.shape_key: w for w in store.winners(kernel=template.name, hardware_id=device.hardware_id, version=template.version)}
+        winners = {
+            w.shape_key: w
+            for w in store.winners(kernel=template.name, hardware_id=device.hardware_id, version=template.version)
+        }
     finally:
         store.close()
     if as_json:
-        _print_json([{"shape_key": j.shape_key, "status": j.status, "attempts": j.attempts, "message": j.message,
-                      "winner": winners[j.shape_key].config if j.shape_key in winners else None,
-                      "winner_ms": winners[j.shape_key].time_ms if j.shape_key in winners else None} for j in rows])
+        _print_json(
+            [
+                {
+                    "shape_key": j.shape_key,
+                    "status": j.status,
+                    "attempts": j.attempts,
+                    "message": j.message,
+                    "winner": winners[j.shape_key].config if j.shape_key in winners else None,
+                    "winner_ms": winners[j.shape_key].time_ms if j.shape_key in winners else None,
+                }
+                for j in rows
+            ]
+        )
     else:
         table = Table(title=f"{template.name} on {device.name}, {len(slots)} workers ({store.url})")
         for column in ("shape key", "job", "winner", "ms", "attempts"):
             table.add_column(column)
         for j in rows:
             w = winners.get(j.shape_key)
-            table.add_row(j.shape_key, j.status, _config_text(w.config if w else None), _ms(w.time_ms if w else None), str(j.attempts))
+            table.add_row(
+                j.shape_key,
+                j.status,
+                _config_text(w.config if w else None),
+                _ms(w.time_ms if w else None),
+                str(j.attempts),
+            )
         console.print(table)
     unfinished = [j for j in rows if j.status != "done"]
     if unfinished:
         first = next((j.message for j in unfinished if j.message), f"workers exited with {codes}")
-        raise TunesvcError(f"{len(unfinished)} of {len(rows)} jobs did not finish ({first}); run the same command again to resume.")
+        raise TunesvcError(
+            f"{len(unfinished)} of {len(rows)} jobs did not finish ({first}); run the same command again to resume."
+        )
 
 
 @app.command()
 @user_errors
 def show(
-    kernel: Annotated[Optional[str], typer.Option(help="Only this kernel.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="Only devices whose name or hardware id contains this text.")] = None,
-    shape: Annotated[Optional[str], typer.Option(help="Only shape keys that contain this text, e.g. M=4096 or bfloat16.")] = None,
+    kernel: Annotated[str | None, typer.Option(help="Only this kernel.")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="Only devices whose name or hardware id contains this text.")
+    ] = None,
+    shape: Annotated[
+        str | None, typer.Option(help="Only shape keys that contain this text, e.g. M=4096 or bfloat16.")
+    ] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -357,8 +475,10 @@ def lookup(
     shape: Annotated[str, typer.Option("--shape", "-s", help="The problem, e.g. 1000x3000x777.")],
     dtype: Annotated[str, typer.Option(help="float16, bfloat16 or float32.")] = "float16",
     db: DbOption = None,
-    bundle: Annotated[Optional[Path], typer.Option(help="Read winners from this bundle instead of a database.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="Answer for a device stored in --db (name or hardware id), not this one.")] = None,
+    bundle: Annotated[Path | None, typer.Option(help="Read winners from this bundle instead of a database.")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="Answer for a device stored in --db (name or hardware id), not this one.")
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """The config the runtime would launch with on this device, and how it was found."""
@@ -382,9 +502,11 @@ def lookup(
 @app.command()
 @user_errors
 def export(
-    out: Annotated[Path, typer.Option(help="A .json file (one device) or a folder (one file per device).")] = Path("tunesvc-bundles"),
-    kernel: Annotated[Optional[str], typer.Option(help="Only this kernel.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="Only this device hardware id (see `tune show --json`).")] = None,
+    out: Annotated[Path, typer.Option(help="A .json file (one device) or a folder (one file per device).")] = Path(
+        "tunesvc-bundles"
+    ),
+    kernel: Annotated[str | None, typer.Option(help="Only this kernel.")] = None,
+    device: Annotated[str | None, typer.Option(help="Only this device hardware id (see `tune show --json`).")] = None,
     db: DbOption = None,
 ) -> None:
     """Write the winners as JSON bundles for deployment (one per device)."""
@@ -402,7 +524,9 @@ def export(
 @app.command("import")
 @user_errors
 def import_(
-    sources: Annotated[list[str], typer.Argument(help="Bundles (*.json from `tune export`) and databases (paths or URLs) to merge.")],
+    sources: Annotated[
+        list[str], typer.Argument(help="Bundles (*.json from `tune export`) and databases (paths or URLs) to merge.")
+    ],
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -430,9 +554,13 @@ def import_(
 @app.command()
 @user_errors
 def verify(
-    kernel: Annotated[Optional[str], typer.Option(help="Only this kernel.")] = None,
-    margin: Annotated[float, typer.Option(help="Flag a winner when the heuristic is faster by more than this fraction.")] = 0.05,
-    retune: Annotated[bool, typer.Option("--retune", help="Sweep flagged keys again and store the new winners.")] = False,
+    kernel: Annotated[str | None, typer.Option(help="Only this kernel.")] = None,
+    margin: Annotated[
+        float, typer.Option(help="Flag a winner when the heuristic is faster by more than this fraction.")
+    ] = 0.05,
+    retune: Annotated[
+        bool, typer.Option("--retune", help="Sweep flagged keys again and store the new winners.")
+    ] = False,
     budget: Annotated[int, typer.Option(help="New trials per key with --retune.")] = 8,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -450,23 +578,41 @@ def verify(
     if as_json:
         return _print_json([v.to_dict() for v in verdicts])
     table = Table(title=f"Winners of {current_device().name} in {store.url}")
-    columns = ["kernel", "shape key", "stored ms", "now ms", "heuristic ms", "flags", *(["retuned ms"] if retune else [])]
+    columns = [
+        "kernel",
+        "shape key",
+        "stored ms",
+        "now ms",
+        "heuristic ms",
+        "flags",
+        *(["retuned ms"] if retune else []),
+    ]
     for column in columns:
         table.add_column(column)
     for v in verdicts:
         flags = ", ".join(v.flags) + (f" ({v.detail})" if v.detail else "") if v.flags else "ok"
-        table.add_row(v.kernel, v.shape_key, _ms(v.stored_ms), _ms(v.measured_ms), _ms(v.heuristic_ms), flags,
-                      *([_ms(v.retuned_ms)] if retune else []))
+        table.add_row(
+            v.kernel,
+            v.shape_key,
+            _ms(v.stored_ms),
+            _ms(v.measured_ms),
+            _ms(v.heuristic_ms),
+            flags,
+            *([_ms(v.retuned_ms)] if retune else []),
+        )
     console.print(table)
     flagged = sum(bool(v.flags) for v in verdicts)
-    console.print(f"{len(verdicts)} winners checked, {flagged} flagged." + ("" if retune or not flagged else " Run with --retune to sweep them again."))
+    console.print(
+        f"{len(verdicts)} winners checked, {flagged} flagged."
+        + ("" if retune or not flagged else " Run with --retune to sweep them again.")
+    )
 
 
 @app.command()
 @user_errors
 def report(
     db: DbOption = None,
-    kernel: Annotated[Optional[str], typer.Option(help="Only this kernel.")] = None,
+    kernel: Annotated[str | None, typer.Option(help="Only this kernel.")] = None,
     out: Annotated[Path, typer.Option(help="Folder for report.html and its PNG figures.")] = Path("tunesvc-report"),
 ) -> None:
     """Write an HTML report: winners against the heuristic, roofline fractions, convergence and spread."""
@@ -499,7 +645,11 @@ def _db_name(db: str | None) -> str:
         parsed = make_url(url)
     except Exception:
         return url
-    return parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database else parsed.render_as_string(hide_password=True)
+    return (
+        parsed.database
+        if parsed.get_backend_name() == "sqlite" and parsed.database
+        else parsed.render_as_string(hide_password=True)
+    )
 
 
 def _upgraded(db: str | None, before: str | None, after: str) -> None:
@@ -550,5 +700,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-

@@ -156,8 +156,11 @@ def can_fork_gpu_children() -> bool:
 
     import torch
 
-    return (sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
-            and not torch.cuda.is_initialized())
+    return (
+        sys.platform.startswith("linux")
+        and "fork" in multiprocessing.get_all_start_methods()
+        and not torch.cuda.is_initialized()
+    )
 
 
 def _send_device(sender) -> None:

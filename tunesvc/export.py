@@ -53,18 +53,30 @@ def build_bundles(store: Store, kernel: str | None = None, hardware_id: str | No
         if latest[(entry.hardware_id, entry.kernel)] != entry.kernel_version:
             continue
         device = devices[entry.hardware_id]
-        bundle = bundles.setdefault(entry.hardware_id, {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "device": {
-                "hardware_id": device.hardware_id, "name": device.name,
-                "capability": device.capability, "sm_count": device.sm_count,
+        bundle = bundles.setdefault(
+            entry.hardware_id,
+            {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "device": {
+                    "hardware_id": device.hardware_id,
+                    "name": device.name,
+                    "capability": device.capability,
+                    "sm_count": device.sm_count,
+                },
+                "kernels": {},
             },
-            "kernels": {},
-        })
-        section = bundle["kernels"].setdefault(entry.kernel, {
-            "version": entry.kernel_version, "torch": device.torch, "triton": device.triton, "configs": {}, "winners": {},
-        })
+        )
+        section = bundle["kernels"].setdefault(
+            entry.kernel,
+            {
+                "version": entry.kernel_version,
+                "torch": device.torch,
+                "triton": device.triton,
+                "configs": {},
+                "winners": {},
+            },
+        )
         digest = config_hash(entry.config)
         section["configs"][digest] = entry.config
         section["winners"][entry.shape_key] = {"config": digest, "time_ms": round(entry.time_ms, 6)}
@@ -79,7 +91,9 @@ def write_bundles(bundles: dict[str, dict[str, Any]], out: str | os.PathLike) ->
     """Write to ``out``: a .json file for one device, else a folder with one file per device."""
     out = Path(out)
     if not bundles:
-        raise TunesvcError("Nothing to export: the store has no winners for that kernel and device; run `tune sweep` first.")
+        raise TunesvcError(
+            "Nothing to export: the store has no winners for that kernel and device; run `tune sweep` first."
+        )
     if out.suffix == ".json":
         if len(bundles) > 1:
             raise TunesvcError(
@@ -116,7 +130,9 @@ def read_bundle(path: str | os.PathLike, *, check_kernels: bool = True) -> dict[
         )
     device, kernels = data.get("device"), data.get("kernels")
     if not isinstance(device, dict) or not isinstance(device.get("hardware_id"), str):
-        raise TunesvcError(f"{path} is a damaged bundle (device.hardware_id is missing); re-export it with `tune export`.")
+        raise TunesvcError(
+            f"{path} is a damaged bundle (device.hardware_id is missing); re-export it with `tune export`."
+        )
     if not isinstance(kernels, dict):
         raise TunesvcError(f"{path} is a damaged bundle (kernels is missing); re-export it with `tune export`.")
     if check_kernels:
@@ -128,8 +144,14 @@ def read_bundle(path: str | os.PathLike, *, check_kernels: bool = True) -> dict[
 def kernel_configs(path: str | os.PathLike, data: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
     """Shape key -> config of kernel ``name`` in a bundle read by :func:`read_bundle` (checked)."""
     entry = data["kernels"][name]
-    if not isinstance(entry, dict) or not isinstance(entry.get("version"), str) or not isinstance(entry.get("winners"), dict):
-        raise TunesvcError(f"{path} is a damaged bundle (kernels.{name} lacks a version or winners); re-export it with `tune export`.")
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("version"), str)
+        or not isinstance(entry.get("winners"), dict)
+    ):
+        raise TunesvcError(
+            f"{path} is a damaged bundle (kernels.{name} lacks a version or winners); re-export it with `tune export`."
+        )
     winners = entry["winners"]
     try:
         if data["format_version"] == 1:
@@ -142,7 +164,9 @@ def kernel_configs(path: str | os.PathLike, data: dict[str, Any], name: str) -> 
         table = None
     # a set of types per config, not isinstance per value: a deployment loads 10,000s of winners
     if table is None or not all(type(c) is dict and set(map(type, c.values())) <= {int, str} for c in configs):
-        raise TunesvcError(f"{path} is a damaged bundle (a winner of kernels.{name} has no valid config); re-export it with `tune export`.")
+        raise TunesvcError(
+            f"{path} is a damaged bundle (a winner of kernels.{name} has no valid config); re-export it with `tune export`."
+        )
     return table
 
 
@@ -176,7 +200,9 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> list[Impor
     for source, winners in incoming:
         for kernel, version, device, key, config, time_ms in winners:
             action, stored_ms = store.merge_winner(kernel, version, device, key, config, time_ms, source)
-            changes.append(ImportChange(source, kernel, version, device.hardware_id, key, action, time_ms, stored_ms, config))
+            changes.append(
+                ImportChange(source, kernel, version, device.hardware_id, key, action, time_ms, stored_ms, config)
+            )
     return changes
 
 
@@ -190,7 +216,9 @@ def _winners_of(source: str | os.PathLike, target: Store) -> list[tuple]:
         raise TunesvcError(f"No bundle or database at {source}; check the path.")
     store = Store(source, readonly=True)
     try:
-        return [(e.kernel, e.kernel_version, d, e.shape_key, e.config, e.time_ms) for e, d in store.winners_with_devices()]
+        return [
+            (e.kernel, e.kernel_version, d, e.shape_key, e.config, e.time_ms) for e, d in store.winners_with_devices()
+        ]
     finally:
         store.close()
 
@@ -210,16 +238,27 @@ def _bundle_winners(path: str | os.PathLike, target: Store) -> list[tuple]:
         else:
             capability = str(info.get("capability", "0.0"))
             fields = dict(
-                kind="interpreter" if capability == "0.0" else "cuda", name=str(info.get("name", "")), capability=capability,
-                sm_count=int(info.get("sm_count", 0)), memory_bytes=0, max_shared_memory=0, max_num_regs=0, driver="", cuda="",
+                kind="interpreter" if capability == "0.0" else "cuda",
+                name=str(info.get("name", "")),
+                capability=capability,
+                sm_count=int(info.get("sm_count", 0)),
+                memory_bytes=0,
+                max_shared_memory=0,
+                max_num_regs=0,
+                driver="",
+                cuda="",
             )
         device = Device(**{**fields, "torch": str(section.get("torch", "")), "triton": str(section.get("triton", ""))})
         if device.hardware_id != info["hardware_id"]:
-            raise TunesvcError(f"{path} is a damaged bundle (its device fields do not give its hardware id); re-export it.")
+            raise TunesvcError(
+                f"{path} is a damaged bundle (its device fields do not give its hardware id); re-export it."
+            )
         configs = kernel_configs(path, bundle, kernel)
         for key, winner in sorted(section["winners"].items()):
             time_ms = winner.get("time_ms")
             if not isinstance(time_ms, (int, float)) or not time_ms > 0:
-                raise TunesvcError(f"{path} is a damaged bundle (kernels.{kernel}.winners.{key} has no time_ms); re-export it.")
+                raise TunesvcError(
+                    f"{path} is a damaged bundle (kernels.{kernel}.winners.{key} has no time_ms); re-export it."
+                )
             out.append((kernel, section["version"], device, key, dict(configs[key]), float(time_ms)))
     return out

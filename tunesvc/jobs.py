@@ -29,9 +29,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from typing import Callable
 
 from sqlalchemy import select
 from sqlalchemy import update
@@ -70,8 +70,17 @@ class JobSpec:
     seed: int
 
 
-def batch_name(kernel: str, template: Template, problems: list[Problem], strategy: str, budget: int | None, seed: int, device: Device,
-               time_budget: float | None = None, patience: int | None = None) -> str:
+def batch_name(
+    kernel: str,
+    template: Template,
+    problems: list[Problem],
+    strategy: str,
+    budget: int | None,
+    seed: int,
+    device: Device,
+    time_budget: float | None = None,
+    patience: int | None = None,
+) -> str:
     """The same sweep arguments on the same GPU model name the same batch, on any host.
 
     ``time_budget`` and ``patience`` change which trials a job measures, so they name another
@@ -79,14 +88,31 @@ def batch_name(kernel: str, template: Template, problems: list[Problem], strateg
     """
     limits = {k: v for k, v in (("time_budget", time_budget), ("patience", patience)) if v is not None}
     data = json.dumps(
-        [kernel, template.version, sorted(str(template.key(p)) for p in problems), strategy, budget, seed, device.hardware_id]
+        [
+            kernel,
+            template.version,
+            sorted(str(template.key(p)) for p in problems),
+            strategy,
+            budget,
+            seed,
+            device.hardware_id,
+        ]
         + ([limits] if limits else []),
         sort_keys=True,
     )
     return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 
-def enqueue(store: Store, batch: str, kernel: str, template: Template, problems: list[Problem], strategy: str, budget: int | None, seed: int) -> int:
+def enqueue(
+    store: Store,
+    batch: str,
+    kernel: str,
+    template: Template,
+    problems: list[Problem],
+    strategy: str,
+    budget: int | None,
+    seed: int,
+) -> int:
     """Add the batch's jobs that are not there yet (another host may have added them); returns how many.
 
     Workers claim jobs in the order they were added, so the costliest (the cost model's bytes and
@@ -101,8 +127,19 @@ def enqueue(store: Store, batch: str, kernel: str, template: Template, problems:
                 continue
         try:
             with store.session() as session:
-                session.add(Job(batch=batch, kernel=kernel, shape_key=key, problem=dict(problem), strategy=strategy,
-                                budget=budget, seed=seed, status="pending", attempts=0))
+                session.add(
+                    Job(
+                        batch=batch,
+                        kernel=kernel,
+                        shape_key=key,
+                        problem=dict(problem),
+                        strategy=strategy,
+                        budget=budget,
+                        seed=seed,
+                        status="pending",
+                        attempts=0,
+                    )
+                )
             added += 1
         except IntegrityError:  # another host added it between the two transactions
             pass
@@ -121,7 +158,8 @@ def release_stale(store: Store, batch: str, stale_s: float = STALE_S) -> int:
     """Put running jobs whose worker stopped heartbeating back to pending; returns how many."""
     with store.session() as session:
         return session.execute(
-            update(Job).where(Job.batch == batch, Job.status == "running", Job.heartbeat < time.time() - stale_s)
+            update(Job)
+            .where(Job.batch == batch, Job.status == "running", Job.heartbeat < time.time() - stale_s)
             .values(status="pending", worker=None)
         ).rowcount
 
@@ -130,13 +168,17 @@ def claim(store: Store, batch: str, worker: str) -> JobSpec | None:
     """Take the batch's first pending job for ``worker`` (which holds at most one), or None."""
     other = aliased(Job)  # not correlated with the updated table: its own scan of jobs
     pending = (
-        select(other.id).where(other.batch == batch, other.status == "pending").order_by(other.id).limit(1)
+        select(other.id)
+        .where(other.batch == batch, other.status == "pending")
+        .order_by(other.id)
+        .limit(1)
         .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders no locking clause
         .scalar_subquery()
     )
     with store.session() as session:
         claimed = session.execute(
-            update(Job).where(Job.id == pending, Job.status == "pending")
+            update(Job)
+            .where(Job.id == pending, Job.status == "pending")
             .values(status="running", worker=worker, heartbeat=time.time(), attempts=Job.attempts + 1)
             .execution_options(synchronize_session=False)
         ).rowcount
@@ -149,18 +191,27 @@ def claim(store: Store, batch: str, worker: str) -> JobSpec | None:
 def heartbeat(store: Store, job_id: int, worker: str) -> bool:
     """Refresh the job's heartbeat; False if the worker no longer holds it."""
     with store.session() as session:
-        return session.execute(
-            update(Job).where(Job.id == job_id, Job.worker == worker, Job.status == "running").values(heartbeat=time.time())
-        ).rowcount == 1
+        return (
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.worker == worker, Job.status == "running")
+                .values(heartbeat=time.time())
+            ).rowcount
+            == 1
+        )
 
 
 def finish(store: Store, job_id: int, worker: str, status: str = "done", message: str | None = None) -> bool:
     """Mark the job done (or failed) if ``worker`` still holds it; False if it does not."""
     with store.session() as session:
-        return session.execute(
-            update(Job).where(Job.id == job_id, Job.worker == worker, Job.status == "running")
-            .values(status=status, message=message and message[:1024], finished_at=utcnow())
-        ).rowcount == 1
+        return (
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.worker == worker, Job.status == "running")
+                .values(status=status, message=message and message[:1024], finished_at=utcnow())
+            ).rowcount
+            == 1
+        )
 
 
 def jobs(store: Store, batch: str) -> list[Job]:
@@ -192,9 +243,17 @@ class _Heartbeat:
 
 
 def work(
-    db: str, batch: str, *, worker: str | None = None, heartbeat_s: float = HEARTBEAT_S, stale_s: float = STALE_S,
-    retry_s: float = RETRY_S, log: Callable[[str], None] | None = None, time_budget: float | None = None,
-    patience: int | None = None, compile_workers: int | None = None,
+    db: str,
+    batch: str,
+    *,
+    worker: str | None = None,
+    heartbeat_s: float = HEARTBEAT_S,
+    stale_s: float = STALE_S,
+    retry_s: float = RETRY_S,
+    log: Callable[[str], None] | None = None,
+    time_budget: float | None = None,
+    patience: int | None = None,
+    compile_workers: int | None = None,
 ) -> int:
     """Run the batch's jobs until none is pending or running; returns how many this worker finished.
 
@@ -233,11 +292,21 @@ def work(
                 try:
                     with _Heartbeat(store, held.id, worker, heartbeat_s):
                         if compiler is None:
-                            compiler = compile_pool(template, problem, strategy=held.strategy, budget=held.budget,
-                                                    workers=compile_workers)
-                        [result] = run_sweep(template, [problem], store, strategy=held.strategy,
-                                             budget=held.budget, seed=held.seed, time_budget=time_budget, patience=patience,
-                                             workers=compile_workers, compiler=compiler)
+                            compiler = compile_pool(
+                                template, problem, strategy=held.strategy, budget=held.budget, workers=compile_workers
+                            )
+                        [result] = run_sweep(
+                            template,
+                            [problem],
+                            store,
+                            strategy=held.strategy,
+                            budget=held.budget,
+                            seed=held.seed,
+                            time_budget=time_budget,
+                            patience=patience,
+                            workers=compile_workers,
+                            compiler=compiler,
+                        )
                 except DatabaseUnavailable:
                     raise
                 except TunesvcError as exc:
@@ -252,7 +321,9 @@ def work(
                 held = None
             except BaseException as exc:
                 if not isinstance(exc, DatabaseUnavailable):
-                    _give_back(store, held, worker)  # a bug or Ctrl-C: others need not wait for the heartbeat to go stale
+                    _give_back(
+                        store, held, worker
+                    )  # a bug or Ctrl-C: others need not wait for the heartbeat to go stale
                     raise
                 down_since = down_since or time.monotonic()
                 if time.monotonic() - down_since > retry_s:
@@ -271,7 +342,9 @@ def _give_back(store: Store | None, held: JobSpec | None, worker: str) -> None:
     try:
         with store.session() as session:
             session.execute(
-                update(Job).where(Job.id == held.id, Job.worker == worker, Job.status == "running").values(status="pending", worker=None)
+                update(Job)
+                .where(Job.id == held.id, Job.worker == worker, Job.status == "running")
+                .values(status="pending", worker=None)
             )
     except TunesvcError:  # the database is away too: the stale heartbeat releases it instead
         pass
@@ -297,8 +370,15 @@ def worker_slots(gpus: str, gpu_count: int) -> list[str | None]:
 
 
 def spawn_workers(
-    db: str, batch: str, slots: list[str | None], *, stale_s: float = STALE_S, heartbeat_s: float = HEARTBEAT_S,
-    time_budget: float | None = None, patience: int | None = None, compile_workers: int | None = None,
+    db: str,
+    batch: str,
+    slots: list[str | None],
+    *,
+    stale_s: float = STALE_S,
+    heartbeat_s: float = HEARTBEAT_S,
+    time_budget: float | None = None,
+    patience: int | None = None,
+    compile_workers: int | None = None,
 ) -> list[subprocess.Popen]:
     """One ``python -m tunesvc.jobs`` process per slot, each seeing only its own GPU (see :func:`work`).
 
@@ -310,8 +390,17 @@ def spawn_workers(
         env = {**os.environ, "TUNESVC_DB": db}
         if slot is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot
-        command = [sys.executable, "-m", "tunesvc.jobs", "--batch", batch,
-                   "--stale-s", str(stale_s), "--heartbeat-s", str(heartbeat_s)]
+        command = [
+            sys.executable,
+            "-m",
+            "tunesvc.jobs",
+            "--batch",
+            batch,
+            "--stale-s",
+            str(stale_s),
+            "--heartbeat-s",
+            str(heartbeat_s),
+        ]
         for flag, value in (("--time-budget", time_budget), ("--patience", patience), ("--workers", compile_workers)):
             if value is not None:
                 command += [flag, str(value)]
@@ -334,8 +423,16 @@ def _main(argv: list[str] | None = None) -> int:
     if not args.db:
         parser.error("give --db or set TUNESVC_DB")
     try:
-        work(args.db, args.batch, stale_s=args.stale_s, heartbeat_s=args.heartbeat_s, retry_s=args.retry_s,
-             time_budget=args.time_budget, patience=args.patience, compile_workers=args.workers)
+        work(
+            args.db,
+            args.batch,
+            stale_s=args.stale_s,
+            heartbeat_s=args.heartbeat_s,
+            retry_s=args.retry_s,
+            time_budget=args.time_budget,
+            patience=args.patience,
+            compile_workers=args.workers,
+        )
     except TunesvcError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -29,8 +29,8 @@ tuned-config lookup does no host synchronisation, so the op may be captured in a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
-from typing import Callable
 
 import torch
 
@@ -38,13 +38,17 @@ import torch
 class KernelOp:
     """``fn`` registered as the custom op ``tunesvc::<name>`` (``.op``); ``.fn`` is the eager path."""
 
-    def __init__(self, name: str, fn: Callable[..., Any], fake: Callable[..., Any], mutates_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, name: str, fn: Callable[..., Any], fake: Callable[..., Any], mutates_args: tuple[str, ...] = ()
+    ) -> None:
         self.name = name
         self.fn = fn
         self.op = torch.library.custom_op(f"tunesvc::{name}", fn, mutates_args=mutates_args)
         self.op.register_fake(fake)
 
 
-def kernel_op(name: str, fn: Callable[..., Any], fake: Callable[..., Any], mutates_args: tuple[str, ...] = ()) -> KernelOp:
+def kernel_op(
+    name: str, fn: Callable[..., Any], fake: Callable[..., Any], mutates_args: tuple[str, ...] = ()
+) -> KernelOp:
     """Register ``fn`` (type-annotated) as ``tunesvc::<name>`` with ``fake`` as its shape function."""
     return KernelOp(name, fn, fake, mutates_args)

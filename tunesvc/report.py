@@ -21,8 +21,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from dataclasses import field
+from datetime import UTC
 from datetime import datetime
-from datetime import timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -64,9 +64,9 @@ REPORT_FILE = "report.html"
 #: the figures of each section, in page order: kind (the PNG's name ends in it) -> caption
 FIGURES = {
     "convergence": "Convergence by trial: every correct trial's time (dots) and the best so far (line), by trial "
-                   "index in the order measured; one line per search strategy where a key was swept with several.",
+    "index in the order measured; one line per search strategy where a key was swept with several.",
     "convergence-time": "Convergence by time: the same, against seconds since the sweep started (compiling, checking "
-                        "and timing included; a strategy's later sweeps of a key continue where its earlier ones ended).",
+    "and timing included; a strategy's later sweeps of a key continue where its earlier ones ended).",
     "spread": "Spread: every correct trial's time relative to its shape key's winner (1 = the winner).",
 }
 
@@ -179,27 +179,54 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
     # cannot upgrade) still has every column read here
     device_columns = [getattr(StoredDevice, f) for f in ("id", "hardware_id", *_device_fields())]
     with store.session() as session:
-        versions = {kv.id: kv for kv in session.execute(select(KernelVersion.id, KernelVersion.kernel, KernelVersion.version))}
+        versions = {
+            kv.id: kv for kv in session.execute(select(KernelVersion.id, KernelVersion.kernel, KernelVersion.version))
+        }
         devices = {d.id: d for d in session.execute(select(*device_columns))}
         query = select(
-            Trial.id, Trial.sweep_id, Trial.kernel_version_id, Trial.device_id, Trial.shape_key,
-            Trial.config_hash, Trial.status, Trial.time_ms, Trial.created_at,
+            Trial.id,
+            Trial.sweep_id,
+            Trial.kernel_version_id,
+            Trial.device_id,
+            Trial.shape_key,
+            Trial.config_hash,
+            Trial.status,
+            Trial.time_ms,
+            Trial.created_at,
         ).order_by(Trial.id)
         if kernel is not None:
-            query = query.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(KernelVersion.kernel == kernel)
+            query = query.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(
+                KernelVersion.kernel == kernel
+            )
         trials = session.execute(query).all()
         winners = {
             (w.kernel_version_id, w.device_id, w.shape_key): w
-            for w in session.execute(select(
-                Winner.kernel_version_id, Winner.device_id, Winner.shape_key, Winner.config, Winner.time_ms, Winner.trial_id
-            ))
+            for w in session.execute(
+                select(
+                    Winner.kernel_version_id,
+                    Winner.device_id,
+                    Winner.shape_key,
+                    Winner.config,
+                    Winner.time_ms,
+                    Winner.trial_id,
+                )
+            )
         }
         # sweeps.peer_ms is revision 0004's: a database read at an older revision has none
         has_peer = "peer_ms" in {c["name"] for c in sa_inspect(session.connection()).get_columns(Sweep.__tablename__)}
-        sweeps = session.execute(select(
-            Sweep.id, Sweep.kernel_version_id, Sweep.device_id, Sweep.shape_key, Sweep.problem, Sweep.wall_seconds,
-            Sweep.strategy, Sweep.started_at, Sweep.peer_ms if has_peer else sa_null().label("peer_ms"),
-        ).order_by(Sweep.id)).all()
+        sweeps = session.execute(
+            select(
+                Sweep.id,
+                Sweep.kernel_version_id,
+                Sweep.device_id,
+                Sweep.shape_key,
+                Sweep.problem,
+                Sweep.wall_seconds,
+                Sweep.strategy,
+                Sweep.started_at,
+                Sweep.peer_ms if has_peer else sa_null().label("peer_ms"),
+            ).order_by(Sweep.id)
+        ).all()
     problem_of_sweep = {s.id: dict(s.problem) for s in sweeps}
     sweep_by_id = {s.id: s for s in sweeps}
     peers: dict[tuple[int, int, str], list[Any]] = defaultdict(list)  # sweeps that timed the peer, oldest first
@@ -382,7 +409,7 @@ def convergence_figure(section: Section, by: str = "trial"):
     rows = math.ceil(len(keys) / columns)
     figure = _new_figure(3.8 * columns, 2.7 * rows + 0.5)
     axes = figure.subplots(rows, columns, squeeze=False)
-    for ax in axes.flat[len(keys):]:
+    for ax in axes.flat[len(keys) :]:
         ax.set_visible(False)
     shown: set[tuple[str, ...]] = set()
     for ax, key in zip(axes.flat, keys):
@@ -447,7 +474,9 @@ def _spread_figure(section: Section):
     ax.set_xlabel(f"trial time / winner time ({scale}bar: middle half, red tick: median)", fontsize=8)
     ax.tick_params(axis="x", which="both", labelsize=8)
     ax.grid(True, axis="x", which="both", alpha=0.3, linewidth=0.5)
-    ax.set_title(f"Spread of correct trials relative to the winner ({section.kernel} on {section.device.name})", fontsize=10)
+    ax.set_title(
+        f"Spread of correct trials relative to the winner ({section.kernel} on {section.device.name})", fontsize=10
+    )
     return figure
 
 
@@ -492,7 +521,7 @@ figcaption { font-size: 12px; color: #566573; }
 
 def _html(store: Store, sections: list[Section], figures: dict[str, dict[str, str]], kernel: str | None) -> str:
     e = html.escape
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     trials = sum(len(k.trials) for s in sections for k in s.keys)
     parts = [
         "<!DOCTYPE html>",
@@ -515,7 +544,9 @@ def _html(store: Store, sections: list[Section], figures: dict[str, dict[str, st
 def _section_html(section: Section, figures: dict[str, str]) -> list[str]:
     e = html.escape
     d = section.device
-    software = ", ".join(f"{k} {v}" for k, v in (("driver", d.driver), ("CUDA", d.cuda), ("torch", d.torch), ("Triton", d.triton)) if v)
+    software = ", ".join(
+        f"{k} {v}" for k, v in (("driver", d.driver), ("CUDA", d.cuda), ("torch", d.torch), ("Triton", d.triton)) if v
+    )
     trials = sum(len(k.trials) for k in section.keys)
     failed = sum(k.failed for k in section.keys)
     out = [
@@ -528,38 +559,62 @@ def _section_html(section: Section, figures: dict[str, str]) -> list[str]:
         out.append(f'<p class="note">{e(section.template_note)}</p>')
     peak = LISTED_PEAKS.get(d.name) if d.kind == "cuda" else None
     out.append("<table><thead><tr>")
-    headers = [("shape key", "l"), ("problem", "l"), ("winner config", "l"), ("tuned ms", ""), ("heuristic ms", ""),
-               ("speed-up", ""), ("peer ms", ""), ("tuned / peer (speed-up)", ""), ("TFLOP/s", ""),
-               ("of roofline (listed peak)", ""), ("trials", ""), ("failed", "")]
+    headers = [
+        ("shape key", "l"),
+        ("problem", "l"),
+        ("winner config", "l"),
+        ("tuned ms", ""),
+        ("heuristic ms", ""),
+        ("speed-up", ""),
+        ("peer ms", ""),
+        ("tuned / peer (speed-up)", ""),
+        ("TFLOP/s", ""),
+        ("of roofline (listed peak)", ""),
+        ("trials", ""),
+        ("failed", ""),
+    ]
     out.append("".join(f'<th class="{c}">{e(h)}</th>' for h, c in headers))
     out.append("</tr></thead><tbody>")
     for k in section.keys:
         speedup = f"{k.heuristic_ms / k.winner_ms:.2f}x" if k.heuristic_ms and k.winner_ms else "-"
-        over_peer = f"{k.peer_speedup:.3g}x" if k.peer_speedup is not None else "-"  # 3 digits: the interpreter is 1000x slower
+        over_peer = (
+            f"{k.peer_speedup:.3g}x" if k.peer_speedup is not None else "-"
+        )  # 3 digits: the interpreter is 1000x slower
         roofline = f"{k.roofline:.0%} ({k.bound})" if k.roofline is not None else "-"
         cells = [
-            (k.shape_key, "l k"), (_problem_text(k.problem), "l"),
+            (k.shape_key, "l k"),
+            (_problem_text(k.problem), "l"),
             (_config_text(k.winner_config) if k.winner_config else "no correct trial", "l w"),
-            (_ms(k.winner_ms), ""), (_ms(k.heuristic_ms), ""), (speedup, ""), (_ms(k.peer_ms), ""), (over_peer, ""),
-            (f"{k.tflops:.3g}" if k.tflops is not None else "-", ""), (roofline, ""),
-            (str(len(k.trials)), ""), (str(k.failed), ""),
+            (_ms(k.winner_ms), ""),
+            (_ms(k.heuristic_ms), ""),
+            (speedup, ""),
+            (_ms(k.peer_ms), ""),
+            (over_peer, ""),
+            (f"{k.tflops:.3g}" if k.tflops is not None else "-", ""),
+            (roofline, ""),
+            (str(len(k.trials)), ""),
+            (str(k.failed), ""),
         ]
         # a break opportunity after each comma: long shape keys wrap instead of widening the table
-        out.append("<tr>" + "".join(
-            f'<td class="{c}">{e(v).replace(",", ",<wbr>") if c == "l k" else e(v)}</td>' for v, c in cells
-        ) + "</tr>")
+        out.append(
+            "<tr>"
+            + "".join(f'<td class="{c}">{e(v).replace(",", ",<wbr>") if c == "l k" else e(v)}</td>' for v, c in cells)
+            + "</tr>"
+        )
     out.append("</tbody></table>")
     roofline = (
         f"the time the template's FLOPs and bytes would take at the listed peak of the {e(d.name)} (see the "
-        "table at the end), over the tuned time" if peak else "\"-\": no listed peak for this device"
+        "table at the end), over the tuned time"
+        if peak
+        else '"-": no listed peak for this device'
     )
     peer = e(section.peer_name) if section.peer_name else "the template's torch equivalent"
     strategies = list(dict.fromkeys(s for k in section.keys for s in k.traces))
     out.append(
         '<p class="note">heuristic ms: the trial of the config the template\'s heuristic picks for this problem and '
-        f"device (sweeps measure it first); \"-\" where it was not measured. peer ms: {peer}, timed once by the "
+        f'device (sweeps measure it first); "-" where it was not measured. peer ms: {peer}, timed once by the '
         "sweep on the same inputs and in the same way as the candidates; tuned / peer (speed-up): peer ms over tuned "
-        "ms, above 1 where the tuned kernel is faster; \"-\" where no sweep timed a peer (sweeps before schema "
+        'ms, above 1 where the tuned kernel is faster; "-" where no sweep timed a peer (sweeps before schema '
         f"revision 0004, a template without one, or a peer that failed). Roofline: {roofline}.</p>"
     )
     for kind, caption in FIGURES.items():
@@ -585,7 +640,7 @@ def _peaks_html() -> list[str]:
     return [
         "<h2>Listed peaks</h2>",
         '<p class="note">The roofline uses these listed peaks (vendor datasheet, dense tensor-core rates, no '
-        "sparsity), not measured ones; other devices, other dtypes and Triton's CPU interpreter show \"-\".</p>",
+        'sparsity), not measured ones; other devices, other dtypes and Triton\'s CPU interpreter show "-".</p>',
         '<table><thead><tr><th class="l">device</th><th>listed peak TFLOP/s</th><th>listed peak TB/s</th></tr></thead><tbody>',
         *rows,
         "</tbody></table>",

@@ -18,11 +18,11 @@ import os
 import threading
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Callable
 
 from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
@@ -48,8 +48,12 @@ class LookupResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kernel": self.kernel, "config": self.config, "source": self.source, "key": self.key,
-            "matched_key": self.matched_key, "distance": self.distance,
+            "kernel": self.kernel,
+            "config": self.config,
+            "source": self.source,
+            "key": self.key,
+            "matched_key": self.matched_key,
+            "distance": self.distance,
         }
 
 
@@ -208,14 +212,17 @@ class Runtime:
         self.counters[(template.name, result.source)] += 1
         if result.source in (NEAREST, HEURISTIC) and self.mode != "heuristic":
             self._warn_once(
-                template.name, result.source,
+                template.name,
+                result.source,
                 f"tunesvc: no tuned config of {template.name} for {text} on {self.device.name}; "
                 f"using the {result.source} one (tune it with `tune sweep`, or run in mode 'tune'). Warned once per kernel.",
             )
         return result
 
     def _nearest(self, template: Template, problem: dict, key: ShapeKey) -> LookupResult | None:
-        distance, matched = min(((key.distance(k), s) for k, s in self._parsed_keys(template.name)), default=(math.inf, None))
+        distance, matched = min(
+            ((key.distance(k), s) for k, s in self._parsed_keys(template.name)), default=(math.inf, None)
+        )
         if matched is None or distance == math.inf:
             return None
         config = self._tables[template.name][matched]
@@ -238,7 +245,9 @@ class Runtime:
             if text not in table:
                 store = Store(db)
                 try:
-                    run_sweep(template, [problem], store, strategy=self.strategy, budget=self.budget, device=self.device)
+                    run_sweep(
+                        template, [problem], store, strategy=self.strategy, budget=self.budget, device=self.device
+                    )
                 finally:
                     store.close()
                 table = self._winners_from(db, template, readonly=True)
@@ -282,7 +291,9 @@ def _lock_path(db: str | os.PathLike, kernel: str, key: str) -> str:
     return str(folder / f".tunesvc-{kernel}-{digest}.lock")
 
 
-def load_bundle_table(path: str | os.PathLike, bundle: dict[str, Any], template: Template, device: Device) -> dict[str, Config]:
+def load_bundle_table(
+    path: str | os.PathLike, bundle: dict[str, Any], template: Template, device: Device
+) -> dict[str, Config]:
     """The winners of one kernel for this device from a bundle (see tunesvc.export) read from ``path``."""
     from tunesvc.export import kernel_configs
 
@@ -305,7 +316,11 @@ def default_runtime() -> Runtime:
 
 
 def configure(
-    db: str | os.PathLike | None = None, bundle: str | os.PathLike | None = None, *, mode: str | None = None, budget: int = 8
+    db: str | os.PathLike | None = None,
+    bundle: str | os.PathLike | None = None,
+    *,
+    mode: str | None = None,
+    budget: int = 8,
 ) -> Runtime:
     """Point the process-wide runtime (used by tunesvc.kernels.*) at a database or bundle."""
     global _default

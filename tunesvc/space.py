@@ -215,7 +215,11 @@ class _Lower(ast.NodeTransformer):
 def _compile(tree: ast.AST, arg_names: tuple[str, ...], source: str) -> Any:
     body = _Lower(arg_names).visit(copy.deepcopy(tree))
     params = ast.arguments(
-        posonlyargs=[], args=[ast.arg(f"v{i}") for i in range(len(arg_names))], kwonlyargs=[], kw_defaults=[], defaults=[]
+        posonlyargs=[],
+        args=[ast.arg(f"v{i}") for i in range(len(arg_names))],
+        kwonlyargs=[],
+        kw_defaults=[],
+        defaults=[],
     )
     lambda_tree = ast.fix_missing_locations(ast.Expression(ast.Lambda(params, body)))
     code = compile(lambda_tree, f"<constraint {source!r}>", "eval")
@@ -261,9 +265,7 @@ class Space:
         return cls.from_dict(data, source=str(path), problem_vars=problem_vars)
 
     @classmethod
-    def from_dict(
-        cls, data: dict[str, Any], source: str = "<memory>", problem_vars: tuple[str, ...] = ()
-    ) -> Space:
+    def from_dict(cls, data: dict[str, Any], source: str = "<memory>", problem_vars: tuple[str, ...] = ()) -> Space:
         def fail(key: str, problem: str) -> TunesvcError:
             return TunesvcError(f"{source}: [{key}] {problem}.")
 
@@ -283,7 +285,9 @@ class Space:
                     raise fail(key, "is a launch option; declare it under [launch]")
                 if name in parameters:
                     raise fail(key, "is declared twice")
-                parameters[name] = Parameter(name, _parse_choices(spec, lambda p, k=key: fail(k, p)), section == "launch")
+                parameters[name] = Parameter(
+                    name, _parse_choices(spec, lambda p, k=key: fail(k, p)), section == "launch"
+                )
         if not parameters:
             raise fail("params", "declares no parameters; a space needs at least one")
         known = set(parameters) | set(problem_vars) | set(DEVICE_VARS)
@@ -326,9 +330,7 @@ class Space:
         """Raise a one-line error if a config names unknown parameters or values outside the space."""
         for name, value in config.items():
             if name not in self.parameters:
-                raise TunesvcError(
-                    f"Unknown parameter '{name}' in config; this space has {', '.join(self.names)}."
-                )
+                raise TunesvcError(f"Unknown parameter '{name}' in config; this space has {', '.join(self.names)}.")
             if value not in self.parameters[name].choices:
                 choices = ", ".join(map(str, self.parameters[name].choices))
                 raise TunesvcError(f"{name}={value} is outside the space; choose one of {choices}.")

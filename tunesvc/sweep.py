@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
-from typing import Callable
 
 from tunesvc.bench import Bench
 from tunesvc.bench import Compiler
@@ -155,14 +155,23 @@ def run_sweep(
     check_sweep_arguments(strategy, budget, time_budget, patience)
     clock = _Clock()
     device = device or fork_safe_current_device()  # this process then forks its workers
-    fitting = None if candidates is None else max(
-        (sum(not template.violations(c, p, device) for c in candidates) for p in problems), default=0
+    fitting = (
+        None
+        if candidates is None
+        else max((sum(not template.violations(c, p, device) for c in candidates) for p in problems), default=0)
     )
     workers = _pool_size(workers, device, strategy, budget, fitting)
     options = _Options(
-        strategy, budget, seed, time_budget, patience, min_improvement,
+        strategy,
+        budget,
+        seed,
+        time_budget,
+        patience,
+        min_improvement,
         (3 if device.is_gpu else 0) if finalists is None else finalists,
-        device.is_gpu if isolate is None else isolate, measure_timeout, rep_ms,
+        device.is_gpu if isolate is None else isolate,
+        measure_timeout,
+        rep_ms,
     )
     own = compiler is None
     if own:
@@ -170,8 +179,19 @@ def run_sweep(
     clock.lap("start")
     try:
         return [
-            _sweep_one(template, problem, store, device, options, on_start, on_trial, compiler, candidates,
-                       on_phase or (lambda key, what: None), clock if i == 0 else _Clock())
+            _sweep_one(
+                template,
+                problem,
+                store,
+                device,
+                options,
+                on_start,
+                on_trial,
+                compiler,
+                candidates,
+                on_phase or (lambda key, what: None),
+                clock if i == 0 else _Clock(),
+            )
             for i, problem in enumerate(problems)
         ]
     finally:
@@ -179,8 +199,15 @@ def run_sweep(
             compiler.close()
 
 
-def compile_pool(template: Template, problem: Problem, *, strategy: str = "grid", budget: int | None = None,
-                 workers: int | None = None, device: Device | None = None) -> Compiler | None:
+def compile_pool(
+    template: Template,
+    problem: Problem,
+    *,
+    strategy: str = "grid",
+    budget: int | None = None,
+    workers: int | None = None,
+    device: Device | None = None,
+) -> Compiler | None:
     """The compile pool :func:`run_sweep` would start for such a sweep, for a caller that runs
     many sweeps of one kind and passes it to each (``tune sweep --gpus`` workers, one job after
     another): its processes, their CUDA contexts (made one after another by the driver, seconds
@@ -245,9 +272,17 @@ def study_storage(store: Store) -> str | None:
 
 
 def _sweep_one(
-    template: Template, problem: Problem, store: Store, device: Device, options: _Options,
-    on_start, on_trial, compiler: Compiler | None, explicit: list[Config] | None,
-    on_phase: Callable[[str, str], None], clock: _Clock,
+    template: Template,
+    problem: Problem,
+    store: Store,
+    device: Device,
+    options: _Options,
+    on_start,
+    on_trial,
+    compiler: Compiler | None,
+    explicit: list[Config] | None,
+    on_phase: Callable[[str, str], None],
+    clock: _Clock,
 ) -> ProblemResult:
     kv_id = store.kernel_version_id(template)
     device_id = store.device_id(device)
@@ -269,8 +304,13 @@ def _sweep_one(
     initial = _unique([*warm[:1], *stored_warm_start(store, template, device, key), *warm[1:]])
     storage = study_storage(store) if strategy in OPTUNA_STRATEGIES else None
     search = make_strategy(
-        strategy, template.space, candidates, seed=options.seed, initial=initial,
-        storage=storage, study_name=study_name(template, device, key, strategy) if storage else None,
+        strategy,
+        template.space,
+        candidates,
+        seed=options.seed,
+        initial=initial,
+        storage=storage,
+        study_name=study_name(template, device, key, strategy) if storage else None,
     )
     stored = store.trials(kv_id, device_id, key)
     for row in stored:
@@ -372,19 +412,19 @@ def _sweep_one(
     wall = sum(clock.phases.values())
     on_phase(key, "done")
     return ProblemResult(
-            problem=problem,
-            shape_key=key,
-            winner=dict(winner.config) if winner else None,
-            winner_ms=winner.time_ms if winner else None,
-            heuristic=heuristic,
-            heuristic_ms=heuristic_row.time_ms if heuristic_row and heuristic_row.status == "ok" else None,
-            trials_new=new,
-            trials_stored=len(rows),
-            failures=sum(r.status != Status.OK.value for r in rows),
-            wall_seconds=wall,
-            phases=clock.phases,
-            stopped=stopped,
-            peer_ms=peer_ms,
+        problem=problem,
+        shape_key=key,
+        winner=dict(winner.config) if winner else None,
+        winner_ms=winner.time_ms if winner else None,
+        heuristic=heuristic,
+        heuristic_ms=heuristic_row.time_ms if heuristic_row and heuristic_row.status == "ok" else None,
+        trials_new=new,
+        trials_stored=len(rows),
+        failures=sum(r.status != Status.OK.value for r in rows),
+        wall_seconds=wall,
+        phases=clock.phases,
+        stopped=stopped,
+        peer_ms=peer_ms,
     )
 
 
@@ -426,16 +466,19 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
     winners = store.winners(kernel=template.name, version=template.version)
     target = ShapeKey.parse(shape_key)
     near = sorted(
-        (distance, w.shape_key, w.config) for w in winners
-        if w.hardware_id == device.hardware_id and w.shape_key != shape_key
+        (distance, w.shape_key, w.config)
+        for w in winners
+        if w.hardware_id == device.hardware_id
+        and w.shape_key != shape_key
         and (distance := target.distance(ShapeKey.parse(w.shape_key))) != float("inf")
     )
     elsewhere = [w.config for w in winners if w.shape_key == shape_key and w.hardware_id != device.hardware_id]
     return _unique([dict(config) for _, _, config in near[:NEIGHBOURS]] + [dict(c) for c in elsewhere])
 
 
-def _remeasure_finalists(store: Store, measurer: Bench | Worker, kv_id: int, device_id: int, key: str, k: int,
-                         rep_ms: float) -> None:
+def _remeasure_finalists(
+    store: Store, measurer: Bench | Worker, kv_id: int, device_id: int, key: str, k: int, rep_ms: float
+) -> None:
     """Re-time the k fastest correct trials round-robin and store each one's median of rounds.
 
     Interleaving puts every finalist under the same clocks and temperatures, so a config whose
@@ -459,7 +502,11 @@ def _remeasure_finalists(store: Store, measurer: Bench | Worker, kv_id: int, dev
             trial = session.get(Trial, row.id)
             failed = next((m for m in ms if not m.ok), None)
             if failed is not None:
-                trial.status, trial.time_ms, trial.message = failed.status.value, None, f"as a finalist: {failed.message}"
+                trial.status, trial.time_ms, trial.message = (
+                    failed.status.value,
+                    None,
+                    f"as a finalist: {failed.message}",
+                )
                 continue
             times = sorted([row.time_ms, *(m.time_ms for m in ms)])
             median = statistics.median(times)
@@ -488,6 +535,10 @@ def check_sweep_arguments(
 
 def _measurement(row) -> Measurement:
     return Measurement(
-        Status(row.status), time_ms=row.time_ms, spread=row.spread, reps=row.reps,
-        rel_error=row.rel_error, message=row.message,
+        Status(row.status),
+        time_ms=row.time_ms,
+        spread=row.spread,
+        reps=row.reps,
+        rel_error=row.rel_error,
+        message=row.message,
     )

@@ -21,18 +21,19 @@ Shipped templates are found by name in :mod:`tunesvc.kernels`; users' own templa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import inspect
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Callable
 from typing import ClassVar
 
 from tunesvc.errors import TunesvcError
@@ -82,9 +83,7 @@ class ShapeKey:
         """Distance in log2 space over dims; infinite when a categorical field differs."""
         if self.fields != other.fields or [k for k, _ in self.dims] != [k for k, _ in other.dims]:
             return math.inf
-        return math.sqrt(
-            sum((math.log2(a) - math.log2(b)) ** 2 for (_, a), (_, b) in zip(self.dims, other.dims))
-        )
+        return math.sqrt(sum((math.log2(a) - math.log2(b)) ** 2 for (_, a), (_, b) in zip(self.dims, other.dims)))
 
 
 def pow2_bucket(x: int) -> int:
@@ -164,7 +163,9 @@ class Template:
         if "=" in text:
             pairs = [p.split("=", 1) for p in text.split(",")]
             if any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
-                raise TunesvcError(f"Shape '{text}' is malformed; write e.g. {','.join(f'{d}=128' for d in self.dims)}.")
+                raise TunesvcError(
+                    f"Shape '{text}' is malformed; write e.g. {','.join(f'{d}=128' for d in self.dims)}."
+                )
             values: dict[str, Any] = {k.strip(): v.strip() for k, v in pairs}
         else:
             parts = re.split(r"[x×*]", text)
@@ -300,12 +301,12 @@ def _instantiate(obj: Any, name: str) -> Template:
 def _option_value(kernel: str, name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
     """A problem option as one of its allowed values; text from the CLI ('1', 'true') is parsed."""
     if isinstance(allowed[0], bool) and isinstance(value, str):
-        value = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}.get(value.lower(), value)
+        value = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}.get(
+            value.lower(), value
+        )
     elif isinstance(value, str) and not isinstance(allowed[0], str):
-        try:
+        with contextlib.suppress(ValueError):
             value = type(allowed[0])(value)
-        except ValueError:
-            pass
     for candidate in allowed:
         if value == candidate and type(value) is type(candidate):
             return candidate

@@ -56,8 +56,14 @@ class Verdict:
 
 
 def verify(
-    store: Store, *, kernel: str | None = None, device: Device | None = None, margin: float = 0.05,
-    retune: bool = False, budget: int = 8, strategy: str = "grid",
+    store: Store,
+    *,
+    kernel: str | None = None,
+    device: Device | None = None,
+    margin: float = 0.05,
+    retune: bool = False,
+    budget: int = 8,
+    strategy: str = "grid",
 ) -> list[Verdict]:
     """Re-measure this device's stored winners (filtered by ``kernel``); see the module docstring."""
     if margin < 0:
@@ -118,7 +124,9 @@ def _measure(verdict: Verdict, template: Template, problem: Problem, device: Dev
         verdict.detail = verdict.detail or f"heuristic {theirs.time_ms:.4g} ms < winner {winner.time_ms:.4g} ms"
 
 
-def _retune(verdict: Verdict, template: Template, problem: Problem, store: Store, device: Device, budget: int, strategy: str) -> None:
+def _retune(
+    verdict: Verdict, template: Template, problem: Problem, store: Store, device: Device, budget: int, strategy: str
+) -> None:
     from tunesvc.sweep import run_sweep
 
     stored = store.trials(store.kernel_version_id(template), store.device_id(device), verdict.shape_key)

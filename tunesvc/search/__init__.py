@@ -21,8 +21,14 @@ OPTUNA_STRATEGIES = ("optuna", "cmaes", "gp")
 
 
 def make_strategy(
-    name: str, space: Space, candidates: list[Config], *, seed: int = 0, initial: list[Config] = (),
-    storage: str | None = None, study_name: str | None = None,
+    name: str,
+    space: Space,
+    candidates: list[Config],
+    *,
+    seed: int = 0,
+    initial: list[Config] = (),
+    storage: str | None = None,
+    study_name: str | None = None,
 ) -> Strategy:
     """A strategy by name; ``storage``/``study_name`` persist an Optuna strategy's study."""
     if name == "grid":

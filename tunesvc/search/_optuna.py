@@ -106,8 +106,14 @@ class OptunaStrategy(Strategy):
     local_every = LOCAL_EVERY
 
     def __init__(
-        self, space: Space, candidates: list[Config], *, seed: int = 0, initial: list[Config] = (),
-        storage: str | None = None, study_name: str | None = None,
+        self,
+        space: Space,
+        candidates: list[Config],
+        *,
+        seed: int = 0,
+        initial: list[Config] = (),
+        storage: str | None = None,
+        study_name: str | None = None,
     ) -> None:
         super().__init__(space, candidates, seed=seed, initial=initial)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -120,8 +126,11 @@ class OptunaStrategy(Strategy):
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             sampler = self.sampler(seed)
         self.study = optuna.create_study(
-            direction="minimize", sampler=sampler, load_if_exists=True,
-            storage=rdb_storage(storage) if storage else None, study_name=study_name,
+            direction="minimize",
+            sampler=sampler,
+            load_if_exists=True,
+            storage=rdb_storage(storage) if storage else None,
+            study_name=study_name,
         )
         self._rng = random.Random(seed)
         #: configs the (persisted) study already has a finished trial of
@@ -152,7 +161,9 @@ class OptunaStrategy(Strategy):
         # no random startup of TPE's own: the startup trials are the cover of startup(), asked
         # like the warm start, and TPE samples from the first trial that is not queued
         return optuna.samplers.TPESampler(
-            seed=seed, n_startup_trials=0, multivariate=True,
+            seed=seed,
+            n_startup_trials=0,
+            multivariate=True,
             constraints_func=None if SET_CONSTRAINT else _violation,
         )
 
@@ -325,6 +336,7 @@ class OptunaStrategy(Strategy):
     def _nearest(self, config: Config, among: list[Config]) -> Config | None:
         def distance(candidate: Config) -> int:
             return sum(_steps(self._choices[n], config[n], candidate[n]) for n in self.space.names)
+
         if not among:
             return None
         least = min(map(distance, among))
@@ -339,14 +351,20 @@ class OptunaStrategy(Strategy):
         elif key in self._feasible and key not in self._in_study:  # a stored result: teach the sampler
             ok = measurement.ok
             if ok or self.constrained:
-                self.study.add_trial(optuna.trial.create_trial(
-                    params=self.encode(config), distributions=self._distributions,
-                    value=measurement.time_ms if ok else PENALTY_MS, **_constraint_fields(0.0 if ok else 1.0),
-                ))
+                self.study.add_trial(
+                    optuna.trial.create_trial(
+                        params=self.encode(config),
+                        distributions=self._distributions,
+                        value=measurement.time_ms if ok else PENALTY_MS,
+                        **_constraint_fields(0.0 if ok else 1.0),
+                    )
+                )
             else:
-                self.study.add_trial(optuna.trial.create_trial(
-                    params=self.encode(config), distributions=self._distributions, state=TrialState.FAIL
-                ))
+                self.study.add_trial(
+                    optuna.trial.create_trial(
+                        params=self.encode(config), distributions=self._distributions, state=TrialState.FAIL
+                    )
+                )
         self._in_study.add(key)
 
     def _tell_study(self, trial: optuna.Trial, measurement: Measurement) -> None:
@@ -407,14 +425,16 @@ class _IndexEncoded(OptunaStrategy):
 
     def _ordinal(self) -> dict[str, list[Any]]:
         return {
-            n: sorted(v) for n, v in self._choices.items()
+            n: sorted(v)
+            for n, v in self._choices.items()
             if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
         }
 
     def distributions(self) -> dict[str, Any]:
         ordinal = self._ordinal()
         return {
-            n: optuna.distributions.IntDistribution(0, len(ordinal[n]) - 1) if n in ordinal
+            n: optuna.distributions.IntDistribution(0, len(ordinal[n]) - 1)
+            if n in ordinal
             else optuna.distributions.CategoricalDistribution(v)
             for n, v in self._choices.items()
         }
@@ -439,7 +459,9 @@ class CmaEsStrategy(_IndexEncoded):
         except ImportError:
             raise TunesvcError("--strategy cmaes needs the cmaes package; run `pip install cmaes`.") from None
         return optuna.samplers.CmaEsSampler(
-            seed=seed, n_startup_trials=startup_count(len(self.candidates)), warn_independent_sampling=False,
+            seed=seed,
+            n_startup_trials=startup_count(len(self.candidates)),
+            warn_independent_sampling=False,
             independent_sampler=optuna.samplers.RandomSampler(seed=seed),
         )
 

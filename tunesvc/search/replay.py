@@ -13,10 +13,10 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
-from typing import Iterable
 
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
@@ -53,10 +53,12 @@ class GroundTruth:
     def space(self) -> Space:
         """The space the table spans: each parameter's measured values, in increasing order."""
         values = {n: sorted({c[n] for c in self.configs}) for n in self.configs[0]}
-        return Space.from_dict({
-            "params": {n: v for n, v in values.items() if n not in LAUNCH_OPTIONS},
-            "launch": {n: v for n, v in values.items() if n in LAUNCH_OPTIONS},
-        })
+        return Space.from_dict(
+            {
+                "params": {n: v for n, v in values.items() if n not in LAUNCH_OPTIONS},
+                "launch": {n: v for n, v in values.items() if n in LAUNCH_OPTIONS},
+            }
+        )
 
 
 def read_ground_truth(path: str | Path) -> list[GroundTruth]:
@@ -79,7 +81,9 @@ def write_ground_truth(path: str | Path, truths: Iterable[GroundTruth]) -> None:
             for config in truth.configs:
                 m = truth.outcomes[config_hash(config)]
                 time_ms = f"{m.time_ms:.6g}" if m.ok else ""
-                writer.writerow([truth.kernel, truth.shape_key, json.dumps(config, sort_keys=True), m.status.value, time_ms])
+                writer.writerow(
+                    [truth.kernel, truth.shape_key, json.dumps(config, sort_keys=True), m.status.value, time_ms]
+                )
 
 
 def trials_to_reach(

@@ -31,12 +31,12 @@ store stays cheap for the runtime. Alembic is imported only to migrate.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Callable
-from typing import Iterator
 
 from sqlalchemy import Column
 from sqlalchemy import MetaData
@@ -121,9 +121,13 @@ def upgrade(db: str | os.PathLike | None = None, *, create: bool = True) -> tupl
             url = make_url(resolve_url(db))
         except ArgumentError:
             url = None  # Store says what is wrong with it
-        if url is not None and url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-            if not Path(url.database).exists():
-                raise TunesvcError(f"No database at {url.database}; `tune db init` creates one.")
+        if (
+            url is not None
+            and url.get_backend_name() == "sqlite"
+            and url.database not in (None, "", ":memory:")
+            and not Path(url.database).exists()
+        ):
+            raise TunesvcError(f"No database at {url.database}; `tune db init` creates one.")
         current_revision(db)  # an existing tunesvc database, or one line that says why not
     store = Store(db, upgrade=True)
     try:
@@ -233,7 +237,9 @@ def prefixed_views(connection: Connection) -> Callable[[Any, Any], None]:
     Each new connection gets temporary views, under the tunesvc_* names the models use, of the
     database's tables: reading needs no other code, and nothing is written to the database.
     """
-    tables = sorted(set(sa_inspect(connection).get_table_names()) & {t.removeprefix("tunesvc_") for t in Base.metadata.tables})
+    tables = sorted(
+        set(sa_inspect(connection).get_table_names()) & {t.removeprefix("tunesvc_") for t in Base.metadata.tables}
+    )
 
     def create_views(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
@@ -262,7 +268,9 @@ def _write_lock(connection: Connection) -> Iterator[None]:
     """
     if connection.dialect.name != "sqlite" or connection.dialect.driver != "pysqlite":
         with connection.begin():
-            if connection.dialect.name == "postgresql":  # held to the commit: hosts creating one database at once wait their turn
+            if (
+                connection.dialect.name == "postgresql"
+            ):  # held to the commit: hosts creating one database at once wait their turn
                 connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             yield
         return

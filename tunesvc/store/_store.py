@@ -11,6 +11,8 @@ import os
 import shlex
 import socket
 import time
+from collections.abc import Iterator
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from dataclasses import dataclass
@@ -18,8 +20,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Iterator
-from typing import Sequence
 
 from sqlalchemy import create_engine
 from sqlalchemy import event
@@ -103,7 +103,9 @@ class Store:
         try:
             url = make_url(self.url)
         except ArgumentError:
-            raise TunesvcError(f"'{self.url}' is not a database URL; pass a file path or a SQLAlchemy URL to --db.") from None
+            raise TunesvcError(
+                f"'{self.url}' is not a database URL; pass a file path or a SQLAlchemy URL to --db."
+            ) from None
         self.is_sqlite = url.get_backend_name() == "sqlite"
         self.path = url.database if self.is_sqlite else None
         self.readonly = readonly
@@ -128,7 +130,9 @@ class Store:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         with self._errors():
             self._prepare_schema(upgrade)
-        self._insert_new_trials = _insert_new_trials(self.engine.dialect)  # once connected: the dialect knows its server
+        self._insert_new_trials = _insert_new_trials(
+            self.engine.dialect
+        )  # once connected: the dialect knows its server
 
     def _sqlite_pragmas(self, dbapi_connection, _record) -> None:
         cursor = dbapi_connection.cursor()
@@ -148,7 +152,9 @@ class Store:
             self.engine.dispose()  # the connection pooled above has no views
         self.revision_found, self.revision = found, found
         if found is None and self.readonly:
-            raise TunesvcError(f"{self._where()} is not a tunesvc database yet; create its tables with `tune db init` (or `tune sweep`) first.")
+            raise TunesvcError(
+                f"{self._where()} is not a tunesvc database yet; create its tables with `tune db init` (or `tune sweep`) first."
+            )
         if found != _migrate.HEAD and not self.readonly:
             if found is not None and not upgrade:
                 raise TunesvcError(
@@ -206,12 +212,16 @@ class Store:
             if "unable to open" in text:
                 raise TunesvcError(f"Cannot open {where}; check that the folder exists and is writable.") from None
             if "disk is full" in text or "No space left" in text or "could not extend file" in text:
-                raise TunesvcError(f"{where} is full (no space left); free space and run again: the sweep resumes.") from None
+                raise TunesvcError(
+                    f"{where} is full (no space left); free space and run again: the sweep resumes."
+                ) from None
             lost = exc.connection_invalidated or "connection" in text.lower()
             if not self.is_sqlite and isinstance(exc, (OperationalError, InterfaceError)) and lost:
                 raise DatabaseUnavailable(f"Lost the connection to {where}: {text.splitlines()[0]}") from None
             if isinstance(exc, OperationalError):
-                raise TunesvcError(f"Database {where} failed: {text.splitlines()[0]}; check the --db URL and server.") from None
+                raise TunesvcError(
+                    f"Database {where} failed: {text.splitlines()[0]}; check the --db URL and server."
+                ) from None
             raise
 
     @contextmanager
@@ -230,7 +240,9 @@ class Store:
 
     def kernel_version_id(self, template: Template) -> int:
         return self._get_or_add(
-            select(KernelVersion.id).where(KernelVersion.kernel == template.name, KernelVersion.version == template.version),
+            select(KernelVersion.id).where(
+                KernelVersion.kernel == template.name, KernelVersion.version == template.version
+            ),
             lambda: KernelVersion(kernel=template.name, version=template.version),
         )
 
@@ -250,14 +262,24 @@ class Store:
                     return row.id
             except IntegrityError:
                 continue
-        raise TunesvcError(f"{self._where()} keeps refusing a new row of {query.get_final_froms()[0].name}; is it damaged?")
+        raise TunesvcError(
+            f"{self._where()} keeps refusing a new row of {query.get_final_froms()[0].name}; is it damaged?"
+        )
 
     # -- sweeps and trials --------------------------------------------------------------
-    def start_sweep(self, kv_id: int, device_id: int, shape_key: str, problem: dict, strategy: str, budget: int | None, seed: int) -> int:
+    def start_sweep(
+        self, kv_id: int, device_id: int, shape_key: str, problem: dict, strategy: str, budget: int | None, seed: int
+    ) -> int:
         with self.session() as session:
             row = Sweep(
-                kernel_version_id=kv_id, device_id=device_id, shape_key=shape_key,
-                problem=problem, strategy=strategy, budget=budget, seed=seed, host=socket.gethostname(),
+                kernel_version_id=kv_id,
+                device_id=device_id,
+                shape_key=shape_key,
+                problem=problem,
+                strategy=strategy,
+                budget=budget,
+                seed=seed,
+                host=socket.gethostname(),
             )
             session.add(row)
             session.flush()
@@ -273,22 +295,50 @@ class Store:
 
     def trials(self, kv_id: int, device_id: int, shape_key: str) -> list[Trial]:
         with self.session() as session:
-            query = select(Trial).where(
-                Trial.kernel_version_id == kv_id, Trial.device_id == device_id, Trial.shape_key == shape_key
-            ).order_by(Trial.id)
+            query = (
+                select(Trial)
+                .where(Trial.kernel_version_id == kv_id, Trial.device_id == device_id, Trial.shape_key == shape_key)
+                .order_by(Trial.id)
+            )
             return list(session.scalars(query))
 
-    def add_trial(self, sweep_id: int, kv_id: int, device_id: int, shape_key: str, config: Config, config_hash: str, m: Measurement) -> Trial | None:
+    def add_trial(
+        self,
+        sweep_id: int,
+        kv_id: int,
+        device_id: int,
+        shape_key: str,
+        config: Config,
+        config_hash: str,
+        m: Measurement,
+    ) -> Trial | None:
         """Store one measurement; None if another writer stored the same config first."""
         [new] = self.add_trials(sweep_id, kv_id, device_id, shape_key, [(config, config_hash, m)])
         if new is None:
             return None
-        return Trial(id=new, sweep_id=sweep_id, kernel_version_id=kv_id, device_id=device_id, shape_key=shape_key,
-                     config=config, config_hash=config_hash, status=m.status.value, time_ms=m.time_ms, spread=m.spread,
-                     reps=m.reps, rel_error=_finite(m.rel_error), message=m.message)
+        return Trial(
+            id=new,
+            sweep_id=sweep_id,
+            kernel_version_id=kv_id,
+            device_id=device_id,
+            shape_key=shape_key,
+            config=config,
+            config_hash=config_hash,
+            status=m.status.value,
+            time_ms=m.time_ms,
+            spread=m.spread,
+            reps=m.reps,
+            rel_error=_finite(m.rel_error),
+            message=m.message,
+        )
 
     def add_trials(
-        self, sweep_id: int, kv_id: int, device_id: int, shape_key: str, measured: Sequence[tuple[Config, str, Measurement]],
+        self,
+        sweep_id: int,
+        kv_id: int,
+        device_id: int,
+        shape_key: str,
+        measured: Sequence[tuple[Config, str, Measurement]],
     ) -> list[int | None]:
         """Store (config, config hash, measurement)s in one transaction: all of them or, if it fails, none.
 
@@ -299,9 +349,18 @@ class Store:
         now = utcnow()
         values = [
             {
-                "sweep_id": sweep_id, "kernel_version_id": kv_id, "device_id": device_id, "shape_key": shape_key,
-                "config": config, "config_hash": digest, "status": m.status.value, "time_ms": m.time_ms,
-                "spread": m.spread, "reps": m.reps, "rel_error": _finite(m.rel_error), "message": m.message,
+                "sweep_id": sweep_id,
+                "kernel_version_id": kv_id,
+                "device_id": device_id,
+                "shape_key": shape_key,
+                "config": config,
+                "config_hash": digest,
+                "status": m.status.value,
+                "time_ms": m.time_ms,
+                "spread": m.spread,
+                "reps": m.reps,
+                "rel_error": _finite(m.rel_error),
+                "message": m.message,
                 "created_at": now,
             }
             for config, digest, m in measured
@@ -311,16 +370,23 @@ class Store:
                 ids = dict(connection.execute(self._insert_new_trials, values).all()) if values else {}
             else:
                 ids = {v["config_hash"]: new for v in values if (new := _insert_one(connection, v)) is not None}
-        return [ids.pop(v["config_hash"], None) for v in values]  # popped: a config twice in ``measured`` is stored once
+        return [
+            ids.pop(v["config_hash"], None) for v in values
+        ]  # popped: a config twice in ``measured`` is stored once
 
     def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> Winner | None:
         """Make the fastest correct trial of this key the winner (or none, if none is correct)."""
         with self.session() as session:
             best = session.scalar(
-                select(Trial).where(
-                    Trial.kernel_version_id == kv_id, Trial.device_id == device_id,
-                    Trial.shape_key == shape_key, Trial.status == "ok",
-                ).order_by(Trial.time_ms, Trial.id).limit(1)
+                select(Trial)
+                .where(
+                    Trial.kernel_version_id == kv_id,
+                    Trial.device_id == device_id,
+                    Trial.shape_key == shape_key,
+                    Trial.status == "ok",
+                )
+                .order_by(Trial.time_ms, Trial.id)
+                .limit(1)
             )
             if best is None:
                 return None
@@ -339,8 +405,12 @@ class Store:
 
     # -- reading ------------------------------------------------------------------------
     def winners(
-        self, kernel: str | None = None, hardware_id: str | None = None, version: str | None = None,
-        device: str | None = None, shape: str | None = None,
+        self,
+        kernel: str | None = None,
+        hardware_id: str | None = None,
+        version: str | None = None,
+        device: str | None = None,
+        shape: str | None = None,
     ) -> list[WinnerEntry]:
         """Winners, optionally filtered; ``device`` and ``shape`` match case-insensitive substrings
         of the device's name or hardware id and of the shape key."""
@@ -363,9 +433,14 @@ class Store:
             query = query.order_by(KernelVersion.kernel, StoredDevice.name, Winner.shape_key, Winner.updated_at)
             return [
                 WinnerEntry(
-                    kernel=w.kernel_version.kernel, kernel_version=w.kernel_version.version,
-                    device=w.device.name, hardware_id=w.device.hardware_id, shape_key=w.shape_key,
-                    config=dict(w.config), time_ms=w.time_ms, updated_at=w.updated_at,
+                    kernel=w.kernel_version.kernel,
+                    kernel_version=w.kernel_version.version,
+                    device=w.device.name,
+                    hardware_id=w.device.hardware_id,
+                    shape_key=w.shape_key,
+                    config=dict(w.config),
+                    time_ms=w.time_ms,
+                    updated_at=w.updated_at,
                 )
                 for w in session.scalars(query).unique()
             ]
@@ -390,11 +465,15 @@ class Store:
         with self.session() as session:
             query = select(Trial.status, func.count()).group_by(Trial.status)
             if kernel is not None:
-                query = query.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(KernelVersion.kernel == kernel)
+                query = query.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(
+                    KernelVersion.kernel == kernel
+                )
             return dict(session.execute(query).all())
 
     # -- merging winners measured elsewhere (`tune import`) and re-checking them (`tune verify`) --
-    def winners_with_devices(self, kernel: str | None = None, hardware_id: str | None = None) -> list[tuple[WinnerEntry, Device]]:
+    def winners_with_devices(
+        self, kernel: str | None = None, hardware_id: str | None = None
+    ) -> list[tuple[WinnerEntry, Device]]:
         """Winners, each with the full device (software versions included) it was measured on."""
         from tunesvc.device import Device
 
@@ -408,17 +487,23 @@ class Store:
             return [
                 (
                     WinnerEntry(
-                        kernel=w.kernel_version.kernel, kernel_version=w.kernel_version.version,
-                        device=w.device.name, hardware_id=w.device.hardware_id, shape_key=w.shape_key,
-                        config=dict(w.config), time_ms=w.time_ms, updated_at=w.updated_at,
+                        kernel=w.kernel_version.kernel,
+                        kernel_version=w.kernel_version.version,
+                        device=w.device.name,
+                        hardware_id=w.device.hardware_id,
+                        shape_key=w.shape_key,
+                        config=dict(w.config),
+                        time_ms=w.time_ms,
+                        updated_at=w.updated_at,
                     ),
                     Device(**{f: getattr(w.device, f) for f in Device.__dataclass_fields__}),
                 )
                 for w in session.scalars(query).unique()
             ]
 
-    def merge_winner(self, kernel: str, version: str, device: Device, shape_key: str, config: Config,
-                     time_ms: float, source: str) -> tuple[str, float | None]:
+    def merge_winner(
+        self, kernel: str, version: str, device: Device, shape_key: str, config: Config, time_ms: float, source: str
+    ) -> tuple[str, float | None]:
         """Take a winner measured elsewhere if it is faster than every stored one of its key.
 
         Conflict rule: among the stored winners of (kernel, version, hardware id, shape key), from
@@ -430,33 +515,64 @@ class Store:
 
         device_id = self.device_id(device)
         with self.session() as session:
-            kv = session.scalar(select(KernelVersion).where(KernelVersion.kernel == kernel, KernelVersion.version == version))
+            kv = session.scalar(
+                select(KernelVersion).where(KernelVersion.kernel == kernel, KernelVersion.version == version)
+            )
             if kv is None:
                 kv = KernelVersion(kernel=kernel, version=version)
                 session.add(kv)
                 session.flush()
-            stored = session.scalars(
-                select(Winner).join(Winner.device).where(
-                    Winner.kernel_version_id == kv.id, Winner.shape_key == shape_key,
-                    StoredDevice.hardware_id == device.hardware_id,
+            stored = (
+                session.scalars(
+                    select(Winner)
+                    .join(Winner.device)
+                    .where(
+                        Winner.kernel_version_id == kv.id,
+                        Winner.shape_key == shape_key,
+                        StoredDevice.hardware_id == device.hardware_id,
+                    )
                 )
-            ).unique().all()
+                .unique()
+                .all()
+            )
             best = min((w.time_ms for w in stored), default=None)
             if best is not None and not time_ms < best:
                 return "kept", best
             digest = config_hash(config)
-            trial = session.scalar(select(Trial).where(
-                Trial.kernel_version_id == kv.id, Trial.device_id == device_id,
-                Trial.shape_key == shape_key, Trial.config_hash == digest,
-            ))
+            trial = session.scalar(
+                select(Trial).where(
+                    Trial.kernel_version_id == kv.id,
+                    Trial.device_id == device_id,
+                    Trial.shape_key == shape_key,
+                    Trial.config_hash == digest,
+                )
+            )
             if trial is None:
-                sweep = Sweep(kernel_version_id=kv.id, device_id=device_id, shape_key=shape_key, problem={},
-                              strategy="import", budget=None, seed=0, status="done", host=socket.gethostname())
+                sweep = Sweep(
+                    kernel_version_id=kv.id,
+                    device_id=device_id,
+                    shape_key=shape_key,
+                    problem={},
+                    strategy="import",
+                    budget=None,
+                    seed=0,
+                    status="done",
+                    host=socket.gethostname(),
+                )
                 session.add(sweep)
                 session.flush()
-                trial = Trial(sweep_id=sweep.id, kernel_version_id=kv.id, device_id=device_id, shape_key=shape_key,
-                              config=config, config_hash=digest, status="ok", time_ms=time_ms, reps=0,
-                              message=f"imported from {source}"[:1024])
+                trial = Trial(
+                    sweep_id=sweep.id,
+                    kernel_version_id=kv.id,
+                    device_id=device_id,
+                    shape_key=shape_key,
+                    config=config,
+                    config_hash=digest,
+                    status="ok",
+                    time_ms=time_ms,
+                    reps=0,
+                    message=f"imported from {source}"[:1024],
+                )
                 session.add(trial)
                 session.flush()
             winner = next((w for w in stored if w.device_id == device_id), None)
@@ -497,4 +613,4 @@ def _insert_one(connection, values: dict) -> int | None:
 
 
 def _finite(x: float | None) -> float | None:
-    return x if x is None or x == x and abs(x) != float("inf") else None
+    return x if x is None or (x == x and abs(x) != float("inf")) else None

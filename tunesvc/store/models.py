@@ -16,8 +16,8 @@ checks that the two give the same schema.
 
 from __future__ import annotations
 
+from datetime import UTC
 from datetime import datetime
-from datetime import timezone
 from typing import Any
 
 from sqlalchemy import JSON
@@ -38,7 +38,7 @@ SCHEMA_VERSION = 5
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 class Base(DeclarativeBase):

@@ -16,17 +16,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[2]))  # benchmarks/
 
-import torch  # noqa: E402
+import decode_before
+import torch
+from _common import copies
+from _common import print_table
+from _common import rel_error
 
-import decode_before  # noqa: E402
-from _common import copies  # noqa: E402
-from _common import print_table  # noqa: E402
-from _common import rel_error  # noqa: E402
-from tunesvc.bench import graph_time  # noqa: E402
-from tunesvc.device import current_device  # noqa: E402
-from tunesvc.kernels.decode import TEMPLATE  # noqa: E402
-from tunesvc.kernels.decode import decode_reference  # noqa: E402
-from tunesvc.kernels.decode import launch_decode  # noqa: E402
+from tunesvc.bench import graph_time
+from tunesvc.device import current_device
+from tunesvc.kernels.decode import TEMPLATE
+from tunesvc.kernels.decode import decode_reference
+from tunesvc.kernels.decode import launch_decode
 
 CONFIGS = [
     {"BLOCK_N": 64, "NUM_SPLITS": 8, "num_warps": 4, "num_stages": 3},  # session 4's and run 2's paged winner

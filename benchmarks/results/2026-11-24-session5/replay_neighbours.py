@@ -24,9 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
 import search_replay
+
 from tunesvc.search import _optuna
-from tunesvc.search import replay
 from tunesvc.search import make_strategy as real_make
+from tunesvc.search import replay
 from tunesvc.space import config_hash
 
 

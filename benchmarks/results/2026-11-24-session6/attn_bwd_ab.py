@@ -26,9 +26,13 @@ import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from _common import bench_ms, rel_error  # noqa: E402
+from _common import bench_ms
+from _common import rel_error
 
-from tunesvc.kernels.attention import BWD_TEMPLATE, launch_attention, launch_attention_bwd, reference_attention  # noqa: E402
+from tunesvc.kernels.attention import BWD_TEMPLATE
+from tunesvc.kernels.attention import launch_attention
+from tunesvc.kernels.attention import launch_attention_bwd
+from tunesvc.kernels.attention import reference_attention
 
 FWD = dict(BLOCK_M=128, BLOCK_N=64, TMA=1, WS=0, num_warps=4, num_stages=2)
 TWO_KIND = [

@@ -27,7 +27,9 @@ import triton
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-from _common import bench_ms, copies, rel_error  # noqa: E402
+from _common import bench_ms  # noqa: E402
+from _common import copies  # noqa: E402
+from _common import rel_error  # noqa: E402
 
 mm = importlib.import_module("tunesvc.kernels.matmul")  # the package re-exports a matmul function under the same name
 from tunesvc.bench import graph_time  # noqa: E402
@@ -62,7 +64,7 @@ def splitk_ab():
         return torch.zeros(tiles, device=device, dtype=torch.int32)
 
     for (m, n, k), configs in cases.items():
-        make = lambda: (torch.randn(m, k, device="cuda", dtype=torch.bfloat16),  # noqa: E731
+        make = lambda: (torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
                         torch.randn(k, n, device="cuda", dtype=torch.bfloat16))
         sets = copies(make(), make)
         a, b = sets[0]
@@ -139,7 +141,8 @@ def poly_ab():
 def sdpa_kernels():
     print("\n## kernels SDPA launches (B4 H32 S4096 D128 bf16)")
     q, k, v = (torch.randn((4, 32, 4096, 128), device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile
     for causal in (False, True):
         F.scaled_dot_product_attention(q, k, v, is_causal=causal).sum().backward()
         torch.cuda.synchronize()

@@ -18,10 +18,11 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-from _common import bench_ms, rel_error  # noqa: E402
+from _common import bench_ms
+from _common import rel_error
 
-from tunesvc.kernels.layernorm import launch_layernorm  # noqa: E402
-from tunesvc.kernels.rmsnorm import launch_rmsnorm  # noqa: E402
+from tunesvc.kernels.layernorm import launch_layernorm
+from tunesvc.kernels.rmsnorm import launch_rmsnorm
 
 
 @triton.jit

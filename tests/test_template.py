@@ -312,3 +312,13 @@ def test_problem_of_key_round_trips_the_key(template):
     attention = tunesvc.get_template("attention")
     causal = attention.problem_of_key("B=4,H=32,S=4096,D=128,causal=True,dtype=bfloat16")
     assert causal["causal"] is True and str(attention.key(causal)) == "B=4,H=32,S=4096,D=128,causal=True,dtype=bfloat16"
+
+
+def test_source_version_ignores_layout_comments_and_docstrings_but_not_code():
+    from tunesvc.template import source_version
+
+    base = source_version("def f(x):\n    '''Doc.'''\n    return x + 1\n")
+    assert source_version("def f( x ):  # why\n\n    return (x +\n        1)\n") == base
+    assert source_version("    def f(x):\n        return x + 1\n") == base  # indented, as inspect gives methods
+    assert source_version("def f(x):\n    return x + 2\n") != base
+    assert source_version("def f(y):\n    return y + 1\n") != base

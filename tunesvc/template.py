@@ -21,12 +21,14 @@ Shipped templates are found by name in :mod:`tunesvc.kernels`; users' own templa
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import importlib
 import inspect
 import math
 import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -91,6 +93,29 @@ def pow2_bucket(x: int) -> int:
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
+def source_version(*sources: str) -> str:
+    """A 12-hex-digit hash of Python sources' syntax trees, docstrings left out.
+
+    Hashing the tree rather than the text keeps a kernel's version (and so its tuned configs)
+    across reformatting and edits of comments or docstrings, and changes it with any edit of code.
+    """
+    trees = []
+    for source in sources:
+        tree = ast.parse(textwrap.dedent(source))
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (
+                isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                node.body = body[1:] or [ast.Pass()]
+        trees.append(ast.dump(tree, include_attributes=False))
+    return hashlib.sha256("\n".join(trees).encode()).hexdigest()[:12]
+
+
 class Template:
     """Base class of every kernel template; see the module docstring for the protocol."""
 
@@ -118,8 +143,7 @@ class Template:
         """Hash of the kernel's source: an edited kernel never reuses the old one's configs."""
         objects = self.kernel_sources or (inspect.getmodule(type(self)),)
         # a JITFunction keeps the Python function it wraps in .fn; its source is the file's text
-        source = "\n".join(inspect.getsource(getattr(obj, "fn", obj)) for obj in objects)
-        return hashlib.sha256(source.encode()).hexdigest()[:12]
+        return source_version(*(inspect.getsource(getattr(obj, "fn", obj)) for obj in objects))
 
     @property
     def space_path(self) -> Path:

@@ -112,8 +112,26 @@ def source_version(*sources: str) -> str:
                 and isinstance(body[0].value.value, str)
             ):
                 node.body = body[1:] or [ast.Pass()]
-        trees.append(ast.dump(tree, include_attributes=False))
+        trees.append(_tree_text(tree))
     return hashlib.sha256("\n".join(trees).encode()).hexdigest()[:12]
+
+
+def _tree_text(node: Any) -> str:
+    """A syntax tree as text that reads the same on every Python version.
+
+    ``ast.dump`` does not: 3.12 added ``type_params=[]`` to every function and 3.13 hides empty
+    fields, so empty and ``None`` fields are left out here and only node names and values remain.
+    """
+    if isinstance(node, ast.AST):
+        fields = []
+        for name, value in ast.iter_fields(node):
+            if value is None or value == []:
+                continue
+            fields.append(f"{name}={_tree_text(value)}")
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ",".join(_tree_text(item) for item in node) + "]"
+    return repr(node)
 
 
 class Template:

@@ -1,5 +1,7 @@
 """What every GPU benchmark script shares: sweeping a template's problems, timing, the copy
-roofline measured in the same run, and the one markdown table each script prints.
+roofline measured in the same run, the one markdown table each script prints, and the rows it
+appends to its CSV under benchmarks/results/ (``record``; benchmarks/RESULTS.md is generated
+from those files by ``python benchmarks/results_page.py``).
 
 Scripts import it as ``from _common import ...`` (they run as ``python benchmarks/x.py``, so
 this folder is on ``sys.path``).
@@ -7,17 +9,22 @@ this folder is on ``sys.path``).
 
 from __future__ import annotations
 
+import csv
+import datetime
 import math
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import triton
 import triton.testing
+from results_page import COLUMNS
+from results_page import RESULTS_DIR
 
 from tunesvc.bench import graph_time
 from tunesvc.bench import input_bytes
@@ -27,6 +34,7 @@ from tunesvc.device import current_device
 from tunesvc.runtime import Runtime
 from tunesvc.store import Store
 from tunesvc.sweep import run_sweep
+from tunesvc.template import Problem
 from tunesvc.template import Template
 
 
@@ -139,3 +147,62 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
     return str(value)
+
+
+def shape_text(template: Template, problem: Problem) -> str:
+    """The problem as ``tune sweep --shape`` takes it, dtype included: M=4096,N=4096,K=4096,dtype=bfloat16."""
+    parts = [f"{d}={problem[d]}" for d in template.dims]
+    parts += [f"{o}={int(v) if isinstance(v, bool) else v}" for o, v in ((o, problem[o]) for o in template.options)]
+    return ",".join([*parts, f"dtype={problem['dtype']}"])
+
+
+def result_row(
+    template: Template,
+    problem: Problem,
+    *,
+    peer: str,
+    ours_ms: float,
+    peer_ms: float,
+    timing_method: str,
+    rate_unit: str = "",
+    work: float = 0.0,
+) -> dict[str, Any]:
+    """One CSV row of a measurement against a peer; ``work`` (FLOPs or bytes, per ``rate_unit``
+    "TFLOP/s" or "GB/s") adds both throughputs."""
+    row: dict[str, Any] = {
+        "kernel": template.name,
+        "shape": shape_text(template, problem),
+        "ours_ms": ours_ms,
+        "peer": peer,
+        "peer_ms": peer_ms,
+        "ratio": peer_ms / ours_ms,
+        "timing_method": timing_method,
+    }
+    if rate_unit:
+        per_ms = {"TFLOP/s": 1e9, "GB/s": 1e6}[rate_unit]  # work per ms -> the unit
+        row.update(ours_rate=work / ours_ms / per_ms, peer_rate=work / peer_ms / per_ms, rate_unit=rate_unit)
+    return row
+
+
+def record(script: str, rows: list[dict[str, Any]]) -> Path:
+    """Append ``rows`` (dicts of ``result_row``) to benchmarks/results/<script>.csv, each with
+    today's date (UTC) and this device's GPU, driver, torch and Triton; returns the file."""
+    device = current_device()
+    stamp = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "gpu": device.name,
+        "driver": device.driver,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+    path = RESULTS_DIR / f"{script}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS, restval="")
+        if new:
+            writer.writeheader()
+        for row in rows:
+            writer.writerow({**stamp, **row})
+    print(f"appended {len(rows)} rows to {path}; regenerate the page with `python benchmarks/results_page.py`")
+    return path

@@ -5,7 +5,7 @@
     python benchmarks/attention.py --check
 
 With --sweep, first tunes the forward ("attention") and backward ("attention_bwd") templates on
-the issue's settings (bf16, B4 H32 S4096 D128, causal and not) into --db, resuming what is stored
+preset "b4h32s4096d128" (bf16, B4 H32 S4096 D128, causal and not) into --db, resuming what is stored
 there (the second form: every feasible forward config, 66 at the non-causal setting on an H100,
 and 24 backward trials). Then, per setting and in one process, times with
 triton.testing.do_bench (median, L2 flushed) on the same random bf16 inputs:
@@ -30,8 +30,10 @@ import torch
 import torch.nn.functional as F
 from _common import bench_ms
 from _common import print_table
+from _common import record
 from _common import rel_error
 from _common import require_gpu
+from _common import result_row
 from _common import sweep
 from _common import tuned_runtime
 
@@ -107,7 +109,7 @@ def main() -> int:
         runtime = tuned_runtime(args.db)
 
     peak = peak_tflops()
-    rows = []
+    rows, csv_rows = [], []
     for problem in problems:
         causal = problem["causal"]
         q, k, v, do = inputs(problem)
@@ -134,6 +136,18 @@ def main() -> int:
         ):
             flops = template.cost(problem).flops
             ours_tflops, peer_tflops = flops / ours / 1e9, flops / peer / 1e9
+            csv_rows.append(
+                result_row(
+                    template,
+                    problem,
+                    peer="torch SDPA",
+                    ours_ms=ours,
+                    peer_ms=peer,
+                    timing_method="do_bench",
+                    rate_unit="TFLOP/s",
+                    work=flops,
+                )
+            )
             rows.append(
                 [
                     label(problem),
@@ -154,6 +168,7 @@ def main() -> int:
         ["shape", "pass", "ours TFLOP/s", "SDPA TFLOP/s", "ours / SDPA", "% of peak", "rel err", "config", "values"],
         rows,
     )
+    record("attention", csv_rows)
     return 0
 
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One batched GPU run: device fingerprint, GPU tests, then the chosen benchmarks, each under its
-# own time limit, all writing into one database ($OUT/tune.db) and one log per step under $OUT.
+# own time limit, all writing into one database ($OUT/tune.db) and one log per step under $OUT;
+# the benchmarks' CSV files (benchmarks/results/*.csv, rows appended) are copied to $OUT/results.
 # Run from the repo root on the lent GPU machine with .whl carried (see ../shared/gpu/README.md).
 # A database carried in .gpu/tune.db is resumed, not restarted.
 #
 #   STEPS="tests matmul attention" bash benchmarks/gpu-run.sh
 #
-# Steps: tests probe timing matmul64 matmulgrid matmul attention decode norms pointwise copysize unaligned runtime sva overhead stability groundtruth multigpu
+# Steps: tests matmul64 matmulgrid matmul attention decode norms pointwise runtime sva stability groundtruth multigpu
 # (each is benchmarks/<name>.py with --sweep where it takes one; LIMIT_<step>=seconds overrides
 # the time limit, ARGS_<step>="..." adds arguments).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -30,18 +31,14 @@ step() {  # step NAME DEFAULT_SECONDS COMMAND...
 for s in ${STEPS:-tests matmul}; do
   case $s in
     tests) step tests 240 python3 -m pytest -q -p no:cacheprovider --rootdir "$R" -c "$R/pyproject.toml" -m gpu "$R/tests" ;;
-    probe) step probe 120 python3 "$R/benchmarks/probe_resources.py" ;;
-    copysize) step copysize 120 python3 "$R/benchmarks/copy_size.py" --db "$OUT/tune.db" ;;
-    unaligned) step unaligned 120 python3 "$R/benchmarks/matmul_unaligned.py" --db "$OUT/tune.db" ;;
     runtime) step runtime 120 python3 "$R/benchmarks/runtime_overhead.py" ;;
-    timing) step timing 120 python3 "$R/benchmarks/timing_methods.py" ;;
     matmulgrid) step matmulgrid 480 python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --strategy grid --budget 1000 --sweep-shapes 1x4096x4096,16x4096x4096,64x4096x4096 ;;
     matmul64) step matmul64 240 python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --budget 64 --sweep-shapes 1x4096x4096,16x4096x4096,64x4096x4096 ;;
     multigpu) step multigpu 420 python3 "$R/benchmarks/multi_gpu_sweep.py" ;;
     sva) step sva 300 python3 "$R/benchmarks/sweep_vs_autotune.py" ;;
-    overhead) step overhead 300 python3 "$R/benchmarks/sweep_overhead.py" ;;
     stability) step stability 300 python3 "$R/benchmarks/sweep_stability.py" --db "$OUT/stability.db" ;;
     groundtruth) step groundtruth 540 python3 "$R/benchmarks/ground_truth.py" --db "$OUT/ground_truth.db" --out "$OUT/ground_truth.csv" ;;
     *) step "$s" 300 python3 "$R/benchmarks/$s.py" --db "$OUT/tune.db" --sweep ;;
   esac
 done
+mkdir -p "$OUT/results" && cp "$R"/benchmarks/results/*.csv "$OUT/results/"

@@ -4,7 +4,7 @@
     python benchmarks/matmul.py --db tune.db                    # time what the db holds
     python benchmarks/matmul.py --check                         # one small shape per variant, seconds
 
-Shapes: the foundation issue's six (preset "llm") and M in {1, 16, 64} x (N, K) in
+Shapes: preset "llm" (six LLM GEMMs) and M in {1, 16, 64} x (N, K) in
 {(4096, 4096), (14336, 4096)} (preset "skinny"), bf16. With --sweep, first tunes every shape into
 --db (Optuna TPE, resuming what is stored there, compiles in parallel workers). Then per shape,
 in one process and on the same random inputs: the tuned kernel (config from the runtime lookup,
@@ -29,8 +29,10 @@ from _common import copies
 from _common import copy_bandwidth
 from _common import geomean
 from _common import print_table
+from _common import record
 from _common import rel_error
 from _common import require_gpu
+from _common import result_row
 from _common import sweep
 from _common import tuned_runtime
 
@@ -168,6 +170,7 @@ def main() -> int:
     bandwidth = copy_bandwidth()
     runtime = tuned_runtime(args.db)
     rows, ratios, graph_ratios, wrong = [], [], [], 0
+    csv_rows = []
     for problem in problems:
         m, n, k = problem["M"], problem["N"], problem["K"]
         a = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -190,6 +193,29 @@ def main() -> int:
         ratio = peer / ours
         ratios.append(ratio)
         graph_ratios.append(peer_graph / ours_graph)
+        peer_name = "cuBLAS (torch.matmul)"
+        csv_rows += [
+            result_row(
+                TEMPLATE,
+                problem,
+                peer=peer_name,
+                ours_ms=ours,
+                peer_ms=peer,
+                timing_method="do_bench",
+                rate_unit="TFLOP/s",
+                work=cost.flops,
+            ),
+            result_row(
+                TEMPLATE,
+                problem,
+                peer=peer_name,
+                ours_ms=ours_graph,
+                peer_ms=peer_graph,
+                timing_method="cuda_graph",
+                rate_unit="TFLOP/s",
+                work=cost.flops,
+            ),
+        ]
         config = found.config
         rows.append(
             [
@@ -224,6 +250,7 @@ def main() -> int:
         f"geometric mean ours / cuBLAS: {geomean(ratios):.3f}x plain, {geomean(graph_ratios):.3f}x CUDA graph; "
         f"lowest {min(ratios):.2f}x plain, {min(graph_ratios):.2f}x CUDA graph (targets: >= 1.0x and no shape below 0.9x)"
     )
+    record("matmul", csv_rows)
     if wrong:
         print(f"{wrong} shape(s) exceeded the tolerance against the reference", file=sys.stderr)
     return 1 if wrong else 0

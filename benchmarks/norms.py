@@ -30,8 +30,10 @@ from _common import bench_ms
 from _common import copy_bandwidth
 from _common import interleaved_ms
 from _common import print_table
+from _common import record
 from _common import rel_error
 from _common import require_gpu
+from _common import result_row
 from _common import sweep
 
 from tunesvc.kernels import layer_norm
@@ -141,7 +143,7 @@ def main() -> int:
             "rms_norm": compiled(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, RMS_EPS)),
         }
     )
-    rows = []
+    rows, csv_rows = [], []
     for M, N in SHAPES:
         x, w, b, dy = inputs(M, N, dtype)
         for op, module in (("layer_norm", layernorm), ("rms_norm", rmsnorm)):
@@ -197,6 +199,33 @@ def main() -> int:
                 + [spread]
             )
 
+            fwd_problem = module.TEMPLATE.problem(**problem)
+            csv_rows.append(
+                result_row(
+                    module.TEMPLATE,
+                    fwd_problem,
+                    peer="torch eager",
+                    ours_ms=ours_fwd,
+                    peer_ms=eager_fwd_ms,
+                    timing_method="do_bench",
+                    rate_unit="GB/s",
+                    work=fwd_bytes,
+                )
+            )
+            if compiled_fwd_ms:
+                csv_rows.append(
+                    result_row(
+                        module.TEMPLATE,
+                        fwd_problem,
+                        peer="torch.compile",
+                        ours_ms=ours_fwd,
+                        peer_ms=compiled_fwd_ms,
+                        timing_method="do_bench",
+                        rate_unit="GB/s",
+                        work=fwd_bytes,
+                    )
+                )
+
             ts = [t.detach().requires_grad_(True) for t in leaves]
             y_torch = (
                 F.layer_norm(ts[0], (N,), *ts[1:], LN_EPS)
@@ -205,6 +234,18 @@ def main() -> int:
             )
             eager_bwd_ms = bench_ms(lambda: torch.autograd.grad(y_torch, ts, dy, retain_graph=True))
             ours_bwd = bench_ms(run_bwd)
+            csv_rows.append(
+                result_row(
+                    module.BWD_TEMPLATE,
+                    module.BWD_TEMPLATE.problem(**problem),
+                    peer="torch eager (autograd.grad)",
+                    ours_ms=ours_bwd,
+                    peer_ms=eager_bwd_ms,
+                    timing_method="do_bench",
+                    rate_unit="GB/s",
+                    work=bwd_bytes,
+                )
+            )
             rows.append(
                 row(f"{op} bwd", M, N, bwd_bytes, bandwidth, ours_bwd, eager_bwd_ms, None, bwd_err, bwd.source) + ["-"]
             )
@@ -232,6 +273,7 @@ def main() -> int:
         ],
         rows,
     )
+    record("norms", csv_rows)
     return 0
 
 

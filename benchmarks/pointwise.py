@@ -33,8 +33,10 @@ import torch.nn.functional as F
 from _common import bench_ms
 from _common import copy_bandwidth
 from _common import print_table
+from _common import record
 from _common import rel_error
 from _common import require_gpu
+from _common import result_row
 from _common import sweep
 from _common import tuned_runtime
 
@@ -213,7 +215,7 @@ def main() -> int:
 
     compiled = {name: torch.compile(PEERS[name], dynamic=False) for name in COMPILED}
     bandwidth = copy_bandwidth()
-    rows, failures = [], 0
+    rows, csv_rows, failures = [], [], 0
     for m, n in SHAPES:
         for case in cases(m, n):
             name = case.template.name
@@ -229,6 +231,21 @@ def main() -> int:
                 compiled[name](*case.peer_args)  # compile outside the timing
                 compile_ms = bench_ms(lambda: compiled[name](*case.peer_args))
             ours_gbs = gbytes / (ours * 1e-3)
+            eager_name = "torch eager (autograd.grad)" if name == "bias_act_residual_bwd" else "torch eager"
+            for peer_name, peer_ms in ((eager_name, eager), ("torch.compile", compile_ms)):
+                if peer_ms:
+                    csv_rows.append(
+                        result_row(
+                            case.template,
+                            case.problem,
+                            peer=peer_name,
+                            ours_ms=ours,
+                            peer_ms=peer_ms,
+                            timing_method="do_bench",
+                            rate_unit="GB/s",
+                            work=gbytes * 1e9,
+                        )
+                    )
             rows.append(
                 [
                     name,
@@ -265,6 +282,7 @@ def main() -> int:
         ],
         rows,
     )
+    record("pointwise", csv_rows)
     return 1 if failures else 0
 
 

@@ -1,15 +1,22 @@
-"""The README cannot drift from the CLI: every command and option is documented there."""
+"""The docs cannot drift: docs/cli.md is the CLI's own output, README and docs link to pages that
+exist, and benchmarks/RESULTS.md is what its CSV files say."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import typer.main
 
 from tunesvc.cli import app
 
-README = (Path(__file__).parent.parent / "README.md").read_text()
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text()
+CLI_MD = ROOT / "docs" / "cli.md"
+CLI_DOCS_COMMAND = "python -m typer tunesvc.cli utils docs --name tune --output docs/cli.md"
 
 
 def _commands():
@@ -25,26 +32,75 @@ def _leaves(commands=None, prefix=""):
             yield f"{prefix}{name}", command
 
 
-def test_every_command_is_in_the_cli_reference():
-    names = sorted(_commands())
-    assert names == ["db", "export", "import", "kernels", "lookup", "report", "show", "space", "sweep", "verify"]
-    for name in names:
-        assert re.search(rf"`tune {name}\b", README), f"README's CLI reference lacks `tune {name}`"
+def test_cli_reference_is_generated_from_the_cli(tmp_path):
+    out = tmp_path / "cli.md"
+    argv = CLI_DOCS_COMMAND.replace("python", sys.executable, 1).replace("docs/cli.md", str(out)).split()
+    subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, timeout=120)
+    assert CLI_MD.read_text() == out.read_text(), f"docs/cli.md is stale; regenerate it with `{CLI_DOCS_COMMAND}`."
 
 
-def test_every_sub_command_is_in_the_cli_reference():
-    names = [name for name, _ in _leaves() if " " in name]
-    assert {"db init", "db upgrade", "db current"} <= set(names)
-    for name in names:
-        assert re.search(rf"`tune {name}\b", README), f"README's CLI reference lacks `tune {name}`"
-
-
-def test_every_option_is_in_the_readme():
+def test_cli_reference_covers_every_command_and_option():
+    text = CLI_MD.read_text()
+    names = [name for name, _ in _leaves()]
+    assert {"kernels", "sweep", "show", "lookup", "export", "import", "db init", "db upgrade"} <= set(names)
     for name, command in _leaves():
+        section = text.partition(f"## `tune {name}`\n")[2]
+        assert section, f"docs/cli.md has no section for `tune {name}`; regenerate it with `{CLI_DOCS_COMMAND}`."
+        section = section.split("\n## ", 1)[0]
         for param in command.params:
             for opt in param.opts:
-                if opt.startswith("--") and opt != "--help":
-                    assert opt in README, f"README does not mention {opt} of `tune {name}`"
+                if opt.startswith("--"):
+                    assert f"`{opt}" in section or f", {opt}" in section, f"docs/cli.md lacks {opt} of `tune {name}`"
+
+
+def test_readme_lists_every_command_and_links_the_reference():
+    for name in _commands():
+        assert re.search(rf"`tune {name}\b", README), f"README's CLI table lacks `tune {name}`"
+    assert "](docs/cli.md)" in README
+
+
+def _links(path: Path) -> list[str]:
+    return re.findall(r"\]\(([^)\s]+)\)", path.read_text())
+
+
+def test_readme_and_docs_link_only_to_files_that_exist():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "RESULTS.md"]
+    checked = 0
+    for page in pages:
+        for link in _links(page):
+            if re.match(r"[a-z]+:", link) or link.startswith("#"):
+                continue  # a URL or an anchor on the same page
+            target = (page.parent / link.split("#")[0]).resolve()
+            assert target.exists(), f"{page.relative_to(ROOT)} links to {link}, which does not exist"
+            checked += 1
+    assert checked >= 5
+    for doc in ("cli", "timing", "search", "shape-keys", "scale-out", "schema"):
+        assert f"](docs/{doc}.md)" in README, f"README does not link docs/{doc}.md"
+
+
+def test_readme_is_short_and_keeps_the_test_command():
+    assert len(README.encode()) <= 12 * 1024, f"README.md is {len(README.encode())} bytes; keep it within 12 KB"
+    # .ci/run runs the line two lines after the marker
+    lines = README.splitlines()
+    command = lines[lines.index("<!-- test-command -->") + 2]
+    assert "pytest" in command and "pip install" in command
+
+
+def test_readme_and_docs_describe_the_product_not_its_history():
+    pattern = re.compile(r"\bsession\b|\brun \d+\b|\bthe issue\b|\(20\d\d-\d\d-\d\d|\bissue \d+\b", re.IGNORECASE)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        found = pattern.findall(page.read_text())
+        assert not found, f"{page.relative_to(ROOT)} narrates how it was made: {found}"
+
+
+def test_results_page_is_generated_from_the_csv_files():
+    spec = importlib.util.spec_from_file_location("results_page", ROOT / "benchmarks" / "results_page.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert list((ROOT / "benchmarks" / "results").glob("*.csv")), "no benchmark results"
+    assert (ROOT / "benchmarks" / "RESULTS.md").read_text() == module.render(), (
+        f"benchmarks/RESULTS.md is stale; regenerate it with `{module.COMMAND}`."
+    )
 
 
 def test_version_flag():

@@ -9,11 +9,11 @@ from __future__ import annotations
 import gc
 import re
 import shutil
-import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 from typer.testing import CliRunner
 
 from tunesvc import TunesvcError
@@ -22,8 +22,15 @@ from tunesvc.report import FIGURES
 from tunesvc.report import collect
 from tunesvc.report import convergence_figure
 from tunesvc.report import write_report
+from tunesvc.runtime import Runtime
+from tunesvc.search import STRATEGIES
 from tunesvc.space import config_hash
 from tunesvc.store import Store
+from tunesvc.store.models import Trial
+from tunesvc.store.models import Winner
+from tunesvc.template import SHIPPED
+from tunesvc.template import ShapeKey
+from tunesvc.template import get_template
 
 EXAMPLE = Path(__file__).parent.parent / "tune.db.example"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -260,7 +267,7 @@ def test_tiny_report_in_a_browser(tiny_report, tmp_path):
     check_screenshot(*screenshot(out / "report.html", tmp_path))
 
 
-# -- the repository's H100 sweep ----------------------------------------------------------------
+# -- the repository's H100 sweep: what holds of any real sweep, whatever it holds --------------
 def test_report_of_the_h100_example(example_report, template):
     result, out, example_db = example_report
     assert result.exit_code == 0, result.output
@@ -278,58 +285,98 @@ def test_report_of_the_h100_example(example_report, template):
         device = store.find_device(H100)
     finally:
         store.close()
-    # one section per shipped kernel family, each with its two figures
-    from tunesvc.template import SHIPPED
-
+    # a section per kernel version and device, each with its three figures
     assert {s.kernel for s in sections} == set(SHIPPED)
     assert html.count('src="data:image/png;base64,') == 3 * len(sections) == len(list(out.glob("*.png")))
-    # the first session's sweeps predate sweeps.peer_ms (revision 0004) and show "-"; the second
-    # session's (matmul, attention, the pointwise backward re-swept) timed their torch peer
+    # a key shows its torch peer where its sweep timed one, and "-" where it did not
     keys = [k for s in sections for k in s.keys]
     timed = [k for k in keys if k.peer_ms is not None]
-    assert 0 < len(timed) < len(keys)
     assert all(k.peer_speedup == pytest.approx(k.peer_ms / k.winner_ms) for k in timed)
     assert all(k.peer_speedup is None for k in keys if k.peer_ms is None)
     assert html.count("peer ms</th>") == len(sections)
     rows = re.findall(r"<tr><td class=\"l k\">.*?</tr>", html)
     assert len(rows) == len(keys)
     assert sum(re.findall(r"<td[^>]*>(.*?)</td>", row)[6:8] == ["-", "-"] for row in rows) == len(keys) - len(timed)
-    # attention was swept over its whole space (grid) in the second session, the rest with TPE
-    assert all(set(k.traces) <= {"optuna", "grid"} for k in keys)
-    assert any("grid" in k.traces for s in sections if s.kernel == "attention" for k in s.keys)
-    # one section per kernel version: the fifth session's split-K kernel (one launch) and the
-    # seventh's (counters reset by the kernel) are new matmul versions beside the first one's sweeps
-    db = sqlite3.connect(f"file:{EXAMPLE}?mode=ro", uri=True)
-    versions = {
-        v
-        for (v,) in db.execute(
-            "select distinct kv.version from tunesvc_sweeps s join tunesvc_kernel_versions kv"
-            " on kv.id = s.kernel_version_id where kv.kernel = 'matmul'"
-        )
-    }
-    db.close()
-    assert len(versions) == 3 and template.version in versions
-    assert {s.version for s in sections if s.kernel == "matmul"} == versions
+    assert all(set(k.traces) <= set(STRATEGIES) for k in keys)
+
     [section] = [s for s in sections if s.kernel == "matmul" and s.version == template.version]
-    assert section.device.name == H100 and len(section.keys) == 11
-    keys = {k.shape_key: k for k in section.keys}
-    # the problem comes from the sweeps table: this key buckets M=1000 up to 1024
-    assert keys["M=1024,N=3000,K=777,dtype=bfloat16"].problem == {"M": 1000, "N": 3000, "K": 777, "dtype": "bfloat16"}
-    big = keys["M=4096,N=4096,K=4096,dtype=bfloat16"]
-    flops = 2 * 4096**3
-    assert big.roofline == pytest.approx(flops / 989e12 / (big.winner_ms * 1e-3))
-    assert big.bound == "compute" and 0.5 < big.roofline < 1
-    skinny = keys["M=16,N=4096,K=4096,dtype=bfloat16"]
-    assert skinny.bound == "memory" and 0.2 < skinny.roofline < 1
-    assert f"{big.roofline:.0%} (compute)" in html
-    measured = 0
+    assert section.device.name == H100
     for key in section.keys:
-        assert 0 < key.roofline < 1
+        # the problem comes from the sweeps table, and buckets to the key it was stored under
+        assert str(template.key(key.problem)) == key.shape_key
+        assert 0 < key.roofline < 1 and key.bound in ("compute", "memory")
         heuristic = config_hash(template.heuristic(key.problem, device))
         row = next((t for t in key.trials if t.config_hash == heuristic), None)
         assert key.heuristic_ms == (row.time_ms if row else None)
-        measured += row is not None
-    assert measured >= 4  # the heuristic of the day of the sweep was measured first on each key
+    big = {k.shape_key: k for k in section.keys}["M=4096,N=4096,K=4096,dtype=bfloat16"]
+    assert big.roofline == pytest.approx(2 * 4096**3 / 989e12 / (big.winner_ms * 1e-3))
+    assert big.bound == "compute" and f"{big.roofline:.0%} (compute)" in html
+
+
+def test_every_shipped_template_has_a_correct_winner_at_its_current_version():
+    """For each shipped template, the H100 holds a winner at the template's current version; the
+    runtime answers each such key exactly with it; its config satisfies the space on that device."""
+    before = EXAMPLE.read_bytes()
+    store = Store(EXAMPLE, readonly=True)
+    try:
+        device = store.find_device(H100)
+        current = {
+            name: store.winners(kernel=name, version=get_template(name).version, hardware_id=device.hardware_id)
+            for name in SHIPPED
+        }
+    finally:
+        store.close()
+    runtime = Runtime(db=EXAMPLE, device=device)
+    for name, winners in current.items():
+        assert winners, f"tune.db.example has no {H100} winner of {name} at its current version"
+        template = get_template(name)
+        for winner in winners:
+            problem = template.problem_of_key(winner.shape_key)
+            assert str(template.key(problem)) == winner.shape_key  # a key is a fixed point of bucketing
+            assert template.violations(winner.config, problem, device) == []
+            found = runtime.lookup(template, **problem)
+            assert (found.source, found.config) == ("exact", winner.config), (name, winner.shape_key)
+    assert EXAMPLE.read_bytes() == before
+
+
+def test_every_stored_winner_is_its_keys_fastest_correct_trial():
+    """Every winner (of any kernel version) points at a trial of its own key that ran correctly
+    (status ok, relative error within the template's tolerance), with the winner's config and
+    time, and no correct trial of that key is faster."""
+    store = Store(EXAMPLE, readonly=True)
+    try:
+        with store.session() as session:
+            winners = list(session.scalars(select(Winner)).unique())
+            assert winners
+            for winner in winners:
+                name = winner.kernel_version.kernel
+                trial = session.get(Trial, winner.trial_id)
+                where = f"{name} {winner.shape_key}"
+                assert trial is not None, f"the winner of {where} has no trial"
+                assert (trial.kernel_version_id, trial.device_id, trial.shape_key) == (
+                    winner.kernel_version_id,
+                    winner.device_id,
+                    winner.shape_key,
+                ), where
+                assert trial.status == "ok" and trial.config_hash == winner.config_hash, where
+                assert trial.time_ms == winner.time_ms > 0, where
+                assert trial.config_hash == config_hash(dict(winner.config)), where
+                assert name in SHIPPED, where
+                dtype = dict(ShapeKey.parse(winner.shape_key).fields)["dtype"]
+                tolerance = get_template(name).tolerance({"dtype": dtype})
+                assert trial.rel_error is not None and trial.rel_error <= tolerance, where
+                faster = session.scalar(
+                    select(Trial.id).where(
+                        Trial.kernel_version_id == winner.kernel_version_id,
+                        Trial.device_id == winner.device_id,
+                        Trial.shape_key == winner.shape_key,
+                        Trial.status == "ok",
+                        Trial.time_ms < winner.time_ms,
+                    )
+                )
+                assert faster is None, f"trial {faster} of {where} is faster than its winner"
+    finally:
+        store.close()
 
 
 def test_h100_report_in_a_browser(example_report, tmp_path):

@@ -9,7 +9,7 @@ keeps every trial, so a killed run resumes where it stopped; the CSV (one row pe
 kernel, shape key, config, status, time) is written from the database at the end, for every
 problem measured so far. `benchmarks/search_replay.py` replays search strategies against it.
 
-Problems (the issue's): GEMM 4096^3, 16x4096x4096 and 1000x3000x777; attention forward in two
+Problems: GEMM 4096^3, 16x4096x4096 and 1000x3000x777; attention forward in two
 settings; softmax in two shapes (or LayerNorm, when softmax is not registered). A template that
 is not registered yet is skipped with a message.
 """

@@ -6,7 +6,7 @@
 Runs `tune sweep matmul --gpus 0` and `tune sweep matmul --gpus 0,1` into two fresh SQLite files
 (the GEMM benchmark's 11 shapes, or --six, grid strategy, the same --budget, so both measure the
 same configs), prints each worker's jobs with the time each finished, and one
-table: wall time of each, the ratio (target, issue 6: 2 GPUs <= 0.6x one GPU), trials stored and
+table: wall time of each, the ratio (target: 2 GPUs <= 0.6x one GPU), trials stored and
 distinct per run (none lost or duplicated: both equal shapes x budget), and how many shapes have
 the same winner, or one within 3% of the one-GPU run's time (measurement noise).
 """

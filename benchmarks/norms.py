@@ -4,7 +4,7 @@
     python benchmarks/norms.py --check
 
 With --sweep, first tunes the four templates (layernorm, layernorm_bwd, rmsnorm, rmsnorm_bwd)
-on the issue's shapes into --db (resuming what is stored there). Then, per op and shape, in one
+on preset "llm" of each template into --db (resuming what is stored there). Then, per op and shape, in one
 process and on the same random inputs: the tuned kernel (config from the runtime lookup on
 --db), torch eager and, for the forwards, torch.compile'd torch.nn.functional.layer_norm /
 rms_norm are timed with triton.testing.do_bench (median, L2 flushed); each forward and its

@@ -4,8 +4,8 @@
     python benchmarks/pointwise.py --check
 
 With --sweep, first tunes "softmax", "softmax_bwd", "bias_act_residual" and
-"bias_act_residual_bwd" (act=gelu) and "dropout" (p=0.1) on the issue's bf16 shapes
-4096x4096, 16384x8192 and 32768x1024 into --db, resuming what is stored there. Then, per
+"bias_act_residual_bwd" (act=gelu) and "dropout" (p=0.1) on the bf16 shapes of preset "llm"
+(4096x4096, 16384x8192 and 32768x1024) into --db, resuming what is stored there. Then, per
 kernel and shape and in one process, times with triton.testing.do_bench (median, L2 flushed)
 on the same random bf16 inputs: the tuned kernel (config from the runtime lookup on --db), the
 torch eager peer and torch.compile of the same torch code (dynamic=False, so every shape gets

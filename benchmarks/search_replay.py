@@ -6,7 +6,7 @@ Per problem of the ground truth (an exhaustive sweep measured on the GPU), each 
 replayed with the measured times as its oracle (a failed config answers its stored status), for
 ``--seeds`` seeds; the table gives the median number of trials it needs to reach within 3% of
 the exhaustive best, as a share of the space's size (its feasible configs), and whether that is
-at most 20% (the issue's target for Optuna). Two tables: cold (the strategy alone) and as a
+at most 20% (the target for Optuna). Two tables: cold (the strategy alone) and as a
 sweep runs (``--warm``: the template's warm start, its heuristic and known-good configs for an
 H100's limits, asked first).
 """
@@ -28,7 +28,7 @@ from tunesvc.template import get_template
 
 DEFAULT_CSV = Path(__file__).parent / "data" / "ground_truth.csv"
 STRATEGIES = ("optuna", "random", "cmaes")
-#: the device the ground truth was measured on (benchmarks/results/*/gpu.txt): its limits decide
+#: the device the ground truth was measured on (an H100 SXM): its limits decide
 #: the heuristic and which known-good configs a sweep would try first
 H100 = dict(
     kind="cuda",

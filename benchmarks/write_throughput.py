@@ -9,7 +9,7 @@ all writers are open, stores --rows trials through ``Store.add_trials``, --batch
 transaction, as ``tunesvc.sweep`` stores each batch of candidates it measured. A sweep's batch is
 one candidate per compile worker (``--workers``; on a GPU up to 8, so 8 on a host of 8 or more
 cores) and 1 without compile workers (the interpreter). The rate is all rows over the wall time
-from the first writer's start to the last one's end. Target (issue 6): >= 2,000 rows/s with 8
+from the first writer's start to the last one's end. Target: >= 2,000 rows/s with 8
 writers on each backend. PostgreSQL runs into a fresh database that the script creates and drops
 (the URL's role needs CREATEDB), so nothing else is touched.
 """

@@ -1061,7 +1061,7 @@ class _AttentionBase(Template):
     options = {"causal": (False, True)}
     dtypes = ("float16", "bfloat16")
     presets = {
-        # the issue's H100 targets: bf16 B4 H32 S4096 D128, against torch SDPA
+        # one long-context training step: bf16 B4 H32 S4096 D128, causal and not
         "b4h32s4096d128": [
             {"B": 4, "H": 32, "S": 4096, "D": 128, "causal": False, "dtype": "bfloat16"},
             {"B": 4, "H": 32, "S": 4096, "D": 128, "causal": True, "dtype": "bfloat16"},
@@ -1105,7 +1105,7 @@ class AttentionTemplate(_AttentionBase):
     name = "attention"
     kernel_sources = (_attn_fwd_step, _attn_fwd_inner, _attn_fwd_kernel, _tma_ready, launch_attention)
 
-    # The fastest tiles of the H100 ground truth of the pointer kernel (2026-11-23, both settings),
+    # The fastest tiles of the pointer kernel in the H100 ground truth (benchmarks/data), both settings,
     # each in every variant (warp-specialised TMA, TMA, pointers), so that a short sweep measures
     # all three; infeasible ones (WS when causal, TMA off Hopper) are skipped by the search.
     known_good = tuple(
@@ -1133,7 +1133,7 @@ class AttentionTemplate(_AttentionBase):
     def heuristic(self, problem: Problem, device: Device) -> Config:
         # one warpgroup per 128 query rows for D=64; D=128's larger accumulator wants two
         warps = 4 if problem["D"] == 64 else 8
-        # pointer loads: the variant measured on the H100 so far (TMA and WS are left to a sweep)
+        # pointer loads run on every GPU (TMA and WS need Hopper and are left to a sweep)
         config = {"BLOCK_M": 128, "BLOCK_N": 64, "TMA": 0, "WS": 0, "num_warps": warps, "num_stages": 3}
         if self.violations(config, problem, device):
             config = self.feasible(problem, device)[0]  # short sequences: the smallest tiles
@@ -1148,8 +1148,8 @@ class AttentionBwdTemplate(_AttentionBase):
     name = "attention_bwd"
     kernel_sources = (_attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_kernel, launch_attention_bwd)
 
-    # Triton tutorial 06's fixed backward config, and the fastest tiles of the H100 A/B of
-    # 2026-11-24 (benchmarks/results/2026-11-24-session6/attn_bwd_ab.log) with both kinds of loads
+    # Triton tutorial 06's fixed backward config, and the fastest backward tiles measured on an
+    # H100 (64/128/128/64, 8 warps, 3 stages), with both kinds of loads
     known_good = (
         {"BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 32, "TMA": 0, "num_warps": 4, "num_stages": 5},
         *(

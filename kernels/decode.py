@@ -300,7 +300,7 @@ class DecodeTemplate(Template):
     options = {"paged": (False, True)}
     kernel_sources = (_decode_split_kernel, _decode_combine_kernel, launch_decode)
     presets = {
-        # the H100 settings: Llama-3-8B attention (32 query / 8 KV heads, D 128)
+        # Llama-3-8B attention (32 query / 8 KV heads, D 128): batch 1 to 64, contiguous and paged
         "llama3-8b": [
             {"B": 1, "HQ": 32, "HKV": 8, "S": 2048, "D": 128},
             {"B": 8, "HQ": 32, "HKV": 8, "S": 4096, "D": 128},

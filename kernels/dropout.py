@@ -136,7 +136,7 @@ class DropoutTemplate(Template):
     dims = ("numel",)
     kernel_sources = (_uniform, _uniform_lanes, _dropout_kernel, launch_dropout)
     presets = {
-        # the issue's H100 shapes for row-wise kernels, flattened
+        # the row-wise kernels' LLM activation shapes (4096x4096, 16384x8192, 32768x1024), flattened
         "llm": [{"numel": 4096 * 4096}, {"numel": 16384 * 8192}, {"numel": 32768 * 1024}],
         # small and odd on purpose: runs in the CPU interpreter in seconds
         "tiny": [{"numel": 37 * 45}, {"numel": 999}],

@@ -225,7 +225,7 @@ class RowNormTemplate(Template):
 
     dims = ("M", "N")
     presets = {
-        # the H100 benchmark shapes
+        # LLM activations: square, wide (16k tokens x 8k hidden) and tall (32k tokens x 1k)
         "llm": [{"M": 4096, "N": 4096}, {"M": 16384, "N": 8192}, {"M": 32768, "N": 1024}],
         # odd on purpose (no block divides them): runs in the CPU interpreter in seconds
         "tiny": [{"M": 37, "N": 45}, {"M": 5, "N": 130}],

@@ -508,7 +508,7 @@ class MatmulTemplate(Template):
         launch_matmul,
     )
     presets = {
-        # the foundation issue's H100 problem set
+        # LLM GEMMs: square, decode-sized M, an MLP projection, a long-K down projection, unaligned K
         "llm": [
             {"M": 4096, "N": 4096, "K": 4096},
             {"M": 8192, "N": 8192, "K": 8192},
@@ -517,7 +517,7 @@ class MatmulTemplate(Template):
             {"M": 2048, "N": 4096, "K": 14336},
             {"M": 1000, "N": 3000, "K": 777},
         ],
-        # issue "Kernel library": decode-sized M against LLM weight shapes, where split-K matters
+        # decode-sized M against LLM weight shapes, where split-K matters
         "skinny": [{"M": m, "N": n, "K": k} for m in (1, 16, 64) for n, k in ((4096, 4096), (14336, 4096))],
         # small and odd on purpose: runs in the CPU interpreter in seconds
         "tiny": [

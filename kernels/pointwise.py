@@ -172,7 +172,7 @@ class BiasActResidualTemplate(Template):
     options = {"act": ACTIVATIONS}
     kernel_sources = (_bias_act_residual_kernel, launch_bias_act_residual)
     presets = {
-        # the H100 shapes for row-wise kernels
+        # LLM activations: square, wide (16k tokens x 8k hidden) and tall (32k tokens x 1k)
         "llm": [
             {"M": 4096, "N": 4096},
             {"M": 16384, "N": 8192},

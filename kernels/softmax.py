@@ -161,7 +161,7 @@ class SoftmaxTemplate(Template):
     dims = ("M", "N")
     kernel_sources = (_softmax_kernel, launch_softmax)
     presets = {
-        # the H100 shapes for row-wise kernels
+        # LLM activations: square, wide (16k tokens x 8k hidden) and tall (32k tokens x 1k)
         "llm": [
             {"M": 4096, "N": 4096},
             {"M": 16384, "N": 8192},

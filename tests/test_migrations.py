@@ -47,7 +47,7 @@ from tunesvc.store.models import SCHEMA_VERSION
 from tunesvc.store.models import Base
 from tunesvc.sweep import run_sweep
 
-#: the first H100 sweep (2026-11-22, 6 GEMM shapes), written at schema 1 before Alembic: the
+#: an H100 sweep of 6 GEMM shapes written at schema 1, before Alembic: the
 #: database from an older schema revision that the migration tests start from
 SCHEMA1 = Path(__file__).parent / "data" / "tune-schema1.db"
 EXAMPLE = Path(__file__).parent.parent / "tune.db.example"

@@ -91,7 +91,7 @@ def _out_of_resources_types() -> tuple[type[BaseException], ...]:
 #: below this median (ms), a kernel is re-timed from a CUDA graph. A Triton launch from Python
 #: costs the host 30-100 us (measured on the H100 machine), two launches or an allocation more,
 #: and when that exceeds do_bench's L2 flush the events time the host: split-K candidates of
-#: 64x4096x4096, 18-20 us of GPU time, read 40-195 us that way in the 2026-11-23 sweep.
+#: 64x4096x4096, 18-20 us of GPU time, read 40-195 us that way on an H100.
 GRAPH_BELOW_MS = 0.1
 #: the input sets a graph replay cycles through hold at least this many times the L2 cache
 L2_MULTIPLE = 2

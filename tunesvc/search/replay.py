@@ -120,7 +120,7 @@ class Efficiency:
         return self.fraction <= TARGET_FRACTION
 
 
-#: the issue's target: within 3% of the exhaustive best, in at most 20% of the space's size
+#: the target: within 3% of the exhaustive best, in at most 20% of the space's size
 TARGET_FRACTION = 0.20
 
 

@@ -86,6 +86,16 @@ def test_readme_is_short_and_keeps_the_test_command():
     assert "pytest" in command and "pip install" in command
 
 
+def test_readme_quotes_the_current_matmul_version():
+    from tunesvc.template import get_template
+
+    quoted = re.search(r"`([0-9a-f]{12})` is matmul's here", README)
+    assert quoted, "README's tour no longer names matmul's current version"
+    assert quoted.group(1) == get_template("matmul").version, (
+        "matmul's version changed: rerun the README's two commands and its tour, and paste their output"
+    )
+
+
 def test_readme_and_docs_describe_the_product_not_its_history():
     pattern = re.compile(r"\bsession\b|\brun \d+\b|\bthe issue\b|\(20\d\d-\d\d-\d\d|\bissue \d+\b", re.IGNORECASE)
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:

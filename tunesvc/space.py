@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import hashlib
 import itertools
 import json
 import math
 import operator
+import re
 import tomllib
 from dataclasses import dataclass
 from dataclasses import field
@@ -63,6 +65,29 @@ def _next_pow2(x: int) -> int:
     return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
 
 
+#: bounds on a constraint expression, checked at load: a space file may come from anyone, and
+#: each bound stops an expression from hanging or crashing the loader (``9**9**9``, a sum of
+#: thousands of terms, parentheses nested thousands deep)
+MAX_EXPRESSION_CHARS = 1000
+MAX_EXPRESSION_OPERATORS = 100
+MAX_EXPRESSION_DEPTH = 32
+MAX_CONSTANT = 2**64
+MAX_EXPONENT = 64
+#: bounds on a space file: its size, its parameters' choices and values, and its configs
+MAX_FILE_BYTES = 1 << 20
+MAX_CHOICES = 256
+MAX_CHOICE_VALUE = 2**31 - 1
+MAX_TEXT_CHOICE = 64
+MAX_SPACE_SIZE = 1_000_000
+
+
+def _pow(base: Any, exponent: Any) -> Any:
+    """``base ** exponent`` with the exponent bounded: a problem size as exponent must not hang a sweep."""
+    if not -MAX_EXPONENT <= exponent <= MAX_EXPONENT:
+        raise OverflowError(f"exponent {exponent} is beyond +-{MAX_EXPONENT}")
+    return base**exponent
+
+
 _BINOPS = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -70,7 +95,7 @@ _BINOPS = {
     ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv,
     ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
+    ast.Pow: _pow,
 }
 _CMPOPS = {
     ast.Lt: operator.lt,
@@ -81,6 +106,41 @@ _CMPOPS = {
     ast.NotEq: operator.ne,
 }
 _FUNCS = {"min": min, "max": max, "abs": abs, "next_pow2": _next_pow2, "cdiv": lambda a, b: -(-a // b)}
+#: (fewest, most) arguments of each function; None: no upper bound
+_ARITY = {"min": (2, None), "max": (2, None), "abs": (1, 1), "next_pow2": (1, 1), "cdiv": (2, 2)}
+
+
+def _check_size(source: str) -> None:
+    if len(source) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"is {len(source)} characters long; keep an expression under {MAX_EXPRESSION_CHARS}")
+    operators = sum(source.count(c) for c in "+-*/%<>=,") + len(re.findall(r"\b(?:and|or|not|if)\b", source))
+    if operators > MAX_EXPRESSION_OPERATORS:
+        raise ValueError(
+            f"has about {operators} operators; keep it under {MAX_EXPRESSION_OPERATORS} or split it into several constraints"
+        )
+    depth = deepest = 0
+    for c in source:
+        depth += (c in "([{") - (c in ")]}")
+        deepest = max(deepest, depth)
+    if deepest > MAX_EXPRESSION_DEPTH:
+        raise ValueError(f"nests parentheses {deepest} deep; keep it under {MAX_EXPRESSION_DEPTH}")
+
+
+def _is_zero(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and not isinstance(node.value, str) and node.value == 0
+
+
+def _small_exponent(node: ast.AST) -> bool:
+    """A name (bounded when evaluated, see _pow) or a literal whole number from 0 to MAX_EXPONENT."""
+    if isinstance(node, ast.Name):
+        return True
+    return isinstance(node, ast.Constant) and type(node.value) is int and 0 <= node.value <= MAX_EXPONENT
+
+
+def _is_text(node: ast.AST, text_names: set[str]) -> bool:
+    return (isinstance(node, ast.Constant) and isinstance(node.value, str)) or (
+        isinstance(node, ast.Name) and node.id in text_names
+    )
 
 
 class Expression:
@@ -93,10 +153,11 @@ class Expression:
 
     def __init__(self, source: str) -> None:
         self.source = source
+        _check_size(source)  # before ast.parse, whose own recursion a long or deep text can exhaust
         try:
             self._tree = ast.parse(source, mode="eval").body
-        except SyntaxError as exc:
-            raise ValueError(f"is not a valid expression ({exc.msg})") from None
+        except (SyntaxError, ValueError) as exc:  # ValueError: a NUL character
+            raise ValueError(f"is not a valid expression ({getattr(exc, 'msg', exc)})") from None
         self.names = set()
         #: (name, text) for each comparison of a name with a string literal, e.g. VARIANT == 'tma'
         self.string_comparisons: set[tuple[str, str]] = set()
@@ -104,24 +165,36 @@ class Expression:
         self._arg_names = tuple(sorted(self.names))
         self._function = _compile(self._tree, self._arg_names, source)
 
-    def _check(self, node: ast.AST) -> None:
+    def _check(self, node: ast.AST, depth: int = 0) -> None:
+        if depth > MAX_EXPRESSION_DEPTH:
+            raise ValueError(f"nests deeper than {MAX_EXPRESSION_DEPTH} levels; split it into several constraints")
+        depth += 1
         if isinstance(node, ast.Constant):
             if not isinstance(node.value, (int, float, bool)):
                 raise ValueError(
                     f"uses the literal {node.value!r}; only numbers are allowed, and strings compared with a name"
                 )
+            if not (abs(node.value) <= MAX_CONSTANT):  # also refuses nan
+                raise ValueError(f"uses the number {node.value!r}; numbers must lie within +-2**64")
         elif isinstance(node, ast.Name):
             self.names.add(node.id)
         elif isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            self._check(node.left)
-            self._check(node.right)
+            if isinstance(node.op, ast.Pow) and not _small_exponent(node.right):
+                raise ValueError(
+                    f"raises to '{ast.unparse(node.right)}'; an exponent must be a name or a whole number "
+                    f"from 0 to {MAX_EXPONENT}"
+                )
+            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and _is_zero(node.right):
+                raise ValueError(f"divides by zero in '{ast.unparse(node)}'")
+            self._check(node.left, depth)
+            self._check(node.right, depth)
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
-            self._check(node.operand)
+            self._check(node.operand, depth)
         elif isinstance(node, ast.Compare) and all(type(op) in _CMPOPS for op in node.ops):
             operands = [node.left, *node.comparators]
             for i, operand in enumerate(operands):
                 if not (isinstance(operand, ast.Constant) and isinstance(operand.value, str)):
-                    self._check(operand)
+                    self._check(operand, depth)
                     continue
                 names = [o.id for o in operands[max(i - 1, 0) : i + 2] if isinstance(o, ast.Name)]
                 if not names:
@@ -129,24 +202,53 @@ class Expression:
                 self.string_comparisons.update((name, operand.value) for name in names)
         elif isinstance(node, ast.BoolOp):
             for value in node.values:
-                self._check(value)
+                self._check(value, depth)
         elif isinstance(node, ast.IfExp):
             for part in (node.test, node.body, node.orelse):
-                self._check(part)
+                self._check(part, depth)
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
             and node.func.id in _FUNCS
             and not node.keywords
+            and not any(isinstance(arg, ast.Starred) for arg in node.args)
         ):
+            fewest, most = _ARITY[node.func.id]
+            if len(node.args) < fewest or (most is not None and len(node.args) > most):
+                wanted = f"{fewest}" if fewest == most else f"at least {fewest}"
+                raise ValueError(
+                    f"calls {node.func.id} with {len(node.args)} argument(s) in '{ast.unparse(node)}'; "
+                    f"it takes {wanted}"
+                )
+            if node.func.id == "cdiv" and _is_zero(node.args[1]):
+                raise ValueError(f"divides by zero in '{ast.unparse(node)}'")
             for arg in node.args:
-                self._check(arg)
+                self._check(arg, depth)
         else:
             allowed = ", ".join(sorted(_FUNCS))
             raise ValueError(
                 f"uses '{ast.unparse(node)}', which is not allowed "
                 f"(arithmetic, comparisons, and/or/not, and {allowed} only)"
             )
+
+    def check_types(self, text_names: set[str]) -> None:
+        """Refuse a use of a text parameter (e.g. VARIANT) other than comparing it with text:
+        ``VARIANT + 1`` or ``VARIANT < 4`` would fail at every config, not at load."""
+        for node in ast.walk(self._tree):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                for left, op, right in zip(operands, node.ops, operands[1:]):
+                    kinds = {_is_text(left, text_names), _is_text(right, text_names)}
+                    if len(kinds) == 2 and not isinstance(op, (ast.Eq, ast.NotEq)):
+                        raise ValueError(f"compares text with a number in '{ast.unparse(node)}'")
+                continue
+            children = list(ast.iter_child_nodes(node))
+            for child in children:
+                if isinstance(child, ast.Name) and child.id in text_names and not isinstance(node, ast.Compare):
+                    raise ValueError(
+                        f"uses the text parameter {child.id} in '{ast.unparse(node)}'; compare it with one of its "
+                        f"choices instead, e.g. {child.id} == '...'"
+                    )
 
     def __reduce__(self) -> tuple[type[Expression], tuple[str]]:
         # a compiled lambda does not pickle (templates go to compile workers): rebuild from the text
@@ -211,6 +313,12 @@ class _Lower(ast.NodeTransformer):
         self.generic_visit(node)
         return ast.copy_location(ast.UnaryOp(ast.Not(), ast.UnaryOp(ast.Not(), node)), node)
 
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        if not isinstance(node.op, ast.Pow):
+            return node
+        return ast.copy_location(ast.Call(ast.Name("_pow", ast.Load()), [node.left, node.right], []), node)
+
 
 def _compile(tree: ast.AST, arg_names: tuple[str, ...], source: str) -> Any:
     body = _Lower(arg_names).visit(copy.deepcopy(tree))
@@ -224,7 +332,7 @@ def _compile(tree: ast.AST, arg_names: tuple[str, ...], source: str) -> Any:
     lambda_tree = ast.fix_missing_locations(ast.Expression(ast.Lambda(params, body)))
     code = compile(lambda_tree, f"<constraint {source!r}>", "eval")
     # safe: Expression._check admitted only arithmetic, comparisons, and/or/not, if-else and _FUNCS
-    return eval(code, {"__builtins__": {}, **_FUNCS})
+    return eval(code, {"__builtins__": {}, **_FUNCS, "_pow": _pow})
 
 
 @dataclass(frozen=True)
@@ -254,15 +362,39 @@ class Space:
 
     @classmethod
     def from_toml(cls, path: str | Path, problem_vars: tuple[str, ...] = ()) -> Space:
-        """Load and validate a space file; any problem is one line naming the file and key."""
+        """Load and validate a space file; any problem is one line naming the file and key.
+
+        The file is checked against a schema (:func:`_validate_file`) and bounded (its size, its
+        choices, its number of configs, each constraint's size and depth) before anything else.
+        """
         path = Path(path)
         try:
-            data = tomllib.loads(path.read_text())
+            if path.is_dir():
+                raise TunesvcError(f"{path} is a folder; pass a space file (.toml).")
+            with path.open("rb") as handle:
+                raw = handle.read(MAX_FILE_BYTES + 1)
         except FileNotFoundError:
             raise TunesvcError(f"{path}: space file not found; check the path.") from None
+        except OSError as exc:
+            raise TunesvcError(f"{path}: cannot read the space file ({exc.strerror or exc}); check the path.") from None
+        if len(raw) > MAX_FILE_BYTES:
+            raise TunesvcError(f"{path}: the space file is over {MAX_FILE_BYTES >> 20} MiB; a space file is a few KiB.")
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise TunesvcError(f"{path}: not UTF-8 text (byte {exc.start}); save the space file as UTF-8.") from None
         except tomllib.TOMLDecodeError as exc:
             raise TunesvcError(f"{path}: not valid TOML ({exc}); fix the syntax.") from None
-        return cls.from_dict(data, source=str(path), problem_vars=problem_vars)
+        except RecursionError:
+            raise TunesvcError(f"{path}: not valid TOML (nested too deeply); fix the syntax.") from None
+        _validate_file(data, str(path))
+        space = cls.from_dict(data, source=str(path), problem_vars=problem_vars)
+        if space.size > MAX_SPACE_SIZE:
+            raise TunesvcError(
+                f"{path}: [params] spans {space.size:,} configs, over the {MAX_SPACE_SIZE:,} a sweep can enumerate; "
+                "list fewer choices."
+            )
+        return space
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<memory>", problem_vars: tuple[str, ...] = ()) -> Space:
@@ -301,6 +433,7 @@ class Space:
                 raise fail(key, 'must be an expression in a string, e.g. "BLOCK_M <= 128"')
             try:
                 expr = Expression(text)
+                expr.check_types({n for n, p in parameters.items() if isinstance(p.choices[0], str)})
             except ValueError as exc:
                 raise fail(key, str(exc)) from None
             missing = sorted(expr.names - known)
@@ -316,7 +449,18 @@ class Space:
     def violations(self, config: Config, problem_env: dict[str, Any], device_env: dict[str, Any]) -> list[str]:
         """Names of the constraints this config breaks (empty when it is feasible)."""
         env = {**device_env, **problem_env, **self.with_defaults(config)}
-        return [name for name, expr in self.constraints.items() if not expr(env)]
+        return [name for name, expr in self.constraints.items() if not self._holds(name, expr, env)]
+
+    def _holds(self, name: str, expr: Expression, env: dict[str, Any]) -> bool:
+        """The constraint's value, or one line naming it where it cannot be evaluated (``M // 0``)."""
+        try:
+            return bool(expr(env))
+        except (ArithmeticError, TypeError, ValueError, KeyError, RecursionError) as exc:
+            shown = {n: env[n] for n in sorted(expr.names) if n in env}
+            raise TunesvcError(
+                f"{self.source}: [constraints.{name}] cannot be evaluated for {shown} "
+                f"({type(exc).__name__}: {exc}); fix the expression."
+            ) from None
 
     def __getstate__(self) -> dict[str, Any]:
         # templates travel to compile and measuring workers with their space: not with this cache
@@ -364,16 +508,28 @@ class Space:
     def _build_feasible(self, problem_env: dict[str, Any], device_env: dict[str, Any]) -> list[Config]:
         names = self.names
         depth = {name: i + 1 for i, name in enumerate(names)}
-        levels: list[list[Expression]] = [[] for _ in range(len(names) + 1)]  # 0: no parameter
-        for expr in self.constraints.values():
-            levels[max((depth[n] for n in expr.names if n in depth), default=0)].append(expr)
+        levels: list[list[tuple[str, Expression]]] = [[] for _ in range(len(names) + 1)]  # 0: no parameter
+        for cname, expr in self.constraints.items():
+            levels[max((depth[n] for n in expr.names if n in depth), default=0)].append((cname, expr))
         base = {**device_env, **problem_env}
-        envs = [base] if all(expr(base) for expr in levels[0]) else []
-        for name, checks in zip(names, levels[1:]):
-            choices = self.parameters[name].choices
-            extended = ({**env, name: value} for env in envs for value in choices)
-            envs = [env for env in extended if all(expr(env) for expr in checks)]
+        try:
+            envs = [base] if all(expr(base) for _, expr in levels[0]) else []
+            for name, checks in zip(names, levels[1:]):
+                choices = self.parameters[name].choices
+                extended = ({**env, name: value} for env in envs for value in choices)
+                envs = [env for env in extended if all(expr(env) for _, expr in checks)]
+        except (ArithmeticError, TypeError, ValueError, KeyError, RecursionError):
+            # rare (a bug in the space): walk again, checking one by one, to name the constraint
+            self._name_the_failure(levels, base)
+            raise
         return [{name: env[name] for name in names} for env in envs]
+
+    def _name_the_failure(self, levels: list[list[tuple[str, Expression]]], base: dict[str, Any]) -> None:
+        envs = [base]
+        for name, checks in zip([None, *self.names], levels):
+            if name is not None:
+                envs = [{**env, name: value} for env in envs for value in self.parameters[name].choices]
+            envs = [env for env in envs if all(self._holds(cname, expr, env) for cname, expr in checks)]
 
     def suggest(self, trial: optuna.Trial) -> Config:
         """Draw a config through an Optuna trial (one categorical per parameter)."""
@@ -413,3 +569,71 @@ def _parse_choices(spec: Any, fail) -> tuple[int, ...] | tuple[str, ...]:
         low, high = bounds
         return tuple(1 << e for e in range(low.bit_length() - 1, high.bit_length()))
     raise fail("must be a list of integers, a list of strings, or { pow2 = [low, high] }")
+
+
+def _validate_file(data: dict[str, Any], source: str) -> None:
+    """Check a parsed space file against its schema; the first problem is one line naming its
+    ``[section.key]``. pydantic checks the shape (sections, tables, strings, choices' types and
+    bounds); :meth:`Space.from_dict` then checks the meaning (launch options, constraint names)."""
+    from pydantic import ValidationError
+
+    try:
+        _space_schema().validate_python(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = [str(part) for part in error["loc"] if part != "[key]"][:2]
+        where = ".".join(loc) or "file"
+        message = _SCHEMA_MESSAGES.get((error["type"], len(loc)), error["msg"].removeprefix("Value error, "))
+        raise TunesvcError(f"{source}: [{where}] {message}.") from None
+    except RecursionError:
+        raise TunesvcError(f"{source}: nests tables too deeply; a space file has three flat tables.") from None
+
+
+_SCHEMA_MESSAGES = {
+    ("extra_forbidden", 1): "is not a known section; use [params], [launch] or [constraints]",
+    ("dict_type", 1): 'must be a table of name = choices (or name = "expression" under [constraints])',
+    ("string_type", 2): 'must be an expression in a string, e.g. "BLOCK_M <= 128"',
+    ("string_pattern_mismatch", 2): "is not a valid name; use letters, digits and _, not starting with a digit",
+    ("string_too_long", 2): f"is over {MAX_EXPRESSION_CHARS} characters; split it into several constraints",
+}
+
+
+def _check_choices(spec: Any) -> Any:
+    """The schema's check of one parameter's choices: their types and bounds (not yet expanded)."""
+
+    def fail(problem: str) -> ValueError:
+        return ValueError(problem)
+
+    choices = _parse_choices(spec, fail)
+    if len(choices) > MAX_CHOICES:
+        raise ValueError(f"has {len(choices)} choices; list at most {MAX_CHOICES}")
+    for value in choices:
+        if isinstance(value, str) and len(value) > MAX_TEXT_CHOICE:
+            raise ValueError(f"has a choice over {MAX_TEXT_CHOICE} characters")
+        if isinstance(value, int) and not -MAX_CHOICE_VALUE <= value <= MAX_CHOICE_VALUE:
+            raise ValueError(f"has the choice {value}, beyond +-(2**31 - 1) that a kernel launch takes")
+    return spec
+
+
+@functools.cache
+def _space_schema() -> Any:
+    """The pydantic schema of a space file (built on first use: the runtime rarely loads one)."""
+    from typing import Annotated
+
+    from pydantic import BaseModel
+    from pydantic import BeforeValidator
+    from pydantic import ConfigDict
+    from pydantic import StringConstraints
+    from pydantic import TypeAdapter
+
+    Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=64)]
+    Choices = Annotated[Any, BeforeValidator(_check_choices)]
+    Text = Annotated[str, StringConstraints(max_length=MAX_EXPRESSION_CHARS)]
+
+    class SpaceFile(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        params: dict[Name, Choices] = {}
+        launch: dict[Name, Choices] = {}
+        constraints: dict[Name, Text] = {}
+
+    return TypeAdapter(SpaceFile)

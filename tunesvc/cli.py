@@ -357,7 +357,13 @@ def _sweep_on_workers(
         codes = [
             p.wait()
             for p in jobs.spawn_workers(
-                store.url, batch, slots, time_budget=time_budget, patience=patience, compile_workers=workers
+                store.url,
+                batch,
+                slots,
+                time_budget=time_budget,
+                patience=patience,
+                compile_workers=workers,
+                kernel=kernel,
             )
         ]
         rows = jobs.jobs(store, batch)

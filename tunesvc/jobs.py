@@ -55,6 +55,8 @@ HEARTBEAT_S = 5.0
 STALE_S = 60.0
 #: how long a worker keeps retrying an unreachable database before it gives up (seconds)
 RETRY_S = 300.0
+#: the kernel name a sweep's command gave, passed to its workers: the one module path a job row may name
+JOB_KERNEL_ENV = "TUNESVC_JOB_KERNEL"
 
 
 @dataclass(frozen=True)
@@ -265,7 +267,7 @@ def work(
     """
     from tunesvc.sweep import compile_pool
     from tunesvc.sweep import run_sweep
-    from tunesvc.template import get_template
+    from tunesvc.template import template_named_by_data
 
     worker = worker or f"{socket.gethostname()}:{os.getpid()}:gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '-')}"
     log = log or (lambda line: print(f"[{worker}] {line}", file=sys.stderr, flush=True))
@@ -287,7 +289,8 @@ def work(
                         return done
                     time.sleep(min(heartbeat_s, 1.0))  # a running job comes back if its worker dies
                     continue
-                template = get_template(held.kernel)
+                # the job row's name: shipped, an entry point, or the kernel this sweep's command named
+                template = template_named_by_data(held.kernel, (os.environ.get(JOB_KERNEL_ENV),))
                 problem = template.problem(**held.problem)
                 try:
                     with _Heartbeat(store, held.id, worker, heartbeat_s):
@@ -379,15 +382,19 @@ def spawn_workers(
     time_budget: float | None = None,
     patience: int | None = None,
     compile_workers: int | None = None,
+    kernel: str | None = None,
 ) -> list[subprocess.Popen]:
     """One ``python -m tunesvc.jobs`` process per slot, each seeing only its own GPU (see :func:`work`).
 
     The database URL goes through the environment, not the command line, where ``ps`` would show
-    its password.
+    its password. So does ``kernel``, the name the sweep's command gave: the one module path
+    a worker may import for a job row (see tunesvc.template.template_named_by_data).
     """
     processes = []
     for slot in slots:
         env = {**os.environ, "TUNESVC_DB": db}
+        if kernel is not None:
+            env[JOB_KERNEL_ENV] = kernel
         if slot is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot
         command = [

@@ -253,7 +253,7 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
                 kernel=kv.kernel, version=kv.version, device=device, sweeps=len(stats), sweep_seconds=sum(stats)
             )
             if kv.kernel not in templates:
-                templates[kv.kernel] = _template(kv.kernel)
+                templates[kv.kernel] = _template(kv.kernel, (kernel,))
             template = templates[kv.kernel]
             section.peer_name = template.peer_name if template is not None else ""
             if template is None:
@@ -320,11 +320,12 @@ def _peer_ms(timed: list[Any], winner_trial: Any, problem: dict[str, Any] | None
     return same[-1].peer_ms if same else None
 
 
-def _template(name: str) -> Template | None:
-    from tunesvc.template import get_template
+def _template(name: str, allowed: tuple[str | None, ...] = ()) -> Template | None:
+    from tunesvc.template import template_named_by_data
 
     try:
-        return get_template(name)
+        # a name from the database: never a module path the data chooses (see template_named_by_data)
+        return template_named_by_data(name, allowed)
     except Exception:  # a user's template that is not importable here: report without it
         return None
 

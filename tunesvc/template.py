@@ -308,12 +308,18 @@ SHIPPED = {
 
 
 def get_template(name: str) -> Template:
-    """A template by shipped name, entry point name, or ``package.module:attribute``."""
+    """A template by shipped name, entry point name, or ``package.module:attribute``.
+
+    Only for names a user gives (command line, code): a name read from a database, bundle or
+    job row goes through :func:`template_named_by_data`, which never imports a module it names.
+    """
     if ":" in name:
         module_name, _, attr = name.partition(":")
+        if not module_name or not attr:
+            raise TunesvcError(f"'{name}' is not a template path; write it as package.module:attribute.")
         try:
             obj = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
+        except (ImportError, AttributeError, ValueError, TypeError) as exc:
             raise TunesvcError(f"Cannot load template '{name}' ({exc}); check the module path.") from None
         return _instantiate(obj, name)
     if name in SHIPPED:
@@ -324,6 +330,19 @@ def get_template(name: str) -> Template:
             return _instantiate(ep.load(), name)
     raise TunesvcError(
         f"Unknown kernel '{name}'; run `tune kernels` to list them, or pass a template as module:attribute."
+    )
+
+
+def template_named_by_data(name: str, allowed: tuple[str | None, ...] = ()) -> Template:
+    """The template of a kernel name read from stored data: a shipped one or a registered entry
+    point, or one of ``allowed`` (names the user gave on the command line). Data never chooses
+    a module to import: a shared database could name any module on the reader's path.
+    """
+    if name in allowed or name in SHIPPED or any(ep.name == name for ep in entry_points(group="tunesvc.templates")):
+        return get_template(name)
+    raise TunesvcError(
+        f"Kernel '{name}' in the stored data is neither shipped nor a registered tunesvc.templates entry "
+        "point, so it is not imported; name it on the command line (--kernel module:attribute) to use it."
     )
 
 

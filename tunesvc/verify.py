@@ -25,7 +25,7 @@ from tunesvc.bench import Bench
 from tunesvc.device import Device
 from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
-from tunesvc.template import get_template
+from tunesvc.template import template_named_by_data
 
 if TYPE_CHECKING:
     from tunesvc.bench import Measurement
@@ -76,7 +76,8 @@ def verify(
     for entry, tuned_on in store.winners_with_devices(kernel=kernel, hardware_id=device.hardware_id):
         if entry.kernel not in templates:
             try:
-                templates[entry.kernel] = get_template(entry.kernel)
+                # a name from the database: never a module path the data chooses
+                templates[entry.kernel] = template_named_by_data(entry.kernel, (kernel,))
             except TunesvcError:
                 templates[entry.kernel] = None  # a decorator's kernel, or one not installed here
         template = templates[entry.kernel]

@@ -16,7 +16,8 @@ second proposal of TPE after them is moved onto the incumbent's neighbourhood (s
 
 With ``storage`` (a database URL: the store's own) the study lives in that database, in
 Optuna's tables beside tunesvc's (Optuna's RDBStorage), named by the caller, so a killed sweep
-resumes its study and Optuna's own tools (optuna-dashboard) can read it.
+resumes its study and Optuna's own tools (optuna-dashboard) can read it; CMA-ES excepted, whose
+sampler state is a pickle (see :class:`CmaEsStrategy`).
 """
 
 from __future__ import annotations
@@ -449,9 +450,27 @@ class _IndexEncoded(OptunaStrategy):
 
 
 class CmaEsStrategy(_IndexEncoded):
-    """Optuna's CMA-ES sampler (needs the ``cmaes`` package) over the index-encoded space."""
+    """Optuna's CMA-ES sampler (needs the ``cmaes`` package) over the index-encoded space.
+
+    Its study lives in memory, never in the database: Optuna's CmaEsSampler keeps its optimizer
+    as a pickle in the trials' system attributes (``cma:optimizer:*``) and unpickles it from
+    there, so a study read from a shared database could run code. A resumed sweep rebuilds the
+    study from the stored trials instead (told as trials, as for an in-memory study).
+    """
 
     name = "cmaes"
+
+    def __init__(
+        self,
+        space: Space,
+        candidates: list[Config],
+        *,
+        seed: int = 0,
+        initial: list[Config] = (),
+        storage: str | None = None,
+        study_name: str | None = None,
+    ) -> None:
+        super().__init__(space, candidates, seed=seed, initial=initial, storage=None, study_name=None)
 
     def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         try:

@@ -371,7 +371,10 @@ def _sweep_one(
                 clock.lap("checking and timing")
             # one transaction per batch: many workers on one database commit once per batch, not
             # per trial (benchmarks/write_throughput.py); a kill loses at most the batch in flight
-            ids = store.add_trials(sweep_id, kv_id, device_id, key, results)
+            # with a --budget, the store counts every writer's trials of this key against it
+            ids = store.add_trials(
+                sweep_id, kv_id, device_id, key, results, budget=limit if budget is not None else None
+            )
             clock.lap("trial writes")
             for (config, h, m), trial_id in zip(results, ids):
                 if trial_id is not None:
@@ -387,6 +390,8 @@ def _sweep_one(
                 if on_trial:
                     on_trial(TrialEvent(problem, key, len(search.told), limit, config, m, best))
             clock.lap("search")
+            if budget is not None and None in ids and store.trial_count(kv_id, device_id, key) >= limit:
+                break  # sweeps of this key beside this one used the rest of the budget
         if stopped == "budget" and search.exhausted:
             stopped = "exhausted"
         clock.lap("search")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import socket
 import time
+import zlib
 from collections.abc import Iterator
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -20,12 +22,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import create_engine
+from sqlalchemy import delete
 from sqlalchemy import event
 from sqlalchemy import func
 from sqlalchemy import insert
+from sqlalchemy import literal
 from sqlalchemy import select
+from sqlalchemy import text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import make_url
@@ -99,6 +105,8 @@ class Store:
     def __init__(self, db: str | os.PathLike | None = None, *, readonly: bool = False, upgrade: bool = False) -> None:
         if readonly and upgrade:
             raise ValueError("a read-only store cannot upgrade its database")
+        if db is not None and not str(db).strip():
+            raise TunesvcError("The database name is empty; pass a file path or a SQLAlchemy URL to --db.")
         self.url = resolve_url(db)
         try:
             url = make_url(self.url)
@@ -106,6 +114,8 @@ class Store:
             raise TunesvcError(
                 f"'{self.url}' is not a database URL; pass a file path or a SQLAlchemy URL to --db."
             ) from None
+        except ValueError as exc:  # a port that is not a number
+            raise TunesvcError(f"'{self.url}' is not a database URL ({exc}); check the --db URL.") from None
         self.is_sqlite = url.get_backend_name() == "sqlite"
         self.path = url.database if self.is_sqlite else None
         self.readonly = readonly
@@ -117,8 +127,10 @@ class Store:
                 raise TunesvcError(f"{path} is a directory; pass a database file to --db.")
             if not readonly and not path.parent.exists():
                 raise TunesvcError(f"Cannot create {path}: folder {path.parent} does not exist.")
+            if path.exists():
+                _check_sqlite_file(path)
             if readonly:
-                url = url.set(database=f"file:{path.resolve()}?mode=ro", query={"uri": "true"})
+                url = url.set(database=_readonly_uri(path), query={"uri": "true"})
         try:
             # no pool_pre_ping (a round trip per transaction): a connection that died with its server
             # fails once, SQLAlchemy then drops the whole pool, and callers retry (tunesvc.jobs)
@@ -144,6 +156,8 @@ class Store:
         cursor.close()
 
     def _prepare_schema(self, upgrade: bool = False) -> None:
+        if self.is_sqlite and self.path not in (None, "", ":memory:") and Path(self.path).exists():
+            self._quick_check()
         with self.engine.connect() as connection:
             found, _ = _migrate.revision_of(connection, self._where())  # refuses foreign and newer ones
             views = _migrate.prefixed_views(connection) if self.readonly and found in _migrate.UNPREFIXED else None
@@ -166,6 +180,17 @@ class Store:
             # WAL lets readers (the runtime, `tune show`) run beside a sweep that writes; set only
             # once the file is known to be ours, since it rewrites the file's header
             self._use_wal()
+
+    def _quick_check(self) -> None:
+        """Refuse a damaged file before reading or writing it: SQLite's quick_check (the
+        integrity check without its index cross-checks, linear in the file's size; about 10 ms
+        for 6 MB)."""
+        with self.engine.connect() as connection:
+            problems = connection.exec_driver_sql("PRAGMA quick_check(1)").scalars().all()
+        if problems != ["ok"]:
+            raise TunesvcError(
+                f"{self._where()} is damaged ({str(problems[0])[:120]}); restore it from a copy or pass another --db."
+            )
 
     def _use_wal(self) -> None:
         """Switch the file to WAL once (the mode persists in the file).
@@ -207,13 +232,31 @@ class Store:
             where = self._where()
             if "file is not a database" in text or "file is encrypted" in text:
                 raise TunesvcError(f"{where} is not a SQLite database; pass another --db path.") from None
+            if "malformed" in text or "corrupt" in text:
+                raise TunesvcError(
+                    f"{where} is damaged ({text.splitlines()[0]}); restore it from a copy or pass another --db."
+                ) from None
             if "readonly" in text or "read-only" in text:
                 raise TunesvcError(f"{where} is read-only; make it writable or pass another --db.") from None
             if "unable to open" in text:
                 raise TunesvcError(f"Cannot open {where}; check that the folder exists and is writable.") from None
-            if "disk is full" in text or "No space left" in text or "could not extend file" in text:
+            if (
+                "disk is full" in text
+                or "No space left" in text
+                or "could not extend file" in text
+                or (self.is_sqlite and "disk I/O error" in text and _nearly_full(self.path))
+            ):
                 raise TunesvcError(
                     f"{where} is full (no space left); free space and run again: the sweep resumes."
+                ) from None
+            if "disk I/O error" in text:
+                raise TunesvcError(
+                    f"Reading or writing {where} failed (disk I/O error); check the disk and its free space."
+                ) from None
+            if self.is_sqlite and not isinstance(exc, IntegrityError):
+                raise TunesvcError(
+                    f"Database {where} failed: {text.splitlines()[0] if text else type(exc).__name__}; "
+                    "check the file, or pass another --db."
                 ) from None
             lost = exc.connection_invalidated or "connection" in text.lower()
             if not self.is_sqlite and isinstance(exc, (OperationalError, InterfaceError)) and lost:
@@ -339,12 +382,19 @@ class Store:
         device_id: int,
         shape_key: str,
         measured: Sequence[tuple[Config, str, Measurement]],
+        budget: int | None = None,
     ) -> list[int | None]:
         """Store (config, config hash, measurement)s in one transaction: all of them or, if it fails, none.
 
         The new trial's id per item, in order; None for a config already stored (by another
         writer, or earlier in ``measured``): it is skipped and the others still go in. Ids, not
         ORM rows: building a Trial object cost a fifth of the CPU per stored row.
+
+        With ``budget``, the key never holds more than ``budget`` trials, whatever other writers
+        store at once: the items past it are not stored (None). The count is taken after this
+        transaction's insert, under the write lock that the insert holds (SQLite) or under a
+        transaction-scoped advisory lock of the key (PostgreSQL), so concurrent sweeps of one key
+        count each other's trials.
         """
         now = utcnow()
         values = [
@@ -366,16 +416,80 @@ class Store:
             for config, digest, m in measured
         ]
         with self._errors(), self.engine.begin() as connection:
+            if budget is not None and values and connection.dialect.name == "postgresql":
+                lock = zlib.crc32(f"{kv_id}:{device_id}:{shape_key}".encode())
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": lock})
             if self._insert_new_trials is not None:
                 ids = dict(connection.execute(self._insert_new_trials, values).all()) if values else {}
             else:
                 ids = {v["config_hash"]: new for v in values if (new := _insert_one(connection, v)) is not None}
+            if budget is not None and ids:
+                over = self._count_trials(connection, kv_id, device_id, shape_key) - budget
+                if over > 0:  # other writers filled the budget meanwhile: drop this batch's last ones
+                    dropped = sorted(ids.values())[-over:]
+                    connection.execute(delete(Trial).where(Trial.id.in_(dropped)))
+                    ids = {h: i for h, i in ids.items() if i not in dropped}
         return [
             ids.pop(v["config_hash"], None) for v in values
         ]  # popped: a config twice in ``measured`` is stored once
 
+    @staticmethod
+    def _count_trials(connection, kv_id: int, device_id: int, shape_key: str) -> int:
+        return connection.scalar(
+            select(func.count())
+            .select_from(Trial)
+            .where(Trial.kernel_version_id == kv_id, Trial.device_id == device_id, Trial.shape_key == shape_key)
+        )
+
+    def trial_count(self, kv_id: int, device_id: int, shape_key: str) -> int:
+        """Trials stored for one key, by every writer (what a sweep's budget counts)."""
+        with self._errors(), self.engine.connect() as connection:
+            return self._count_trials(connection, kv_id, device_id, shape_key)
+
     def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> Winner | None:
-        """Make the fastest correct trial of this key the winner (or none, if none is correct)."""
+        """Make the fastest correct trial of this key the winner (or none, if none is correct).
+
+        One INSERT ... SELECT ... ON CONFLICT DO UPDATE (SQLite, PostgreSQL): choosing the best
+        trial and writing it is one statement, so sweeps of one key that finish at once neither
+        break the winners' unique constraint nor replace a faster winner with a slower one
+        (``_winner_upsert`` says when a stored winner is replaced).
+        """
+        dialect_insert = _dialect_insert(self.engine.dialect)
+        if dialect_insert is None:
+            return self._update_winner_by_select(kv_id, device_id, shape_key)
+        best = (
+            select(
+                Trial.kernel_version_id,
+                Trial.device_id,
+                Trial.shape_key,
+                Trial.config,
+                Trial.config_hash,
+                Trial.time_ms,
+                Trial.id,
+                literal(utcnow(), Winner.updated_at.type),
+            )
+            .where(
+                Trial.kernel_version_id == kv_id,
+                Trial.device_id == device_id,
+                Trial.shape_key == shape_key,
+                Trial.status == "ok",
+            )
+            .order_by(Trial.time_ms, Trial.id)
+            .limit(1)
+        )
+        columns = ["kernel_version_id", "device_id", "shape_key", "config", "config_hash", "time_ms", "trial_id"]
+        statement = dialect_insert(Winner).from_select([*columns, "updated_at"], best)
+        with self.session() as session:
+            session.execute(_winner_upsert(statement, replace_own_trial=True))
+        with self.session() as session:
+            return session.scalar(
+                select(Winner).where(
+                    Winner.kernel_version_id == kv_id, Winner.device_id == device_id, Winner.shape_key == shape_key
+                )
+            )
+
+    def _update_winner_by_select(self, kv_id: int, device_id: int, shape_key: str) -> Winner | None:
+        """update_winner for a dialect without ON CONFLICT: select, then insert or update."""
         with self.session() as session:
             best = session.scalar(
                 select(Trial)
@@ -575,17 +689,58 @@ class Store:
                 )
                 session.add(trial)
                 session.flush()
-            winner = next((w for w in stored if w.device_id == device_id), None)
-            if winner is None:
-                winner = Winner(kernel_version_id=kv.id, device_id=device_id, shape_key=shape_key)
-                session.add(winner)
-            winner.config, winner.config_hash, winner.time_ms, winner.trial_id = config, digest, time_ms, trial.id
-            # the runtime takes the newest winner of a key among software stacks: make it this one
-            winner.updated_at = utcnow()
+            values = {
+                "kernel_version_id": kv.id,
+                "device_id": device_id,
+                "shape_key": shape_key,
+                "config": config,
+                "config_hash": digest,
+                "time_ms": time_ms,
+                "trial_id": trial.id,
+                # the runtime takes the newest winner of a key among software stacks: make it this one
+                "updated_at": utcnow(),
+            }
+            dialect_insert = _dialect_insert(self.engine.dialect)
+            if dialect_insert is not None:
+                # one statement: an import beside a sweep of the same key never breaks the unique
+                # constraint, and a winner stored meanwhile stays if it is as fast
+                session.execute(_winner_upsert(dialect_insert(Winner).values(values), replace_own_trial=False))
+            else:
+                winner = next((w for w in stored if w.device_id == device_id), None)
+                if winner is None:
+                    winner = Winner(kernel_version_id=kv.id, device_id=device_id, shape_key=shape_key)
+                    session.add(winner)
+                for name, value in values.items():
+                    setattr(winner, name, value)
             return ("added" if best is None else "replaced"), best
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _dialect_insert(dialect):
+    """The dialect's INSERT with ON CONFLICT (SQLite, PostgreSQL), else None."""
+    return {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(dialect.name)
+
+
+def _winner_upsert(statement, *, replace_own_trial: bool):
+    """``statement`` (an INSERT of a winner row) as INSERT ... ON CONFLICT DO UPDATE.
+
+    A stored winner of the key is replaced when the new one is strictly faster; with
+    ``replace_own_trial`` also when both are the same trial (its time was re-measured), or when
+    the stored one's time no longer matches its trial's (that trial was re-measured slower, or
+    failed): the winner then follows the trials, as a sweep's re-timed finalists need.
+    """
+    excluded = statement.excluded
+    replace = excluded.time_ms < Winner.time_ms
+    if replace_own_trial:
+        own_time = select(Trial.time_ms).where(Trial.id == Winner.trial_id, Trial.status == "ok").scalar_subquery()
+        replace = replace | (excluded.trial_id == Winner.trial_id) | own_time.is_(None) | (own_time != Winner.time_ms)
+    return statement.on_conflict_do_update(
+        index_elements=["kernel_version_id", "device_id", "shape_key"],
+        set_={name: excluded[name] for name in ("config", "config_hash", "time_ms", "trial_id", "updated_at")},
+        where=replace,
+    )
 
 
 def _insert_new_trials(dialect):
@@ -595,7 +750,7 @@ def _insert_new_trials(dialect):
     per stored trial (benchmarks/write_throughput.py). None where the dialect has no ON CONFLICT,
     or no RETURNING (SQLite before 3.35).
     """
-    dialect_insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(dialect.name)
+    dialect_insert = _dialect_insert(dialect)
     if dialect_insert is None or not dialect.insert_returning:
         return None
     # no conflict target: the trials' one unique constraint, by whatever name a migration gives it
@@ -610,6 +765,68 @@ def _insert_one(connection, values: dict) -> int | None:
             return connection.execute(insert(Trial), values).inserted_primary_key[0]
     except IntegrityError:
         return None
+
+
+#: a SQLite file's first 16 bytes (https://www.sqlite.org/fileformat.html#the_database_header)
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_sqlite_file(path: Path) -> None:
+    """Refuse a file that is not a whole SQLite database, from its 100-byte header alone.
+
+    An empty file is a new database (SQLite's own rule). Otherwise the header must be SQLite's,
+    and the file at least as long as the page count the header records (valid where the header
+    says so: its version-valid-for number equals its change counter), and a whole number of pages:
+    a truncated copy fails here, before SQLite reads a page that is not there.
+    """
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            header = handle.read(100)
+    except OSError as exc:
+        raise TunesvcError(f"Cannot read {path} ({exc.strerror or exc}); check its permissions.") from None
+    if size == 0:
+        return
+    if len(header) < 100 or not header.startswith(SQLITE_HEADER):
+        raise TunesvcError(f"{path} is not a SQLite database (its header is not SQLite's); pass another --db path.")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    if page_size < 512 or page_size & (page_size - 1):
+        raise TunesvcError(f"{path} is damaged (page size {page_size} in its header); restore it from a copy.")
+    pages = int.from_bytes(header[28:32], "big")
+    header_valid = header[92:96] == header[24:28] and pages > 0
+    if size % page_size or (header_valid and size < pages * page_size):
+        raise TunesvcError(
+            f"{path} is damaged (truncated: {size} bytes, its header records {pages} pages of {page_size}); "
+            "restore it from a copy or pass another --db."
+        )
+
+
+def _readonly_uri(path: Path) -> str:
+    """The URI that reads a SQLite file without creating or changing any file.
+
+    ``mode=ro`` alone still creates the ``-wal`` and ``-shm`` files beside a WAL database (and so
+    fails on read-only media). Where no ``-wal`` file exists, nothing is mid-write and no writer
+    has the file open (a writer's connection keeps its ``-wal`` until it closes), so the file is
+    opened ``immutable``: no locks, no side files. Where one exists, a writer may be at work, and
+    ``mode=ro`` reads its committed pages through the existing side files.
+    """
+    resolved = path.resolve()
+    quoted = quote(str(resolved))
+    if Path(f"{resolved}-wal").exists():
+        return f"file:{quoted}?mode=ro"
+    return f"file:{quoted}?mode=ro&immutable=1"
+
+
+def _nearly_full(path: str | None) -> bool:
+    """Whether the disk holding ``path`` has under 1 MiB free (SQLite reports a full disk as a
+    disk I/O error where a write of its journal fails)."""
+    if not path:
+        return False
+    try:
+        return shutil.disk_usage(Path(path).resolve().parent).free < (1 << 20)
+    except OSError:
+        return False
 
 
 def _finite(x: float | None) -> float | None:

@@ -177,5 +177,106 @@ def test_six_sweeps_start_optuna_studies_in_one_new_store_at_once(db_url):
         assert _integrity(db_url) == [("ok",)]
 
 
+ROUNDS = 12
+BUDGET = 10
+
+
+def _race_winners(path: str, ids: tuple[int, int, int], writer: int, barrier, results) -> None:
+    """Each round, a new key: store one trial of it, then make its winner, all writers at once
+    (a new key is when two writers can both find no winner and both insert one)."""
+    errors: list[str] = []
+    try:
+        from tunesvc.bench import Measurement
+        from tunesvc.bench import Status
+        from tunesvc.store import Store
+
+        kv, dev, sweep = ids
+        store = Store(path)
+        for i in range(ROUNDS):
+            barrier.wait(timeout=120)
+            key = f"{KEY},round={i}"
+            try:
+                store.add_trial(
+                    sweep, kv, dev, key, {"w": writer}, f"w{writer}", Measurement(Status.OK, time_ms=1.0 + writer)
+                )
+                store.update_winner(kv, dev, key)
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+        store.close()
+    except Exception as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+    results.put((writer, errors))
+
+
+def _fill_budget(path: str, ids: tuple[int, int, int], writer: int, barrier, results) -> None:
+    """Store batches of 3 trials of one key under a budget, all writers at once."""
+    errors: list[str] = []
+    stored = 0
+    try:
+        from tunesvc.bench import Measurement
+        from tunesvc.bench import Status
+        from tunesvc.store import Store
+
+        kv, dev, sweep = ids
+        store = Store(path)
+        barrier.wait(timeout=120)
+        for batch in range(3):
+            items = [
+                ({"w": writer, "b": batch, "i": i}, f"w{writer}-{batch}-{i}", Measurement(Status.OK, time_ms=1.0))
+                for i in range(3)
+            ]
+            try:
+                stored += sum(i is not None for i in store.add_trials(sweep, kv, dev, KEY, items, budget=BUDGET))
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+        store.close()
+    except Exception as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+    results.put((stored, errors))
+
+
+def _key_ids(db_url, template, device) -> tuple[int, int, int]:
+    from tunesvc.store import Store
+
+    store = Store(db_url)
+    kv, dev = store.kernel_version_id(template), store.device_id(device)
+    sweep = store.start_sweep(kv, dev, KEY, {"M": 64, "N": 45, "K": 29, "dtype": "float16"}, "grid", None, 0)
+    store.close()
+    return kv, dev, sweep
+
+
+def test_eight_processes_update_one_winner_at_once(db_url, template, device):
+    """Winners are written by one INSERT ... ON CONFLICT DO UPDATE: no writer breaks the unique
+    constraint, and the winner left is the fastest trial of all writers."""
+    from tunesvc.store import Store
+
+    ids = _key_ids(db_url, template, device)
+    out = _run(_race_winners, lambda i: (db_url, ids, i), WRITERS)
+    assert [e for _, errs in out for e in errs] == []
+    store = Store(db_url, readonly=True)
+    try:
+        winners = {w.shape_key: w.time_ms for w in store.winners()}
+    finally:
+        store.close()
+    assert winners == {f"{KEY},round={i}": 1.0 for i in range(ROUNDS)}  # writer 0's trial, the fastest
+    if "://" not in db_url:
+        assert _integrity(db_url) == [("ok",)]
+
+
+def test_eight_writers_of_one_key_respect_its_budget(db_url, template, device):
+    """Eight writers offering 9 trials each under a budget of 10: exactly 10 are stored."""
+    from tunesvc.store import Store
+
+    ids = _key_ids(db_url, template, device)
+    out = _run(_fill_budget, lambda i: (db_url, ids, i), WRITERS)
+    assert [e for _, errs in out for e in errs] == []
+    store = Store(db_url, readonly=True)
+    try:
+        stored = store.trial_count(*ids[:2], KEY)
+    finally:
+        store.close()
+    assert stored == sum(n for n, _ in out) == BUDGET
+
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__, "-q"])

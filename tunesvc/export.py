@@ -18,6 +18,7 @@ shows up as a readable diff. :func:`import_sources` merges bundles and databases
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -108,66 +109,163 @@ def write_bundles(bundles: dict[str, dict[str, Any]], out: str | os.PathLike) ->
     return list(targets)
 
 
+#: bundles are JSON files of a few MB (10,000 winners: about 2 MB); anything far larger is not one
+MAX_BUNDLE_BYTES = 256 << 20
+
+
 def read_bundle(path: str | os.PathLike, *, check_kernels: bool = True) -> dict[str, Any]:
     """Load and check a bundle; a corrupt or foreign file is one clear error.
 
-    ``check_kernels=False`` checks only the header: the runtime checks one kernel's section
-    when it loads it (:func:`kernel_configs`), not the sections of kernels it never launches.
+    The JSON is read without its non-standard constants (NaN, Infinity) and checked against the
+    bundle's schema (:func:`_schemas`, pydantic): the header here, each kernel's section in
+    :func:`kernel_configs`. ``check_kernels=False`` checks only the header: the runtime checks one
+    kernel's section when it loads it, not the sections of kernels it never launches.
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_bytes())
+        if path.is_dir():
+            raise TunesvcError(f"{path} is a folder; pass a bundle file (.json from `tune export`).")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_BUNDLE_BYTES + 1)
     except FileNotFoundError:
         raise TunesvcError(f"No bundle at {path}; check the path or run `tune export`.") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise TunesvcError(f"Cannot read {path} ({exc.strerror or exc}); check the path.") from None
+    if len(raw) > MAX_BUNDLE_BYTES:
+        raise TunesvcError(f"{path} is over {MAX_BUNDLE_BYTES >> 20} MiB, not a tunesvc bundle; check the path.")
+    try:
+        data = json.loads(raw, parse_constant=_refuse_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
         raise TunesvcError(f"{path} is not valid JSON ({exc}); re-export it with `tune export`.") from None
+    except RecursionError:
+        raise TunesvcError(f"{path} is not valid JSON (nested too deeply); re-export it with `tune export`.") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise TunesvcError(f"{path} is not a tunesvc bundle; re-export it with `tune export`.")
-    if data.get("format_version") not in READABLE:
+    if data.get("format_version") not in READABLE or type(data.get("format_version")) is not int:
         raise TunesvcError(
-            f"{path} has bundle format {data.get('format_version')}, this tunesvc reads "
+            f"{path} has bundle format {str(data.get('format_version'))[:20]}, this tunesvc reads "
             f"{' and '.join(map(str, READABLE))}; re-export it with this tunesvc's `tune export`."
         )
-    device, kernels = data.get("device"), data.get("kernels")
-    if not isinstance(device, dict) or not isinstance(device.get("hardware_id"), str):
-        raise TunesvcError(
-            f"{path} is a damaged bundle (device.hardware_id is missing); re-export it with `tune export`."
-        )
-    if not isinstance(kernels, dict):
-        raise TunesvcError(f"{path} is a damaged bundle (kernels is missing); re-export it with `tune export`.")
+    _validate(_schemas()["header"], data, path, "")
     if check_kernels:
-        for name in kernels:
+        for name in data["kernels"]:
             kernel_configs(path, data, name)
     return data
 
 
-def kernel_configs(path: str | os.PathLike, data: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
-    """Shape key -> config of kernel ``name`` in a bundle read by :func:`read_bundle` (checked)."""
-    entry = data["kernels"][name]
-    if (
-        not isinstance(entry, dict)
-        or not isinstance(entry.get("version"), str)
-        or not isinstance(entry.get("winners"), dict)
-    ):
-        raise TunesvcError(
-            f"{path} is a damaged bundle (kernels.{name} lacks a version or winners); re-export it with `tune export`."
-        )
-    winners = entry["winners"]
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _validate(schema: Any, data: Any, path: Path | str | os.PathLike, where: str, what: str = "") -> Any:
+    """``data`` checked by a pydantic schema; its first problem as one line naming the field."""
+    from pydantic import ValidationError
+
     try:
-        if data["format_version"] == 1:
-            table = {key: winner["config"] for key, winner in winners.items()}
-            configs = table.values()
-        else:
-            configs = entry["configs"].values()
-            table = {key: entry["configs"][winner["config"]] for key, winner in winners.items()}
-    except (KeyError, TypeError, AttributeError):
-        table = None
-    # a set of types per config, not isinstance per value: a deployment loads 10,000s of winners
-    if table is None or not all(type(c) is dict and set(map(type, c.values())) <= {int, str} for c in configs):
+        return schema.validate_python(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in (where, *error["loc"]) if part not in ("", "[key]"))[:200]
+        message = error["msg"].removeprefix("Value error, ")
+        detail = f"{what}: " if what else ""
         raise TunesvcError(
-            f"{path} is a damaged bundle (a winner of kernels.{name} has no valid config); re-export it with `tune export`."
+            f"{path} is a damaged bundle ({detail}{field or 'its top level'}: {message}); re-export it with `tune export`."
+        ) from None
+    except RecursionError:
+        raise TunesvcError(f"{path} is a damaged bundle (nested too deeply); re-export it with `tune export`.") from None
+
+
+def kernel_configs(path: str | os.PathLike, data: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
+    """Shape key -> config of kernel ``name`` in a bundle read by :func:`read_bundle` (checked).
+
+    Checked against the section's schema: every config a non-empty table of parameter names
+    to whole numbers or short texts, every winner naming a config of the section and giving a
+    finite positive time. Whether a config lies in the kernel's space is the runtime's check
+    (it knows the kernel; see tunesvc.runtime).
+    """
+    schemas = _schemas()
+    version = data["format_version"]
+    section = _validate(
+        schemas[f"section{version}"],
+        data["kernels"][name],
+        path,
+        f"kernels.{name}",
+        f"a winner of kernels.{name} has no valid config" if isinstance(data["kernels"][name], dict) else "",
+    )
+    raw = data["kernels"][name]
+    if version == 1:
+        return {key: raw["winners"][key]["config"] for key in section.winners}
+    configs = raw["configs"]
+    missing = next((key for key, w in section.winners.items() if w.config not in configs), None)
+    if missing is not None:
+        raise TunesvcError(
+            f"{path} is a damaged bundle (a winner of kernels.{name} has no valid config: winners.{missing[:120]} names "
+            f"config {section.winners[missing].config[:40]}, which the bundle lacks); re-export it with `tune export`."
         )
-    return table
+    return {key: configs[w.config] for key, w in section.winners.items()}
+
+
+@functools.cache
+def _schemas() -> dict[str, Any]:
+    """The bundle's pydantic schemas (built on first use): the header, a kernel's section of each format."""
+    from typing import Annotated
+    from typing import Literal
+
+    from pydantic import BaseModel
+    from pydantic import ConfigDict
+    from pydantic import Field
+    from pydantic import StringConstraints
+    from pydantic import TypeAdapter
+
+    from tunesvc.space import MAX_CHOICE_VALUE
+    from tunesvc.space import MAX_TEXT_CHOICE
+
+    Text = Annotated[str, StringConstraints(max_length=256)]
+    Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=64)]
+    Value = (
+        Annotated[int, Field(strict=True, ge=-MAX_CHOICE_VALUE, le=MAX_CHOICE_VALUE)]
+        | Annotated[str, StringConstraints(strict=True, max_length=MAX_TEXT_CHOICE)]
+    )
+    Config = Annotated[dict[Name, Value], Field(min_length=1)]
+    Key = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+    Time = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+    class Strict(BaseModel):
+        model_config = ConfigDict(strict=True, extra="ignore")
+
+    class Device(Strict):
+        hardware_id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+        name: Text = ""
+        capability: Annotated[str, StringConstraints(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$")] = "0.0"
+        sm_count: Annotated[int, Field(ge=0, le=1 << 20)] = 0
+
+    class Header(Strict):
+        format: Literal["tunesvc-bundle"]
+        format_version: Literal[1, 2]
+        device: Device
+        kernels: dict[Text, Any]
+
+    class Section(Strict):
+        version: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+        torch: Text = ""
+        triton: Text = ""
+
+    class WinnerRef(Strict):
+        config: Annotated[str, StringConstraints(max_length=64)]
+        time_ms: Time
+
+    class Section2(Section):
+        configs: dict[Annotated[str, StringConstraints(max_length=64)], Config]
+        winners: dict[Key, WinnerRef]
+
+    class Winner1(Strict):
+        config: Config
+        time_ms: Time
+
+    class Section1(Section):
+        winners: dict[Key, Winner1]
+
+    return {"header": TypeAdapter(Header), "section1": TypeAdapter(Section1), "section2": TypeAdapter(Section2)}
 
 
 @dataclass(frozen=True)
@@ -236,12 +334,12 @@ def _bundle_winners(path: str | os.PathLike, target: Store) -> list[tuple]:
         if known is not None:
             fields = {f: getattr(known, f) for f in Device.__dataclass_fields__}
         else:
-            capability = str(info.get("capability", "0.0"))
+            capability = info.get("capability", "0.0")  # checked by the bundle's schema (read_bundle)
             fields = dict(
                 kind="interpreter" if capability == "0.0" else "cuda",
-                name=str(info.get("name", "")),
+                name=info.get("name", ""),
                 capability=capability,
-                sm_count=int(info.get("sm_count", 0)),
+                sm_count=info.get("sm_count", 0),
                 memory_bytes=0,
                 max_shared_memory=0,
                 max_num_regs=0,
@@ -255,10 +353,6 @@ def _bundle_winners(path: str | os.PathLike, target: Store) -> list[tuple]:
             )
         configs = kernel_configs(path, bundle, kernel)
         for key, winner in sorted(section["winners"].items()):
-            time_ms = winner.get("time_ms")
-            if not isinstance(time_ms, (int, float)) or not time_ms > 0:
-                raise TunesvcError(
-                    f"{path} is a damaged bundle (kernels.{kernel}.winners.{key} has no time_ms); re-export it."
-                )
-            out.append((kernel, section["version"], device, key, dict(configs[key]), float(time_ms)))
+            # time_ms: a finite positive number, checked by the section's schema (kernel_configs)
+            out.append((kernel, section["version"], device, key, dict(configs[key]), float(winner["time_ms"])))
     return out

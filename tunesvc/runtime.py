@@ -147,12 +147,49 @@ class Runtime:
 
     def _load_or_warn(self, template: Template) -> dict[str, Config]:
         try:
-            return self._load(template)
+            return self._in_space(template, self._load(template))
         except TunesvcError as exc:
             if self.strict:
                 raise
             self._warn_once(template.name, "load", f"tunesvc: {exc} Using heuristic configs for {template.name}.")
             return {}
+
+    def _in_space(self, template: Template, table: dict[str, Config]) -> dict[str, Config]:
+        """The stored winners whose configs lie in the kernel's space, each with every parameter
+        it lacks at its first choice (a config stored before the parameter existed).
+
+        A stored config comes from a database or bundle, which anyone may have written: one with
+        an unknown parameter, a value outside the choices (BLOCK_M=10**30) or no parameter at all
+        would make the kernel raise in the user's program. Such a key falls back like an untuned
+        one, with one warning per kernel that names the first bad entry (strict: an error).
+        """
+        if not table:
+            return table
+        space = template.space
+        checked: dict[int, Config | str] = {}  # by id: a bundle's winners share its few configs
+        good: dict[str, Config] = {}
+        bad: list[tuple[str, str]] = []
+        for key, config in table.items():
+            result = checked.get(id(config))
+            if result is None:
+                result = checked[id(config)] = _in_space_or_why(space, config)
+            if isinstance(result, str):
+                bad.append((key, result))
+            else:
+                good[key] = result
+        if bad:
+            where = self.bundle if self.bundle is not None else self._db_path()
+            key, why = bad[0]
+            message = (
+                f"{where}: {len(bad)} stored winner(s) of {template.name} lie outside its space "
+                f"(first: {key[:200]}: {why})"
+            )
+            if self.strict:
+                raise TunesvcError(f"{message}; re-tune them with `tune sweep` or re-export the bundle.")
+            self._warn_once(
+                template.name, "space", f"tunesvc: {message}. Using heuristic configs for those keys."
+            )
+        return good
 
     def _db_path(self) -> str | os.PathLike | None:
         if self.db is not None:
@@ -251,6 +288,7 @@ class Runtime:
                 finally:
                     store.close()
                 table = self._winners_from(db, template, readonly=True)
+        table = self._in_space(template, table)
         with self._lock:
             self._tables[template.name].update(table)
             self._keys.pop(template.name, None)
@@ -269,6 +307,19 @@ class Runtime:
         for (kernel, source), n in sorted(self.counters.items()):
             out.setdefault(kernel, {})[source] = n
         return out
+
+
+def _in_space_or_why(space: Any, config: Any) -> Config | str:
+    """The config with its missing parameters at their first choice, or why it is not in ``space``."""
+    if not isinstance(config, dict) or not config:
+        return "the config names no parameter"
+    for name, value in config.items():
+        parameter = space.parameters.get(name)
+        if parameter is None:
+            return f"unknown parameter {str(name)[:64]!r}"
+        if type(value) not in (int, str) or value not in parameter.choices:
+            return f"{name}={str(value)[:40]} is not one of its choices"
+    return space.with_defaults(config)
 
 
 def _database_exists(db: str | os.PathLike) -> bool:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +21,7 @@ from rich.progress import Progress
 from rich.progress import TextColumn
 from rich.progress import TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from tunesvc.errors import TunesvcError
 
@@ -30,9 +34,31 @@ app = typer.Typer(
 )
 console = Console()
 
+
+def _check_db(value: str | None) -> str | None:
+    """--db: refuse what names no file or server (an empty name, an in-memory SQLite database):
+    a sweep into memory would report success and keep nothing."""
+    if value is None:
+        return value
+    text = value.strip()
+    if not text:
+        raise typer.BadParameter("is empty; pass a database file path or a SQLAlchemy URL.")
+    if text == ":memory:" or (
+        text.startswith("sqlite:")
+        and text.split("?")[0].rstrip("/") in ("sqlite:", "sqlite:/", "sqlite://", "sqlite:///:memory:")
+    ):
+        raise typer.BadParameter(f"'{text}' names no database file (SQLite in memory keeps nothing); pass a file path.")
+    return value
+
+
 DbOption = Annotated[
     str | None,
-    typer.Option("--db", envvar="TUNESVC_DB", help="SQLite file or SQLAlchemy URL [default: ./tune.db]."),
+    typer.Option(
+        "--db",
+        envvar="TUNESVC_DB",
+        help="SQLite file or SQLAlchemy URL [default: ./tune.db].",
+        callback=_check_db,
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
@@ -68,13 +94,14 @@ def user_errors(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with _removed_if_new_and_failing(kwargs.get("db"), "db" in inspect.signature(fn).parameters):
+                return fn(*args, **kwargs)
         except TunesvcError as exc:
             if _DEBUG:
                 raise
-            Console(stderr=True).print(
-                f"[bold red]Error:[/bold red] {exc}", markup=True, highlight=False, soft_wrap=True
-            )
+            # the message is text, never markup: it may quote a user's input such as --shape '[/x]'
+            message = Text("Error: ", style="bold red") + Text(str(exc))
+            Console(stderr=True).print(message, highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
 
     return wrapper
@@ -242,6 +269,10 @@ def sweep(
     template = get_template(kernel)
     problems = _problems(template, shape or [], preset, dtype)
     check_sweep_arguments(strategy, budget, time_budget, patience)  # before Store(): a rejected sweep creates no file
+    if workers is not None and workers < 0:
+        raise TunesvcError(f"--workers must be 0 or more, got {workers}.")
+    if not 0 <= seed < 2**32:
+        raise TunesvcError(f"--seed must be from 0 to 2**32 - 1 (what the samplers take), got {seed}.")
     if gpus is not None:
         return _sweep_on_workers(
             kernel,
@@ -258,6 +289,7 @@ def sweep(
             workers=workers,
         )
     device = fork_safe_current_device()  # CUDA left uninitialised here: the sweep forks its workers from this process
+    _check_fits(template, problems, device)
     store = Store(db)
     progress = Progress(
         TextColumn("{task.description}"),
@@ -407,6 +439,59 @@ def _sweep_on_workers(
         raise TunesvcError(
             f"{len(unfinished)} of {len(rows)} jobs did not finish ({first}); run the same command again to resume."
         )
+
+
+def _check_fits(template, problems: list[dict], device) -> None:
+    """Refuse a problem whose inputs and outputs cannot fit in the device's memory (the host's
+    for the interpreter), before any database is created: allocating them would fail mid-sweep."""
+    limit = device.memory_bytes or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for problem in problems:
+        try:
+            needed = template.cost(problem).bytes
+        except Exception:  # a user's template without a cost: nothing to check
+            continue
+        if needed > limit:
+            raise TunesvcError(
+                f"{template.key(problem)} needs about {needed / 2**30:,.0f} GiB for its tensors, more than the "
+                f"{limit / 2**30:,.0f} GiB of {device.name}; pick a smaller shape."
+            )
+
+
+@contextlib.contextmanager
+def _removed_if_new_and_failing(db: str | None, uses_db: bool):
+    """A command that fails leaves no database file it created: the file (and SQLite's side
+    files) is removed if it did not exist before, the command failed, and it holds no trial."""
+    path = None
+    if uses_db:
+        url = db if db is not None and "://" in db else f"sqlite:///{db or os.environ.get('TUNESVC_DB') or 'tune.db'}"
+        if url.startswith("sqlite:///") and "?" not in url and url != "sqlite:///":
+            path = Path(url.removeprefix("sqlite:///"))
+    existed = path is None or path.exists()
+    try:
+        yield
+    except BaseException:
+        if not existed and path is not None and path.exists() and _holds_no_trials(path):
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                with contextlib.suppress(OSError):
+                    Path(f"{path}{suffix}").unlink()
+        raise
+
+
+def _holds_no_trials(path: Path) -> bool:
+    import sqlite3
+
+    try:
+        connection = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            return (
+                "tunesvc_trials" not in tables
+                or not connection.execute("SELECT 1 FROM tunesvc_trials LIMIT 1").fetchall()
+            )
+        finally:
+            connection.close()
+    except sqlite3.Error:
+        return False
 
 
 @app.command()

@@ -100,12 +100,28 @@ def write_bundles(bundles: dict[str, dict[str, Any]], out: str | os.PathLike) ->
             raise TunesvcError(
                 f"The store has winners of {len(bundles)} devices; pass --device or give --out a folder."
             )
+        if out.is_dir():
+            raise TunesvcError(f"{out} is a folder; give --out a .json file name, or a folder without .json.")
+        if not out.parent.is_dir():
+            raise TunesvcError(f"Cannot write {out}: folder {out.parent} does not exist.")
         targets = {out: next(iter(bundles.values()))}
     else:
-        out.mkdir(parents=True, exist_ok=True)
+        if out.exists() and not out.is_dir():
+            raise TunesvcError(f"{out} is a file, not a folder; give --out a folder, or a name ending in .json.")
         targets = {out / bundle_filename(hw): b for hw, b in bundles.items()}
-    for path, bundle in targets.items():
-        path.write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
+        folders = [t for t in targets if t.is_dir()]
+        if folders:
+            raise TunesvcError(f"{folders[0]} is a folder; move it, or give --out another folder.")
+    try:
+        if out.suffix != ".json":
+            out.mkdir(parents=True, exist_ok=True)
+        for path, bundle in targets.items():
+            # written beside, then renamed over: a failed write never leaves half a bundle
+            partial = path.with_name(f".{path.name}.partial")
+            partial.write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
+            partial.replace(path)
+    except OSError as exc:
+        raise TunesvcError(f"Cannot write the bundle to {out} ({exc.strerror or exc}); check --out.") from None
     return list(targets)
 
 
@@ -172,7 +188,9 @@ def _validate(schema: Any, data: Any, path: Path | str | os.PathLike, where: str
             f"{path} is a damaged bundle ({detail}{field or 'its top level'}: {message}); re-export it with `tune export`."
         ) from None
     except RecursionError:
-        raise TunesvcError(f"{path} is a damaged bundle (nested too deeply); re-export it with `tune export`.") from None
+        raise TunesvcError(
+            f"{path} is a damaged bundle (nested too deeply); re-export it with `tune export`."
+        ) from None
 
 
 def kernel_configs(path: str | os.PathLike, data: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:

@@ -186,9 +186,7 @@ class Runtime:
             )
             if self.strict:
                 raise TunesvcError(f"{message}; re-tune them with `tune sweep` or re-export the bundle.")
-            self._warn_once(
-                template.name, "space", f"tunesvc: {message}. Using heuristic configs for those keys."
-            )
+            self._warn_once(template.name, "space", f"tunesvc: {message}. Using heuristic configs for those keys.")
         return good
 
     def _db_path(self) -> str | os.PathLike | None:

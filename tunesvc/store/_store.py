@@ -8,6 +8,7 @@ finds the rest, each committed trial once.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -112,10 +113,12 @@ class Store:
             url = make_url(self.url)
         except ArgumentError:
             raise TunesvcError(
-                f"'{self.url}' is not a database URL; pass a file path or a SQLAlchemy URL to --db."
+                f"'{_hide_password(self.url)}' is not a database URL; pass a file path or a SQLAlchemy URL to --db."
             ) from None
-        except ValueError as exc:  # a port that is not a number
-            raise TunesvcError(f"'{self.url}' is not a database URL ({exc}); check the --db URL.") from None
+        except ValueError:  # a port that is not a number
+            raise TunesvcError(
+                f"'{_hide_password(self.url)}' is not a database URL (its port is not a number); check the --db URL."
+            ) from None
         self.is_sqlite = url.get_backend_name() == "sqlite"
         self.path = url.database if self.is_sqlite else None
         self.readonly = readonly
@@ -800,6 +803,11 @@ def _check_sqlite_file(path: Path) -> None:
             f"{path} is damaged (truncated: {size} bytes, its header records {pages} pages of {page_size}); "
             "restore it from a copy or pass another --db."
         )
+
+
+def _hide_password(url: str) -> str:
+    """A URL that SQLAlchemy cannot parse, with any password between ':' and '@' masked."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 def _readonly_uri(path: Path) -> str:

@@ -192,7 +192,8 @@ class Store:
             problems = connection.exec_driver_sql("PRAGMA quick_check(1)").scalars().all()
         if problems != ["ok"]:
             raise TunesvcError(
-                f"{self._where()} is damaged ({str(problems[0])[:120]}); restore it from a copy or pass another --db."
+                f"{self._where()} is damaged ({' '.join(str(problems[0]).split())[:160]}); "
+                "restore it from a copy or pass another --db."
             )
 
     def _use_wal(self) -> None:
@@ -237,7 +238,7 @@ class Store:
                 raise TunesvcError(f"{where} is not a SQLite database; pass another --db path.") from None
             if "malformed" in text or "corrupt" in text:
                 raise TunesvcError(
-                    f"{where} is damaged ({text.splitlines()[0]}); restore it from a copy or pass another --db."
+                    f"{where} is damaged ({' '.join(text.split())[:160]}); restore it from a copy or pass another --db."
                 ) from None
             if "readonly" in text or "read-only" in text:
                 raise TunesvcError(f"{where} is read-only; make it writable or pass another --db.") from None

@@ -312,6 +312,8 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> list[Impor
     Every source is read and checked before anything is written.
     """
     incoming = [(str(source), _winners_of(source, store)) for source in sources]
+    for source, winners in incoming:
+        _check_spaces(source, winners)
     changes = []
     for source, winners in incoming:
         for kernel, version, device, key, config, time_ms in winners:
@@ -320,6 +322,28 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> list[Impor
                 ImportChange(source, kernel, version, device.hardware_id, key, action, time_ms, stored_ms, config)
             )
     return changes
+
+
+def _check_spaces(source: str, winners: list[tuple]) -> None:
+    """Refuse a winner whose config is not in its kernel's space, where the kernel is known here
+    (shipped or an entry point: never a module the data names) in the same version."""
+    from tunesvc.template import template_named_by_data
+
+    spaces: dict[tuple[str, str], Any] = {}
+    for kernel, version, _, key, config, _ in winners:
+        if (kernel, version) not in spaces:
+            try:
+                template = template_named_by_data(kernel)
+                spaces[(kernel, version)] = template.space if template.version == version else None
+            except TunesvcError:
+                spaces[(kernel, version)] = None  # a kernel unknown here: nothing to check against
+        space = spaces[(kernel, version)]
+        why = space.stored_config(config) if space is not None else None
+        if isinstance(why, str):
+            raise TunesvcError(
+                f"{source}: the winner of {kernel} for {key[:200]} is outside its space ({why}); "
+                "re-tune it or re-export the source."
+            )
 
 
 def _winners_of(source: str | os.PathLike, target: Store) -> list[tuple]:

@@ -172,7 +172,7 @@ class Runtime:
         for key, config in table.items():
             result = checked.get(id(config))
             if result is None:
-                result = checked[id(config)] = _in_space_or_why(space, config)
+                result = checked[id(config)] = space.stored_config(config)
             if isinstance(result, str):
                 bad.append((key, result))
             else:
@@ -305,19 +305,6 @@ class Runtime:
         for (kernel, source), n in sorted(self.counters.items()):
             out.setdefault(kernel, {})[source] = n
         return out
-
-
-def _in_space_or_why(space: Any, config: Any) -> Config | str:
-    """The config with its missing parameters at their first choice, or why it is not in ``space``."""
-    if not isinstance(config, dict) or not config:
-        return "the config names no parameter"
-    for name, value in config.items():
-        parameter = space.parameters.get(name)
-        if parameter is None:
-            return f"unknown parameter {str(name)[:64]!r}"
-        if type(value) not in (int, str) or value not in parameter.choices:
-            return f"{name}={str(value)[:40]} is not one of its choices"
-    return space.with_defaults(config)
 
 
 def _database_exists(db: str | os.PathLike) -> bool:

@@ -470,6 +470,20 @@ class Space:
         """The config with every parameter it lacks set to that parameter's first choice."""
         return {**{n: p.choices[0] for n, p in self.parameters.items()}, **config}
 
+    def stored_config(self, config: Any) -> Config | str:
+        """A config read from a database or bundle with its missing parameters at their first
+        choice, or why it does not belong to this space (no parameter, an unknown one, a value
+        outside the choices): a file from anyone must not reach a kernel launch unchecked."""
+        if not isinstance(config, dict) or not config:
+            return "the config names no parameter"
+        for name, value in config.items():
+            parameter = self.parameters.get(name)
+            if parameter is None:
+                return f"unknown parameter {str(name)[:64]!r}"
+            if type(value) not in (int, str) or value not in parameter.choices:
+                return f"{name}={str(value)[:40]} is not one of its choices"
+        return self.with_defaults(config)
+
     def validate(self, config: Config) -> None:
         """Raise a one-line error if a config names unknown parameters or values outside the space."""
         for name, value in config.items():

@@ -187,10 +187,27 @@ class Store:
     def _quick_check(self) -> None:
         """Refuse a damaged file before reading or writing it: SQLite's quick_check (the
         integrity check without its index cross-checks, linear in the file's size; about 10 ms
-        for 6 MB)."""
-        with self.engine.connect() as connection:
-            problems = connection.exec_driver_sql("PRAGMA quick_check(1)").scalars().all()
+        for 6 MB), through a read-only connection that creates no side file (see _readonly_uri),
+        so a damaged file is left exactly as it was."""
+        import sqlite3
+
+        path = Path(self.path)
+        for attempt in range(2):
+            wal = Path(f"{path}-wal").exists()
+            try:
+                connection = sqlite3.connect(_readonly_uri(path), uri=True, timeout=BUSY_TIMEOUT_S)
+                try:
+                    problems = [row[0] for row in connection.execute("PRAGMA quick_check(1)")]
+                finally:
+                    connection.close()
+            except sqlite3.DatabaseError as exc:
+                problems = [str(exc)]
+            # an immutable read that a writer started during: check again through its side files
+            if problems == ["ok"] or wal or not Path(f"{path}-wal").exists() or attempt:
+                break
         if problems != ["ok"]:
+            if "file is not a database" in str(problems[0]):
+                raise TunesvcError(f"{self._where()} is not a SQLite database; pass another --db path.")
             raise TunesvcError(
                 f"{self._where()} is damaged ({' '.join(str(problems[0]).split())[:160]}); "
                 "restore it from a copy or pass another --db."
@@ -231,6 +248,13 @@ class Store:
             yield
         except TunesvcError:
             raise
+        except (ValueError, TypeError) as exc:
+            # a stored value its column type cannot read back (a JSON config that is not JSON, a
+            # date that is not a date): a file damaged inside a record, which quick_check cannot see
+            raise TunesvcError(
+                f"{self._where()} holds a row that cannot be read ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:160]}); it may be damaged: restore it from a copy or pass another --db."
+            ) from exc
         except DBAPIError as exc:  # DatabaseError, and InterfaceError of a closed connection
             text = str(exc.orig) if getattr(exc, "orig", None) else str(exc)
             where = self._where()

@@ -758,3 +758,31 @@ def test_winner_time_bounds(good_bundle):
             tunesvc.export.read_bundle(path)
         assert "time_ms" in one_line(str(info.value)) or bad in ("Infinity", "NaN"), (bad, str(info.value))
     assert math.isfinite(1.0)
+
+
+def test_a_really_full_disk_is_named_and_leaves_no_partial_bundle(good_bundle, tmp_path):
+    """A small tmpfs filled to the last byte (needs root with mount rights; elsewhere
+    tests/test_faults.py simulates a full disk through SQLite's max_page_count)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True).returncode
+    ):
+        pytest.skip("needs root with mount rights for a small tmpfs")
+    try:
+        db = disk / "t.db"
+        assert invoke("db", "init", "--db", str(db)).exit_code == 0
+        with contextlib.suppress(OSError), (disk / "fill").open("wb") as fill:
+            while True:
+                fill.write(bytes(64 << 10))
+        result = invoke("import", str(good_bundle), "--db", str(db))
+        assert_refused(result, "import onto a full disk")
+        assert "is full (no space left)" in result.output
+        source = good_bundle.parent / "source.db"
+        result = invoke("export", "--out", str(disk / "out.json"), "--db", str(source))
+        assert_refused(result, "export onto a full disk")
+        assert "No space left" in result.output
+        assert sorted(p.name for p in disk.iterdir() if not p.name.startswith("t.db")) == ["fill"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

@@ -112,6 +112,7 @@ def write_bundles(bundles: dict[str, dict[str, Any]], out: str | os.PathLike) ->
         folders = [t for t in targets if t.is_dir()]
         if folders:
             raise TunesvcError(f"{folders[0]} is a folder; move it, or give --out another folder.")
+    partial = None
     try:
         if out.suffix != ".json":
             out.mkdir(parents=True, exist_ok=True)
@@ -121,6 +122,8 @@ def write_bundles(bundles: dict[str, dict[str, Any]], out: str | os.PathLike) ->
             partial.write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
             partial.replace(path)
     except OSError as exc:
+        if partial is not None:
+            partial.unlink(missing_ok=True)
         raise TunesvcError(f"Cannot write the bundle to {out} ({exc.strerror or exc}); check --out.") from None
     return list(targets)
 

@@ -191,7 +191,7 @@ class Store:
         so a damaged file is left exactly as it was."""
         import sqlite3
 
-        path = Path(self.path)
+        path = Path(str(self.path))
         for attempt in range(2):
             wal = Path(f"{path}-wal").exists()
             try:

@@ -126,13 +126,13 @@ def test_sweep_then_lookup_on_gpu(tmp_path):
 
 FORKED_SWEEP = """
 import json, sys, torch
-from tunesvc.bench import _context
+from tunesvc._processes import worker_context
 from tunesvc.device import fork_safe_current_device
 from tunesvc.kernels.matmul import TEMPLATE
 from tunesvc.store import Store
 from tunesvc.sweep import run_sweep
 device = fork_safe_current_device()
-start_method = _context().get_start_method()
+start_method = worker_context().get_start_method()
 [r] = run_sweep(TEMPLATE, [TEMPLATE.problem(M=300, N=260, K=200, dtype="float16")], Store(sys.argv[1]), budget=6, workers=3)
 print(json.dumps({"gpu": device.is_gpu, "start": start_method, "trials": r.trials_stored, "failures": r.failures,
                   "winner": r.winner is not None, "cuda_here": torch.cuda.is_initialized()}))

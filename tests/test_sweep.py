@@ -320,3 +320,31 @@ def test_compile_pool_size(device):
     assert _pool_size(None, gpu, "grid", None, 3) == min(3, cores)  # 3 of the candidates fit
     assert _pool_size(12, gpu, "optuna", 5, None) == 5
     assert _pool_size(2, device, "grid", None, 11) == 2
+
+
+def test_clock_phases_nest_and_add_up_to_the_wall_time():
+    from tunesvc.sweep import Clock
+
+    clock = Clock()
+    with clock.phase("search"):
+        with clock.phase("trial writes"):
+            time.sleep(0.02)
+        assert list(clock.each(iter([1, 2]), "waiting for compiles")) == [1, 2]
+    wall = clock.elapsed()
+    assert set(clock.phases) == {"set-up", "search", "trial writes", "waiting for compiles"}
+    assert clock.phases["trial writes"] >= 0.02 > clock.phases["search"]  # the inner phase's time is its own
+    assert sum(clock.phases.values()) == pytest.approx(wall, abs=1e-3)
+
+
+def test_patience_counts_new_trials_that_do_not_beat_the_best_by_the_margin():
+    from tunesvc.bench import Measurement
+    from tunesvc.bench import Status
+    from tunesvc.sweep import Patience
+
+    rule = Patience(2, min_improvement=0.01, best_ms=1.0)
+    rule.tell(Measurement(Status.OK, time_ms=0.995))  # faster, but by less than 1%
+    assert not rule.done() and rule.best_ms == 0.995
+    rule.tell(Measurement(Status.WRONG_RESULT))
+    assert rule.done()
+    rule.tell(Measurement(Status.OK, time_ms=0.5))
+    assert not rule.done() and rule.since_improved == 0

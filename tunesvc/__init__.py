@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tunesvc.device import use_interpreter_without_gpu
+from tunesvc._processes import use_interpreter_without_gpu
 
 use_interpreter_without_gpu()
 

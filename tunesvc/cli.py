@@ -119,7 +119,7 @@ def _ms(value: float | None) -> str:
     return f"{value:.4g}" if value is not None else "-"
 
 
-def _config_text(config: dict[str, int] | None) -> str:
+def _config_text(config: dict[str, int | str] | None) -> str:
     """Compact, so a config fits a table cell: BLOCK_M=128 -> BM=128."""
     if not config:
         return "-"
@@ -513,10 +513,7 @@ def show(
     store = Store(db, readonly=True)
     try:
         winners = store.winners(kernel=kernel, device=device, shape=shape)
-        if device is None and shape is None:
-            counts = store.trial_counts(kernel=kernel)
-        else:
-            counts = _filtered_trial_counts(store, kernel, device, shape)
+        counts = store.trial_counts(kernel=kernel, device=device, shape=shape)
     finally:
         store.close()
     if as_json:
@@ -529,34 +526,6 @@ def show(
     console.print(table)
     failed = sum(n for status, n in counts.items() if status != "ok")
     console.print(f"{len(winners)} winners, {sum(counts.values())} trials, {failed} failed or invalid.")
-
-
-def _filtered_trial_counts(store, kernel: str | None, device: str | None, shape: str | None) -> dict[str, int]:
-    """Trials by status among those `show --device/--shape` select, as Store.winners matches them."""
-    from sqlalchemy import func
-    from sqlalchemy import select
-
-    from tunesvc.store.models import KernelVersion
-    from tunesvc.store.models import StoredDevice
-    from tunesvc.store.models import Trial
-
-    query = (
-        select(Trial.status, func.count())
-        .join(KernelVersion, Trial.kernel_version_id == KernelVersion.id)
-        .join(StoredDevice, Trial.device_id == StoredDevice.id)
-        .group_by(Trial.status)
-    )
-    if kernel is not None:
-        query = query.where(KernelVersion.kernel == kernel)
-    if device is not None:
-        query = query.where(
-            func.lower(StoredDevice.name).contains(device.lower(), autoescape=True)
-            | func.lower(StoredDevice.hardware_id).contains(device.lower(), autoescape=True)
-        )
-    if shape is not None:
-        query = query.where(func.lower(Trial.shape_key).contains(shape.lower(), autoescape=True))
-    with store.session() as session:
-        return dict(session.execute(query).all())
 
 
 @app.command()
@@ -727,20 +696,9 @@ app.add_typer(db_app, name="db")
 
 
 def _db_name(db: str | None) -> str:
-    from sqlalchemy.engine import make_url
+    from tunesvc.store import database_name
 
-    from tunesvc.store import resolve_url
-
-    url = resolve_url(db)
-    try:
-        parsed = make_url(url)
-    except Exception:
-        return url
-    return (
-        parsed.database
-        if parsed.get_backend_name() == "sqlite" and parsed.database
-        else parsed.render_as_string(hide_password=True)
-    )
+    return database_name(db)
 
 
 def _upgraded(db: str | None, before: str | None, after: str) -> None:

@@ -9,11 +9,26 @@ so a software upgrade is visible in the store without hiding the tuned configs f
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import platform
 from dataclasses import asdict
 from dataclasses import dataclass
+
+from tunesvc._processes import call_in_forked_child
+from tunesvc._processes import can_fork_gpu_children
+from tunesvc._processes import use_interpreter_without_gpu
+
+__all__ = [
+    "Device",
+    "can_fork_gpu_children",
+    "current_device",
+    "fork_safe_current_device",
+    "interpreting",
+    "torch_device",
+    "use_interpreter_without_gpu",
+]
 
 
 @dataclass(frozen=True)
@@ -50,7 +65,7 @@ class Device:
         Needs Hopper (sm_90) or newer and a Triton that offers ``tl.make_tensor_descriptor``
         (3.4+); Triton's interpreter emulates descriptors (checked with Triton 3.9).
         """
-        import triton.language as tl
+        import triton.language as tl  # triton is heavy: a Device is made and read without it
 
         if not hasattr(tl, "make_tensor_descriptor"):
             return False
@@ -65,9 +80,7 @@ class Device:
         Needs Hopper (sm_90) or newer and a Triton whose ``tl.range`` takes the flag (3.4+);
         Triton's interpreter accepts the flag and runs the loop as a plain one (checked with 3.9).
         """
-        import inspect
-
-        import triton.language as tl
+        import triton.language as tl  # triton is heavy: a Device is made and read without it
 
         if "warp_specialize" not in inspect.signature(tl.range).parameters:
             return False
@@ -87,21 +100,6 @@ class Device:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "hardware_id": self.hardware_id, "fingerprint": self.fingerprint}
-
-
-def use_interpreter_without_gpu() -> None:
-    """Without a CUDA GPU, run kernels in Triton's CPU interpreter.
-
-    The flag must be set before triton is first imported (triton.language's own jit helpers
-    are built at import), so ``import tunesvc`` calls this before anything imports triton.
-    """
-    import torch
-
-    # device_count() asks NVML, not the CUDA driver: is_available() would initialise the driver,
-    # and a process forked after that (the compile and measuring workers' forkserver imports
-    # tunesvc) could not use the GPU
-    if torch.cuda.device_count() == 0:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def interpreting() -> bool:
@@ -127,48 +125,16 @@ def fork_safe_current_device() -> Device:
     stays one that can fork GPU processes: a sweep then forks its compile and measuring workers
     from it, with torch, triton and tunesvc already imported, instead of having a server import
     them again (seconds). Once this process has initialised CUDA, or where fork is missing, it
-    reads the device itself.
+    reads the device itself (and where the child died before answering, so that an error says why).
     """
     global _current
     if _current is None and not interpreting() and can_fork_gpu_children():
-        import multiprocessing
-
-        context = multiprocessing.get_context("fork")
-        receiver, sender = context.Pipe(duplex=False)
-        child = context.Process(target=_send_device, args=(sender,), daemon=True)
-        child.start()
-        sender.close()
-        try:
-            _current = receiver.recv()
-        except EOFError:  # the child died before answering: read it here, where an error will say why
-            pass
-        finally:
-            receiver.close()
-            child.join()
+        _current = call_in_forked_child(_read_device)
     return current_device()
 
 
-def can_fork_gpu_children() -> bool:
-    """Whether a child forked from this process now could use the GPU: fork exists (POSIX, not
-    macOS's, where it is unsafe with the frameworks torch loads) and CUDA is not initialised here."""
-    import multiprocessing
-    import sys
-
-    import torch
-
-    return (
-        sys.platform.startswith("linux")
-        and "fork" in multiprocessing.get_all_start_methods()
-        and not torch.cuda.is_initialized()
-    )
-
-
-def _send_device(sender) -> None:
-    sender.send(_read_device())
-    sender.close()
-
-
 def _read_device() -> Device:
+    # torch and triton are heavy: a Device is made and read without them (the store, bundles)
     import torch
     import triton
 

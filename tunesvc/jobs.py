@@ -30,22 +30,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from sqlalchemy import select
-from sqlalchemy import update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import aliased
+from typing import Any
 
 from tunesvc.errors import TunesvcError
 from tunesvc.store import DatabaseUnavailable
+from tunesvc.store import JobSpec
 from tunesvc.store import Store
-from tunesvc.store.models import Job
-from tunesvc.store.models import utcnow
+from tunesvc.sweep import compile_pool
+from tunesvc.sweep import run_sweep
+from tunesvc.template import template_named_by_data
 
 if TYPE_CHECKING:
+    from tunesvc.bench import Compiler
     from tunesvc.device import Device
+    from tunesvc.store.models import Job
     from tunesvc.template import Problem
     from tunesvc.template import Template
 
@@ -57,19 +56,6 @@ STALE_S = 60.0
 RETRY_S = 300.0
 #: the kernel name a sweep's command gave, passed to its workers: the one module path a job row may name
 JOB_KERNEL_ENV = "TUNESVC_JOB_KERNEL"
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """A claimed job, detached from the database session."""
-
-    id: int
-    kernel: str
-    shape_key: str
-    problem: dict
-    strategy: str
-    budget: int | None
-    seed: int
 
 
 def batch_name(
@@ -124,27 +110,7 @@ def enqueue(
     added = 0
     for problem in sorted(problems, key=lambda p: _cost_rank(template, p), reverse=True):
         key = str(template.key(problem))
-        with store.session() as session:
-            if session.scalar(select(Job.id).where(Job.batch == batch, Job.kernel == kernel, Job.shape_key == key)):
-                continue
-        try:
-            with store.session() as session:
-                session.add(
-                    Job(
-                        batch=batch,
-                        kernel=kernel,
-                        shape_key=key,
-                        problem=dict(problem),
-                        strategy=strategy,
-                        budget=budget,
-                        seed=seed,
-                        status="pending",
-                        attempts=0,
-                    )
-                )
-            added += 1
-        except IntegrityError:  # another host added it between the two transactions
-            pass
+        added += store.add_job(batch, kernel, key, dict(problem), strategy, budget, seed)
     return added
 
 
@@ -158,67 +124,26 @@ def _cost_rank(template: Template, problem: Problem) -> tuple[float, float]:
 
 def release_stale(store: Store, batch: str, stale_s: float = STALE_S) -> int:
     """Put running jobs whose worker stopped heartbeating back to pending; returns how many."""
-    with store.session() as session:
-        return session.execute(
-            update(Job)
-            .where(Job.batch == batch, Job.status == "running", Job.heartbeat < time.time() - stale_s)
-            .values(status="pending", worker=None)
-        ).rowcount
+    return store.release_stale_jobs(batch, stale_s)
 
 
 def claim(store: Store, batch: str, worker: str) -> JobSpec | None:
     """Take the batch's first pending job for ``worker`` (which holds at most one), or None."""
-    other = aliased(Job)  # not correlated with the updated table: its own scan of jobs
-    pending = (
-        select(other.id)
-        .where(other.batch == batch, other.status == "pending")
-        .order_by(other.id)
-        .limit(1)
-        .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders no locking clause
-        .scalar_subquery()
-    )
-    with store.session() as session:
-        claimed = session.execute(
-            update(Job)
-            .where(Job.id == pending, Job.status == "pending")
-            .values(status="running", worker=worker, heartbeat=time.time(), attempts=Job.attempts + 1)
-            .execution_options(synchronize_session=False)
-        ).rowcount
-        if not claimed:
-            return None
-        job = session.scalar(select(Job).where(Job.batch == batch, Job.worker == worker, Job.status == "running"))
-        return JobSpec(job.id, job.kernel, job.shape_key, dict(job.problem), job.strategy, job.budget, job.seed)
+    return store.claim_job(batch, worker)
 
 
 def heartbeat(store: Store, job_id: int, worker: str) -> bool:
     """Refresh the job's heartbeat; False if the worker no longer holds it."""
-    with store.session() as session:
-        return (
-            session.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.worker == worker, Job.status == "running")
-                .values(heartbeat=time.time())
-            ).rowcount
-            == 1
-        )
+    return store.job_heartbeat(job_id, worker)
 
 
 def finish(store: Store, job_id: int, worker: str, status: str = "done", message: str | None = None) -> bool:
     """Mark the job done (or failed) if ``worker`` still holds it; False if it does not."""
-    with store.session() as session:
-        return (
-            session.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.worker == worker, Job.status == "running")
-                .values(status=status, message=message and message[:1024], finished_at=utcnow())
-            ).rowcount
-            == 1
-        )
+    return store.finish_job(job_id, worker, status, message)
 
 
 def jobs(store: Store, batch: str) -> list[Job]:
-    with store.session() as session:
-        return list(session.scalars(select(Job).where(Job.batch == batch).order_by(Job.id)))
+    return store.jobs(batch)
 
 
 class _Heartbeat:
@@ -265,92 +190,136 @@ def work(
     A job whose sweep raises a TunesvcError (no feasible config, ...) is marked failed with its
     message; an unreachable database is retried with backoff (1, 2, 4 ... 30 s) for ``retry_s``.
     """
-    from tunesvc.sweep import compile_pool
-    from tunesvc.sweep import run_sweep
-    from tunesvc.template import template_named_by_data
-
     worker = worker or f"{socket.gethostname()}:{os.getpid()}:gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '-')}"
-    log = log or (lambda line: print(f"[{worker}] {line}", file=sys.stderr, flush=True))
-    store: Store | None = None
-    held: JobSpec | None = None  # kept across a lost connection: the worker resumes its own job
-    compiler = None  # one compile pool for all this worker's jobs (a batch's jobs share kernel, strategy, budget)
-    done = 0
-    delay, down_since = 1.0, None
+    runner = _JobRunner(
+        db,
+        batch,
+        worker,
+        log or (lambda line: print(f"[{worker}] {line}", file=sys.stderr, flush=True)),
+        heartbeat_s=heartbeat_s,
+        stale_s=stale_s,
+        sweep_options={"time_budget": time_budget, "patience": patience, "workers": compile_workers},
+    )
+    backoff = _Backoff(retry_s, runner.log)
     try:
         while True:
             try:
-                store = store or Store(db)
-                if held is None or not heartbeat(store, held.id, worker):
-                    release_stale(store, batch, stale_s)
-                    held = claim(store, batch, worker)
-                delay, down_since = 1.0, None  # the database answers again
-                if held is None:
-                    if not any(j.status == "running" for j in jobs(store, batch)):
-                        return done
-                    time.sleep(min(heartbeat_s, 1.0))  # a running job comes back if its worker dies
-                    continue
-                # the job row's name: shipped, an entry point, or the kernel this sweep's command named
-                template = template_named_by_data(held.kernel, (os.environ.get(JOB_KERNEL_ENV),))
-                problem = template.problem(**held.problem)
-                try:
-                    with _Heartbeat(store, held.id, worker, heartbeat_s):
-                        if compiler is None:
-                            compiler = compile_pool(
-                                template, problem, strategy=held.strategy, budget=held.budget, workers=compile_workers
-                            )
-                        [result] = run_sweep(
-                            template,
-                            [problem],
-                            store,
-                            strategy=held.strategy,
-                            budget=held.budget,
-                            seed=held.seed,
-                            time_budget=time_budget,
-                            patience=patience,
-                            workers=compile_workers,
-                            compiler=compiler,
-                        )
-                except DatabaseUnavailable:
-                    raise
-                except TunesvcError as exc:
-                    finish(store, held.id, worker, "failed", str(exc))
-                    log(f"failed {held.shape_key}: {exc}")
-                    held = None
-                    continue
-                if finish(store, held.id, worker):
-                    done += 1
-                    best = f"{result.winner_ms:.4g} ms" if result.winner_ms else "no correct config"
-                    log(f"done {held.shape_key}: {best} ({result.trials_stored} trials, +{result.trials_new})")
-                held = None
-            except BaseException as exc:
-                if not isinstance(exc, DatabaseUnavailable):
-                    _give_back(
-                        store, held, worker
-                    )  # a bug or Ctrl-C: others need not wait for the heartbeat to go stale
-                    raise
-                down_since = down_since or time.monotonic()
-                if time.monotonic() - down_since > retry_s:
-                    raise TunesvcError(f"{exc}; gave up after {retry_s:.0f} s of retries.") from None
-                log(f"{exc}; retrying in {delay:.0f} s")
-                time.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                if not runner.step(backoff):
+                    return runner.done
+            except DatabaseUnavailable as exc:
+                backoff.wait(exc)
+            except BaseException:
+                runner.give_back()  # a bug or Ctrl-C: others need not wait for the heartbeat to go stale
+                raise
     finally:
-        if compiler is not None:
-            compiler.close()
+        runner.close()
 
 
-def _give_back(store: Store | None, held: JobSpec | None, worker: str) -> None:
-    if store is None or held is None:
-        return
-    try:
-        with store.session() as session:
-            session.execute(
-                update(Job)
-                .where(Job.id == held.id, Job.worker == worker, Job.status == "running")
-                .values(status="pending", worker=None)
-            )
-    except TunesvcError:  # the database is away too: the stale heartbeat releases it instead
-        pass
+class _Backoff:
+    """Waits 1, 2, 4 ... 30 s between tries of an unreachable database, giving up after ``retry_s``."""
+
+    def __init__(self, retry_s: float, log: Callable[[str], None]) -> None:
+        self.retry_s = retry_s
+        self.log = log
+        self.reset()
+
+    def reset(self) -> None:
+        """The database answers again."""
+        self.delay: float = 1.0
+        self.down_since: float | None = None
+
+    def wait(self, exc: DatabaseUnavailable) -> None:
+        self.down_since = self.down_since or time.monotonic()
+        if time.monotonic() - self.down_since > self.retry_s:
+            raise TunesvcError(f"{exc}; gave up after {self.retry_s:.0f} s of retries.") from None
+        self.log(f"{exc}; retrying in {self.delay:.0f} s")
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, 30.0)
+
+
+class _JobRunner:
+    """One worker on a batch: claims a job, sweeps it, marks it done, and again."""
+
+    def __init__(
+        self,
+        db: str,
+        batch: str,
+        worker: str,
+        log: Callable[[str], None],
+        *,
+        heartbeat_s: float,
+        stale_s: float,
+        sweep_options: dict[str, Any],
+    ) -> None:
+        self.db, self.batch, self.worker, self.log = db, batch, worker, log
+        self.heartbeat_s, self.stale_s, self.sweep_options = heartbeat_s, stale_s, sweep_options
+        self.store: Store | None = None
+        self.held: JobSpec | None = None  # kept across a lost connection: the worker resumes its own job
+        self.compiler: Compiler | None = None  # one pool for all its jobs (a batch's share kernel, strategy, budget)
+        self.done = 0
+
+    def step(self, backoff: _Backoff) -> bool:
+        """Claim a job (or keep the one held) and run it; False once none is pending or running."""
+        store = self.store = self.store or Store(self.db)
+        if self.held is None or not heartbeat(store, self.held.id, self.worker):
+            release_stale(store, self.batch, self.stale_s)
+            self.held = claim(store, self.batch, self.worker)
+        backoff.reset()
+        if self.held is None:
+            if not any(j.status == "running" for j in jobs(store, self.batch)):
+                return False
+            time.sleep(min(self.heartbeat_s, 1.0))  # a running job comes back if its worker dies
+            return True
+        self._run(store, self.held)
+        self.held = None
+        return True
+
+    def _run(self, store: Store, held: JobSpec) -> None:
+        # the job row's name: shipped, an entry point, or the kernel this sweep's command named
+        template = template_named_by_data(held.kernel, (os.environ.get(JOB_KERNEL_ENV),))
+        problem = template.problem(**held.problem)
+        try:
+            with _Heartbeat(store, held.id, self.worker, self.heartbeat_s):
+                if self.compiler is None:
+                    self.compiler = compile_pool(
+                        template,
+                        problem,
+                        strategy=held.strategy,
+                        budget=held.budget,
+                        workers=self.sweep_options["workers"],
+                    )
+                [result] = run_sweep(
+                    template,
+                    [problem],
+                    store,
+                    strategy=held.strategy,
+                    budget=held.budget,
+                    seed=held.seed,
+                    compiler=self.compiler,
+                    **self.sweep_options,
+                )
+        except DatabaseUnavailable:
+            raise
+        except TunesvcError as exc:
+            finish(store, held.id, self.worker, "failed", str(exc))
+            self.log(f"failed {held.shape_key}: {exc}")
+            return
+        if finish(store, held.id, self.worker):
+            self.done += 1
+            best = f"{result.winner_ms:.4g} ms" if result.winner_ms else "no correct config"
+            self.log(f"done {held.shape_key}: {best} ({result.trials_stored} trials, +{result.trials_new})")
+
+    def give_back(self) -> None:
+        if self.store is None or self.held is None:
+            return
+        try:
+            self.store.release_job(self.held.id, self.worker)
+        except TunesvcError:  # the database is away too: the stale heartbeat releases it instead
+            pass
+
+    def close(self) -> None:
+        if self.compiler is not None:
+            self.compiler.close()
 
 
 def worker_slots(gpus: str, gpu_count: int) -> list[str | None]:
@@ -362,12 +331,13 @@ def worker_slots(gpus: str, gpu_count: int) -> list[str | None]:
     text = gpus.strip().lower()
     if text == "all":
         return [str(i) for i in range(gpu_count)] if gpu_count else [None]
-    items = [s.strip() for s in text.split(",") if s.strip()]
-    if not items or not all(s.isdigit() for s in items) or len(set(items)) != len(items):
+    items: list[str | None] = [s.strip() for s in text.split(",") if s.strip()]
+    indices = [int(s) for s in items if s is not None and s.isdigit()]
+    if not items or len(indices) != len(items) or len(set(items)) != len(items):
         raise TunesvcError(f"--gpus takes 'all' or distinct GPU indices such as 0,1; got '{gpus}'.")
     if not gpu_count:
         return [None] * len(items)
-    if max(int(s) for s in items) >= gpu_count:
+    if max(indices) >= gpu_count:
         raise TunesvcError(f"--gpus {gpus} names a GPU this host lacks; it has {gpu_count} (0 to {gpu_count - 1}).")
     return items
 

@@ -27,18 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
-from sqlalchemy import inspect as sa_inspect
-from sqlalchemy import null as sa_null
-from sqlalchemy import select
-from sqlalchemy.engine import make_url
+import numpy as np
 
+from tunesvc.device import Device
 from tunesvc.errors import TunesvcError
 from tunesvc.space import config_hash
-from tunesvc.store.models import KernelVersion
-from tunesvc.store.models import StoredDevice
-from tunesvc.store.models import Sweep
-from tunesvc.store.models import Trial
-from tunesvc.store.models import Winner
+from tunesvc.template import template_named_by_data
 
 if TYPE_CHECKING:
     from tunesvc.store import Store
@@ -146,7 +140,7 @@ def write_report(store: Store, out_dir: str | Path, kernel: str | None = None) -
     sections = collect(store, kernel=kernel)
     if not sections:
         what = f" of kernel '{kernel}'" if kernel else ""
-        raise TunesvcError(f"Nothing to report: {_where(store)} holds no trials{what}; run `tune sweep` first.")
+        raise TunesvcError(f"Nothing to report: {store.where} holds no trials{what}; run `tune sweep` first.")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -175,96 +169,30 @@ def write_report(store: Store, out_dir: str | Path, kernel: str | None = None) -
 # -- data ------------------------------------------------------------------------------------------
 def collect(store: Store, kernel: str | None = None) -> list[Section]:
     """Every (kernel version, device) with trials, its keys, winners, heuristic times and rooflines."""
-    # named columns, not whole rows: a database of an older schema (which a read-only store
-    # cannot upgrade) still has every column read here
-    device_columns = [getattr(StoredDevice, f) for f in ("id", "hardware_id", *_device_fields())]
-    with store.session() as session:
-        versions = {
-            kv.id: kv for kv in session.execute(select(KernelVersion.id, KernelVersion.kernel, KernelVersion.version))
-        }
-        devices = {d.id: d for d in session.execute(select(*device_columns))}
-        query = select(
-            Trial.id,
-            Trial.sweep_id,
-            Trial.kernel_version_id,
-            Trial.device_id,
-            Trial.shape_key,
-            Trial.config_hash,
-            Trial.status,
-            Trial.time_ms,
-            Trial.created_at,
-        ).order_by(Trial.id)
-        if kernel is not None:
-            query = query.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(
-                KernelVersion.kernel == kernel
-            )
-        trials = session.execute(query).all()
-        winners = {
-            (w.kernel_version_id, w.device_id, w.shape_key): w
-            for w in session.execute(
-                select(
-                    Winner.kernel_version_id,
-                    Winner.device_id,
-                    Winner.shape_key,
-                    Winner.config,
-                    Winner.time_ms,
-                    Winner.trial_id,
-                )
-            )
-        }
-        # sweeps.peer_ms is revision 0004's: a database read at an older revision has none
-        has_peer = "peer_ms" in {c["name"] for c in sa_inspect(session.connection()).get_columns(Sweep.__tablename__)}
-        sweeps = session.execute(
-            select(
-                Sweep.id,
-                Sweep.kernel_version_id,
-                Sweep.device_id,
-                Sweep.shape_key,
-                Sweep.problem,
-                Sweep.wall_seconds,
-                Sweep.strategy,
-                Sweep.started_at,
-                Sweep.peer_ms if has_peer else sa_null().label("peer_ms"),
-            ).order_by(Sweep.id)
-        ).all()
+    history = store.history(kernel)
+    sweeps = history.sweeps
     problem_of_sweep = {s.id: dict(s.problem) for s in sweeps}
     sweep_by_id = {s.id: s for s in sweeps}
     peers: dict[tuple[int, int, str], list[Any]] = defaultdict(list)  # sweeps that timed the peer, oldest first
+    latest_problem: dict[tuple[int, int, str], dict] = {}
     for s in sweeps:
         if s.peer_ms is not None:
             peers[(s.kernel_version_id, s.device_id, s.shape_key)].append(s)
-    latest_problem: dict[tuple[int, int, str], dict] = {}
-    sweep_stats: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for s in sweeps:
         latest_problem[(s.kernel_version_id, s.device_id, s.shape_key)] = dict(s.problem)
-        sweep_stats[(s.kernel_version_id, s.device_id)].append(s.wall_seconds or 0.0)
     trials_of: dict[tuple[int, int, str], list[Any]] = defaultdict(list)
-    for t in trials:
+    for t in history.trials:
         trials_of[(t.kernel_version_id, t.device_id, t.shape_key)].append(t)
 
     sections: dict[tuple[int, int], Section] = {}
     templates: dict[str, Template | None] = {}
     for (kv_id, device_id, key), rows in trials_of.items():
-        kv, device = versions[kv_id], devices[device_id]
-        section = sections.get((kv_id, device_id))
-        if section is None:
-            stats = sweep_stats.get((kv_id, device_id), [])
-            section = sections[(kv_id, device_id)] = Section(
-                kernel=kv.kernel, version=kv.version, device=device, sweeps=len(stats), sweep_seconds=sum(stats)
-            )
-            if kv.kernel not in templates:
-                templates[kv.kernel] = _template(kv.kernel, (kernel,))
-            template = templates[kv.kernel]
-            section.peer_name = template.peer_name if template is not None else ""
-            if template is None:
-                section.template_note = f"Template '{kv.kernel}' is not installed here: no heuristic or roofline."
-            elif template.version != kv.version:
-                section.template_note = (
-                    f"The installed {kv.kernel} has version {template.version}; its heuristic and cost are used."
-                )
-        winner = winners.get((kv_id, device_id, key))
-        by_id = {t.id: t for t in rows}
-        winner_trial = by_id.get(winner.trial_id) if winner else None
+        kv = history.kernel_versions[kv_id]
+        if kv.kernel not in templates:
+            templates[kv.kernel] = _template(kv.kernel, (kernel,))
+        if (kv_id, device_id) not in sections:
+            sections[(kv_id, device_id)] = _section(kv, history.devices[device_id], sweeps, templates[kv.kernel])
+        winner = history.winners.get((kv_id, device_id, key))
+        winner_trial = next((t for t in rows if t.id == winner.trial_id), None) if winner else None
         # the problem the winner was measured on (a key buckets several problems), else the latest
         problem = problem_of_sweep.get(winner_trial.sweep_id) if winner_trial else None
         problem = problem or latest_problem.get((kv_id, device_id, key))
@@ -272,12 +200,28 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
         if winner is not None:
             report.winner_config, report.winner_ms = dict(winner.config), winner.time_ms
         report.peer_ms = _peer_ms(peers.get((kv_id, device_id, key), []), winner_trial, problem)
-        _fill_template_numbers(report, templates[kv.kernel], device, rows)
-        section.keys.append(report)
+        _fill_template_numbers(report, templates[kv.kernel], history.devices[device_id], rows)
+        sections[(kv_id, device_id)].keys.append(report)
     ordered = sorted(sections.values(), key=lambda s: (s.kernel, s.device.name, s.device.id, s.version))
     for section in ordered:
         section.keys.sort(key=lambda k: _key_order(k.shape_key))
     return ordered
+
+
+def _section(kv: Any, device: Any, sweeps: list[Any], template: Template | None) -> Section:
+    """An empty section of one kernel version on one device, with its sweeps' count and time."""
+    seconds = [s.wall_seconds or 0.0 for s in sweeps if (s.kernel_version_id, s.device_id) == (kv.id, device.id)]
+    section = Section(
+        kernel=kv.kernel, version=kv.version, device=device, sweeps=len(seconds), sweep_seconds=sum(seconds)
+    )
+    section.peer_name = template.peer_name if template is not None else ""
+    if template is None:
+        section.template_note = f"Template '{kv.kernel}' is not installed here: no heuristic or roofline."
+    elif template.version != kv.version:
+        section.template_note = (
+            f"The installed {kv.kernel} has version {template.version}; its heuristic and cost are used."
+        )
+    return section
 
 
 def _traces(rows: list[Any], sweeps: dict[int, Any]) -> dict[str, Trace]:
@@ -321,8 +265,6 @@ def _peer_ms(timed: list[Any], winner_trial: Any, problem: dict[str, Any] | None
 
 
 def _template(name: str, allowed: tuple[str | None, ...] = ()) -> Template | None:
-    from tunesvc.template import template_named_by_data
-
     try:
         # a name from the database: never a module path the data chooses (see template_named_by_data)
         return template_named_by_data(name, allowed)
@@ -355,16 +297,8 @@ def _fill_template_numbers(report: KeyReport, template: Template | None, device:
     report.bound = "compute" if compute_s >= memory_s else "memory"
 
 
-def _device_fields() -> list[str]:
-    from tunesvc.device import Device
-
-    return list(Device.__dataclass_fields__)
-
-
-def _device(row: Any):
-    from tunesvc.device import Device
-
-    return Device(**{f: getattr(row, f) for f in _device_fields()})
+def _device(row: Any) -> Device:
+    return Device(**{f: getattr(row, f) for f in Device.__dataclass_fields__})
 
 
 def _key_order(key: str) -> tuple:
@@ -375,6 +309,7 @@ def _key_order(key: str) -> tuple:
 
 # -- figures ---------------------------------------------------------------------------------------
 def _new_figure(width: float, height: float):
+    # matplotlib is heavy (half a second): imported only to draw, never to read a database
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -397,6 +332,7 @@ def convergence_figure(section: Section, by: str = "trial"):
     """One panel per shape key: every correct trial's time (dots) and each strategy's best so far
     (a line labelled with the strategy's name), against trial index (``by="trial"``) or seconds
     since the sweep started (``by="seconds"``). A matplotlib Figure, or None with nothing to draw."""
+    # matplotlib is heavy: imported only to draw
     from matplotlib.ticker import MaxNLocator
 
     if by not in ("trial", "seconds"):
@@ -446,8 +382,6 @@ def convergence_figure(section: Section, by: str = "trial"):
 
 def _spread_figure(section: Section):
     """Per shape key, every correct trial's time over the winner's (1 = the winner)."""
-    import numpy as np
-
     keys = [k for k in section.keys if k.ok_times]
     if not keys:
         return None
@@ -483,6 +417,7 @@ def _spread_figure(section: Section):
 
 def _plain_log_ticks(axis) -> None:
     """Log-axis labels as plain numbers (0.05, 0.1, 0.2), not 5x10^-2: labels at 1, 2, 3 and 5 per decade."""
+    # matplotlib is heavy: imported only to draw
     from matplotlib.ticker import FuncFormatter
 
     def minor(value: float, _position: int) -> str:
@@ -528,10 +463,10 @@ def _html(store: Store, sections: list[Section], figures: dict[str, dict[str, st
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>tunesvc report: {e(_where(store))}</title>",
+        f"<title>tunesvc report: {e(store.where)}</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>tunesvc report</h1>",
-        f'<p class="meta">Database <code>{e(_where(store))}</code>'
+        f'<p class="meta">Database <code>{e(store.where)}</code>'
         + (f", kernel <code>{e(kernel)}</code>" if kernel else "")
         + f"; {len(sections)} kernel/device section(s), {trials} trials; written {e(now)}.</p>",
     ]
@@ -558,29 +493,35 @@ def _section_html(section: Section, figures: dict[str, str]) -> list[str]:
     ]
     if section.template_note:
         out.append(f'<p class="note">{e(section.template_note)}</p>')
-    peak = LISTED_PEAKS.get(d.name) if d.kind == "cuda" else None
-    out.append("<table><thead><tr>")
-    headers = [
-        ("shape key", "l"),
-        ("problem", "l"),
-        ("winner config", "l"),
-        ("tuned ms", ""),
-        ("heuristic ms", ""),
-        ("speed-up", ""),
-        ("peer ms", ""),
-        ("tuned / peer (speed-up)", ""),
-        ("TFLOP/s", ""),
-        ("of roofline (listed peak)", ""),
-        ("trials", ""),
-        ("failed", ""),
-    ]
-    out.append("".join(f'<th class="{c}">{e(h)}</th>' for h, c in headers))
+    return out + _winners_table(section) + [_winners_note(section)] + _figures_html(section, figures)
+
+
+#: the winners table's columns: header, CSS class
+WINNER_COLUMNS = [
+    ("shape key", "l"),
+    ("problem", "l"),
+    ("winner config", "l"),
+    ("tuned ms", ""),
+    ("heuristic ms", ""),
+    ("speed-up", ""),
+    ("peer ms", ""),
+    ("tuned / peer (speed-up)", ""),
+    ("TFLOP/s", ""),
+    ("of roofline (listed peak)", ""),
+    ("trials", ""),
+    ("failed", ""),
+]
+
+
+def _winners_table(section: Section) -> list[str]:
+    e = html.escape
+    out = ["<table><thead><tr>"]
+    out.append("".join(f'<th class="{c}">{e(h)}</th>' for h, c in WINNER_COLUMNS))
     out.append("</tr></thead><tbody>")
     for k in section.keys:
         speedup = f"{k.heuristic_ms / k.winner_ms:.2f}x" if k.heuristic_ms and k.winner_ms else "-"
-        over_peer = (
-            f"{k.peer_speedup:.3g}x" if k.peer_speedup is not None else "-"
-        )  # 3 digits: the interpreter is 1000x slower
+        # 3 digits: the interpreter is 1000x slower
+        over_peer = f"{k.peer_speedup:.3g}x" if k.peer_speedup is not None else "-"
         roofline = f"{k.roofline:.0%} ({k.bound})" if k.roofline is not None else "-"
         cells = [
             (k.shape_key, "l k"),
@@ -603,6 +544,13 @@ def _section_html(section: Section, figures: dict[str, str]) -> list[str]:
             + "</tr>"
         )
     out.append("</tbody></table>")
+    return out
+
+
+def _winners_note(section: Section) -> str:
+    e = html.escape
+    d = section.device
+    peak = LISTED_PEAKS.get(d.name) if d.kind == "cuda" else None
     roofline = (
         f"the time the template's FLOPs and bytes would take at the listed peak of the {e(d.name)} (see the "
         "table at the end), over the tuned time"
@@ -610,19 +558,24 @@ def _section_html(section: Section, figures: dict[str, str]) -> list[str]:
         else '"-": no listed peak for this device'
     )
     peer = e(section.peer_name) if section.peer_name else "the template's torch equivalent"
-    strategies = list(dict.fromkeys(s for k in section.keys for s in k.traces))
-    out.append(
+    return (
         '<p class="note">heuristic ms: the trial of the config the template\'s heuristic picks for this problem and '
         f'device (sweeps measure it first); "-" where it was not measured. peer ms: {peer}, timed once by the '
         "sweep on the same inputs and in the same way as the candidates; tuned / peer (speed-up): peer ms over tuned "
         'ms, above 1 where the tuned kernel is faster; "-" where no sweep timed a peer (sweeps before schema '
         f"revision 0004, a template without one, or a peer that failed). Roofline: {roofline}.</p>"
     )
+
+
+def _figures_html(section: Section, figures: dict[str, str]) -> list[str]:
+    e = html.escape
+    strategies = list(dict.fromkeys(s for k in section.keys for s in k.traces))
+    out = []
     for kind, caption in FIGURES.items():
         if kind in figures:
             if kind.startswith("convergence"):
                 caption += f" Strategies: {', '.join(strategies)}."
-            alt = f"{kind} of {section.kernel} on {d.name}"
+            alt = f"{kind} of {section.kernel} on {section.device.name}"
             if kind.startswith("convergence"):
                 alt += f" (strategies: {', '.join(strategies)})"
             out.append(
@@ -677,9 +630,3 @@ def _ms(value: float | None) -> str:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def _where(store: Store) -> str:
-    if store.is_sqlite:
-        return store.path or store.url
-    return make_url(store.url).render_as_string(hide_password=True)

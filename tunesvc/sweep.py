@@ -11,17 +11,24 @@ fastest few) are re-measured interleaved -> the fastest correct trial becomes th
 
 from __future__ import annotations
 
+import abc
 import os
+import pickle
 import statistics
 import time
 from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
+from typing import TypeVar
 
 from tunesvc.bench import Bench
 from tunesvc.bench import Compiler
 from tunesvc.bench import Measurement
+from tunesvc.bench import Measurer
 from tunesvc.bench import Status
 from tunesvc.bench import Worker
 from tunesvc.device import Device
@@ -29,6 +36,7 @@ from tunesvc.device import fork_safe_current_device
 from tunesvc.errors import TunesvcError
 from tunesvc.search import OPTUNA_STRATEGIES
 from tunesvc.search import STRATEGIES
+from tunesvc.search import Strategy
 from tunesvc.search import make_strategy
 from tunesvc.space import config_hash
 from tunesvc.template import ShapeKey
@@ -37,7 +45,10 @@ from tunesvc.template import Template
 if TYPE_CHECKING:
     from tunesvc.space import Config
     from tunesvc.store import Store
+    from tunesvc.store.models import Trial
     from tunesvc.template import Problem
+
+T = TypeVar("T")
 
 DEFAULT_OPTUNA_BUDGET = 50
 #: winners of this many nearest tuned shape keys (same kernel version and device) start a search
@@ -62,17 +73,138 @@ PHASES = (
 )
 
 
-class _Clock:
-    """Splits a wall time into phases: each lap's time since the previous lap goes to its phase."""
+class Clock:
+    """Splits a wall time into phases (see :data:`PHASES`), so that they add up to it.
 
-    def __init__(self) -> None:
+    ``with clock.phase(name):`` counts the time inside to ``name``; phases nest, the inner one
+    taking its time from the outer. Time outside every phase goes to ``outside``.
+    """
+
+    def __init__(self, outside: str = "set-up") -> None:
         self.start = self._last = time.perf_counter()
         self.phases: dict[str, float] = {}
+        self._open = [outside]
 
-    def lap(self, phase: str) -> None:
+    def elapsed(self) -> float:
+        """Seconds since the clock started."""
+        return time.perf_counter() - self.start
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self._lap()
+        self._open.append(name)
+        try:
+            yield
+        finally:
+            self._lap()
+            self._open.pop()
+
+    def each(self, items: Iterable[T], name: str) -> Iterator[T]:
+        """``items``, the time spent waiting for each one counted to ``name``."""
+        iterator = iter(items)
+        while True:
+            with self.phase(name):
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    return
+            yield item
+
+    def _lap(self) -> None:
         now = time.perf_counter()
+        phase = self._open[-1]
         self.phases[phase] = self.phases.get(phase, 0.0) + now - self._last
         self._last = now
+
+
+class StopRule(abc.ABC):
+    """Ends a problem's search: asked before each batch of candidates whether the search is done,
+    told each new measurement after it. ``reason`` is what :attr:`ProblemResult.stopped` says."""
+
+    reason: str
+
+    @abc.abstractmethod
+    def done(self) -> bool:
+        """Whether the search stops before its next batch."""
+
+    def tell(self, measurement: Measurement, stored: bool = True) -> None:  # noqa: B027  (most rules only count)
+        """A new trial's measurement; ``stored``: False where the store kept another writer's
+        trial of the config, or refused it over the key's budget."""
+
+
+class TrialBudget(StopRule):
+    """At most ``limit`` trials of the key, stored ones included."""
+
+    reason = "budget"
+
+    def __init__(self, limit: int, search: Strategy) -> None:
+        self.limit = limit
+        self.search = search
+
+    def done(self) -> bool:
+        return len(self.search.told) >= self.limit
+
+    def room(self, asked: int) -> bool:
+        """Whether a batch of ``asked`` candidates may take one more."""
+        return len(self.search.told) + asked < self.limit
+
+
+class SharedBudget(StopRule):
+    """The budget counted over every writer of the key (sweeps of it beside this one): once the
+    store refuses a trial, stop if its trials of the key reach ``limit``."""
+
+    reason = "budget"
+
+    def __init__(self, limit: int, count: Callable[[], int]) -> None:
+        self.limit = limit
+        self.count = count
+        self.refused = False
+
+    def done(self) -> bool:
+        refused, self.refused = self.refused, False
+        return refused and self.count() >= self.limit
+
+    def tell(self, measurement: Measurement, stored: bool = True) -> None:
+        self.refused = self.refused or not stored
+
+
+class TimeBudget(StopRule):
+    """At most ``seconds`` since the problem's sweep started (the compile pool's start included
+    for the first problem)."""
+
+    reason = "time"
+
+    def __init__(self, seconds: float, clock: Clock) -> None:
+        self.seconds = seconds
+        self.clock = clock
+
+    def done(self) -> bool:
+        return self.clock.elapsed() >= self.seconds
+
+
+class Patience(StopRule):
+    """Stop once ``trials`` new trials in a row have not improved the best time by ``min_improvement``
+    (a fraction)."""
+
+    reason = "patience"
+
+    def __init__(self, trials: int, min_improvement: float, best_ms: float | None) -> None:
+        self.trials = trials
+        self.min_improvement = min_improvement
+        self.best_ms = best_ms
+        self.since_improved = 0
+
+    def done(self) -> bool:
+        return self.since_improved >= self.trials
+
+    def tell(self, measurement: Measurement, stored: bool = True) -> None:
+        ms = measurement.time_ms if measurement.ok else None
+        if ms is not None and (self.best_ms is None or ms < self.best_ms * (1 - self.min_improvement)):
+            self.since_improved = 0
+        else:
+            self.since_improved += 1
+        if ms is not None and (self.best_ms is None or ms < self.best_ms):
+            self.best_ms = ms
 
 
 @dataclass
@@ -153,50 +285,42 @@ def run_sweep(
     instead of starting one and left open.
     """
     check_sweep_arguments(strategy, budget, time_budget, patience)
-    clock = _Clock()
-    device = device or fork_safe_current_device()  # this process then forks its workers
-    fitting = (
-        None
-        if candidates is None
-        else max((sum(not template.violations(c, p, device) for c in candidates) for p in problems), default=0)
-    )
-    workers = _pool_size(workers, device, strategy, budget, fitting)
+    clock = Clock()
+    with clock.phase("start"):
+        device = device or fork_safe_current_device()  # this process then forks its workers
+        fits = (
+            None
+            if candidates is None
+            else max((len(_fitting(template, p, device, candidates)) for p in problems), default=0)
+        )
+        workers = _pool_size(workers, device, strategy, budget, fits)
+        own = compiler is None
+        if own:
+            compiler = _start_pool(workers, template, problems)
     options = _Options(
-        strategy,
-        budget,
-        seed,
-        time_budget,
-        patience,
-        min_improvement,
-        (3 if device.is_gpu else 0) if finalists is None else finalists,
-        device.is_gpu if isolate is None else isolate,
-        measure_timeout,
-        rep_ms,
+        strategy=strategy,
+        budget=budget,
+        seed=seed,
+        time_budget=time_budget,
+        patience=patience,
+        min_improvement=min_improvement,
+        finalists=(3 if device.is_gpu else 0) if finalists is None else finalists,
+        isolate=device.is_gpu if isolate is None else isolate,
+        measure_timeout=measure_timeout,
+        rep_ms=rep_ms,
     )
-    own = compiler is None
-    if own:
-        compiler = _start_pool(workers, template, problems)
-    clock.lap("start")
+    run = _Run(template, store, device, options, compiler, candidates, on_start, on_trial, on_phase or _no_phase)
     try:
         return [
-            _sweep_one(
-                template,
-                problem,
-                store,
-                device,
-                options,
-                on_start,
-                on_trial,
-                compiler,
-                candidates,
-                on_phase or (lambda key, what: None),
-                clock if i == 0 else _Clock(),
-            )
-            for i, problem in enumerate(problems)
+            _ProblemSweep(run, problem, clock if i == 0 else Clock()).execute() for i, problem in enumerate(problems)
         ]
     finally:
         if own and compiler is not None:
             compiler.close()
+
+
+def _no_phase(key: str, what: str) -> None:
+    pass
 
 
 def compile_pool(
@@ -252,6 +376,21 @@ class _Options:
     rep_ms: float
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What every problem of one :func:`run_sweep` call shares."""
+
+    template: Template
+    store: Store
+    device: Device
+    options: _Options
+    compiler: Compiler | None
+    explicit: list[Config] | None  # candidates given instead of the space's enumeration
+    on_start: Callable[[Problem, str, int], None] | None
+    on_trial: Callable[[TrialEvent], None] | None
+    on_phase: Callable[[str, str], None]
+
+
 def study_name(template: Template, device: Device, shape_key: str, strategy: str) -> str:
     """The Optuna study of one (kernel, kernel version, device, shape key) and strategy."""
     return f"tunesvc:{template.name}:{template.version}:{device.fingerprint}:{shape_key}:{strategy}"
@@ -271,169 +410,216 @@ def study_storage(store: Store) -> str | None:
     return store.url
 
 
-def _sweep_one(
-    template: Template,
-    problem: Problem,
-    store: Store,
-    device: Device,
-    options: _Options,
-    on_start,
-    on_trial,
-    compiler: Compiler | None,
-    explicit: list[Config] | None,
-    on_phase: Callable[[str, str], None],
-    clock: _Clock,
-) -> ProblemResult:
-    kv_id = store.kernel_version_id(template)
-    device_id = store.device_id(device)
-    started = clock.start
-    key = str(template.key(problem))
-    if explicit is None:
-        candidates = template.feasible(problem, device)
-    else:
-        candidates = [c for c in explicit if not template.violations(c, problem, device)]
-    if not candidates:
-        raise TunesvcError(
-            f"No config of {template.name}'s space fits {key} on {device.name}; widen search_spaces/{template.name}.toml."
-        )
-    strategy, budget = options.strategy, options.budget
-    heuristic = template.heuristic(problem, device)
-    limit = len(candidates) if budget is None and strategy == "grid" else budget or DEFAULT_OPTUNA_BUDGET
-    limit = min(limit, len(candidates))
-    warm = template.warm_start(problem, device)
-    initial = _unique([*warm[:1], *stored_warm_start(store, template, device, key), *warm[1:]])
-    storage = study_storage(store) if strategy in OPTUNA_STRATEGIES else None
-    search = make_strategy(
-        strategy,
-        template.space,
-        candidates,
-        seed=options.seed,
-        initial=initial,
-        storage=storage,
-        study_name=study_name(template, device, key, strategy) if storage else None,
-    )
-    stored = store.trials(kv_id, device_id, key)
-    for row in stored:
-        search.tell(dict(row.config), _measurement(row))
-    measured = {row.config_hash: _measurement(row) for row in stored}
-    best = min((r.time_ms for r in stored if r.status == "ok"), default=None)
-    if on_start:
-        on_start(problem, key, limit)
-    sweep_id = store.start_sweep(kv_id, device_id, key, problem, strategy, budget, options.seed)
-    measurer: Bench | Worker | None = None
-    new = 0
-    batch_size = compiler.workers if compiler else 1
-    stopped = "budget"
-    since_improved = 0  # trials since the best last improved by min_improvement
-    peer_ms: float | None = None
-    clock.lap("set-up")
-    try:
-        while len(search.told) < limit:
-            if options.time_budget is not None and time.perf_counter() - started >= options.time_budget:
-                stopped = "time"
-                break
-            if options.patience is not None and since_improved >= options.patience:
-                stopped = "patience"
-                break
-            batch: list[Config] = []
-            hashes: list[str] = []
-            while len(batch) < batch_size and len(search.told) + len(batch) < limit:
-                config = search.ask()
-                if config is None:
-                    break
-                h = config_hash(config)
-                if h in measured:  # a strategy may propose a stored config again
-                    search.tell(config, measured[h])
-                else:
-                    batch.append(config)
-                    hashes.append(h)
-            if not batch:
-                stopped = "exhausted"
-                break
-            clock.lap("search")
-            measurer = measurer or _measurer(template, problem, device, options)
-            if compiler is not None:
-                on_phase(key, f"compiling {len(batch)} candidates")
-                compiled = compiler.compile_each(template, problem, batch)  # in the order they finish
-            else:
-                compiled = ((j, None) for j in range(len(batch)))
-            clock.lap("measurer start")
-            results: list[tuple[Config, str, Measurement]] = []
-            for i, (j, _) in enumerate(compiled):  # to its end: the end replaces a broken pool
-                config, h = batch[j], hashes[j]
-                clock.lap("waiting for compiles")
-                if isinstance(measurer, Worker):
-                    measurer.wait_ready()
-                    clock.lap("measurer start")
-                if i == 0:
-                    on_phase(key, "checking and timing")
-                results.append((config, h, measurer.measure(config)))
-                clock.lap("checking and timing")
-            # one transaction per batch: many workers on one database commit once per batch, not
-            # per trial (benchmarks/write_throughput.py); a kill loses at most the batch in flight
-            # with a --budget, the store counts every writer's trials of this key against it
-            ids = store.add_trials(
-                sweep_id, kv_id, device_id, key, results, budget=limit if budget is not None else None
+class _ProblemSweep:
+    """One problem's sweep: set up from what is stored, searched batch by batch until a stop rule
+    or the space says so, its finalists re-timed, its torch peer timed, its winner stored."""
+
+    def __init__(self, run: _Run, problem: Problem, clock: Clock) -> None:
+        self.run, self.problem, self.clock = run, problem, clock
+        template, store, device, options = run.template, run.store, run.device, run.options
+        with clock.phase("set-up"):
+            self.kv_id = store.kernel_version_id(template)
+            self.device_id = store.device_id(device)
+            self.key = str(template.key(problem))
+            candidates = self._candidates()
+            self.heuristic = template.heuristic(problem, device)
+            grid_all = options.budget is None and options.strategy == "grid"
+            limit = len(candidates) if grid_all else options.budget or DEFAULT_OPTUNA_BUDGET
+            self.search = self._strategy(candidates)
+            stored = store.trials(self.kv_id, self.device_id, self.key)
+            self.measured = {row.config_hash: _measurement(row) for row in stored}
+            for row in stored:
+                self.search.tell(dict(row.config), self.measured[row.config_hash])
+            self.best_ms = min((r.time_ms for r in stored if r.status == "ok" and r.time_ms is not None), default=None)
+            self.budget = TrialBudget(min(limit, len(candidates)), self.search)
+            self.rules = self._stop_rules()
+            self.new = 0
+            self.measurer: Measurer | None = None
+            if run.on_start:
+                run.on_start(problem, self.key, self.budget.limit)
+            self.sweep_id = store.start_sweep(
+                self.kv_id, self.device_id, self.key, problem, options.strategy, options.budget, options.seed
             )
-            clock.lap("trial writes")
-            for (config, h, m), trial_id in zip(results, ids):
-                if trial_id is not None:
-                    measured[h] = m
-                    new += 1
-                search.tell(config, m)
-                if m.ok and (best is None or m.time_ms < best * (1 - options.min_improvement)):
-                    since_improved = 0
-                else:
-                    since_improved += 1
-                if m.ok and (best is None or m.time_ms < best):
-                    best = m.time_ms
-                if on_trial:
-                    on_trial(TrialEvent(problem, key, len(search.told), limit, config, m, best))
-            clock.lap("search")
-            if budget is not None and None in ids and store.trial_count(kv_id, device_id, key) >= limit:
-                break  # sweeps of this key beside this one used the rest of the budget
-        if stopped == "budget" and search.exhausted:
-            stopped = "exhausted"
-        clock.lap("search")
-        if new and options.finalists > 1:
-            on_phase(key, f"re-timing {options.finalists} finalists")
-            measurer = measurer or _measurer(template, problem, device, options)
-            clock.lap("measurer start")
-            _remeasure_finalists(store, measurer, kv_id, device_id, key, options.finalists, options.rep_ms)
-            clock.lap("finalists")
-        if measurer is not None and has_peer(template):  # a sweep that measured nothing makes no inputs for it
-            on_phase(key, "timing the torch peer")
-            peer_ms = _time_peer(measurer)
-            clock.lap("torch peer")
-    finally:
-        if isinstance(measurer, Worker):
-            measurer.close()
-            clock.lap("measurer stop")
-    winner = store.update_winner(kv_id, device_id, key)
-    rows = store.trials(kv_id, device_id, key)
-    heuristic_row = next((r for r in rows if r.config_hash == config_hash(heuristic)), None)
-    store.finish_sweep(sweep_id, time.perf_counter() - started, peer_ms=peer_ms)
-    clock.lap("winner")
-    wall = sum(clock.phases.values())
-    on_phase(key, "done")
-    return ProblemResult(
-        problem=problem,
-        shape_key=key,
-        winner=dict(winner.config) if winner else None,
-        winner_ms=winner.time_ms if winner else None,
-        heuristic=heuristic,
-        heuristic_ms=heuristic_row.time_ms if heuristic_row and heuristic_row.status == "ok" else None,
-        trials_new=new,
-        trials_stored=len(rows),
-        failures=sum(r.status != Status.OK.value for r in rows),
-        wall_seconds=wall,
-        phases=clock.phases,
-        stopped=stopped,
-        peer_ms=peer_ms,
-    )
+
+    def _candidates(self) -> list[Config]:
+        template, device = self.run.template, self.run.device
+        if self.run.explicit is None:
+            candidates = template.feasible(self.problem, device)
+        else:
+            candidates = _fitting(template, self.problem, device, self.run.explicit)
+        if not candidates:
+            raise TunesvcError(
+                f"No config of {template.name}'s space fits {self.key} on {device.name}; widen search_spaces/{template.name}.toml."
+            )
+        return candidates
+
+    def _strategy(self, candidates: list[Config]) -> Strategy:
+        run, template, device = self.run, self.run.template, self.run.device
+        warm = template.warm_start(self.problem, device)
+        initial = _unique([*warm[:1], *stored_warm_start(run.store, template, device, self.key), *warm[1:]])
+        storage = study_storage(run.store) if run.options.strategy in OPTUNA_STRATEGIES else None
+        return make_strategy(
+            run.options.strategy,
+            template.space,
+            candidates,
+            seed=run.options.seed,
+            initial=initial,
+            storage=storage,
+            study_name=study_name(template, device, self.key, run.options.strategy) if storage else None,
+        )
+
+    def _stop_rules(self) -> list[StopRule]:
+        """The budget in trials first (this sweep's, then every writer's), then the time budget
+        and the patience, if given."""
+        options, store = self.run.options, self.run.store
+        rules: list[StopRule] = [self.budget]
+        if options.budget is not None:
+            count = lambda: store.trial_count(self.kv_id, self.device_id, self.key)
+            rules.append(SharedBudget(self.budget.limit, count))
+        if options.time_budget is not None:
+            rules.append(TimeBudget(options.time_budget, self.clock))
+        if options.patience is not None:
+            rules.append(Patience(options.patience, options.min_improvement, self.best_ms))
+        return rules
+
+    def execute(self) -> ProblemResult:
+        try:
+            with self.clock.phase("search"):
+                stopped = self._search()
+            self._finalists()
+            peer_ms = self._peer()
+        finally:
+            if self.measurer is not None:
+                with self.clock.phase("measurer stop"):
+                    self.measurer.close()
+        return self._result(stopped, peer_ms)
+
+    def _search(self) -> str:
+        """Ask, measure, store and tell, batch after batch; returns why the search stopped."""
+        while (rule := next((r for r in self.rules if r.done()), None)) is None:
+            batch = self._next_batch()
+            if not batch:
+                return "exhausted"
+            self._store_and_tell(self._measure(batch))
+        return "exhausted" if rule.reason == "budget" and self.search.exhausted else rule.reason
+
+    def _next_batch(self) -> list[tuple[Config, str]]:
+        """As many new candidates as compile in parallel and the budget allows; a stored config
+        that the strategy proposes again is told its stored measurement instead."""
+        size = self.run.compiler.workers if self.run.compiler else 1
+        batch: list[tuple[Config, str]] = []
+        while len(batch) < size and self.budget.room(len(batch)):
+            config = self.search.ask()
+            if config is None:
+                break
+            h = config_hash(config)
+            if h in self.measured:
+                self.search.tell(config, self.measured[h])
+            else:
+                batch.append((config, h))
+        return batch
+
+    def _measure(self, batch: list[tuple[Config, str]]) -> list[tuple[Config, str, Measurement]]:
+        """Each candidate checked and timed as soon as it has compiled (in the pool, if any)."""
+        with self.clock.phase("measurer start"):
+            measurer = self._measurer()
+            compiled = self._compiled([config for config, _ in batch])
+        results: list[tuple[Config, str, Measurement]] = []
+        for i in self.clock.each(compiled, "waiting for compiles"):  # to its end: the end replaces a broken pool
+            with self.clock.phase("measurer start"):
+                measurer.wait_ready()
+            if not results:
+                self.run.on_phase(self.key, "checking and timing")
+            config, h = batch[i]
+            with self.clock.phase("checking and timing"):
+                results.append((config, h, measurer.measure(config)))
+        return results
+
+    def _compiled(self, configs: list[Config]) -> Iterator[int]:
+        """The indices of ``configs`` in the order they finish compiling."""
+        compiler = self.run.compiler
+        if compiler is None:
+            return iter(range(len(configs)))
+        self.run.on_phase(self.key, f"compiling {len(configs)} candidates")
+        return (i for i, _ in compiler.compile_each(self.run.template, self.problem, configs))
+
+    def _store_and_tell(self, results: list[tuple[Config, str, Measurement]]) -> None:
+        # one transaction per batch: many workers on one database commit once per batch, not
+        # per trial (benchmarks/write_throughput.py); a kill loses at most the batch in flight.
+        # With a --budget, the store counts every writer's trials of this key against it.
+        shared = self.budget.limit if self.run.options.budget is not None else None
+        with self.clock.phase("trial writes"):
+            ids = self.run.store.add_trials(self.sweep_id, self.kv_id, self.device_id, self.key, results, budget=shared)
+        for (config, h, m), trial_id in zip(results, ids):
+            if trial_id is not None:
+                self.measured[h] = m
+                self.new += 1
+            self.search.tell(config, m)
+            for rule in self.rules:
+                rule.tell(m, stored=trial_id is not None)
+            if m.ok and m.time_ms is not None and (self.best_ms is None or m.time_ms < self.best_ms):
+                self.best_ms = m.time_ms
+            if self.run.on_trial:
+                event = TrialEvent(
+                    self.problem, self.key, len(self.search.told), self.budget.limit, config, m, self.best_ms
+                )
+                self.run.on_trial(event)
+
+    def _measurer(self) -> Measurer:
+        if self.measurer is None:
+            self.measurer = _measurer(self.run.template, self.problem, self.run.device, self.run.options)
+        return self.measurer
+
+    def _finalists(self) -> None:
+        k = self.run.options.finalists
+        if not self.new or k <= 1:
+            return
+        self.run.on_phase(self.key, f"re-timing {k} finalists")
+        with self.clock.phase("measurer start"):
+            measurer = self._measurer()
+        with self.clock.phase("finalists"):
+            rows = self.run.store.trials(self.kv_id, self.device_id, self.key)
+            self.run.store.replace_measurements(_remeasure_finalists(measurer, rows, k, self.run.options.rep_ms))
+
+    def _peer(self) -> float | None:
+        # a sweep that measured nothing makes no inputs for the peer
+        if self.measurer is None or not has_peer(self.run.template):
+            return None
+        self.run.on_phase(self.key, "timing the torch peer")
+        with self.clock.phase("torch peer"):
+            return _time_peer(self.measurer)
+
+    def _result(self, stopped: str, peer_ms: float | None) -> ProblemResult:
+        store = self.run.store
+        with self.clock.phase("winner"):
+            winner = store.update_winner(self.kv_id, self.device_id, self.key)
+            rows = store.trials(self.kv_id, self.device_id, self.key)
+            heuristic = next((r for r in rows if r.config_hash == config_hash(self.heuristic)), None)
+            store.finish_sweep(self.sweep_id, self.clock.elapsed(), peer_ms=peer_ms)
+        self.run.on_phase(self.key, "done")
+        return ProblemResult(
+            problem=self.problem,
+            shape_key=self.key,
+            winner=dict(winner.config) if winner else None,
+            winner_ms=winner.time_ms if winner else None,
+            heuristic=self.heuristic,
+            heuristic_ms=heuristic.time_ms if heuristic and heuristic.status == "ok" else None,
+            trials_new=self.new,
+            trials_stored=len(rows),
+            failures=sum(r.status != Status.OK.value for r in rows),
+            wall_seconds=sum(self.clock.phases.values()),
+            phases=self.clock.phases,
+            stopped=stopped,
+            peer_ms=peer_ms,
+        )
 
 
-def _measurer(template: Template, problem: Problem, device: Device, options: _Options) -> Bench | Worker:
+def _fitting(template: Template, problem: Problem, device: Device, configs: list[Config]) -> list[Config]:
+    """Those of ``configs`` that break no constraint of the space on this problem and device."""
+    return [c for c in configs if not template.violations(c, problem, device)]
+
+
+def _measurer(template: Template, problem: Problem, device: Device, options: _Options) -> Measurer:
     # a template the child cannot unpickle (e.g. a decorated kernel with local functions) is
     # measured in this process, as before isolation existed
     if options.isolate and _picklable(template, problem):
@@ -446,7 +632,7 @@ def has_peer(template: Template) -> bool:
     return type(template).peer is not Template.peer
 
 
-def _time_peer(measurer: Bench | Worker) -> float | None:
+def _time_peer(measurer: Measurer) -> float | None:
     """The peer's median ms, timed once per sweep on the candidates' inputs; None if it failed."""
     try:
         m = measurer.time_peer()
@@ -456,8 +642,6 @@ def _time_peer(measurer: Bench | Worker) -> float | None:
 
 
 def _picklable(*objects: object) -> bool:
-    import pickle
-
     try:
         pickle.dumps(objects)
     except Exception:  # pickle raises AttributeError, TypeError or PicklingError, by object
@@ -478,13 +662,12 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
         and (distance := target.distance(ShapeKey.parse(w.shape_key))) != float("inf")
     )
     elsewhere = [w.config for w in winners if w.shape_key == shape_key and w.hardware_id != device.hardware_id]
-    return _unique([dict(config) for _, _, config in near[:NEIGHBOURS]] + [dict(c) for c in elsewhere])
+    configs: list[Config] = [dict(config) for _, _, config in near[:NEIGHBOURS]] + [dict(c) for c in elsewhere]
+    return _unique(configs)
 
 
-def _remeasure_finalists(
-    store: Store, measurer: Bench | Worker, kv_id: int, device_id: int, key: str, k: int, rep_ms: float
-) -> None:
-    """Re-time the k fastest correct trials round-robin and store each one's median of rounds.
+def _remeasure_finalists(measurer: Measurer, rows: list[Trial], k: int, rep_ms: float) -> list[tuple[int, Measurement]]:
+    """Re-time the k fastest correct trials round-robin; each one's median of rounds, by trial id.
 
     Interleaving puts every finalist under the same clocks and temperatures, so a config whose
     first measurement was lucky falls back before it can be declared the winner. A round times
@@ -492,37 +675,35 @@ def _remeasure_finalists(
     and are interleaved more finely. A finalist that fails now (a crash, a timeout) keeps that
     status and cannot win.
     """
-    from tunesvc.store.models import Trial
-
-    rows = sorted((r for r in store.trials(kv_id, device_id, key) if r.status == "ok"), key=lambda r: r.time_ms)[:k]
-    if len(rows) < 2:
-        return
-    rounds: dict[int, list[Measurement]] = {r.id: [] for r in rows}
+    ok = [r for r in rows if r.status == "ok" and r.time_ms is not None]
+    finalists = sorted(ok, key=lambda r: r.time_ms or 0.0)[:k]
+    if len(finalists) < 2:
+        return []
+    rounds: dict[int, list[Measurement]] = {r.id: [] for r in finalists}
     for _ in range(FINALIST_ROUNDS):
-        for row in rows:
+        for row in finalists:
             rounds[row.id].append(measurer.time_only(dict(row.config), rep_ms / FINALIST_ROUNDS))
-    with store.session() as session:
-        for row in rows:
-            ms = rounds[row.id]
-            trial = session.get(Trial, row.id)
-            failed = next((m for m in ms if not m.ok), None)
-            if failed is not None:
-                trial.status, trial.time_ms, trial.message = (
-                    failed.status.value,
-                    None,
-                    f"as a finalist: {failed.message}",
-                )
-                continue
-            times = sorted([row.time_ms, *(m.time_ms for m in ms)])
-            median = statistics.median(times)
-            trial.time_ms = median
-            trial.spread = (times[-1] - times[0]) / median
-            trial.reps = row.reps + sum(m.reps for m in ms)
+    results = []
+    for row in finalists:
+        failed = next((m for m in rounds[row.id] if not m.ok), None)
+        if failed is not None:
+            results.append((row.id, Measurement(failed.status, message=f"as a finalist: {failed.message}")))
+            continue
+        times = sorted([row.time_ms or 0.0, *(m.time_ms or 0.0 for m in rounds[row.id])])
+        median = statistics.median(times)
+        reps = row.reps + sum(m.reps for m in rounds[row.id])
+        results.append(
+            (row.id, Measurement(Status.OK, time_ms=median, spread=(times[-1] - times[0]) / median, reps=reps))
+        )
+    return results
 
 
 def _unique(configs: list[Config]) -> list[Config]:
-    seen: set[str] = set()
-    return [c for c in configs if not (config_hash(c) in seen or seen.add(config_hash(c)))]
+    """``configs`` without repeats (by config hash), each where it first appears."""
+    first: dict[str, Config] = {}
+    for config in configs:
+        first.setdefault(config_hash(config), config)
+    return list(first.values())
 
 
 def check_sweep_arguments(
@@ -538,7 +719,7 @@ def check_sweep_arguments(
         raise TunesvcError(f"--patience must be at least 1, got {patience}.")
 
 
-def _measurement(row) -> Measurement:
+def _measurement(row: Trial) -> Measurement:
     return Measurement(
         Status(row.status),
         time_ms=row.time_ms,

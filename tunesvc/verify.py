@@ -25,10 +25,12 @@ from tunesvc.bench import Bench
 from tunesvc.device import Device
 from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
+from tunesvc.sweep import run_sweep
 from tunesvc.template import template_named_by_data
 
 if TYPE_CHECKING:
     from tunesvc.bench import Measurement
+    from tunesvc.space import Config
     from tunesvc.store import Store
     from tunesvc.template import Problem
     from tunesvc.template import Template
@@ -41,7 +43,7 @@ class Verdict:
     kernel: str
     shape_key: str
     version: str
-    config: dict[str, int]
+    config: Config
     stored_ms: float
     tuned_triton: str
     measured_ms: float | None = None
@@ -49,7 +51,7 @@ class Verdict:
     flags: list[str] = field(default_factory=list)
     detail: str = ""
     retuned_ms: float | None = None
-    retuned_config: dict[str, int] | None = None
+    retuned_config: Config | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,7 +122,12 @@ def _measure(verdict: Verdict, template: Template, problem: Problem, device: Dev
     if not winner.ok:
         verdict.flags.append(WRONG)
         verdict.detail = f"{winner.status.value}: {winner.message}"
-    elif theirs.ok and theirs.time_ms < winner.time_ms * (1 - margin):
+    elif (
+        theirs.ok
+        and theirs.time_ms is not None
+        and winner.time_ms is not None
+        and theirs.time_ms < winner.time_ms * (1 - margin)
+    ):
         verdict.flags.append(SLOWER)
         verdict.detail = verdict.detail or f"heuristic {theirs.time_ms:.4g} ms < winner {winner.time_ms:.4g} ms"
 
@@ -128,8 +135,6 @@ def _measure(verdict: Verdict, template: Template, problem: Problem, device: Dev
 def _retune(
     verdict: Verdict, template: Template, problem: Problem, store: Store, device: Device, budget: int, strategy: str
 ) -> None:
-    from tunesvc.sweep import run_sweep
-
     stored = store.trials(store.kernel_version_id(template), store.device_id(device), verdict.shape_key)
     [result] = run_sweep(template, [problem], store, strategy=strategy, budget=len(stored) + budget, device=device)
     verdict.retuned_ms, verdict.retuned_config = result.winner_ms, result.winner

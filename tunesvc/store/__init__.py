@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
-from tunesvc.store._migrate import current_revision
 from tunesvc.store._migrate import head_revision
-from tunesvc.store._migrate import upgrade
 from tunesvc.store._store import DatabaseUnavailable
+from tunesvc.store._store import History
+from tunesvc.store._store import JobSpec
 from tunesvc.store._store import Store
 from tunesvc.store._store import WinnerEntry
+from tunesvc.store._store import current_revision
+from tunesvc.store._store import database_name
 from tunesvc.store._store import resolve_url
+from tunesvc.store._store import upgrade
 
-__all__ = ["DatabaseUnavailable", "Store", "WinnerEntry", "current_revision", "head_revision", "resolve_url", "upgrade"]
+__all__ = [
+    "DatabaseUnavailable",
+    "History",
+    "JobSpec",
+    "Store",
+    "WinnerEntry",
+    "current_revision",
+    "database_name",
+    "head_revision",
+    "resolve_url",
+    "upgrade",
+]

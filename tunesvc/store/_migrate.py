@@ -30,7 +30,6 @@ store stays cheap for the runtime. Alembic is imported only to migrate.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,8 +45,6 @@ from sqlalchemy import func
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from tunesvc.errors import TunesvcError
 from tunesvc.store.models import SCHEMA_VERSION
@@ -74,7 +71,7 @@ UNPREFIXED = frozenset({"0001", "0002", "0003", "0004"})
 
 def alembic_config(connection: Connection | None = None) -> Config:
     """Alembic's configuration for the store, with no alembic.ini (as Optuna does it)."""
-    from alembic.config import Config
+    from alembic.config import Config  # Alembic is imported only to migrate: opening a store stays cheap
 
     config = Config()
     config.set_main_option("script_location", str(SCRIPT_LOCATION).replace("%", "%%"))
@@ -85,55 +82,12 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 def head_revision() -> str:
     """The newest revision of the migration scripts: the schema this tunesvc reads and writes."""
-    from alembic.script import ScriptDirectory
+    from alembic.script import ScriptDirectory  # Alembic is imported only to migrate
 
-    return ScriptDirectory.from_config(alembic_config()).get_current_head()
-
-
-def current_revision(db: str | os.PathLike | None = None) -> str:
-    """The revision of an existing tunesvc database (opened read-only: nothing is changed).
-
-    A database from before Alembic is "0001". Raises :class:`TunesvcError` for a missing path, an
-    empty database, another application's database or one newer than this tunesvc.
-    """
-    from tunesvc.store._store import Store
-
-    store = Store(db, readonly=True)
-    try:
-        return store.revision
-    finally:
-        store.close()
-
-
-def upgrade(db: str | os.PathLike | None = None, *, create: bool = True) -> tuple[str | None, str]:
-    """Bring a database to the head revision; returns (revision before or None if new, head).
-
-    ``create=False`` (`tune db upgrade`) refuses a path with no tunesvc database instead of
-    creating one. A database from before Alembic is stamped 0001, then upgraded. The whole
-    upgrade is one transaction (on SQLite under the write lock, so concurrent processes migrate
-    one at a time and the later ones find the work done): it applies completely or not at all.
-    """
-    from tunesvc.store._store import Store
-    from tunesvc.store._store import resolve_url
-
-    if not create:
-        try:
-            url = make_url(resolve_url(db))
-        except ArgumentError:
-            url = None  # Store says what is wrong with it
-        if (
-            url is not None
-            and url.get_backend_name() == "sqlite"
-            and url.database not in (None, "", ":memory:")
-            and not Path(url.database).exists()
-        ):
-            raise TunesvcError(f"No database at {url.database}; `tune db init` creates one.")
-        current_revision(db)  # an existing tunesvc database, or one line that says why not
-    store = Store(db, upgrade=True)
-    try:
-        return store.revision_found, store.revision
-    finally:
-        store.close()
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise TunesvcError("tunesvc's migration scripts are missing; reinstall tunesvc.")
+    return head
 
 
 # -- used by Store ----------------------------------------------------------------------------------
@@ -188,7 +142,7 @@ def _only_optuna(tables: set[str]) -> bool:
     """
     if not {"studies", "version_info"} <= tables:
         return False
-    from optuna.storages._rdb.models import BaseModel
+    from optuna.storages._rdb.models import BaseModel  # optuna is heavy: imported only for such a database
 
     return tables <= set(BaseModel.metadata.tables) | {SHARED_VERSION_TABLE}
 
@@ -199,7 +153,7 @@ def migrate(engine: Engine, where: str) -> tuple[str | None, str]:
     A database with no tunesvc revision gets the head schema from the models, stamped head;
     one with a revision is upgraded through the migrations from there.
     """
-    from alembic import command
+    from alembic import command  # Alembic is imported only to migrate
 
     with engine.connect() as connection, _write_lock(connection):
         before, table = revision_of(connection, where)  # again, now that no one else migrates
@@ -275,6 +229,7 @@ def _write_lock(connection: Connection) -> Iterator[None]:
             yield
         return
     dbapi_connection = connection.connection.driver_connection
+    assert dbapi_connection is not None  # pysqlite's, checked out by this connection
     saved = dbapi_connection.isolation_level
     dbapi_connection.isolation_level = None
     dbapi_connection.execute("PRAGMA foreign_keys = OFF")

@@ -30,9 +30,12 @@ from sqlalchemy import delete
 from sqlalchemy import event
 from sqlalchemy import func
 from sqlalchemy import insert
+from sqlalchemy import inspect
 from sqlalchemy import literal
+from sqlalchemy import null
 from sqlalchemy import select
 from sqlalchemy import text
+from sqlalchemy import update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import make_url
@@ -42,10 +45,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.exc import InterfaceError
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm import aliased
 from sqlalchemy.orm import sessionmaker
 
+from tunesvc.device import Device
 from tunesvc.errors import TunesvcError
+from tunesvc.space import config_hash
 from tunesvc.store import _migrate
+from tunesvc.store.models import Job
 from tunesvc.store.models import KernelVersion
 from tunesvc.store.models import StoredDevice
 from tunesvc.store.models import Sweep
@@ -55,7 +62,6 @@ from tunesvc.store.models import utcnow
 
 if TYPE_CHECKING:
     from tunesvc.bench import Measurement
-    from tunesvc.device import Device
     from tunesvc.space import Config
     from tunesvc.template import Template
 
@@ -70,6 +76,18 @@ def resolve_url(db: str | os.PathLike | None = None) -> str:
     return db if "://" in db else f"sqlite:///{db}"
 
 
+def database_name(db: str | os.PathLike | None = None) -> str:
+    """The database as messages name it: a SQLite file's path, else its URL without the password."""
+    url = resolve_url(db)
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # not a URL: named as given
+        return url
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        return parsed.database
+    return parsed.render_as_string(hide_password=True)
+
+
 @dataclass(frozen=True)
 class WinnerEntry:
     """A winner as users see it (detached from the ORM session)."""
@@ -79,12 +97,46 @@ class WinnerEntry:
     device: str
     hardware_id: str
     shape_key: str
-    config: dict[str, int]
+    config: Config
     time_ms: float
     updated_at: datetime
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "updated_at": self.updated_at.isoformat()}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A claimed job of a shared sweep (see :mod:`tunesvc.jobs`), detached from the database session."""
+
+    id: int
+    kernel: str
+    shape_key: str
+    problem: dict
+    strategy: str
+    budget: int | None
+    seed: int
+
+
+@dataclass(frozen=True)
+class History:
+    """What a database recorded, as named columns (not ORM rows), for reading in bulk (`tune report`).
+
+    Columns, not whole rows: a database of an older schema, which a read-only store cannot
+    upgrade, still has every column read here; ``sweeps``' ``peer_ms`` (revision 0004) reads None
+    where it is missing.
+    """
+
+    #: id -> (id, kernel, version)
+    kernel_versions: dict[int, Any]
+    #: id -> (id, hardware_id and every field of :class:`~tunesvc.device.Device`)
+    devices: dict[int, Any]
+    #: (id, sweep_id, kernel_version_id, device_id, shape_key, config_hash, status, time_ms, created_at), by id
+    trials: list[Any]
+    #: (kernel_version_id, device_id, shape_key) -> (..., config, time_ms, trial_id)
+    winners: dict[tuple[int, int, str], Any]
+    #: (id, kernel_version_id, device_id, shape_key, problem, wall_seconds, strategy, started_at, peer_ms), by id
+    sweeps: list[Any]
 
 
 class DatabaseUnavailable(TunesvcError):
@@ -241,6 +293,11 @@ class Store:
     def _where(self) -> str:
         return self.path if self.is_sqlite and self.path else self.engine.url.render_as_string(hide_password=True)
 
+    @property
+    def where(self) -> str:
+        """The database as messages name it: a SQLite file's path, else its URL without the password."""
+        return self._where()
+
     @contextmanager
     def _errors(self) -> Iterator[None]:
         """Turn the database's own failures into one line that says what to do."""
@@ -358,11 +415,11 @@ class Store:
 
     def finish_sweep(self, sweep_id: int, wall_seconds: float, peer_ms: float | None = None) -> None:
         with self.session() as session:
-            row = session.get(Sweep, sweep_id)
-            row.status = "done"
-            row.finished_at = utcnow()
-            row.wall_seconds = wall_seconds
-            row.peer_ms = peer_ms
+            session.execute(
+                update(Sweep)
+                .where(Sweep.id == sweep_id)
+                .values(status="done", finished_at=utcnow(), wall_seconds=wall_seconds, peer_ms=peer_ms)
+            )
 
     def trials(self, kv_id: int, device_id: int, shape_key: str) -> list[Trial]:
         with self.session() as session:
@@ -474,6 +531,22 @@ class Store:
         with self._errors(), self.engine.connect() as connection:
             return self._count_trials(connection, kv_id, device_id, shape_key)
 
+    def replace_measurements(self, measured: Sequence[tuple[int, Measurement]]) -> None:
+        """Re-measurements of stored trials (finalists), in one transaction.
+
+        An OK measurement replaces the trial's time, spread and repetitions; a failed one its
+        status and message, and drops its time, so that it can no longer win.
+        """
+        with self.session() as session:
+            for trial_id, m in measured:
+                trial = session.get(Trial, trial_id)
+                if trial is None:  # trials are never deleted; a wrong id changes nothing
+                    continue
+                if m.ok:
+                    trial.time_ms, trial.spread, trial.reps = m.time_ms, m.spread, m.reps
+                else:
+                    trial.status, trial.time_ms, trial.message = m.status.value, None, m.message
+
     def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> Winner | None:
         """Make the fastest correct trial of this key the winner (or none, if none is correct).
 
@@ -530,7 +603,7 @@ class Store:
                 .order_by(Trial.time_ms, Trial.id)
                 .limit(1)
             )
-            if best is None:
+            if best is None or best.time_ms is None:  # a correct trial always has a time
                 return None
             winner = session.scalar(
                 select(Winner).where(
@@ -593,8 +666,6 @@ class Store:
 
     def find_device(self, text: str) -> Device:
         """The newest stored device whose hardware id or name is ``text``."""
-        from tunesvc.device import Device
-
         rows = [d for d in self.devices() if text in (d.hardware_id, d.name)]
         if not rows:
             known = "; ".join(sorted({d.name for d in self.devices()})) or "none"
@@ -602,23 +673,76 @@ class Store:
         row = rows[-1]
         return Device(**{f: getattr(row, f) for f in Device.__dataclass_fields__})
 
-    def trial_counts(self, kernel: str | None = None) -> dict[str, int]:
-        """Trials by status (for the summary line of `tune show`)."""
+    def trial_counts(
+        self, kernel: str | None = None, device: str | None = None, shape: str | None = None
+    ) -> dict[str, int]:
+        """Trials by status (for the summary line of `tune show`), filtered as :meth:`winners` is."""
+        query = select(Trial.status, func.count()).group_by(Trial.status)
+        if kernel is not None:
+            query = query.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(
+                KernelVersion.kernel == kernel
+            )
+        if device is not None:
+            text = device.lower()
+            query = query.join(StoredDevice, Trial.device_id == StoredDevice.id).where(
+                func.lower(StoredDevice.name).contains(text, autoescape=True)
+                | func.lower(StoredDevice.hardware_id).contains(text, autoescape=True)
+            )
+        if shape is not None:
+            query = query.where(func.lower(Trial.shape_key).contains(shape.lower(), autoescape=True))
         with self.session() as session:
-            query = select(Trial.status, func.count()).group_by(Trial.status)
-            if kernel is not None:
-                query = query.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(
-                    KernelVersion.kernel == kernel
-                )
-            return dict(session.execute(query).all())
+            return {status: count for status, count in session.execute(query).all()}
+
+    def history(self, kernel: str | None = None) -> History:
+        """Every kernel version, device, trial (of ``kernel``, if given), winner and sweep."""
+        device_columns = [getattr(StoredDevice, f) for f in ("id", "hardware_id", *Device.__dataclass_fields__)]
+        trials = select(
+            Trial.id,
+            Trial.sweep_id,
+            Trial.kernel_version_id,
+            Trial.device_id,
+            Trial.shape_key,
+            Trial.config_hash,
+            Trial.status,
+            Trial.time_ms,
+            Trial.created_at,
+        ).order_by(Trial.id)
+        if kernel is not None:
+            trials = trials.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(
+                KernelVersion.kernel == kernel
+            )
+        winners = select(
+            Winner.kernel_version_id, Winner.device_id, Winner.shape_key, Winner.config, Winner.time_ms, Winner.trial_id
+        )
+        with self.session() as session:
+            has_peer = "peer_ms" in {c["name"] for c in inspect(session.connection()).get_columns(Sweep.__tablename__)}
+            sweeps = select(
+                Sweep.id,
+                Sweep.kernel_version_id,
+                Sweep.device_id,
+                Sweep.shape_key,
+                Sweep.problem,
+                Sweep.wall_seconds,
+                Sweep.strategy,
+                Sweep.started_at,
+                Sweep.peer_ms if has_peer else null().label("peer_ms"),
+            ).order_by(Sweep.id)
+            return History(
+                kernel_versions={
+                    kv.id: kv
+                    for kv in session.execute(select(KernelVersion.id, KernelVersion.kernel, KernelVersion.version))
+                },
+                devices={d.id: d for d in session.execute(select(*device_columns))},
+                trials=list(session.execute(trials).all()),
+                winners={(w.kernel_version_id, w.device_id, w.shape_key): w for w in session.execute(winners)},
+                sweeps=list(session.execute(sweeps).all()),
+            )
 
     # -- merging winners measured elsewhere (`tune import`) and re-checking them (`tune verify`) --
     def winners_with_devices(
         self, kernel: str | None = None, hardware_id: str | None = None
     ) -> list[tuple[WinnerEntry, Device]]:
         """Winners, each with the full device (software versions included) it was measured on."""
-        from tunesvc.device import Device
-
         with self.session() as session:
             query = select(Winner).join(Winner.kernel_version).join(Winner.device)
             if kernel is not None:
@@ -653,8 +777,6 @@ class Store:
         tie keeps what is stored. Returns ('added' | 'replaced' | 'kept', the best stored time).
         The winner points at a trial of a sweep with strategy 'import', so it keeps a measurement row.
         """
-        from tunesvc.space import config_hash
-
         device_id = self.device_id(device)
         with self.session() as session:
             kv = session.scalar(
@@ -681,42 +803,7 @@ class Store:
             if best is not None and not time_ms < best:
                 return "kept", best
             digest = config_hash(config)
-            trial = session.scalar(
-                select(Trial).where(
-                    Trial.kernel_version_id == kv.id,
-                    Trial.device_id == device_id,
-                    Trial.shape_key == shape_key,
-                    Trial.config_hash == digest,
-                )
-            )
-            if trial is None:
-                sweep = Sweep(
-                    kernel_version_id=kv.id,
-                    device_id=device_id,
-                    shape_key=shape_key,
-                    problem={},
-                    strategy="import",
-                    budget=None,
-                    seed=0,
-                    status="done",
-                    host=socket.gethostname(),
-                )
-                session.add(sweep)
-                session.flush()
-                trial = Trial(
-                    sweep_id=sweep.id,
-                    kernel_version_id=kv.id,
-                    device_id=device_id,
-                    shape_key=shape_key,
-                    config=config,
-                    config_hash=digest,
-                    status="ok",
-                    time_ms=time_ms,
-                    reps=0,
-                    message=f"imported from {source}"[:1024],
-                )
-                session.add(trial)
-                session.flush()
+            trial = self._imported_trial(session, kv.id, device_id, shape_key, config, time_ms, source)
             values = {
                 "kernel_version_id": kv.id,
                 "device_id": device_id,
@@ -741,6 +828,151 @@ class Store:
                 for name, value in values.items():
                     setattr(winner, name, value)
             return ("added" if best is None else "replaced"), best
+
+    def _imported_trial(
+        self,
+        session: Session,
+        kv_id: int,
+        device_id: int,
+        shape_key: str,
+        config: Config,
+        time_ms: float,
+        source: str,
+    ) -> Trial:
+        """The stored trial of this config, else a new one in a sweep with strategy 'import'."""
+        digest = config_hash(config)
+        trial = session.scalar(
+            select(Trial).where(
+                Trial.kernel_version_id == kv_id,
+                Trial.device_id == device_id,
+                Trial.shape_key == shape_key,
+                Trial.config_hash == digest,
+            )
+        )
+        if trial is not None:
+            return trial
+        sweep = Sweep(
+            kernel_version_id=kv_id,
+            device_id=device_id,
+            shape_key=shape_key,
+            problem={},
+            strategy="import",
+            budget=None,
+            seed=0,
+            status="done",
+            host=socket.gethostname(),
+        )
+        session.add(sweep)
+        session.flush()
+        trial = Trial(
+            sweep_id=sweep.id,
+            kernel_version_id=kv_id,
+            device_id=device_id,
+            shape_key=shape_key,
+            config=config,
+            config_hash=digest,
+            status="ok",
+            time_ms=time_ms,
+            reps=0,
+            message=f"imported from {source}"[:1024],
+        )
+        session.add(trial)
+        session.flush()
+        return trial
+
+    # -- the job queue of sweeps shared by several workers (tunesvc.jobs) ---------------------
+    def add_job(
+        self, batch: str, kernel: str, shape_key: str, problem: dict, strategy: str, budget: int | None, seed: int
+    ) -> bool:
+        """Queue a pending job unless the batch has it already (another host may have added it); True if added."""
+        with self.session() as session:
+            if session.scalar(
+                select(Job.id).where(Job.batch == batch, Job.kernel == kernel, Job.shape_key == shape_key)
+            ):
+                return False
+        try:
+            with self.session() as session:
+                session.add(
+                    Job(
+                        batch=batch,
+                        kernel=kernel,
+                        shape_key=shape_key,
+                        problem=dict(problem),
+                        strategy=strategy,
+                        budget=budget,
+                        seed=seed,
+                        status="pending",
+                        attempts=0,
+                    )
+                )
+        except IntegrityError:  # another host added it between the two transactions
+            return False
+        return True
+
+    def release_stale_jobs(self, batch: str, stale_s: float) -> int:
+        """Put running jobs whose heartbeat is older than ``stale_s`` back to pending; returns how many."""
+        with self.session() as session:
+            result = session.execute(
+                update(Job)
+                .where(Job.batch == batch, Job.status == "running", Job.heartbeat < time.time() - stale_s)
+                .values(status="pending", worker=None)
+            )
+            return int(result.rowcount)  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+
+    def claim_job(self, batch: str, worker: str) -> JobSpec | None:
+        """Take the batch's first pending job for ``worker`` (which holds at most one), or None.
+
+        One ``UPDATE ... WHERE status = 'pending'`` whose subquery is ``SELECT ... FOR UPDATE
+        SKIP LOCKED`` on PostgreSQL (workers never wait on each other's rows) and plain on SQLite
+        (whose one writer at a time makes the update atomic).
+        """
+        other = aliased(Job)  # not correlated with the updated table: its own scan of jobs
+        pending = (
+            select(other.id)
+            .where(other.batch == batch, other.status == "pending")
+            .order_by(other.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders no locking clause
+            .scalar_subquery()
+        )
+        with self.session() as session:
+            claimed = session.execute(
+                update(Job)
+                .where(Job.id == pending, Job.status == "pending")
+                .values(status="running", worker=worker, heartbeat=time.time(), attempts=Job.attempts + 1)
+                .execution_options(synchronize_session=False)
+            ).rowcount  # type: ignore[attr-defined]
+            if not claimed:
+                return None
+            job = session.scalar(select(Job).where(Job.batch == batch, Job.worker == worker, Job.status == "running"))
+            assert job is not None  # the row this transaction has just claimed
+            return JobSpec(job.id, job.kernel, job.shape_key, dict(job.problem), job.strategy, job.budget, job.seed)
+
+    def job_heartbeat(self, job_id: int, worker: str) -> bool:
+        """Refresh the job's heartbeat; False if ``worker`` no longer holds it."""
+        return self._update_held_job(job_id, worker, {"heartbeat": time.time()})
+
+    def finish_job(self, job_id: int, worker: str, status: str = "done", message: str | None = None) -> bool:
+        """Mark the job done (or failed) if ``worker`` still holds it; False if it does not."""
+        return self._update_held_job(
+            job_id, worker, {"status": status, "message": message and message[:1024], "finished_at": utcnow()}
+        )
+
+    def release_job(self, job_id: int, worker: str) -> bool:
+        """Put the job back to pending if ``worker`` still holds it (a worker that stops midway)."""
+        return self._update_held_job(job_id, worker, {"status": "pending", "worker": None})
+
+    def _update_held_job(self, job_id: int, worker: str, values: dict[str, Any]) -> bool:
+        with self.session() as session:
+            result = session.execute(
+                update(Job).where(Job.id == job_id, Job.worker == worker, Job.status == "running").values(**values)
+            )
+            return result.rowcount == 1  # type: ignore[attr-defined]
+
+    def jobs(self, batch: str) -> list[Job]:
+        """The batch's jobs, in the order they were queued."""
+        with self.session() as session:
+            return list(session.scalars(select(Job).where(Job.batch == batch).order_by(Job.id)))
 
     def close(self) -> None:
         self.engine.dispose()
@@ -771,6 +1003,52 @@ def _winner_upsert(statement, *, replace_own_trial: bool):
     )
 
 
+# -- `tune db`: a database's revision, and migrating it (see tunesvc.store._migrate) -------------
+def current_revision(db: str | os.PathLike | None = None) -> str:
+    """The revision of an existing tunesvc database (opened read-only: nothing is changed).
+
+    A database from before Alembic is "0001". Raises :class:`TunesvcError` for a missing path, an
+    empty database, another application's database or one newer than this tunesvc.
+    """
+    store = Store(db, readonly=True)
+    try:
+        revision = store.revision
+    finally:
+        store.close()
+    assert revision is not None  # a read-only open refuses a database without one
+    return revision
+
+
+def upgrade(db: str | os.PathLike | None = None, *, create: bool = True) -> tuple[str | None, str]:
+    """Bring a database to the head revision; returns (revision before or None if new, head).
+
+    ``create=False`` (`tune db upgrade`) refuses a path with no tunesvc database instead of
+    creating one. A database from before Alembic is stamped 0001, then upgraded. The whole
+    upgrade is one transaction (on SQLite under the write lock, so concurrent processes migrate
+    one at a time and the later ones find the work done): it applies completely or not at all.
+    """
+    if not create:
+        try:
+            url = make_url(resolve_url(db))
+        except ArgumentError:
+            url = None  # Store says what is wrong with it
+        if (
+            url is not None
+            and url.get_backend_name() == "sqlite"
+            and url.database not in (None, "", ":memory:")
+            and not Path(url.database).exists()
+        ):
+            raise TunesvcError(f"No database at {url.database}; `tune db init` creates one.")
+        current_revision(db)  # an existing tunesvc database, or one line that says why not
+    store = Store(db, upgrade=True)
+    try:
+        before, after = store.revision_found, store.revision
+    finally:
+        store.close()
+    assert after is not None  # a writable open leaves the database at head
+    return before, after
+
+
 def _insert_new_trials(dialect):
     """INSERT ... ON CONFLICT DO NOTHING RETURNING (config_hash, id): the rows that went in.
 
@@ -778,11 +1056,14 @@ def _insert_new_trials(dialect):
     per stored trial (benchmarks/write_throughput.py). None where the dialect has no ON CONFLICT,
     or no RETURNING (SQLite before 3.35).
     """
-    dialect_insert = _dialect_insert(dialect)
-    if dialect_insert is None or not dialect.insert_returning:
+    if not dialect.insert_returning:
         return None
     # no conflict target: the trials' one unique constraint, by whatever name a migration gives it
-    return dialect_insert(Trial).on_conflict_do_nothing().returning(Trial.config_hash, Trial.id)
+    if dialect.name == "sqlite":
+        return sqlite.insert(Trial).on_conflict_do_nothing().returning(Trial.config_hash, Trial.id)
+    if dialect.name == "postgresql":
+        return postgresql.insert(Trial).on_conflict_do_nothing().returning(Trial.config_hash, Trial.id)
+    return None
 
 
 def _insert_one(connection, values: dict) -> int | None:

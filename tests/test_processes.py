@@ -1,0 +1,57 @@
+"""The process start policy (tunesvc/_processes.py): choosing Triton's interpreter costs no torch import."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROCESSES = Path(__file__).resolve().parent.parent / "tunesvc" / "_processes.py"
+
+# the module loaded from its file, alone: importing it as tunesvc._processes would run tunesvc's
+# __init__, which imports torch for its own reasons
+CHILD = """
+import importlib.util, json, os, sys
+spec = importlib.util.spec_from_file_location("policy", sys.argv[1])
+policy = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(policy)
+if sys.argv[2] == "maybe-gpu":
+    policy._may_have_gpu = lambda: True
+policy.use_interpreter_without_gpu()
+decided = {"torch": "torch" in sys.modules, "flag": os.environ.get("TRITON_INTERPRET")}
+import triton
+import torch
+print(json.dumps({"decided": decided, "flag_at_triton": os.environ.get("TRITON_INTERPRET"),
+                  "gpus": torch.cuda.device_count()}))
+"""
+
+
+def _run(mode: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(PROCESSES), mode], env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _no_gpu_nodes() -> bool:
+    return not (any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/kfd").exists() or Path("/dev/dxg").exists())
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows has no /dev: torch decides there")
+def test_the_backend_is_chosen_without_importing_torch():
+    seen = _run("as-is")
+    assert seen["decided"]["torch"] is False
+    assert seen["flag_at_triton"] == ("1" if seen["gpus"] == 0 else None)  # torch agrees with the choice
+    if _no_gpu_nodes():  # decided at once
+        assert seen["decided"]["flag"] == "1"
+
+
+def test_where_a_gpu_may_be_present_torch_decides_just_before_triton_is_imported():
+    seen = _run("maybe-gpu")
+    assert seen["decided"] == {"torch": False, "flag": None}
+    assert seen["flag_at_triton"] == ("1" if seen["gpus"] == 0 else None)

@@ -1,0 +1,250 @@
+"""How tunesvc starts the processes it compiles and measures in, and which Triton backend they run.
+
+The policy, in one place:
+
+* **Triton backend.** Without a GPU, kernels run in Triton's CPU interpreter
+  (``TRITON_INTERPRET=1``). The flag must be set before triton is first imported (triton.language
+  builds its own jit helpers at import), so ``import tunesvc`` settles it
+  (:func:`use_interpreter_without_gpu`) without importing torch: where no GPU device node exists
+  (``/dev/nvidia0``..., ``/dev/kfd``, ``/dev/dxg``; macOS has no CUDA) or CUDA_VISIBLE_DEVICES
+  hides every GPU, torch finds none either. Where one may be present, torch decides
+  (``torch.cuda.device_count()``, which asks NVML and leaves the CUDA driver uninitialised) just
+  before triton is first imported, so importing tunesvc costs no torch import on any machine.
+* **Start method.** Compile and measuring workers are forked (:func:`worker_context`) while this
+  process has not initialised CUDA: a forked worker starts in milliseconds with torch, triton and
+  tunesvc already imported. A process that has initialised CUDA cannot fork GPU children, so
+  then a forkserver starts them (:func:`forkserver_context`); it imports torch, triton and
+  tunesvc's kernels once (none of them initialises CUDA on import). A sweep reads its device in a
+  forked child (:func:`call_in_forked_child`, used by
+  :func:`tunesvc.device.fork_safe_current_device`) to stay a process that can fork. The children
+  never touch the parent's database connections and end with ``os._exit``, so fork leaves those
+  alone.
+* **Every worker** (:func:`start_worker`) uses one CPU thread and exits once the sweep's process
+  is gone; a measuring child (:func:`start_child`) sees the parent's ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import forkserver
+from multiprocessing.connection import Connection
+from multiprocessing.context import ForkContext
+from multiprocessing.context import ForkServerContext
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+from typing import TypeVar
+
+T = TypeVar("T")
+
+#: what a forkserver imports once, so that each worker it forks starts with them loaded; tunesvc
+#: first, so that it settles the Triton backend before the server imports triton
+FORKSERVER_PRELOAD = ["tunesvc", "torch", "triton", "triton.language", "tunesvc.kernels"]
+
+
+# -- the Triton backend -------------------------------------------------------------------------
+def use_interpreter_without_gpu() -> None:
+    """Without a GPU, run kernels in Triton's CPU interpreter (see the module docstring).
+
+    Sets ``TRITON_INTERPRET=1`` now where no GPU can be visible; where one may be, lets torch
+    decide now if torch or triton is already imported, else just before triton is first
+    imported. A ``TRITON_INTERPRET`` already set is left as it is.
+    """
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    if not _may_have_gpu():
+        os.environ["TRITON_INTERPRET"] = "1"
+    elif "torch" in sys.modules or "triton" in sys.modules:
+        _ask_torch()
+    elif not any(isinstance(finder, _BeforeTriton) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _BeforeTriton())
+
+
+def _may_have_gpu() -> bool:
+    """False where torch certainly finds no GPU: CUDA_VISIBLE_DEVICES hides every one, or no GPU
+    device node exists (NVIDIA's driver, ROCm and WSL's GPU each show one in /dev; macOS has no
+    CUDA). True where that cannot be told without the driver (Windows)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    if sys.platform == "darwin":
+        return False
+    if not sys.platform.startswith("linux"):
+        return True
+    dev = Path("/dev")
+    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists() or (dev / "dxg").exists()
+
+
+def _ask_torch() -> None:
+    # torch is heavy (a second or more): imported only where a GPU may be present
+    import torch
+
+    # device_count() asks NVML, not the CUDA driver: is_available() would initialise the driver,
+    # and a process forked after that (a compile or measuring worker) could not use the GPU
+    if torch.cuda.device_count() == 0:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+class _BeforeTriton(importlib.abc.MetaPathFinder):
+    """Settles the Triton backend with torch on the first import of triton, then steps aside.
+
+    A finder, not an import of torch at ``import tunesvc``: tunesvc's light commands (``tune
+    --help``, shell completion) never import torch or triton. It finds nothing itself: the import
+    goes on through the other finders.
+    """
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> None:
+        if fullname.partition(".")[0] == "triton":
+            with contextlib.suppress(ValueError):  # another thread's import got here first
+                sys.meta_path.remove(self)
+            _ask_torch()
+        return None
+
+
+# -- start methods ------------------------------------------------------------------------------
+def can_fork_gpu_children() -> bool:
+    """Whether a child forked from this process now could use the GPU: fork exists (POSIX, not
+    macOS's, where it is unsafe with the frameworks torch loads) and CUDA is not initialised here."""
+    # torch is heavy: imported by the callers' sweeps anyway, not by importing this module
+    import torch
+
+    return (
+        sys.platform.startswith("linux")
+        and "fork" in multiprocessing.get_all_start_methods()
+        and not torch.cuda.is_initialized()
+    )
+
+
+def worker_context() -> ForkContext | ForkServerContext:
+    """The process context of compile and measuring workers: fork while this process has not
+    initialised CUDA, the forkserver once it has."""
+    return multiprocessing.get_context("fork") if can_fork_gpu_children() else forkserver_context()
+
+
+def forkserver_context() -> ForkServerContext:
+    """The process context of workers started from a process that has initialised CUDA.
+
+    A forkserver, not fork: a child forked from a process that has touched CUDA cannot use the
+    GPU. The server imports torch, triton and tunesvc with its kernels once, so each worker starts
+    in milliseconds instead of importing them again (seconds, and sixteen compile workers doing
+    it at once contend for the cores).
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return context
+
+
+def start_forkserver(wait: bool = False) -> None:
+    """Start the process server of compile and measuring workers now.
+
+    Sweeps use it only from a process that has initialised CUDA (one that has not forks its
+    workers itself). Its imports (torch, triton, tunesvc: seconds) then overlap the caller's own
+    work instead of holding up the first compile: a long-lived process that uses the GPU and
+    will sweep later (a notebook, a serving process that tunes on a miss) can start it at
+    start-up. With ``wait``, return once the server can fork a worker.
+    """
+    context = forkserver_context()
+    forkserver.ensure_running()
+    if wait:  # the server forks its first child only after its imports
+        child = context.Process(target=int)
+        child.start()
+        child.join()
+
+
+def call_in_forked_child(fn: Callable[[], T]) -> T | None:
+    """``fn()`` computed in a child forked for the purpose, so that whatever it initialises (the
+    CUDA driver) stays out of this process; None if the child died before answering."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_answer, args=(sender, fn), daemon=True)
+    child.start()
+    sender.close()
+    try:
+        return receiver.recv()
+    except EOFError:
+        return None
+    finally:
+        receiver.close()
+        child.join()
+
+
+def _answer(sender: Connection, fn: Callable[[], Any]) -> None:
+    sender.send(fn())
+    sender.close()
+
+
+# -- workers ------------------------------------------------------------------------------------
+def worker_pool(size: int) -> ProcessPoolExecutor:
+    """A pool of ``size`` compile workers, started as :func:`start_worker` says."""
+    return ProcessPoolExecutor(size, mp_context=worker_context(), initializer=start_worker, initargs=(os.getpid(),))
+
+
+def start_child(main: Callable[..., None], *args: Any) -> tuple[BaseProcess, Connection]:
+    """Start ``main(connection, *args)`` in a measuring child; returns it and this side's end of
+    their duplex pipe. ``main`` and ``args`` must pickle where the forkserver starts the child."""
+    context = worker_context()
+    parent_end, child_end = context.Pipe()
+    # a forked child also holds this end (fork copies every descriptor): it closes its copy and
+    # watches this process, since EOF no longer tells it that the parent is gone
+    forked = context.get_start_method() == "fork"
+    process = context.Process(
+        target=_child_main,
+        args=(main, child_end, parent_end if forked else None, os.getpid(), list(sys.path), args),
+        daemon=True,
+    )
+    process.start()
+    child_end.close()
+    return process, parent_end
+
+
+def _child_main(
+    main: Callable[..., None],
+    connection: Connection,
+    parent_end: Connection | None,
+    owner: int,
+    path: list[str],
+    args: tuple[Any, ...],
+) -> None:
+    if parent_end is not None:
+        parent_end.close()
+    start_worker(owner)
+    sys.path[:] = path  # the template may live in a module only the parent's path reaches (a test's)
+    use_interpreter_without_gpu()  # before the child's first import of triton
+    main(connection, *args)
+
+
+def start_worker(owner: int) -> None:
+    """What a worker (compile or measuring) does first: use one CPU thread, and exit once ``owner``
+    (the sweep's process) is gone.
+
+    One thread: GNU OpenMP's thread pool does not survive fork, and a child forked after its
+    parent ran a parallel torch CPU op hangs in its own first one (as in torch's DataLoader
+    workers; the GPU does the work here). The watch: neither kind of worker can count on EOF when
+    a sweep is killed with SIGKILL: a pool worker waits on a queue whose writer it holds itself
+    (and one from the forkserver has the server, which lives on, for parent), and a forked
+    measuring worker may share its pipe's other end with workers forked after it. Without it they
+    would never exit. A poll, because a forkserver's child is not the owner's (no PDEATHSIG).
+    """
+    # torch is heavy: a worker has it imported already (forked, or preloaded by the forkserver)
+    import torch
+
+    torch.set_num_threads(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(owner, 0)
+            except ProcessLookupError:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="tunesvc-owner-watch", daemon=True).start()

@@ -1,0 +1,130 @@
+"""The measuring protocol: :class:`Measurer`, and the :class:`Measurement` it returns."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from tunesvc.device import Device
+    from tunesvc.space import Config
+    from tunesvc.template import Problem
+    from tunesvc.template import Template
+
+
+class Status(StrEnum):
+    OK = "ok"
+    INVALID = "invalid"  # breaks a space constraint or does not fit the device
+    COMPILE_ERROR = "compile_error"
+    WRONG_RESULT = "wrong_result"
+    ERROR = "error"  # raised while running
+    CRASH = "crash"  # killed its measuring process (illegal memory access, a corrupted CUDA context)
+    TIMEOUT = "timeout"  # did not finish within the measuring timeout
+
+
+@dataclass
+class Measurement:
+    status: Status
+    time_ms: float | None = None
+    spread: float | None = None
+    reps: int = 0
+    rel_error: float | None = None
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+
+class Measurer(abc.ABC):
+    """Measures configs of one template on one problem, on one device: the sweep's one interface
+    to timing, whichever process the candidates run in.
+
+    Life cycle: made for (template, problem, device), a measurer draws the problem's inputs
+    (random, never zeros) and computes the template's reference from them once, now or in the
+    background (:meth:`wait_ready` waits for it). Then any number of calls, each returning a
+    :class:`Measurement` with a status and never raising for a candidate's failure:
+
+    * :meth:`measure` checks a config against the space's constraints and the device, runs it,
+      compares its output with the reference (``wrong_result`` if it differs: a wrong config can
+      never win) and only then times it;
+    * :meth:`time_only` re-times a config already checked (a finalist);
+    * :meth:`time_peer` times the template's torch peer on the same inputs.
+
+    :meth:`close` releases what the measurer holds (a child process); a measurer is also a
+    context manager. Implementations: :class:`~tunesvc.bench.Bench` (in this process) and
+    :class:`~tunesvc.bench.Worker` (in a child process that a crashing or hanging candidate
+    cannot take down with the sweep).
+    """
+
+    template: Template
+    problem: Problem
+    device: Device
+    rep_ms: float
+
+    @abc.abstractmethod
+    def measure(self, config: Config) -> Measurement:
+        """Check ``config`` against the reference, then time it."""
+
+    @abc.abstractmethod
+    def time_only(self, config: Config, rep_ms: float | None = None) -> Measurement:
+        """Time a config already checked by :meth:`measure`, for ``rep_ms`` (default: the measurer's)."""
+
+    @abc.abstractmethod
+    def time_peer(self) -> Measurement:
+        """Time the template's torch peer (``Template.peer``) on these inputs, as a candidate is
+        timed; INVALID when the template has none."""
+
+    # optional hooks, not abstract: a Bench has nothing to wait for or release
+    def wait_ready(self) -> None:  # noqa: B027
+        """Wait until the inputs and the reference exist (TunesvcError if they cannot be made)."""
+
+    def close(self) -> None:  # noqa: B027
+        """Release what the measurer holds; it may not be used afterwards."""
+
+    def __enter__(self) -> Measurer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; a wrong shape, NaN or inf in the output gives inf."""
+    out64, ref64 = out.detach().double(), ref.detach().double()
+    if out64.shape != ref64.shape or not torch.isfinite(out64).all():
+        return float("inf")
+    return ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's last line (where Triton and torch put the cause), at most 500 characters."""
+    text = str(exc).strip().splitlines()
+    return (text[-1] if text else type(exc).__name__)[:500]
+
+
+#: what a CUDA error that leaves the process's context unusable says (torch re-raises the driver's text)
+CONTEXT_LOST = (
+    "illegal memory access",
+    "unspecified launch failure",
+    "misaligned address",
+    "device-side assert",
+    "CUDA error",
+    "illegal instruction",
+)
+
+
+def context_lost(message: str | None) -> bool:
+    """Whether this process's CUDA context is unusable after a failure that said ``message``."""
+    if message and any(text in message for text in CONTEXT_LOST):
+        return True
+    try:  # a fault can surface at the next call rather than in the candidate's own
+        torch.cuda.synchronize()
+        (torch.ones(1, device="cuda") + 1).item()
+    except Exception:
+        return True
+    return False

@@ -1,0 +1,172 @@
+"""Compiling candidates in parallel, in worker processes, ahead of their measurement: :class:`Compiler`."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING
+from typing import Any
+
+import torch
+
+from tunesvc._processes import worker_pool
+from tunesvc.bench._base import context_lost
+from tunesvc.bench._base import one_line
+from tunesvc.device import current_device
+
+if TYPE_CHECKING:
+    from tunesvc.space import Config
+    from tunesvc.template import Problem
+    from tunesvc.template import Template
+
+
+class Compiler:
+    """Compiles candidates in parallel, in worker processes, before they are measured.
+
+    Each worker launches a config once on its own copy of the inputs: Triton compiles it and
+    keeps the binary in its on-disk cache, where the measuring process then finds it. The
+    process that owns the timings never waits on the compiler for more than a cache load.
+    Written on concurrent.futures because Triton offers no public batch-compile API across
+    versions 3.2-3.9; a worker that hangs past ``timeout_s`` is left to the pool's shutdown.
+
+    The workers start in a background thread (a forkserver that imports torch and triton takes
+    seconds), each reading the device and, given ``template`` and ``problem``, making that
+    problem's inputs, so that all of it overlaps the caller's own set-up.
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        timeout_s: float = 120.0,
+        *,
+        template: Template | None = None,
+        problem: Problem | None = None,
+    ) -> None:
+        self.workers = workers
+        self.timeout_s = timeout_s
+        #: how many times the pool was replaced after a worker died or hung
+        self.restarts = 0
+        self._warm_up = (template, problem)
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        pool = worker_pool(self.workers)
+        # submit() starts a worker process and blocks until it is forked (by this process or the forkserver)
+        self._starting = threading.Thread(target=self._start_workers, args=(pool,), daemon=True)
+        self._starting.start()
+        return pool
+
+    def _start_workers(self, pool) -> None:
+        try:
+            for _ in range(self.workers):
+                pool.submit(_warm_worker, *self._warm_up)
+        except RuntimeError:  # the pool broke (a candidate killed its worker) or closed: compile() reports it
+            pass
+
+    def compile(self, template: Template, problem: Problem, configs: list[Config]) -> dict[int, str | None]:
+        """Launch each config once in the pool; index -> None, or the error it raised."""
+        return dict(self.compile_each(template, problem, configs))
+
+    def compile_each(
+        self, template: Template, problem: Problem, configs: list[Config]
+    ) -> Iterator[tuple[int, str | None]]:
+        """Launch each config once in the pool, yielding (index, outcome) as each is done, in the
+        order they finish (outcome: None, or the error it raised); so the caller measures a
+        candidate while the later ones compile, and never waits on a slow one while others are ready.
+
+        A worker that dies (a candidate faulted and poisoned its CUDA context) breaks the pool,
+        and one that hangs past ``timeout_s`` (counted from the batch's submission) blocks a
+        slot: either way the pool is replaced after the batch, so later batches still compile in
+        parallel.
+        """
+        # submit() is thread-safe: the first candidates go to the first workers started
+        return self._outcomes([self._pool.submit(_compile_in_worker, template, problem, c) for c in configs])
+
+    def _outcomes(self, futures: list) -> Iterator[tuple[int, str | None]]:
+        index = {future: i for i, future in enumerate(futures)}
+        pending = set(futures)
+        deadline = time.monotonic() + self.timeout_s
+        replace = False
+        try:
+            while pending:
+                done, pending = wait(
+                    pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED
+                )
+                if not done:  # the deadline passed with these still compiling (or queued behind them)
+                    for future in sorted(pending, key=index.__getitem__):
+                        yield index[future], f"compile timeout after {self.timeout_s:g} s"
+                    replace = True
+                    return
+                for future in sorted(done, key=index.__getitem__):
+                    try:
+                        outcome = future.result()
+                    except BrokenProcessPool as exc:
+                        outcome = f"compile worker died: {one_line(exc)}"
+                        replace = True
+                    except Exception as exc:
+                        outcome = f"{type(exc).__name__}: {one_line(exc)}"
+                    yield index[future], outcome
+        finally:
+            if replace:
+                self._kill()
+                self._pool = self._new_pool()
+                self.restarts += 1
+
+    def _kill(self) -> None:
+        # ProcessPoolExecutor cannot stop a worker that hangs (Python < 3.14 has no
+        # terminate_workers); its private process table is the only handle on them
+        self._starting.join()
+        for process in list(getattr(self._pool, "_processes", {}).values()):
+            process.kill()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        self._starting.join()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> Compiler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_worker_inputs: dict[str, Any] = {}
+
+
+def _warm_worker(template: Template | None = None, problem: Problem | None = None) -> None:
+    """A worker's first task: starting it, and unpickling the template, imports what the
+    compiles need (the forkserver has preloaded tunesvc's kernels; a forked worker has the
+    parent's modules)."""
+    if template is not None and problem is not None:
+        _inputs(template, problem)  # the device's context and the inputs, before the first candidate
+
+
+def _inputs(template: Template, problem: Problem) -> Any:
+    """This worker's copy of the problem's inputs (one problem at a time: they can be large)."""
+    key = repr(sorted(problem.items()))
+    if key not in _worker_inputs:
+        _worker_inputs.clear()
+        _worker_inputs[key] = template.make_inputs(problem, current_device())
+    return _worker_inputs[key]
+
+
+def _compile_in_worker(template: Template, problem: Problem, config: Config) -> str | None:
+    device = current_device()
+    inputs = _inputs(template, problem)
+    try:
+        template.launch(inputs, config)
+        if device.is_gpu:
+            torch.cuda.synchronize()
+    except Exception as exc:  # measured again, and classified, by the timing process
+        message = f"{type(exc).__name__}: {one_line(exc)}"
+        if device.is_gpu and context_lost(message):
+            os._exit(1)  # this worker's CUDA context is unusable: the Compiler replaces the pool
+        return message
+    return None

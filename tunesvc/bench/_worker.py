@@ -1,0 +1,163 @@
+"""The isolated measurer: :class:`Worker`, a :class:`~tunesvc.bench.Bench` in a child process.
+
+One per GPU, so that a candidate that faults, corrupts the CUDA context or hangs is recorded
+(``crash``, ``timeout``) and the child is replaced while the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING
+
+from tunesvc._processes import start_child
+from tunesvc.bench._base import Measurement
+from tunesvc.bench._base import Measurer
+from tunesvc.bench._base import Status
+from tunesvc.bench._base import context_lost
+from tunesvc.bench._inprocess import Bench
+from tunesvc.device import current_device
+from tunesvc.errors import TunesvcError
+
+if TYPE_CHECKING:
+    from tunesvc.device import Device
+    from tunesvc.space import Config
+    from tunesvc.template import Problem
+    from tunesvc.template import Template
+
+#: how long a Worker's child may take to start and make its inputs and reference
+STARTUP_TIMEOUT_S = 300.0
+
+
+class Worker(Measurer):
+    """A :class:`Bench` in a child process, replaced whenever a candidate kills or hangs it.
+
+    One per GPU: the child makes its own inputs and reference and answers one request at a
+    time. The parent waits at most ``timeout_s`` for each answer. No answer is a ``timeout``
+    (the child is killed); a child that dies (a segfault, ``os._exit``, the driver killing it)
+    or reports a CUDA error that poisons its context is a ``crash``. Either way the next
+    request starts a fresh child and the sweep goes on. Written on multiprocessing because a
+    CUDA context belongs to a process: only a process boundary contains a kernel that faults.
+    """
+
+    def __init__(
+        self, template: Template, problem: Problem, device: Device, *, timeout_s: float = 60.0, rep_ms: float = 100.0
+    ) -> None:
+        self.template = template
+        self.problem = problem
+        self.device = device
+        self.timeout_s = timeout_s
+        self.rep_ms = rep_ms
+        #: how many children were replaced after a crash or a timeout
+        self.restarts = 0
+        self._process: BaseProcess | None = None
+        self._conn: Connection  # this side of the pipe to the child; set by _start
+        self._ready = False
+        self._start()  # the child makes its inputs while the caller compiles the first candidates
+
+    def measure(self, config: Config) -> Measurement:
+        return self._request("measure", config)
+
+    def time_only(self, config: Config, rep_ms: float | None = None) -> Measurement:
+        return self._request("time", config, rep_ms)
+
+    def time_peer(self) -> Measurement:
+        return self._request("peer", None)
+
+    def wait_ready(self) -> None:
+        """Wait until the child has made its inputs and reference (TunesvcError if it cannot)."""
+        if self._process is None:
+            self._start()
+        if not self._ready:
+            self._wait_ready()
+
+    def _request(self, kind: str, config: Config | None, rep_ms: float | None = None) -> Measurement:
+        self.wait_ready()
+        try:
+            self._conn.send((kind, config, rep_ms))
+            if self._conn.poll(self.timeout_s):
+                measurement = self._conn.recv()
+                if measurement.status is Status.CRASH:  # the child exits after saying so
+                    self._replace()
+                return measurement
+        except (EOFError, OSError):  # the pipe broke: the child is gone
+            pass
+        else:
+            self._replace()
+            return Measurement(
+                Status.TIMEOUT, message=f"no result within {self.timeout_s:g} s; measuring process replaced"
+            )
+        code = self._replace()
+        return Measurement(Status.CRASH, message=f"measuring process died (exit code {code}); replaced")
+
+    def _start(self) -> None:
+        # pickled here, unpickled by the child once it has this process's sys.path
+        payload = pickle.dumps((self.template, self.problem, self.rep_ms))
+        self._process, self._conn = start_child(_worker_main, payload)
+        self._ready = False
+
+    def _wait_ready(self) -> None:
+        # making the inputs and the reference is not a candidate's time: it has its own, long wait
+        try:
+            ready = self._conn.poll(max(self.timeout_s, STARTUP_TIMEOUT_S)) and self._conn.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self._stop(grace_s=0.0)
+            raise TunesvcError(
+                f"The measuring process for {self.template.name} did not start; run the sweep with isolate=False to see why."
+            )
+        self._ready = True
+
+    def _replace(self) -> int | None:
+        """Stop the child (killing it if it does not exit at once); the next request starts one."""
+        code = self._stop(grace_s=1.0)
+        self.restarts += 1
+        return code
+
+    def _stop(self, grace_s: float) -> int | None:
+        if self._process is None:
+            return None
+        process, self._process = self._process, None
+        self._conn.close()
+        process.join(grace_s)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        return process.exitcode
+
+    def close(self) -> None:
+        if self._process is not None:
+            try:  # said, not left to EOF: processes forked since (compile workers) hold this end too
+                self._conn.send(("stop", None, None))
+            except OSError:
+                pass
+        self._stop(grace_s=5.0)
+
+
+def _worker_main(conn: Connection, payload: bytes) -> None:
+    """The child of a :class:`Worker`: a Bench answering (kind, config, rep_ms) requests until told
+    to stop, EOF, or the sweep's process exiting (kind: measure, time, or peer, which has no config)."""
+    template, problem, default_rep_ms = pickle.loads(payload)
+    bench = Bench(template, problem, current_device(), rep_ms=default_rep_ms)
+    conn.send("ready")
+    while True:
+        try:
+            kind, config, rep_ms = conn.recv()
+        except EOFError:
+            return
+        if kind == "stop":
+            return
+        if kind == "measure":
+            m = bench.measure(config)
+        elif kind == "peer":
+            m = bench.time_peer()
+        else:
+            m = bench.time_only(config, rep_ms)
+        if bench.device.is_gpu and not m.ok and context_lost(m.message):
+            conn.send(Measurement(Status.CRASH, message=m.message))
+            conn.close()
+            os._exit(1)  # the CUDA context is unusable: no clean-up can run on it
+        conn.send(m)

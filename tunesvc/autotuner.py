@@ -350,8 +350,8 @@ def autotune(
         from tunesvc.capture import autotune as captured_autotune
 
         return captured_autotune(
-            list(configs),
-            list(key),
+            configs,
+            key,  # type: ignore[arg-type]
             prune_configs_by,
             reset_to_zero,
             restore_value,
@@ -382,9 +382,7 @@ def autotune(
         k for k, v in (("use_cuda_graph", use_cuda_graph), ("cache_results", cache_results)) if v
     ]
     if given:
-        raise TunesvcError(
-            f"{given[0]} is a triton.autotune option: give configs as triton.Config objects to use it."
-        )
+        raise TunesvcError(f"{given[0]} is a triton.autotune option: give configs as triton.Config objects to use it.")
     if space is None:
         space = configs
     elif configs is not None:

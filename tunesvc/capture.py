@@ -336,7 +336,9 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         for k, v in kwargs.items():
             if k in arg_set:
                 nargs[k] = v
-    key = tuple([nargs[k] for k in self.keys if k in nargs] + [str(v.dtype) for v in nargs.values() if hasattr(v, "dtype")])
+    key = tuple(
+        [nargs[k] for k in self.keys if k in nargs] + [str(v.dtype) for v in nargs.values() if hasattr(v, "dtype")]
+    )
     hit = state.chosen.get(key)
     if hit is None:
         hit = _resolve(self, state, key, nargs, args, kwargs)
@@ -575,7 +577,10 @@ class CaptureBench(Bench):
             tolerance = self._tolerance if self._tolerance is not None else TOLERANCE.get(out.dtype, LOOSE_TOLERANCE)
             err = relative_error(out, ref)
             if not err <= tolerance:
-                return err, f"tensor argument {i}: relative error {err:.3g} > {tolerance:g} against the first valid config"
+                return (
+                    err,
+                    f"tensor argument {i}: relative error {err:.3g} > {tolerance:g} against the first valid config",
+                )
             worst = max(worst, err)
         return worst, None
 
@@ -610,6 +615,7 @@ def tune_key(
     kwargs: dict[str, Any],
     *,
     grids: dict[str, Any] | None = None,
+    call: dict[str, Any] | None = None,
 ) -> Any:
     """Check and time every candidate on the call's arguments, store every trial and the winner.
 
@@ -622,9 +628,13 @@ def tune_key(
     kv_id = store.kernel_version_id(template)
     device_id = store.device_id(device)
     started = time.perf_counter()
-    sweep_id = store.start_sweep(kv_id, device_id, text, {"captured": True}, "capture", len(candidates), 0)
+    # the call as data: `tune verify` and offline tuning rebuild inputs of the same shapes from it
+    call = call if call is not None else describe_call(tuner, args, kwargs)
+    sweep_id = store.start_sweep(kv_id, device_id, text, call, "capture", len(candidates), 0)
     rep_ms = float(getattr(tuner, "num_reps", None) or 100.0)
-    bench = CaptureBench(tuner, device, args, kwargs, rep_ms=rep_ms, tolerance=state.options.get("tolerance"), grids=grids)
+    bench = CaptureBench(
+        tuner, device, args, kwargs, rep_ms=rep_ms, tolerance=state.options.get("tolerance"), grids=grids
+    )
     try:
         results = []
         for config in candidates:
@@ -800,3 +810,127 @@ def capture_from_env() -> None:
     """What ``TUNESVC_CAPTURE=1`` does once Triton's autotuner is imported (see _tunesvc_capture)."""
     if os.environ.get("TUNESVC_CAPTURE", "") not in ("", "0") and _process is None:
         capture()
+
+
+# -- offline: recorded calls rebuilt, kernels found by name (`tune misses --tune`, `tune verify`) --
+def find_autotuner(name: str) -> Autotuner:
+    """Import the module ``name`` (``module:qualname``) names and find its autotuned kernel.
+
+    Only ever called on a user's request on the command line (the module's import runs its code).
+    TunesvcError, in one sentence, when the module does not import or holds no such kernel.
+    """
+    import importlib
+
+    module_name, _, qualname = name.partition(":")
+    if module_name == "__main__":
+        raise TunesvcError(f"{name} was defined in a script run as __main__; move it to a module to tune it offline.")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise TunesvcError(
+            f"Module {module_name} of {name} does not import here ({type(exc).__name__}: {exc})."
+        ) from None
+    for value in list(vars(module).values()):
+        obj, seen = value, 0
+        while obj is not None and seen < 8:  # a wrapper (heuristics, a library's) walked by .fn
+            if isinstance(obj, Autotuner):
+                try:
+                    if kernel_name(obj.fn) == name:
+                        return obj
+                except AttributeError:
+                    pass
+                break
+            obj, seen = getattr(obj, "fn", None), seen + 1
+    raise TunesvcError(f"Module {module_name} has no autotuned kernel {qualname}; was it renamed?")
+
+
+def rebuild_call(
+    tuner: Autotuner, call: dict[str, Any], device: Device
+) -> tuple[tuple, dict[str, Any], dict[str, Any]]:
+    """Arguments of a recorded call (random floats, recorded small integer tensors), and the grid
+    of each listed config by its hash. TunesvcError when the record cannot be replayed."""
+    from tunesvc.device import torch_device
+
+    where = torch_device()
+
+    def value(spec: dict[str, Any]) -> Any:
+        if "value" in spec:
+            return spec["value"]
+        if "tensor" not in spec:
+            raise TunesvcError(
+                f"The recorded call has an argument of type {spec.get('unsupported')}; it cannot be replayed."
+            )
+        t = spec["tensor"]
+        dtype = getattr(torch, str(t["dtype"]).removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype):
+            raise TunesvcError(f"The recorded call names an unknown dtype {t['dtype']!r}.")
+        out = torch.empty_strided(t["shape"], t["stride"], dtype=dtype, device=where)
+        if "values" in t:
+            out.copy_(torch.tensor(t["values"], dtype=dtype).reshape(t["shape"]))
+        elif dtype.is_floating_point:
+            out.normal_()
+        else:
+            out.zero_()
+        return out
+
+    args = tuple(value(a) for a in call.get("args", []))
+    kwargs = {k: value(v) for k, v in call.get("kwargs", {}).items()}
+    grids = {
+        config_hash(config_dict(c)): tuple(g) for c, g in zip(tuner.configs, call.get("grids", [])) if g is not None
+    }
+    if not grids:
+        raise TunesvcError("The recorded call has no launch grid; launch the kernel once in mode tune instead.")
+    return args, {**kwargs, "grid": None, "warmup": False}, grids
+
+
+def tune_recorded(store: Store, name: str, version: str, shape_key: str, call: dict[str, Any]) -> Any:
+    """Tune one recorded key offline: import the kernel, rebuild the call, tune as on a miss.
+
+    Returns the winning config as stored (a dict), or raises TunesvcError with the reason.
+    """
+    from tunesvc.device import current_device
+
+    tuner = find_autotuner(name)
+    state = _State(tuner, Settings(TUNE, store.url, None), name, {})
+    if state.template.version != version:
+        raise TunesvcError(
+            f"{name} changed since the key was recorded (version {version}, now {state.template.version}); "
+            "run the program again to record it anew."
+        )
+    device = current_device()
+    args, kwargs, grids = rebuild_call(tuner, call, device)
+    tuner.nargs = dict(zip(tuner.arg_names, args))
+    try:
+        pruned = [c for c in tuner.prune_configs(kwargs) if config_hash(config_dict(c)) in grids]
+    finally:
+        tuner.nargs = None
+    if not pruned:
+        raise TunesvcError(f"No config of {name} has a recorded grid for {shape_key}.")
+    winner = tune_key(tuner, state, store, device, shape_key, pruned, args, kwargs, grids=grids, call=call)
+    STATS["tuned"] += 1
+    return config_dict(winner)
+
+
+def measure_stored(
+    store: Store, name: str, shape_key: str, configs: list[ConfigDict], device: Device
+) -> list[Measurement]:
+    """Re-measure stored configs of a captured key on inputs rebuilt from the call its sweep
+    recorded (`tune verify`); each config after the first is checked against the first's output."""
+    tuner = find_autotuner(name)
+    call = store.captured_call(name, shape_key, device.hardware_id)
+    if call is None:
+        raise TunesvcError(f"No recorded call of {name} for {shape_key}; tune it again to re-measure it.")
+    args, kwargs, grids = rebuild_call(tuner, call, device)
+    bench = CaptureBench(tuner, device, args, kwargs, grids=grids)
+    state = _State(tuner, Settings(LOOKUP, store.url, None), name, {})
+    out = []
+    try:
+        for stored in configs:
+            config = state.listed(stored)
+            if config is None:
+                out.append(Measurement(Status.INVALID, message="not in the kernel's config list any more"))
+            else:
+                out.append(bench.measure(config))
+    finally:
+        bench.restore()
+    return out

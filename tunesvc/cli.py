@@ -718,6 +718,117 @@ def report(
     console.print(f"wrote {path}")
 
 
+# -- captured triton.autotune kernels (tunesvc.capture) ---------------------------------------------
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@user_errors
+def run(
+    command: Annotated[list[str] | None, typer.Argument(help="The command to run, after --.")] = None,
+    mode: Annotated[
+        str | None, typer.Option(help="tune (a miss is tuned and stored), lookup (serve; record misses) or off.")
+    ] = None,
+    db: DbOption = None,
+    bundle: Annotated[Path | None, typer.Option(help="Serve winners from this bundle (no database needed).")] = None,
+    tune_misses: Annotated[
+        bool,
+        typer.Option("--tune-misses", help="Afterwards, tune the misses recorded in --db (imports their modules)."),
+    ] = False,
+) -> None:
+    """Run COMMAND with every triton.autotune kernel captured by tunesvc; exit with its exit code."""
+    import os
+    import subprocess
+
+    from tunesvc.capture import MODES
+
+    if mode is not None and mode not in MODES:
+        raise TunesvcError(f"Unknown mode '{mode}'; use one of {', '.join(MODES)}.")
+    if not command and not tune_misses:
+        raise TunesvcError("Give the command to run after --, e.g. `tune run -- python serve.py`.")
+    code = 0
+    if command:
+        env = {**os.environ, "TUNESVC_CAPTURE": "1"}
+        for name, value in (("TUNESVC_MODE", mode), ("TUNESVC_DB", db), ("TUNESVC_BUNDLE", bundle)):
+            if value is not None:
+                env[name] = str(value)
+        try:
+            code = subprocess.call(command, env=env)
+        except OSError as exc:
+            raise TunesvcError(f"Cannot run {command[0]}: {exc.strerror}.") from None
+    if tune_misses:
+        _tune_misses(db, kernel=None)
+    raise typer.Exit(code)
+
+
+@app.command()
+@user_errors
+def misses(
+    kernel: Annotated[str | None, typer.Option(help="Only this kernel (module:qualname).")] = None,
+    tune: Annotated[
+        bool,
+        typer.Option("--tune", help="Tune this device's open misses now (imports each kernel's recorded module)."),
+    ] = False,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the shape keys captured kernels met with no stored winner in mode lookup (or tune them)."""
+    if tune:
+        return _tune_misses(db, kernel)
+    from tunesvc.store import Store
+
+    store = Store(db, readonly=True)
+    try:
+        rows = store.misses(kernel=kernel)
+    finally:
+        store.close()
+    if as_json:
+        return _print_json(
+            [
+                {
+                    "kernel": m.kernel,
+                    "version": m.version,
+                    "hardware_id": m.hardware_id,
+                    "shape_key": m.shape_key,
+                    "count": m.count,
+                    "status": m.status,
+                    "last_seen": m.last_seen.isoformat(),
+                }
+                for m in rows
+            ]
+        )
+    table = Table(title=f"Misses in {store.url}")
+    for column in ("kernel", "device", "shape key", "count", "status"):
+        table.add_column(column)
+    for m in rows:
+        table.add_row(m.kernel, m.hardware_id, m.shape_key, str(m.count), m.status)
+    console.print(table)
+    console.print(
+        f"{len(rows)} misses, {sum(m.status == 'open' for m in rows)} open. Tune them with `tune misses --tune`."
+    )
+
+
+def _tune_misses(db: str | None, kernel: str | None) -> None:
+    from tunesvc.capture import tune_recorded
+    from tunesvc.device import current_device
+    from tunesvc.store import Store
+
+    store = Store(db)
+    try:
+        device = current_device()
+        todo = store.misses(kernel=kernel, hardware_id=device.hardware_id, status="open")
+        if not todo:
+            console.print(f"No open misses of {device.name} in {store.url}.")
+        for m in todo:
+            console.print(f"{m.kernel} {m.shape_key}: importing {m.kernel.partition(':')[0]} to tune it")
+            try:
+                winner = tune_recorded(store, m.kernel, m.version, m.shape_key, m.call)
+            except TunesvcError as exc:
+                console.print(f"  not tuned: {exc}")
+                continue
+            store.set_miss_status(m.id, "tuned")
+            console.print(f"  tuned: {_config_text(winner)}")
+    finally:
+        store.close()
+
+
 # -- tune db: the schema (Alembic migrations in tunesvc/store/alembic) -------------------------------
 db_app = typer.Typer(
     help="Create, upgrade and inspect a database's schema (Alembic migrations; every row is kept).",

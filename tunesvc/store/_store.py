@@ -789,6 +789,24 @@ class Store:
                 query = query.where(Miss.status == status)
             return list(session.scalars(query.order_by(Miss.count.desc(), Miss.kernel, Miss.shape_key)))
 
+    def captured_call(self, kernel: str, shape_key: str, hardware_id: str) -> dict[str, Any] | None:
+        """The call description a captured kernel's newest sweep of this key recorded (None: none)."""
+        with self.session() as session:
+            row = session.scalar(
+                select(Sweep.problem)
+                .join(KernelVersion, Sweep.kernel_version_id == KernelVersion.id)
+                .join(StoredDevice, Sweep.device_id == StoredDevice.id)
+                .where(
+                    KernelVersion.kernel == kernel,
+                    Sweep.shape_key == shape_key,
+                    StoredDevice.hardware_id == hardware_id,
+                    Sweep.strategy == "capture",
+                )
+                .order_by(Sweep.id.desc())
+                .limit(1)
+            )
+            return dict(row) if row and row.get("grids") else None
+
     def set_miss_status(self, miss_id: int, status: str) -> None:
         with self.session() as session:
             row = session.get(Miss, miss_id)

@@ -326,3 +326,59 @@ def test_tune_run_captures_a_command_and_returns_its_exit_code(script, tmp_db, m
     assert failing.exit_code == 3
     serving = runner.invoke(app, ["run", "--mode", "lookup", "--db", tmp_db, "--", sys.executable, str(script)])
     assert serving.exit_code == 0, serving.output
+
+
+def _elsewhere(tmp_path, monkeypatch):
+    """Run from a folder where the script's module does not import (and forget any imported copy)."""
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.delitem(sys.modules, "mykernels", raising=False)
+
+
+def test_the_tools_see_captured_kernels_and_a_bundle_serves_them_without_a_database(
+    script, tmp_db, tmp_path, monkeypatch
+):
+    _run(script, _env(TUNESVC_CAPTURE="1", TUNESVC_DB=tmp_db))
+    runner = CliRunner()
+    key = "n=333,x_ptr.dtype=float32,y_ptr.dtype=float32,out_ptr.dtype=float32"
+    shown = runner.invoke(app, ["show", "--db", tmp_db, "--kernel", "mykernels:scale_add", "--json"])
+    assert shown.exit_code == 0 and [w["shape_key"] for w in json.loads(shown.output)["winners"]] == [key]
+    exact = runner.invoke(app, ["lookup", "mykernels:scale_add", "--shape", key, "--db", tmp_db, "--json"])
+    assert exact.exit_code == 0, exact.output
+    assert json.loads(exact.output)["source"] == "exact"
+    near = runner.invoke(app, ["lookup", "mykernels:scale_add", "--shape", key.replace("333", "300"), "--db", tmp_db])
+    assert near.exit_code == 0 and "nearest" in near.output
+    # verify says when the module does not import, and re-measures once it does
+    _elsewhere(tmp_path, monkeypatch)
+    unimported = runner.invoke(app, ["verify", "--db", tmp_db, "--json"])
+    assert unimported.exit_code == 0, unimported.output
+    [verdict] = json.loads(unimported.output)
+    assert verdict["flags"] == ["unknown-kernel"] and "does not import" in verdict["detail"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    verified = runner.invoke(app, ["verify", "--db", tmp_db, "--json"])
+    [verdict] = json.loads(verified.output)
+    assert verdict["measured_ms"] is not None and "wrong" not in verdict["flags"], verdict
+    # shipped as a bundle: served with no database, nothing measured
+    bundle = tmp_path / "bundle.json"
+    assert runner.invoke(app, ["export", "--db", tmp_db, "--out", str(bundle)]).exit_code == 0
+    served = _run(script, _env(TUNESVC_CAPTURE="1", TUNESVC_BUNDLE=str(bundle)))
+    assert served["stats"] == {"stored": 1}
+    assert not (script.parent / "tune.db").exists()
+
+
+def test_misses_recorded_while_serving_are_tuned_offline(script, tmp_db, tmp_path, monkeypatch):
+    served = _run(script, _env(TUNESVC_CAPTURE="1", TUNESVC_MODE="lookup", TUNESVC_DB=tmp_db))
+    assert served["stats"] == {"fallback": 1}
+    runner = CliRunner()
+    listed = runner.invoke(app, ["misses", "--db", tmp_db, "--json"])
+    [miss] = json.loads(listed.output)
+    assert miss["kernel"] == "mykernels:scale_add" and miss["status"] == "open"
+    _elsewhere(tmp_path, monkeypatch)
+    failed = runner.invoke(app, ["misses", "--tune", "--db", tmp_db])
+    assert failed.exit_code == 0 and "does not import" in failed.output
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tuned = runner.invoke(app, ["misses", "--tune", "--db", tmp_db])
+    assert tuned.exit_code == 0 and "tuned: BLOCK=" in tuned.output, tuned.output
+    assert len(trials(tmp_db)) == 6
+    again = _run(script, _env(TUNESVC_CAPTURE="1", TUNESVC_MODE="lookup", TUNESVC_DB=tmp_db))
+    assert again["stats"] == {"stored": 1}

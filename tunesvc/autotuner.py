@@ -353,8 +353,8 @@ def autotune(
             configs,
             key,  # type: ignore[arg-type]
             prune_configs_by,
-            reset_to_zero,
-            restore_value,
+            None if reset_to_zero is None else list(reset_to_zero),
+            None if restore_value is None else list(restore_value),
             pre_hook,
             post_hook,
             warmup,

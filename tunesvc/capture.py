@@ -258,7 +258,7 @@ class CapturedTemplate(Template):
     dims = ()
 
     def __init__(self, name: str, version: str) -> None:
-        self.name = name
+        self.name = name  # type: ignore[misc]
         self.__dict__["version"] = version  # shadows Template's cached_property
 
 
@@ -286,7 +286,7 @@ class _State:
             self._template = CapturedTemplate(self.name, kernel_version(self._fn, self._configs))
         return self._template
 
-    def listed(self, stored: ConfigDict) -> Any | None:
+    def listed(self, stored: dict[str, Any]) -> Any | None:
         """The listed triton.Config a stored config names (None: not in this list)."""
         if self._by_hash is None:
             self._by_hash = {}
@@ -420,7 +420,7 @@ def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> dict
 
     grid = kwargs.get("grid")
     nargs = {**dict(zip(tuner.arg_names, args)), **kwargs}
-    grids = []
+    grids: list[list[int] | None] = []
     for config in tuner.configs:
         try:
             g = grid({**nargs, **config.all_kwargs()}) if callable(grid) else grid
@@ -540,7 +540,7 @@ class CaptureBench(Bench):
         self.tuner.post_hook(full, exception=None)
         return outputs
 
-    def measure(self, config: Any) -> Measurement:  # type: ignore[override]
+    def measure(self, config: Any) -> Measurement:
         self.restore()
         start = time.perf_counter()
         try:
@@ -584,7 +584,7 @@ class CaptureBench(Bench):
             worst = max(worst, err)
         return worst, None
 
-    def _launcher(self, config: Any):  # type: ignore[override]
+    def _launcher(self, config: Any):
         if isinstance(config, dict):  # a finalist, by its stored dict
             config = self._configs[config_hash(config)]
         return lambda inputs: lambda: self._launch(config, inputs)
@@ -794,7 +794,7 @@ def _apply(settings: Settings | None) -> None:
     global _process
     with _settings_lock:
         _process = settings
-        Autotuner.run = captured_run if settings is not None else _TRITON_RUN  # type: ignore[method-assign]
+        Autotuner.run = captured_run if settings is not None else _TRITON_RUN
     _forget_all()
     for tuner in list(_STATES):
         if isinstance(tuner, CapturedKernel):
@@ -912,7 +912,7 @@ def tune_recorded(store: Store, name: str, version: str, shape_key: str, call: d
 
 
 def measure_stored(
-    store: Store, name: str, shape_key: str, configs: list[ConfigDict], device: Device
+    store: Store, name: str, shape_key: str, configs: list[dict[str, Any]], device: Device
 ) -> list[Measurement]:
     """Re-measure stored configs of a captured key on inputs rebuilt from the call its sweep
     recorded (`tune verify`); each config after the first is checked against the first's output."""

@@ -577,6 +577,8 @@ def lookup(
     from tunesvc.store import Store
     from tunesvc.template import get_template
 
+    if ":" in kernel and _captured_lookup(kernel, shape, db, bundle, as_json):
+        return
     template = get_template(kernel)
     problem = template.parse_shape(shape, dtype)
     target = Store(db, readonly=True).find_device(device) if device is not None else None
@@ -588,6 +590,57 @@ def lookup(
     where = f" (tuned key {result.matched_key}, distance {result.distance:.2f})" if result.source == "nearest" else ""
     console.print(f"{result.key} on {runtime.device.name}: [bold]{result.source}[/bold]{where}")
     console.print(_config_text(result.config))
+
+
+def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None, as_json: bool) -> bool:
+    """`tune lookup module:qualname --shape KEY` of a captured kernel: its stored winner for that
+    key text (``n=1000,x_ptr.dtype=float16``), else the nearest stored key's, read without
+    importing the kernel. False when ``kernel`` is not a captured kernel of --db / --bundle."""
+    from tunesvc.capture import key_distance
+    from tunesvc.device import current_device
+
+    device = current_device()
+    if bundle is not None:
+        from tunesvc.export import kernel_configs
+        from tunesvc.export import read_bundle
+
+        data = read_bundle(bundle)
+        if kernel not in data["kernels"] or data["device"]["hardware_id"] != device.hardware_id:
+            return False
+        table = kernel_configs(bundle, data, kernel)
+    else:
+        from tunesvc.store import Store
+
+        store = Store(db, readonly=True)
+        try:
+            if not store.captured_kernels(kernel):
+                return False
+            entries = sorted(store.winners(kernel=kernel, hardware_id=device.hardware_id), key=lambda e: e.updated_at)
+        finally:
+            store.close()
+        table = {e.shape_key: e.config for e in entries}  # the newest version's winner of each key
+    ranked = sorted((key_distance(key, k), k) for k in table)
+    if key in table:
+        source, matched, distance = "exact", key, 0.0
+    elif ranked and ranked[0][0] != float("inf"):
+        source, (distance, matched) = "nearest", ranked[0]
+    else:
+        source, matched, distance = "first listed config", None, None
+    result = {
+        "kernel": kernel,
+        "key": key,
+        "source": source,
+        "matched_key": matched,
+        "distance": distance,
+        "config": table.get(matched) if matched else None,
+    }
+    if as_json:
+        _print_json(result)
+        return True
+    where = f" (stored key {matched}, distance {distance:.2f})" if source == "nearest" else ""
+    console.print(f"{key} on {device.name}: [bold]{source}[/bold]{where}")
+    console.print(_config_text(result["config"]))
+    return True
 
 
 @app.command()

@@ -807,6 +807,19 @@ class Store:
             )
             return dict(row) if row and row.get("grids") else None
 
+    def captured_kernels(self, kernel: str | None = None) -> list[str]:
+        """Names (module:qualname) of kernels that tunesvc.capture tuned into this database."""
+        with self.session() as session:
+            query = (
+                select(KernelVersion.kernel)
+                .join(Sweep, Sweep.kernel_version_id == KernelVersion.id)
+                .where(Sweep.strategy == "capture")
+                .distinct()
+            )
+            if kernel is not None:
+                query = query.where(KernelVersion.kernel == kernel)
+            return sorted(session.scalars(query))
+
     def set_miss_status(self, miss_id: int, status: str) -> None:
         with self.session() as session:
             row = session.get(Miss, miss_id)

@@ -382,3 +382,60 @@ def test_misses_recorded_while_serving_are_tuned_offline(script, tmp_db, tmp_pat
     assert len(trials(tmp_db)) == 6
     again = _run(script, _env(TUNESVC_CAPTURE="1", TUNESVC_MODE="lookup", TUNESVC_DB=tmp_db))
     assert again["stats"] == {"stored": 1}
+
+
+@triton.jit
+def _masked_scale(x_ptr, out_ptr, BLOCK: tl.constexpr, n, scale, USE_SCALE: tl.constexpr, EVEN: tl.constexpr):
+    """out = x * scale (or x); ``n`` comes after a tuned meta-parameter, so it is passed by name."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    if USE_SCALE:
+        x = x * scale
+    tl.store(out_ptr + offs, x, mask=mask)
+
+
+def test_heuristics_above_and_below_bool_and_float_keys_keyword_launches_and_fn_walkers(tmp_db):
+    configs = [triton.Config({"BLOCK": b}) for b in (16, 64)]
+    below = triton.heuristics({"EVEN": lambda args: args["n"] % 16 == 0})(_masked_scale)
+    tuned = tunesvc.autotune(configs=configs, key=["n", "scale", "USE_SCALE"], db=tmp_db)(below)
+    above = triton.heuristics({"USE_SCALE": lambda args: args["scale"] != 1.0})(tuned)
+    n = 211
+    x, out = torch.randn(n), torch.empty(n)
+    above[grid(n)](x, out, n=n, scale=0.5)
+    torch.testing.assert_close(out, 0.5 * x)
+    above[grid(n)](x, out, n=n, scale=1.0)
+    torch.testing.assert_close(out, x)
+    keys = sorted(r.shape_key for r in trials(tmp_db, ":_masked_scale"))
+    assert keys == [
+        "n=211,scale=0.5,USE_SCALE=True,x_ptr.dtype=float32,out_ptr.dtype=float32",
+        "n=211,scale=0.5,USE_SCALE=True,x_ptr.dtype=float32,out_ptr.dtype=float32",
+        "n=211,scale=1.0,USE_SCALE=False,x_ptr.dtype=float32,out_ptr.dtype=float32",
+        "n=211,scale=1.0,USE_SCALE=False,x_ptr.dtype=float32,out_ptr.dtype=float32",
+    ]
+    # what a library's wrapper walks: .fn down to the Python function, the name it is stored under
+    fn, names = above, []
+    while hasattr(fn, "fn"):
+        names.append(type(fn).__name__)
+        fn = fn.fn
+    assert names[:3] == ["Heuristics", "CapturedKernel", "Heuristics"] and fn is _masked_scale.fn
+    assert CAPTURE.kernel_name(above.fn) == f"{__name__}:_masked_scale"
+
+
+@pytest.mark.gpu
+def test_gpu_capture_matches_triton_autotune_and_tunes_accumulators(tmp_db):
+    n = 1_000_003
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    configs = [triton.Config({"BLOCK": b}, num_warps=w) for b in (256, 1024, 4096) for w in (4, 8)]
+    theirs = triton.autotune(configs=configs, key=["n"])(_scale_add)
+    ours = tunesvc.autotune(configs=configs, key=["n"], db=tmp_db)(_scale_add)
+    out_theirs, out_ours = torch.empty_like(x), torch.empty_like(x)
+    theirs[grid(n)](x, y, out_theirs, n, 0.5)
+    ours[grid(n)](x, y, out_ours, n, 0.5)
+    torch.testing.assert_close(out_ours, out_theirs)
+    assert {r.status for r in trials(tmp_db)} == {"ok"} and STATS["benchmarks"] == len(configs)
+    total = torch.zeros(1, device="cuda")
+    summed = tunesvc.autotune(configs=configs, key=["n"], reset_to_zero=["total_ptr"], db=tmp_db)(_atomic_sum)
+    summed[grid(n)](x, total, n)
+    torch.testing.assert_close(total, x.sum().reshape(1), rtol=1e-4, atol=1e-2)
+    assert {r.status for r in trials(tmp_db, ":_atomic_sum")} == {"ok"}

@@ -118,6 +118,7 @@ def test_drop_in_matches_triton_autotune_and_is_a_triton_autotuner(tmp_db):
     # the same key tuple as Triton's own cache
     assert set(ours.cache) == set(theirs.cache) == {(n, "torch.float32", "torch.float32", "torch.float32")}
     assert STATS["tuned"] == 1 and STATS["benchmarks"] == len(CONFIGS)
+    assert set(ours.configs_timings) == set(CONFIGS) and ours.bench_time > 0
     rows = trials(tmp_db)
     assert len(rows) == len(CONFIGS) and {r.status for r in rows} == {"ok"}
     assert rows[0].kernel.endswith(":_scale_add") and rows[0].shape_key == (
@@ -358,6 +359,9 @@ def test_the_tools_see_captured_kernels_and_a_bundle_serves_them_without_a_datab
     verified = runner.invoke(app, ["verify", "--db", tmp_db, "--json"])
     [verdict] = json.loads(verified.output)
     assert verdict["measured_ms"] is not None and "wrong" not in verdict["flags"], verdict
+    report = runner.invoke(app, ["report", "--db", tmp_db, "--out", str(tmp_path / "report")])
+    assert report.exit_code == 0, report.output
+    assert "captured triton.autotune kernel" in (tmp_path / "report" / "report.html").read_text()
     # shipped as a bundle: served with no database, nothing measured
     bundle = tmp_path / "bundle.json"
     assert runner.invoke(app, ["export", "--db", tmp_db, "--out", str(bundle)]).exit_code == 0

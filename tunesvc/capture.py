@@ -29,6 +29,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import re
 import threading
 import time
 import warnings
@@ -445,7 +446,8 @@ def _tune_locked(
 
     store = shared.store(create=True)
     assert store is not None
-    with FileLock(_lock_path(shared.settings.db_path, state.name.replace(":", "."), text)):
+    lock_name = re.sub(r"[^A-Za-z0-9_.-]+", "_", state.name)[-80:]  # a file name; the digest keeps it unique
+    with FileLock(_lock_path(shared.settings.db_path, lock_name, text)):
         from tunesvc.device import current_device
 
         device = current_device()
@@ -645,6 +647,11 @@ def tune_key(
             _remeasure_finalists(store, bench, kv_id, device_id, text, FINALISTS, rep_ms)
     finally:
         bench.restore()  # the caller launches the winner on the inputs as they were given
+    # what triton.autotune leaves for code that reads them (first measurements, as Triton's)
+    tuner.configs_timings = {
+        c: [m.time_ms if m.ok and m.time_ms is not None else math.inf] * 3 for c, (_, _, m) in zip(candidates, results)
+    }
+    tuner.bench_time = time.perf_counter() - started
     winner = store.update_winner(kv_id, device_id, text)
     store.finish_sweep(sweep_id, time.perf_counter() - started)
     if winner is None:

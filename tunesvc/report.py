@@ -244,6 +244,7 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
 
     sections: dict[tuple[int, int], Section] = {}
     templates: dict[str, Template | None] = {}
+    captured_kernels = set(store.captured_kernels())
     for (kv_id, device_id, key), rows in trials_of.items():
         kv, device = versions[kv_id], devices[device_id]
         section = sections.get((kv_id, device_id))
@@ -252,11 +253,15 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
             section = sections[(kv_id, device_id)] = Section(
                 kernel=kv.kernel, version=kv.version, device=device, sweeps=len(stats), sweep_seconds=sum(stats)
             )
+            # a captured triton.autotune kernel has no template; its module is never imported here
+            captured = kv.kernel in captured_kernels
             if kv.kernel not in templates:
-                templates[kv.kernel] = _template(kv.kernel, (kernel,))
+                templates[kv.kernel] = None if captured else _template(kv.kernel, (kernel,))
             template = templates[kv.kernel]
             section.peer_name = template.peer_name if template is not None else ""
-            if template is None:
+            if template is None and captured:
+                section.template_note = f"'{kv.kernel}' is a captured triton.autotune kernel: no heuristic or roofline."
+            elif template is None:
                 section.template_note = f"Template '{kv.kernel}' is not installed here: no heuristic or roofline."
             elif template.version != kv.version:
                 section.template_note = (

@@ -372,6 +372,10 @@ def _resolve(
             STATS["fallback"] += 1
         else:
             config = _tune_locked(tuner, state, shared, text, args, kwargs)
+        if len(tuner.configs) > 1:
+            # triton.autotune zeroes the reset_to_zero arguments after benchmarking a key, so the
+            # launch that follows a key's first resolution starts from zero: so does this one
+            tuner.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()}, reset_only=True)
         tuner.cache[key] = config
         hit = state.chosen[key] = (config, config.all_kwargs())
         return hit

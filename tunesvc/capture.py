@@ -443,23 +443,26 @@ def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> dict
 def _tune_locked(
     tuner: Autotuner, state: _State, shared: _Shared, text: str, args: tuple, kwargs: dict[str, Any]
 ) -> Any:
-    """Tune the key once across processes: the others wait on the lock, then read the winner."""
+    """Tune the key once across processes and hosts, the others wait and then read the winner.
+
+    Two locks: a file lock beside the database (the processes of one host wait on it without
+    touching the database), then a claim in the database's jobs table (hosts sharing a server
+    database: one claims the key, heartbeats while it tunes, and the others poll for its winner;
+    a claim whose heartbeat stops, its process killed, is taken over).
+    """
     from filelock import FileLock
 
+    from tunesvc.device import current_device
     from tunesvc.runtime import _lock_path
 
     store = shared.store(create=True)
     assert store is not None
+    device = current_device()
     lock_name = re.sub(r"[^A-Za-z0-9_.-]+", "_", state.name)[-80:]  # a file name; the digest keeps it unique
-    with FileLock(_lock_path(shared.settings.db_path, lock_name, text)):
-        from tunesvc.device import current_device
-
-        device = current_device()
-        stored = store.winners(kernel=state.name, hardware_id=device.hardware_id, version=state.template.version)
-        found = next((state.listed(w.config) for w in stored if w.shape_key == text), None)
-        if found is not None:
+    with FileLock(_lock_path(shared.settings.db_path, lock_name, text)), _KeyClaim(store, state, device, text) as claim:
+        if claim.winner is not None:
             STATS["stored"] += 1
-            return found
+            return claim.winner
         tuner.nargs = dict(zip(tuner.arg_names, args))
         try:
             pruned = tuner.prune_configs(kwargs)
@@ -471,6 +474,100 @@ def _tune_locked(
         winner = tune_key(tuner, state, store, device, text, list(pruned), args, kwargs)
         STATS["tuned"] += 1
         return winner
+
+
+#: how often a process waiting on another's claim of a key looks for its winner (seconds)
+CLAIM_POLL_S = 0.2
+
+
+class _KeyClaim:
+    """This process's claim on tuning one key, through the jobs table (see :mod:`tunesvc.jobs`).
+
+    ``winner`` is set instead when the key turns out to be tuned (before, or while waiting).
+    One job per (kernel, version, device, key), in a batch of its own.
+    """
+
+    def __init__(self, store: Store, state: _State, device: Device, text: str) -> None:
+        import hashlib
+        import socket
+
+        self.store, self.state, self.device, self.text = store, state, device, text
+        ident = f"{state.name}|{state.template.version}|{device.hardware_id}|{text}"
+        self.batch = "capture-" + hashlib.sha256(ident.encode()).hexdigest()[:16]
+        self.worker = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+        self.winner: Any = None
+        self.job_id: int | None = None
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def stored_winner(self) -> Any:
+        rows = self.store.winners(
+            kernel=self.state.name, hardware_id=self.device.hardware_id, version=self.state.template.version
+        )
+        return next((self.state.listed(w.config) for w in rows if w.shape_key == self.text), None)
+
+    def __enter__(self) -> _KeyClaim:
+        from sqlalchemy import select
+        from sqlalchemy.exc import IntegrityError
+
+        from tunesvc import jobs
+        from tunesvc.store.models import Job
+
+        while True:
+            self.winner = self.stored_winner()
+            if self.winner is not None:
+                return self
+            with self.store.session() as session:
+                job = session.scalar(select(Job).where(Job.batch == self.batch))
+                status = None if job is None else job.status
+            if status is None:
+                try:
+                    with self.store.session() as session:
+                        session.add(
+                            Job(
+                                batch=self.batch,
+                                kernel=self.state.name,
+                                shape_key=self.text,
+                                problem={},
+                                strategy="capture",
+                                budget=None,
+                                seed=0,
+                                status="pending",
+                                attempts=0,
+                            )
+                        )
+                except IntegrityError:  # another process added it first
+                    pass
+            elif status in ("done", "failed"):
+                # its tuner finished with no correct config stored: tune here, unclaimed
+                return self
+            jobs.release_stale(self.store, self.batch)
+            held = jobs.claim(self.store, self.batch, self.worker)
+            if held is not None:
+                self.job_id = held.id
+                self._beat = threading.Thread(target=self._heartbeat, name="tunesvc-claim", daemon=True)
+                self._beat.start()
+                self.winner = self.stored_winner()  # tuned between the look and the claim
+                return self
+            time.sleep(CLAIM_POLL_S)
+
+    def _heartbeat(self) -> None:
+        from tunesvc import jobs
+
+        while not self._stop.wait(jobs.HEARTBEAT_S):
+            try:
+                jobs.heartbeat(self.store, self.job_id, self.worker)  # type: ignore[arg-type]
+            except Exception:  # a missed beat only risks another process taking the key over
+                pass
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        from tunesvc import jobs
+
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        if self.job_id is not None:
+            jobs.finish(self.store, self.job_id, self.worker, "failed" if exc_type else "done")
 
 
 class CaptureBench(Bench):

@@ -443,3 +443,14 @@ def test_gpu_capture_matches_triton_autotune_and_tunes_accumulators(tmp_db):
     summed[grid(n)](x, total, n)
     torch.testing.assert_close(total, x.sum().reshape(1), rtol=1e-4, atol=1e-2)
     assert {r.status for r in trials(tmp_db, ":_atomic_sum")} == {"ok"}
+
+
+def test_an_unusable_database_leaves_the_kernel_to_triton(tmp_path):
+    (tmp_path / "not-a-db").write_text("this is not SQLite")
+    n = 97
+    x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
+    kernel = tunesvc.autotune(configs=CONFIGS, key=["n"], db=str(tmp_path / "not-a-db"), do_bench=cpu_bench)(_scale_add)
+    with pytest.warns(RuntimeWarning, match="not a SQLite database.*Triton's own autotuner"):
+        kernel[grid(n)](x, y, out, n, 1.0)
+    torch.testing.assert_close(out, x + y)
+    assert (tmp_path / "not-a-db").read_text() == "this is not SQLite"

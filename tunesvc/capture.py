@@ -155,7 +155,7 @@ class _Shared:
             s = self.settings
             if not s.bundle and not _database_exists(s.db_path):
                 return {}  # not cached: another process may create it before the next miss
-            self._runtime = Runtime(db=None if s.bundle else s.db_path, bundle=s.bundle, mode="lookup")
+            self._runtime = Runtime(db=None if s.bundle else s.db_path, bundle=s.bundle, mode="lookup", strict=True)
         return self._runtime._table(template)
 
     def store(self, create: bool) -> Store | None:
@@ -342,7 +342,16 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     )
     hit = state.chosen.get(key)
     if hit is None:
-        hit = _resolve(self, state, key, nargs, args, kwargs)
+        try:
+            hit = _resolve(self, state, key, nargs, args, kwargs)
+        except TunesvcError as exc:  # an unusable database must not stop the program
+            state.off = True
+            warnings.warn(
+                f"tunesvc: {exc} {state.name} runs with Triton's own autotuner in this process.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return _TRITON_RUN(self, *args, **kwargs)
     config, launch = hit
     self.best_config = config
     if config.pre_hook is not None:

@@ -1,7 +1,7 @@
 """triton.autotune kernels of real libraries (fla-core, liger-kernel), launched unmodified.
 
 Each case calls a library's own launch function (or launches its jitted kernel exactly as the
-library does) on small random CPU tensors of odd sizes, and returns the output beside a float64
+library does) on small random tensors of odd sizes (CPU, or the GPU when there is one), and returns the output beside a float64
 torch reference. Run as a script (``python tests/_library_kernels.py CASE ...``) it prints one
 JSON line per case: the kernel's stored name, the config its launch used (``best_config``, as
 library code reads it) and the output's relative error. It imports no tunesvc: in a process
@@ -18,6 +18,9 @@ from typing import Any
 
 import torch
 
+#: where the cases run: the GPU when there is one (test_gpu_capture), else Triton's interpreter
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
@@ -28,7 +31,7 @@ def fla_softmax(dtype: torch.dtype = torch.float32) -> tuple[Any, torch.Tensor, 
     from fla.ops.utils.softmax import softmax_fwd
     from fla.ops.utils.softmax import softmax_fwd_kernel
 
-    x = torch.randn(7, 45, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(7, 45, dtype=dtype, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     return softmax_fwd_kernel, softmax_fwd(x, dtype=dtype), torch.softmax(x.double(), -1)
 
 
@@ -37,7 +40,7 @@ def fla_logsumexp() -> tuple[Any, torch.Tensor, torch.Tensor]:
     from fla.ops.utils.logsumexp import logsumexp_fwd
     from fla.ops.utils.logsumexp import logsumexp_fwd_kernel
 
-    x = torch.randn(5, 83, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(5, 83, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     out = logsumexp_fwd(x, scale=0.5)
     return logsumexp_fwd_kernel, out.squeeze(-1), torch.logsumexp(0.5 * x.double(), -1)
 
@@ -48,7 +51,7 @@ def fla_cumsum_reverse() -> tuple[Any, torch.Tensor, torch.Tensor]:
     from fla.ops.utils.cumsum import chunk_global_cumsum
     from fla.ops.utils.cumsum import chunk_global_cumsum_scalar_kernel
 
-    s = torch.randn(1, 37, 1, generator=torch.Generator().manual_seed(3))
+    s = torch.randn(1, 37, 1, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     out = chunk_global_cumsum(s, reverse=True)
     return chunk_global_cumsum_scalar_kernel, out, s.double().flip(1).cumsum(1).flip(1)
 
@@ -58,7 +61,7 @@ def _gather_inputs(T: int, K: int, H: int) -> tuple[torch.Tensor, torch.Tensor, 
     Y = torch.randn(T * K, H, generator=gen)
     weights = torch.rand(T * K, generator=gen)
     reverse_scatter = torch.randperm(T * K, generator=gen).to(torch.int32)
-    return Y, weights, reverse_scatter
+    return Y.to(DEVICE), weights.to(DEVICE), reverse_scatter.to(DEVICE)
 
 
 def _gather_reference(Y, weights, reverse_scatter, T, K) -> torch.Tensor:
@@ -84,7 +87,7 @@ def liger_gather_unweighted() -> tuple[Any, torch.Tensor, torch.Tensor]:
 
     T, K, H = 3, 2, 37
     Y, _, reverse_scatter = _gather_inputs(T, K, H)
-    out = torch.empty(T, H)
+    out = torch.empty(T, H, device=DEVICE)
     _token_gather_weighted_sum_kernel[(T,)](
         Y,
         None,

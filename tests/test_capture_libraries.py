@@ -69,7 +69,7 @@ def _stored_winners(db: str) -> dict[tuple[str, str], dict]:
 def test_library_kernels_under_capture_match_torch_and_are_tuned_once(tmp_db):
     """In-process capture tunes every key once (all trials ok) and launches correct outputs;
     a second round, then a second process started with TUNESVC_CAPTURE=1, measure nothing and
-    launch the same configs."""
+    launch the same configs; so does a process served by the exported bundle alone."""
     cases = list(CASES)
     with tunesvc.capture(db=tmp_db):
         first = [run(case) for case in cases]
@@ -97,6 +97,32 @@ def test_library_kernels_under_capture_match_torch_and_are_tuned_once(tmp_db):
     assert [r["config"] for r in second] == [r["config"] for r in first]
     assert trials_by_kernel(tmp_db) == expected  # the second process measured nothing
     assert _stored_winners(tmp_db) == winners
+
+    # shipped as a bundle, the winners serve a process that has no database at all
+    bundle = str(Path(tmp_db).with_name("bundle.json"))
+    export = subprocess.run(
+        [sys.executable, "-m", "tunesvc", "export", "--db", tmp_db, "--out", bundle],
+        env=_child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert export.returncode == 0, export.stderr[-3000:]
+    elsewhere = Path(tmp_db).parent / "elsewhere"  # where a default ./tune.db would appear
+    elsewhere.mkdir()
+    served = subprocess.run(
+        [sys.executable, SCRIPT, *cases],
+        env=_child_env(TUNESVC_CAPTURE="1", TUNESVC_BUNDLE=bundle),
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert served.returncode == 0, served.stderr[-3000:]
+    third = _results(served.stdout)
+    _check(third, cases)
+    assert [r["config"] for r in third] == [r["config"] for r in first]
+    assert list(elsewhere.iterdir()) == []  # served from the bundle: no database made
 
 
 def test_four_processes_at_once_tune_each_key_once_and_agree(tmp_db):

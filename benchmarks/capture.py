@@ -4,7 +4,8 @@
 
 Kernels: a grouped GEMM written here with the Triton tutorials' autotune configs (two keys),
 and real libraries' triton.autotune kernels, launched as the libraries launch them (fla-core:
-softmax, logsumexp with a heuristic above the autotuner, a 48-config chunked cumsum;
+softmax, logsumexp with a heuristic above the autotuner, a 48-config chunked cumsum, the
+causal-conv1d decode step that updates its cache in place;
 liger-kernel: DyT, the MoE token gather-sum).
 
 Each side runs in its own child process with an empty Triton cache (TRITON_CACHE_DIR), so both
@@ -198,6 +199,37 @@ def fla_cumsum(batch: int, length: int, heads: int) -> Case:
     )
 
 
+def fla_conv_update(tokens: int, dim: int, width: int) -> Case:
+    """A decode step that rolls its cache in place (restore_value) on fla's Autotuner subclass."""
+    from fla.modules.causal_conv1d.ops import causal_conv1d_update_kernel
+
+    x, cache = _randn(tokens, dim, dtype=torch.bfloat16), _randn(tokens, dim, width, dtype=torch.bfloat16)
+    weight, bias = _randn(dim, width, dtype=torch.bfloat16), _randn(dim, dtype=torch.bfloat16)
+    rolled = torch.cat([cache[..., 1:], x[..., None]], -1).double()
+    expected = (rolled * weight.double()).sum(-1) + bias.double()  # before the cache rolls
+    y = torch.empty_like(x)
+    kwargs = {
+        "x": x,
+        "cache": cache,
+        "residual": None,
+        "y": y,
+        "weight": weight,
+        "bias": bias,
+        "stride_x_n": x.stride(0),
+        "stride_x_d": x.stride(1),
+        "stride_y_n": y.stride(0),
+        "stride_y_d": y.stride(1),
+        "D": dim,
+        "W": width,
+        "BW": triton.next_power_of_2(width),
+        "ACTIVATION": None,
+    }
+    grid = lambda meta: (triton.cdiv(dim, meta["BD"]) * tokens,)
+    return Case(
+        causal_conv1d_update_kernel, grid, (), kwargs, y, lambda: expected, f"N={tokens},D={dim},W={width},bf16"
+    )
+
+
 def liger_dyt(rows: int, cols: int) -> Case:
     from liger_kernel.ops.dyt import _dyt_fwd_kernel
 
@@ -249,6 +281,7 @@ CASES: dict[str, tuple[Callable[[], Case], Callable[[], Case] | None]] = {
     "fla_softmax": (lambda: fla_softmax(16384, 1000), lambda: fla_softmax(7, 45)),
     "fla_logsumexp": (lambda: fla_logsumexp(16384, 1000), lambda: fla_logsumexp(5, 83)),
     "fla_cumsum": (lambda: fla_cumsum(8, 4096, 16), lambda: fla_cumsum(1, 37, 1)),
+    "fla_conv_update": (lambda: fla_conv_update(256, 4096, 4), lambda: fla_conv_update(3, 45, 4)),
     "liger_dyt": (lambda: liger_dyt(4096, 4096), None),  # libdevice tanh: not in the interpreter
     "liger_gather": (lambda: liger_gather(4096, 8, 2048), lambda: liger_gather(3, 2, 37)),
 }

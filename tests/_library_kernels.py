@@ -56,6 +56,27 @@ def fla_cumsum_reverse() -> tuple[Any, torch.Tensor, torch.Tensor]:
     return chunk_global_cumsum_scalar_kernel, out, s.double().flip(1).cumsum(1).flip(1)
 
 
+def fla_conv_update() -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """fla's causal-conv1d decode step: rolls its cache in place (restore_value=['cache']) and
+    runs on fla's own Autotuner subclass, whose run() overrides Triton's (24 configs)."""
+    from fla.modules.causal_conv1d.ops import causal_conv1d_update
+    from fla.modules.causal_conv1d.ops import causal_conv1d_update_kernel
+
+    gen = torch.Generator().manual_seed(5)
+    N, D, W = 3, 45, 4
+    x, cache = torch.randn(N, D, generator=gen), torch.randn(N, D, W, generator=gen)
+    weight, bias = torch.randn(D, W, generator=gen), torch.randn(D, generator=gen)
+    rolled = torch.cat([cache[..., 1:], x[..., None]], -1).double()
+    expected = (rolled * weight.double()).sum(-1) + bias.double()
+    x, cache, weight, bias = (t.to(DEVICE) for t in (x, cache, weight, bias))
+    y, cache = causal_conv1d_update(x, cache, weight=weight, bias=bias)
+    return (
+        causal_conv1d_update_kernel,
+        torch.cat([y.flatten(), cache.flatten()]),
+        torch.cat([expected.flatten(), rolled.flatten()]),
+    )
+
+
 def _gather_inputs(T: int, K: int, H: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(4)
     Y = torch.randn(T * K, H, generator=gen)
@@ -109,6 +130,7 @@ CASES: dict[str, Callable[[], tuple[Any, torch.Tensor, torch.Tensor]]] = {
     "fla_softmax_f64": lambda: fla_softmax(torch.float64),
     "fla_logsumexp": fla_logsumexp,
     "fla_cumsum_reverse": fla_cumsum_reverse,
+    "fla_conv_update": fla_conv_update,
     "liger_gather": liger_gather,
     "liger_gather_unweighted": liger_gather_unweighted,
 }
@@ -119,6 +141,7 @@ CONFIGS = {
     "fla_softmax_f64": 6,
     "fla_logsumexp": 6,
     "fla_cumsum_reverse": 48,
+    "fla_conv_update": 24,
     "liger_gather": 40,
     "liger_gather_unweighted": 40,
 }

@@ -357,3 +357,17 @@ def test_one_config_runs_untuned(tmp_db, monkeypatch):
         k.one_config[_grid(45)](x, out, 45)
     assert torch.equal(out, x + 1)
     assert captured_name(k.one_config) not in trials_by_kernel(tmp_db)
+
+
+@pytest.mark.parametrize("launched", WAYS, indirect=True)
+def test_reset_to_zero_arguments_as_triton_leaves_them(launched):
+    """triton.autotune zeroes the reset_to_zero arguments after a key's first resolution, so that
+    launch starts from zero whatever the caller passed; a later launch of the key does not."""
+    _, k = launched
+    x = torch.randn(77, dtype=torch.float64)
+    found = []
+    for _ in range(2):
+        total = torch.full((1,), 5.0, dtype=torch.float64)
+        k.atomic_sum[_grid(77)](x, total, 77)  # n=77: a key run_all did not meet
+        found.append(total.item())
+    assert found == pytest.approx([x.sum().item(), 5.0 + x.sum().item()], rel=1e-12)

@@ -351,12 +351,16 @@ def test_the_tools_see_captured_kernels_and_a_bundle_serves_them_without_a_datab
     assert near.exit_code == 0 and "nearest" in near.output
     # verify says when the module does not import, and re-measures once it does
     _elsewhere(tmp_path, monkeypatch)
-    unimported = runner.invoke(app, ["verify", "--db", tmp_db, "--json"])
+    unnamed = runner.invoke(app, ["verify", "--db", tmp_db, "--json"])
+    [verdict] = json.loads(unnamed.output)
+    assert verdict["flags"] == ["unknown-kernel"] and "--kernel mykernels:scale_add" in verdict["detail"]
+    named = ["verify", "--db", tmp_db, "--kernel", "mykernels:scale_add", "--json"]
+    unimported = runner.invoke(app, named)
     assert unimported.exit_code == 0, unimported.output
     [verdict] = json.loads(unimported.output)
     assert verdict["flags"] == ["unknown-kernel"] and "does not import" in verdict["detail"]
     monkeypatch.syspath_prepend(str(tmp_path))
-    verified = runner.invoke(app, ["verify", "--db", tmp_db, "--json"])
+    verified = runner.invoke(app, named)
     [verdict] = json.loads(verified.output)
     assert verdict["measured_ms"] is not None and "wrong" not in verdict["flags"], verdict
     report = runner.invoke(app, ["report", "--db", tmp_db, "--out", str(tmp_path / "report")])
@@ -378,10 +382,13 @@ def test_misses_recorded_while_serving_are_tuned_offline(script, tmp_db, tmp_pat
     [miss] = json.loads(listed.output)
     assert miss["kernel"] == "mykernels:scale_add" and miss["status"] == "open"
     _elsewhere(tmp_path, monkeypatch)
-    failed = runner.invoke(app, ["misses", "--tune", "--db", tmp_db])
+    unnamed = runner.invoke(app, ["misses", "--tune", "--db", tmp_db])
+    assert unnamed.exit_code == 1 and "--kernel module:qualname" in unnamed.output
+    named = ["misses", "--tune", "--kernel", "mykernels:scale_add", "--db", tmp_db]
+    failed = runner.invoke(app, named)
     assert failed.exit_code == 0 and "does not import" in failed.output
     monkeypatch.syspath_prepend(str(tmp_path))
-    tuned = runner.invoke(app, ["misses", "--tune", "--db", tmp_db])
+    tuned = runner.invoke(app, named)
     assert tuned.exit_code == 0 and "tuned: BLOCK=" in tuned.output, tuned.output
     assert len(trials(tmp_db)) == 6
     again = _run(script, _env(TUNESVC_CAPTURE="1", TUNESVC_MODE="lookup", TUNESVC_DB=tmp_db))

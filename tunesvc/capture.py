@@ -181,13 +181,25 @@ def _shared_for(settings: Settings) -> _Shared:
 
 # -- identity -----------------------------------------------------------------------------------
 def config_dict(config: Any) -> ConfigDict:
-    """A triton.Config as the store keeps it: meta-parameters and the launch options that are set."""
-    out = dict(config.kwargs)
+    """A triton.Config as the store keeps it: meta-parameters and the launch options that are set.
+
+    Values other than whole numbers and text (bools, floats, None) are written as their text
+    (``True``, ``0.5``): stored configs and bundles hold ints and strings only, and a stored
+    config only names one of the listed configs (by :func:`~tunesvc.space.config_hash`), which
+    is what launches, with its own values and pre_hook.
+    """
+    out = {k: _stored_value(v) for k, v in config.kwargs.items()}
     for option in LAUNCH_OPTIONS:
         value = getattr(config, option, None)
         if value is not None:
-            out[option] = value
+            out[option] = _stored_value(value)
     return out
+
+
+def _stored_value(value: Any) -> int | str:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return repr(value) if isinstance(value, float) else str(value)
+    return value
 
 
 def kernel_name(fn: Any) -> str:
@@ -254,13 +266,27 @@ def key_distance(a: str, b: str) -> float:
 
 
 class CapturedTemplate(Template):
-    """A captured kernel as the store sees it: a name and a version (nothing else is called)."""
+    """A captured kernel as the store and the runtime see it: a name, a version, and a space that
+    is its config list (a stored config is accepted only if it is one of them)."""
 
     dims = ()
 
-    def __init__(self, name: str, version: str) -> None:
+    def __init__(self, name: str, version: str, configs: list[Any]) -> None:
         self.name = name  # type: ignore[misc]
-        self.__dict__["version"] = version  # shadows Template's cached_property
+        self.__dict__["version"] = version  # shadows Template's cached_properties
+        self.__dict__["space"] = ListedConfigs(configs)
+
+
+class ListedConfigs:
+    """What the runtime asks of a captured kernel's space: whether a stored config is listed."""
+
+    def __init__(self, configs: list[Any]) -> None:
+        self.hashes = {config_hash(config_dict(c)) for c in configs}
+
+    def stored_config(self, config: Any) -> ConfigDict | str:
+        if isinstance(config, dict) and config and config_hash(config) in self.hashes:
+            return config
+        return "not one of the kernel's listed configs"
 
 
 # -- per-kernel state -------------------------------------------------------------------------
@@ -284,7 +310,7 @@ class _State:
     @property
     def template(self) -> CapturedTemplate:
         if self._template is None:
-            self._template = CapturedTemplate(self.name, kernel_version(self._fn, self._configs))
+            self._template = CapturedTemplate(self.name, kernel_version(self._fn, self._configs), self._configs)
         return self._template
 
     def listed(self, stored: dict[str, Any]) -> Any | None:

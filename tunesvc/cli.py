@@ -783,8 +783,14 @@ def run(
     bundle: Annotated[Path | None, typer.Option(help="Serve winners from this bundle (no database needed).")] = None,
     tune_misses: Annotated[
         bool,
-        typer.Option("--tune-misses", help="Afterwards, tune the misses recorded in --db (imports their modules)."),
+        typer.Option("--tune-misses", help="Afterwards, tune the misses of the --kernel kernels recorded in --db."),
     ] = False,
+    kernel: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A kernel (module:qualname) whose misses --tune-misses tunes; imports its module. Repeatable."
+        ),
+    ] = None,
 ) -> None:
     """Run COMMAND with every triton.autotune kernel captured by tunesvc; exit with its exit code."""
     import os
@@ -807,29 +813,33 @@ def run(
         except OSError as exc:
             raise TunesvcError(f"Cannot run {command[0]}: {exc.strerror}.") from None
     if tune_misses:
-        _tune_misses(db, kernel=None)
+        _tune_misses(db, kernel or [])
     raise typer.Exit(code)
 
 
 @app.command()
 @user_errors
 def misses(
-    kernel: Annotated[str | None, typer.Option(help="Only this kernel (module:qualname).")] = None,
+    kernel: Annotated[
+        list[str] | None, typer.Option(help="Only this kernel (module:qualname); repeatable. --tune needs it.")
+    ] = None,
     tune: Annotated[
         bool,
-        typer.Option("--tune", help="Tune this device's open misses now (imports each kernel's recorded module)."),
+        typer.Option(
+            "--tune", help="Tune this device's open misses of the --kernel kernels now (imports their modules)."
+        ),
     ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """List the shape keys captured kernels met with no stored winner in mode lookup (or tune them)."""
     if tune:
-        return _tune_misses(db, kernel)
+        return _tune_misses(db, kernel or [])
     from tunesvc.store import Store
 
     store = Store(db, readonly=True)
     try:
-        rows = store.misses(kernel=kernel)
+        rows = [m for m in store.misses() if not kernel or m.kernel in kernel]
     finally:
         store.close()
     if as_json:
@@ -854,19 +864,27 @@ def misses(
         table.add_row(m.kernel, m.hardware_id, m.shape_key, str(m.count), m.status)
     console.print(table)
     console.print(
-        f"{len(rows)} misses, {sum(m.status == 'open' for m in rows)} open. Tune them with `tune misses --tune`."
+        f"{len(rows)} misses, {sum(m.status == 'open' for m in rows)} open. "
+        "Tune a kernel's with `tune misses --tune --kernel module:qualname`."
     )
 
 
-def _tune_misses(db: str | None, kernel: str | None) -> None:
+def _tune_misses(db: str | None, kernels: list[str]) -> None:
+    """Tune the open misses of ``kernels``: named on the command line, since tuning imports each
+    one's module and stored data never chooses a module to import."""
     from tunesvc.capture import tune_recorded
     from tunesvc.device import current_device
     from tunesvc.store import Store
 
+    if not kernels:
+        raise TunesvcError(
+            "Name the kernels to tune with --kernel module:qualname (repeatable): tuning imports each one's "
+            "module, which stored data never chooses; `tune misses` lists them."
+        )
     store = Store(db)
     try:
         device = current_device()
-        todo = store.misses(kernel=kernel, hardware_id=device.hardware_id, status="open")
+        todo = [m for m in store.misses(hardware_id=device.hardware_id, status="open") if m.kernel in kernels]
         if not todo:
             console.print(f"No open misses of {device.name} in {store.url}.")
         for m in todo:

@@ -246,10 +246,6 @@ def _schemas() -> dict[str, Any]:
     Value = (
         Annotated[int, Field(strict=True, ge=-MAX_CHOICE_VALUE, le=MAX_CHOICE_VALUE)]
         | Annotated[str, StringConstraints(strict=True, max_length=MAX_TEXT_CHOICE)]
-        # the bool, float and None meta-parameters of captured triton.Config objects
-        | Annotated[bool, Field(strict=True)]
-        | Annotated[float, Field(strict=True, allow_inf_nan=False)]
-        | None
     )
     Config = Annotated[dict[Name, Value], Field(min_length=1)]
     Key = Annotated[str, StringConstraints(min_length=1, max_length=512)]

@@ -159,9 +159,10 @@ def test_four_processes_at_once_tune_each_key_once_and_agree(tmp_db):
 
 
 def test_lookup_mode_serves_a_library_kernel_without_measuring_and_records_the_miss(tmp_db):
-    """``tune run --mode lookup`` on an empty store: the first listed config, correct output,
-    nothing measured, the miss listed by ``tune misses``."""
+    """``tune run --mode lookup`` on a database with no winners: the first listed config,
+    correct output, nothing measured, the miss listed by ``tune misses``."""
     cases = ["fla_softmax", "liger_gather"]
+    Store(tmp_db).close()  # the serving database exists, without winners for these keys
     child = subprocess.run(
         [sys.executable, "-m", "tunesvc", "run", "--mode", "lookup", "--db", tmp_db, "--", sys.executable, SCRIPT]
         + cases,

@@ -7,7 +7,7 @@
 #
 #   STEPS="tests matmul attention" bash benchmarks/gpu-run.sh
 #
-# Steps: tests matmul64 matmulgrid matmul attention decode norms pointwise runtime sva stability groundtruth multigpu
+# Steps: tests capture matmul64 matmulgrid matmul attention decode norms pointwise runtime sva stability groundtruth multigpu
 # (each is benchmarks/<name>.py with --sweep where it takes one; LIMIT_<step>=seconds overrides
 # the time limit, ARGS_<step>="..." adds arguments).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -36,6 +36,7 @@ for s in ${STEPS:-tests matmul}; do
     matmul64) step matmul64 240 python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --budget 64 --sweep-shapes 1x4096x4096,16x4096x4096,64x4096x4096 ;;
     multigpu) step multigpu 420 python3 "$R/benchmarks/multi_gpu_sweep.py" ;;
     sva) step sva 300 python3 "$R/benchmarks/sweep_vs_autotune.py" ;;
+    capture) step capture 540 python3 "$R/benchmarks/capture.py" --csv "$OUT/capture.csv" ;;
     stability) step stability 300 python3 "$R/benchmarks/sweep_stability.py" --db "$OUT/stability.db" ;;
     groundtruth) step groundtruth 540 python3 "$R/benchmarks/ground_truth.py" --db "$OUT/ground_truth.db" --out "$OUT/ground_truth.csv" ;;
     *) step "$s" 300 python3 "$R/benchmarks/$s.py" --db "$OUT/tune.db" --sweep ;;

@@ -102,6 +102,7 @@ def test_new_store_creates_the_schema(tmp_db):
         "tunesvc_trials",
         "tunesvc_winners",
         "tunesvc_jobs",
+        "tunesvc_misses",
     }
     assert version == (str(SCHEMA_VERSION),)
 

@@ -13,6 +13,9 @@ from tunesvc.bench import Bench  # noqa: E402
 from tunesvc.bench import Measurement  # noqa: E402
 from tunesvc.bench import Status  # noqa: E402
 from tunesvc.bench import start_forkserver  # noqa: E402
+from tunesvc.capture import capture  # noqa: E402
+from tunesvc.capture import stats as capture_stats  # noqa: E402
+from tunesvc.capture import uncapture  # noqa: E402
 from tunesvc.device import Device  # noqa: E402
 from tunesvc.device import current_device  # noqa: E402
 from tunesvc.errors import TunesvcError  # noqa: E402
@@ -43,6 +46,8 @@ __all__ = [
     "TunedKernel",
     "TunesvcError",
     "autotune",
+    "capture",
+    "capture_stats",
     "config_hash",
     "configure",
     "current_device",
@@ -50,4 +55,5 @@ __all__ = [
     "lookup",
     "start_forkserver",
     "tuned",
+    "uncapture",
 ]

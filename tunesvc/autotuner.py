@@ -297,33 +297,101 @@ class TunedKernel:
 
 
 def autotune(
-    space: str | os.PathLike | Sequence[Config],
-    key: Sequence[str],
+    configs: Any = None,
+    key: Sequence[str] | None = None,
+    prune_configs_by: dict[str, Any] | None = None,
+    reset_to_zero: Sequence[str] | None = None,
+    restore_value: Sequence[str] | None = None,
+    pre_hook: Callable[..., Any] | None = None,
+    post_hook: Callable[..., Any] | None = None,
+    warmup: int | None = None,
+    rep: int | None = None,
+    use_cuda_graph: bool = False,
+    do_bench: Callable[..., Any] | None = None,
+    cache_results: bool = False,
     *,
     name: str | None = None,
-    heuristic: Callable[..., Config] | None = None,
-    output: str | None = None,
-    reference: Callable[..., torch.Tensor] | None = None,
-    tolerance: float | None = None,
-    dtype_arg: str | None = None,
-    runtime: Runtime | None = None,
     db: str | os.PathLike | None = None,
     bundle: str | os.PathLike | None = None,
     mode: str | None = None,
-) -> Callable[[Any], TunedKernel]:
-    """Decorate a ``@triton.jit`` kernel so it launches with tunesvc's config for its key.
+    space: str | os.PathLike | Sequence[Config] | None = None,
+    reference: Callable[..., torch.Tensor] | None = None,
+    output: str | None = None,
+    heuristic: Callable[..., Config] | None = None,
+    tolerance: float | None = None,
+    dtype_arg: str | None = None,
+    runtime: Runtime | None = None,
+) -> Callable[[Any], Any]:
+    """``triton.autotune``'s signature, tuned and stored by tunesvc.
 
-    ``space``: a TOML space file (constraints may use the key names and ``elem_bytes``) or a list
-    of configs (meta-parameters plus num_warps/num_stages), like triton.autotune's ``configs``.
-    ``key``: integer arguments the best config depends on. ``name``: the kernel's name in the store
-    (default: the function's name). ``heuristic(**key_values, dtype=...)``: the config used when
-    nothing is tuned (default: the space's first feasible config). ``output``: the argument the
+    With ``triton.Config`` objects (``configs=[triton.Config(...), ...]``) this is an exact
+    drop-in for triton.autotune (see :mod:`tunesvc.capture`): same arguments, same behaviour,
+    same attributes; winners are kept in the store (``db``/``bundle``, default
+    $TUNESVC_DB/$TUNESVC_BUNDLE/./tune.db) under ``name`` (default ``module:qualname``) and a
+    miss is tuned in mode ``tune`` (default), served from a fallback in ``lookup``, or left to
+    Triton in ``off``.
+
+    With a TOML ``space`` (or plain dict configs) the kernel is a tunesvc template instead:
+    ``key``: integer arguments the best config depends on; ``name``: its name in the store
+    (default: the function's name); ``heuristic(**key_values, dtype=...)``: the config used when
+    nothing is tuned (default: the space's first feasible config); ``output``: the argument the
     kernel writes, compared with ``reference(*args)`` (default: the heuristic config's output)
-    within ``tolerance`` when a miss is tuned. ``runtime`` or ``db``/``bundle``/``mode``: where
+    within ``tolerance`` when a miss is tuned; ``runtime`` or ``db``/``bundle``/``mode``: where
     the configs come from (default: the process runtime).
     """
+    if key is None:
+        raise TunesvcError("tunesvc.autotune needs key=[...]: the arguments the best config depends on.")
+    if space is None and _triton_configs(configs):
+        if runtime is not None or reference is not None or output is not None or heuristic is not None:
+            raise TunesvcError(
+                "runtime, reference, output and heuristic belong to a space= kernel; a triton.Config list "
+                "checks candidates against the first valid config."
+            )
+        from tunesvc.capture import autotune as captured_autotune
+
+        return captured_autotune(
+            configs,
+            key,  # type: ignore[arg-type]
+            prune_configs_by,
+            None if reset_to_zero is None else list(reset_to_zero),
+            None if restore_value is None else list(restore_value),
+            pre_hook,
+            post_hook,
+            warmup,
+            rep,
+            use_cuda_graph,
+            do_bench,
+            cache_results,
+            name=name,
+            mode=mode,
+            db=db,
+            bundle=bundle,
+            tolerance=tolerance,
+        )
+    triton_only = {
+        "prune_configs_by": prune_configs_by,
+        "reset_to_zero": reset_to_zero,
+        "restore_value": restore_value,
+        "pre_hook": pre_hook,
+        "post_hook": post_hook,
+        "warmup": warmup,
+        "rep": rep,
+        "do_bench": do_bench,
+    }
+    given = [k for k, v in triton_only.items() if v is not None] + [
+        k for k, v in (("use_cuda_graph", use_cuda_graph), ("cache_results", cache_results)) if v
+    ]
+    if given:
+        raise TunesvcError(f"{given[0]} is a triton.autotune option: give configs as triton.Config objects to use it.")
+    if space is None:
+        space = configs
+    elif configs is not None:
+        raise TunesvcError("Give tunesvc.autotune configs or space=, not both.")
+    if space is None:
+        raise TunesvcError("tunesvc.autotune needs configs (triton.Config objects) or space=.")
     if runtime is not None and (db, bundle, mode) != (None, None, None):
         raise TunesvcError("Give tunesvc.autotune a runtime or db/bundle/mode, not both.")
+    template_space = space
 
     def decorate(kernel: Any) -> TunedKernel:
         if not hasattr(kernel, "arg_names") or not hasattr(kernel, "run"):
@@ -333,15 +401,26 @@ def autotune(
             if output not in kernel.arg_names:
                 raise TunesvcError(f"{kernel.fn.__name__} has no argument {output}; output must name one.")
             out = list(kernel.arg_names).index(output)
-        template = KernelTemplate(kernel, name or kernel.fn.__name__, key, space, heuristic, out, reference, tolerance)
+        template = KernelTemplate(
+            kernel, name or kernel.fn.__name__, key, template_space, heuristic, out, reference, tolerance
+        )
         return TunedKernel(kernel, template, dtype_arg, runtime, db, bundle, mode)
 
     return decorate
 
 
+def _triton_configs(configs: Any) -> bool:
+    """Whether ``configs`` is a non-empty list of triton.Config objects (triton.autotune's form)."""
+    if isinstance(configs, (str, os.PathLike)) or not isinstance(configs, Sequence) or not configs:
+        return False
+    from triton import Config as TritonConfig
+
+    return all(isinstance(c, TritonConfig) for c in configs)
+
+
 def tuned(kernel: Any, space: str | os.PathLike | Sequence[Config], key: Sequence[str], **options: Any) -> TunedKernel:
     """``tunesvc.tuned(kernel, space, key, ...)``: :func:`autotune` as a wrapper instead of a decorator."""
-    return autotune(space, key, **options)(kernel)
+    return autotune(key=key, space=space, **options)(kernel)
 
 
 def _forget_all() -> None:

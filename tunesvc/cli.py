@@ -546,6 +546,8 @@ def lookup(
     from tunesvc.store import Store
     from tunesvc.template import get_template
 
+    if ":" in kernel and _captured_lookup(kernel, shape, db, bundle, as_json):
+        return
     template = get_template(kernel)
     problem = template.parse_shape(shape, dtype)
     target = Store(db, readonly=True).find_device(device) if device is not None else None
@@ -557,6 +559,57 @@ def lookup(
     where = f" (tuned key {result.matched_key}, distance {result.distance:.2f})" if result.source == "nearest" else ""
     console.print(f"{result.key} on {runtime.device.name}: [bold]{result.source}[/bold]{where}")
     console.print(_config_text(result.config))
+
+
+def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None, as_json: bool) -> bool:
+    """`tune lookup module:qualname --shape KEY` of a captured kernel: its stored winner for that
+    key text (``n=1000,x_ptr.dtype=float16``), else the nearest stored key's, read without
+    importing the kernel. False when ``kernel`` is not a captured kernel of --db / --bundle."""
+    from tunesvc.capture import key_distance
+    from tunesvc.device import current_device
+
+    device = current_device()
+    if bundle is not None:
+        from tunesvc.export import kernel_configs
+        from tunesvc.export import read_bundle
+
+        data = read_bundle(bundle)
+        if kernel not in data["kernels"] or data["device"]["hardware_id"] != device.hardware_id:
+            return False
+        table = kernel_configs(bundle, data, kernel)
+    else:
+        from tunesvc.store import Store
+
+        store = Store(db, readonly=True)
+        try:
+            if not store.captured_kernels(kernel):
+                return False
+            entries = sorted(store.winners(kernel=kernel, hardware_id=device.hardware_id), key=lambda e: e.updated_at)
+        finally:
+            store.close()
+        table = {e.shape_key: e.config for e in entries}  # the newest version's winner of each key
+    ranked = sorted((key_distance(key, k), k) for k in table)
+    if key in table:
+        source, matched, distance = "exact", key, 0.0
+    elif ranked and ranked[0][0] != float("inf"):
+        source, (distance, matched) = "nearest", ranked[0]
+    else:
+        source, matched, distance = "first listed config", None, None
+    result = {
+        "kernel": kernel,
+        "key": key,
+        "source": source,
+        "matched_key": matched,
+        "distance": distance,
+        "config": table.get(matched) if matched else None,
+    }
+    if as_json:
+        _print_json(result)
+        return True
+    where = f" (stored key {matched}, distance {distance:.2f})" if source == "nearest" else ""
+    console.print(f"{key} on {device.name}: [bold]{source}[/bold]{where}")
+    console.print(_config_text(result["config"]))
+    return True
 
 
 @app.command()
@@ -685,6 +738,135 @@ def report(
     finally:
         store.close()
     console.print(f"wrote {path}")
+
+
+# -- captured triton.autotune kernels (tunesvc.capture) ---------------------------------------------
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@user_errors
+def run(
+    command: Annotated[list[str] | None, typer.Argument(help="The command to run, after --.")] = None,
+    mode: Annotated[
+        str | None, typer.Option(help="tune (a miss is tuned and stored), lookup (serve; record misses) or off.")
+    ] = None,
+    db: DbOption = None,
+    bundle: Annotated[Path | None, typer.Option(help="Serve winners from this bundle (no database needed).")] = None,
+    tune_misses: Annotated[
+        bool,
+        typer.Option("--tune-misses", help="Afterwards, tune the misses of the --kernel kernels recorded in --db."),
+    ] = False,
+    kernel: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A kernel (module:qualname) whose misses --tune-misses tunes; imports its module. Repeatable."
+        ),
+    ] = None,
+) -> None:
+    """Run COMMAND with every triton.autotune kernel captured by tunesvc; exit with its exit code."""
+    import os
+    import subprocess
+
+    from tunesvc.capture import MODES
+
+    if mode is not None and mode not in MODES:
+        raise TunesvcError(f"Unknown mode '{mode}'; use one of {', '.join(MODES)}.")
+    if not command and not tune_misses:
+        raise TunesvcError("Give the command to run after --, e.g. `tune run -- python serve.py`.")
+    code = 0
+    if command:
+        env = {**os.environ, "TUNESVC_CAPTURE": "1"}
+        for name, value in (("TUNESVC_MODE", mode), ("TUNESVC_DB", db), ("TUNESVC_BUNDLE", bundle)):
+            if value is not None:
+                env[name] = str(value)
+        try:
+            code = subprocess.call(command, env=env)
+        except OSError as exc:
+            raise TunesvcError(f"Cannot run {command[0]}: {exc.strerror}.") from None
+    if tune_misses:
+        _tune_misses(db, kernel or [])
+    raise typer.Exit(code)
+
+
+@app.command()
+@user_errors
+def misses(
+    kernel: Annotated[
+        list[str] | None, typer.Option(help="Only this kernel (module:qualname); repeatable. --tune needs it.")
+    ] = None,
+    tune: Annotated[
+        bool,
+        typer.Option(
+            "--tune", help="Tune this device's open misses of the --kernel kernels now (imports their modules)."
+        ),
+    ] = False,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the shape keys captured kernels met with no stored winner in mode lookup (or tune them)."""
+    if tune:
+        return _tune_misses(db, kernel or [])
+    from tunesvc.store import Store
+
+    store = Store(db, readonly=True)
+    try:
+        rows = [m for m in store.misses() if not kernel or m.kernel in kernel]
+    finally:
+        store.close()
+    if as_json:
+        return _print_json(
+            [
+                {
+                    "kernel": m.kernel,
+                    "version": m.version,
+                    "hardware_id": m.hardware_id,
+                    "shape_key": m.shape_key,
+                    "count": m.count,
+                    "status": m.status,
+                    "last_seen": m.last_seen.isoformat(),
+                }
+                for m in rows
+            ]
+        )
+    table = Table(title=f"Misses in {store.url}")
+    for column in ("kernel", "device", "shape key", "count", "status"):
+        table.add_column(column)
+    for m in rows:
+        table.add_row(m.kernel, m.hardware_id, m.shape_key, str(m.count), m.status)
+    console.print(table)
+    console.print(
+        f"{len(rows)} misses, {sum(m.status == 'open' for m in rows)} open. "
+        "Tune a kernel's with `tune misses --tune --kernel module:qualname`."
+    )
+
+
+def _tune_misses(db: str | None, kernels: list[str]) -> None:
+    """Tune the open misses of ``kernels``: named on the command line, since tuning imports each
+    one's module and stored data never chooses a module to import."""
+    from tunesvc.capture import tune_recorded
+    from tunesvc.device import current_device
+    from tunesvc.store import Store
+
+    if not kernels:
+        raise TunesvcError(
+            "Name the kernels to tune with --kernel module:qualname (repeatable): tuning imports each one's "
+            "module, which stored data never chooses; `tune misses` lists them."
+        )
+    store = Store(db)
+    try:
+        device = current_device()
+        todo = [m for m in store.misses(hardware_id=device.hardware_id, status="open") if m.kernel in kernels]
+        if not todo:
+            console.print(f"No open misses of {device.name} in {store.url}.")
+        for m in todo:
+            console.print(f"{m.kernel} {m.shape_key}: importing {m.kernel.partition(':')[0]} to tune it")
+            try:
+                winner = tune_recorded(store, m.kernel, m.version, m.shape_key, m.call)
+            except TunesvcError as exc:
+                console.print(f"  not tuned: {exc}")
+                continue
+            store.set_miss_status(m.id, "tuned")
+            console.print(f"  tuned: {_config_text(winner)}")
+    finally:
+        store.close()
 
 
 # -- tune db: the schema (Alembic migrations in tunesvc/store/alembic) -------------------------------

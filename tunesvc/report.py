@@ -185,12 +185,17 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
 
     sections: dict[tuple[int, int], Section] = {}
     templates: dict[str, Template | None] = {}
+    captured_kernels = set(store.captured_kernels())
     for (kv_id, device_id, key), rows in trials_of.items():
         kv = history.kernel_versions[kv_id]
+        captured = kv.kernel in captured_kernels
         if kv.kernel not in templates:
-            templates[kv.kernel] = _template(kv.kernel, (kernel,))
+            # a captured triton.autotune kernel has no template; its module is never imported here
+            templates[kv.kernel] = None if captured else _template(kv.kernel, (kernel,))
         if (kv_id, device_id) not in sections:
-            sections[(kv_id, device_id)] = _section(kv, history.devices[device_id], sweeps, templates[kv.kernel])
+            sections[(kv_id, device_id)] = _section(
+                kv, history.devices[device_id], sweeps, templates[kv.kernel], captured=captured
+            )
         winner = history.winners.get((kv_id, device_id, key))
         winner_trial = next((t for t in rows if t.id == winner.trial_id), None) if winner else None
         # the problem the winner was measured on (a key buckets several problems), else the latest
@@ -208,14 +213,16 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
     return ordered
 
 
-def _section(kv: Any, device: Any, sweeps: list[Any], template: Template | None) -> Section:
+def _section(kv: Any, device: Any, sweeps: list[Any], template: Template | None, *, captured: bool) -> Section:
     """An empty section of one kernel version on one device, with its sweeps' count and time."""
     seconds = [s.wall_seconds or 0.0 for s in sweeps if (s.kernel_version_id, s.device_id) == (kv.id, device.id)]
     section = Section(
         kernel=kv.kernel, version=kv.version, device=device, sweeps=len(seconds), sweep_seconds=sum(seconds)
     )
     section.peer_name = template.peer_name if template is not None else ""
-    if template is None:
+    if template is None and captured:
+        section.template_note = f"'{kv.kernel}' is a captured triton.autotune kernel: no heuristic or roofline."
+    elif template is None:
         section.template_note = f"Template '{kv.kernel}' is not installed here: no heuristic or roofline."
     elif template.version != kv.version:
         section.template_note = (

@@ -78,8 +78,11 @@ def verify(
     for entry, tuned_on in store.winners_with_devices(kernel=kernel, hardware_id=device.hardware_id):
         if entry.kernel not in templates:
             try:
-                # a name from the database: never a module path the data chooses
-                templates[entry.kernel] = template_named_by_data(entry.kernel, (kernel,))
+                # a name from the database: never a module path the data chooses (a captured
+                # kernel's module is imported by tunesvc.capture, and only when --kernel names it)
+                templates[entry.kernel] = (
+                    None if _captured(store, entry.kernel) else template_named_by_data(entry.kernel, (kernel,))
+                )
             except TunesvcError:
                 templates[entry.kernel] = None  # a decorator's kernel, or one not installed here
         template = templates[entry.kernel]
@@ -95,8 +98,11 @@ def verify(
         verdict = Verdict(name, key, entry.kernel_version, entry.config, entry.time_ms, tuned_on.triton)
         verdicts.append(verdict)
         if template is None:
-            verdict.flags.append(UNKNOWN)
-            verdict.detail = "kernel not found here; cannot measure it"
+            if ":" in name:  # a captured triton.autotune kernel, by module:qualname
+                _verify_captured(verdict, store, device, margin, named=entry.kernel == kernel)
+            else:
+                verdict.flags.append(UNKNOWN)
+                verdict.detail = "kernel not found here; cannot measure it"
             continue
         problem = template.problem_of_key(key)
         if not current:
@@ -138,3 +144,52 @@ def _retune(
     stored = store.trials(store.kernel_version_id(template), store.device_id(device), verdict.shape_key)
     [result] = run_sweep(template, [problem], store, strategy=strategy, budget=len(stored) + budget, device=device)
     verdict.retuned_ms, verdict.retuned_config = result.winner_ms, result.winner
+
+
+def _captured(store: Store, kernel: str) -> bool:
+    """Whether ``kernel`` was stored by tunesvc.capture (a triton.autotune kernel)."""
+    return ":" in kernel and bool(store.captured_kernels(kernel))
+
+
+def _verify_captured(verdict: Verdict, store: Store, device: Device, margin: float, *, named: bool) -> None:
+    """Re-measure a captured kernel's winner beside its first listed config, on inputs rebuilt
+    from the recorded call; when its module is not named on the command line (``named``: stored
+    data never chooses a module to import) or does not import here, say so instead."""
+    from tunesvc.capture import config_dict
+    from tunesvc.capture import find_autotuner
+    from tunesvc.capture import kernel_version
+    from tunesvc.capture import measure_stored
+
+    if not named:
+        verdict.flags.append(UNKNOWN)
+        verdict.detail = f"not re-measured: its module is imported only when named, --kernel {verdict.kernel}"
+        return
+    try:
+        tuner = find_autotuner(verdict.kernel)
+    except TunesvcError as exc:
+        verdict.flags.append(UNKNOWN)
+        verdict.detail = f"not re-measured: {exc}"
+        return
+    current = kernel_version(tuner.fn, tuner.configs)
+    if verdict.version != current:
+        verdict.flags.append(STALE_KERNEL)
+        verdict.detail = (
+            f"tuned for kernel version {verdict.version}, now {current} (source, configs or Triton changed)"
+        )
+        return
+    first = config_dict(tuner.configs[0])
+    try:
+        measured = measure_stored(store, verdict.kernel, verdict.shape_key, [verdict.config, first], device)
+    except TunesvcError as exc:
+        verdict.flags.append(UNKNOWN)
+        verdict.detail = f"not re-measured: {exc}"
+        return
+    winner, theirs = measured
+    verdict.measured_ms = winner.time_ms
+    verdict.heuristic_ms = theirs.time_ms if theirs.ok else None
+    if not winner.ok:
+        verdict.flags.append(WRONG)
+        verdict.detail = f"{winner.status.value}: {winner.message}"
+    elif theirs.time_ms is not None and winner.time_ms is not None and theirs.time_ms < winner.time_ms * (1 - margin):
+        verdict.flags.append(SLOWER)
+        verdict.detail = f"first listed config {theirs.time_ms:.4g} ms < winner {winner.time_ms:.4g} ms"

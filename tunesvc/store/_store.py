@@ -54,6 +54,7 @@ from tunesvc.space import config_hash
 from tunesvc.store import _migrate
 from tunesvc.store.models import Job
 from tunesvc.store.models import KernelVersion
+from tunesvc.store.models import Miss
 from tunesvc.store.models import StoredDevice
 from tunesvc.store.models import Sweep
 from tunesvc.store.models import Trial
@@ -973,6 +974,89 @@ class Store:
         """The batch's jobs, in the order they were queued."""
         with self.session() as session:
             return list(session.scalars(select(Job).where(Job.batch == batch).order_by(Job.id)))
+
+    # -- keys that captured kernels met untuned in mode lookup (tunesvc.capture) -------------
+    def record_miss(self, template: Template, device: Device, shape_key: str, call: dict[str, Any]) -> None:
+        """Count one miss of (kernel version, device, key); the first one keeps its call description."""
+        where = (
+            Miss.kernel == template.name,
+            Miss.version == template.version,
+            Miss.hardware_id == device.hardware_id,
+            Miss.shape_key == shape_key,
+        )
+        for _ in range(2):  # two processes adding the same miss: the loser counts on the winner's row
+            try:
+                with self.session() as session:
+                    row = session.scalar(select(Miss).where(*where))
+                    if row is None:
+                        session.add(
+                            Miss(
+                                kernel=template.name,
+                                version=template.version,
+                                hardware_id=device.hardware_id,
+                                shape_key=shape_key,
+                                call=call,
+                            )
+                        )
+                    else:
+                        row.count += 1
+                        row.last_seen = utcnow()
+                        if row.status != "open":
+                            row.status = "open"
+                return
+            except IntegrityError:
+                continue
+
+    def misses(
+        self, kernel: str | None = None, hardware_id: str | None = None, status: str | None = None
+    ) -> list[Miss]:
+        """Recorded misses (detached rows), most frequent first."""
+        with self.session() as session:
+            query = select(Miss)
+            if kernel is not None:
+                query = query.where(Miss.kernel == kernel)
+            if hardware_id is not None:
+                query = query.where(Miss.hardware_id == hardware_id)
+            if status is not None:
+                query = query.where(Miss.status == status)
+            return list(session.scalars(query.order_by(Miss.count.desc(), Miss.kernel, Miss.shape_key)))
+
+    def captured_call(self, kernel: str, shape_key: str, hardware_id: str) -> dict[str, Any] | None:
+        """The call description a captured kernel's newest sweep of this key recorded (None: none)."""
+        with self.session() as session:
+            row = session.scalar(
+                select(Sweep.problem)
+                .join(KernelVersion, Sweep.kernel_version_id == KernelVersion.id)
+                .join(StoredDevice, Sweep.device_id == StoredDevice.id)
+                .where(
+                    KernelVersion.kernel == kernel,
+                    Sweep.shape_key == shape_key,
+                    StoredDevice.hardware_id == hardware_id,
+                    Sweep.strategy == "capture",
+                )
+                .order_by(Sweep.id.desc())
+                .limit(1)
+            )
+            return dict(row) if row and row.get("grids") else None
+
+    def captured_kernels(self, kernel: str | None = None) -> list[str]:
+        """Names (module:qualname) of kernels that tunesvc.capture tuned into this database."""
+        with self.session() as session:
+            query = (
+                select(KernelVersion.kernel)
+                .join(Sweep, Sweep.kernel_version_id == KernelVersion.id)
+                .where(Sweep.strategy == "capture")
+                .distinct()
+            )
+            if kernel is not None:
+                query = query.where(KernelVersion.kernel == kernel)
+            return sorted(session.scalars(query))
+
+    def set_miss_status(self, miss_id: int, status: str) -> None:
+        with self.session() as session:
+            row = session.get(Miss, miss_id)
+            if row is not None:
+                row.status = status
 
     def close(self) -> None:
         self.engine.dispose()

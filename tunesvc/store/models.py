@@ -31,10 +31,10 @@ from sqlalchemy.orm import Mapped
 from sqlalchemy.orm import mapped_column
 from sqlalchemy.orm import relationship
 
-#: The schema's number: the Alembic head revision ("0005" -> 5) of tunesvc/store/alembic/versions.
+#: The schema's number: the Alembic head revision ("0006" -> 6) of tunesvc/store/alembic/versions.
 #: Each migration writes its number to tunesvc_meta.schema_version, so that a tunesvc from before
 #: Alembic (which reads only that row) also refuses a database newer than itself.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def utcnow() -> datetime:
@@ -168,3 +168,26 @@ class Job(Base):
     message: Mapped[str | None] = mapped_column(String(1024))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
+
+
+class Miss(Base):
+    """A shape key a captured kernel met with no stored winner, in mode lookup (revision 0006).
+
+    ``call`` describes the call's arguments as data (tensor shapes, strides and dtypes, scalar
+    values, the grid of each listed config; see tunesvc.capture.describe_call), so the key can be
+    tuned offline on inputs of the same shapes. ``kernel`` is ``module:qualname``, which is also
+    where the kernel can be imported from. Tuning the key marks it ``tuned``.
+    """
+
+    __tablename__ = "tunesvc_misses"
+    __table_args__ = (UniqueConstraint("kernel", "version", "hardware_id", "shape_key"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kernel: Mapped[str] = mapped_column(String(256), index=True)
+    version: Mapped[str] = mapped_column(String(64))
+    hardware_id: Mapped[str] = mapped_column(String(256))
+    shape_key: Mapped[str] = mapped_column(String(512))
+    call: Mapped[dict[str, Any]]
+    count: Mapped[int] = mapped_column(default=1)
+    status: Mapped[str] = mapped_column(String(16), default="open")
+    first_seen: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(default=utcnow)

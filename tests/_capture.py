@@ -1,0 +1,77 @@
+"""What the capture tests share: reading trials back from a store, walking a kernel's ``.fn``
+chain as library code does, and the config a triton.autotune kernel last launched."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import func
+from sqlalchemy import select
+
+from tunesvc.store import Store
+from tunesvc.store.models import KernelVersion
+from tunesvc.store.models import Trial
+
+
+def trials_by_kernel(db: str) -> dict[str, Counter[str]]:
+    """{kernel name: Counter(status: trials)} of every trial stored in ``db``."""
+    store = Store(db)
+    try:
+        with store.session() as session:
+            rows = session.execute(
+                select(KernelVersion.kernel, Trial.status, func.count())
+                .join(KernelVersion, Trial.kernel_version_id == KernelVersion.id)
+                .group_by(KernelVersion.kernel, Trial.status)
+            ).all()
+    finally:
+        store.close()
+    counts: dict[str, Counter[str]] = {}
+    for kernel, status, n in rows:
+        counts.setdefault(kernel, Counter())[status] += n
+    return counts
+
+
+def trial_total(db: str) -> int:
+    return sum(sum(c.values()) for c in trials_by_kernel(db).values())
+
+
+def base_function(kernel: Any) -> Any:
+    """The Python function under a kernel, found as library wrappers find it: ``.fn`` until a function."""
+    while not inspect.isfunction(kernel):
+        kernel = kernel.fn
+    return kernel
+
+
+def captured_name(kernel: Any) -> str:
+    """The name a captured kernel is stored under: ``module:qualname`` of its Python function."""
+    fn = base_function(kernel)
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+def autotuner_of(kernel: Any) -> Any:
+    """The autotuner in a kernel's ``.fn`` chain (under any @triton.heuristics above it)."""
+    while not hasattr(kernel, "configs"):
+        kernel = kernel.fn
+    return kernel
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A triton.Config as plain data: its meta-parameters and launch options."""
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+def launched_config(kernel: Any) -> dict[str, Any]:
+    """The config the kernel's last launch used (``best_config``, which library code reads)."""
+    return config_dict(autotuner_of(kernel).best_config)
+
+
+def wall_clock_bench(kernel_call: Any, quantiles: Any = None, **_: Any) -> Any:
+    """One wall-clock run in ms: triton.autotune's own benchmarker needs a GPU driver, and the
+    interpreter has none, so plain triton.autotune kernels are given this one on the CPU."""
+    start = time.perf_counter()
+    kernel_call()
+    ms = (time.perf_counter() - start) * 1e3
+    return [ms] * len(quantiles) if quantiles else ms

@@ -1,0 +1,59 @@
+"""Real libraries' triton.autotune kernels (fla-core, liger-kernel) under capture on a GPU:
+outputs against float64 torch, every key tuned once with every trial ok, and a second process
+that measures nothing and launches the same configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from _capture import trials_by_kernel
+from _library_kernels import CASES
+from _library_kernels import CONFIGS
+from _library_kernels import run
+
+import tunesvc
+
+pytestmark = pytest.mark.gpu
+
+SCRIPT = Path(__file__).with_name("_library_kernels.py")
+
+#: the second process turns capture on itself: a --target install (as on the GPU machine) has
+#: no site-packages, so the interpreter-start hook behind TUNESVC_CAPTURE=1 is not installed there
+SECOND = (
+    "import runpy, sys, tunesvc; tunesvc.capture(); sys.argv = sys.argv[1:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+def test_library_kernels_under_capture_on_the_gpu(tmp_db):
+    cases = list(CASES)
+    with tunesvc.capture(db=tmp_db):
+        first = [run(case) for case in cases]
+    for result in first:
+        assert result["rel_error"] <= 1e-5, result
+    listed: Counter[str] = Counter()
+    for case, result in zip(cases, first):
+        listed[result["kernel"]] += CONFIGS[case]
+    stored = trials_by_kernel(tmp_db)
+    # every listed config measured once per key; one that does not fit this GPU is stored as
+    # invalid or compile_error, never as a wrong result
+    assert {kernel: sum(statuses.values()) for kernel, statuses in stored.items()} == listed
+    assert all(statuses["ok"] and not statuses["wrong_result"] for statuses in stored.values()), stored
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")} | {"TUNESVC_DB": tmp_db}
+    child = subprocess.run(
+        [sys.executable, "-c", SECOND, str(SCRIPT), *cases], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    second = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
+    assert [r["case"] for r in second] == cases
+    for result in second:
+        assert result["rel_error"] <= 1e-5, result
+    assert [r["config"] for r in second] == [r["config"] for r in first]
+    assert trials_by_kernel(tmp_db) == stored  # nothing measured in the second process

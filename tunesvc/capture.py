@@ -1,0 +1,1080 @@
+"""Every ``triton.autotune`` kernel, unmodified, tuned once and served from the store.
+
+Two ways in, one mechanism:
+
+- ``tunesvc.autotune(configs, key, ...)`` with ``triton.Config`` objects builds a
+  :class:`CapturedKernel`, a subclass of Triton's own ``Autotuner`` (so ``fn``, ``base_fn``,
+  ``configs``, ``keys``, ``cache``, ``best_config``, ``prune_configs``, ``warmup`` ... are
+  Triton's), whose ``run`` is tunesvc's;
+- :func:`capture` (or ``TUNESVC_CAPTURE=1``, or ``tune run -- CMD``) puts that same ``run`` on
+  Triton's ``Autotuner`` class, so every autotuned kernel of the process, decorated before or
+  after, from any library, goes through tunesvc.
+
+A kernel is identified by ``module:qualname`` of its Python function (also the path to import
+it); its version hashes its source's syntax tree, its config list and the Triton version, so
+an edited kernel, a changed config list or another Triton never reuses stored winners. The
+shape key is Triton's own autotuning key (the ``key`` arguments' values, then the dtype of every
+tensor argument), written as readable text: ``n_cols=1000,HAS_BIAS=True,x.dtype=float16``.
+
+A launch looks the key tuple up in one dict (as Triton's own cache does) and runs the kernel.
+On a miss: the stored winner (database or bundle) if there is one; else, in mode ``tune``,
+every config that survives Triton's pruning is checked and timed on the call's own arguments
+(one process per key across processes: a file lock), every trial and the winner stored; in mode
+``lookup`` a deterministic fallback (the nearest stored key's winner, else the first listed
+config) and the miss recorded for offline tuning; in mode ``off``, Triton's own autotuner.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import re
+import threading
+import time
+import warnings
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from typing import Any
+
+import torch
+from triton.runtime.autotuner import Autotuner
+
+from tunesvc.bench import Bench
+from tunesvc.bench import Measurement
+from tunesvc.bench import Status
+from tunesvc.bench import relative_error
+from tunesvc.bench._base import one_line as _one_line
+from tunesvc.bench._inprocess import _compile_error_types
+from tunesvc.bench._inprocess import _out_of_resources_types
+from tunesvc.errors import TunesvcError
+from tunesvc.space import LAUNCH_OPTIONS
+from tunesvc.space import config_hash
+from tunesvc.template import Template
+from tunesvc.template import source_version
+
+if TYPE_CHECKING:
+    from tunesvc.device import Device
+    from tunesvc.runtime import Runtime
+    from tunesvc.space import Config as ConfigDict
+    from tunesvc.store import Store
+
+MODES = ("tune", "lookup", "off")
+TUNE, LOOKUP, OFF = MODES
+
+#: Triton's own Autotuner.run (the interpreter-start hook may have put a trampoline there first)
+_TRITON_RUN: Callable[..., Any] = getattr(Autotuner.run, "__tunesvc_original__", Autotuner.run)
+
+#: what happened to the keys this process met, across kernels: ``stored`` (served from the
+#: database or bundle, nothing measured), ``tuned`` (measured here), ``benchmarks`` (candidates
+#: measured), ``fallback`` (mode lookup, no stored winner), ``untuned`` (one config survived pruning)
+STATS: Counter[str] = Counter()
+
+#: largest relative error (||out - ref|| / ||ref||) a candidate's output may show against the
+#: first valid config's, by dtype: reduction order and atomics differ between configs, a race
+#: or a wrong mask gives errors of order one
+TOLERANCE = {
+    torch.float64: 1e-9,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 5e-2,
+}
+#: dtypes not listed (float8 variants) get this; integer and bool outputs must match exactly
+LOOSE_TOLERANCE = 0.125
+
+#: rounds of the finalists' re-measurement on a GPU (tunesvc.sweep's interleaved rounds)
+FINALISTS = 3
+
+
+def stats() -> dict[str, int]:
+    """Counters of this process's captured keys (see :data:`STATS`)."""
+    return dict(STATS)
+
+
+# -- settings ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Settings:
+    """Where captured kernels read and write winners, and what a miss does."""
+
+    mode: str
+    db: str | None
+    bundle: str | None
+
+    @classmethod
+    def resolve(
+        cls,
+        mode: str | None = None,
+        db: str | os.PathLike | None = None,
+        bundle: str | os.PathLike | None = None,
+        base: Settings | None = None,
+    ) -> Settings:
+        """Explicit values, else ``base`` (the process's capture), else $TUNESVC_MODE/_DB/_BUNDLE.
+
+        The default mode is ``tune``, as triton.autotune tunes every miss; with a bundle and no
+        database it is ``lookup`` (serving a shipped bundle never measures).
+        """
+        if base is not None:
+            mode, db, bundle = mode or base.mode, db or base.db, bundle or base.bundle
+        db = str(db) if db is not None else os.environ.get("TUNESVC_DB") or None
+        bundle = str(bundle) if bundle is not None else os.environ.get("TUNESVC_BUNDLE") or None
+        mode = mode or os.environ.get("TUNESVC_MODE") or (LOOKUP if bundle and not db else TUNE)
+        if mode == "heuristic":  # the runtime's name for "never read winners"; closest here: Triton's own
+            mode = OFF
+        if mode not in MODES:
+            raise TunesvcError(f"Unknown capture mode '{mode}'; use one of {', '.join(MODES)}.")
+        return cls(mode, db, bundle)
+
+    @property
+    def db_path(self) -> str:
+        """The database misses are tuned into (and read from): given, else ./tune.db."""
+        return self.db or "tune.db"
+
+
+_settings_lock = threading.Lock()
+_shared: dict[Settings, _Shared] = {}
+
+
+class _Shared:
+    """What the kernels of one Settings share: the bundle read once, one store connection."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._runtime: Runtime | None = None
+        self._store: Store | None = None
+        self.lock = threading.Lock()
+
+    def table(self, template: Template) -> dict[str, ConfigDict]:
+        """The stored winners of ``template`` on this device (bundle, else database; {}: none)."""
+        from tunesvc.runtime import Runtime
+        from tunesvc.runtime import _database_exists
+
+        if self._runtime is None:
+            s = self.settings
+            if not s.bundle and not _database_exists(s.db_path):
+                return {}  # not cached: another process may create it before the next miss
+            self._runtime = Runtime(db=None if s.bundle else s.db_path, bundle=s.bundle, mode="lookup", strict=True)
+        return self._runtime._table(template)
+
+    def store(self, create: bool) -> Store | None:
+        """The writable store (created if ``create``), or None where there is no database."""
+        if self._store is None:
+            from tunesvc.runtime import _database_exists
+            from tunesvc.store import Store
+
+            path = self.settings.db_path
+            if not create and not (self.settings.db or _database_exists(path)):
+                return None
+            self._store = Store(path)
+        return self._store
+
+
+def _shared_for(settings: Settings) -> _Shared:
+    with _settings_lock:
+        shared = _shared.get(settings)
+        if shared is None:
+            shared = _shared[settings] = _Shared(settings)
+        return shared
+
+
+# -- identity -----------------------------------------------------------------------------------
+def config_dict(config: Any) -> ConfigDict:
+    """A triton.Config as the store keeps it: meta-parameters and the launch options that are set.
+
+    Values other than whole numbers and text (bools, floats, None) are written as their text
+    (``True``, ``0.5``): stored configs and bundles hold ints and strings only, and a stored
+    config only names one of the listed configs (by :func:`~tunesvc.space.config_hash`), which
+    is what launches, with its own values and pre_hook.
+    """
+    out = {k: _stored_value(v) for k, v in config.kwargs.items()}
+    for option in LAUNCH_OPTIONS:
+        value = getattr(config, option, None)
+        if value is not None:
+            out[option] = _stored_value(value)
+    return out
+
+
+def _stored_value(value: Any) -> int | str:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return repr(value) if isinstance(value, float) else str(value)
+    return value
+
+
+def kernel_name(fn: Any) -> str:
+    """``module:qualname`` of the Python function under any stack of JIT/heuristics wrappers."""
+    base = fn
+    while not inspect.isfunction(base):
+        base = base.fn
+    return f"{base.__module__}:{base.__qualname__}"
+
+
+def _base_function(fn: Any) -> Callable[..., Any]:
+    while not inspect.isfunction(fn):
+        fn = fn.fn
+    return fn
+
+
+def kernel_version(fn: Any, configs: list[Any]) -> str:
+    """Hash of the kernel's syntax tree, its config list and the Triton version."""
+    import triton
+
+    listing = repr([sorted(config_dict(c).items()) for c in configs])
+    try:
+        source = inspect.getsource(_base_function(fn))
+    except (OSError, TypeError):  # no source file (exec'd code): the name stands in
+        source = f"# {kernel_name(fn)}"
+    return source_version(source, listing, repr(triton.__version__))
+
+
+def _value_text(value: Any) -> str:
+    if value is None or isinstance(value, (bool, int)):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value).replace(",", ";").replace("=", ":")
+
+
+def key_text(names: list[str], key: tuple, dtype_names: list[str]) -> str:
+    """Triton's key tuple as stable, readable text: ``n=1000,flag=True,x.dtype=float16``."""
+    values = len(key) - len(dtype_names)
+    parts = [f"{n}={_value_text(v)}" for n, v in zip(names[:values], key[:values])]
+    parts += [f"{n}.dtype={str(d).removeprefix('torch.')}" for n, d in zip(dtype_names, key[values:])]
+    return ",".join(parts)
+
+
+def _parse_key(text: str) -> tuple[tuple, dict[str, int]]:
+    """(the key's non-integer fields, its integer fields) for the nearest-key fallback."""
+    fields, numbers = [], {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        try:
+            numbers[name] = int(value)
+        except ValueError:
+            fields.append((name, value))
+    return tuple(fields), numbers
+
+
+def key_distance(a: str, b: str) -> float:
+    """Distance in log2 space over the integer fields; infinite when any other field differs."""
+    fa, na = _parse_key(a)
+    fb, nb = _parse_key(b)
+    if fa != fb or na.keys() != nb.keys():
+        return math.inf
+    return math.sqrt(sum((math.log2(abs(na[k]) + 1) - math.log2(abs(nb[k]) + 1)) ** 2 for k in na))
+
+
+class CapturedTemplate(Template):
+    """A captured kernel as the store and the runtime see it: a name, a version, and a space that
+    is its config list (a stored config is accepted only if it is one of them)."""
+
+    dims = ()
+
+    def __init__(self, name: str, version: str, configs: list[Any]) -> None:
+        self.name = name  # type: ignore[misc]
+        self.__dict__["version"] = version  # shadows Template's cached_properties
+        self.__dict__["space"] = ListedConfigs(configs)
+
+
+class ListedConfigs:
+    """What the runtime asks of a captured kernel's space: whether a stored config is listed."""
+
+    def __init__(self, configs: list[Any]) -> None:
+        self.hashes = {config_hash(config_dict(c)) for c in configs}
+
+    def stored_config(self, config: Any) -> ConfigDict | str:
+        if isinstance(config, dict) and config and config_hash(config) in self.hashes:
+            return config
+        return "not one of the kernel's listed configs"
+
+
+# -- per-kernel state -------------------------------------------------------------------------
+class _State:
+    """tunesvc's state of one autotuner: its identity, settings and chosen configs."""
+
+    def __init__(self, tuner: Autotuner, settings: Settings, name: str | None, options: dict[str, Any]) -> None:
+        self.settings = settings
+        self.off = settings.mode == OFF or len(tuner.configs) <= 1
+        self.name = name or kernel_name(tuner.fn)
+        self.options = options
+        #: Triton's key tuple -> (config, its launch keyword arguments): the hot path's one lookup
+        self.chosen: dict[tuple, tuple[Any, dict[str, Any]]] = {}
+        self.arg_set = frozenset(tuner.arg_names)
+        self.lock = threading.Lock()
+        self._template: CapturedTemplate | None = None
+        self._by_hash: dict[str, Any] | None = None
+        self._configs = tuner.configs
+        self._fn = tuner.fn
+
+    @property
+    def template(self) -> CapturedTemplate:
+        if self._template is None:
+            self._template = CapturedTemplate(self.name, kernel_version(self._fn, self._configs), self._configs)
+        return self._template
+
+    def listed(self, stored: dict[str, Any]) -> Any | None:
+        """The listed triton.Config a stored config names (None: not in this list)."""
+        if self._by_hash is None:
+            self._by_hash = {}
+            for c in self._configs:
+                self._by_hash.setdefault(config_hash(config_dict(c)), c)
+        return self._by_hash.get(config_hash(dict(stored)))
+
+
+_STATES: weakref.WeakSet[Autotuner] = weakref.WeakSet()
+#: the process's capture, set by capture(); None: plain Autotuner instances run as Triton's
+_process: Settings | None = None
+
+
+def _state_of(tuner: Autotuner) -> _State:
+    state = tuner.__dict__.get("_tunesvc")
+    if state is None:
+        with _settings_lock:
+            state = tuner.__dict__.get("_tunesvc")
+            if state is None:
+                settings = _process or Settings.resolve()
+                state = tuner.__dict__["_tunesvc"] = _State(tuner, settings, None, {})
+                _STATES.add(tuner)
+    return state
+
+
+def _forget_all() -> None:
+    """Drop every kernel's captured state: the next launches resolve again (settings changed)."""
+    for tuner in list(_STATES):
+        state = tuner.__dict__.get("_tunesvc")
+        if state is not None and not isinstance(tuner, CapturedKernel):
+            del tuner.__dict__["_tunesvc"]
+        elif state is not None:
+            state.chosen.clear()
+    _shared.clear()
+
+
+# -- the launch path ----------------------------------------------------------------------------
+def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
+    """``Autotuner.run`` the tunesvc way: a key seen before is one dict lookup, then the kernel."""
+    state = self.__dict__.get("_tunesvc") or _state_of(self)
+    if state.off:
+        return _TRITON_RUN(self, *args, **kwargs)
+    # Triton's key: the key arguments' values, then the dtype of every argument that has one
+    nargs = dict(zip(self.arg_names, args))
+    if kwargs:
+        arg_set = state.arg_set
+        for k, v in kwargs.items():
+            if k in arg_set:
+                nargs[k] = v
+    key = tuple(
+        [nargs[k] for k in self.keys if k in nargs] + [str(v.dtype) for v in nargs.values() if hasattr(v, "dtype")]
+    )
+    hit = state.chosen.get(key)
+    if hit is None:
+        try:
+            hit = _resolve(self, state, key, nargs, args, kwargs)
+        except TunesvcError as exc:  # an unusable database must not stop the program
+            state.off = True
+            warnings.warn(
+                f"tunesvc: {exc} {state.name} runs with Triton's own autotuner in this process.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return _TRITON_RUN(self, *args, **kwargs)
+    config, launch = hit
+    self.best_config = config
+    if config.pre_hook is not None:
+        config.pre_hook({**nargs, **kwargs, **launch})
+    return self.fn.run(*args, **kwargs, **launch)
+
+
+def _resolve(
+    tuner: Autotuner, state: _State, key: tuple, nargs: dict[str, Any], args: tuple, kwargs: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
+    """The config of a key this process has not met: stored, tuned now, or the fallback."""
+    with state.lock:  # one thread resolves a key; the others then find it
+        hit = state.chosen.get(key)
+        if hit is not None:
+            return hit
+        names = [k for k in tuner.keys if k in nargs]
+        dtype_names = [k for k, v in nargs.items() if hasattr(v, "dtype")]
+        text = key_text(names, key, dtype_names)
+        shared = _shared_for(state.settings)
+        table = shared.table(state.template)
+        config = state.listed(table[text]) if text in table else None
+        if config is not None:
+            STATS["stored"] += 1
+        elif state.settings.mode == LOOKUP:
+            config = _fallback(state, table, text)
+            _record_miss(shared, state, text, tuner, args, kwargs)
+            STATS["fallback"] += 1
+        else:
+            config = _tune_locked(tuner, state, shared, text, args, kwargs)
+        if len(tuner.configs) > 1:
+            # triton.autotune zeroes the reset_to_zero arguments after benchmarking a key, so the
+            # launch that follows a key's first resolution starts from zero: so does this one
+            tuner.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()}, reset_only=True)
+        tuner.cache[key] = config
+        hit = state.chosen[key] = (config, config.all_kwargs())
+        return hit
+
+
+def _fallback(state: _State, table: dict[str, ConfigDict], text: str) -> Any:
+    """The winner of the nearest stored key (ties by key text), else the first listed config."""
+    ranked = sorted((key_distance(text, k), k) for k in table)
+    for distance, k in ranked:
+        if distance == math.inf:
+            break
+        config = state.listed(table[k])
+        if config is not None:
+            return config
+    return state._configs[0]
+
+
+def _record_miss(shared: _Shared, state: _State, text: str, tuner: Autotuner, args: tuple, kwargs: dict) -> None:
+    """Write the miss to the database for offline tuning; serving goes on if it cannot."""
+    try:
+        store = shared.store(create=False)
+        if store is None:
+            return
+        from tunesvc.device import current_device
+
+        device = current_device()
+        store.record_miss(state.template, device, text, describe_call(tuner, args, kwargs))
+    except Exception as exc:  # a serving process never fails on bookkeeping
+        warnings.warn(f"tunesvc: could not record the miss of {state.name} ({exc}).", RuntimeWarning, stacklevel=4)
+
+
+def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments as data (tensors by shape, stride and dtype; small integer tensors by
+    value, since they are often offsets or indices), and the grid each listed config launches."""
+
+    def arg(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            out: dict[str, Any] = {
+                "tensor": {"shape": list(value.shape), "stride": list(value.stride()), "dtype": str(value.dtype)}
+            }
+            if not value.is_floating_point() and value.numel() <= 4096:
+                out["tensor"]["values"] = value.detach().cpu().flatten().tolist()
+            return out
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return {"value": value}
+        return {"unsupported": type(value).__name__}
+
+    grid = kwargs.get("grid")
+    nargs = {**dict(zip(tuner.arg_names, args)), **kwargs}
+    grids: list[list[int] | None] = []
+    for config in tuner.configs:
+        try:
+            g = grid({**nargs, **config.all_kwargs()}) if callable(grid) else grid
+            grids.append([int(x) for x in (g if isinstance(g, (tuple, list)) else (g,))])
+        except Exception:
+            grids.append(None)
+    return {
+        "args": [arg(a) for a in args],
+        "kwargs": {k: arg(v) for k, v in kwargs.items() if k not in ("grid", "warmup")},
+        "grids": grids,
+    }
+
+
+# -- tuning a miss ------------------------------------------------------------------------------
+def _tune_locked(
+    tuner: Autotuner, state: _State, shared: _Shared, text: str, args: tuple, kwargs: dict[str, Any]
+) -> Any:
+    """Tune the key once across processes and hosts, the others wait and then read the winner.
+
+    Two locks: a file lock beside the database (the processes of one host wait on it without
+    touching the database), then a claim in the database's jobs table (hosts sharing a server
+    database: one claims the key, heartbeats while it tunes, and the others poll for its winner;
+    a claim whose heartbeat stops, its process killed, is taken over).
+    """
+    from filelock import FileLock
+
+    from tunesvc.device import current_device
+    from tunesvc.runtime import _lock_path
+
+    store = shared.store(create=True)
+    assert store is not None
+    device = current_device()
+    lock_name = re.sub(r"[^A-Za-z0-9_.-]+", "_", state.name)[-80:]  # a file name; the digest keeps it unique
+    with FileLock(_lock_path(shared.settings.db_path, lock_name, text)), _KeyClaim(store, state, device, text) as claim:
+        if claim.winner is not None:
+            STATS["stored"] += 1
+            return claim.winner
+        tuner.nargs = dict(zip(tuner.arg_names, args))
+        try:
+            pruned = tuner.prune_configs(kwargs)
+        finally:
+            tuner.nargs = None
+        if len(pruned) == 1:  # as triton.autotune: nothing to choose between, nothing measured
+            STATS["untuned"] += 1
+            return pruned[0]
+        winner = tune_key(tuner, state, store, device, text, list(pruned), args, kwargs)
+        STATS["tuned"] += 1
+        return winner
+
+
+#: how often a process waiting on another's claim of a key looks for its winner (seconds)
+CLAIM_POLL_S = 0.2
+
+
+class _KeyClaim:
+    """This process's claim on tuning one key, through the jobs table (see :mod:`tunesvc.jobs`).
+
+    ``winner`` is set instead when the key turns out to be tuned (before, or while waiting).
+    One job per (kernel, version, device, key), in a batch of its own.
+    """
+
+    def __init__(self, store: Store, state: _State, device: Device, text: str) -> None:
+        import hashlib
+        import socket
+
+        self.store, self.state, self.device, self.text = store, state, device, text
+        ident = f"{state.name}|{state.template.version}|{device.hardware_id}|{text}"
+        self.batch = "capture-" + hashlib.sha256(ident.encode()).hexdigest()[:16]
+        self.worker = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+        self.winner: Any = None
+        self.job_id: int | None = None
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def stored_winner(self) -> Any:
+        rows = self.store.winners(
+            kernel=self.state.name, hardware_id=self.device.hardware_id, version=self.state.template.version
+        )
+        return next((self.state.listed(w.config) for w in rows if w.shape_key == self.text), None)
+
+    def __enter__(self) -> _KeyClaim:
+        from sqlalchemy import select
+        from sqlalchemy.exc import IntegrityError
+
+        from tunesvc import jobs
+        from tunesvc.store.models import Job
+
+        while True:
+            self.winner = self.stored_winner()
+            if self.winner is not None:
+                return self
+            with self.store.session() as session:
+                job = session.scalar(select(Job).where(Job.batch == self.batch))
+                status = None if job is None else job.status
+            if status is None:
+                try:
+                    with self.store.session() as session:
+                        session.add(
+                            Job(
+                                batch=self.batch,
+                                kernel=self.state.name,
+                                shape_key=self.text,
+                                problem={},
+                                strategy="capture",
+                                budget=None,
+                                seed=0,
+                                status="pending",
+                                attempts=0,
+                            )
+                        )
+                except IntegrityError:  # another process added it first
+                    pass
+            elif status in ("done", "failed"):
+                # its tuner finished with no correct config stored: tune here, unclaimed
+                return self
+            jobs.release_stale(self.store, self.batch)
+            held = jobs.claim(self.store, self.batch, self.worker)
+            if held is not None:
+                self.job_id = held.id
+                self._beat = threading.Thread(target=self._heartbeat, name="tunesvc-claim", daemon=True)
+                self._beat.start()
+                self.winner = self.stored_winner()  # tuned between the look and the claim
+                return self
+            time.sleep(CLAIM_POLL_S)
+
+    def _heartbeat(self) -> None:
+        from tunesvc import jobs
+
+        while not self._stop.wait(jobs.HEARTBEAT_S):
+            try:
+                jobs.heartbeat(self.store, self.job_id, self.worker)  # type: ignore[arg-type]
+            except Exception:  # a missed beat only risks another process taking the key over
+                pass
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        from tunesvc import jobs
+
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        if self.job_id is not None:
+            jobs.finish(self.store, self.job_id, self.worker, "failed" if exc_type else "done")
+
+
+class CaptureBench(Bench):
+    """Checks and times a captured kernel's configs on one call's own arguments.
+
+    The tensors of the call are snapshotted before the first candidate and restored before each
+    one, so every candidate starts from the same inputs (an accumulating or in-place kernel is
+    judged on what one call computes). A candidate's output is every tensor argument after its
+    launch (before the post-hook, which may restore them), compared with the first valid
+    config's: the tensors that config wrote by relative error within the dtype's tolerance,
+    the others exactly.
+    """
+
+    def __init__(
+        self,
+        tuner: Autotuner,
+        device: Device,
+        args: tuple,
+        kwargs: dict[str, Any],
+        *,
+        rep_ms: float = 100.0,
+        tolerance: float | None = None,
+        grids: dict[str, Any] | None = None,
+    ) -> None:
+        self.tuner = tuner
+        self.device = device
+        self.rep_ms = rep_ms
+        self.problem = {}
+        self.inputs = (tuple(args), dict(kwargs))
+        self._input_sets = None
+        self._tolerance = tolerance
+        self._grids = grids
+        self._configs = {config_hash(config_dict(c)): c for c in tuner.configs}
+        self._tensors = _tensors_of(self.inputs)
+        self._pristine = [t.clone() for t in self._tensors]
+        self.ref: list[torch.Tensor] | None = None
+        self._written: list[bool] = []
+
+    def restore(self) -> None:
+        for t, saved in zip(self._tensors, self._pristine):
+            t.copy_(saved)
+
+    def input_sets(self) -> list[Any]:
+        if self._input_sets is None:
+            from tunesvc.bench import input_bytes
+            from tunesvc.bench import input_sets_needed
+            from tunesvc.bench import l2_bytes
+
+            count = input_sets_needed(input_bytes(self._pristine), l2_bytes()) if self.device.is_gpu else 1
+            self._input_sets = [self.inputs] + [_cloned(self.inputs) for _ in range(count - 1)]
+        return self._input_sets
+
+    def _launch(self, config: Any, inputs: Any, *, check: bool = False) -> list[torch.Tensor] | None:
+        args, kwargs = inputs
+        if self._grids is not None:
+            kwargs = {**kwargs, "grid": self._grids[config_hash(config_dict(config))]}
+        launch = config.all_kwargs()
+        full = {**dict(zip(self.tuner.arg_names, args)), **kwargs, **launch}
+        if config.pre_hook:
+            config.pre_hook(full)
+        self.tuner.pre_hook(full)
+        outputs = None
+        try:
+            self.tuner.fn.run(*args, **kwargs, **launch)
+            if check:  # read before the post-hook, which may restore what the kernel wrote
+                self._sync()
+                outputs = [t.clone() for t in self._tensors]
+        except Exception as exc:
+            try:
+                self.tuner.post_hook(full, exception=exc)
+            finally:
+                raise
+        self.tuner.post_hook(full, exception=None)
+        return outputs
+
+    def measure(self, config: Any) -> Measurement:
+        self.restore()
+        start = time.perf_counter()
+        try:
+            outputs = self._launch(config, self.inputs, check=True)
+            self._sync()
+        except _out_of_resources_types() as exc:
+            return Measurement(Status.INVALID, message=_one_line(exc))
+        except _compile_error_types() as exc:
+            return Measurement(Status.COMPILE_ERROR, message=_one_line(exc))
+        except Exception as exc:  # a candidate's failure is data
+            return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {_one_line(exc)}")
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        assert outputs is not None
+        if self.ref is None:  # the first valid config is the reference
+            self.ref = outputs
+            self._written = [not torch.equal(out, saved) for out, saved in zip(outputs, self._pristine)]
+            err = 0.0
+        else:
+            err, message = self._error(outputs)
+            if message:
+                return Measurement(Status.WRONG_RESULT, rel_error=err, message=message)
+        if not self.device.is_gpu:  # the interpreter: its one run is its time
+            return Measurement(Status.OK, time_ms=elapsed_ms, spread=0.0, reps=1, rel_error=err)
+        return self._timed(self._launcher(config), rel_error=err)
+
+    def _error(self, outputs: list[torch.Tensor]) -> tuple[float, str | None]:
+        assert self.ref is not None
+        worst = 0.0
+        for i, (out, ref, written) in enumerate(zip(outputs, self.ref, self._written)):
+            if not written or not (out.is_floating_point() or out.is_complex()):
+                if not torch.equal(out, ref):
+                    return math.inf, f"tensor argument {i} differs from the first valid config's"
+                continue
+            tolerance = self._tolerance if self._tolerance is not None else TOLERANCE.get(out.dtype, LOOSE_TOLERANCE)
+            err = relative_error(out, ref)
+            if not err <= tolerance:
+                return (
+                    err,
+                    f"tensor argument {i}: relative error {err:.3g} > {tolerance:g} against the first valid config",
+                )
+            worst = max(worst, err)
+        return worst, None
+
+    def _launcher(self, config: Any):
+        if isinstance(config, dict):  # a finalist, by its stored dict
+            config = self._configs[config_hash(config)]
+        return lambda inputs: lambda: self._launch(config, inputs)
+
+
+def _tensors_of(inputs: tuple[tuple, dict[str, Any]]) -> list[torch.Tensor]:
+    args, kwargs = inputs
+    return [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+
+
+def _cloned(inputs: tuple[tuple, dict[str, Any]]) -> tuple[tuple, dict[str, Any]]:
+    args, kwargs = inputs
+
+    def copy(v: Any) -> Any:
+        return v.clone() if isinstance(v, torch.Tensor) else v
+
+    return tuple(copy(a) for a in args), {k: copy(v) for k, v in kwargs.items()}
+
+
+def tune_key(
+    tuner: Autotuner,
+    state: _State,
+    store: Store,
+    device: Device,
+    text: str,
+    candidates: list[Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    *,
+    grids: dict[str, Any] | None = None,
+    call: dict[str, Any] | None = None,
+) -> Any:
+    """Check and time every candidate on the call's arguments, store every trial and the winner.
+
+    Returns the winning triton.Config (the first candidate where none is correct: its launch
+    then raises what triton.autotune would). The call's tensors are left as they were given.
+    """
+    from tunesvc.sweep import _remeasure_finalists
+
+    template = state.template
+    kv_id = store.kernel_version_id(template)
+    device_id = store.device_id(device)
+    started = time.perf_counter()
+    # the call as data: `tune verify` and offline tuning rebuild inputs of the same shapes from it
+    call = call if call is not None else describe_call(tuner, args, kwargs)
+    sweep_id = store.start_sweep(kv_id, device_id, text, call, "capture", len(candidates), 0)
+    rep_ms = float(getattr(tuner, "num_reps", None) or 100.0)
+    bench = CaptureBench(
+        tuner, device, args, kwargs, rep_ms=rep_ms, tolerance=state.options.get("tolerance"), grids=grids
+    )
+    try:
+        results = []
+        for config in candidates:
+            results.append((config_dict(config), config_hash(config_dict(config)), bench.measure(config)))
+            STATS["benchmarks"] += 1
+        store.add_trials(sweep_id, kv_id, device_id, text, results)
+        if device.is_gpu:
+            rows = store.trials(kv_id, device_id, text)
+            store.replace_measurements(_remeasure_finalists(bench, rows, FINALISTS, rep_ms))
+    finally:
+        bench.restore()  # the caller launches the winner on the inputs as they were given
+    # what triton.autotune leaves for code that reads them (first measurements, as Triton's)
+    tuner.configs_timings = {
+        c: [m.time_ms if m.ok and m.time_ms is not None else math.inf] * 3 for c, (_, _, m) in zip(candidates, results)
+    }
+    tuner.bench_time = time.perf_counter() - started
+    winner = store.update_winner(kv_id, device_id, text)
+    store.finish_sweep(sweep_id, time.perf_counter() - started)
+    if winner is None:
+        return candidates[0]
+    return state.listed(winner.config) or candidates[0]
+
+
+# -- the drop-in and process-wide capture ----------------------------------------------------
+_autotuner_params = set(inspect.signature(Autotuner.__init__).parameters)
+
+
+class CapturedKernel(Autotuner):
+    """``triton.autotune``'s Autotuner with tunesvc's launch path (see the module docstring)."""
+
+    def __init__(
+        self,
+        fn: Any,
+        arg_names: list[str],
+        configs: list[Any],
+        key: list[str],
+        reset_to_zero: list[str] | None = None,
+        restore_value: list[str] | None = None,
+        *,
+        name: str | None = None,
+        mode: str | None = None,
+        db: str | os.PathLike | None = None,
+        bundle: str | os.PathLike | None = None,
+        tolerance: float | None = None,
+        **triton_options: Any,
+    ) -> None:
+        unknown = set(triton_options) - _autotuner_params
+        if unknown:
+            raise TunesvcError(
+                f"This Triton's autotune takes no {', '.join(sorted(unknown))}; drop it or upgrade Triton."
+            )
+        super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **triton_options)
+        self._explicit = (mode, db, bundle)
+        settings = Settings.resolve(mode, db, bundle, base=_process)
+        self.__dict__["_tunesvc"] = _State(self, settings, name, {"tolerance": tolerance})
+        _STATES.add(self)
+
+    run = captured_run
+
+    def _rebind(self) -> None:
+        """New settings after capture()/configure(): explicit options keep winning."""
+        old = self.__dict__["_tunesvc"]
+        settings = Settings.resolve(*self._explicit, base=_process)
+        self.__dict__["_tunesvc"] = _State(self, settings, old.name, old.options)
+
+
+def autotune(
+    configs: list[Any],
+    key: list[str],
+    prune_configs_by: dict[str, Any] | None = None,
+    reset_to_zero: list[str] | None = None,
+    restore_value: list[str] | None = None,
+    pre_hook: Callable[..., Any] | None = None,
+    post_hook: Callable[..., Any] | None = None,
+    warmup: int | None = None,
+    rep: int | None = None,
+    use_cuda_graph: bool = False,
+    do_bench: Callable[..., Any] | None = None,
+    cache_results: bool = False,
+    *,
+    name: str | None = None,
+    mode: str | None = None,
+    db: str | os.PathLike | None = None,
+    bundle: str | os.PathLike | None = None,
+    tolerance: float | None = None,
+) -> Callable[[Any], CapturedKernel]:
+    """triton.autotune's decorator, tuned and stored by tunesvc (arguments as Triton's)."""
+    options: dict[str, Any] = {
+        "prune_configs_by": prune_configs_by,
+        "pre_hook": pre_hook,
+        "post_hook": post_hook,
+        "warmup": warmup,
+        "rep": rep,
+        "use_cuda_graph": use_cuda_graph,
+        "do_bench": do_bench,
+        "cache_results": cache_results,
+    }
+    defaults = {"use_cuda_graph": False, "cache_results": False}
+    # an option this Triton lacks may be left at its default; given, CapturedKernel says so
+    options = {k: v for k, v in options.items() if k in _autotuner_params or v not in (None, defaults.get(k))}
+
+    def decorate(fn: Any) -> CapturedKernel:
+        return CapturedKernel(
+            fn,
+            fn.arg_names,
+            configs,
+            key,
+            reset_to_zero,
+            restore_value,
+            name=name,
+            mode=mode,
+            db=db,
+            bundle=bundle,
+            tolerance=tolerance,
+            **options,
+        )
+
+    return decorate
+
+
+class Capture:
+    """The handle :func:`capture` returns: ``close()`` (or leaving the ``with`` block) undoes it."""
+
+    def __init__(self, previous: Settings | None, patched: bool) -> None:
+        self._previous = previous
+        self._patched = patched
+        self.closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            _apply(self._previous)
+
+    def __enter__(self) -> Capture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def capture(
+    mode: str | None = None, db: str | os.PathLike | None = None, bundle: str | os.PathLike | None = None
+) -> Capture:
+    """Route every ``triton.autotune`` kernel of this process through tunesvc.
+
+    Kernels decorated before and after alike: Triton's ``Autotuner.run`` becomes tunesvc's.
+    ``mode``/``db``/``bundle`` default to $TUNESVC_MODE/$TUNESVC_DB/$TUNESVC_BUNDLE (see
+    :class:`Settings`). A plain call, or a context manager; :func:`uncapture` or the handle's
+    ``close`` gives Triton its own autotuner back.
+    """
+    previous = _process
+    settings = Settings.resolve(mode, db, bundle)
+    _apply(settings)
+    return Capture(previous, True)
+
+
+def uncapture() -> None:
+    """Give every plain ``triton.autotune`` kernel Triton's own autotuner back."""
+    _apply(None)
+
+
+def _apply(settings: Settings | None) -> None:
+    global _process
+    with _settings_lock:
+        _process = settings
+        Autotuner.run = captured_run if settings is not None else _TRITON_RUN
+    _forget_all()
+    for tuner in list(_STATES):
+        if isinstance(tuner, CapturedKernel):
+            tuner._rebind()
+
+
+def capturing() -> Settings | None:
+    """The process's capture settings, or None when plain triton.autotune kernels run as Triton's."""
+    return _process
+
+
+def capture_from_env() -> None:
+    """What ``TUNESVC_CAPTURE=1`` does once Triton's autotuner is imported (see _tunesvc_capture)."""
+    if os.environ.get("TUNESVC_CAPTURE", "") not in ("", "0") and _process is None:
+        capture()
+
+
+# -- offline: recorded calls rebuilt, kernels found by name (`tune misses --tune`, `tune verify`) --
+def find_autotuner(name: str) -> Autotuner:
+    """Import the module ``name`` (``module:qualname``) names and find its autotuned kernel.
+
+    Only ever called on a user's request on the command line (the module's import runs its code).
+    TunesvcError, in one sentence, when the module does not import or holds no such kernel.
+    """
+    import importlib
+
+    module_name, _, qualname = name.partition(":")
+    if module_name == "__main__":
+        raise TunesvcError(f"{name} was defined in a script run as __main__; move it to a module to tune it offline.")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise TunesvcError(
+            f"Module {module_name} of {name} does not import here ({type(exc).__name__}: {exc})."
+        ) from None
+    for value in list(vars(module).values()):
+        obj, seen = value, 0
+        while obj is not None and seen < 8:  # a wrapper (heuristics, a library's) walked by .fn
+            if isinstance(obj, Autotuner):
+                try:
+                    if kernel_name(obj.fn) == name:
+                        return obj
+                except AttributeError:
+                    pass
+                break
+            obj, seen = getattr(obj, "fn", None), seen + 1
+    raise TunesvcError(f"Module {module_name} has no autotuned kernel {qualname}; was it renamed?")
+
+
+def rebuild_call(
+    tuner: Autotuner, call: dict[str, Any], device: Device
+) -> tuple[tuple, dict[str, Any], dict[str, Any]]:
+    """Arguments of a recorded call (random floats, recorded small integer tensors), and the grid
+    of each listed config by its hash. TunesvcError when the record cannot be replayed."""
+    from tunesvc.device import torch_device
+
+    where = torch_device()
+
+    def value(spec: dict[str, Any]) -> Any:
+        if "value" in spec:
+            return spec["value"]
+        if "tensor" not in spec:
+            raise TunesvcError(
+                f"The recorded call has an argument of type {spec.get('unsupported')}; it cannot be replayed."
+            )
+        t = spec["tensor"]
+        dtype = getattr(torch, str(t["dtype"]).removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype):
+            raise TunesvcError(f"The recorded call names an unknown dtype {t['dtype']!r}.")
+        out = torch.empty_strided(t["shape"], t["stride"], dtype=dtype, device=where)
+        if "values" in t:
+            out.copy_(torch.tensor(t["values"], dtype=dtype).reshape(t["shape"]))
+        elif dtype.is_floating_point:
+            out.normal_()
+        else:
+            out.zero_()
+        return out
+
+    args = tuple(value(a) for a in call.get("args", []))
+    kwargs = {k: value(v) for k, v in call.get("kwargs", {}).items()}
+    grids = {
+        config_hash(config_dict(c)): tuple(g) for c, g in zip(tuner.configs, call.get("grids", [])) if g is not None
+    }
+    if not grids:
+        raise TunesvcError("The recorded call has no launch grid; launch the kernel once in mode tune instead.")
+    return args, {**kwargs, "grid": None, "warmup": False}, grids
+
+
+def tune_recorded(store: Store, name: str, version: str, shape_key: str, call: dict[str, Any]) -> Any:
+    """Tune one recorded key offline: import the kernel, rebuild the call, tune as on a miss.
+
+    Returns the winning config as stored (a dict), or raises TunesvcError with the reason.
+    """
+    from tunesvc.device import current_device
+
+    tuner = find_autotuner(name)
+    state = _State(tuner, Settings(TUNE, store.url, None), name, {})
+    if state.template.version != version:
+        raise TunesvcError(
+            f"{name} changed since the key was recorded (version {version}, now {state.template.version}); "
+            "run the program again to record it anew."
+        )
+    device = current_device()
+    args, kwargs, grids = rebuild_call(tuner, call, device)
+    tuner.nargs = dict(zip(tuner.arg_names, args))
+    try:
+        pruned = [c for c in tuner.prune_configs(kwargs) if config_hash(config_dict(c)) in grids]
+    finally:
+        tuner.nargs = None
+    if not pruned:
+        raise TunesvcError(f"No config of {name} has a recorded grid for {shape_key}.")
+    winner = tune_key(tuner, state, store, device, shape_key, pruned, args, kwargs, grids=grids, call=call)
+    STATS["tuned"] += 1
+    return config_dict(winner)
+
+
+def measure_stored(
+    store: Store, name: str, shape_key: str, configs: list[dict[str, Any]], device: Device
+) -> list[Measurement]:
+    """Re-measure stored configs of a captured key on inputs rebuilt from the call its sweep
+    recorded (`tune verify`); each config after the first is checked against the first's output."""
+    tuner = find_autotuner(name)
+    call = store.captured_call(name, shape_key, device.hardware_id)
+    if call is None:
+        raise TunesvcError(f"No recorded call of {name} for {shape_key}; tune it again to re-measure it.")
+    args, kwargs, grids = rebuild_call(tuner, call, device)
+    bench = CaptureBench(tuner, device, args, kwargs, grids=grids)
+    state = _State(tuner, Settings(LOOKUP, store.url, None), name, {})
+    out = []
+    try:
+        for stored in configs:
+            config = state.listed(stored)
+            if config is None:
+                out.append(Measurement(Status.INVALID, message="not in the kernel's config list any more"))
+            else:
+                out.append(bench.measure(config))
+    finally:
+        bench.restore()
+    return out

@@ -15,7 +15,6 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 from typing import Any

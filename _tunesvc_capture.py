@@ -4,7 +4,7 @@ It must cost next to nothing: the .pth line tests the variable itself and import
 only when it is set; this module imports only the standard library. It waits for Triton: once
 ``triton.runtime.autotuner`` is imported (now, or later through a meta-path finder), its
 ``Autotuner.run`` becomes a trampoline that imports tunesvc at the first autotuned launch and
-hands the process to :func:`tunesvc.capture.capture_from_env`. Importing tunesvc (torch, the
+hands the process to :func:`tunesvc._capture.capture_from_env`. Importing tunesvc (torch, the
 store) while Triton is still half-imported would be a circular import; at the first launch
 both are complete.
 """
@@ -36,7 +36,7 @@ def patch(module) -> None:
 
     def run(self, *args, **kwargs):
         try:
-            from tunesvc.capture import capture_from_env
+            from tunesvc._capture import capture_from_env
 
             capture_from_env()
         finally:

@@ -58,7 +58,7 @@ BUNDLE_CHILD = (
 import json, sys, time
 start = time.perf_counter()
 import tunesvc
-from tunesvc.capture import STATS
+from tunesvc._capture import STATS
 kernel = tunesvc.autotune(configs=CONFIGS, key=["n"], bundle=sys.argv[1])(Noop())
 x = torch.empty(4)
 imported = time.perf_counter()
@@ -73,7 +73,7 @@ NAME_CHILD = (
     NOOP
     + """
 import json
-from tunesvc.capture import kernel_name, kernel_version, config_dict
+from tunesvc._capture import kernel_name, kernel_version, config_dict
 from tunesvc.device import current_device
 from tunesvc.space import config_hash
 d = current_device()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 from typing import NamedTuple
 
 import torch
@@ -42,6 +43,8 @@ from tunesvc.device import Device
 from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
 from tunesvc.kernels.matmul import _use_torch_allocator
+from tunesvc.ops import kernel_op
+from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 from tunesvc.template import Cost
@@ -1220,30 +1223,58 @@ TEMPLATE = AttentionTemplate()
 BWD_TEMPLATE = AttentionBwdTemplate()
 
 
-class _Attention(torch.autograd.Function):
-    """Forward and backward each launch with their own tuned config."""
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op tunesvc::attention: O and LSE with the tuned config."""
+    B, H, S, D = q.shape
+    config = default_runtime().config_for(TEMPLATE, B=B, H=H, S=S, D=D, causal=causal, dtype=q.dtype)
+    return launch_attention(q, k, v, config, causal=causal, sm_scale=sm_scale)
 
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float) -> torch.Tensor:
-        from tunesvc.runtime import default_runtime
 
-        B, H, S, D = q.shape
-        config = default_runtime().config_for(TEMPLATE, B=B, H=H, S=S, D=D, causal=causal, dtype=q.dtype)
-        o, lse = launch_attention(q, k, v, config, causal=causal, sm_scale=sm_scale)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal = causal
-        ctx.sm_scale = sm_scale
-        return o
+def _attention_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    causal: bool,
+    sm_scale: float,
+) -> torch.Tensor:
+    """The op tunesvc::attention_bwd: dQ, dK, dV stacked in one (3, B, H, S, D) tensor."""
+    B, H, S, D = q.shape
+    config = default_runtime().config_for(BWD_TEMPLATE, B=B, H=H, S=S, D=D, causal=causal, dtype=q.dtype)
+    return launch_attention_bwd(q, k, v, o, lse, do, config, causal=causal, sm_scale=sm_scale)
 
-    @staticmethod
-    def backward(ctx, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        from tunesvc.runtime import default_runtime
 
-        q, k, v, o, lse = ctx.saved_tensors
-        B, H, S, D = q.shape
-        config = default_runtime().config_for(BWD_TEMPLATE, B=B, H=H, S=S, D=D, causal=ctx.causal, dtype=q.dtype)
-        dq, dk, dv = launch_attention_bwd(q, k, v, o, lse, do, config, causal=ctx.causal, sm_scale=ctx.sm_scale)
-        return dq, dk, dv, None, None
+def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    q, k, v, ctx.causal, ctx.sm_scale = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    # LSE is for the backward, not the caller: no gradient flows into it
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _attention_backward(ctx: Any, do: torch.Tensor, *_: Any) -> tuple[torch.Tensor | None, ...]:
+    q, k, v, o, lse = ctx.saved_tensors
+    grads = _attention_bwd_op.call(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale)
+    return grads[0], grads[1], grads[2], None, None
+
+
+def _attention_fake(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+_attention_op = kernel_op("attention", _attention, _attention_fake)
+_attention_bwd_op = kernel_op(
+    "attention_bwd",
+    _attention_bwd,
+    lambda q, k, v, o, lse, do, causal, sm_scale: q.new_empty((3, *q.shape)),
+)
+_attention_op.register_autograd(_attention_backward, _attention_setup)
 
 
 def attention(
@@ -1267,4 +1298,5 @@ def attention(
     if not q.device == k.device == v.device:
         raise ValueError(f"attention needs Q, K and V on one device; got {q.device}, {k.device} and {v.device}")
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
-    return _Attention.apply(q, k, v, bool(causal), sm_scale)
+    o, _ = _attention_op.call(q, k, v, bool(causal), sm_scale, grad_inputs=(q, k, v))
+    return o

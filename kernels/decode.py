@@ -35,6 +35,10 @@ import triton.language as tl
 from tunesvc.device import Device
 from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
+from tunesvc.ops import config_arg
+from tunesvc.ops import config_of
+from tunesvc.ops import kernel_op
+from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 from tunesvc.template import Cost
@@ -489,23 +493,42 @@ def decode_attention(
                 f"decode_attention needs a contiguous cache of B={B} sequences; got {k_cache.shape[0]} "
                 "(paged caches need block_table)"
             )
-        capacity = k_cache.shape[1]
-    else:
-        if block_table.ndim != 2 or block_table.shape[0] != B or block_table.dtype.is_floating_point:
-            raise ValueError(
-                f"decode_attention needs block_table as integers of shape (B={B}, pages_per_seq); "
-                f"got {block_table.dtype} of shape {tuple(block_table.shape)}"
-            )
-        capacity = block_table.shape[1] * k_cache.shape[1]
+    elif block_table.ndim != 2 or block_table.shape[0] != B or block_table.dtype.is_floating_point:
+        raise ValueError(
+            f"decode_attention needs block_table as integers of shape (B={B}, pages_per_seq); "
+            f"got {block_table.dtype} of shape {tuple(block_table.shape)}"
+        )
     tensors = [q, k_cache, v_cache, seq_lens] + ([] if block_table is None else [block_table])
     if len({t.device for t in tensors}) != 1:
         devices = ", ".join(str(t.device) for t in tensors)
         raise ValueError(f"decode_attention needs every tensor on one device; got {devices}")
-    if config is None:
-        from tunesvc.runtime import default_runtime
+    return _decode_op.call(q, k_cache, v_cache, seq_lens, block_table, sm_scale, config_arg(config))
 
+
+def _decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor | None,
+    sm_scale: float | None,
+    config: str,
+) -> torch.Tensor:
+    """The op tunesvc::decode: the tuned config (config "") or the given one, launched."""
+    explicit = config_of(config)
+    if explicit is None:
+        B, HQ, D = q.shape
+        paged = block_table is not None
         # the key takes the cache's capacity, not max(seq_lens), which would synchronise with the GPU
-        config = default_runtime().config_for(
-            TEMPLATE, B=B, HQ=HQ, HKV=HKV, S=capacity, D=D, paged=block_table is not None, dtype=q.dtype
+        capacity = k_cache.shape[1] * (block_table.shape[1] if paged else 1)
+        explicit = default_runtime().config_for(
+            TEMPLATE, B=B, HQ=HQ, HKV=k_cache.shape[2], S=capacity, D=D, paged=paged, dtype=q.dtype
         )
-    return launch_decode(q, k_cache, v_cache, seq_lens, block_table, config, sm_scale=sm_scale)
+    return launch_decode(q, k_cache, v_cache, seq_lens, block_table, explicit, sm_scale=sm_scale)
+
+
+_decode_op = kernel_op(
+    "decode",
+    _decode,
+    lambda q, k_cache, v_cache, seq_lens, block_table, sm_scale, config: torch.empty_like(q),
+)

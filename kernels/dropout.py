@@ -22,6 +22,10 @@ import triton
 import triton.language as tl
 
 from tunesvc.device import Device
+from tunesvc.ops import config_arg
+from tunesvc.ops import config_of
+from tunesvc.ops import kernel_op
+from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 from tunesvc.template import Cost
@@ -188,24 +192,26 @@ class DropoutTemplate(Template):
 TEMPLATE = DropoutTemplate()
 
 
-def _launch_tuned(x: torch.Tensor, p: float, seed: int, config: Config | None) -> torch.Tensor:
-    if config is None:
-        from tunesvc.runtime import default_runtime
+def _dropout(x: torch.Tensor, p: float, seed: int, config: str) -> torch.Tensor:
+    """The op tunesvc::dropout on a contiguous x: the tuned config (config "") or the given one."""
+    explicit = config_of(config)
+    if explicit is None:
+        explicit = default_runtime().config_for(TEMPLATE, numel=x.numel(), dtype=x.dtype)
+    return launch_dropout(x, p, seed, explicit)
 
-        config = default_runtime().config_for(TEMPLATE, numel=x.numel(), dtype=x.dtype)
-    return launch_dropout(x, p, seed, config)
+
+def _dropout_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    _, ctx.p, ctx.seed, ctx.config = inputs
 
 
-class _Dropout(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, p: float, seed: int, config: Config | None) -> torch.Tensor:
-        ctx.p, ctx.seed, ctx.config = p, seed, config
-        return _launch_tuned(x.contiguous(), p, seed, config).view(x.shape)
+def _dropout_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    # d(x * keep / (1 - p)) / dx = keep / (1 - p): dropout of the gradient with the same seed
+    dx = _dropout_op.call(grad.contiguous(), ctx.p, ctx.seed, ctx.config)
+    return dx.view(grad.shape), None, None, None
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        # d(x * keep / (1 - p)) / dx = keep / (1 - p): dropout of the gradient with the same seed
-        return _launch_tuned(grad.contiguous(), ctx.p, ctx.seed, ctx.config).view(grad.shape), None, None, None
+
+_dropout_op = kernel_op("dropout", _dropout, lambda x, p, seed, config: torch.empty_like(x))
+_dropout_op.register_autograd(_dropout_backward, _dropout_setup)
 
 
 def dropout(x: torch.Tensor, p: float, seed: int, *, config: Config | None = None) -> torch.Tensor:
@@ -223,4 +229,5 @@ def dropout(x: torch.Tensor, p: float, seed: int, *, config: Config | None = Non
         raise ValueError(f"dropout needs 0 <= p < 1; got p={p}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ValueError(f"dropout needs an integer seed in [0, 2^63); got {seed!r}")
-    return _Dropout.apply(x, float(p), seed, config)
+    y = _dropout_op.call(x.contiguous(), float(p), seed, config_arg(config), grad_inputs=(x,))
+    return y.view(x.shape)

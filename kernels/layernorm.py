@@ -23,6 +23,7 @@ w, dw, db, mean and rstd).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
@@ -30,6 +31,8 @@ import triton.language as tl
 
 from tunesvc.device import Device
 from tunesvc.errors import TunesvcError
+from tunesvc.ops import kernel_op
+from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 from tunesvc.template import Cost
@@ -375,27 +378,56 @@ def check_norm_args(fn: str, x: torch.Tensor, *params: torch.Tensor | None) -> N
             )
 
 
-class _LayerNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-        from tunesvc.runtime import default_runtime
+def _layernorm(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op tunesvc::layernorm on rows x (M, N): y, mean, rstd with the tuned config."""
+    M, N = x.shape
+    config = default_runtime().config_for(TEMPLATE, M=M, N=N, dtype=x.dtype)
+    return launch_layernorm(x, w, b, eps, config)
 
-        x2 = as_rows(x)
-        M, N = x2.shape
-        config = default_runtime().config_for(TEMPLATE, M=M, N=N, dtype=x.dtype)
-        y, mean, rstd = launch_layernorm(x2, weight.contiguous(), bias.contiguous(), eps, config)
-        ctx.save_for_backward(x2, weight, mean, rstd)
-        return y.view(x.shape)
 
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
-        from tunesvc.runtime import default_runtime
+def _layernorm_bwd(
+    x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op tunesvc::layernorm_bwd: dx, and dw and db back to back in one (2 N,) tensor."""
+    M, N = x.shape
+    config = default_runtime().config_for(BWD_TEMPLATE, M=M, N=N, dtype=x.dtype)
+    dx, dw, db = launch_layernorm_bwd(x, w, dy, mean, rstd, config)
+    # dw and db are the two halves of one (2 N,) buffer, and an op's outputs may not alias each
+    # other: return the whole buffer, seen from dw (a copy would cost a launch per backward)
+    assert db.data_ptr() == dw.data_ptr() + N * dw.element_size()
+    return dx, dw.as_strided((2 * N,), (1,))
 
-        x2, weight, mean, rstd = ctx.saved_tensors
-        M, N = x2.shape
-        config = default_runtime().config_for(BWD_TEMPLATE, M=M, N=N, dtype=x2.dtype)
-        dx, dw, db = launch_layernorm_bwd(x2, weight.contiguous(), as_rows(dy), mean, rstd, config)
-        return dx.view(dy.shape), dw, db, None
+
+def _layernorm_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    x, w, _, _ = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, w, mean, rstd)
+    # mean and rstd are for the backward, not the caller: no gradient flows into them
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.set_materialize_grads(False)
+
+
+def _layernorm_backward(ctx: Any, dy: torch.Tensor, *_: Any) -> tuple[torch.Tensor | None, ...]:
+    x, w, mean, rstd = ctx.saved_tensors
+    dx, dwdb = _layernorm_bwd_op.call(x, w, as_rows(dy), mean, rstd)
+    N = x.shape[1]
+    return dx, dwdb[:N], dwdb[N:], None
+
+
+def _layernorm_fake(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
+    stats = x.new_empty(x.shape[0], dtype=torch.float32)
+    return x.new_empty(x.shape), stats, torch.empty_like(stats)
+
+
+_layernorm_op = kernel_op("layernorm", _layernorm, _layernorm_fake)
+_layernorm_bwd_op = kernel_op(
+    "layernorm_bwd",
+    _layernorm_bwd,
+    lambda x, w, dy, mean, rstd: (x.new_empty(x.shape), w.new_empty(2 * x.shape[1])),
+)
+_layernorm_op.register_autograd(_layernorm_backward, _layernorm_setup)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -406,4 +438,6 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     tuned config (templates "layernorm" and "layernorm_bwd").
     """
     check_norm_args("layer_norm", x, weight, bias)
-    return _LayerNorm.apply(x, weight, bias, eps)
+    x2 = as_rows(x)
+    y, _, _ = _layernorm_op.call(x2, weight.contiguous(), bias.contiguous(), eps, grad_inputs=(x2, weight, bias))
+    return y.view(x.shape)

@@ -35,6 +35,8 @@ from tunesvc.device import Device
 from tunesvc.device import current_device
 from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
+from tunesvc.ops import config_arg
+from tunesvc.ops import config_of
 from tunesvc.ops import kernel_op
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
@@ -630,16 +632,19 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config: Config | None = None) ->
 
     A is (M, K), B is (K, N), both float16, bfloat16 or float32 on the same device; any strides.
     """
-    if config is None and not _is_compiling():
-        # eager (the op's dispatcher would only add host time): a hit is one dict get on the
-        # operands' shapes and dtypes, inlined here rather than in _matmul_tuned (a frame less)
-        runtime = _runtime._default or _runtime.default_runtime()
-        config = runtime.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)) or _remember(runtime, a, b)
+    if not _is_compiling():
+        # eager (no backward: the op's dispatcher would only add host time): a hit is one dict
+        # get on the operands' shapes and dtypes, inlined here rather than in _matmul (a frame less)
+        if config is None:
+            runtime = _runtime._default or _runtime.default_runtime()
+            config = runtime.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)) or _remember(
+                runtime, a, b
+            )
+        else:
+            _check_operands(a, b)
         return launch_matmul(a, b, config)
     _check_operands(a, b)
-    if config is None:
-        return _matmul_op.op(a, b)  # torch.compile sees the op tunesvc::matmul (no graph break)
-    return launch_matmul(a, b, config)
+    return _matmul_op.op(a, b, config_arg(config))  # torch.compile sees the op tunesvc::matmul (no graph break)
 
 
 _is_compiling = torch.compiler.is_compiling
@@ -661,15 +666,15 @@ def _remember(runtime: _runtime.Runtime, a: torch.Tensor, b: torch.Tensor) -> Co
     return config
 
 
-def _matmul_tuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The op's implementation: look up (one dict get on a hit) and launch."""
-    runtime = _runtime.default_runtime()
-    config = runtime.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)) or _remember(runtime, a, b)
-    return launch_matmul(a, b, config)
+def _matmul(a: torch.Tensor, b: torch.Tensor, config: str) -> torch.Tensor:
+    """The op tunesvc::matmul: the tuned config (config "", one dict get on a hit) or the given one."""
+    explicit = config_of(config)
+    if explicit is None:
+        runtime = _runtime.default_runtime()
+        explicit = runtime.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)) or _remember(
+            runtime, a, b
+        )
+    return launch_matmul(a, b, explicit)
 
 
-def _matmul_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return a.new_empty((a.shape[0], b.shape[1]))
-
-
-_matmul_op = kernel_op("matmul", _matmul_tuned, _matmul_fake)
+_matmul_op = kernel_op("matmul", _matmul, lambda a, b, config: a.new_empty((a.shape[0], b.shape[1])))

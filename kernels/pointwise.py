@@ -26,6 +26,10 @@ import triton
 import triton.language as tl
 
 from tunesvc.device import Device
+from tunesvc.ops import config_arg
+from tunesvc.ops import config_of
+from tunesvc.ops import kernel_op
+from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 from tunesvc.template import Cost
@@ -329,36 +333,64 @@ def bias_act_residual(
     rows, res_rows = x.reshape(-1, n), residual.reshape(-1, n)
     rows = rows if rows.stride(1) == 1 else rows.contiguous()
     res_rows = res_rows if res_rows.stride(1) == 1 else res_rows.contiguous()
-    return _BiasActResidual.apply(rows, bias.contiguous(), res_rows, act, config, bwd_config).reshape(x.shape)
+    y = _bias_act_residual_op.call(
+        rows,
+        bias.contiguous(),
+        res_rows,
+        act,
+        config_arg(config),
+        config_arg(bwd_config),
+        grad_inputs=(rows, bias, res_rows),
+    )
+    return y.reshape(x.shape)
 
 
-class _BiasActResidual(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        x: torch.Tensor,
-        bias: torch.Tensor,
-        residual: torch.Tensor,
-        act: str,
-        config: Config | None,
-        bwd_config: Config | None,
-    ) -> torch.Tensor:
-        if config is None:
-            from tunesvc.runtime import default_runtime
+def _bias_act_residual(
+    x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, act: str, config: str, bwd_config: str
+) -> torch.Tensor:
+    """The op tunesvc::bias_act_residual: the tuned config (config "") or the given one, launched."""
+    explicit = config_of(config)
+    if explicit is None:
+        explicit = default_runtime().config_for(TEMPLATE, M=x.shape[0], N=x.shape[1], act=act, dtype=x.dtype)
+    return launch_bias_act_residual(x, bias, residual, act, explicit)
 
-            config = default_runtime().config_for(TEMPLATE, M=x.shape[0], N=x.shape[1], act=act, dtype=x.dtype)
-        ctx.save_for_backward(x, bias)
-        ctx.act, ctx.bwd_config = act, bwd_config
-        return launch_bias_act_residual(x, bias, residual, act, config)
 
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, bias = ctx.saved_tensors
-        config = ctx.bwd_config
-        if config is None:
-            from tunesvc.runtime import default_runtime
+def _bias_act_residual_bwd(
+    x: torch.Tensor, bias: torch.Tensor, dy: torch.Tensor, act: str, config: str
+) -> torch.Tensor:
+    """The op tunesvc::bias_act_residual_bwd: dx and dbias back to back in one flat buffer (an
+    op's outputs may not be views of one buffer, so the caller takes them apart)."""
+    explicit = config_of(config)
+    if explicit is None:
+        explicit = default_runtime().config_for(BWD_TEMPLATE, M=x.shape[0], N=x.shape[1], act=act, dtype=x.dtype)
+    out = x.new_empty(x.numel() + x.shape[1])
+    launch_bias_act_residual_bwd(x, bias, dy, act, explicit, out=out)
+    return out
 
-            config = default_runtime().config_for(BWD_TEMPLATE, M=x.shape[0], N=x.shape[1], act=ctx.act, dtype=x.dtype)
-        dy_rows = dy if dy.stride(1) == 1 else dy.contiguous()
-        dx, dbias = launch_bias_act_residual_bwd(x, bias, dy_rows, ctx.act, config)
-        return dx, dbias, dy, None, None, None
+
+def _bias_act_residual_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    x, bias, _, act, _, bwd_config = inputs
+    ctx.save_for_backward(x, bias)
+    ctx.act, ctx.bwd_config = act, bwd_config
+
+
+def _bias_act_residual_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    x, bias = ctx.saved_tensors
+    dy_rows = dy if dy.stride(1) == 1 else dy.contiguous()
+    grads = _bias_act_residual_bwd_op.call(x, bias, dy_rows, ctx.act, ctx.bwd_config)
+    M, N = x.shape
+    # d/dresidual is dy itself
+    return grads[: M * N].view(M, N), grads[M * N :], dy, None, None, None
+
+
+_bias_act_residual_op = kernel_op(
+    "bias_act_residual",
+    _bias_act_residual,
+    lambda x, bias, residual, act, config, bwd_config: x.new_empty(x.shape),
+)
+_bias_act_residual_bwd_op = kernel_op(
+    "bias_act_residual_bwd",
+    _bias_act_residual_bwd,
+    lambda x, bias, dy, act, config: x.new_empty(x.numel() + x.shape[1]),
+)
+_bias_act_residual_op.register_autograd(_bias_act_residual_backward, _bias_act_residual_setup)

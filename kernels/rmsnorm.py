@@ -17,6 +17,7 @@ w, dw and rstd).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
@@ -29,6 +30,8 @@ from tunesvc.kernels.layernorm import check_norm_args
 from tunesvc.kernels.layernorm import column_sum_kernel
 from tunesvc.kernels.layernorm import launch_column_sum
 from tunesvc.kernels.layernorm import split_config
+from tunesvc.ops import kernel_op
+from tunesvc.runtime import default_runtime
 from tunesvc.space import Config
 from tunesvc.template import Cost
 from tunesvc.template import Problem
@@ -243,27 +246,47 @@ TEMPLATE = RMSNormTemplate()
 BWD_TEMPLATE = RMSNormBwdTemplate()
 
 
-class _RMSNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        from tunesvc.runtime import default_runtime
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op tunesvc::rmsnorm on rows x (M, N): y and rstd with the tuned config."""
+    M, N = x.shape
+    config = default_runtime().config_for(TEMPLATE, M=M, N=N, dtype=x.dtype)
+    return launch_rmsnorm(x, w, eps, config)
 
-        x2 = as_rows(x)
-        M, N = x2.shape
-        config = default_runtime().config_for(TEMPLATE, M=M, N=N, dtype=x.dtype)
-        y, rstd = launch_rmsnorm(x2, weight.contiguous(), eps, config)
-        ctx.save_for_backward(x2, weight, rstd)
-        return y.view(x.shape)
 
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
-        from tunesvc.runtime import default_runtime
+def _rmsnorm_bwd(
+    x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op tunesvc::rmsnorm_bwd: dx and dw with the tuned config."""
+    M, N = x.shape
+    config = default_runtime().config_for(BWD_TEMPLATE, M=M, N=N, dtype=x.dtype)
+    return launch_rmsnorm_bwd(x, w, dy, rstd, config)
 
-        x2, weight, rstd = ctx.saved_tensors
-        M, N = x2.shape
-        config = default_runtime().config_for(BWD_TEMPLATE, M=M, N=N, dtype=x2.dtype)
-        dx, dw = launch_rmsnorm_bwd(x2, weight.contiguous(), as_rows(dy), rstd, config)
-        return dx.view(dy.shape), dw, None
+
+def _rmsnorm_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    x, w, _ = inputs
+    ctx.save_for_backward(x, w, output[1])
+    # rstd is for the backward, not the caller: no gradient flows into it
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _rmsnorm_backward(ctx: Any, dy: torch.Tensor, *_: Any) -> tuple[torch.Tensor | None, ...]:
+    x, w, rstd = ctx.saved_tensors
+    dx, dw = _rmsnorm_bwd_op.call(x, w, as_rows(dy), rstd)
+    return dx, dw, None
+
+
+_rmsnorm_op = kernel_op(
+    "rmsnorm",
+    _rmsnorm,
+    lambda x, w, eps: (x.new_empty(x.shape), x.new_empty(x.shape[0], dtype=torch.float32)),
+)
+_rmsnorm_bwd_op = kernel_op(
+    "rmsnorm_bwd",
+    _rmsnorm_bwd,
+    lambda x, w, dy, rstd: (x.new_empty(x.shape), w.new_empty(x.shape[1])),
+)
+_rmsnorm_op.register_autograd(_rmsnorm_backward, _rmsnorm_setup)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -274,4 +297,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     config (templates "rmsnorm" and "rmsnorm_bwd").
     """
     check_norm_args("rms_norm", x, weight)
-    return _RMSNorm.apply(x, weight, eps)
+    x2 = as_rows(x)
+    y, _ = _rmsnorm_op.call(x2, weight.contiguous(), eps, grad_inputs=(x2, weight))
+    return y.view(x.shape)

@@ -25,6 +25,10 @@ import triton
 import triton.language as tl
 
 from tunesvc.device import Device
+from tunesvc.ops import config_arg
+from tunesvc.ops import config_of
+from tunesvc.ops import kernel_op
+from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 from tunesvc.template import Cost
@@ -250,28 +254,36 @@ class SoftmaxBwdTemplate(SoftmaxTemplate):
 BWD_TEMPLATE = SoftmaxBwdTemplate()
 
 
-class _Softmax(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, rows: torch.Tensor, config: Config | None, bwd_config: Config | None) -> torch.Tensor:
-        if config is None:
-            from tunesvc.runtime import default_runtime
+def _softmax(rows: torch.Tensor, config: str, bwd_config: str) -> torch.Tensor:
+    """The op tunesvc::softmax: the tuned config (config "") or the given one, launched."""
+    explicit = config_of(config)
+    if explicit is None:
+        explicit = default_runtime().config_for(TEMPLATE, M=rows.shape[0], N=rows.shape[1], dtype=rows.dtype)
+    return launch_softmax(rows, explicit)
 
-            config = default_runtime().config_for(TEMPLATE, M=rows.shape[0], N=rows.shape[1], dtype=rows.dtype)
-        y = launch_softmax(rows, config)
-        ctx.save_for_backward(y)
-        ctx.bwd_config = bwd_config
-        return y
 
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (y,) = ctx.saved_tensors
-        config = ctx.bwd_config
-        if config is None:
-            from tunesvc.runtime import default_runtime
+def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor, config: str) -> torch.Tensor:
+    """The op tunesvc::softmax_bwd: dx from the forward's output y and dy."""
+    explicit = config_of(config)
+    if explicit is None:
+        explicit = default_runtime().config_for(BWD_TEMPLATE, M=y.shape[0], N=y.shape[1], dtype=y.dtype)
+    return launch_softmax_bwd(y, dy, explicit)
 
-            config = default_runtime().config_for(BWD_TEMPLATE, M=y.shape[0], N=y.shape[1], dtype=y.dtype)
-        dy = dy if dy.stride(1) == 1 else dy.contiguous()
-        return launch_softmax_bwd(y, dy, config), None, None
+
+def _softmax_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(output)
+    ctx.bwd_config = inputs[2]
+
+
+def _softmax_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    (y,) = ctx.saved_tensors
+    dy = dy if dy.stride(1) == 1 else dy.contiguous()
+    return _softmax_bwd_op.call(y, dy, ctx.bwd_config), None, None
+
+
+_softmax_op = kernel_op("softmax", _softmax, lambda rows, config, bwd_config: rows.new_empty(rows.shape))
+_softmax_bwd_op = kernel_op("softmax_bwd", _softmax_bwd, lambda y, dy, config: y.new_empty(y.shape))
+_softmax_op.register_autograd(_softmax_backward, _softmax_setup)
 
 
 def softmax(x: torch.Tensor, *, config: Config | None = None, bwd_config: Config | None = None) -> torch.Tensor:
@@ -288,4 +300,5 @@ def softmax(x: torch.Tensor, *, config: Config | None = None, bwd_config: Config
     rows = x.reshape(-1, n)
     if rows.stride(1) != 1:
         rows = rows.contiguous()  # the kernel walks columns with unit stride
-    return _Softmax.apply(rows, config, bwd_config).reshape(x.shape)
+    y = _softmax_op.call(rows, config_arg(config), config_arg(bwd_config), grad_inputs=(rows,))
+    return y.reshape(x.shape)

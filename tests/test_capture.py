@@ -18,13 +18,12 @@ from triton.runtime.autotuner import Autotuner
 from typer.testing import CliRunner
 
 import tunesvc
-from tunesvc import capture as _  # noqa: F401  (the function; the module is tunesvc.capture below)
-from tunesvc.capture import STATS
-from tunesvc.capture import key_distance
+from tunesvc._capture import STATS
+from tunesvc._capture import key_distance
 from tunesvc.cli import app
 from tunesvc.store import Store
 
-CAPTURE = sys.modules["tunesvc.capture"]
+CAPTURE = sys.modules["tunesvc._capture"]
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
 
 
@@ -265,7 +264,7 @@ n = 333
 x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
 mykernels.scale_add[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, y, out, n, 2.0)
 torch.testing.assert_close(out, 2.0 * x + y)
-capture = sys.modules.get("tunesvc.capture")
+capture = sys.modules.get("tunesvc._capture")
 print(json.dumps({"stats": capture.stats() if capture else None, "best": mykernels.scale_add.best_config.kwargs}))
 """
 

@@ -1,36 +1,114 @@
-"""tunesvc: tune Triton kernels per GPU and shape, keep every result, look them up at run time."""
+"""tunesvc: tune Triton kernels per GPU and shape, keep every result, look them up at run time.
+
+The public names below load on first use (PEP 562): ``import tunesvc`` itself imports neither
+torch, Triton nor SQLAlchemy, so the `tune` CLI answers --help and shell completion at once.
+"""
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+from typing import Any
 
 from tunesvc._processes import use_interpreter_without_gpu
 
 use_interpreter_without_gpu()
 
-from tunesvc.autotuner import TunedKernel  # noqa: E402
-from tunesvc.autotuner import autotune  # noqa: E402
-from tunesvc.autotuner import tuned  # noqa: E402
-from tunesvc.bench import Bench  # noqa: E402
-from tunesvc.bench import Measurement  # noqa: E402
-from tunesvc.bench import Status  # noqa: E402
-from tunesvc.bench import start_forkserver  # noqa: E402
-from tunesvc.capture import capture  # noqa: E402
-from tunesvc.capture import stats as capture_stats  # noqa: E402
-from tunesvc.capture import uncapture  # noqa: E402
-from tunesvc.device import Device  # noqa: E402
-from tunesvc.device import current_device  # noqa: E402
-from tunesvc.errors import TunesvcError  # noqa: E402
-from tunesvc.runtime import LookupResult  # noqa: E402
-from tunesvc.runtime import Runtime  # noqa: E402
-from tunesvc.runtime import configure  # noqa: E402
-from tunesvc.runtime import lookup  # noqa: E402
-from tunesvc.space import Space  # noqa: E402
-from tunesvc.space import config_hash  # noqa: E402
-from tunesvc.template import Cost  # noqa: E402
-from tunesvc.template import ShapeKey  # noqa: E402
-from tunesvc.template import Template  # noqa: E402
-from tunesvc.template import get_template  # noqa: E402
+if TYPE_CHECKING:
+    from tunesvc._capture import capture
+    from tunesvc._capture import stats as capture_stats
+    from tunesvc._capture import uncapture
+    from tunesvc.autotuner import TunedKernel
+    from tunesvc.autotuner import autotune
+    from tunesvc.autotuner import tuned
+    from tunesvc.bench import Bench
+    from tunesvc.bench import Measurement
+    from tunesvc.bench import Status
+    from tunesvc.bench import start_forkserver
+    from tunesvc.device import Device
+    from tunesvc.device import current_device
+    from tunesvc.errors import TunesvcError
+    from tunesvc.runtime import LookupResult
+    from tunesvc.runtime import Runtime
+    from tunesvc.runtime import configure
+    from tunesvc.runtime import lookup
+    from tunesvc.space import Space
+    from tunesvc.space import config_hash
+    from tunesvc.template import Cost
+    from tunesvc.template import ShapeKey
+    from tunesvc.template import Template
+    from tunesvc.template import get_template
 
 __version__ = "0.1.0"
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "TunedKernel": "tunesvc.autotuner",
+    "autotune": "tunesvc.autotuner",
+    "tuned": "tunesvc.autotuner",
+    "Bench": "tunesvc.bench",
+    "Measurement": "tunesvc.bench",
+    "Status": "tunesvc.bench",
+    "start_forkserver": "tunesvc.bench",
+    "capture": "tunesvc._capture",
+    "capture_stats": "tunesvc._capture:stats",
+    "uncapture": "tunesvc._capture",
+    "Device": "tunesvc.device",
+    "current_device": "tunesvc.device",
+    "TunesvcError": "tunesvc.errors",
+    "LookupResult": "tunesvc.runtime",
+    "Runtime": "tunesvc.runtime",
+    "configure": "tunesvc.runtime",
+    "lookup": "tunesvc.runtime",
+    "Space": "tunesvc.space",
+    "config_hash": "tunesvc.space",
+    "Cost": "tunesvc.template",
+    "ShapeKey": "tunesvc.template",
+    "Template": "tunesvc.template",
+    "get_template": "tunesvc.template",
+}
+
+#: subpackages and modules reachable as attributes (``tunesvc.kernels.matmul(...)``) after a
+#: bare ``import tunesvc``, as when this file imported them eagerly
+_SUBMODULES = frozenset(
+    {
+        "autotuner",
+        "bench",
+        "cli",
+        "completion",
+        "device",
+        "errors",
+        "export",
+        "jobs",
+        "kernels",
+        "ops",
+        "report",
+        "runtime",
+        "search",
+        "space",
+        "store",
+        "sweep",
+        "template",
+        "verify",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        module, _, attribute = _EXPORTS[name].partition(":")
+        value = getattr(importlib.import_module(module), attribute or name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS, *_SUBMODULES})
+
 
 __all__ = [
     "Bench",

@@ -325,7 +325,7 @@ def autotune(
     """``triton.autotune``'s signature, tuned and stored by tunesvc.
 
     With ``triton.Config`` objects (``configs=[triton.Config(...), ...]``) this is an exact
-    drop-in for triton.autotune (see :mod:`tunesvc.capture`): same arguments, same behaviour,
+    drop-in for triton.autotune (see :mod:`tunesvc._capture`): same arguments, same behaviour,
     same attributes; winners are kept in the store (``db``/``bundle``, default
     $TUNESVC_DB/$TUNESVC_BUNDLE/./tune.db) under ``name`` (default ``module:qualname``) and a
     miss is tuned in mode ``tune`` (default), served from a fallback in ``lookup``, or left to
@@ -347,7 +347,7 @@ def autotune(
                 "runtime, reference, output and heuristic belong to a space= kernel; a triton.Config list "
                 "checks candidates against the first valid config."
             )
-        from tunesvc.capture import autotune as captured_autotune
+        from tunesvc._capture import autotune as captured_autotune
 
         return captured_autotune(
             configs,

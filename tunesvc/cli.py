@@ -1,4 +1,10 @@
-"""`tune`: the command line. Each command is a thin layer over a library call."""
+"""`tune`: the command line. Each command is a thin layer over a library call.
+
+`tune --help`, `tune --version` and every TAB press of shell completion import this module and
+nothing else of tunesvc's, so each command imports the library modules it calls in its body:
+torch, Triton, SQLAlchemy, Optuna and matplotlib (behind them) load only for commands that use
+them, and a start costs typer and rich alone.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +21,10 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn
-from rich.progress import MofNCompleteColumn
-from rich.progress import Progress
-from rich.progress import TextColumn
-from rich.progress import TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from tunesvc import __version__
 from tunesvc.errors import TunesvcError
 
 app = typer.Typer(
@@ -62,14 +64,33 @@ DbOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
+
+def _complete_kernel(incomplete: str) -> list[str]:
+    from tunesvc.completion import kernel_names  # only a TAB press needs it
+
+    return [name for name in kernel_names() if name.startswith(incomplete)]
+
+
+def _complete_strategy(incomplete: str) -> list[str]:
+    from tunesvc.completion import strategy_names  # only a TAB press needs it
+
+    return [name for name in strategy_names() if name.startswith(incomplete)]
+
+
+def _complete_preset(ctx: typer.Context, incomplete: str) -> list[str]:
+    from tunesvc.completion import preset_names  # only a TAB press needs it
+
+    # while completing an option's value, click leaves the positional kernel unparsed in ctx.args
+    kernel = ctx.params.get("kernel") or next(iter(ctx.args), None)
+    return [name for name in preset_names(kernel) if name.startswith(incomplete)] if kernel else []
+
+
 #: `tune --debug`: user errors keep their traceback (set by the app callback on every run)
 _DEBUG = False
 
 
 def _version(value: bool) -> None:
     if value:
-        from tunesvc import __version__
-
         console.print(f"tunesvc {__version__}")
         raise typer.Exit()
 
@@ -142,9 +163,9 @@ def _problems(template, shapes: list[str], preset: str | None, dtype: str) -> li
 @user_errors
 def kernels(as_json: JsonOption = False) -> None:
     """List the kernel templates, their dims, version and space size."""
-    from tunesvc.template import list_templates
+    from tunesvc.template import list_templates  # the kernels' modules: torch and Triton
 
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "name": t.name,
             "dims": list(t.dims),
@@ -168,7 +189,10 @@ def kernels(as_json: JsonOption = False) -> None:
 @app.command()
 @user_errors
 def space(
-    kernel: Annotated[str, typer.Argument(help="Kernel name (see `tune kernels`) or module:attribute.")],
+    kernel: Annotated[
+        str,
+        typer.Argument(help="Kernel name (see `tune kernels`) or module:attribute.", autocompletion=_complete_kernel),
+    ],
     shape: Annotated[
         str | None, typer.Option(help="Count feasible configs for this shape, e.g. 4096x4096x4096.")
     ] = None,
@@ -176,6 +200,7 @@ def space(
     as_json: JsonOption = False,
 ) -> None:
     """Show a kernel's config space: parameters, constraints, and feasible configs for a shape."""
+    # the kernel's module (torch, Triton); the device (torch, Triton)
     from tunesvc.device import current_device
     from tunesvc.template import get_template
 
@@ -221,16 +246,23 @@ def space(
 @app.command()
 @user_errors
 def sweep(
-    kernel: Annotated[str, typer.Argument(help="Kernel name (see `tune kernels`) or module:attribute.")],
+    kernel: Annotated[
+        str,
+        typer.Argument(help="Kernel name (see `tune kernels`) or module:attribute.", autocompletion=_complete_kernel),
+    ],
     shape: Annotated[
         list[str] | None, typer.Option("--shape", "-s", help="A problem shape, e.g. 4096x4096x4096 (repeatable).")
     ] = None,
-    preset: Annotated[str | None, typer.Option(help="A named problem set of the kernel (see `tune kernels`).")] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(help="A named problem set of the kernel (see `tune kernels`).", autocompletion=_complete_preset),
+    ] = None,
     dtype: Annotated[str, typer.Option(help="float16, bfloat16 or float32.")] = "float16",
     strategy: Annotated[
         str,
         typer.Option(
-            help="grid (every feasible config), random, optuna (TPE), cmaes (CMA-ES) or gp (Gaussian process)."
+            help="grid (every feasible config), random, optuna (TPE), cmaes (CMA-ES) or gp (Gaussian process).",
+            autocompletion=_complete_strategy,
         ),
     ] = "grid",
     budget: Annotated[
@@ -260,6 +292,13 @@ def sweep(
     ] = None,
 ) -> None:
     """Benchmark configs for each shape on this device, store every trial and the winners."""
+    # the sweep measures (torch, Triton) and stores (SQLAlchemy); rich.progress only draws its bar
+    from rich.progress import BarColumn
+    from rich.progress import MofNCompleteColumn
+    from rich.progress import Progress
+    from rich.progress import TextColumn
+    from rich.progress import TimeElapsedColumn
+
     from tunesvc.device import fork_safe_current_device
     from tunesvc.store import Store
     from tunesvc.sweep import check_sweep_arguments
@@ -371,6 +410,7 @@ def _sweep_on_workers(
 
     Each worker runs its jobs with the sweep's --time-budget, --patience and --workers.
     """
+    # the GPU count (torch); the job queue (SQLAlchemy)
     import torch
 
     from tunesvc import jobs
@@ -497,7 +537,7 @@ def _holds_no_trials(path: Path) -> bool:
 @app.command()
 @user_errors
 def show(
-    kernel: Annotated[str | None, typer.Option(help="Only this kernel.")] = None,
+    kernel: Annotated[str | None, typer.Option(help="Only this kernel.", autocompletion=_complete_kernel)] = None,
     device: Annotated[
         str | None, typer.Option(help="Only devices whose name or hardware id contains this text.")
     ] = None,
@@ -508,7 +548,7 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """Show the stored winners, one row per kernel, device and shape key."""
-    from tunesvc.store import Store
+    from tunesvc.store import Store  # SQLAlchemy
 
     store = Store(db, readonly=True)
     try:
@@ -531,7 +571,7 @@ def show(
 @app.command()
 @user_errors
 def lookup(
-    kernel: Annotated[str, typer.Argument(help="Kernel name or module:attribute.")],
+    kernel: Annotated[str, typer.Argument(help="Kernel name or module:attribute.", autocompletion=_complete_kernel)],
     shape: Annotated[str, typer.Option("--shape", "-s", help="The problem, e.g. 1000x3000x777.")],
     dtype: Annotated[str, typer.Option(help="float16, bfloat16 or float32.")] = "float16",
     db: DbOption = None,
@@ -542,6 +582,7 @@ def lookup(
     as_json: JsonOption = False,
 ) -> None:
     """The config the runtime would launch with on this device, and how it was found."""
+    # the kernel's module and the device (torch, Triton); the database (SQLAlchemy)
     from tunesvc.runtime import Runtime
     from tunesvc.store import Store
     from tunesvc.template import get_template
@@ -565,7 +606,7 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
     """`tune lookup module:qualname --shape KEY` of a captured kernel: its stored winner for that
     key text (``n=1000,x_ptr.dtype=float16``), else the nearest stored key's, read without
     importing the kernel. False when ``kernel`` is not a captured kernel of --db / --bundle."""
-    from tunesvc.capture import key_distance
+    from tunesvc._capture import key_distance
     from tunesvc.device import current_device
 
     device = current_device()
@@ -618,11 +659,12 @@ def export(
     out: Annotated[Path, typer.Option(help="A .json file (one device) or a folder (one file per device).")] = Path(
         "tunesvc-bundles"
     ),
-    kernel: Annotated[str | None, typer.Option(help="Only this kernel.")] = None,
+    kernel: Annotated[str | None, typer.Option(help="Only this kernel.", autocompletion=_complete_kernel)] = None,
     device: Annotated[str | None, typer.Option(help="Only this device hardware id (see `tune show --json`).")] = None,
     db: DbOption = None,
 ) -> None:
     """Write the winners as JSON bundles for deployment (one per device)."""
+    # the database (SQLAlchemy)
     from tunesvc.export import build_bundles
     from tunesvc.export import write_bundles
     from tunesvc.store import Store
@@ -644,12 +686,14 @@ def import_(
     as_json: JsonOption = False,
 ) -> None:
     """Merge bundles and databases into --db: for each key the faster measured winner stays (a tie keeps --db's)."""
+    # the databases (SQLAlchemy)
     from tunesvc.export import import_sources
     from tunesvc.store import Store
 
+    paths: list[str | os.PathLike] = list(sources)
     store = Store(db)
     try:
-        changes = import_sources(store, sources)
+        changes = import_sources(store, paths)
     finally:
         store.close()
     if as_json:
@@ -667,7 +711,7 @@ def import_(
 @app.command()
 @user_errors
 def verify(
-    kernel: Annotated[str | None, typer.Option(help="Only this kernel.")] = None,
+    kernel: Annotated[str | None, typer.Option(help="Only this kernel.", autocompletion=_complete_kernel)] = None,
     margin: Annotated[
         float, typer.Option(help="Flag a winner when the heuristic is faster by more than this fraction.")
     ] = 0.05,
@@ -679,6 +723,7 @@ def verify(
     as_json: JsonOption = False,
 ) -> None:
     """Re-measure this device's stored winners; flag stale ones (kernel or Triton changed) and ones slower than the heuristic."""
+    # re-measuring (torch, Triton); the database (SQLAlchemy)
     from tunesvc.device import current_device
     from tunesvc.store import Store
     from tunesvc.verify import verify as verify_winners
@@ -725,10 +770,11 @@ def verify(
 @user_errors
 def report(
     db: DbOption = None,
-    kernel: Annotated[str | None, typer.Option(help="Only this kernel.")] = None,
+    kernel: Annotated[str | None, typer.Option(help="Only this kernel.", autocompletion=_complete_kernel)] = None,
     out: Annotated[Path, typer.Option(help="Folder for report.html and its PNG figures.")] = Path("tunesvc-report"),
 ) -> None:
     """Write an HTML report: winners against the heuristic, roofline fractions, convergence and spread."""
+    # the database (SQLAlchemy) and the figures (matplotlib)
     from tunesvc.report import write_report
     from tunesvc.store import Store
 
@@ -765,7 +811,7 @@ def run(
     import os
     import subprocess
 
-    from tunesvc.capture import MODES
+    from tunesvc._capture import MODES
 
     if mode is not None and mode not in MODES:
         raise TunesvcError(f"Unknown mode '{mode}'; use one of {', '.join(MODES)}.")
@@ -841,7 +887,7 @@ def misses(
 def _tune_misses(db: str | None, kernels: list[str]) -> None:
     """Tune the open misses of ``kernels``: named on the command line, since tuning imports each
     one's module and stored data never chooses a module to import."""
-    from tunesvc.capture import tune_recorded
+    from tunesvc._capture import tune_recorded
     from tunesvc.device import current_device
     from tunesvc.store import Store
 
@@ -897,7 +943,7 @@ def _upgraded(db: str | None, before: str | None, after: str) -> None:
 @user_errors
 def db_init(db: DbOption = None) -> None:
     """Create a database at the current schema, or upgrade an older one to it."""
-    from tunesvc.store import upgrade
+    from tunesvc.store import upgrade  # SQLAlchemy, Alembic
 
     _upgraded(db, *upgrade(db))
 
@@ -906,7 +952,7 @@ def db_init(db: DbOption = None) -> None:
 @user_errors
 def db_upgrade(db: DbOption = None) -> None:
     """Upgrade an existing database to the current schema; says from which revision to which."""
-    from tunesvc.store import upgrade
+    from tunesvc.store import upgrade  # SQLAlchemy, Alembic
 
     _upgraded(db, *upgrade(db, create=False))
 
@@ -915,6 +961,7 @@ def db_upgrade(db: DbOption = None) -> None:
 @user_errors
 def db_current(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Print a database's schema revision and whether `tune db upgrade` has work to do (reads only)."""
+    # SQLAlchemy, Alembic
     from tunesvc.store import current_revision
     from tunesvc.store import head_revision
 

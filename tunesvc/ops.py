@@ -1,38 +1,51 @@
-"""Shipped kernels as torch custom ops, so ``torch.compile`` calls them without a graph break.
+"""The one launch path of the shipped kernels: each family is a ``torch.library`` custom op.
 
 Dynamo cannot trace a Triton launch behind a Python dict lookup; a ``torch.library`` custom op
 is opaque to it: the op's fake implementation gives output shapes while tracing, and the real
-one (lookup + launch) runs when the compiled graph runs. In eager mode the op's dispatcher
-would only add host time per call, so a kernel's entry calls the Python function directly there
-and goes through the op only while torch.compile traces (``torch.compiler.is_compiling()``).
+one (lookup + launch) runs when the compiled graph runs. A family with a backward registers it
+on the forward op (``register_autograd``), and the backward calls the family's backward op, so
+``torch.compile(fullgraph=True)`` traces forward and backward, and eager autograd works the same.
 
-A kernel family uses it like this (see ``tunesvc.kernels.matmul``)::
+Outside torch.compile the dispatcher would only add host time per call, so a kernel's entry
+(:meth:`KernelOp.call`) calls the op's Python function directly, through a
+``torch.autograd.Function`` made of the same setup and backward functions when autograd must
+record the call: an eager call does not pay for the dispatcher and the op's per-call checks,
+which are taken only while torch.compile traces. A family uses it like this (see
+``tunesvc.kernels.rmsnorm``)::
 
-    def _layernorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        ...  # validate, look up the tuned config, launch
+    def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        ...  # look up the tuned config, launch: y and rstd
 
-    def _layernorm_fake(x, w, eps):
-        return torch.empty_like(x)
+    rmsnorm_op = kernel_op("rmsnorm", _rmsnorm, lambda x, w, eps: (torch.empty_like(x), x.new_empty(...)))
+    rmsnorm_op.register_autograd(backward, setup_context)  # backward calls rmsnorm_bwd_op.call(...)
 
-    layernorm_op = kernel_op("layernorm", _layernorm, _layernorm_fake)
-    # a backward, if any: layernorm_op.op.register_autograd(backward, setup_context=...)
-
-    def layernorm(x, w, eps=1e-5):
-        if torch.compiler.is_compiling():
-            return layernorm_op.op(x, w, eps)
-        return _layernorm(x, w, eps)
+    def rms_norm(x, w, eps=1e-6):
+        y, _ = rmsnorm_op.call(x, w, eps, grad_inputs=(x, w))
+        return y
 
 The op's arguments must be types torch.library accepts (tensors, ints, floats, bools, strings,
-optionals and lists of them): keep configs and other dicts out of its signature. A hit of the
-tuned-config lookup does no host synchronisation, so the op may be captured in a CUDA graph.
+optionals and lists of them): an explicit config travels as text (:func:`config_arg`). Its
+outputs may alias neither its inputs nor each other: a launch that returns views of one buffer
+returns the buffer, and the caller takes the views. A hit of the tuned-config lookup does no
+host synchronisation, so the op may be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 from collections.abc import Callable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 from typing import Any
 
 import torch
+
+if TYPE_CHECKING:
+    from tunesvc.space import Config
+
+_is_compiling = torch.compiler.is_compiling
+_is_grad_enabled = torch.is_grad_enabled
 
 
 class KernelOp:
@@ -45,6 +58,40 @@ class KernelOp:
         self.fn = fn
         self.op = torch.library.custom_op(f"tunesvc::{name}", fn, mutates_args=mutates_args)
         self.op.register_fake(fake)
+        self._eager_autograd: type[torch.autograd.Function] | None = None
+
+    def register_autograd(self, backward: Callable[..., Any], setup_context: Callable[..., Any]) -> None:
+        """The op's backward (``backward(ctx, *grads)``, ``setup_context(ctx, inputs, output)``),
+        for the op and for eager calls alike; it should launch through another op's :meth:`call`
+        so that torch.compile traces it too."""
+        self.op.register_autograd(backward, setup_context=setup_context)
+        fn = self.fn
+
+        # forward(ctx, ...) calls setup_context itself: a Function with its own setup_context
+        # binds every call's arguments through inspect.signature: nearly half of an eager call's host time
+        def forward(ctx: Any, *args: Any) -> Any:
+            output = fn(*args)
+            setup_context(ctx, args, output)
+            return output
+
+        self._eager_autograd = type(
+            f"{self.name}_autograd",
+            (torch.autograd.Function,),
+            {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+        )
+
+    def call(self, *args: Any, grad_inputs: Iterable[torch.Tensor | None] = ()) -> Any:
+        """Run the op: through the dispatcher while torch.compile traces; else its function,
+        inside the autograd function when grad mode is on and one of ``grad_inputs`` requires grad."""
+        if _is_compiling():
+            return self.op(*args)
+        if (
+            self._eager_autograd is not None
+            and _is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in grad_inputs)
+        ):
+            return self._eager_autograd.apply(*args)
+        return self.fn(*args)
 
 
 def kernel_op(
@@ -52,3 +99,22 @@ def kernel_op(
 ) -> KernelOp:
     """Register ``fn`` (type-annotated) as ``tunesvc::<name>`` with ``fake`` as its shape function."""
     return KernelOp(name, fn, fake, mutates_args)
+
+
+def config_arg(config: Config | None) -> str:
+    """A config as an op argument: its items as Python literals; "" for the tuned config.
+
+    ``repr`` of a tuple of (str, int | str) pairs is what Dynamo can trace (``json.dumps`` is not).
+    """
+    return "" if config is None else repr(tuple(config.items()))
+
+
+def config_of(arg: str) -> Config | None:
+    """The config :func:`config_arg` wrote (literals only: nothing is evaluated); None for ""."""
+    return dict(_config_items(arg)) if arg else None
+
+
+@functools.lru_cache(maxsize=256)
+def _config_items(arg: str) -> tuple[tuple[str, Any], ...]:
+    # a tuple is cached, and each call gets its own dict: a launch may not change another's config
+    return tuple(ast.literal_eval(arg))

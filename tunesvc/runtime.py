@@ -215,7 +215,8 @@ class Runtime:
         finally:
             store.close()
         # the newest measurement wins when several software stacks tuned the same key
-        return {e.shape_key: e.config for e in sorted(entries, key=lambda e: e.updated_at)}
+        table: dict[str, Config] = {e.shape_key: {**e.config} for e in sorted(entries, key=lambda e: e.updated_at)}
+        return table
 
     def _warn_once(self, kernel: str, what: str, message: str) -> None:
         if (kernel, what) not in self._warned:
@@ -272,7 +273,7 @@ class Runtime:
         from tunesvc.store import Store
         from tunesvc.sweep import run_sweep
 
-        db = self._db_path()
+        db = self.db if self.db is not None else "tune.db"  # what _db_path() gives in mode 'tune'
         lock = FileLock(_lock_path(db, template.name, text))
         with lock:
             # another process may have tuned it while this one waited for the lock

@@ -38,11 +38,13 @@ import math
 import operator
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import cast
 
 from tunesvc.errors import TunesvcError
 
@@ -105,7 +107,13 @@ _CMPOPS = {
     ast.Eq: operator.eq,
     ast.NotEq: operator.ne,
 }
-_FUNCS = {"min": min, "max": max, "abs": abs, "next_pow2": _next_pow2, "cdiv": lambda a, b: -(-a // b)}
+_FUNCS: dict[str, Callable[..., Any]] = {
+    "min": min,
+    "max": max,
+    "abs": abs,
+    "next_pow2": _next_pow2,
+    "cdiv": lambda a, b: -(-a // b),
+}
 #: (fewest, most) arguments of each function; None: no upper bound
 _ARITY = {"min": (2, None), "max": (2, None), "abs": (1, 1), "next_pow2": (1, 1), "cdiv": (2, 2)}
 
@@ -158,7 +166,7 @@ class Expression:
             self._tree = ast.parse(source, mode="eval").body
         except (SyntaxError, ValueError) as exc:  # ValueError: a NUL character
             raise ValueError(f"is not a valid expression ({getattr(exc, 'msg', exc)})") from None
-        self.names = set()
+        self.names: set[str] = set()
         #: (name, text) for each comparison of a name with a string literal, e.g. VARIANT == 'tma'
         self.string_comparisons: set[tuple[str, str]] = set()
         self._check(self._tree)
@@ -499,7 +507,8 @@ class Space:
     def enumerate(self) -> list[Config]:
         """Every config in the space, constraints not applied, in a stable order."""
         names = self.names
-        return [dict(zip(names, values)) for values in itertools.product(*(self.parameters[n].choices for n in names))]
+        choices: list[tuple[int | str, ...]] = [self.parameters[n].choices for n in names]
+        return [dict(zip(names, values)) for values in itertools.product(*choices)]
 
     def feasible(self, problem_env: dict[str, Any], device_env: dict[str, Any]) -> list[Config]:
         """The configs of :meth:`enumerate` that break no constraint, in the same order.
@@ -547,7 +556,11 @@ class Space:
 
     def suggest(self, trial: optuna.Trial) -> Config:
         """Draw a config through an Optuna trial (one categorical per parameter)."""
-        return {name: trial.suggest_categorical(name, list(p.choices)) for name, p in self.parameters.items()}
+        # every choice is an int or a str, so that is what the trial returns
+        return {
+            name: cast(int | str, trial.suggest_categorical(name, list(p.choices)))
+            for name, p in self.parameters.items()
+        }
 
     def distributions(self, candidates: list[Config] | None = None) -> dict[str, Any]:
         """Optuna distributions of the parameters; with ``candidates``, only the values they use."""

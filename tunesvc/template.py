@@ -32,7 +32,6 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -325,6 +324,8 @@ def get_template(name: str) -> Template:
     if name in SHIPPED:
         module_name, _, attr = SHIPPED[name].partition(":")
         return _instantiate(getattr(importlib.import_module(f"tunesvc.kernels.{module_name}"), attr), name)
+    from importlib.metadata import entry_points  # here, not at the top: every `tune` start would pay for it
+
     for ep in entry_points(group="tunesvc.templates"):
         if ep.name == name:
             return _instantiate(ep.load(), name)
@@ -338,6 +339,8 @@ def template_named_by_data(name: str, allowed: tuple[str | None, ...] = ()) -> T
     point, or one of ``allowed`` (names the user gave on the command line). Data never chooses
     a module to import: a shared database could name any module on the reader's path.
     """
+    from importlib.metadata import entry_points  # here, not at the top: every `tune` start would pay for it
+
     if name in allowed or name in SHIPPED or any(ep.name == name for ep in entry_points(group="tunesvc.templates")):
         return get_template(name)
     raise TunesvcError(
@@ -347,6 +350,8 @@ def template_named_by_data(name: str, allowed: tuple[str | None, ...] = ()) -> T
 
 
 def list_templates() -> list[Template]:
+    from importlib.metadata import entry_points  # here, not at the top: every `tune` start would pay for it
+
     names = list(SHIPPED) + [ep.name for ep in entry_points(group="tunesvc.templates") if ep.name not in SHIPPED]
     return [get_template(n) for n in names]
 

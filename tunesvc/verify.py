@@ -155,10 +155,10 @@ def _verify_captured(verdict: Verdict, store: Store, device: Device, margin: flo
     """Re-measure a captured kernel's winner beside its first listed config, on inputs rebuilt
     from the recorded call; when its module is not named on the command line (``named``: stored
     data never chooses a module to import) or does not import here, say so instead."""
-    from tunesvc.capture import config_dict
-    from tunesvc.capture import find_autotuner
-    from tunesvc.capture import kernel_version
-    from tunesvc.capture import measure_stored
+    from tunesvc._capture import config_dict
+    from tunesvc._capture import find_autotuner
+    from tunesvc._capture import kernel_version
+    from tunesvc._capture import measure_stored
 
     if not named:
         verdict.flags.append(UNKNOWN)

@@ -10,6 +10,8 @@ from tunesvc.search._grid import GridStrategy
 from tunesvc.search._random import RandomStrategy
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from tunesvc.space import Config
     from tunesvc.space import Space
 
@@ -26,7 +28,7 @@ def make_strategy(
     candidates: list[Config],
     *,
     seed: int = 0,
-    initial: list[Config] = (),
+    initial: Sequence[Config] = (),
     storage: str | None = None,
     study_name: str | None = None,
 ) -> Strategy:

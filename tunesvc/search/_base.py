@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 from tunesvc.space import config_hash
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from tunesvc.bench import Measurement
     from tunesvc.space import Config
     from tunesvc.space import Space
@@ -31,7 +33,9 @@ if TYPE_CHECKING:
 class Strategy(abc.ABC):
     name: str
 
-    def __init__(self, space: Space, candidates: list[Config], *, seed: int = 0, initial: list[Config] = ()) -> None:
+    def __init__(
+        self, space: Space, candidates: list[Config], *, seed: int = 0, initial: Sequence[Config] = ()
+    ) -> None:
         self.space = space
         self.candidates = candidates
         self.seed = seed

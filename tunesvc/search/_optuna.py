@@ -40,6 +40,8 @@ from tunesvc.space import config_hash
 from tunesvc.store._store import BUSY_TIMEOUT_S
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from tunesvc.bench import Measurement
     from tunesvc.space import Space
 
@@ -112,7 +114,7 @@ class OptunaStrategy(Strategy):
         candidates: list[Config],
         *,
         seed: int = 0,
-        initial: list[Config] = (),
+        initial: Sequence[Config] = (),
         storage: str | None = None,
         study_name: str | None = None,
     ) -> None:
@@ -284,7 +286,7 @@ class OptunaStrategy(Strategy):
         """
         best = None
         for key, m in self.told.items():
-            if m.ok and key in self._by_hash and (best is None or m.time_ms < best[1]):
+            if m.ok and m.time_ms is not None and key in self._by_hash and (best is None or m.time_ms < best[1]):
                 best = (self._by_hash[key], m.time_ms)
         if best is None:
             return None
@@ -466,7 +468,7 @@ class CmaEsStrategy(_IndexEncoded):
         candidates: list[Config],
         *,
         seed: int = 0,
-        initial: list[Config] = (),
+        initial: Sequence[Config] = (),
         storage: str | None = None,
         study_name: str | None = None,
     ) -> None:

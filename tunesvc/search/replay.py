@@ -14,6 +14,7 @@ import csv
 import json
 import statistics
 from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -44,7 +45,7 @@ class GroundTruth:
 
     @property
     def best_ms(self) -> float | None:
-        return min((m.time_ms for m in self.outcomes.values() if m.ok), default=None)
+        return min((m.time_ms for m in self.outcomes.values() if m.ok and m.time_ms is not None), default=None)
 
     def add(self, config: Config, measurement: Measurement) -> None:
         self.configs.append(config)
@@ -87,11 +88,13 @@ def write_ground_truth(path: str | Path, truths: Iterable[GroundTruth]) -> None:
 
 
 def trials_to_reach(
-    truth: GroundTruth, strategy: str, seed: int, tolerance: float = 0.03, initial: list[Config] = ()
+    truth: GroundTruth, strategy: str, seed: int, tolerance: float = 0.03, initial: Sequence[Config] = ()
 ) -> int:
     """Trials a strategy spends until its best is within ``tolerance`` of the exhaustive best
     (the space's size if it never gets there). ``initial``: configs asked first, as a sweep's
     warm start (those outside the table are dropped, as a sweep prunes them)."""
+    if truth.best_ms is None:  # no config ran: none can get there
+        return len(truth.configs)
     target = truth.best_ms * (1 + tolerance)
     known = {config_hash(c) for c in truth.configs}
     initial = [c for c in initial if config_hash(c) in known]
@@ -100,7 +103,7 @@ def trials_to_reach(
     while (config := search.ask()) is not None:
         m = truth.outcomes[config_hash(config)]
         search.tell(config, m)
-        if m.ok and (best is None or m.time_ms < best):
+        if m.ok and m.time_ms is not None and (best is None or m.time_ms < best):
             best = m.time_ms
         if best is not None and best <= target:
             return len(search.told)
@@ -125,7 +128,7 @@ TARGET_FRACTION = 0.20
 
 
 def efficiency(
-    truth: GroundTruth, strategy: str, seeds: int = 20, tolerance: float = 0.03, initial: list[Config] = ()
+    truth: GroundTruth, strategy: str, seeds: int = 20, tolerance: float = 0.03, initial: Sequence[Config] = ()
 ) -> Efficiency:
     trials = [trials_to_reach(truth, strategy, seed, tolerance, initial) for seed in range(seeds)]
     median = statistics.median(trials)

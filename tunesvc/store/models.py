@@ -174,7 +174,7 @@ class Miss(Base):
     """A shape key a captured kernel met with no stored winner, in mode lookup (revision 0006).
 
     ``call`` describes the call's arguments as data (tensor shapes, strides and dtypes, scalar
-    values, the grid of each listed config; see tunesvc.capture.describe_call), so the key can be
+    values, the grid of each listed config; see tunesvc._capture.describe_call), so the key can be
     tuned offline on inputs of the same shapes. ``kernel`` is ``module:qualname``, which is also
     where the kernel can be imported from. Tuning the key marks it ``tuned``.
     """

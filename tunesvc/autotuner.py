@@ -80,10 +80,11 @@ class KernelTemplate(Template):
         reference: Callable[..., torch.Tensor] | None,
         tolerance: float | None,
     ) -> None:
-        self.name = name
-        self.dims = tuple(key)
+        # per-instance values of what a shipped template declares on its class
+        self.name = name  # type: ignore[misc]
+        self.dims = tuple(key)  # type: ignore[misc]
         self.kernel = kernel
-        self.kernel_sources = (kernel,)
+        self.kernel_sources = (kernel,)  # type: ignore[misc]
         self._heuristic = heuristic
         self._output = output
         self._reference = reference
@@ -111,7 +112,7 @@ class KernelTemplate(Template):
                 cached = Space.from_toml(self.space_path, problem_vars=tuple(self.problem_vars_names()))
             else:
                 # the union of the listed values, so that Optuna can sample over them
-                sections: dict[str, dict[str, list[int]]] = {"params": {}, "launch": {}}
+                sections: dict[str, dict[str, list[int | str]]] = {"params": {}, "launch": {}}
                 for config in self._configs:
                     for k, v in config.items():
                         values = sections["launch" if k in LAUNCH_OPTIONS else "params"].setdefault(k, [])
@@ -158,6 +159,7 @@ class KernelTemplate(Template):
     def launch(self, inputs: tuple[Any, tuple, dict[str, Any]], config: Config) -> torch.Tensor:
         grid, args, kwargs = inputs
         self.kernel.run(*args, grid=grid, warmup=False, **kwargs, **config)
+        assert self._output is not None, "a KernelTemplate is made with its output argument's index"
         return args[self._output]
 
     def reference(self, inputs: tuple[Any, tuple, dict[str, Any]]) -> torch.Tensor:
@@ -167,6 +169,7 @@ class KernelTemplate(Template):
         # no reference given: candidates must agree with the heuristic config
         from tunesvc.device import current_device
 
+        assert self._call is not None, "make_inputs ran first: it is what records the call"
         return self.launch((grid, _copies(args), kwargs), self.heuristic(self._call[3], current_device())).clone()
 
 

@@ -649,7 +649,8 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
         return True
     where = f" (stored key {matched}, distance {distance:.2f})" if source == "nearest" else ""
     console.print(f"{key} on {device.name}: [bold]{source}[/bold]{where}")
-    console.print(_config_text(result["config"]))
+    config = result["config"]
+    console.print(_config_text(config if isinstance(config, dict) else None))
     return True
 
 

@@ -40,11 +40,15 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 if TYPE_CHECKING:
     from tunesvc.space import Config
 
 _is_compiling = torch.compiler.is_compiling
+#: tensors that a trace passes in place of real ones: they have no data for a kernel to read
+_TRACED = (FakeTensor, FunctionalTensor)
 _is_grad_enabled = torch.is_grad_enabled
 
 
@@ -83,7 +87,8 @@ class KernelOp:
     def call(self, *args: Any, grad_inputs: Iterable[torch.Tensor | None] = ()) -> Any:
         """Run the op: through the dispatcher while torch.compile traces; else its function,
         inside the autograd function when grad mode is on and one of ``grad_inputs`` requires grad."""
-        if _is_compiling():
+        # AOTAutograd traces a registered backward outside Dynamo, on fake or functional tensors
+        if _is_compiling() or any(isinstance(a, _TRACED) for a in args):
             return self.op(*args)
         if (
             self._eager_autograd is not None

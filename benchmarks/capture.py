@@ -53,13 +53,12 @@ import torch
 import triton
 import triton.language as tl
 import triton.testing
+from results_page import COLUMNS  # the benchmarks' one CSV layout (benchmarks/ is this script's path)
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.autotuner import Heuristics
 
 HERE = Path(__file__).resolve().parent
 CSV = HERE / "results" / "capture.csv"
-COLUMNS = ["date", "gpu", "driver", "torch", "triton", "kernel", "shape", "ours_ms", "peer", "peer_ms", "ratio"]
-COLUMNS.append("timing_method")
 #: calls per hit-cost measurement: fewer than the launch queue holds, so the host never waits
 #: for the GPU inside the timed loop; the median of HIT_REPEATS measurements is kept
 HIT_CALLS = 200
@@ -482,7 +481,7 @@ def main() -> int:
         new = not args.csv.exists()
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         with args.csv.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
             if new:
                 writer.writeheader()
             writer.writerows(rows)

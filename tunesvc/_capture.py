@@ -75,9 +75,11 @@ STATS: Counter[str] = Counter()
 
 #: largest relative error (||out - ref|| / ||ref||) a candidate's output may show against the
 #: first valid config's, by dtype: reduction order and atomics differ between configs, a race
-#: or a wrong mask gives errors of order one
+#: or a wrong mask gives errors of order one. float64 is not held to float64 rounding: library
+#: kernels often compute in float32 whatever the input (fla's softmax: 7.6e-8 between its configs
+#: on an H100)
 TOLERANCE = {
-    torch.float64: 1e-9,
+    torch.float64: 1e-5,
     torch.float32: 1e-4,
     torch.float16: 1e-2,
     torch.bfloat16: 5e-2,

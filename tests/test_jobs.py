@@ -403,3 +403,19 @@ def test_worker_process_reports_a_bad_database_in_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         f"Error: Cannot create {missing}: folder {tmp_path / 'missing'} does not exist."
     ]
+
+
+def test_a_peeked_job_row_never_imports_the_module_it_names(tmp_path, monkeypatch):
+    """A worker warms its processes up for the queue's next job before claiming it: a row naming
+    a module that is neither shipped nor the command's kernel is refused, not imported."""
+    (tmp_path / "plant_warm.py").write_text(
+        "from pathlib import Path\nPath(__file__).with_name('imported').write_text('ran')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv(jobs.JOB_KERNEL_ENV, raising=False)
+    warm = jobs._Warm(compile_workers=0, cores=1, isolate=False)
+    row = jobs.JobSpec(1, "plant_warm:TEMPLATE", "M=33,N=17,K=29,dtype=float32", {}, "grid", 2, 0)
+    with pytest.raises(TunesvcError, match="neither shipped"):
+        warm.start(row)
+    assert not (tmp_path / "imported").exists()
+    assert not warm.started

@@ -7,7 +7,7 @@
 #
 #   STEPS="tests matmul attention" bash benchmarks/gpu-run.sh
 #
-# Steps: tests capture matmul64 matmulgrid matmul attention decode norms pointwise runtime sva stability groundtruth multigpu
+# Steps: tests capture matmul64 matmulgrid matmul attention decode norms pointwise runtime sva stability groundtruth multigpu startup
 # (each is benchmarks/<name>.py with --sweep where it takes one; LIMIT_<step>=seconds overrides
 # the time limit, ARGS_<step>="..." adds arguments).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -34,7 +34,8 @@ for s in ${STEPS:-tests matmul}; do
     runtime) step runtime 120 python3 "$R/benchmarks/runtime_overhead.py" ;;
     matmulgrid) step matmulgrid 480 python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --strategy grid --budget 1000 --sweep-shapes 1x4096x4096,16x4096x4096,64x4096x4096 ;;
     matmul64) step matmul64 240 python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --budget 64 --sweep-shapes 1x4096x4096,16x4096x4096,64x4096x4096 ;;
-    multigpu) step multigpu 420 python3 "$R/benchmarks/multi_gpu_sweep.py" ;;
+    multigpu) step multigpu 540 python3 "$R/benchmarks/multi_gpu_sweep.py" ;;
+    startup) step startup 240 python3 "$R/benchmarks/startup.py" --gpus 0,1 ;;
     sva) step sva 300 python3 "$R/benchmarks/sweep_vs_autotune.py" ;;
     capture) step capture 540 python3 "$R/benchmarks/capture.py" --csv "$OUT/capture.csv" ;;
     stability) step stability 300 python3 "$R/benchmarks/sweep_stability.py" --db "$OUT/stability.db" ;;

@@ -6,6 +6,7 @@ Claims race in threads with a store each, on both backends; the worker processes
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
@@ -161,11 +162,18 @@ def _trials_per_key(store: Store) -> dict[str, tuple[int, int]]:
         return {key: (n, distinct) for key, n, distinct in session.execute(query)}
 
 
-def test_a_worker_killed_mid_job_has_its_job_finished_by_another(tmp_db, template, device):
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "python -m tunesvc.jobs"])
+def test_a_worker_killed_mid_job_has_its_job_finished_by_another(tmp_db, template, device, forked, monkeypatch):
+    """Workers are forked from a process without CUDA, else started anew (one that has used CUDA)."""
+    import tunesvc.device
+
+    if not forked:
+        monkeypatch.setattr(tunesvc.device, "can_fork_gpu_children", lambda: False)
     store = Store(tmp_db)
     problems = [template.problem(**p, dtype="float16") for p in template.presets["tiny"]]
     batch = _queue(store, template, device, problems, budget=4)
     processes = jobs.spawn_workers(tmp_db, batch, [None, None], stale_s=3, heartbeat_s=0.3)
+    assert all(p.forked == forked for p in processes)
     victim = None
     try:
         deadline = time.monotonic() + 120
@@ -300,6 +308,82 @@ def test_a_worker_keeps_one_compile_pool_for_all_its_jobs(tmp_db, template, devi
     assert len(pools) == 1 and pools[0]._pool._shutdown_thread  # one pool, closed when the worker ends
 
 
+def test_a_worker_keeps_one_measuring_process_for_all_its_jobs(tmp_db, template, device, monkeypatch):
+    """Each job loads its problem into the same child (isolate on: as on a GPU)."""
+    from tunesvc.bench import _worker
+
+    children = []
+    original = _worker.start_child
+
+    def counted(*args, **kwargs):
+        children.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_worker, "start_child", counted)
+    problems = [template.problem(**p, dtype="float16") for p in template.presets["tiny"]]
+    store = Store(tmp_db)
+    try:
+        batch = _queue(store, template, device, problems, budget=2)
+        assert jobs.work(tmp_db, batch, log=lambda line: None, isolate=True) == 2
+        assert [j.status for j in jobs.jobs(store, batch)] == ["done", "done"]
+        assert _trials_per_key(store) == {str(template.key(p)): (2, 2) for p in problems}
+        with store.session() as session:  # each job measured its own problem: no wrong results
+            assert set(session.scalars(select(Trial.status))) == {"ok"}
+    finally:
+        store.close()
+    assert len(children) == 1
+
+
+@pytest.mark.gpu
+def test_a_gpu_worker_keeps_one_measuring_process_and_one_compile_pool_for_all_its_jobs(
+    tmp_db, template, device, monkeypatch
+):
+    """On a GPU (measuring isolated by default), three jobs: one child and one pool of two, made once."""
+    from tunesvc.bench import _compile
+    from tunesvc.bench import _worker
+
+    children, pools = [], []
+    start_child, pool_init = _worker.start_child, _compile.Compiler.__init__
+
+    def counted_child(*args, **kwargs):
+        children.append(args)
+        return start_child(*args, **kwargs)
+
+    def counted_pool(self, *args, **kwargs):
+        pools.append(self)
+        pool_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(_worker, "start_child", counted_child)
+    monkeypatch.setattr(_compile.Compiler, "__init__", counted_pool)
+    problems = [
+        template.problem(M=m, N=n, K=k, dtype="float16")
+        for m, n, k in [(300, 200, 100), (77, 513, 129), (1000, 37, 65)]
+    ]
+    store = Store(tmp_db)
+    try:
+        batch = _queue(store, template, device, problems, budget=3)
+        assert jobs.work(tmp_db, batch, log=lambda line: None, compile_workers=2) == 3
+        assert _trials_per_key(store) == {str(template.key(p)): (3, 3) for p in problems}
+        assert all(w.time_ms > 0 for w in store.winners(kernel="matmul"))
+        assert len(store.winners(kernel="matmul")) == 3
+    finally:
+        store.close()
+    assert (len(children), len(pools)) == (1, 1)
+
+
+def test_a_sweep_that_fails_before_queuing_stops_its_workers(tmp_path):
+    """The workers start before the database is opened; a bad --db ends them, with one line."""
+    missing = tmp_path / "missing" / "x.db"
+    result = CliRunner().invoke(
+        app, ["sweep", "matmul", "--preset", "tiny", "--gpus", "0,1", "--db", str(missing)], catch_exceptions=False
+    )
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"Error: Cannot create {missing}: folder {tmp_path / 'missing'} does not exist."
+    ]
+    assert not any(p.name == "tunesvc-sweep-worker" for p in multiprocessing.active_children())
+
+
 def test_tune_sweep_gpus_rejects_a_bad_value_in_one_line(tmp_db):
     result = CliRunner().invoke(app, ["sweep", "matmul", "--preset", "tiny", "--gpus", "zero", "--db", tmp_db])
     assert result.exit_code == 1
@@ -319,3 +403,19 @@ def test_worker_process_reports_a_bad_database_in_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         f"Error: Cannot create {missing}: folder {tmp_path / 'missing'} does not exist."
     ]
+
+
+def test_a_peeked_job_row_never_imports_the_module_it_names(tmp_path, monkeypatch):
+    """A worker warms its processes up for the queue's next job before claiming it: a row naming
+    a module that is neither shipped nor the command's kernel is refused, not imported."""
+    (tmp_path / "plant_warm.py").write_text(
+        "from pathlib import Path\nPath(__file__).with_name('imported').write_text('ran')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv(jobs.JOB_KERNEL_ENV, raising=False)
+    warm = jobs._Warm(compile_workers=0, cores=1, isolate=False)
+    row = jobs.JobSpec(1, "plant_warm:TEMPLATE", "M=33,N=17,K=29,dtype=float32", {}, "grid", 2, 0)
+    with pytest.raises(TunesvcError, match="neither shipped"):
+        warm.start(row)
+    assert not (tmp_path / "imported").exists()
+    assert not warm.started

@@ -10,7 +10,11 @@ import importlib
 from typing import TYPE_CHECKING
 from typing import Any
 
-from tunesvc._processes import use_interpreter_without_gpu
+from tunesvc.timeline import mark as _mark
+
+_mark("tunesvc import start")
+
+from tunesvc._processes import use_interpreter_without_gpu  # noqa: E402
 
 use_interpreter_without_gpu()
 
@@ -109,6 +113,8 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS, *_SUBMODULES})
 
+
+_mark("tunesvc imported")
 
 __all__ = [
     "Bench",

@@ -26,6 +26,7 @@ from rich.text import Text
 
 from tunesvc import __version__
 from tunesvc.errors import TunesvcError
+from tunesvc.timeline import mark
 
 app = typer.Typer(
     name="tune",
@@ -290,6 +291,14 @@ def sweep(
             help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index); each worker applies --budget, --time-budget, --patience and --workers to every shape it takes. The same command on other hosts with the same --db joins the sweep."
         ),
     ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Share the shapes between one worker per GPU of a Ray cluster ('auto': the cluster this host belongs to, or $RAY_ADDRESS; else host:port or ray://host:10001), all pulling jobs from --db, which every node must reach; needs tunesvc[ray]. A cluster without GPUs gets one interpreter worker per node.",
+        ),
+    ] = None,
 ) -> None:
     """Benchmark configs for each shape on this device, store every trial and the winners."""
     # the sweep measures (torch, Triton) and stores (SQLAlchemy); rich.progress only draws its bar
@@ -305,6 +314,7 @@ def sweep(
     from tunesvc.sweep import run_sweep
     from tunesvc.template import get_template
 
+    mark("command parsed")
     template = get_template(kernel)
     problems = _problems(template, shape or [], preset, dtype)
     check_sweep_arguments(strategy, budget, time_budget, patience)  # before Store(): a rejected sweep creates no file
@@ -312,7 +322,10 @@ def sweep(
         raise TunesvcError(f"--workers must be 0 or more, got {workers}.")
     if not 0 <= seed < 2**32:
         raise TunesvcError(f"--seed must be from 0 to 2**32 - 1 (what the samplers take), got {seed}.")
-    if gpus is not None:
+    mark("kernel imported")
+    if gpus is not None and ray is not None:
+        raise TunesvcError("Use --gpus (this host's GPUs) or --ray (a Ray cluster's), not both.")
+    if gpus is not None or ray is not None:
         return _sweep_on_workers(
             kernel,
             template,
@@ -326,6 +339,7 @@ def sweep(
             time_budget=time_budget,
             patience=patience,
             workers=workers,
+            ray_address=ray,
         )
     device = fork_safe_current_device()  # CUDA left uninitialised here: the sweep forks its workers from this process
     _check_fits(template, problems, device)
@@ -398,15 +412,17 @@ def _sweep_on_workers(
     strategy: str,
     budget: int | None,
     seed: int,
-    gpus: str,
+    gpus: str | None,
     db: str | None,
     as_json: bool,
     *,
     time_budget: float | None,
     patience: int | None,
     workers: int | None,
+    ray_address: str | None = None,
 ) -> None:
-    """`tune sweep --gpus`: queue the (kernel x shape) jobs in the database, run one worker per GPU.
+    """`tune sweep --gpus` / `--ray`: queue the (kernel x shape) jobs in the database, run one
+    worker per GPU of this host or of the Ray cluster.
 
     Each worker runs its jobs with the sweep's --time-budget, --patience and --workers.
     """
@@ -416,35 +432,75 @@ def _sweep_on_workers(
     from tunesvc import jobs
     from tunesvc.device import current_device
     from tunesvc.store import Store
+    from tunesvc.store import resolve_url
 
-    slots = jobs.worker_slots(gpus, torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    store = Store(db)
+    processes: list[jobs.WorkerProcess] = []
+    connected = False
+    if ray_address is None:
+        # device_count() asks NVML: CUDA stays uninitialised here, so the workers are forked from this process
+        slots = jobs.worker_slots(gpus or "all", torch.cuda.device_count())
+        # started first: they read their devices while this process opens the database and queues the jobs
+        processes = jobs.spawn_workers(
+            resolve_url(db),
+            None,
+            slots,
+            time_budget=time_budget,
+            patience=patience,
+            compile_workers=workers,
+            first_jobs=jobs.planned_jobs(kernel, template, problems, strategy, budget, seed),
+            kernel=kernel,
+        )
+        mark("workers started")
+        count, where = len(slots), ""
+    else:
+        from tunesvc import cluster
+
+        connected = cluster.connect(ray_address)  # before queuing: a cluster that cannot be reached queues nothing
+        count, where = cluster.placement()[0], " on Ray"
+    store = None
     try:
+        store = Store(db)
+        mark("database open")
         device = current_device()
+        mark("device read")
         batch = jobs.batch_name(kernel, template, problems, strategy, budget, seed, device, time_budget, patience)
         added = jobs.enqueue(store, batch, kernel, template, problems, strategy, budget, seed)
+        mark("jobs queued")
+        for p in processes:
+            p.begin(batch)
         Console(stderr=True).print(
-            f"sweep {batch}: {added} new of {len(problems)} jobs, {len(slots)} workers", highlight=False
+            f"sweep {batch}: {added} new of {len(problems)} jobs, {count} workers{where}", highlight=False
         )
-        codes = [
-            p.wait()
-            for p in jobs.spawn_workers(
+        if ray_address is None:
+            codes: list = [p.wait() for p in processes]
+        else:
+            codes = cluster.run_on_ray(
                 store.url,
                 batch,
-                slots,
                 time_budget=time_budget,
                 patience=patience,
                 compile_workers=workers,
                 kernel=kernel,
+                log=lambda line: Console(stderr=True).print(line, highlight=False),
             )
-        ]
+        mark("workers done")
         rows = jobs.jobs(store, batch)
+        # Ray's workers may hold other GPUs than this host (a head node without one)
+        hardware = {c[1] for c in codes if isinstance(c, tuple)} or {device.hardware_id}
         winners = {
             w.shape_key: w
-            for w in store.winners(kernel=template.name, hardware_id=device.hardware_id, version=template.version)
+            for w in store.winners(kernel=template.name, version=template.version)
+            if w.hardware_id in hardware
         }
     finally:
-        store.close()
+        for p in processes:  # a failure before the jobs were queued: the workers exit quietly
+            p.abandon()
+        for p in processes:
+            p.wait()
+        if store is not None:
+            store.close()
+        if connected:
+            _ray_shutdown()
     if as_json:
         _print_json(
             [
@@ -460,7 +516,7 @@ def _sweep_on_workers(
             ]
         )
     else:
-        table = Table(title=f"{template.name} on {device.name}, {len(slots)} workers ({store.url})")
+        table = Table(title=f"{template.name} on {device.name}, {count} workers{where} ({store.url})")
         for column in ("shape key", "job", "winner", "ms", "attempts"):
             table.add_column(column)
         for j in rows:
@@ -532,6 +588,12 @@ def _holds_no_trials(path: Path) -> bool:
             connection.close()
     except sqlite3.Error:
         return False
+
+
+def _ray_shutdown() -> None:
+    import ray
+
+    ray.shutdown()
 
 
 @app.command()
@@ -974,6 +1036,7 @@ def db_current(db: DbOption = None, as_json: JsonOption = False) -> None:
 
 
 def main() -> None:
+    mark("cli imported")
     app()
 
 

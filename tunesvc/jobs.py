@@ -29,20 +29,26 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import TextIO
 
 from tunesvc.errors import TunesvcError
 from tunesvc.store import DatabaseUnavailable
 from tunesvc.store import JobSpec
 from tunesvc.store import Store
 from tunesvc.sweep import compile_pool
+from tunesvc.sweep import measuring_process
 from tunesvc.sweep import run_sweep
 from tunesvc.template import template_named_by_data
+from tunesvc.timeline import mark
+from tunesvc.timeline import set_role
 
 if TYPE_CHECKING:
     from tunesvc.bench import Compiler
+    from tunesvc.bench import Worker as MeasuringProcess
     from tunesvc.device import Device
     from tunesvc.store.models import Job
     from tunesvc.template import Problem
@@ -108,9 +114,8 @@ def enqueue(
     job claimed while the other workers sit idle.
     """
     added = 0
-    for problem in sorted(problems, key=lambda p: _cost_rank(template, p), reverse=True):
-        key = str(template.key(problem))
-        added += store.add_job(batch, kernel, key, dict(problem), strategy, budget, seed)
+    for job in planned_jobs(kernel, template, problems, strategy, budget, seed):
+        added += store.add_job(batch, kernel, job.shape_key, job.problem, strategy, budget, seed)
     return added
 
 
@@ -181,11 +186,24 @@ def work(
     time_budget: float | None = None,
     patience: int | None = None,
     compile_workers: int | None = None,
+    cores: int | None = None,
+    isolate: bool | None = None,
+    warm_index: int = 0,
+    warm: _Warm | None = None,
 ) -> int:
     """Run the batch's jobs until none is pending or running; returns how many this worker finished.
 
-    ``time_budget``, ``patience`` and ``compile_workers`` go to each job's
-    :func:`~tunesvc.sweep.run_sweep` (``workers`` there), as in a sweep without ``--gpus``.
+    ``time_budget``, ``patience``, ``compile_workers`` and ``isolate`` go to each job's
+    :func:`~tunesvc.sweep.run_sweep` (``workers`` there), as in a sweep without ``--gpus``;
+    ``cores``: the host's CPU cores that this worker's compile pool may use by default (a share,
+    where several workers run on one host).
+
+    The worker stays warm across its jobs: one compile pool and one measuring process (on a
+    GPU) serve them all, so their processes, CUDA contexts and loaded kernels are made once.
+    Both start before the first claim, for the pending job ``warm_index`` places down the queue
+    (the one this worker will likely get when its siblings claim at the same time), so that
+    they warm up while the claim and the job's set-up run; ``warm``: those a worker started
+    earlier still, for the job it expected before the batch was queued (``tune sweep --gpus``).
 
     A job whose sweep raises a TunesvcError (no feasible config, ...) is marked failed with its
     message; an unreachable database is retried with backoff (1, 2, 4 ... 30 s) for ``retry_s``.
@@ -198,7 +216,9 @@ def work(
         log or (lambda line: print(f"[{worker}] {line}", file=sys.stderr, flush=True)),
         heartbeat_s=heartbeat_s,
         stale_s=stale_s,
-        sweep_options={"time_budget": time_budget, "patience": patience, "workers": compile_workers},
+        sweep_options={"time_budget": time_budget, "patience": patience, "isolate": isolate},
+        warm=warm or _Warm(compile_workers, cores, isolate),
+        warm_index=warm_index,
     )
     backoff = _Backoff(retry_s, runner.log)
     try:
@@ -250,20 +270,29 @@ class _JobRunner:
         heartbeat_s: float,
         stale_s: float,
         sweep_options: dict[str, Any],
+        warm: _Warm,
+        warm_index: int,
     ) -> None:
         self.db, self.batch, self.worker, self.log = db, batch, worker, log
         self.heartbeat_s, self.stale_s, self.sweep_options = heartbeat_s, stale_s, sweep_options
         self.store: Store | None = None
         self.held: JobSpec | None = None  # kept across a lost connection: the worker resumes its own job
-        self.compiler: Compiler | None = None  # one pool for all its jobs (a batch's share kernel, strategy, budget)
+        self.warm, self.warm_index = warm, warm_index  # its compile pool and measuring process, for all its jobs
         self.done = 0
 
     def step(self, backoff: _Backoff) -> bool:
         """Claim a job (or keep the one held) and run it; False once none is pending or running."""
         store = self.store = self.store or Store(self.db)
+        mark("database open")
+        if not self.warm.started:
+            ahead = peek(store, self.batch, self.warm_index)
+            if ahead is not None:
+                self.warm.start(ahead)
         if self.held is None or not heartbeat(store, self.held.id, self.worker):
             release_stale(store, self.batch, self.stale_s)
             self.held = claim(store, self.batch, self.worker)
+            if self.held is not None:
+                mark("job claimed")
         backoff.reset()
         if self.held is None:
             if not any(j.status == "running" for j in jobs(store, self.batch)):
@@ -280,14 +309,7 @@ class _JobRunner:
         problem = template.problem(**held.problem)
         try:
             with _Heartbeat(store, held.id, self.worker, self.heartbeat_s):
-                if self.compiler is None:
-                    self.compiler = compile_pool(
-                        template,
-                        problem,
-                        strategy=held.strategy,
-                        budget=held.budget,
-                        workers=self.sweep_options["workers"],
-                    )
+                self.warm.start(held)
                 [result] = run_sweep(
                     template,
                     [problem],
@@ -295,7 +317,9 @@ class _JobRunner:
                     strategy=held.strategy,
                     budget=held.budget,
                     seed=held.seed,
-                    compiler=self.compiler,
+                    workers=self.warm.compile_workers,
+                    compiler=self.warm.compiler,
+                    measurer=self.warm.measurer,
                     **self.sweep_options,
                 )
         except DatabaseUnavailable:
@@ -318,8 +342,55 @@ class _JobRunner:
             pass
 
     def close(self) -> None:
+        self.warm.close()
+
+
+def peek(store: Store, batch: str, offset: int = 0) -> JobSpec | None:
+    """The batch's pending job ``offset`` places down the queue, without claiming it (see
+    :meth:`~tunesvc.store.Store.peek_job`)."""
+    return store.peek_job(batch, offset)
+
+
+def planned_jobs(
+    kernel: str, template: Template, problems: list[Problem], strategy: str, budget: int | None, seed: int
+) -> list[JobSpec]:
+    """The jobs :func:`enqueue` would add, in the order workers claim them (ids not yet known: 0)."""
+    return [
+        JobSpec(0, kernel, str(template.key(p)), dict(p), strategy, budget, seed)
+        for p in sorted(problems, key=lambda p: _cost_rank(template, p), reverse=True)
+    ]
+
+
+class _Warm:
+    """What a worker keeps across its jobs: its compile pool and its measuring process, started
+    for the first job it sees (the batch's jobs share kernel, strategy and budget)."""
+
+    def __init__(self, compile_workers: int | None, cores: int | None, isolate: bool | None) -> None:
+        self.compile_workers, self.cores, self.isolate = compile_workers, cores, isolate
+        self.started = False
+        self.compiler: Compiler | None = None
+        self.measurer: MeasuringProcess | None = None
+
+    def start(self, job: JobSpec) -> None:
+        if self.started:
+            return
+        # a job row's name (peeked from the queue) loads as the job's own does (see _JobRunner._run)
+        template = template_named_by_data(job.kernel, (os.environ.get(JOB_KERNEL_ENV),))
+        problem = template.problem(**job.problem)
+        self.started = True
+        self.measurer = measuring_process(template, problem, isolate=self.isolate)
+        self.compiler = compile_pool(
+            template, problem, strategy=job.strategy, budget=job.budget, workers=self.compile_workers, cores=self.cores
+        )
+        # each job batches as many candidates as the pool holds; none: every job compiles in its own process
+        self.compile_workers = self.compiler.workers if self.compiler is not None else 0
+        mark("warm processes started")
+
+    def close(self) -> None:
         if self.compiler is not None:
             self.compiler.close()
+        if self.measurer is not None:
+            self.measurer.close()
 
 
 def worker_slots(gpus: str, gpu_count: int) -> list[str | None]:
@@ -344,7 +415,7 @@ def worker_slots(gpus: str, gpu_count: int) -> list[str | None]:
 
 def spawn_workers(
     db: str,
-    batch: str,
+    batch: str | None,
     slots: list[str | None],
     *,
     stale_s: float = STALE_S,
@@ -352,63 +423,200 @@ def spawn_workers(
     time_budget: float | None = None,
     patience: int | None = None,
     compile_workers: int | None = None,
+    first_jobs: list[JobSpec] | None = None,
     kernel: str | None = None,
-) -> list[subprocess.Popen]:
-    """One ``python -m tunesvc.jobs`` process per slot, each seeing only its own GPU (see :func:`work`).
+) -> list[WorkerProcess]:
+    """One worker process per slot, each seeing only its own GPU (see :func:`work`).
 
-    The database URL goes through the environment, not the command line, where ``ps`` would show
-    its password. So does ``kernel``, the name the sweep's command gave: the one module path
-    a worker may import for a job row (see tunesvc.template.template_named_by_data).
+    Each worker's compile pool gets an equal share of the host's cores by default. With
+    ``batch`` None, the workers start now and wait for :meth:`WorkerProcess.begin` to name the
+    batch: a command starts them first and queues the jobs while they start. ``first_jobs``
+    (:func:`planned_jobs`): a forked worker starts its compile pool and measuring process for job
+    ``i`` of them (its index) before it knows the batch, since workers that start together claim
+    the queue's first jobs in turn. ``kernel``, the name the sweep's command gave, goes to each
+    worker's environment: the one module path a worker may import for a job row (see
+    tunesvc.template.template_named_by_data).
     """
+    argv = ["--stale-s", str(stale_s), "--heartbeat-s", str(heartbeat_s)]
+    argv += ["--cores", str(max(1, (os.cpu_count() or 1) // max(1, len(slots))))]
+    for flag, value in (("--time-budget", time_budget), ("--patience", patience), ("--workers", compile_workers)):
+        if value is not None:
+            argv += [flag, str(value)]
     processes = []
-    for slot in slots:
-        env = {**os.environ, "TUNESVC_DB": db}
+    for index, slot in enumerate(slots):
+        env = {"TUNESVC_DB": db, "TUNESVC_TIMELINE_ROLE": "worker"}
         if kernel is not None:
             env[JOB_KERNEL_ENV] = kernel
         if slot is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot
-        command = [
-            sys.executable,
-            "-m",
-            "tunesvc.jobs",
-            "--batch",
-            batch,
-            "--stale-s",
-            str(stale_s),
-            "--heartbeat-s",
-            str(heartbeat_s),
-        ]
-        for flag, value in (("--time-budget", time_budget), ("--patience", patience), ("--workers", compile_workers)):
-            if value is not None:
-                command += [flag, str(value)]
-        processes.append(subprocess.Popen(command, env=env))
+        first = first_jobs[index % len(first_jobs)] if first_jobs else None
+        processes.append(WorkerProcess(env, [*argv, "--warm-index", str(index)], first))
+        if batch is not None:
+            processes[-1].begin(batch)
     return processes
 
 
-def _main(argv: list[str] | None = None) -> int:
-    """A worker process (started by `tune sweep --gpus`); its errors are one line and exit 1."""
+#: the command's ends of its workers' start pipes: a worker forked later closes them all, so
+#: that each worker sees EOF when the command exits without naming the batch
+_start_ends: set[int] = set()
+
+
+class WorkerProcess:
+    """A worker started before its batch is known, waited on like a ``subprocess.Popen``.
+
+    Forked from this process while it has not initialised CUDA (a fork starts in milliseconds
+    with torch, triton and tunesvc imported, where a new interpreter takes seconds to import
+    them); otherwise ``python -m tunesvc.jobs``, with the database URL in the environment, not
+    the command line, where ``ps`` would show its password. Either way the worker reads its
+    device and then waits on a pipe for the batch's name (:meth:`begin`); EOF instead (the
+    command failed before queuing) ends it quietly.
+    """
+
+    def __init__(self, env: dict[str, str], argv: list[str], first_job: JobSpec | None = None) -> None:
+        from tunesvc.device import can_fork_gpu_children
+
+        read_end, start_end = os.pipe()
+        self._start_end: int | None = start_end
+        self._popen: subprocess.Popen | None = None
+        self._process: Any = None  # a multiprocessing fork context's Process
+        if can_fork_gpu_children():
+            import multiprocessing
+
+            _start_ends.add(start_end)
+            self._process = multiprocessing.get_context("fork").Process(
+                target=_forked_main, args=(read_end, env, argv, first_job), name="tunesvc-sweep-worker"
+            )
+            self._process.start()
+            self.pid = self._process.pid
+        else:
+            self._popen = subprocess.Popen(
+                [sys.executable, "-m", "tunesvc.jobs", "--batch", "-", *argv],
+                env={**os.environ, **env},
+                stdin=read_end,
+            )
+            self.pid = self._popen.pid
+        os.close(read_end)
+
+    @property
+    def forked(self) -> bool:
+        return self._process is not None
+
+    def begin(self, batch: str) -> None:
+        """Name the batch the worker runs (once)."""
+        if self._start_end is None:
+            return
+        try:
+            os.write(self._start_end, (batch + "\n").encode())
+        except OSError:  # the worker is gone: its exit code tells
+            pass
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Close the start pipe without a batch: a worker still waiting exits with status 0."""
+        if self._start_end is not None:
+            os.close(self._start_end)
+            _start_ends.discard(self._start_end)
+            self._start_end = None
+
+    def poll(self) -> int | None:
+        return self._popen.poll() if self._popen is not None else self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._popen is not None:
+            return self._popen.wait(timeout)
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"tunesvc.jobs worker {self.pid}", timeout or 0.0)
+        return self._process.exitcode
+
+    def kill(self) -> None:
+        if self._popen is not None:
+            self._popen.kill()
+        else:
+            self._process.kill()
+
+
+def _forked_main(read_end: int, env: dict[str, str], argv: list[str], first_job: JobSpec | None) -> None:
+    import torch  # imported by the command already: a fork has it
+
+    import tunesvc.device
+
+    set_role("worker")
+    for end in _start_ends:  # the command's ends of the other workers' pipes
+        try:
+            os.close(end)
+        except OSError:
+            pass
+    # one CPU thread, as the compile and measuring workers: GNU OpenMP's pool does not survive
+    # fork, and a process that ran a parallel torch op before forking (a test's, a notebook's)
+    # leaves its child hanging in its own first one
+    torch.set_num_threads(1)
+    os.environ.update(env)  # before this process initialises CUDA, which reads CUDA_VISIBLE_DEVICES
+    tunesvc.device._current = None  # the command's device: this worker's GPU may be another model
+    try:
+        with os.fdopen(read_end) as start:
+            code = _main(["--batch", "-", *argv], start=start, first_job=first_job)
+    except BaseException:  # a bug: its traceback, as any process's
+        traceback.print_exc()
+        code = 1
+    # Exit here, not through multiprocessing's exit handler: that one joins this process's
+    # children (the compile pool's) before the pool's own exit hook has told them to stop
+    # (CPython runs it first in a forked child), and would wait on them forever. Everything is
+    # closed by now; a pool worker still alive exits once this process is gone (start_worker).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _main(argv: list[str] | None = None, start: TextIO | None = None, first_job: JobSpec | None = None) -> int:
+    """A worker process (started by `tune sweep --gpus`); its errors are one line and exit 1.
+
+    ``--batch -``: read the batch's name from ``start`` (default: stdin) once the device is read
+    and the compile pool and measuring process are started for ``first_job`` (if given); EOF
+    there means the command gave up before queuing, and the worker exits 0.
+    """
+    mark("worker imports done")
     parser = argparse.ArgumentParser(prog="python -m tunesvc.jobs", description="Run a shared sweep's jobs.")
     parser.add_argument("--db", default=os.environ.get("TUNESVC_DB"), help="[default: $TUNESVC_DB]")
-    parser.add_argument("--batch", required=True)
+    parser.add_argument("--batch", required=True, help="the batch's name, or - to read it from stdin")
     parser.add_argument("--stale-s", type=float, default=STALE_S)
     parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S)
     parser.add_argument("--retry-s", type=float, default=RETRY_S)
     parser.add_argument("--time-budget", type=float, help="most seconds of search per job")
     parser.add_argument("--patience", type=int, help="stop a job after this many trials in a row without a 1%% gain")
     parser.add_argument("--workers", type=int, help="processes compiling candidates in parallel")
+    parser.add_argument("--cores", type=int, help="CPU cores the compile pool may use by default [all]")
+    parser.add_argument("--warm-index", type=int, default=0, help="which pending job to warm up for")
     args = parser.parse_args(argv)
     if not args.db:
         parser.error("give --db or set TUNESVC_DB")
+    warm = _Warm(args.workers, args.cores, None)
     try:
+        batch = args.batch
+        if batch == "-":
+            from tunesvc.device import fork_safe_current_device
+
+            fork_safe_current_device()  # while the command queues the jobs
+            mark("device read")
+            if first_job is not None:
+                warm.start(first_job)
+            batch = (start or sys.stdin).readline().strip()
+            if not batch:
+                warm.close()
+                return 0
+            mark("batch received")
         work(
             args.db,
-            args.batch,
+            batch,
             stale_s=args.stale_s,
             heartbeat_s=args.heartbeat_s,
             retry_s=args.retry_s,
             time_budget=args.time_budget,
             patience=args.patience,
             compile_workers=args.workers,
+            cores=args.cores,
+            warm_index=args.warm_index,
+            warm=warm,
         )
     except TunesvcError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)

@@ -41,6 +41,7 @@ from tunesvc.search import make_strategy
 from tunesvc.space import config_hash
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
+from tunesvc.timeline import mark
 
 if TYPE_CHECKING:
     from tunesvc.space import Config
@@ -262,6 +263,7 @@ def run_sweep(
     measure_timeout: float = 60.0,
     rep_ms: float = 100.0,
     compiler: Compiler | None = None,
+    measurer: Worker | None = None,
 ) -> list[ProblemResult]:
     """Tune ``template`` on every problem; returns one result per problem, in order.
 
@@ -282,12 +284,14 @@ def run_sweep(
     crashes it or runs past ``measure_timeout`` seconds is stored as ``crash`` or ``timeout``.
     Optuna strategies keep their study in the store's database (see ``study_storage``).
     ``compiler``: a compile pool the caller keeps across sweeps (see :func:`compile_pool`), used
-    instead of starting one and left open.
+    instead of starting one and left open; ``measurer`` likewise, a measuring process (see
+    :func:`measuring_process`) into which each problem loads its inputs in turn (with ``isolate``).
     """
     check_sweep_arguments(strategy, budget, time_budget, patience)
     clock = Clock()
     with clock.phase("start"):
         device = device or fork_safe_current_device()  # this process then forks its workers
+        mark("device read")
         fits = (
             None
             if candidates is None
@@ -309,7 +313,9 @@ def run_sweep(
         measure_timeout=measure_timeout,
         rep_ms=rep_ms,
     )
-    run = _Run(template, store, device, options, compiler, candidates, on_start, on_trial, on_phase or _no_phase)
+    run = _Run(
+        template, store, device, options, compiler, candidates, on_start, on_trial, on_phase or _no_phase, measurer
+    )
     try:
         return [
             _ProblemSweep(run, problem, clock if i == 0 else Clock()).execute() for i, problem in enumerate(problems)
@@ -331,14 +337,36 @@ def compile_pool(
     budget: int | None = None,
     workers: int | None = None,
     device: Device | None = None,
+    cores: int | None = None,
 ) -> Compiler | None:
     """The compile pool :func:`run_sweep` would start for such a sweep, for a caller that runs
     many sweeps of one kind and passes it to each (``tune sweep --gpus`` workers, one job after
     another): its processes, their CUDA contexts (made one after another by the driver, seconds
     for sixteen) and their imports are then paid once, not per sweep. None where the sweep would
-    compile in its own process. The caller closes it."""
+    compile in its own process. The caller closes it. ``cores``: the CPU cores that the pool's
+    default size may use (default: all of them; a share of them where several workers share a host)."""
     device = device or fork_safe_current_device()
-    return _start_pool(_pool_size(workers, device, strategy, budget, None), template, [problem])
+    return _start_pool(_pool_size(workers, device, strategy, budget, None, cores), template, [problem])
+
+
+def measuring_process(
+    template: Template,
+    problem: Problem,
+    *,
+    device: Device | None = None,
+    isolate: bool | None = None,
+    measure_timeout: float = 60.0,
+    rep_ms: float = 100.0,
+) -> Worker | None:
+    """The measuring process :func:`run_sweep` would start for ``problem``, started now (its child
+    makes the inputs and reference while the caller goes on), for a caller that passes it to
+    sweep after sweep: each loads its problem into the same process, whose CUDA context, cuBLAS
+    handles and loaded kernels are then made once. None where sweeps measure in their own
+    process (``isolate`` off: the default in the interpreter). The caller closes it."""
+    device = device or fork_safe_current_device()
+    if (device.is_gpu if isolate is None else isolate) and _picklable(template, problem):
+        return Worker(template, problem, device, timeout_s=measure_timeout, rep_ms=rep_ms)
+    return None
 
 
 def _start_pool(size: int, template: Template, problems: list[Problem]) -> Compiler | None:
@@ -349,13 +377,20 @@ def _start_pool(size: int, template: Template, problems: list[Problem]) -> Compi
     return None
 
 
-def _pool_size(workers: int | None, device: Device, strategy: str, budget: int | None, fitting: int | None) -> int:
+def _pool_size(
+    workers: int | None,
+    device: Device,
+    strategy: str,
+    budget: int | None,
+    fitting: int | None,
+    cores: int | None = None,
+) -> int:
     """``fitting``: how many of an explicit candidate list fit the device, for the problem where
     most do (an idle worker would still start, make its CUDA context and inputs)."""
     if workers is None:
         if not device.is_gpu:
             return 0
-        workers = min(16 if strategy in ("grid", "random") else 8, os.cpu_count() or 1)
+        workers = min(16 if strategy in ("grid", "random") else 8, cores or os.cpu_count() or 1)
     for most in (budget, fitting):
         if most is not None:
             workers = min(workers, most)  # a batch never holds more candidates than these
@@ -389,6 +424,7 @@ class _Run:
     on_start: Callable[[Problem, str, int], None] | None
     on_trial: Callable[[TrialEvent], None] | None
     on_phase: Callable[[str, str], None]
+    kept: Worker | None = None  # a measuring process the caller keeps across run_sweep calls
 
 
 def study_name(template: Template, device: Device, shape_key: str, strategy: str) -> str:
@@ -417,6 +453,9 @@ class _ProblemSweep:
     def __init__(self, run: _Run, problem: Problem, clock: Clock) -> None:
         self.run, self.problem, self.clock = run, problem, clock
         template, store, device, options = run.template, run.store, run.device, run.options
+        self.kept = run.kept if options.isolate and _picklable(template, problem) else None
+        if self.kept is not None:
+            self.kept.load(template, problem)  # its child makes this problem's inputs during the set-up
         with clock.phase("set-up"):
             self.kv_id = store.kernel_version_id(template)
             self.device_id = store.device_id(device)
@@ -489,7 +528,7 @@ class _ProblemSweep:
             self._finalists()
             peer_ms = self._peer()
         finally:
-            if self.measurer is not None:
+            if self.measurer is not None and self.measurer is not self.kept:
                 with self.clock.phase("measurer stop"):
                     self.measurer.close()
         return self._result(stopped, peer_ms)
@@ -523,16 +562,20 @@ class _ProblemSweep:
         """Each candidate checked and timed as soon as it has compiled (in the pool, if any)."""
         with self.clock.phase("measurer start"):
             measurer = self._measurer()
+            mark("measurer started")
             compiled = self._compiled([config for config, _ in batch])
         results: list[tuple[Config, str, Measurement]] = []
         for i in self.clock.each(compiled, "waiting for compiles"):  # to its end: the end replaces a broken pool
+            mark("first compile done")
             with self.clock.phase("measurer start"):
                 measurer.wait_ready()
+            mark("measurer ready")
             if not results:
                 self.run.on_phase(self.key, "checking and timing")
             config, h = batch[i]
             with self.clock.phase("checking and timing"):
                 results.append((config, h, measurer.measure(config)))
+            mark("first trial measured")
         return results
 
     def _compiled(self, configs: list[Config]) -> Iterator[int]:
@@ -550,6 +593,7 @@ class _ProblemSweep:
         shared = self.budget.limit if self.run.options.budget is not None else None
         with self.clock.phase("trial writes"):
             ids = self.run.store.add_trials(self.sweep_id, self.kv_id, self.device_id, self.key, results, budget=shared)
+        mark("first trials stored", trials=len(ids))
         for (config, h, m), trial_id in zip(results, ids):
             if trial_id is not None:
                 self.measured[h] = m
@@ -567,7 +611,7 @@ class _ProblemSweep:
 
     def _measurer(self) -> Measurer:
         if self.measurer is None:
-            self.measurer = _measurer(self.run.template, self.problem, self.run.device, self.run.options)
+            self.measurer = self.kept or _measurer(self.run.template, self.problem, self.run.device, self.run.options)
         return self.measurer
 
     def _finalists(self) -> None:

@@ -19,6 +19,8 @@ from tunesvc._processes import worker_pool
 from tunesvc.bench._base import context_lost
 from tunesvc.bench._base import one_line
 from tunesvc.device import current_device
+from tunesvc.timeline import mark
+from tunesvc.timeline import set_role
 
 if TYPE_CHECKING:
     from tunesvc.space import Config
@@ -144,8 +146,10 @@ def _warm_worker(template: Template | None = None, problem: Problem | None = Non
     """A worker's first task: starting it, and unpickling the template, imports what the
     compiles need (the forkserver has preloaded tunesvc's kernels; a forked worker has the
     parent's modules)."""
+    set_role("compile")
     if template is not None and problem is not None:
         _inputs(template, problem)  # the device's context and the inputs, before the first candidate
+    mark("compile worker warm")
 
 
 def _inputs(template: Template, problem: Problem) -> Any:

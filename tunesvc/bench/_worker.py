@@ -20,6 +20,8 @@ from tunesvc.bench._base import context_lost
 from tunesvc.bench._inprocess import Bench
 from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
+from tunesvc.timeline import mark
+from tunesvc.timeline import set_role
 
 if TYPE_CHECKING:
     from tunesvc.device import Device
@@ -65,6 +67,22 @@ class Worker(Measurer):
 
     def time_peer(self) -> Measurement:
         return self._request("peer", None)
+
+    def load(self, template: Template, problem: Problem) -> None:
+        """Measure ``problem`` (of ``template``) from now on, in the same child: a worker that runs
+        one job after another keeps its process, CUDA context and loaded kernels, and only makes
+        the new inputs and reference (while the caller sets up the job)."""
+        if template is self.template and problem == self.problem:
+            return
+        self.template, self.problem = template, problem
+        if self._process is None or self._conn is None:
+            return  # the next request starts a child for the new problem
+        try:
+            self._conn.send(("load", pickle.dumps((template, problem, self.rep_ms)), None))
+        except OSError:  # the child is gone: start a fresh one for the new problem
+            self._stop(grace_s=0.0)
+            self._start()
+        self._ready = False
 
     def wait_ready(self) -> None:
         """Wait until the child has made its inputs and reference (TunesvcError if it cannot)."""
@@ -140,8 +158,11 @@ class Worker(Measurer):
 def _worker_main(conn: Connection, payload: bytes) -> None:
     """The child of a :class:`Worker`: a Bench answering (kind, config, rep_ms) requests until told
     to stop, EOF, or the sweep's process exiting (kind: measure, time, or peer, which has no config)."""
+    set_role("measurer")
+    mark("measurer process started")
     template, problem, default_rep_ms = pickle.loads(payload)
     bench = Bench(template, problem, current_device(), rep_ms=default_rep_ms)
+    mark("inputs and reference made")
     conn.send("ready")
     while True:
         try:
@@ -150,6 +171,12 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
             return
         if kind == "stop":
             return
+        if kind == "load":  # the next problem (Worker.load): config holds its pickled (template, problem, rep_ms)
+            template, problem, default_rep_ms = pickle.loads(config)
+            del bench  # the old inputs go before the new ones are made
+            bench = Bench(template, problem, current_device(), rep_ms=default_rep_ms)
+            conn.send("ready")
+            continue
         if kind == "measure":
             m = bench.measure(config)
         elif kind == "peer":

@@ -949,6 +949,18 @@ class Store:
             assert job is not None  # the row this transaction has just claimed
             return JobSpec(job.id, job.kernel, job.shape_key, dict(job.problem), job.strategy, job.budget, job.seed)
 
+    def peek_job(self, batch: str, offset: int = 0) -> JobSpec | None:
+        """The batch's pending job ``offset`` places down the queue (the last one if fewer are
+        pending), without claiming it; None when none is pending."""
+        with self.session() as session:
+            pending = select(Job).where(Job.batch == batch, Job.status == "pending")
+            job = session.scalar(pending.order_by(Job.id).offset(offset).limit(1)) or session.scalar(
+                pending.order_by(Job.id.desc()).limit(1)
+            )
+            if job is None:
+                return None
+            return JobSpec(job.id, job.kernel, job.shape_key, dict(job.problem), job.strategy, job.budget, job.seed)
+
     def job_heartbeat(self, job_id: int, worker: str) -> bool:
         """Refresh the job's heartbeat; False if ``worker`` no longer holds it."""
         return self._update_held_job(job_id, worker, {"heartbeat": time.time()})

@@ -1,0 +1,109 @@
+"""Where `tune sweep --gpus` spends the time from the command's start to its first stored trial.
+
+    python benchmarks/startup.py --gpus 0,1                       # the GEMM job set's first shapes, budget 32
+    python benchmarks/startup.py --gpus 0 --shape 37x45x29 --budget 2 --runs 2   # CPU (interpreter)
+
+Runs the command ``--runs`` times (each into a fresh SQLite file; the first may find Triton's
+cache cold, later ones find it warm) with ``TUNESVC_TIMELINE`` set, so every process of the sweep
+(the command, its workers, their compile and measuring processes) logs its milestones
+(tunesvc/timeline.py). Prints, per run, each milestone's time from the command's start (the
+earliest process to reach it) and the step from the milestone before, and appends the rows to
+benchmarks/results/startup.csv (kernel "sweep start-up", shape "<role>: <milestone>", ours_ms =
+ms from the command's start, timing_method "timeline, run N").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from _common import record
+
+from tunesvc.timeline import ENV
+from tunesvc.timeline import read
+
+#: the first shapes of benchmarks/multi_gpu_sweep.py's GEMM job set
+SHAPES = ["4096x4096x4096", "8192x8192x8192"]
+
+
+def command_for(args: argparse.Namespace, db: str) -> list[str]:
+    command = [sys.executable, "-m", "tunesvc", "sweep", args.kernel, "--gpus", args.gpus, "--db", db, "--json"]
+    command += ["--budget", str(args.budget)]
+    for shape in args.shape or SHAPES:
+        command += ["--shape", shape]
+    if args.workers is not None:
+        command += ["--workers", str(args.workers)]
+    return command
+
+
+def run_timed(command: list[str], log: str, env: dict[str, str] | None = None) -> tuple[float, float, str]:
+    """Run ``command`` with its timeline in ``log``; returns its start and end (unix time) and stdout."""
+    start = time.time()
+    out = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {}), ENV: log})
+    end = time.time()
+    if out.returncode:
+        raise SystemExit(f"{' '.join(command)} failed:\n{out.stderr[-3000:]}")
+    return start, end, out.stdout
+
+
+def breakdown(log: str, start: float, end: float) -> list[dict]:
+    """Each (process role, milestone) at the earliest time any process of that role reached it."""
+    first: dict[tuple[str, str], float] = {}
+    pids: dict[tuple[str, str], set[int]] = {}
+    for e in read(log):
+        key = (e["role"], e["event"])
+        first.setdefault(key, e["t"] - start)
+        pids.setdefault(key, set()).add(e["pid"])
+    rows = [
+        {"role": role, "event": event, "at_s": at, "processes": len(pids[(role, event)])}
+        for (role, event), at in sorted(first.items(), key=lambda item: item[1])
+    ]
+    rows.append({"role": "command", "event": "exited", "at_s": end - start, "processes": 1})
+    return rows
+
+
+def print_breakdown(title: str, rows: list[dict]) -> None:
+    print(f"\n### {title}\n")
+    print("| process | milestone | s from start | step s | processes |")
+    print("|---|---|---|---|---|")
+    previous = 0.0
+    for r in rows:
+        print(f"| {r['role']} | {r['event']} | {r['at_s']:.2f} | {r['at_s'] - previous:+.2f} | {r['processes']} |")
+        previous = max(previous, r["at_s"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", default="0", help="as tune sweep --gpus [0]")
+    parser.add_argument("--kernel", default="matmul")
+    parser.add_argument("--shape", action="append", help=f"repeatable [{' '.join(SHAPES)}]")
+    parser.add_argument("--budget", type=int, default=32)
+    parser.add_argument("--workers", type=int, help="tune sweep --workers (compile processes per worker)")
+    parser.add_argument("--runs", type=int, default=2, help="runs in a row (the first may compile cold) [2]")
+    parser.add_argument("--label", default="", help="added to the CSV rows' timing_method (e.g. the code measured)")
+    args = parser.parse_args()
+    csv_rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for index in range(1, args.runs + 1):
+            log = os.path.join(folder, f"run{index}.jsonl")
+            start, end, _ = run_timed(command_for(args, os.path.join(folder, f"run{index}.db")), log)
+            rows = breakdown(log, start, end)
+            print_breakdown(f"run {index}: tune sweep {args.kernel} --gpus {args.gpus} --budget {args.budget}", rows)
+            for r in rows:
+                csv_rows.append(
+                    {
+                        "kernel": "sweep start-up",
+                        "shape": f"{r['role']}: {r['event']} (tune sweep {args.kernel} --gpus {args.gpus} --budget {args.budget})",
+                        "ours_ms": round(r["at_s"] * 1e3, 1),
+                        "timing_method": f"timeline, run {index}" + (f", {args.label}" if args.label else ""),
+                    }
+                )
+    record("startup", csv_rows)
+
+
+if __name__ == "__main__":
+    main()

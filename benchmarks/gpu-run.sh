@@ -35,7 +35,7 @@ for s in ${STEPS:-tests matmul}; do
     matmulgrid) step matmulgrid 480 python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --strategy grid --budget 1000 --sweep-shapes 1x4096x4096,16x4096x4096,64x4096x4096 ;;
     matmul64) step matmul64 240 python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --budget 64 --sweep-shapes 1x4096x4096,16x4096x4096,64x4096x4096 ;;
     multigpu) step multigpu 540 python3 "$R/benchmarks/multi_gpu_sweep.py" ;;
-    startup) step startup 240 python3 "$R/benchmarks/startup.py" --gpus 0,1 ;;
+    startup) step startup 240 python3 "$R/benchmarks/startup.py" ;;
     sva) step sva 300 python3 "$R/benchmarks/sweep_vs_autotune.py" ;;
     capture) step capture 540 python3 "$R/benchmarks/capture.py" --csv "$OUT/capture.csv" ;;
     stability) step stability 300 python3 "$R/benchmarks/sweep_stability.py" --db "$OUT/stability.db" ;;

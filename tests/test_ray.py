@@ -11,10 +11,6 @@ import threading
 import time
 
 import pytest
-
-# ray comes with the test extra; a machine without it (the lent GPU image) skips this module
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
 from sqlalchemy import func
 from sqlalchemy import select
 from typer.testing import CliRunner
@@ -25,6 +21,10 @@ from tunesvc.cli import app
 from tunesvc.store import Store
 from tunesvc.store.models import Job
 from tunesvc.store.models import Trial
+
+# ray comes with the test extra; a machine without it (the lent GPU image) skips this module
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
 
 pytestmark = pytest.mark.serial
 

@@ -383,3 +383,17 @@ def test_h100_report_in_a_browser(example_report, tmp_path):
     _, out, example_db = example_report
     check_screenshot(*screenshot(out / "report.html", tmp_path))
     assert example_db.read_bytes() == EXAMPLE.read_bytes()
+
+
+def test_report_that_cannot_be_written_is_one_clear_error_and_leaves_no_figures(tmp_path):
+    from typer.testing import CliRunner
+
+    from tunesvc.cli import app
+
+    out = tmp_path / "out"
+    (out / "report.html").mkdir(parents=True)  # the page cannot be written, even by root
+    result = CliRunner().invoke(app, ["report", "--db", str(EXAMPLE), "--out", str(out), "--kernel", "softmax"])
+    assert result.exit_code == 1, result.output
+    assert "Cannot write the report into" in result.output
+    assert not isinstance(result.exception, OSError)
+    assert [p.name for p in out.iterdir()] == ["report.html"]  # the figures written before it are gone

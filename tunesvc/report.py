@@ -151,18 +151,27 @@ def write_report(store: Store, out_dir: str | Path, kernel: str | None = None) -
         "convergence-time": lambda section: convergence_figure(section, by="seconds"),
         "spread": _spread_figure,
     }
-    for section in sections:
-        figures[section.slug] = {}
-        for kind in FIGURES:
-            figure = draw[kind](section)
-            if figure is None:
-                continue
-            png = _png(figure)
-            name = f"{section.slug}-{kind}.png"
-            (out / name).write_bytes(png)
-            figures[section.slug][kind] = base64.b64encode(png).decode("ascii")
-    path = out / REPORT_FILE
-    path.write_text(_html(store, sections, figures, kernel), encoding="utf-8")
+    written: list[Path] = []
+    try:
+        for section in sections:
+            figures[section.slug] = {}
+            for kind in FIGURES:
+                figure = draw[kind](section)
+                if figure is None:
+                    continue
+                png = _png(figure)
+                name = f"{section.slug}-{kind}.png"
+                (out / name).write_bytes(png)
+                written.append(out / name)
+                figures[section.slug][kind] = base64.b64encode(png).decode("ascii")
+        path = out / REPORT_FILE
+        path.write_text(_html(store, sections, figures, kernel), encoding="utf-8")
+    except OSError as exc:  # a read-only or full --out: say so, and leave no half-written report
+        for file in written:
+            file.unlink(missing_ok=True)
+        raise TunesvcError(
+            f"Cannot write the report into {out}: {exc.strerror}; pass a writable folder to --out."
+        ) from None
     return path
 
 

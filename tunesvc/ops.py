@@ -87,8 +87,9 @@ class KernelOp:
     def call(self, *args: Any, grad_inputs: Iterable[torch.Tensor | None] = ()) -> Any:
         """Run the op: through the dispatcher while torch.compile traces; else its function,
         inside the autograd function when grad mode is on and one of ``grad_inputs`` requires grad."""
-        # AOTAutograd traces a registered backward outside Dynamo, on fake or functional tensors
-        if _is_compiling() or any(isinstance(a, _TRACED) for a in args):
+        # AOTAutograd traces a registered backward outside Dynamo, on fake or functional tensors;
+        # a trace replaces every tensor, and every op's first argument is one: one check suffices
+        if _is_compiling() or (args and isinstance(args[0], _TRACED)):
             return self.op(*args)
         if (
             self._eager_autograd is not None

@@ -218,6 +218,21 @@ def test_update_winner_picks_fastest_ok(store, ids):
     assert entry.kernel == "matmul"
 
 
+def test_update_winner_follows_its_own_re_measured_trial_with_other_keys_stored(store, ids):
+    """The stored winner's own trial is looked up for this key's row only, not any key's."""
+    kv, dev, _ = ids
+    other_key = "M=128,N=45,K=29,dtype=float16"
+    add(store, ids, cfg(64), ok(1.0), key=other_key)  # another key's winner, stored first, same time
+    store.update_winner(kv, dev, other_key)
+    first = add(store, ids, cfg(16), ok(1.0))
+    add(store, ids, cfg(32), ok(1.5))
+    assert store.update_winner(kv, dev, KEY).config == cfg(16)
+    store.replace_measurements([(first.id, ok(2.0))])  # the winner re-measured slower
+    winner = store.update_winner(kv, dev, KEY)
+    assert winner.config == cfg(32) and winner.time_ms == 1.5
+    assert {w.shape_key: w.config for w in store.winners()} == {KEY: cfg(32), other_key: cfg(64)}
+
+
 def test_update_winner_none_when_nothing_is_correct(store, ids):
     kv, dev, _ = ids
     add(store, ids, cfg(16), Measurement(Status.WRONG_RESULT, time_ms=0.01, rel_error=0.9))

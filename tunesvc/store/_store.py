@@ -32,6 +32,7 @@ from sqlalchemy import func
 from sqlalchemy import insert
 from sqlalchemy import inspect
 from sqlalchemy import literal
+from sqlalchemy import literal_column
 from sqlalchemy import null
 from sqlalchemy import select
 from sqlalchemy import text
@@ -1090,7 +1091,10 @@ def _winner_upsert(statement, *, replace_own_trial: bool):
     excluded = statement.excluded
     replace = excluded.time_ms < Winner.time_ms
     if replace_own_trial:
-        own_time = select(Trial.time_ms).where(Trial.id == Winner.trial_id, Trial.status == "ok").scalar_subquery()
+        # The stored row's trial_id as a bare column: SQLAlchemy does not correlate a subquery
+        # with an INSERT's target, and would add the winners table to its FROM (every row).
+        stored_trial = literal_column(f"{Winner.__tablename__}.trial_id")
+        own_time = select(Trial.time_ms).where(Trial.id == stored_trial, Trial.status == "ok").scalar_subquery()
         replace = replace | (excluded.trial_id == Winner.trial_id) | own_time.is_(None) | (own_time != Winner.time_ms)
     return statement.on_conflict_do_update(
         index_elements=["kernel_version_id", "device_id", "shape_key"],

@@ -358,17 +358,23 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     state = self.__dict__.get("_tunesvc") or _state_of(self)
     if state.off:
         return _TRITON_RUN(self, *args, **kwargs)
-    # Triton's key: the key arguments' values, then the dtype of every argument that has one
+    # Triton's key: the key arguments' values, then the dtype of every argument that has one;
+    # the dtype objects themselves, not their names (str() on every call is measurable)
     nargs = dict(zip(self.arg_names, args))
     if kwargs:
-        arg_set = state.arg_set
-        for k, v in kwargs.items():
-            if k in arg_set:
-                nargs[k] = v
-    key = tuple(
-        [nargs[k] for k in self.keys if k in nargs] + [str(v.dtype) for v in nargs.values() if hasattr(v, "dtype")]
-    )
-    hit = state.chosen.get(key)
+        if kwargs.keys() <= state.arg_set:
+            nargs.update(kwargs)
+        else:
+            arg_set = state.arg_set
+            for k, v in kwargs.items():
+                if k in arg_set:
+                    nargs[k] = v
+    key = tuple([nargs[k] for k in self.keys if k in nargs] + [v.dtype for v in nargs.values() if hasattr(v, "dtype")])
+    try:
+        hit = state.chosen.get(key)
+    except TypeError:  # an unhashable dtype: Triton's own key, with dtype names
+        key = _triton_key(self, nargs)
+        hit = state.chosen.get(key)
     if hit is None:
         try:
             hit = _resolve(self, state, key, nargs, args, kwargs)
@@ -387,6 +393,13 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     return self.fn.run(*args, **kwargs, **launch)
 
 
+def _triton_key(tuner: Autotuner, nargs: dict[str, Any]) -> tuple:
+    """The key Autotuner.run caches a config under: key values, then dtype names."""
+    return tuple(
+        [nargs[k] for k in tuner.keys if k in nargs] + [str(v.dtype) for v in nargs.values() if hasattr(v, "dtype")]
+    )
+
+
 def _resolve(
     tuner: Autotuner, state: _State, key: tuple, nargs: dict[str, Any], args: tuple, kwargs: dict[str, Any]
 ) -> tuple[Any, dict[str, Any]]:
@@ -395,27 +408,122 @@ def _resolve(
         hit = state.chosen.get(key)
         if hit is not None:
             return hit
-        names = [k for k in tuner.keys if k in nargs]
-        dtype_names = [k for k, v in nargs.items() if hasattr(v, "dtype")]
-        text = key_text(names, key, dtype_names)
-        shared = _shared_for(state.settings)
-        table = shared.table(state.template)
-        config = state.listed(table[text]) if text in table else None
-        if config is not None:
-            STATS["stored"] += 1
-        elif state.settings.mode == LOOKUP:
-            config = _fallback(state, table, text)
-            _record_miss(shared, state, text, tuner, args, kwargs)
-            STATS["fallback"] += 1
-        else:
-            config = _tune_locked(tuner, state, shared, text, args, kwargs)
-        if len(tuner.configs) > 1:
-            # triton.autotune zeroes the reset_to_zero arguments after benchmarking a key, so the
-            # launch that follows a key's first resolution starts from zero: so does this one
-            tuner.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()}, reset_only=True)
-        tuner.cache[key] = config
+        triton_key = _triton_key(tuner, nargs)
+        config = _config_for(tuner, state, _key_text_of(tuner, triton_key, nargs), args, kwargs)
+        tuner.cache[triton_key] = config
         hit = state.chosen[key] = (config, config.all_kwargs())
         return hit
+
+
+def _key_text_of(tuner: Autotuner, key: tuple, nargs: dict[str, Any]) -> str:
+    """A key tuple as stored text, named by the key arguments and the dtypes' arguments; a key a
+    subclass builds its own way (other lengths) by position."""
+    names = [k for k in tuner.keys if k in nargs]
+    dtype_names = [k for k, v in nargs.items() if hasattr(v, "dtype")]
+    if len(key) == len(names) + len(dtype_names):
+        return key_text(names, key, dtype_names)
+    return ",".join(f"key{i}={_value_text(v)}" for i, v in enumerate(key))
+
+
+def _config_for(tuner: Autotuner, state: _State, text: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The listed config for a key's text: stored, else tuned now (mode tune) or the fallback."""
+    shared = _shared_for(state.settings)
+    table = shared.table(state.template)
+    config = state.listed(table[text]) if text in table else None
+    if config is not None:
+        STATS["stored"] += 1
+    elif state.settings.mode == LOOKUP:
+        config = _fallback(state, table, text)
+        _record_miss(shared, state, text, tuner, args, kwargs)
+        STATS["fallback"] += 1
+    else:
+        config = _tune_locked(tuner, state, shared, text, args, kwargs)
+    if len(tuner.configs) > 1:
+        # triton.autotune zeroes the reset_to_zero arguments after benchmarking a key, so the
+        # launch that follows a key's first resolution starts from zero: so does this one
+        tuner.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()}, reset_only=True)
+    return config
+
+
+# -- Autotuner subclasses with a run of their own (FlagGems' LibTuner, for one) ------------------
+#: the (args, kwargs) of the subclass launch running on this thread, for its cache's miss
+_CALL = threading.local()
+
+
+class _StoreCache(dict):
+    """A subclass autotuner's ``cache`` (key -> config) that answers its misses from tunesvc.
+
+    Such a ``run`` builds its own key, asks ``key in self.cache`` before it benchmarks, then
+    launches ``self.cache[key]``: a miss is resolved here the tunesvc way (stored, tuned on the
+    call's arguments, or the fallback) and the subclass launches that config, benchmarking nothing.
+    """
+
+    def __init__(self, tuner: Autotuner, entries: dict) -> None:
+        super().__init__(entries)
+        self.tuner = tuner
+
+    def __contains__(self, key: object) -> bool:
+        if dict.__contains__(self, key):
+            return True
+        call = getattr(_CALL, "value", None)
+        if call is None or _process is None or not isinstance(key, tuple):
+            return False
+        tuner = self.tuner
+        state = _state_of(tuner)
+        if state.off:
+            return False
+        args, kwargs = call
+        nargs = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in state.arg_set}
+        try:
+            with state.lock:
+                if dict.__contains__(self, key):
+                    return True
+                config = _config_for(tuner, state, _key_text_of(tuner, key, nargs), args, kwargs)
+        except TunesvcError as exc:  # an unusable database must not stop the program
+            state.off = True
+            warnings.warn(
+                f"tunesvc: {exc} {state.name} runs with its own autotuner in this process.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+        dict.__setitem__(self, key, config)
+        return True
+
+
+def _wrap_run(cls: type) -> None:
+    """Give ``cls`` (a subclass of Autotuner with its own ``run``) a run whose cache misses go
+    through tunesvc while capture is on; with capture off it is the class's own run."""
+    own = cls.__dict__.get("run")
+    if own is None or own is captured_run or getattr(own, "__tunesvc_original__", None) is not None:
+        return
+
+    def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
+        if _process is None:
+            return own(self, *args, **kwargs)
+        if type(self.cache) is not _StoreCache:
+            self.cache = _StoreCache(self, self.cache)
+        outer = getattr(_CALL, "value", None)
+        _CALL.value = (args, kwargs)
+        try:
+            return own(self, *args, **kwargs)
+        finally:
+            _CALL.value = outer
+
+    run.__tunesvc_original__ = own  # type: ignore[attr-defined]
+    run.__doc__, run.__name__, run.__qualname__ = own.__doc__, own.__name__, own.__qualname__
+    cls.run = run  # type: ignore[attr-defined]
+
+
+def _wrap_subclasses() -> None:
+    """Every Autotuner subclass with its own run, defined now or later, gets :func:`_wrap_run`."""
+    todo = list(Autotuner.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        _wrap_run(cls)
+        todo.extend(cls.__subclasses__())
+    if "__init_subclass__" not in Autotuner.__dict__:
+        Autotuner.__init_subclass__ = classmethod(lambda cls, **_: _wrap_run(cls))
 
 
 def _fallback(state: _State, table: dict[str, ConfigDict], text: str) -> Any:
@@ -941,6 +1049,8 @@ def _apply(settings: Settings | None) -> None:
     with _settings_lock:
         _process = settings
         Autotuner.run = captured_run if settings is not None else _TRITON_RUN
+        if settings is not None:
+            _wrap_subclasses()
     _forget_all()
     for tuner in list(_STATES):
         if isinstance(tuner, CapturedKernel):

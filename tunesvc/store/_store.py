@@ -1093,7 +1093,7 @@ def _winner_upsert(statement, *, replace_own_trial: bool):
     if replace_own_trial:
         # The stored row's trial_id as a bare column: SQLAlchemy does not correlate a subquery
         # with an INSERT's target, and would add the winners table to its FROM (every row).
-        stored_trial = literal_column(f"{Winner.__tablename__}.trial_id")
+        stored_trial: Any = literal_column(f"{Winner.__tablename__}.trial_id")
         own_time = select(Trial.time_ms).where(Trial.id == stored_trial, Trial.status == "ok").scalar_subquery()
         replace = replace | (excluded.trial_id == Winner.trial_id) | own_time.is_(None) | (own_time != Winner.time_ms)
     return statement.on_conflict_do_update(

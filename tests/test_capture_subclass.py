@@ -1,0 +1,115 @@
+"""Capture of Autotuner subclasses that replace ``run`` with their own (FlagGems' LibTuner is
+one: its own key rule and its own search policy): the subclass keeps its key and its launch;
+its misses are resolved by tunesvc (stored, tuned, or the fallback while serving)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.autotuner import Autotuner
+
+import tunesvc
+from tunesvc._capture import STATS
+from tunesvc.store import Store
+
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
+
+
+@triton.jit
+def _scale(x_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+class BucketTuner(Autotuner):
+    """A library-style autotuner: keys bucket ``n`` by log2, and its policy (here: the last
+    config, counted) stands for its own benchmarking; ``run`` is its own, not Autotuner.run."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.policy_calls = 0
+
+    def run(self, *args, **kwargs):
+        nargs = {**dict(zip(self.arg_names, args)), **kwargs}
+        key = tuple(round(math.log2(nargs[k])) for k in self.keys) + tuple(
+            str(v.dtype) for v in nargs.values() if hasattr(v, "dtype")
+        )
+        if key not in self.cache:
+            self.policy_calls += 1
+            self.cache[key] = self.configs[-1]
+        config = self.cache[key]
+        self.best_config = config
+        return self.fn.run(*args, **kwargs, **config.all_kwargs())
+
+
+def bucket_tune(fn):
+    return BucketTuner(fn, fn.arg_names, CONFIGS, ["n"], None, None)
+
+
+def launch(kernel, n, alpha=2.0):
+    x, out = torch.randn(n), torch.empty(n)
+    kernel[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, out, n, alpha)
+    torch.testing.assert_close(out, alpha * x)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    STATS.clear()
+    yield
+    tunesvc.uncapture()
+
+
+def test_a_subclass_run_tunes_its_misses_through_tunesvc_and_keeps_its_own_key(tmp_db):
+    kernel = bucket_tune(_scale)
+    with tunesvc.capture(mode="tune", db=tmp_db):
+        launch(kernel, 300)
+        launch(kernel, 290)  # log2 bucket 8 again: the subclass's own key, a hit
+        assert kernel.policy_calls == 0  # its own search never ran
+        assert STATS["tuned"] == 1 and STATS["benchmarks"] == len(CONFIGS)
+        tuned = kernel.best_config
+    # a new instance (a new process's) reads the stored winner: nothing measured, no policy
+    STATS.clear()
+    again = bucket_tune(_scale)
+    with tunesvc.capture(mode="tune", db=tmp_db):
+        launch(again, 301)
+    assert again.policy_calls == 0 and STATS == {"stored": 1}
+    assert again.best_config.all_kwargs() == tuned.all_kwargs()
+    store = Store(tmp_db, readonly=True)
+    try:
+        [winner] = store.winners()
+    finally:
+        store.close()
+    assert winner.kernel.endswith(":_scale") and winner.shape_key.startswith("n=8,")
+
+
+def test_a_subclass_serving_never_benchmarks_and_without_capture_runs_as_written(tmp_db):
+    kernel = bucket_tune(_scale)
+    with tunesvc.capture(mode="lookup", db=tmp_db):
+        launch(kernel, 77)
+    assert kernel.policy_calls == 0 and STATS["fallback"] == 1 and "benchmarks" not in STATS
+    assert kernel.best_config is CONFIGS[0]  # nothing stored: the first listed config
+    store = Store(tmp_db, readonly=True)
+    try:
+        assert [m.shape_key for m in store.misses()] == ["n=6,x_ptr.dtype=float32,out_ptr.dtype=float32"]
+    finally:
+        store.close()
+    plain = bucket_tune(_scale)
+    launch(plain, 77)
+    assert plain.policy_calls == 1 and plain.best_config is CONFIGS[-1]
+
+
+def test_a_subclass_defined_while_capturing_is_routed_too(tmp_db):
+    with tunesvc.capture(mode="lookup", db=tmp_db):
+
+        class Later(BucketTuner):
+            def run(self, *args, **kwargs):
+                return super().run(*args, **kwargs)
+
+        kernel = Later(_scale, _scale.arg_names, CONFIGS, ["n"], None, None)
+        launch(kernel, 40)
+    assert kernel.policy_calls == 0 and STATS["fallback"] == 1

@@ -26,13 +26,31 @@ def _scale(x_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
 
 
+class PersistentCache:
+    """A library's own config cache that is no dict (FlagGems keeps one in a database)."""
+
+    def __init__(self):
+        self.rows = {}
+
+    def __contains__(self, key):
+        return self.rows.get(key) is not None
+
+    def __getitem__(self, key):
+        return self.rows[key]
+
+    def __setitem__(self, key, config):
+        self.rows[key] = config
+
+
 class BucketTuner(Autotuner):
     """A library-style autotuner: keys bucket ``n`` by log2, and its policy (here: the last
-    config, counted) stands for its own benchmarking; ``run`` is its own, not Autotuner.run."""
+    config, counted) stands for its own benchmarking; ``run`` is its own, not Autotuner.run;
+    its cache is its own kind of object."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.policy_calls = 0
+        self.cache = PersistentCache()
 
     def run(self, *args, **kwargs):
         nargs = {**dict(zip(self.arg_names, args)), **kwargs}
@@ -101,6 +119,11 @@ def test_a_subclass_serving_never_benchmarks_and_without_capture_runs_as_written
     plain = bucket_tune(_scale)
     launch(plain, 77)
     assert plain.policy_calls == 1 and plain.best_config is CONFIGS[-1]
+    # the kernel captured before, capture now off: its own cache and search again, untouched
+    assert list(kernel.cache.rows) == []
+    launch(kernel, 77)
+    assert kernel.policy_calls == 1 and kernel.best_config is CONFIGS[-1]
+    assert list(kernel.cache.inner.rows) == [(6, "torch.float32", "torch.float32")]
 
 
 def test_a_subclass_defined_while_capturing_is_routed_too(tmp_db):

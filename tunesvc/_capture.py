@@ -450,35 +450,48 @@ def _config_for(tuner: Autotuner, state: _State, text: str, args: tuple, kwargs:
 _CALL = threading.local()
 
 
-class _StoreCache(dict):
-    """A subclass autotuner's ``cache`` (key -> config) that answers its misses from tunesvc.
+class _StoreCache:
+    """A subclass autotuner's ``cache`` (key -> config) whose misses tunesvc answers.
 
-    Such a ``run`` builds its own key, asks ``key in self.cache`` before it benchmarks, then
-    launches ``self.cache[key]``: a miss is resolved here the tunesvc way (stored, tuned on the
-    call's arguments, or the fallback) and the subclass launches that config, benchmarking nothing.
+    Such a ``run`` builds its own key, asks ``key in self.cache`` before it searches, then
+    launches ``self.cache[key]``: while capture is on, a key is resolved the tunesvc way (stored,
+    tuned on the call's arguments, or the fallback) and the subclass launches that config,
+    searching nothing. The subclass's own cache (a dict, or a persistent store of its own) is kept
+    underneath, untouched by tunesvc, and answers alone while capture is off.
     """
 
-    def __init__(self, tuner: Autotuner, entries: dict) -> None:
-        super().__init__(entries)
+    def __init__(self, tuner: Autotuner, inner: Any) -> None:
         self.tuner = tuner
+        self.inner = inner
+        self._state: _State | None = None
+        self._resolved: dict[Any, Any] = {}
+
+    def _answers(self) -> dict[Any, Any] | None:
+        """This capture's resolved keys (None: capture is off or off for this kernel)."""
+        if _process is None:
+            return None
+        state = _state_of(self.tuner)
+        if state is not self._state:  # new settings: resolve again
+            self._state, self._resolved = state, {}
+        return None if state.off else self._resolved
 
     def __contains__(self, key: object) -> bool:
-        if dict.__contains__(self, key):
+        answers = self._answers()
+        if answers is None:
+            return key in self.inner
+        if key in answers:
             return True
         call = getattr(_CALL, "value", None)
-        if call is None or _process is None or not isinstance(key, tuple):
-            return False
-        tuner = self.tuner
-        state = _state_of(tuner)
-        if state.off:
-            return False
+        if call is None or not isinstance(key, tuple):  # not asked from within the run
+            return key in self.inner
+        tuner, state = self.tuner, self._state
+        assert state is not None
         args, kwargs = call
         nargs = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in state.arg_set}
         try:
             with state.lock:
-                if dict.__contains__(self, key):
-                    return True
-                config = _config_for(tuner, state, _key_text_of(tuner, key, nargs), args, kwargs)
+                if key not in answers:
+                    answers[key] = _config_for(tuner, state, _key_text_of(tuner, key, nargs), args, kwargs)
         except TunesvcError as exc:  # an unusable database must not stop the program
             state.off = True
             warnings.warn(
@@ -486,9 +499,25 @@ class _StoreCache(dict):
                 RuntimeWarning,
                 stacklevel=3,
             )
-            return False
-        dict.__setitem__(self, key, config)
+            return key in self.inner
         return True
+
+    def __getitem__(self, key: Any) -> Any:
+        answers = self._answers()
+        if answers is not None and key in answers:
+            return answers[key]
+        return self.inner[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.inner[key] = value
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else default  # noqa: SIM401 (self.get is this method)
+
+    def __getattr__(self, name: str) -> Any:  # the subclass's own cache's other methods
+        if name == "inner":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
 
 def _wrap_run(cls: type) -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from _backends import pg_database
 from triton.runtime.autotuner import Autotuner
 from typer.testing import CliRunner
 
@@ -313,6 +314,33 @@ def test_processes_missing_one_key_at_once_tune_it_once(script, tmp_db):
     assert sorted(r["stats"].get("tuned", 0) for r in results) == [0, 0, 1]
     assert len({json.dumps(r["best"]) for r in results}) == 1
     assert len(trials(tmp_db)) == 6
+
+
+@pytest.fixture
+def pg_url():
+    yield from pg_database()
+
+
+def test_hosts_missing_one_key_at_once_on_a_server_database_tune_it_once(script, tmp_path, pg_url):
+    """No shared lock file (each process its own temp folder, as on separate hosts): the claim
+    in the PostgreSQL database alone makes one process tune and the others wait for its winner."""
+    Store(pg_url).close()  # a server database is created by `tune db init` first
+    url = pg_url
+    procs = []
+    for i in range(3):
+        host_tmp = tmp_path / f"host{i}"
+        host_tmp.mkdir()
+        env = _env(TUNESVC_CAPTURE="1", TUNESVC_DB=url, TMPDIR=str(host_tmp))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)], cwd=script.parent, env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
+    results = [json.loads(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sorted(r["stats"].get("tuned", 0) for r in results) == [0, 0, 1]
+    assert len({json.dumps(r["best"]) for r in results}) == 1
+    assert len(trials(url)) == 6
 
 
 def test_tune_run_captures_a_command_and_returns_its_exit_code(script, tmp_db, monkeypatch):

@@ -57,3 +57,41 @@ def test_library_kernels_under_capture_on_the_gpu(tmp_db):
         assert result["rel_error"] <= 1e-5, result
     assert [r["config"] for r in second] == [r["config"] for r in first]
     assert trials_by_kernel(tmp_db) == stored  # nothing measured in the second process
+
+
+FLAGGEMS = """
+import json, sys
+import torch
+import tunesvc
+tunesvc.capture()
+from flag_gems.ops.mm import mm
+
+torch.manual_seed(int(sys.argv[1]))
+a = torch.randn(301, 203, device="cuda", dtype=torch.float16)
+b = torch.randn(203, 171, device="cuda", dtype=torch.float16)
+out = mm(a, b).double()
+ref = a.double() @ b.double()
+print(json.dumps({"rel_error": ((out - ref).norm() / ref.norm()).item(), "stats": tunesvc.capture_stats()}))
+"""
+
+
+def test_flag_gems_libtuner_kernels_are_captured(tmp_db, tmp_path):
+    """FlagGems' kernels run under its LibTuner (an Autotuner subclass with its own run and its
+    own database): captured, tuned once into tunesvc's store, read back by a second process."""
+    pytest.importorskip("flag_gems")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")} | {
+        "TUNESVC_DB": tmp_db,
+        "HOME": str(tmp_path),  # FlagGems' own config database goes under the home folder
+    }
+    results = []
+    for seed in (1, 2):
+        child = subprocess.run(
+            [sys.executable, "-c", FLAGGEMS, str(seed)], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert child.returncode == 0, child.stderr[-3000:]
+        results.append(json.loads(child.stdout.strip().splitlines()[-1]))
+    first, second = results
+    assert first["rel_error"] < 1e-2 and second["rel_error"] < 1e-2, results
+    assert first["stats"].get("tuned", 0) >= 1, first
+    assert second["stats"].get("stored", 0) >= 1 and "tuned" not in second["stats"], second
+    assert any(k.startswith("flag_gems.") for k in trials_by_kernel(tmp_db)), trials_by_kernel(tmp_db)

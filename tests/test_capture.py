@@ -401,6 +401,31 @@ def test_the_tools_see_captured_kernels_and_a_bundle_serves_them_without_a_datab
     assert not (script.parent / "tune.db").exists()
 
 
+def test_verify_retunes_an_edited_captured_kernel_on_its_recorded_call(script, tmp_db, tmp_path, monkeypatch):
+    _run(script, _env(TUNESVC_CAPTURE="1", TUNESVC_DB=tmp_db))
+    module = script.parent / "mykernels.py"
+    module.write_text(
+        module.read_text().replace("alpha * tl.load", "tl.load(x_ptr + offs, mask=mask) * alpha + 0 * tl.load")
+    )
+    _elsewhere(tmp_path, monkeypatch)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    runner = CliRunner()
+    command = ["verify", "--db", tmp_db, "--kernel", "mykernels:scale_add", "--json"]
+    [verdict] = json.loads(runner.invoke(app, command).output)
+    assert verdict["flags"] == ["stale-kernel"] and verdict["retuned_config"] is None
+    retuned = runner.invoke(app, [*command, "--retune"])
+    assert retuned.exit_code == 0, retuned.output
+    [verdict] = json.loads(retuned.output)
+    assert verdict["flags"] == ["stale-kernel"] and verdict["retuned_ms"] is not None
+    store = Store(tmp_db, readonly=True)
+    try:
+        versions = {w.kernel_version: w.config for w in store.winners(kernel="mykernels:scale_add")}
+    finally:
+        store.close()
+    assert len(versions) == 2 and verdict["retuned_config"] in versions.values()
+    assert len(trials(tmp_db)) == 12  # every listed config measured again, as the new version
+
+
 def test_misses_recorded_while_serving_are_tuned_offline(script, tmp_db, tmp_path, monkeypatch):
     served = _run(script, _env(TUNESVC_CAPTURE="1", TUNESVC_MODE="lookup", TUNESVC_DB=tmp_db))
     assert served["stats"] == {"fallback": 1}

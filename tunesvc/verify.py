@@ -10,7 +10,9 @@ winner is checked:
 - ``slower``: the heuristic config, measured now beside it, is faster by more than ``margin``.
 
 ``retune`` sweeps the flagged keys again (``budget`` new trials each): under the new kernel
-version or software stack a sweep starts afresh; otherwise it extends the stored search.
+version or software stack a sweep starts afresh; otherwise it extends the stored search. A
+captured triton.autotune kernel (named with ``kernel``, so that its module is imported) is tuned
+again over its whole config list, as its current version, on the call its sweep recorded.
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ def verify(
         if template is None:
             if ":" in name:  # a captured triton.autotune kernel, by module:qualname
                 _verify_captured(verdict, store, device, margin, named=entry.kernel == kernel)
+                if retune and verdict.flags and UNKNOWN not in verdict.flags:
+                    _retune_captured(verdict, store, device)
             else:
                 verdict.flags.append(UNKNOWN)
                 verdict.detail = "kernel not found here; cannot measure it"
@@ -144,6 +148,29 @@ def _retune(
     stored = store.trials(store.kernel_version_id(template), store.device_id(device), verdict.shape_key)
     [result] = run_sweep(template, [problem], store, strategy=strategy, budget=len(stored) + budget, device=device)
     verdict.retuned_ms, verdict.retuned_config = result.winner_ms, result.winner
+
+
+def _retune_captured(verdict: Verdict, store: Store, device: Device) -> None:
+    """Tune a flagged captured key again, as the current kernel over every listed config, on
+    inputs rebuilt from the call its sweep recorded."""
+    from tunesvc._capture import find_autotuner
+    from tunesvc._capture import kernel_version
+    from tunesvc._capture import tune_recorded
+
+    call = store.captured_call(verdict.kernel, verdict.shape_key, device.hardware_id)
+    try:
+        if call is None:
+            raise TunesvcError("no recorded call of this key")
+        tuner = find_autotuner(verdict.kernel)
+        version = kernel_version(tuner.fn, tuner.configs)
+        config = tune_recorded(store, verdict.kernel, version, verdict.shape_key, call)
+    except TunesvcError as exc:
+        verdict.detail = f"{verdict.detail}; not retuned: {exc}"
+        return
+    stored = store.winners(kernel=verdict.kernel, hardware_id=device.hardware_id, version=version)
+    times = [w.time_ms for w in stored if w.shape_key == verdict.shape_key]
+    verdict.retuned_config = config
+    verdict.retuned_ms = times[0] if times else None
 
 
 def _captured(store: Store, kernel: str) -> bool:

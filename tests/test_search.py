@@ -21,7 +21,6 @@ from tunesvc.errors import TunesvcError
 from tunesvc.search import GridStrategy
 from tunesvc.search import make_strategy
 from tunesvc.search._optuna import LOCAL_EVERY
-from tunesvc.search._optuna import PENALTY_MS
 from tunesvc.search._optuna import SET_CONSTRAINT
 from tunesvc.search._optuna import VIOLATION
 from tunesvc.search._optuna import OptunaStrategy
@@ -237,15 +236,34 @@ def test_cmaes_samples_indices_of_sorted_choices(space, candidates):
     assert strategy.decode({"A": 1, "B": 1, "num_warps": 0}) == {"A": 2, "B": 32, "num_warps": 4}
 
 
-def test_tpe_is_told_infeasible_and_failed_trials_as_constrained(space, candidates):
+def violations(trials) -> list[float]:
+    return [t.constraints[VIOLATION] if SET_CONSTRAINT else t.system_attrs["constraints"][0] for t in trials]
+
+
+def test_tpe_is_told_infeasible_and_failed_trials_as_constrained_and_without_a_value(space, candidates):
+    # stored results (a resumed sweep) and proposals alike: only a measured time is a value
     strategy = OptunaStrategy(space, candidates, seed=0)
     for config in candidates[:3]:
         strategy.tell(config, Measurement(Status.CRASH, message="died"))
     strategy.tell(candidates[3], ok(1.0))
     trials = strategy.study.get_trials()
-    assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials)
-    violations = [t.constraints[VIOLATION] if SET_CONSTRAINT else t.system_attrs["constraints"][0] for t in trials]
-    assert violations == [1.0, 1.0, 1.0, 0.0]
+    assert [t.state.name for t in trials] == ["PRUNED"] * 3 + ["COMPLETE"]
+    assert [t.value for t in trials] == [None, None, None, 1.0]
+    assert [t.user_attrs["status"] for t in trials] == ["crash"] * 3 + ["ok"]
+    assert violations(trials) == [1.0, 1.0, 1.0, 0.0]
+    assert strategy.study.metric_names == ["time_ms"]
+
+    strategy = OptunaStrategy(space, candidates, seed=3)
+    strategy.study.enqueue_trial({"A": 4, "B": 32, "num_warps": 4})  # the first proposal: A * B > 64
+    while (config := strategy.ask()) is not None:
+        strategy.tell(config, ok(fake_time(config)) if config["num_warps"] == 4 else Measurement(Status.WRONG_RESULT))
+    trials = strategy.study.get_trials()
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    assert sorted(t.value for t in complete) == sorted(fake_time(c) for c in candidates if c["num_warps"] == 4)
+    constrained = [t for t in trials if t.state.name == "PRUNED"]
+    assert {t.user_attrs["status"] for t in constrained} == {"wrong_result", "infeasible"}
+    assert all(t.value is None for t in constrained) and set(violations(constrained)) == {1.0}
+    assert all(t.user_attrs.get("unmeasured") for t in trials if t.state.name == "FAIL")
 
 
 def test_a_repeated_proposal_is_not_told_twice_but_replaced_by_its_nearest_untried(space, candidates):
@@ -254,7 +272,7 @@ def test_a_repeated_proposal_is_not_told_twice_but_replaced_by_its_nearest_untri
     strategy = OptunaStrategy(space, candidates, seed=0)
     proposed = drain(strategy, limit=len(candidates))
     assert sorted(hashes(proposed)) == sorted(hashes(candidates))
-    complete = [t for t in strategy.study.get_trials() if t.state.name == "COMPLETE" and t.value < PENALTY_MS]
+    complete = [t for t in strategy.study.get_trials() if t.state.name == "COMPLETE"]
     assert len(complete) == len(candidates)  # one trial per measured config, no repeats
     assert len({tuple(sorted(t.params.items())) for t in complete}) == len(candidates)
     best = {"A": 2, "B": 32, "num_warps": 4}

@@ -93,6 +93,48 @@ def test_optuna_budget_and_seed(tmp_db, template, device):
         store.close()
 
 
+def test_optuna_study_holds_measured_times_only_under_a_readable_name(tmp_path, template, device):
+    """A grid sweep, a study under the older name, then an optuna sweep of the same key into a
+    SQLite file; read back through Optuna's own API (as optuna-dashboard reads it): every value
+    is a stored trial's measured time, every trial without one is pruned or failed and says why,
+    the objective is named, and the study's name reads kernel | GPU | key | strategy."""
+    db = tmp_path / "study.db"
+    url = f"sqlite:///{db}"
+    problem = template.problem(M=37, N=45, K=29)
+    key = str(template.key(problem))
+    old_name = f"tunesvc:{template.name}:{template.version}:{device.fingerprint}:{key}:optuna"
+    store = Store(str(db))
+    try:
+        run_sweep(template, [problem], store, strategy="grid", budget=3, device=device)
+        old = optuna.create_study(study_name=old_name, storage=url, direction="minimize")
+        old.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=1e9))
+        [result] = run_sweep(template, [problem], store, strategy="optuna", budget=8, seed=0, device=device)
+        rows = trial_rows(store, template, device, key)
+    finally:
+        store.close()
+    assert result.trials_new == 5 and len(rows) == 8
+    summaries = {s.study_name: s for s in optuna.get_all_study_summaries(storage=url)}
+    name = f"matmul | {device.name} | {key} | optuna | version {template.version}, device {device.fingerprint[:8]}"
+    assert sorted(summaries) == sorted([name, old_name])
+    study = optuna.load_study(study_name=name, storage=url)
+    assert study.metric_names == ["time_ms"]
+    times = {r.config_hash: r.time_ms for r in rows if r.status == "ok"}
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    # the grid's 3 stored trials taught to the new study first (the old one is not read), then the new ones
+    assert {config_hash(t.params) for t in complete} == set(times)
+    for t in complete:
+        assert t.value == times[config_hash(t.params)] < 1e8, t
+        assert t.user_attrs["status"] == "ok"
+    for t in study.trials:
+        if t.state != optuna.trial.TrialState.COMPLETE:
+            assert t.state in (optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL), t
+            assert t.value is None and (t.user_attrs.get("status") or t.user_attrs.get("unmeasured")), t
+            assert t.user_attrs.get("status") != "ok", t
+    assert all(t.value is None or t.value < 1e8 for t in study.trials)
+    # the study under the older name is kept as it was
+    assert [t.value for t in optuna.load_study(study_name=old_name, storage=url).trials] == [1e9]
+
+
 def test_sweep_of_several_problems(tmp_db, template, device):
     problems = [template.problem(M=16, N=32, K=32), template.problem(M=16, N=32, K=32, dtype="float32")]
     store = Store(tmp_db)

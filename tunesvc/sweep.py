@@ -428,8 +428,18 @@ class _Run:
 
 
 def study_name(template: Template, device: Device, shape_key: str, strategy: str) -> str:
-    """The Optuna study of one (kernel, kernel version, device, shape key) and strategy."""
-    return f"tunesvc:{template.name}:{template.version}:{device.fingerprint}:{shape_key}:{strategy}"
+    """The Optuna study of one (kernel, kernel version, device, shape key) and strategy, named to
+    read in optuna-dashboard's list: kernel, GPU, shape key, strategy, then what keeps it apart
+    from the same sweep of another kernel version or software stack on that GPU model.
+
+    Studies named ``tunesvc:KERNEL:VERSION:FINGERPRINT:KEY:STRATEGY`` (before this name) stay in
+    the database, unread and unchanged; the next sweep of their key starts a study under this
+    name and teaches it the stored trials first, as it does for any new study.
+    """
+    return (
+        f"{template.name} | {device.name} | {shape_key} | {strategy}"
+        f" | version {template.version}, device {device.fingerprint[:8]}"
+    )
 
 
 def study_storage(store: Store) -> str | None:

@@ -2,14 +2,17 @@
 
 Every Optuna strategy shares one loop: the study proposes a point, the point maps to a config,
 a config outside the feasible set is told to the study at once (no benchmark spent), a measured
-one is told its time. What differs is the encoding of a config (TPE samples categorical values;
-CMA-ES and GP need numbers, so each parameter becomes the index of its value among the sorted
-choices: log2 for the power-of-two ones) and how a failure is told: TPE through its
-``constraints_func`` (an infeasible or failed trial is complete but constrained, so TPE puts it
-in its "bad" density and stops proposing its neighbourhood); CMA-ES and GP, which cannot use a
-penalised value without distorting their model, as a failed trial. TPE's proposal of a config
-already measured is told as a failed trial (so TPE never sees a measurement twice) and
-replaced by the untried feasible config nearest to it. TPE's startup trials are not i.i.d.
+one is told its time. A study's only values are measured times (its objective is named
+``time_ms``): what was not timed is told without a value, so Optuna's tools (optuna-dashboard's
+history, parameter importances) see real times only. What differs is the encoding of a config
+(TPE samples categorical values; CMA-ES and GP need numbers, so each parameter becomes the index
+of its value among the sorted choices: log2 for the power-of-two ones) and how a failure is told:
+TPE as a pruned trial with a violated constraint (an infeasible proposal, or a candidate that did
+not compile, run or check out; TPE ranks a trial with a violated constraint in its "bad" density
+whatever its state, and stops proposing its neighbourhood); CMA-ES and GP, which model values
+only, as a failed trial. TPE's proposal of a config already measured is told as a failed trial
+(so TPE never sees a measurement twice) and replaced by the untried feasible config nearest to
+it. TPE's startup trials are not i.i.d.
 random draws but a cover of the space's values (see :meth:`OptunaStrategy.startup`), and every
 second proposal of TPE after them is moved onto the incumbent's neighbourhood (see
 :meth:`OptunaStrategy.local_move`).
@@ -55,8 +58,15 @@ VIOLATION = "violation"
 #: Optuna 5 records constraints on the trial (set_constraint) and TPE reads them there; older
 #: versions compute them after each trial through the sampler's constraints_func
 SET_CONSTRAINT = hasattr(optuna.Trial, "set_constraint")
-#: the value a constrained trial reports; TPE ranks constrained trials by violation, not by it
-PENALTY_MS = 1e9
+#: the study's objective, named where Optuna can name it (3.2+)
+METRIC = "time_ms"
+#: how a trial that was not timed is told to TPE: pruned (no value) with a violated constraint.
+#: TPE takes pruned trials into its densities and files any trial with a violated constraint
+#: among the bad ones before looking at its state or value; FAIL would hide it from TPE.
+UNTIMED = TrialState.PRUNED
+#: user attribute of a trial: the tunesvc status of its measurement, or "infeasible" for a
+#: proposal outside the feasible set (never measured)
+STATUS = "status"
 #: attempts at opening Optuna's storage (see rdb_storage)
 STORAGE_ATTEMPTS = 5
 #: most startup trials before a model samples: Optuna's default of 10, fewer on a small space
@@ -135,6 +145,7 @@ class OptunaStrategy(Strategy):
             storage=rdb_storage(storage) if storage else None,
             study_name=study_name,
         )
+        _name_metric(self.study)
         self._rng = random.Random(seed)
         #: configs the (persisted) study already has a finished trial of
         self._in_study = self._finished_in_study()
@@ -150,8 +161,9 @@ class OptunaStrategy(Strategy):
     def _finished_in_study(self) -> set[str]:
         """Hashes of the configs a loaded study has finished trials of (none for a new study)."""
         found = set()
-        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-            if trial.user_attrs.get(UNMEASURED):
+        states = (TrialState.COMPLETE, TrialState.FAIL, UNTIMED)
+        for trial in self.study.get_trials(deepcopy=False, states=states):
+            if trial.user_attrs.get(UNMEASURED) or trial.user_attrs.get(STATUS) == "infeasible":
                 continue
             try:
                 found.add(config_hash(self.decode(trial.params)))
@@ -249,9 +261,10 @@ class OptunaStrategy(Strategy):
                 return self._random_untried()
             if key not in self._feasible:
                 # TPE learns where the feasible set ends: an infeasible proposal is a constrained
-                # trial (no benchmark spent), and the next ask draws again
+                # trial without a value (no benchmark spent), and the next ask draws again
                 _set_violation(trial, 1.0)
-                self.study.tell(trial, PENALTY_MS)
+                trial.set_user_attr(STATUS, "infeasible")
+                self.study.tell(trial, state=UNTIMED)
                 misses += 1
                 if misses < MAX_MISSES_PER_ASK:
                     continue
@@ -353,31 +366,38 @@ class OptunaStrategy(Strategy):
             self._tell_study(trial, measurement)
         elif key in self._feasible and key not in self._in_study:  # a stored result: teach the sampler
             ok = measurement.ok
+            status = {STATUS: str(measurement.status)}
             if ok or self.constrained:
+                fields = _constraint_fields(0.0 if ok else 1.0)
+                fields["user_attrs"] = {**fields.get("user_attrs", {}), **status}
                 self.study.add_trial(
                     optuna.trial.create_trial(
                         params=self.encode(config),
                         distributions=self._distributions,
-                        value=measurement.time_ms if ok else PENALTY_MS,
-                        **_constraint_fields(0.0 if ok else 1.0),
+                        **({"value": measurement.time_ms} if ok else {"state": UNTIMED}),
+                        **fields,
                     )
                 )
             else:
                 self.study.add_trial(
                     optuna.trial.create_trial(
-                        params=self.encode(config), distributions=self._distributions, state=TrialState.FAIL
+                        params=self.encode(config),
+                        distributions=self._distributions,
+                        state=TrialState.FAIL,
+                        user_attrs=status,
                     )
                 )
         self._in_study.add(key)
 
     def _tell_study(self, trial: optuna.Trial, measurement: Measurement) -> None:
+        trial.set_user_attr(STATUS, str(measurement.status))
         if measurement.ok:
             if self.constrained:
                 _set_violation(trial, 0.0)
             self.study.tell(trial, measurement.time_ms)
         elif self.constrained:
             _set_violation(trial, 1.0)
-            self.study.tell(trial, PENALTY_MS)
+            self.study.tell(trial, state=UNTIMED)
         else:
             self.study.tell(trial, state=TrialState.FAIL)
 
@@ -391,6 +411,16 @@ def _steps(choices: list[Any], a: Any, b: Any) -> int:
         ordered = sorted(choices)
         return abs(ordered.index(a) - ordered.index(b))
     return 1
+
+
+def _name_metric(study: optuna.Study) -> None:
+    """Name the objective ``time_ms`` (optuna-dashboard labels its axes with it), where this
+    Optuna can (3.2+) and the study has no name for it yet."""
+    if not hasattr(study, "set_metric_names") or study.metric_names == [METRIC]:
+        return
+    with warnings.catch_warnings():  # "experimental" in Optuna 3.x
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([METRIC])
 
 
 def _set_violation(trial: optuna.Trial, value: float) -> None:

@@ -1,12 +1,18 @@
 """`tune report`: the HTML page of a database, its numbers, and how a real headless browser shows it.
 
 The browser check needs Chromium (`apt-get install chromium`; .ci/run installs it): without it
-the test fails, it never skips.
+the test fails, it never skips. It measures the page in the browser through a script added to a
+copy of the page (the report itself has none) that writes its measurements into the DOM, which
+Chromium's --dump-dom prints.
 """
 
 from __future__ import annotations
 
+import base64
 import gc
+import html as html_module
+import json
+import math
 import re
 import shutil
 import subprocess
@@ -19,6 +25,8 @@ from typer.testing import CliRunner
 from tunesvc import TunesvcError
 from tunesvc.cli import app
 from tunesvc.report import FIGURES
+from tunesvc.report import _short_key
+from tunesvc.report import _spread_figure
 from tunesvc.report import collect
 from tunesvc.report import convergence_figure
 from tunesvc.report import write_report
@@ -33,6 +41,10 @@ from tunesvc.template import ShapeKey
 from tunesvc.template import get_template
 
 EXAMPLE = Path(__file__).parent.parent / "tune.db.example"
+#: the most bytes the example database's report may take (it holds every kernel's H100 sweep)
+EXAMPLE_REPORT_BYTES = 1_500_000
+#: browser widths the report must fit: a small laptop and a desktop window
+WIDTHS = (1024, 1400)
 H100 = "NVIDIA H100 80GB HBM3"
 SHAPES = ("37x45x29", "16x32x32")
 KEYS = ("M=64,N=45,K=29,dtype=float16", "M=16,N=32,K=32,dtype=float16")
@@ -87,7 +99,11 @@ def check_page(html: str) -> None:
     assert html.startswith("<!DOCTYPE html>")
     assert "<script" not in html.lower()
     assert not re.search(r"\bon[a-z]+\s*=", html.lower()), "an inline event handler is JavaScript too"
+    ids = set(re.findall(r' id="([^"]*)"', html))
     for target in re.findall(r'(?:src|href)="([^"]*)"', html):
+        if target.startswith("#"):  # the table of contents and the summary link into the page
+            assert target[1:] in ids, f"a link to {target}, which the page does not have"
+            continue
         assert target.startswith("data:image/png;base64,"), f"the page loads {target[:60]}"
 
 
@@ -102,10 +118,8 @@ def chromium() -> str:
     return path
 
 
-def screenshot(page: Path, tmp_path: Path) -> tuple[Path, str]:
-    """Render ``page`` in headless Chromium; the screenshot and Chromium's log (stderr)."""
-    shot = tmp_path / "shot.png"
-    cmd = [
+def chromium_args(tmp_path: Path, width: int, height: int) -> list[str]:
+    return [
         chromium(),
         "--headless",
         "--no-sandbox",
@@ -118,13 +132,66 @@ def screenshot(page: Path, tmp_path: Path) -> tuple[Path, str]:
         "--enable-logging=stderr",
         "--v=0",
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        f"--screenshot={shot}",
-        "--window-size=1200,1600",
-        page.resolve().as_uri(),
+        "--hide-scrollbars",
+        f"--window-size={width},{height}",
     ]
+
+
+def screenshot(page: Path, tmp_path: Path, width: int = 1200, height: int = 1600) -> tuple[Path, str]:
+    """Render ``page`` in headless Chromium; the screenshot and Chromium's log (stderr)."""
+    shot = tmp_path / f"shot-{width}.png"
+    cmd = [*chromium_args(tmp_path, width, height), f"--screenshot={shot}", page.resolve().as_uri()]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     return shot, done.stderr
+
+
+#: measures the page once loaded: the document's width, every heading, caption, cell, paragraph and
+#: figure that is cut off (wider than its box, or reaching past the window's right edge), every
+#: table that needs a scroll bar of its own, and every image's size
+MEASURE = """<script>
+window.addEventListener("load", () => {
+  const width = window.innerWidth;
+  const cut = [];
+  const name = (el) => `${el.tagName.toLowerCase()} "${(el.textContent || el.alt || "").trim().slice(0, 60)}"`;
+  for (const el of document.querySelectorAll("h1, h2, h3, nav, p, li, th, td, figure, figcaption, img")) {
+    const box = el.getBoundingClientRect();
+    if (box.right > width + 0.5) cut.push(`past the window's edge: ${name(el)}`);
+    if (el.tagName !== "IMG" && el.scrollWidth > el.clientWidth + 1) cut.push(`wider than its box: ${name(el)}`);
+  }
+  for (const el of document.querySelectorAll(".wide")) {
+    if (el.scrollWidth > el.clientWidth + 1) cut.push(`a table scrolls: ${name(el.querySelector("th"))}`);
+  }
+  const images = [...document.images].map((img) => ({
+    alt: img.alt, loaded: img.complete && img.naturalWidth > 0, shown: img.getBoundingClientRect().width,
+  }));
+  const out = document.createElement("pre");
+  out.id = "measured";
+  out.textContent = JSON.stringify({width, scrollWidth: document.documentElement.scrollWidth, cut, images});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def measure(page: Path, tmp_path: Path, width: int) -> dict:
+    """The page's measurements (see MEASURE) in headless Chromium, ``width`` pixels wide."""
+    probe = tmp_path / f"measured-{width}.html"
+    probe.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    cmd = [*chromium_args(tmp_path, width, 900), "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = re.search(r'<pre id="measured">(.*?)</pre>', done.stdout, re.S)
+    assert found, f"the measuring script did not run: {done.stdout[-2000:]}"
+    return json.loads(html_module.unescape(found.group(1)))
+
+
+def check_fits(measured: dict, width: int, figures: int) -> None:
+    assert measured["width"] == width
+    assert measured["scrollWidth"] <= width, f"the page is {measured['scrollWidth']} px wide in a {width} px window"
+    assert measured["cut"] == []
+    assert len(measured["images"]) == figures
+    for image in measured["images"]:
+        assert image["loaded"] and 0 < image["shown"] <= width, image
 
 
 def check_screenshot(shot: Path, log: str) -> None:
@@ -152,19 +219,26 @@ def test_report_of_a_tiny_sweep(tiny_report):
     check_page(html)
     for key in KEYS:
         assert key.replace(",", ",<wbr>") in html  # long keys may wrap after a comma
+    # each figure stored once: in the page, not again beside it
     assert html.count('src="data:image/png;base64,') == len(FIGURES) == 3
-    pngs = list(out.glob("*.png"))
-    assert sorted(kind for kind in FIGURES for p in pngs if p.name.endswith(f"-{kind}.png")) == sorted(FIGURES)
-    for png in pngs:
-        assert png.read_bytes().startswith(PNG_MAGIC)
-        assert png.name in html  # the page says where its figures are saved
+    assert [p.name for p in out.iterdir()] == ["report.html"]
+    for data in re.findall(r'src="data:image/png;base64,([^"]*)"', html):
+        assert base64.b64decode(data).startswith(PNG_MAGIC)
     assert "listed peak" in html
-    # the torch peer, timed by the sweep: its time and the speed-up over it in every key's row
+    # the torch peer, timed by the sweep: its time, and the speed-up over it in the direction the
+    # header says (peer / tuned), in every key's row
     assert "peer ms</th>" in html and "cuBLAS (torch.matmul)" in html
-    for row in re.findall(r"<tr><td class=\"l k\">.*?</tr>", html):
+    assert "speed-up over peer (peer / tuned)</th>" in html
+    rows = re.findall(r"<tr><td class=\"l k\">.*?</tr>", html)
+    assert len(rows) == len(KEYS)
+    for row in rows:
         cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
-        peer, over_peer = cells[6], cells[7]
-        assert float(peer) > 0 and float(over_peer.removesuffix("x")) > 0, row
+        tuned, peer, over_peer = float(cells[2]), float(cells[5]), float(cells[6].removesuffix("x"))
+        assert peer > 0 and over_peer == pytest.approx(peer / tuned, rel=2e-3), row
+        css = re.findall(r'<td class="(slow|fast)">', row)[-1]
+        assert css == ("slow" if over_peer < 1 else "fast"), row
+    # the summary opens the page: one row for matmul on this machine's device, its numbers those of the rows
+    assert html.index('id="summary"') < html.index('id="contents"') < html.index('<h2 id="matmul-')
 
 
 def test_tiny_sweep_numbers(tiny_db, template):
@@ -262,9 +336,11 @@ def test_report_filters_by_kernel_and_says_when_there_is_nothing(tiny_db, tmp_pa
         store.close()
 
 
-def test_tiny_report_in_a_browser(tiny_report, tmp_path):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_tiny_report_in_a_browser(tiny_report, tmp_path, width):
     _, out, _, _ = tiny_report
-    check_screenshot(*screenshot(out / "report.html", tmp_path))
+    check_fits(measure(out / "report.html", tmp_path, width), width, figures=len(FIGURES))
+    check_screenshot(*screenshot(out / "report.html", tmp_path, width))
 
 
 # -- the repository's H100 sweep: what holds of any real sweep, whatever it holds --------------
@@ -281,23 +357,48 @@ def test_report_of_the_h100_example(example_report, template):
 
     store = Store(example_db, readonly=True)
     try:
-        sections = collect(store)
+        found = collect(store)
         device = store.find_device(H100)
     finally:
         store.close()
-    # a section per kernel version and device, each with its three figures
-    assert {s.kernel for s in sections} == set(SHIPPED)
-    assert html.count('src="data:image/png;base64,') == 3 * len(sections) == len(list(out.glob("*.png")))
+    # by default, the kernel versions lookups use: the installed templates', one section per kernel
+    sections = [s for s in found if s.current]
+    assert sorted(s.kernel for s in sections) == sorted(SHIPPED)
+    assert all(s.version == get_template(s.kernel).version for s in sections)
+    older = [s for s in found if not s.current]
+    assert older and "older version" not in html and "--all-versions" in html
+    # each section with its three figures, stored once: in the page, which stays small
+    assert html.count('src="data:image/png;base64,') == 3 * len(sections)
+    assert [p.name for p in out.iterdir()] == ["report.html"]
+    assert (out / "report.html").stat().st_size <= EXAMPLE_REPORT_BYTES
     # a key shows its torch peer where its sweep timed one, and "-" where it did not
     keys = [k for s in sections for k in s.keys]
     timed = [k for k in keys if k.peer_ms is not None]
-    assert all(k.peer_speedup == pytest.approx(k.peer_ms / k.winner_ms) for k in timed)
+    assert timed and all(k.peer_speedup == pytest.approx(k.peer_ms / k.winner_ms) for k in timed)
     assert all(k.peer_speedup is None for k in keys if k.peer_ms is None)
     assert html.count("peer ms</th>") == len(sections)
     rows = re.findall(r"<tr><td class=\"l k\">.*?</tr>", html)
     assert len(rows) == len(keys)
-    assert sum(re.findall(r"<td[^>]*>(.*?)</td>", row)[6:8] == ["-", "-"] for row in rows) == len(keys) - len(timed)
+    assert sum(re.findall(r"<td[^>]*>(.*?)</td>", row)[5:7] == ["-", "-"] for row in rows) == len(keys) - len(timed)
     assert all(set(k.traces) <= set(STRATEGIES) for k in keys)
+    # the summary: per kernel and device, the geometric mean, best and worst of the speed-ups over the peer
+    summary = html[html.index('id="summary"') : html.index('id="contents"')]
+    for section in sections:
+        [row] = re.findall(rf'<tr><td class="l"><a href="#{section.slug}">.*?</tr>', summary)
+        cells = re.findall(r"<td([^>]*)>(.*?)</td>", row)
+        ratios = [k.peer_speedup for k in section.keys if k.peer_speedup is not None]
+        assert cells[3][1] == str(len(ratios))
+        if not ratios:
+            assert [c for _, c in cells[4:]] == ["-"] * 3
+            continue
+        geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        for (css, text), value in zip(cells[4:], (geomean, max(ratios), min(ratios))):
+            assert float(text.split("x")[0]) == pytest.approx(value, rel=5e-3), row
+            assert css == (' class="slow"' if value < 1 else ' class="fast"'), row
+    assert 'class="slow"' in summary  # attention on the H100 is slower than torch's SDPA (FlashAttention)
+    # no panel title ends in a bare flag
+    assert _short_key("B=4,H=32,S=4096,D=128,causal=True,dtype=bfloat16") == "4x32x4096x128 causal bfloat16"
+    assert _short_key("B=8,HQ=32,HKV=8,S=4096,D=128,dtype=bfloat16,paged=False").endswith("bfloat16 not paged")
 
     [section] = [s for s in sections if s.kernel == "matmul" and s.version == template.version]
     assert section.device.name == H100
@@ -311,6 +412,81 @@ def test_report_of_the_h100_example(example_report, template):
     big = {k.shape_key: k for k in section.keys}["M=4096,N=4096,K=4096,dtype=bfloat16"]
     assert big.roofline == pytest.approx(2 * 4096**3 / 989e12 / (big.winner_ms * 1e-3))
     assert big.bound == "compute" and f"{big.roofline:.0%} (compute)" in html
+
+
+def test_all_versions_adds_the_older_ones_under_their_own_headings(tmp_path):
+    calls = []
+    store = Store(EXAMPLE, readonly=True)
+    try:
+        found = collect(store, kernel="rmsnorm")
+        page = write_report(
+            store, tmp_path, kernel="rmsnorm", all_versions=True, progress=lambda *args: calls.append(args)
+        )
+    finally:
+        store.close()
+    html = page.read_text()
+    [current] = [s for s in found if s.current]
+    [old] = [s for s in found if not s.current]
+    assert html.index('id="current"') < html.index(f'id="{current.slug}"') < html.index('id="older"')
+    assert html.index('id="older"') < html.index(f'id="{old.slug}"')
+    heading = f"rmsnorm on {H100}: older version {old.version} (lookups use {current.version})"
+    assert f'<h2 id="{old.slug}" class="old">{heading}</h2>' in html
+    assert html.count('src="data:image/png;base64,') == 6
+    # progress: reading, then each of the 6 figures
+    assert calls[:2] == [("reading the database", 0, 1), ("reading the database", 1, 1)]
+    assert calls[2:] == [("drawing figures", i, 6) for i in range(1, 7)]
+
+
+def check_nothing_cut(figure) -> None:
+    """Every title and label of a drawn figure inside the figure (nothing cut at its edges)."""
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    box = figure.bbox
+    texts = [t for t in [figure._suptitle] if t is not None]
+    for ax in figure.axes:
+        if not ax.get_visible():
+            continue
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label]
+        # tick labels drawn: those of ticks within the axis' limits
+        (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+        texts += [t for t in ax.get_xticklabels(which="both") if x0 <= t.get_position()[0] <= x1]
+        texts += [t for t in ax.get_yticklabels(which="both") if y0 <= t.get_position()[1] <= y1]
+    for text in texts:
+        if not text.get_text() or not text.get_visible():
+            continue
+        extent = text.get_window_extent(renderer)
+        assert box.x0 - 0.5 <= extent.x0 and extent.x1 <= box.x1 + 0.5, text.get_text()
+        assert box.y0 - 0.5 <= extent.y0 and extent.y1 <= box.y1 + 0.5, text.get_text()
+
+
+def lowest_labelled_tick(ax) -> float:
+    low, high = ax.get_ylim()
+    labelled = [
+        label.get_position()[1]
+        for label in [*ax.yaxis.get_ticklabels(), *ax.yaxis.get_ticklabels(minor=True)]
+        if label.get_text() and low <= label.get_position()[1] <= high
+    ]
+    return min(labelled)
+
+
+def test_figures_of_a_one_shape_sweep_show_their_whole_title_and_the_best_time(tiny_db, tmp_path):
+    store = Store(tiny_db, readonly=True)
+    try:
+        [section] = collect(store)
+    finally:
+        store.close()
+    section.keys = section.keys[:1]  # as a sweep of one shape
+    [key] = section.keys
+    for by in ("trial", "seconds"):
+        figure = convergence_figure(section, by=by)
+        check_nothing_cut(figure)
+        title = " ".join(figure._suptitle.get_text().split())  # wrapped to the figure's width
+        assert title.endswith(f"({section.kernel} on {section.device.name})"), title
+        [ax] = [ax for ax in figure.axes if ax.get_visible()]
+        best = min(key.ok_times)
+        assert ax.get_title().endswith(f"best {best:.4g} ms")
+        assert ax.get_ylim()[0] <= lowest_labelled_tick(ax) <= best
+    check_nothing_cut(_spread_figure(section))
 
 
 def test_every_shipped_template_has_a_correct_winner_at_its_current_version():
@@ -379,9 +555,12 @@ def test_every_stored_winner_is_its_keys_fastest_correct_trial():
         store.close()
 
 
-def test_h100_report_in_a_browser(example_report, tmp_path):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_h100_report_in_a_browser(example_report, tmp_path, width):
     _, out, example_db = example_report
-    check_screenshot(*screenshot(out / "report.html", tmp_path))
+    page = out / "report.html"
+    check_fits(measure(page, tmp_path, width), width, figures=page.read_text().count("<img "))
+    check_screenshot(*screenshot(page, tmp_path, width))
     assert example_db.read_bytes() == EXAMPLE.read_bytes()
 
 

@@ -834,16 +834,37 @@ def verify(
 def report(
     db: DbOption = None,
     kernel: Annotated[str | None, typer.Option(help="Only this kernel.", autocompletion=_complete_kernel)] = None,
-    out: Annotated[Path, typer.Option(help="Folder for report.html and its PNG figures.")] = Path("tunesvc-report"),
+    out: Annotated[Path, typer.Option(help="Folder for report.html (figures embedded).")] = Path("tunesvc-report"),
+    all_versions: Annotated[
+        bool, typer.Option("--all-versions", help="Also the kernel versions lookups no longer use.")
+    ] = False,
 ) -> None:
-    """Write an HTML report: winners against the heuristic, roofline fractions, convergence and spread."""
-    # the database (SQLAlchemy) and the figures (matplotlib)
+    """Write an HTML report: a summary, winners against the heuristic and torch, roofline, convergence, spread."""
+    # the database (SQLAlchemy) and the figures (matplotlib); rich.progress only draws its bar
+    from rich.progress import BarColumn
+    from rich.progress import MofNCompleteColumn
+    from rich.progress import Progress
+    from rich.progress import TextColumn
+    from rich.progress import TimeElapsedColumn
+
     from tunesvc.report import write_report
     from tunesvc.store import Store
 
     store = Store(db, readonly=True)
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True,
+    )  # fmt: skip
+    tasks: dict[str, Any] = {}
+
+    def on_progress(what: str, step: int, total: int) -> None:
+        if what not in tasks:
+            tasks[what] = progress.add_task(what, total=total)
+        progress.update(tasks[what], completed=step, total=total)
+
     try:
-        path = write_report(store, out, kernel=kernel)
+        with progress:
+            path = write_report(store, out, kernel=kernel, all_versions=all_versions, progress=on_progress)
     finally:
         store.close()
     console.print(f"wrote {path}")

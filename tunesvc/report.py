@@ -1,14 +1,19 @@
 """`tune report`: one self-contained HTML page about a database, to look at rather than read.
 
-Per kernel (version) and device: a table of the winners (tuned time against the heuristic's
+It opens with a summary (per kernel and device: the tuned kernels' speed-up over their torch
+peers, as a geometric mean, best and worst) and a table of contents. By default it shows the
+kernel versions that lookups use (the installed template's; for a captured or uninstalled
+kernel, its newest stored version); ``all_versions`` adds the older ones, under their own
+headings. Per kernel version and device: a table of the winners (tuned time against the heuristic's
 trial, when the sweep measured it, and against the template's torch peer, when the sweep timed
 it; achieved TFLOP/s; the fraction of the device's roofline from the template's
 ``cost(problem)`` and a small table of listed peaks), two convergence figures (best-so-far time
 against trial index and against seconds of sweeping, one panel per shape key, one line per
 search strategy) and a spread figure (every correct trial's time relative to the key's winner).
 
-The page has no JavaScript and loads nothing: the figures are PNGs embedded as base64 data URIs,
-and the same PNGs are written beside it. The database is only read.
+The page has no JavaScript and loads nothing: the figures are PNGs (256-colour palettes, a third
+of the bytes of full colour for line plots) embedded as base64 data URIs, each stored once. The
+database is only read.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import html
 import io
 import math
 import re
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from dataclasses import field
@@ -26,6 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
 
 import numpy as np
 
@@ -37,6 +44,12 @@ from tunesvc.template import template_named_by_data
 if TYPE_CHECKING:
     from tunesvc.store import Store
     from tunesvc.template import Template
+
+
+class Progress(Protocol):
+    """Told what the report is doing: ``step`` of ``total`` steps of ``what`` done."""
+
+    def __call__(self, what: str, step: int, total: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -55,7 +68,9 @@ LISTED_PEAKS: dict[str, Peak] = {
 }
 
 REPORT_FILE = "report.html"
-#: the figures of each section, in page order: kind (the PNG's name ends in it) -> caption
+#: figures' resolution: 1140 px for three panels side by side, the page's widest column
+DPI = 100
+#: the figures of each section, in page order: kind -> caption
 FIGURES = {
     "convergence": "Convergence by trial: every correct trial's time (dots) and the best so far (line), by trial "
     "index in the order measured; one line per search strategy where a key was swept with several.",
@@ -102,7 +117,7 @@ class KeyReport:
 
     @property
     def peer_speedup(self) -> float | None:
-        """peer time / tuned time: above 1, the tuned kernel is faster than torch's."""
+        """Speed-up over the peer, peer time / tuned time: above 1, the tuned kernel is faster than torch's."""
         return self.peer_ms / self.winner_ms if self.peer_ms and self.winner_ms else None
 
     @property
@@ -126,19 +141,49 @@ class Section:
     sweep_seconds: float = 0.0
     template_note: str = ""
     peer_name: str = ""  # what the installed template's peer runs; "" when unknown
+    #: the version lookups use: the installed template's, else the kernel's newest stored version
+    lookup_version: str = ""
 
     @property
     def slug(self) -> str:
         return _slug(f"{self.kernel}-{self.version}-{self.device.name}-d{self.device.id}")
 
+    @property
+    def current(self) -> bool:
+        return self.version == self.lookup_version
 
-def write_report(store: Store, out_dir: str | Path, kernel: str | None = None) -> Path:
-    """Write ``report.html`` and its PNG figures into ``out_dir``; returns the HTML's path."""
+    @property
+    def peer_speedups(self) -> list[tuple[float, KeyReport]]:
+        """(speed-up over the peer, key) of every key whose peer was timed."""
+        return [(k.peer_speedup, k) for k in self.keys if k.peer_speedup is not None]
+
+    @property
+    def title(self) -> str:
+        what = f"{self.kernel} on {self.device.name}"
+        if self.current:
+            return what
+        return f"{what}: older version {self.version} (lookups use {self.lookup_version or 'another'})"
+
+
+def write_report(
+    store: Store,
+    out_dir: str | Path,
+    kernel: str | None = None,
+    *,
+    all_versions: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Write ``report.html`` into ``out_dir``; returns its path. ``all_versions`` adds the kernel
+    versions lookups no longer use; ``progress`` is told each step (reading, each figure)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise TunesvcError(f"{out} is a file; pass a folder to --out.")
-    sections = collect(store, kernel=kernel)
-    if not sections:
+    tell = progress or (lambda what, step, total: None)
+    tell("reading the database", 0, 1)
+    found = collect(store, kernel=kernel)
+    tell("reading the database", 1, 1)
+    sections = [s for s in found if all_versions or s.current]
+    if not found:
         what = f" of kernel '{kernel}'" if kernel else ""
         raise TunesvcError(f"Nothing to report: {store.where} holds no trials{what}; run `tune sweep` first.")
     try:
@@ -151,28 +196,33 @@ def write_report(store: Store, out_dir: str | Path, kernel: str | None = None) -
         "convergence-time": lambda section: convergence_figure(section, by="seconds"),
         "spread": _spread_figure,
     }
-    written: list[Path] = []
+    total, step = len(sections) * len(FIGURES), 0
+    for section in sections:
+        figures[section.slug] = {}
+        for kind in FIGURES:
+            figure = draw[kind](section)
+            if figure is not None:
+                figures[section.slug][kind] = base64.b64encode(_png(figure)).decode("ascii")
+            step += 1
+            tell("drawing figures", step, total)
+    path = out / REPORT_FILE
     try:
-        for section in sections:
-            figures[section.slug] = {}
-            for kind in FIGURES:
-                figure = draw[kind](section)
-                if figure is None:
-                    continue
-                png = _png(figure)
-                name = f"{section.slug}-{kind}.png"
-                (out / name).write_bytes(png)
-                written.append(out / name)
-                figures[section.slug][kind] = base64.b64encode(png).decode("ascii")
-        path = out / REPORT_FILE
-        path.write_text(_html(store, sections, figures, kernel), encoding="utf-8")
-    except OSError as exc:  # a read-only or full --out: say so, and leave no half-written report
-        for file in written:
-            file.unlink(missing_ok=True)
+        path.write_text(_html(store, sections, figures, kernel, left_out=_left_out(found, sections)), encoding="utf-8")
+    except OSError as exc:  # a read-only or full --out: say so
         raise TunesvcError(
             f"Cannot write the report into {out}: {exc.strerror}; pass a writable folder to --out."
         ) from None
     return path
+
+
+def _left_out(found: list[Section], shown: list[Section]) -> dict[str, int]:
+    """Kernel -> how many of its (version, device) sections the page leaves out."""
+    counts: dict[str, int] = defaultdict(int)
+    kept = {id(s) for s in shown}
+    for section in found:
+        if id(section) not in kept:
+            counts[section.kernel] += 1
+    return dict(counts)
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -216,7 +266,17 @@ def collect(store: Store, kernel: str | None = None) -> list[Section]:
         report.peer_ms = _peer_ms(peers.get((kv_id, device_id, key), []), winner_trial, problem)
         _fill_template_numbers(report, templates[kv.kernel], history.devices[device_id], rows)
         sections[(kv_id, device_id)].keys.append(report)
-    ordered = sorted(sections.values(), key=lambda s: (s.kernel, s.device.name, s.device.id, s.version))
+    newest: dict[str, tuple[int, str]] = {}  # kernel -> its newest stored version (id, version)
+    for (kv_id, _), section in sections.items():
+        newest[section.kernel] = max(newest.get(section.kernel, (kv_id, section.version)), (kv_id, section.version))
+    for section in sections.values():
+        template = templates[section.kernel]
+        section.lookup_version = template.version if template is not None else newest[section.kernel][1]
+    # the versions lookups use first, then older ones; newest first among those
+    ids = {id(s): kv_id for (kv_id, _), s in sections.items()}
+    ordered = sorted(
+        sections.values(), key=lambda s: (not s.current, s.kernel, s.device.name, s.device.id, -ids[id(s)])
+    )
     for section in ordered:
         section.keys.sort(key=lambda k: _key_order(k.shape_key))
     return ordered
@@ -329,15 +389,46 @@ def _new_figure(width: float, height: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    figure = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)  # Agg, without touching pyplot's global backend
     return figure
 
 
 def _png(figure) -> bytes:
+    """The figure as a PNG of a 256-colour palette: lines, dots and text on white need no more,
+    and the page is a third of the size."""
+    from PIL import Image  # matplotlib's own dependency: heavy, imported only to draw
+
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", facecolor="white", metadata={"Software": None})
+    image = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+    buffer = io.BytesIO()
+    image.quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(buffer, format="PNG", optimize=True)
     return buffer.getvalue()
+
+
+def _title(text: str, width_in: float) -> str:
+    """``text`` wrapped to a figure ``width_in`` inches wide at 10 pt, so no title runs off it."""
+    return "\n".join(textwrap.wrap(text, width=max(30, int(width_in * 12)), break_on_hyphens=False))
+
+
+def _lowest_tick_at_or_below(ax, value: float) -> None:
+    """Start the y axis at a labelled tick at or below ``value`` (the best time), so the best time
+    never sits below the lowest number on the axis. The ticks are fixed here: matplotlib's own
+    choice depends on the panel's final height, which the layout decides later."""
+    from matplotlib.ticker import FixedLocator
+    from matplotlib.ticker import MaxNLocator
+
+    high = ax.get_ylim()[1]
+    if ax.get_yscale() == "log":
+        # labelled: 1, 2, 3 and 5 per decade (see _plain_log_ticks)
+        decade = 10 ** math.floor(math.log10(value))
+        ax.set_ylim(max(m * decade for m in (1, 2, 3, 5) if m * decade <= value * (1 + 1e-9)), high)
+        return
+    ticks = [float(t) for t in MaxNLocator(nbins=6).tick_values(value, high)]
+    ticks = [t for t in ticks if t <= value * (1 + 1e-9)][-1:] + [t for t in ticks if t > value * (1 + 1e-9)]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.set_ylim(ticks[0], high)
 
 
 #: line colours of the strategies of one figure, in the order they first appear
@@ -360,7 +451,8 @@ def convergence_figure(section: Section, by: str = "trial"):
     colors = {s: STRATEGY_COLORS[i % len(STRATEGY_COLORS)] for i, s in enumerate(strategies)}
     columns = min(3, len(keys))
     rows = math.ceil(len(keys) / columns)
-    figure = _new_figure(3.8 * columns, 2.7 * rows + 0.5)
+    width = max(3.8 * columns, 6.4)  # one panel is as wide as the title needs
+    figure = _new_figure(width, 2.7 * rows + 0.5)
     axes = figure.subplots(rows, columns, squeeze=False)
     for ax in axes.flat[len(keys) :]:
         ax.set_visible(False)
@@ -379,7 +471,8 @@ def convergence_figure(section: Section, by: str = "trial"):
         if max(times) / min(times) > 4:
             ax.set_yscale("log")
             _plain_log_ticks(ax.yaxis)
-        ax.set_title(_short_key(key.shape_key), fontsize=9)
+        _lowest_tick_at_or_below(ax, min(times))
+        ax.set_title(f"{_short_key(key.shape_key)}: best {min(times):.4g} ms", fontsize=9)
         ax.set_xlabel("trial" if by == "trial" else "seconds since the sweep started", fontsize=8)
         if by == "trial":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -392,7 +485,8 @@ def convergence_figure(section: Section, by: str = "trial"):
             shown.add(labels)
             ax.legend(fontsize=7, loc="upper right", title="best so far", title_fontsize=7)
     what = "trial" if by == "trial" else "seconds of sweeping"
-    figure.suptitle(f"Convergence: best-so-far time by {what} ({section.kernel} on {section.device.name})", fontsize=10)
+    title = f"Convergence: best-so-far time by {what} ({section.kernel} on {section.device.name})"
+    figure.suptitle(_title(title, width), fontsize=10)
     return figure
 
 
@@ -425,9 +519,8 @@ def _spread_figure(section: Section):
     ax.set_xlabel(f"trial time / winner time ({scale}bar: middle half, red tick: median)", fontsize=8)
     ax.tick_params(axis="x", which="both", labelsize=8)
     ax.grid(True, axis="x", which="both", alpha=0.3, linewidth=0.5)
-    ax.set_title(
-        f"Spread of correct trials relative to the winner ({section.kernel} on {section.device.name})", fontsize=10
-    )
+    title = f"Spread of correct trials relative to the winner ({section.kernel} on {section.device.name})"
+    ax.set_title(_title(title, 9.5), fontsize=10)
     return figure
 
 
@@ -445,10 +538,18 @@ def _plain_log_ticks(axis) -> None:
 
 
 def _short_key(key: str) -> str:
-    """M=4096,N=4096,K=4096,dtype=bfloat16 -> 4096x4096x4096 bfloat16 (dims in order)."""
+    """M=4096,N=4096,K=4096,dtype=bfloat16 -> 4096x4096x4096 bfloat16 (dims in order); a flag by
+    its name (causal=True -> causal, paged=False -> not paged), any other value as name=value."""
     parts = [p.partition("=") for p in key.split(",")]
     dims = [v for _, _, v in parts if v.isdigit()]
-    rest = [v for _, _, v in parts if not v.isdigit()]
+    rest = []
+    for name, _, value in parts:
+        if value.isdigit():
+            continue
+        if value in ("True", "False"):
+            rest.append(name if value == "True" else f"not {name}")
+        else:
+            rest.append(value if name == "dtype" else f"{name}={value}")
     return " ".join(["x".join(dims), *rest]) if dims else key
 
 
@@ -456,25 +557,47 @@ def _short_key(key: str) -> str:
 _CSS = """
 body { font-family: -apple-system, "Segoe UI", Roboto, "DejaVu Sans", Arial, sans-serif; margin: 24px;
        color: #1b2631; max-width: 1400px; }
-h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32px; border-bottom: 1px solid #ccd; }
-.meta { color: #566573; font-size: 13px; margin: 2px 0; }
+h1 { font-size: 22px; margin-bottom: 4px; }
+h2 { font-size: 18px; margin-top: 32px; border-bottom: 1px solid #ccd; overflow-wrap: anywhere; }
+h2.old { color: #6c3483; border-bottom: 1px dashed #a569bd; }
+h2.part { font-size: 20px; margin-top: 40px; border-bottom: 2px solid #1b2631; }
+.meta { color: #566573; font-size: 13px; margin: 2px 0; overflow-wrap: anywhere; }
+.wide { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; font-size: 13px; margin: 12px 0; }
-th, td { border: 1px solid #d5d8dc; padding: 4px 7px; text-align: right; white-space: nowrap; }
-td.w { white-space: normal; min-width: 180px; } th { white-space: normal; }
-td.k { white-space: normal; min-width: 160px; }
+th, td { border: 1px solid #d5d8dc; padding: 4px 6px; text-align: right; white-space: nowrap; }
+td.w { white-space: normal; min-width: 110px; } th { white-space: normal; }
+td.k { white-space: normal; min-width: 120px; }
 th { background: #eaf2f8; } td.l, th.l { text-align: left; }
 tr:nth-child(even) td { background: #f8f9f9; }
-code { font-size: 12px; }
-figure { margin: 16px 0; } figure img { max-width: 100%; border: 1px solid #e5e8e8; }
+td.slow, tr:nth-child(even) td.slow { color: #922b21; background: #fadbd8; font-weight: 600; }
+td.fast { color: #1e8449; }
+.sub { font-size: 11px; color: #566573; font-weight: normal; white-space: normal; }
+code { font-size: 12px; overflow-wrap: anywhere; }
+nav ol { font-size: 14px; margin: 6px 0; } nav li { margin: 2px 0; }
+figure { margin: 16px 0; } figure img { max-width: 100%; height: auto; box-sizing: border-box; border: 1px solid #e5e8e8; }
 figcaption { font-size: 12px; color: #566573; }
 .note { font-size: 12px; color: #566573; max-width: 900px; }
 """
 
+#: what the speed-up over the peer is, wherever the page shows one
+SPEEDUP_NOTE = (
+    "Speed-up over the peer: peer ms / tuned ms, the torch equivalent's time over the tuned kernel's on the same "
+    "inputs; above 1 the tuned kernel is faster, below 1 (red) it is slower."
+)
 
-def _html(store: Store, sections: list[Section], figures: dict[str, dict[str, str]], kernel: str | None) -> str:
+
+def _html(
+    store: Store,
+    sections: list[Section],
+    figures: dict[str, dict[str, str]],
+    kernel: str | None,
+    left_out: dict[str, int] | None = None,
+) -> str:
     e = html.escape
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     trials = sum(len(k.trials) for s in sections for k in s.keys)
+    current = [s for s in sections if s.current]
+    older = [s for s in sections if not s.current]
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -484,13 +607,88 @@ def _html(store: Store, sections: list[Section], figures: dict[str, dict[str, st
         "<h1>tunesvc report</h1>",
         f'<p class="meta">Database <code>{e(store.where)}</code>'
         + (f", kernel <code>{e(kernel)}</code>" if kernel else "")
-        + f"; {len(sections)} kernel/device section(s), {trials} trials; written {e(now)}.</p>",
+        + f"; {len(current)} kernel/device section(s) of the kernel versions lookups use"
+        + (f", {len(older)} of older versions" if older else "")
+        + f", {trials} trials; written {e(now)}.</p>",
     ]
-    for section in sections:
+    parts += _summary_html(current, left_out or {})
+    parts += _contents_html(current, older)
+    if current:
+        parts.append('<h2 class="part" id="current">Kernel versions lookups use</h2>')
+    for section in current:
+        parts += _section_html(section, figures.get(section.slug, {}))
+    if older:
+        parts.append('<h2 class="part" id="older">Older kernel versions (lookups no longer use them)</h2>')
+    for section in older:
         parts += _section_html(section, figures.get(section.slug, {}))
     parts += _peaks_html()
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _ratio_cell(value: float | None, text: str | None = None, under: str = "") -> str:
+    """A speed-up's cell: red below 1 (slower than what it is compared with), green above;
+    ``under``: a second, smaller line (what the value belongs to)."""
+    if value is None:
+        return "<td>-</td>"
+    css = "slow" if value < 1 else "fast"
+    sub = f'<br><span class="sub">{html.escape(under)}</span>' if under else ""
+    return f'<td class="{css}">{html.escape(text or f"{value:.3g}x")}{sub}</td>'
+
+
+def _summary_html(sections: list[Section], left_out: dict[str, int]) -> list[str]:
+    e = html.escape
+    out = [
+        '<h2 id="summary">Summary</h2>',
+        '<div class="wide"><table><thead><tr><th class="l">kernel</th><th class="l">device</th><th>shape keys</th>'
+        "<th>keys with a peer timed</th><th>speed-up over the peer: geometric mean</th><th>best (shape)</th>"
+        "<th>worst (shape)</th></tr></thead><tbody>",
+    ]
+    for section in sections:
+        ratios = section.peer_speedups
+        row = [
+            f'<td class="l"><a href="#{e(section.slug)}">{e(section.kernel)}</a></td>',
+            f'<td class="l">{e(section.device.name)}</td>',
+            f"<td>{len(section.keys)}</td>",
+            f"<td>{len(ratios)}</td>",
+        ]
+        if ratios:
+            best, worst = max(ratios, key=lambda r: r[0]), min(ratios, key=lambda r: r[0])
+            row.append(_ratio_cell(_geomean([r for r, _ in ratios])))
+            for value, key in (best, worst):
+                row.append(_ratio_cell(value, under=_short_key(key.shape_key)))
+        else:
+            row += ["<td>-</td>"] * 3
+        out.append("<tr>" + "".join(row) + "</tr>")
+    out.append("</tbody></table></div>")
+    note = SPEEDUP_NOTE + ' "-": no sweep of that kernel timed its peer.'
+    if left_out:
+        older = ", ".join(f"{k} ({n})" for k, n in sorted(left_out.items()))
+        note += (
+            f" Left out: sections of kernel versions lookups no longer use, {older}; "
+            "<code>tune report --all-versions</code> shows them."
+        )
+    out.append(f'<p class="note">{note}</p>')
+    return out
+
+
+def _contents_html(current: list[Section], older: list[Section]) -> list[str]:
+    e = html.escape
+
+    def items(sections: list[Section]) -> str:
+        return "".join(f'<li><a href="#{e(s.slug)}">{e(s.title)}</a></li>' for s in sections)
+
+    out = ['<nav><h2 id="contents">Contents</h2><ol>', '<li><a href="#summary">Summary</a></li>']
+    if current:
+        out.append(f'<li><a href="#current">Kernel versions lookups use</a><ol>{items(current)}</ol></li>')
+    if older:
+        out.append(f'<li><a href="#older">Older kernel versions</a><ol>{items(older)}</ol></li>')
+    out.append('<li><a href="#peaks">Listed peaks</a></li></ol></nav>')
+    return out
 
 
 def _section_html(section: Section, figures: dict[str, str]) -> list[str]:
@@ -501,65 +699,65 @@ def _section_html(section: Section, figures: dict[str, str]) -> list[str]:
     )
     trials = sum(len(k.trials) for k in section.keys)
     failed = sum(k.failed for k in section.keys)
+    css = "" if section.current else ' class="old"'
     out = [
-        f'<h2 id="{e(section.slug)}">{e(section.kernel)} on {e(d.name)}</h2>',
+        f'<h2 id="{e(section.slug)}"{css}>{e(section.title)}</h2>',
         f'<p class="meta">Hardware id <code>{e(d.hardware_id)}</code>; {e(software)}. '
-        f"Kernel version <code>{e(section.version)}</code>. {len(section.keys)} shape keys, {trials} trials "
-        f"({failed} failed or invalid), {section.sweeps} sweep runs, {section.sweep_seconds:.0f} s of sweeping.</p>",
+        f"Kernel version <code>{e(section.version)}</code>. {_count(len(section.keys), 'shape key')}, "
+        f"{_count(trials, 'trial')} ({failed} failed or invalid), {_count(section.sweeps, 'sweep run')}, "
+        f"{section.sweep_seconds:.0f} s of sweeping.</p>",
     ]
     if section.template_note:
         out.append(f'<p class="note">{e(section.template_note)}</p>')
     return out + _winners_table(section) + [_winners_note(section)] + _figures_html(section, figures)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 #: the winners table's columns: header, CSS class
 WINNER_COLUMNS = [
-    ("shape key", "l"),
-    ("problem", "l"),
+    ("shape key (problem measured)", "l"),
     ("winner config", "l"),
     ("tuned ms", ""),
     ("heuristic ms", ""),
-    ("speed-up", ""),
+    ("speed-up over heuristic", ""),
     ("peer ms", ""),
-    ("tuned / peer (speed-up)", ""),
+    ("speed-up over peer (peer / tuned)", ""),
     ("TFLOP/s", ""),
     ("of roofline (listed peak)", ""),
-    ("trials", ""),
-    ("failed", ""),
+    ("trials (failed)", ""),
 ]
 
 
 def _winners_table(section: Section) -> list[str]:
     e = html.escape
-    out = ["<table><thead><tr>"]
+    out = ['<div class="wide"><table><thead><tr>']
     out.append("".join(f'<th class="{c}">{e(h)}</th>' for h, c in WINNER_COLUMNS))
     out.append("</tr></thead><tbody>")
     for k in section.keys:
-        speedup = f"{k.heuristic_ms / k.winner_ms:.2f}x" if k.heuristic_ms and k.winner_ms else "-"
-        # 3 digits: the interpreter is 1000x slower
-        over_peer = f"{k.peer_speedup:.3g}x" if k.peer_speedup is not None else "-"
+        over_heuristic = k.heuristic_ms / k.winner_ms if k.heuristic_ms and k.winner_ms else None
         roofline = f"{k.roofline:.0%} ({k.bound})" if k.roofline is not None else "-"
-        cells = [
-            (k.shape_key, "l k"),
-            (_problem_text(k.problem), "l"),
-            (_config_text(k.winner_config) if k.winner_config else "no correct trial", "l w"),
-            (_ms(k.winner_ms), ""),
-            (_ms(k.heuristic_ms), ""),
-            (speedup, ""),
-            (_ms(k.peer_ms), ""),
-            (over_peer, ""),
-            (f"{k.tflops:.3g}" if k.tflops is not None else "-", ""),
-            (roofline, ""),
-            (str(len(k.trials)), ""),
-            (str(k.failed), ""),
-        ]
         # a break opportunity after each comma: long shape keys wrap instead of widening the table
+        key = e(k.shape_key).replace(",", ",<wbr>")
+        config = _config_text(k.winner_config) if k.winner_config else "no correct trial"
         out.append(
             "<tr>"
-            + "".join(f'<td class="{c}">{e(v).replace(",", ",<wbr>") if c == "l k" else e(v)}</td>' for v, c in cells)
-            + "</tr>"
+            f'<td class="l k">{key}<br><span class="sub">{e(_problem_text(k.problem))}</span></td>'
+            f'<td class="l w">{e(config)}</td>'
+            f"<td>{_ms(k.winner_ms)}</td>"
+            f"<td>{_ms(k.heuristic_ms)}</td>"
+            + _ratio_cell(over_heuristic, f"{over_heuristic:.2f}x" if over_heuristic else None)
+            + f"<td>{_ms(k.peer_ms)}</td>"
+            # 3 digits: the interpreter is 1000x slower
+            + _ratio_cell(k.peer_speedup)
+            + f"<td>{f'{k.tflops:.3g}' if k.tflops is not None else '-'}</td>"
+            f"<td>{e(roofline)}</td>"
+            f"<td>{len(k.trials)} ({k.failed})</td>"
+            "</tr>"
         )
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     return out
 
 
@@ -577,9 +775,9 @@ def _winners_note(section: Section) -> str:
     return (
         '<p class="note">heuristic ms: the trial of the config the template\'s heuristic picks for this problem and '
         f'device (sweeps measure it first); "-" where it was not measured. peer ms: {peer}, timed once by the '
-        "sweep on the same inputs and in the same way as the candidates; tuned / peer (speed-up): peer ms over tuned "
-        'ms, above 1 where the tuned kernel is faster; "-" where no sweep timed a peer (sweeps before schema '
-        f"revision 0004, a template without one, or a peer that failed). Roofline: {roofline}.</p>"
+        f"sweep on the same inputs and in the same way as the candidates. {e(SPEEDUP_NOTE)} "
+        '"-" where no sweep timed a peer (sweeps before schema revision 0004, a template without one, or a peer '
+        f"that failed). Roofline: {roofline}.</p>"
     )
 
 
@@ -589,14 +787,13 @@ def _figures_html(section: Section, figures: dict[str, str]) -> list[str]:
     out = []
     for kind, caption in FIGURES.items():
         if kind in figures:
-            if kind.startswith("convergence"):
-                caption += f" Strategies: {', '.join(strategies)}."
             alt = f"{kind} of {section.kernel} on {section.device.name}"
             if kind.startswith("convergence"):
+                caption += f" Strategies: {', '.join(strategies)}."
                 alt += f" (strategies: {', '.join(strategies)})"
             out.append(
                 f'<figure><img alt="{e(alt)}" src="data:image/png;base64,{figures[kind]}">'
-                f"<figcaption>{e(caption)} Also saved as <code>{e(section.slug)}-{kind}.png</code>.</figcaption></figure>"
+                f"<figcaption>{e(caption)}</figcaption></figure>"
             )
     return out
 
@@ -608,7 +805,7 @@ def _peaks_html() -> list[str]:
         for name, p in LISTED_PEAKS.items()
     ]
     return [
-        "<h2>Listed peaks</h2>",
+        '<h2 id="peaks">Listed peaks</h2>',
         '<p class="note">The roofline uses these listed peaks (vendor datasheet, dense tensor-core rates, no '
         'sparsity), not measured ones; other devices, other dtypes and Triton\'s CPU interpreter show "-".</p>',
         '<table><thead><tr><th class="l">device</th><th>listed peak TFLOP/s</th><th>listed peak TB/s</th></tr></thead><tbody>',

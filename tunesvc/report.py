@@ -402,8 +402,15 @@ def _png(figure) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", facecolor="white", metadata={"Software": None})
     image = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+    quantized = image.quantize(colors=256, method=Image.Quantize.FASTOCTREE)
+    # the octree averages the background to (254, 254, 254): white again, as the page around it
+    palette = quantized.getpalette() or []
+    for i in range(0, len(palette) - 2, 3):
+        if min(palette[i : i + 3]) >= 250:
+            palette[i : i + 3] = [255, 255, 255]
+    quantized.putpalette(palette)
     buffer = io.BytesIO()
-    image.quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(buffer, format="PNG", optimize=True)
+    quantized.save(buffer, format="PNG", optimize=True)
     return buffer.getvalue()
 
 

@@ -671,6 +671,12 @@ def _summary_html(sections: list[Section], left_out: dict[str, int]) -> list[str
         else:
             row += ["<td>-</td>"] * 3
         out.append("<tr>" + "".join(row) + "</tr>")
+    # a kernel whose every section is of an older version: a row that says so, not nothing
+    for name in sorted(set(left_out) - {s.kernel for s in sections}):
+        out.append(
+            f'<tr><td class="l">{e(name)}</td><td class="l" colspan="6">no trials of the version lookups use; '
+            f"{_count(left_out[name], 'section')} of older versions (<code>--all-versions</code>)</td></tr>"
+        )
     out.append("</tbody></table></div>")
     note = SPEEDUP_NOTE + ' "-": no sweep of that kernel timed its peer.'
     if left_out:

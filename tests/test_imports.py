@@ -9,6 +9,8 @@ a module, else to the package.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,3 +83,15 @@ def test_no_import_cycle_among_tunesvc_modules():
     for module in sorted(graph):
         cycle = cycle_from(module, [])
         assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_cli_has_a_name_no_other_package_claims():
+    """Ray installs a `tune` command too (whichever package installs last owns it): `tunesvc` is
+    the same CLI under its own name."""
+    from importlib.metadata import entry_points
+
+    ours = {ep.name: ep.value for ep in entry_points(group="console_scripts") if ep.dist and ep.dist.name == "tunesvc"}
+    assert ours == {"tune": "tunesvc.cli:main", "tunesvc": "tunesvc.cli:main"}
+    script = Path(sys.executable).with_name("tunesvc")
+    done = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("tunesvc"), done.stdout + done.stderr

@@ -43,6 +43,7 @@ from tunesvc.device import Device
 from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
 from tunesvc.kernels.matmul import _use_torch_allocator
+from tunesvc.launch import direct_launch
 from tunesvc.ops import kernel_op
 from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
@@ -1036,6 +1037,12 @@ def reference_attention(
             else:
                 results.append(torch.autograd.grad(out, (qb, kb, vb), do[b].float()))
     return tuple(torch.stack(parts) for parts in zip(*results))
+
+
+# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+_attn_fwd_kernel = direct_launch(_attn_fwd_kernel)
+_attn_bwd_preprocess = direct_launch(_attn_bwd_preprocess)
+_attn_bwd_kernel = direct_launch(_attn_bwd_kernel)
 
 
 class AttentionInputs(NamedTuple):

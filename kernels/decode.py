@@ -35,6 +35,7 @@ import triton.language as tl
 from tunesvc.device import Device
 from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
+from tunesvc.launch import direct_launch
 from tunesvc.ops import config_arg
 from tunesvc.ops import config_of
 from tunesvc.ops import kernel_op
@@ -279,6 +280,11 @@ def launch_decode(
             **({"launch_pdl": True} if pdl else {}),
         )
     return out
+
+
+# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+_decode_split_kernel = direct_launch(_decode_split_kernel)
+_decode_combine_kernel = direct_launch(_decode_combine_kernel)
 
 
 @functools.cache

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from tunesvc.device import Device
+from tunesvc.launch import direct_launch
 from tunesvc.ops import config_arg
 from tunesvc.ops import config_of
 from tunesvc.ops import kernel_op
@@ -104,6 +105,11 @@ def _keep_mask_kernel(keep_ptr, n_elements, seed, p, BLOCK: tl.constexpr, INT64_
     offs = start + tl.arange(0, BLOCK)
     keep = _uniform(seed, start, BLOCK) >= p
     tl.store(keep_ptr + offs, keep.to(tl.int8), mask=offs < n_elements)
+
+
+# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+_dropout_kernel = direct_launch(_dropout_kernel)
+_keep_mask_kernel = direct_launch(_keep_mask_kernel)
 
 
 def _int64_offsets(n_elements: int) -> bool:

@@ -24,7 +24,6 @@ Masks make any M, N, K valid. FLOPs = 2 M N K; minimum bytes = (M K + K N + M N)
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
 
 import torch
 import triton
@@ -35,6 +34,8 @@ from tunesvc.device import Device
 from tunesvc.device import current_device
 from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
+from tunesvc.launch import direct_launch
+from tunesvc.launch import use_torch_allocator
 from tunesvc.ops import config_arg
 from tunesvc.ops import config_of
 from tunesvc.ops import kernel_op
@@ -336,10 +337,9 @@ def _matmul_splitk_kernel(
         _store_tile(c_ptr, total.to(c_ptr.dtype.element_ty), pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
-@cache
-def _use_torch_allocator() -> None:
-    """On-device tensor descriptors need global scratch memory, which Triton asks the host for."""
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
+#: On-device tensor descriptors need global scratch memory, which Triton asks the host for, in
+#: every thread that launches (the autograd engine runs backwards on its own): see tunesvc.launch
+_use_torch_allocator = use_torch_allocator
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
@@ -491,6 +491,13 @@ def _config(variant: str, m: int, n: int, k: int, group: int, split: int, warps:
         "num_warps": warps,
         "num_stages": stages,
     }
+
+
+# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+_matmul_kernel = direct_launch(_matmul_kernel)
+_matmul_persistent_kernel = direct_launch(_matmul_persistent_kernel)
+_matmul_tma_kernel = direct_launch(_matmul_tma_kernel)
+_matmul_splitk_kernel = direct_launch(_matmul_splitk_kernel)
 
 
 class MatmulTemplate(Template):

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from tunesvc.device import Device
+from tunesvc.launch import direct_launch
 from tunesvc.ops import config_arg
 from tunesvc.ops import config_of
 from tunesvc.ops import kernel_op
@@ -168,6 +169,11 @@ def launch_bias_act_residual_bwd(
     )
     dbias.copy_(partial.sum(dim=0))
     return dx, dbias
+
+
+# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+_bias_act_residual_kernel = direct_launch(_bias_act_residual_kernel)
+_bias_act_residual_bwd_kernel = direct_launch(_bias_act_residual_bwd_kernel)
 
 
 class BiasActResidualTemplate(Template):

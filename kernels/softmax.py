@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from tunesvc.device import Device
+from tunesvc.launch import direct_launch
 from tunesvc.ops import config_arg
 from tunesvc.ops import config_of
 from tunesvc.ops import kernel_op
@@ -158,6 +159,11 @@ def launch_softmax_bwd(
         y, dy, dx, M, N, y.stride(0), dy.stride(0), dx.stride(0), **meta, ONE_PASS=meta["BLOCK_N"] >= N, **options
     )
     return dx
+
+
+# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+_softmax_kernel = direct_launch(_softmax_kernel)
+_softmax_bwd_kernel = direct_launch(_softmax_bwd_kernel)
 
 
 class SoftmaxTemplate(Template):

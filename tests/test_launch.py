@@ -1,0 +1,87 @@
+"""Launch state: Triton's allocator in every thread, and the direct launcher's specialisation key."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tunesvc  # noqa: F401  (chooses the interpreter where there is no GPU)
+from tunesvc.launch import DirectLaunch
+from tunesvc.launch import _arg_class
+from tunesvc.launch import use_torch_allocator
+
+
+def _triton_allocator() -> Any:
+    allocation = pytest.importorskip("triton.runtime._allocation")
+    return allocation._allocator.get()
+
+
+def _in_thread(fn: Any) -> Any:
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(fn()))
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def test_every_thread_that_launches_gets_the_allocator():
+    use_torch_allocator()
+    here = _triton_allocator()
+    assert callable(here) and not type(here).__name__ == "NullAllocator"
+
+    # a new thread (the autograd engine's, say) starts without Triton's allocator...
+    assert type(_in_thread(_triton_allocator)).__name__ == "NullAllocator"
+
+    # ...and has it once it launches through the shipped kernels' path
+    def launch_then_read() -> Any:
+        use_torch_allocator()
+        return _triton_allocator()
+
+    assert _in_thread(launch_then_read) is here
+
+
+@triton.jit
+def _scale_kernel(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr, SHIFT: tl.constexpr = 0.0):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask) * scale + SHIFT, mask=mask)
+
+
+def test_direct_launch_gives_the_kernels_result_from_any_thread():
+    launch = DirectLaunch(_scale_kernel)
+    assert launch.fn is _scale_kernel.fn  # a template hashes the same source
+    x = torch.randn(77)
+    expected = x * 3.0 + 1.5
+
+    def run() -> torch.Tensor:
+        y = torch.empty_like(x)
+        for _ in range(2):  # first launch, then a hit
+            launch[(triton.cdiv(77, 32),)](x, y, 77, 3.0, BLOCK=32, SHIFT=1.5)
+        return y
+
+    torch.testing.assert_close(run(), expected)
+    torch.testing.assert_close(_in_thread(run), expected)
+
+
+def test_the_key_is_at_least_as_fine_as_tritons_specialisation():
+    specialize = pytest.importorskip("triton._C.libtriton").native_specialize_impl
+    base = pytest.importorskip("triton.backends.compiler").BaseBackend
+    buffer = torch.empty(64)
+    args = [
+        *(0, 1, 2, 15, 16, 17, 32, 2**31 - 16, 2**31 - 1, 2**31, -(2**31), -(2**31) - 16, 2**63, 2**64 - 16),
+        *(0.5, 3.0, True, False),
+        buffer,
+        buffer[1:],
+        buffer[4:],
+        buffer.half(),
+        buffer.half()[8:],
+    ]
+    for a in args:
+        for b in args:
+            if type(a) is type(b) and _arg_class(a) == _arg_class(b):
+                assert specialize(base, a, False, True, True) == specialize(base, b, False, True, True), (a, b)

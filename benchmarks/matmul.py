@@ -68,7 +68,7 @@ TUTORIAL = [
 
 def autotuned_matmul():
     """The grouped kernel under a plain triton.autotune over TUTORIAL, keyed on M, N, K."""
-    kernel = triton.autotune(configs=TUTORIAL, key=["M", "N", "K"])(_matmul_kernel)
+    kernel = triton.autotune(configs=TUTORIAL, key=["M", "N", "K"])(_matmul_kernel.kernel)  # Triton's JITFunction
 
     def run(a, b):
         M, K = a.shape

@@ -96,7 +96,7 @@ def kernel_launchers(config: dict, bundle: Path):
     Both build the output and the grid the same way as benchmarks/matmul.py's triton.autotune
     peer, so the three differ only in how the config is chosen.
     """
-    kernel = matmul_module._matmul_kernel
+    kernel = matmul_module._matmul_kernel.kernel  # Triton's JITFunction, not the shipped DirectLaunch
     decorated = tunesvc.autotune([config], key=["M", "N", "K"], name="matmul_decorated", bundle=bundle)(kernel)
     fixed = dict(config)
 
@@ -214,7 +214,8 @@ def breakdown_rows(a: torch.Tensor, b: torch.Tensor, decorated, run_direct, run_
     """Each step of the two launch paths timed alone, and the paths' differences."""
     from tunesvc.kernels import matmul
 
-    kernel = matmul_module._matmul_kernel
+    kernel = matmul_module._matmul_kernel.kernel  # Triton's JITFunction
+    direct_launch = matmul_module._matmul_kernel  # what launch_matmul calls (tunesvc.launch)
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
@@ -231,6 +232,9 @@ def breakdown_rows(a: torch.Tensor, b: torch.Tensor, decorated, run_direct, run_
             "matmul": lambda: matmul(a, b),
             "launch_matmul": lambda: launch_matmul(a, b, config),
             "kernel[(tiles,)]": lambda: kernel[(1,)](*args, **blocks, DOT_IN_FP32=False, EVEN_K=even_k, **options),
+            "direct[(tiles,)]": lambda: direct_launch[(1,)](
+                *args, **blocks, DOT_IN_FP32=False, EVEN_K=even_k, **options
+            ),
             "kernel.run": lambda: kernel.run(
                 *args, grid=(1,), warmup=False, **blocks, DOT_IN_FP32=False, EVEN_K=even_k, **options
             ),
@@ -240,7 +244,7 @@ def breakdown_rows(a: torch.Tensor, b: torch.Tensor, decorated, run_direct, run_
             "is_compiling": torch.compiler.is_compiling,
             "checks": lambda: a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype,
             "config_for": lambda: rt.config_for(TEMPLATE, M=a.shape[0], N=b.shape[1], K=a.shape[1], dtype=a.dtype),
-            "memo get": lambda: rt.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)),
+            "memo get": lambda: rt.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype, a.get_device())),
             "direct kernel[grid]": lambda: run_direct(a, b),
             "decorated": lambda: run_decorated(a, b),
             "decorated[grid]": lambda: decorated[grid],
@@ -261,10 +265,15 @@ def breakdown_rows(a: torch.Tensor, b: torch.Tensor, decorated, run_direct, run_
         ("launch_matmul(a, b, config)", us(t["launch_matmul"]), ""),
         ("  matmul - launch_matmul: our path (op routing, memo get)", diff("matmul", "launch_matmul"), ""),
         ("    torch.compiler.is_compiling()", us(t["is_compiling"]), ""),
-        ("    runtime.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype))", us(t["memo get"]), ""),
+        (
+            "    runtime.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype, a.get_device()))",
+            us(t["memo get"]),
+            "",
+        ),
         ("    on a miss only: operand checks (ndim, shapes, dtypes)", us(t["checks"]), ""),
         ("    on a miss only: runtime.config_for(TEMPLATE, M=, N=, K=, dtype=) hit", us(t["config_for"]), ""),
         ("  the Triton launch: _matmul_kernel[(1,)](prebuilt args)", us(t["kernel[(tiles,)]"]), ""),
+        ("  the same through DirectLaunch (a hit: the compiled kernel's launcher)", us(t["direct[(tiles,)]"]), ""),
         ("    of it, _matmul_kernel.run(...) alone", us(t["kernel.run"]), ""),
         (
             "  launch_matmul's own steps (launch_matmul - launch - empty)",
@@ -294,7 +303,7 @@ def main() -> int:
     where = "cuda" if on_gpu else "cpu"
     if not on_gpu:
         # the launch itself is a no-op here: the interpreter would run the GEMM's arithmetic
-        matmul_module._matmul_kernel.run = lambda *args, **kwargs: None
+        matmul_module._matmul_kernel.kernel.run = lambda *args, **kwargs: None
 
     from tunesvc.kernels import matmul
 

@@ -1234,8 +1234,12 @@ def _attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The op tunesvc::attention: O and LSE with the tuned config."""
-    B, H, S, D = q.shape
-    config = default_runtime().config_for(TEMPLATE, B=B, H=H, S=S, D=D, causal=causal, dtype=q.dtype)
+    runtime = default_runtime()
+    key = (TEMPLATE, q.shape, causal, q.dtype, index := q.get_device())
+    config = runtime.launch_configs.get(key)
+    if config is None:
+        B, H, S, D = q.shape
+        config = runtime.tuned(key, index, TEMPLATE, B=B, H=H, S=S, D=D, causal=causal, dtype=q.dtype)
     return launch_attention(q, k, v, config, causal=causal, sm_scale=sm_scale)
 
 
@@ -1250,8 +1254,12 @@ def _attention_bwd(
     sm_scale: float,
 ) -> torch.Tensor:
     """The op tunesvc::attention_bwd: dQ, dK, dV stacked in one (3, B, H, S, D) tensor."""
-    B, H, S, D = q.shape
-    config = default_runtime().config_for(BWD_TEMPLATE, B=B, H=H, S=S, D=D, causal=causal, dtype=q.dtype)
+    runtime = default_runtime()
+    key = (BWD_TEMPLATE, q.shape, causal, q.dtype, index := q.get_device())
+    config = runtime.launch_configs.get(key)
+    if config is None:
+        B, H, S, D = q.shape
+        config = runtime.tuned(key, index, BWD_TEMPLATE, B=B, H=H, S=S, D=D, causal=causal, dtype=q.dtype)
     return launch_attention_bwd(q, k, v, o, lse, do, config, causal=causal, sm_scale=sm_scale)
 
 

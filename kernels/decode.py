@@ -523,13 +523,18 @@ def _decode(
     """The op tunesvc::decode: the tuned config (config "") or the given one, launched."""
     explicit = config_of(config)
     if explicit is None:
-        B, HQ, D = q.shape
+        runtime = default_runtime()
         paged = block_table is not None
-        # the key takes the cache's capacity, not max(seq_lens), which would synchronise with the GPU
-        capacity = k_cache.shape[1] * (block_table.shape[1] if paged else 1)
-        explicit = default_runtime().config_for(
-            TEMPLATE, B=B, HQ=HQ, HKV=k_cache.shape[2], S=capacity, D=D, paged=paged, dtype=q.dtype
-        )
+        pages = block_table.shape[1] if paged else 0
+        key = (TEMPLATE, q.shape, k_cache.shape, pages, q.dtype, index := q.get_device())
+        explicit = runtime.launch_configs.get(key)
+        if explicit is None:
+            B, HQ, D = q.shape
+            # the key takes the cache's capacity, not max(seq_lens), which would synchronise with the GPU
+            capacity = k_cache.shape[1] * (pages if paged else 1)
+            explicit = runtime.tuned(
+                key, index, TEMPLATE, B=B, HQ=HQ, HKV=k_cache.shape[2], S=capacity, D=D, paged=paged, dtype=q.dtype
+            )
     return launch_decode(q, k_cache, v_cache, seq_lens, block_table, explicit, sm_scale=sm_scale)
 
 

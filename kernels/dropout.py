@@ -202,7 +202,11 @@ def _dropout(x: torch.Tensor, p: float, seed: int, config: str) -> torch.Tensor:
     """The op tunesvc::dropout on a contiguous x: the tuned config (config "") or the given one."""
     explicit = config_of(config)
     if explicit is None:
-        explicit = default_runtime().config_for(TEMPLATE, numel=x.numel(), dtype=x.dtype)
+        runtime = default_runtime()
+        key = (TEMPLATE, x.numel(), x.dtype, index := x.get_device())
+        explicit = runtime.launch_configs.get(key) or runtime.tuned(
+            key, index, TEMPLATE, numel=x.numel(), dtype=x.dtype
+        )
     return launch_dropout(x, p, seed, explicit)
 
 

@@ -389,8 +389,11 @@ def _layernorm(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The op tunesvc::layernorm on rows x (M, N): y, mean, rstd with the tuned config."""
-    M, N = x.shape
-    config = default_runtime().config_for(TEMPLATE, M=M, N=N, dtype=x.dtype)
+    runtime = default_runtime()
+    key = (TEMPLATE, x.shape, x.dtype, index := x.get_device())
+    config = runtime.launch_configs.get(key) or runtime.tuned(
+        key, index, TEMPLATE, M=x.shape[0], N=x.shape[1], dtype=x.dtype
+    )
     return launch_layernorm(x, w, b, eps, config)
 
 
@@ -398,11 +401,15 @@ def _layernorm_bwd(
     x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The op tunesvc::layernorm_bwd: dx, and dw and db back to back in one (2 N,) tensor."""
-    M, N = x.shape
-    config = default_runtime().config_for(BWD_TEMPLATE, M=M, N=N, dtype=x.dtype)
+    runtime = default_runtime()
+    key = (BWD_TEMPLATE, x.shape, x.dtype, index := x.get_device())
+    config = runtime.launch_configs.get(key) or runtime.tuned(
+        key, index, BWD_TEMPLATE, M=x.shape[0], N=x.shape[1], dtype=x.dtype
+    )
     dx, dw, db = launch_layernorm_bwd(x, w, dy, mean, rstd, config)
     # dw and db are the two halves of one (2 N,) buffer, and an op's outputs may not alias each
     # other: return the whole buffer, seen from dw (a copy would cost a launch per backward)
+    N = x.shape[1]
     assert db.data_ptr() == dw.data_ptr() + N * dw.element_size()
     return dx, dw.as_strided((2 * N,), (1,))
 

@@ -644,9 +644,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config: Config | None = None) ->
         # get on the operands' shapes and dtypes, inlined here rather than in _matmul (a frame less)
         if config is None:
             runtime = _runtime._default or _runtime.default_runtime()
-            config = runtime.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)) or _remember(
-                runtime, a, b
-            )
+            config = runtime.launch_configs.get(
+                (TEMPLATE, a.shape, b.shape, a.dtype, b.dtype, a.get_device())
+            ) or _remember(runtime, a, b)
         else:
             _check_operands(a, b)
         return launch_matmul(a, b, config)
@@ -667,10 +667,8 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor) -> None:
 def _remember(runtime: _runtime.Runtime, a: torch.Tensor, b: torch.Tensor) -> Config:
     """First call with these shapes and dtypes: check the operands, look the config up, keep it."""
     _check_operands(a, b)
-    config = runtime.launch_configs[(TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)] = runtime.config_for(
-        TEMPLATE, M=a.shape[0], N=b.shape[1], K=a.shape[1], dtype=a.dtype
-    )
-    return config
+    key = (TEMPLATE, a.shape, b.shape, a.dtype, b.dtype, index := a.get_device())
+    return runtime.tuned(key, index, TEMPLATE, M=a.shape[0], N=b.shape[1], K=a.shape[1], dtype=a.dtype)
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor, config: str) -> torch.Tensor:
@@ -678,9 +676,9 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, config: str) -> torch.Tensor:
     explicit = config_of(config)
     if explicit is None:
         runtime = _runtime.default_runtime()
-        explicit = runtime.launch_configs.get((TEMPLATE, a.shape, b.shape, a.dtype, b.dtype)) or _remember(
-            runtime, a, b
-        )
+        explicit = runtime.launch_configs.get(
+            (TEMPLATE, a.shape, b.shape, a.dtype, b.dtype, a.get_device())
+        ) or _remember(runtime, a, b)
     return launch_matmul(a, b, explicit)
 
 

@@ -357,7 +357,11 @@ def _bias_act_residual(
     """The op tunesvc::bias_act_residual: the tuned config (config "") or the given one, launched."""
     explicit = config_of(config)
     if explicit is None:
-        explicit = default_runtime().config_for(TEMPLATE, M=x.shape[0], N=x.shape[1], act=act, dtype=x.dtype)
+        runtime = default_runtime()
+        key = (TEMPLATE, x.shape, act, x.dtype, index := x.get_device())
+        explicit = runtime.launch_configs.get(key) or runtime.tuned(
+            key, index, TEMPLATE, M=x.shape[0], N=x.shape[1], act=act, dtype=x.dtype
+        )
     return launch_bias_act_residual(x, bias, residual, act, explicit)
 
 
@@ -368,7 +372,11 @@ def _bias_act_residual_bwd(
     op's outputs may not be views of one buffer, so the caller takes them apart)."""
     explicit = config_of(config)
     if explicit is None:
-        explicit = default_runtime().config_for(BWD_TEMPLATE, M=x.shape[0], N=x.shape[1], act=act, dtype=x.dtype)
+        runtime = default_runtime()
+        key = (BWD_TEMPLATE, x.shape, act, x.dtype, index := x.get_device())
+        explicit = runtime.launch_configs.get(key) or runtime.tuned(
+            key, index, BWD_TEMPLATE, M=x.shape[0], N=x.shape[1], act=act, dtype=x.dtype
+        )
     out = x.new_empty(x.numel() + x.shape[1])
     launch_bias_act_residual_bwd(x, bias, dy, act, explicit, out=out)
     return out

@@ -254,8 +254,11 @@ BWD_TEMPLATE = RMSNormBwdTemplate()
 
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The op tunesvc::rmsnorm on rows x (M, N): y and rstd with the tuned config."""
-    M, N = x.shape
-    config = default_runtime().config_for(TEMPLATE, M=M, N=N, dtype=x.dtype)
+    runtime = default_runtime()
+    key = (TEMPLATE, x.shape, x.dtype, index := x.get_device())
+    config = runtime.launch_configs.get(key) or runtime.tuned(
+        key, index, TEMPLATE, M=x.shape[0], N=x.shape[1], dtype=x.dtype
+    )
     return launch_rmsnorm(x, w, eps, config)
 
 
@@ -263,8 +266,11 @@ def _rmsnorm_bwd(
     x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The op tunesvc::rmsnorm_bwd: dx and dw with the tuned config."""
-    M, N = x.shape
-    config = default_runtime().config_for(BWD_TEMPLATE, M=M, N=N, dtype=x.dtype)
+    runtime = default_runtime()
+    key = (BWD_TEMPLATE, x.shape, x.dtype, index := x.get_device())
+    config = runtime.launch_configs.get(key) or runtime.tuned(
+        key, index, BWD_TEMPLATE, M=x.shape[0], N=x.shape[1], dtype=x.dtype
+    )
     return launch_rmsnorm_bwd(x, w, dy, rstd, config)
 
 

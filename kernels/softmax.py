@@ -264,7 +264,11 @@ def _softmax(rows: torch.Tensor, config: str, bwd_config: str) -> torch.Tensor:
     """The op tunesvc::softmax: the tuned config (config "") or the given one, launched."""
     explicit = config_of(config)
     if explicit is None:
-        explicit = default_runtime().config_for(TEMPLATE, M=rows.shape[0], N=rows.shape[1], dtype=rows.dtype)
+        runtime = default_runtime()
+        key = (TEMPLATE, rows.shape, rows.dtype, index := rows.get_device())
+        explicit = runtime.launch_configs.get(key) or runtime.tuned(
+            key, index, TEMPLATE, M=rows.shape[0], N=rows.shape[1], dtype=rows.dtype
+        )
     return launch_softmax(rows, explicit)
 
 
@@ -272,7 +276,11 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor, config: str) -> torch.Tensor
     """The op tunesvc::softmax_bwd: dx from the forward's output y and dy."""
     explicit = config_of(config)
     if explicit is None:
-        explicit = default_runtime().config_for(BWD_TEMPLATE, M=y.shape[0], N=y.shape[1], dtype=y.dtype)
+        runtime = default_runtime()
+        key = (BWD_TEMPLATE, y.shape, y.dtype, index := y.get_device())
+        explicit = runtime.launch_configs.get(key) or runtime.tuned(
+            key, index, BWD_TEMPLATE, M=y.shape[0], N=y.shape[1], dtype=y.dtype
+        )
     return launch_softmax_bwd(y, dy, explicit)
 
 

@@ -403,3 +403,25 @@ def test_runtime_checks_only_the_sections_it_loads(bundle_file, tmp_path, winner
     assert Runtime(bundle=path, strict=True).lookup("matmul", **TUNED).config == winner
     with pytest.raises(TunesvcError, match="kernels.softmax"):
         read_bundle(path)
+
+
+def test_each_gpu_model_of_a_process_gets_its_own_winners(tuned_db, winner, template, device, monkeypatch):
+    """A process driving two GPU models: lookups follow the CUDA device (index 0 here is the
+    device the database was tuned on, index 1 another model with no winners of its own)."""
+    import dataclasses
+
+    other = dataclasses.replace(device, name=f"other {device.name}", sm_count=device.sm_count + 1)
+    assert other.hardware_id != device.hardware_id
+    monkeypatch.setattr(tunesvc.runtime, "device_at", lambda index: (device, other)[index])
+    runtime = Runtime(db=tuned_db)
+    current = [0]
+    runtime._device_index = lambda: current[0]
+
+    assert runtime.lookup("matmul", **TUNED).source == "exact"
+    assert runtime.config_for(template, **{**TUNED, "dtype": torch.float16}) == winner
+    current[0] = 1
+    result = runtime.lookup("matmul", **TUNED)
+    assert result.source == "heuristic"
+    assert result.config == template.heuristic(template.problem(**TUNED), other)
+    assert runtime.lookup_on(0, "matmul", **TUNED).source == "exact"  # by a tensor's device index
+    assert runtime.stats()["matmul"] == {"exact": 2, "heuristic": 1}  # a Template is its own memo entry

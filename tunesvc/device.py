@@ -24,6 +24,7 @@ __all__ = [
     "Device",
     "can_fork_gpu_children",
     "current_device",
+    "device_at",
     "fork_safe_current_device",
     "interpreting",
     "torch_device",
@@ -118,6 +119,19 @@ def current_device() -> Device:
     return _current
 
 
+_at: dict[int, Device] = {}
+
+
+def device_at(index: int) -> Device:
+    """The CUDA GPU of this index (read once per index); -1: :func:`current_device`."""
+    if index < 0:
+        return current_device()
+    device = _at.get(index)
+    if device is None:
+        device = _at[index] = _read_device(index)
+    return device
+
+
 def fork_safe_current_device() -> Device:
     """:func:`current_device`, read without initialising CUDA in this process while it has not.
 
@@ -133,13 +147,13 @@ def fork_safe_current_device() -> Device:
     return current_device()
 
 
-def _read_device() -> Device:
+def _read_device(index: int | None = None) -> Device:
     # torch and triton are heavy: a Device is made and read without them (the store, bundles)
     import torch
     import triton
 
     if torch.cuda.is_available() and not interpreting():
-        index = torch.cuda.current_device()
+        index = torch.cuda.current_device() if index is None else index
         props = torch.cuda.get_device_properties(index)
         limits = triton.runtime.driver.active.utils.get_device_properties(index)
         return Device(

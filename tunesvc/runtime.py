@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from tunesvc.device import current_device
+from tunesvc.device import device_at
+from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
@@ -112,14 +114,18 @@ class Runtime:
         #: problems resolved per (kernel, source); a problem seen again is served from a memo
         #: and not counted again
         self.counters: Counter[tuple[str, str]] = Counter()
-        # The memos: functools.cache makes the key of a call's arguments in C, so a hit costs
+        # The memos, keyed by the CUDA device index (-1: no GPU, or the given device) besides the
+        # problem: functools.cache makes the key of a call's arguments in C, so a hit costs
         # about half of a key tuple built in Python (benchmarks/runtime_overhead.py).
-        self.lookup = functools.cache(self.lookup)  # type: ignore[method-assign]
-        self.config_for = functools.cache(self.config_for)  # type: ignore[method-assign]
+        self.lookup_on = functools.cache(self.lookup_on)  # type: ignore[method-assign]
+        self.config_on = functools.cache(self.config_on)  # type: ignore[method-assign]
         #: configs by a key that a kernel builds from its raw arguments (its template, tensor
-        #: shapes and dtypes): a hit skips even the kernel's argument checks, which ran on the
-        #: miss that stored it (see tunesvc.kernels.matmul)
+        #: shapes, dtypes and device index): a hit skips even the kernel's argument checks, which
+        #: ran on the miss that stored it (see tunesvc.kernels.matmul)
         self.launch_configs: dict[tuple, Config] = {}
+        #: runtimes of the other GPU models this process drives, by CUDA device index
+        self._on_device: dict[int, Runtime] = {}
+        self._device_index = _device_index_reader(device)
 
     @property
     def device(self) -> Device:
@@ -224,12 +230,45 @@ class Runtime:
             warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def lookup(self, kernel: str | Template, /, **problem: Any) -> LookupResult:
-        """The config for this problem and how it was found; a problem seen before is one dict hit.
+        """The config for this problem on the current CUDA device and how it was found; a
+        problem seen before is one dict hit.
 
-        Memoised per runtime by the call's arguments: a name and a Template object, or the same
-        names in another order, are separate entries that resolve alike.
+        Memoised per runtime by the device and the call's arguments: a name and a Template
+        object, or the same names in another order, are separate entries that resolve alike.
         """
-        return self._resolve(kernel, problem)
+        return self.lookup_on(self._device_index(), kernel, **problem)
+
+    def lookup_on(self, index: int, kernel: str | Template, /, **problem: Any) -> LookupResult:
+        """:meth:`lookup` for the CUDA device of this index (a tensor's ``get_device()``)."""
+        return self.on_device(index)._resolve(kernel, problem)
+
+    def on_device(self, index: int) -> Runtime:
+        """The runtime answering for the CUDA device of this index: this one, or for another GPU
+        model than this runtime's device, one with the same winner source for that model's winners."""
+        if index < 0 or self._device_index is _no_gpu:
+            return self
+        runtime = self._on_device.get(index)
+        if runtime is None:
+            device = device_at(index)
+            with self._lock:
+                runtime = self._on_device.get(index)
+                if runtime is None:
+                    same = device.hardware_id == self.device.hardware_id
+                    runtime = self._on_device[index] = self if same else self._sibling(device)
+        return runtime
+
+    def _sibling(self, device: Device) -> Runtime:
+        runtime = Runtime(
+            self.db,
+            self.bundle,
+            device,
+            mode=self.mode,
+            budget=self.budget,
+            strategy=self.strategy,
+            strict=self.strict,
+        )
+        runtime._bundle_data = self._bundle_data
+        return runtime
 
     def _resolve(self, kernel: str | Template, problem: dict[str, Any]) -> LookupResult:
         template = kernel if isinstance(kernel, Template) else get_template(kernel)
@@ -297,15 +336,52 @@ class Runtime:
         return LookupResult(template.name, template.heuristic(problem, self.device), HEURISTIC, text)
 
     def config_for(self, template: Template, /, **problem: Any) -> Config:
-        """The config to launch with (the kernels' launch path; memoised like :meth:`lookup`)."""
-        return self.lookup(template, **problem).config
+        """The config to launch with on the current CUDA device (memoised like :meth:`lookup`)."""
+        return self.config_on(self._device_index(), template, **problem)
+
+    def config_on(self, index: int, template: Template, /, **problem: Any) -> Config:
+        """:meth:`config_for` for the CUDA device of this index (a tensor's ``get_device()``)."""
+        return self.lookup_on(index, template, **problem).config
+
+    def tuned(self, key: tuple, index: int, template: Template, /, **problem: Any) -> Config:
+        """:meth:`config_on`, kept in :attr:`launch_configs` under a kernel's own key (its
+        tensors' shapes, dtypes and device index): the kernel's next call is one dict get."""
+        config = self.launch_configs[key] = self.config_on(index, template, **problem)
+        return config
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """Lookups per kernel and source: {'matmul': {'exact': 3, 'heuristic': 1}}."""
+        """Lookups per kernel and source: {'matmul': {'exact': 3, 'heuristic': 1}}, all devices."""
+        counters = Counter(self.counters)
+        for runtime in {id(r): r for r in self._on_device.values() if r is not self}.values():
+            counters.update(runtime.counters)
         out: dict[str, dict[str, int]] = {}
-        for (kernel, source), n in sorted(self.counters.items()):
+        for (kernel, source), n in sorted(counters.items()):
             out.setdefault(kernel, {})[source] = n
         return out
+
+
+def _no_gpu() -> int:
+    return -1
+
+
+def _device_index_reader(device: Device | None) -> Callable[[], int]:
+    """The current CUDA device's index, read on each lookup; -1 always where there is no GPU or
+    the runtime was given its device."""
+    if device is not None or interpreting():
+        return _no_gpu
+    import torch
+
+    if not torch.cuda.is_available():
+        return _no_gpu
+    get = getattr(torch._C, "_cuda_getDevice", None)  # what torch.cuda.current_device calls, less its checks
+    if get is None:
+        return torch.cuda.current_device
+
+    def index() -> int:
+        torch.cuda.init()  # once: a no-op after the first call
+        return get()
+
+    return index if not torch.cuda.is_initialized() else get
 
 
 def _database_exists(db: str | os.PathLike) -> bool:

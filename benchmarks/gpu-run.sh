@@ -7,7 +7,7 @@
 #
 #   STEPS="tests matmul attention" bash benchmarks/gpu-run.sh
 #
-# Steps: tests capture matmul64 matmulgrid matmul attention decode norms pointwise runtime sva stability groundtruth multigpu startup
+# Steps: tests launch capture matmul64 matmulgrid matmul attention decode norms pointwise runtime sva stability groundtruth multigpu startup
 # (each is benchmarks/<name>.py with --sweep where it takes one; LIMIT_<step>=seconds overrides
 # the time limit, ARGS_<step>="..." adds arguments).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -32,6 +32,7 @@ for s in ${STEPS:-tests matmul}; do
   case $s in
     tests) step tests 240 python3 -m pytest -q -p no:cacheprovider --rootdir "$R" -c "$R/pyproject.toml" -m gpu "$R/tests" ;;
     runtime) step runtime 120 python3 "$R/benchmarks/runtime_overhead.py" ;;
+    launch) step launch 300 python3 "$R/benchmarks/launch_cost.py" --db "$R/tune.db.example" ;;
     matmulgrid) step matmulgrid 480 python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --strategy grid --budget 1000 --sweep-shapes 1x4096x4096,16x4096x4096,64x4096x4096 ;;
     matmul64) step matmul64 240 python3 "$R/benchmarks/matmul.py" --db "$OUT/tune.db" --sweep --budget 64 --sweep-shapes 1x4096x4096,16x4096x4096,64x4096x4096 ;;
     multigpu) step multigpu 540 python3 "$R/benchmarks/multi_gpu_sweep.py" ;;

@@ -46,6 +46,9 @@ TIMING_METHODS = {
     "do_bench": "`triton.testing.do_bench`: CUDA events around plain launches, L2 flushed before each, median",
     "cuda_graph": "launches replayed from a CUDA graph over copies of the inputs that together exceed L2 twice "
     "(`tunesvc.bench.graph_time`): GPU time, no host launch cost, no L2 hits between calls",
+    "host_per_call": "host time per eager call: a loop of calls with no synchronisation inside it, on the "
+    "host clock, median of interleaved rounds (benchmarks/launch_cost.py)",
+    "eager_sync": "eager end to end per call: the same loop followed by a synchronisation (benchmarks/launch_cost.py)",
 }
 
 

@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 from triton.runtime.autotuner import Autotuner
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
 from tunesvc.bench import Bench
 from tunesvc.bench import Measurement
@@ -51,6 +53,7 @@ from tunesvc.bench._base import one_line as _one_line
 from tunesvc.bench._inprocess import _compile_error_types
 from tunesvc.bench._inprocess import _out_of_resources_types
 from tunesvc.errors import TunesvcError
+from tunesvc.launch import DirectLaunch
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import config_hash
 from tunesvc.template import Template
@@ -308,6 +311,9 @@ class _State:
         self._by_hash: dict[str, Any] | None = None
         self._configs = tuner.configs
         self._fn = tuner.fn
+        #: the kernel's launcher on a hit (tunesvc.launch); None where fn wraps the kernel
+        #: (@triton.heuristics): then fn.run, as Triton's Autotuner calls it
+        self.direct = DirectLaunch(tuner.fn) if isinstance(tuner.fn, (JITFunction, InterpretedFunction)) else None
 
     @property
     def template(self) -> CapturedTemplate:
@@ -390,6 +396,11 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     self.best_config = config
     if config.pre_hook is not None:
         config.pre_hook({**nargs, **kwargs, **launch})
+    direct = state.direct
+    if direct is not None and "grid" in kwargs and not kwargs.get("warmup"):
+        # KernelInterface[grid] passes grid and warmup as keywords; the rest are the kernel's
+        rest = {k: v for k, v in kwargs.items() if k != "grid" and k != "warmup"}
+        return direct.launch(kwargs["grid"], args, {**rest, **launch})
     return self.fn.run(*args, **kwargs, **launch)
 
 

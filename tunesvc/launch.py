@@ -73,24 +73,24 @@ class DirectLaunch:
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self.fn = kernel.fn  # a template's version hashes the kernel's Python source
-        params = getattr(kernel, "params", None)
-        run = getattr(type(kernel), "run", None)
+        params: list[Any] = getattr(kernel, "params", None) or []
         # the interpreter's InterpretedFunction has no compiled kernel to keep
-        self._direct = isinstance(kernel, triton.runtime.jit.JITFunction) and params is not None and run is not None
-        if self._direct:
-            self._names = [p.name for p in params]
-            self._constexpr = {p.name for p in params if p.is_constexpr}
+        self._direct = isinstance(kernel, triton.runtime.jit.JITFunction) and bool(params)
+        self._names = [p.name for p in params]
+        self._constexpr = {p.name for p in params if p.is_constexpr}
         self._compiled: dict[tuple, tuple[Any, tuple]] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.kernel, name)
 
-    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., Any]:
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
-    def launch(self, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> Any:
-        if not self._direct or callable(grid):
-            return self.kernel[grid](*args, **kwargs)
+    def launch(self, grid: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """``kernel[grid](*args, **kwargs)``; ``grid`` a tuple, or a function of the named
+        arguments (constexprs included) as Triton calls it."""
+        if not self._direct:
+            return self.kernel.run(*args, grid=grid, warmup=False, **kwargs)
         from triton import knobs
         from triton.runtime.driver import driver
 
@@ -103,6 +103,8 @@ class DirectLaunch:
         if entry is None or getattr(enter, "calls", enter):
             return self._first_launch(key, grid, args, kwargs)
         compiled, tail = entry
+        if callable(grid):
+            grid = grid(dict(zip(self._names, (*args, *tail))))
         stream = active.get_current_stream(device)
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
@@ -121,7 +123,7 @@ class DirectLaunch:
         )
         return compiled
 
-    def _first_launch(self, key: tuple, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> Any:
+    def _first_launch(self, key: tuple, grid: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         compiled = self.kernel.run(*args, grid=grid, warmup=False, **kwargs)
         if _UNKNOWN in key or compiled is None:
             return compiled

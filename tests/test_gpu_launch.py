@@ -1,0 +1,221 @@
+"""Launch state on the GPU: every family forward and backward through autograd, with each variant
+its space offers, after other kernels ran in this process, from a second Python thread and on a
+second CUDA stream; and the direct launcher picks the compiled kernel Triton would pick."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tunesvc
+from tunesvc.bench import relative_error
+from tunesvc.device import current_device
+from tunesvc.launch import DirectLaunch
+
+pytestmark = pytest.mark.gpu
+
+CONTEXTS = ("main", "thread", "stream")
+
+
+def _module(name: str) -> Any:
+    return importlib.import_module(f"tunesvc.kernels.{name}")
+
+
+def _in_context(context: str, fn: Callable[[], Any]) -> Any:
+    """fn() here, on a new Python thread, or on a side stream ordered after the current one."""
+    if context == "thread":
+        result: list[Any] = []
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                result.append(fn())
+            except BaseException as exc:  # re-raised on the test's thread
+                errors.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+        if errors:
+            raise errors[0]
+        return result[0]
+    if context == "stream":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = fn()
+        torch.cuda.current_stream().wait_stream(side)
+        return out
+    return fn()
+
+
+def _pick(template: Any, problem: dict[str, Any], **want: Any) -> dict[str, Any]:
+    """The first feasible config of the template's space with these parameter values."""
+    for config in template.feasible(template.problem(**problem), current_device()):
+        if all(config.get(k) == v for k, v in want.items()):
+            return dict(config)
+    pytest.skip(f"{template.name} has no feasible config with {want} for {problem} on {current_device().name}")
+
+
+@pytest.fixture
+def configs(monkeypatch):
+    """use(template, config): the runtime launches ``template`` with ``config`` (mode heuristic,
+    the template's heuristic answering it), for every shape, in any thread."""
+    tunesvc.configure(mode="heuristic")
+
+    def use(template: Any, config: dict[str, Any]) -> None:
+        monkeypatch.setattr(template, "heuristic", lambda problem, device: dict(config))
+
+    yield use
+    tunesvc.configure(mode="heuristic")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def other_kernels_first():
+    """Every family launched once before these tests: the process is not a fresh one."""
+    tunesvc.configure(mode="heuristic")
+    x = torch.randn(33, 257, device="cuda", dtype=torch.float16)
+    w = torch.randn(257, device="cuda", dtype=torch.float16)
+    tunesvc.kernels.layer_norm(x, w, w)
+    tunesvc.kernels.rms_norm(x, w)
+    tunesvc.kernels.softmax(x)
+    tunesvc.kernels.bias_act_residual(x, w, x)
+    tunesvc.kernels.dropout(x, 0.1, 3)
+    tunesvc.kernels.matmul(x, x.T.contiguous())
+    q = torch.randn(1, 2, 130, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    tunesvc.kernels.attention(q, q, q).sum().backward()
+    torch.cuda.synchronize()
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor, tol: float = 1e-2) -> None:
+    error = relative_error(out, ref)
+    assert error < tol, f"relative error {error:.3g}"
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize(("variant", "split"), [("grouped", 1), ("persistent", 1), ("tma", 1), ("splitk", 4)])
+def test_matmul_each_variant(configs, context, variant, split):
+    mm = _module("matmul")
+    problem = {"M": 37, "N": 301, "K": 515, "dtype": "bfloat16"}
+    configs(mm.TEMPLATE, _pick(mm.TEMPLATE, problem, VARIANT=variant, SPLIT_K=split))
+    a = torch.randn(37, 515, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(515, 301, device="cuda", dtype=torch.bfloat16)
+    out = _in_context(context, lambda: tunesvc.kernels.matmul(a, b))
+    torch.cuda.synchronize()
+    _close(out, a.float() @ b.float())
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize(("tma", "ws", "bwd_tma"), [(0, 0, 0), (1, 0, 1), (1, 1, 1), (0, 0, 1), (1, 0, 0)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_forward_and_backward_each_variant(configs, context, tma, ws, bwd_tma, causal):
+    at = _module("attention")
+    B, H, S, D = 2, 3, 333, 64
+    problem = {"B": B, "H": H, "S": S, "D": D, "causal": causal, "dtype": "float16"}
+    configs(at.TEMPLATE, _pick(at.TEMPLATE, problem, TMA=tma, WS=ws))
+    configs(at.BWD_TEMPLATE, _pick(at.BWD_TEMPLATE, problem, TMA=bwd_tma))
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    do = torch.randn(B, H, S, D, device="cuda", dtype=torch.float16)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        out = tunesvc.kernels.attention(q, k, v, causal=causal)
+        # the backward runs on the autograd engine's own thread: it must find Triton's allocator
+        return (out, *torch.autograd.grad(out, (q, k, v), do))
+
+    got = _in_context(context, run)
+    torch.cuda.synchronize()
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+    refs = (ref, *torch.autograd.grad(ref, leaves, do.float()))
+    for out, expected in zip(got, refs):
+        _close(out, expected)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("family", ["layernorm", "rmsnorm", "softmax", "pointwise", "dropout"])
+def test_row_families_forward_and_backward(configs, context, family):
+    M, N = 77, 1031
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(N, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    r = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    F = torch.nn.functional
+    ours: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    ref: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    if family == "layernorm":
+        ours, ref = (lambda x, w: tunesvc.kernels.layer_norm(x, w, w)), (lambda x, w: F.layer_norm(x, (N,), w, w))
+    elif family == "rmsnorm":
+        ours, ref = (lambda x, w: tunesvc.kernels.rms_norm(x, w)), (lambda x, w: F.rms_norm(x, (N,), w, 1e-6))
+    elif family == "softmax":
+        ours, ref = (lambda x, w: tunesvc.kernels.softmax(x * w)), (lambda x, w: torch.softmax(x * w, -1))
+    elif family == "pointwise":
+        ours = lambda x, w: tunesvc.kernels.bias_act_residual(x, w, r, "gelu")
+        ref = lambda x, w: _module("pointwise").bias_act_residual_reference(x, w, r.float(), "gelu")
+    else:
+        ours = lambda x, w: tunesvc.kernels.dropout(x * w, 0.25, 7)
+        # the same mask: where ours kept an element it is scaled by 1 / (1 - p), else zero
+        ref = lambda x, w: (x * w) * (tunesvc.kernels.dropout(torch.ones_like(x), 0.25, 7).float())
+
+    def run() -> tuple[torch.Tensor, ...]:
+        out = ours(x, w)
+        return (out, *torch.autograd.grad(out, (x, w), dy))
+
+    got = _in_context(context, run)
+    torch.cuda.synchronize()
+    leaves = [t.detach().float().requires_grad_() for t in (x, w)]
+    expected = ref(*leaves)
+    refs = (expected, *torch.autograd.grad(expected, leaves, dy.float()))
+    for out, want in zip(got, refs):
+        _close(out, want, 2e-2)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_each_split_count(configs, context, splits):
+    dec = _module("decode")
+    B, HQ, HKV, S, D = 3, 8, 2, 300, 128
+    problem = {"B": B, "HQ": HQ, "HKV": HKV, "S": S, "D": D, "paged": False, "dtype": "float16"}
+    configs(dec.TEMPLATE, _pick(dec.TEMPLATE, problem, NUM_SPLITS=splits))
+    q = torch.randn(B, HQ, D, device="cuda", dtype=torch.float16)
+    kc, vc = (torch.randn(B, S, HKV, D, device="cuda", dtype=torch.float16) for _ in range(2))
+    seq_lens = torch.tensor([S, 17, 200], device="cuda", dtype=torch.int32)
+    out = _in_context(context, lambda: tunesvc.kernels.decode_attention(q, kc, vc, seq_lens))
+    torch.cuda.synchronize()
+    _close(out, dec.decode_reference(q, kc, vc, seq_lens))
+
+
+@triton.jit
+def _axpy_kernel(x_ptr, y_ptr, out_ptr, n, stride, a, BLOCK: tl.constexpr, SHIFT: tl.constexpr = 0):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs * stride, mask=mask)
+    tl.store(out_ptr + offs, a * x + tl.load(y_ptr + offs, mask=mask) + SHIFT, mask=mask)
+
+
+def test_direct_launch_picks_the_compiled_kernel_triton_picks():
+    """Across alignments, integer classes and constexprs, a hit of the direct launcher launches
+    the CompiledKernel that Triton's own dispatch returns for the same arguments."""
+    direct = DirectLaunch(_axpy_kernel)
+    buffer = torch.randn(4096 + 64, device="cuda")
+    for offset in (0, 1, 4):
+        for n, stride in ((1000, 1), (1024, 1), (1, 2), (17, 16)):
+            for shift in (0, 3):
+                x = buffer[offset:]
+                y = torch.randn(n, device="cuda")
+                out = torch.empty(n, device="cuda")
+                grid = (triton.cdiv(n, 128),)
+                kwargs = {"BLOCK": 128, "SHIFT": shift, "num_warps": 4}
+                direct[grid](x, y, out, n, stride, 2.5, **kwargs)  # the first launch: Triton's path
+                out.zero_()
+                chosen = direct.launch(grid, (x, y, out, n, stride, 2.5), kwargs)  # a hit
+                expected = _axpy_kernel.warmup(x, y, out, n, stride, 2.5, grid=grid, **kwargs)
+                assert chosen is expected, (offset, n, stride, shift)
+                torch.cuda.synchronize()
+                _close(out, 2.5 * x[: n * stride : stride] + y + shift, 1e-6)

@@ -413,9 +413,9 @@ def test_each_gpu_model_of_a_process_gets_its_own_winners(tuned_db, winner, temp
     other = dataclasses.replace(device, name=f"other {device.name}", sm_count=device.sm_count + 1)
     assert other.hardware_id != device.hardware_id
     monkeypatch.setattr(tunesvc.runtime, "device_at", lambda index: (device, other)[index])
+    current = [0]  # what torch.cuda.current_device() would say
+    monkeypatch.setattr(tunesvc.runtime, "_device_index_reader", lambda given: lambda: current[0])
     runtime = Runtime(db=tuned_db)
-    current = [0]
-    runtime._device_index = lambda: current[0]
 
     assert runtime.lookup("matmul", **TUNED).source == "exact"
     assert runtime.config_for(template, **{**TUNED, "dtype": torch.float16}) == winner

@@ -126,6 +126,9 @@ class Runtime:
         #: runtimes of the other GPU models this process drives, by CUDA device index
         self._on_device: dict[int, Runtime] = {}
         self._device_index = _device_index_reader(device)
+        if self._device_index is _no_gpu:  # one device: no frame of lookup() in front of the memo
+            self.lookup = functools.partial(self.lookup_on, -1)  # type: ignore[method-assign]
+            self.config_for = functools.partial(self.config_on, -1)  # type: ignore[method-assign]
 
     @property
     def device(self) -> Device:

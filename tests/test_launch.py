@@ -12,7 +12,9 @@ import triton.language as tl
 
 import tunesvc  # noqa: F401  (chooses the interpreter where there is no GPU)
 from tunesvc.launch import DirectLaunch
-from tunesvc.launch import _arg_class
+from tunesvc.launch import _key_function
+from tunesvc.launch import _no_key
+from tunesvc.launch import _NoKey
 from tunesvc.launch import use_torch_allocator
 
 
@@ -68,7 +70,7 @@ def test_direct_launch_gives_the_kernels_result_from_any_thread():
     torch.testing.assert_close(_in_thread(run), expected)
 
 
-def test_the_key_is_at_least_as_fine_as_tritons_specialisation():
+def test_the_key_is_finer_than_tritons_specialisation():
     specialize = pytest.importorskip("triton._C.libtriton").native_specialize_impl
     base = pytest.importorskip("triton.backends.compiler").BaseBackend
     buffer = torch.empty(64)
@@ -82,6 +84,31 @@ def test_the_key_is_at_least_as_fine_as_tritons_specialisation():
         buffer.half()[8:],
     ]
     for a in args:
+        key_of = _key_function((a,), {"BLOCK": 16})
         for b in args:
-            if type(a) is type(b) and _arg_class(a) == _arg_class(b):
+            try:
+                same = key_of(0, a, {"BLOCK": 16}) == key_of(0, b, {"BLOCK": 16})
+            except (_NoKey, AttributeError):  # another kind of argument: never a hit of a's key
+                continue
+            if same:
                 assert specialize(base, a, False, True, True) == specialize(base, b, False, True, True), (a, b)
+
+
+def test_a_call_of_another_shape_is_not_keyed():
+    x = torch.empty(8)
+    key_of = _key_function((x, 8, 0.5, None), {"BLOCK": 16, "num_warps": 4})
+    assert key_of(0, x, 8, 0.5, None, {"BLOCK": 16, "num_warps": 4}) != key_of(
+        0, x, 9, 0.5, None, {"BLOCK": 16, "num_warps": 4}
+    )
+    assert key_of(1, x, 8, 0.5, None, {"BLOCK": 16, "num_warps": 4})[0] == 1  # the device
+    for args, kwargs in [
+        ((x, x, 0.5, None), {"BLOCK": 16, "num_warps": 4}),  # a tensor where an integer was
+        ((x, 8, 1, None), {"BLOCK": 16, "num_warps": 4}),  # an integer where a float was
+        ((x, 8, 0.5, x), {"BLOCK": 16, "num_warps": 4}),  # a tensor where None was
+        ((x, 8, 0.5, None), {"BLOCK": 16, "num_stages": 4}),  # another keyword
+    ]:
+        with pytest.raises((_NoKey, KeyError, AttributeError)):
+            key_of(0, *args, kwargs)
+    with pytest.raises(TypeError):
+        key_of(0, x, 8, 0.5, {"BLOCK": 16, "num_warps": 4})  # fewer arguments
+    assert _key_function((x, object()), {}) is _no_key  # a kind it does not key: Triton's path

@@ -43,6 +43,7 @@ import torch
 
 from tunesvc import runtime as _runtime
 from tunesvc.errors import TunesvcError
+from tunesvc.launch import DirectLaunch
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Space
 from tunesvc.template import DTYPES
@@ -207,6 +208,8 @@ class TunedKernel:
                 f"{template.name} has no argument {missing[0]}; key names must be the kernel's arguments."
             )
         self.kernel = kernel
+        #: a hit calls the compiled kernel's launcher (tunesvc.launch)
+        self._direct = DirectLaunch(kernel)
         self.template = template
         self.arg_names = names
         self._positions = [names.index(k) for k in template.dims]
@@ -231,15 +234,16 @@ class TunedKernel:
         attribute lookups and no extra frame between the caller and the kernel's ``run``.
         """
         configs, key_of, dtype_pos, needed = self._configs, self._key_of, self._dtype_pos, self._positional_needed
-        run = self.kernel.run
+        direct = self._direct
 
         def launch(*args: Any, **kwargs: Any) -> Any:
             if len(args) < needed:
                 args, kwargs = self._positional(args, kwargs)
-            config = configs.get((*key_of(args), args[dtype_pos].dtype))
+            typed = args[dtype_pos]
+            config = configs.get((*key_of(args), typed.dtype, typed.get_device()))
             if config is None:
                 config = self._resolve(grid, args, kwargs)
-            return run(*args, grid=grid, warmup=False, **kwargs, **config)
+            return direct.launch(grid, args, {**kwargs, **config} if kwargs else config)
 
         return launch
 
@@ -265,7 +269,8 @@ class TunedKernel:
         return self._runtime
 
     def _resolve(self, grid: Any, args: tuple, kwargs: dict[str, Any]) -> Config:
-        memo_key = (*self._key_of(args), args[self._dtype_pos].dtype)
+        typed = args[self._dtype_pos]
+        memo_key = (*self._key_of(args), typed.dtype, typed.get_device())
         clash = sorted(set(kwargs) & set(self.template.space.names))
         if clash:
             raise TunesvcError(f"{self.template.name}: {clash[0]} is tuned by tunesvc; do not pass it.")
@@ -287,7 +292,7 @@ class TunedKernel:
                     )
                 self.template._call = (grid, args, kwargs, self.template.problem(**problem))
             try:
-                self.last = runtime.lookup(self.template, **problem)
+                self.last = runtime.lookup_on(typed.get_device(), self.template, **problem)
             finally:
                 self.template._call = None
             config = self._configs[memo_key] = dict(self.last.config)

@@ -112,7 +112,7 @@ class DirectLaunch:
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
-        self.fn = kernel.fn  # a template's version hashes the kernel's Python source
+        self.fn = getattr(kernel, "fn", None)  # a template's version hashes the kernel's Python source
         params: list[Any] = getattr(kernel, "params", None) or []
         # the interpreter's InterpretedFunction has no compiled kernel to keep
         self._direct = isinstance(kernel, triton.runtime.jit.JITFunction) and bool(params)

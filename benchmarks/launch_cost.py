@@ -162,12 +162,24 @@ def decorator_cases() -> list[tuple[str, str, str, Callable[[], Any], Callable[[
         bundle, current_device(), 0, kernel="launch_cost_add", version=version, extra={key: config_dict(configs[0])}
     )
     direct = DirectLaunch(_add_kernel)
+    # the same kernel tuned over a declared space (tunesvc's own Template path); mode heuristic:
+    # the hit path is the same whichever way the config was found
+    spaced = tunesvc.autotune(
+        space=[{"BLOCK": 1024, "num_warps": 4, "num_stages": 2}, {"BLOCK": 512, "num_warps": 4, "num_stages": 2}],
+        key=["n"],
+        name="launch_cost_add_space",
+        mode="heuristic",
+        dtype_arg="x_ptr",
+    )(_add_kernel)
 
     def bare() -> None:
         _add_kernel[grid](x, y, out, n, BLOCK=1024, num_warps=4, num_stages=2)
 
     def through_autotune() -> None:
         decorated[grid](x, y, out, n)
+
+    def through_space() -> None:
+        spaced[grid](x, y, out, n)
 
     def through_direct() -> None:
         direct[grid](x, y, out, n, BLOCK=1024, num_warps=4, num_stages=2)
@@ -178,6 +190,7 @@ def decorator_cases() -> list[tuple[str, str, str, Callable[[], Any], Callable[[
         print("@tunesvc.autotune did not hit its bundle; its row times a fallback", file=sys.stderr)
     return [
         ("@tunesvc.autotune hit", f"n={n}", "kernel[grid]", through_autotune, bare),
+        ("@tunesvc.autotune(space=) hit", f"n={n}", "kernel[grid]", through_space, bare),
         ("DirectLaunch hit", f"n={n}", "kernel[grid]", through_direct, bare),
     ]
 

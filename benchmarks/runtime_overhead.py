@@ -224,7 +224,9 @@ def breakdown_rows(a: torch.Tensor, b: torch.Tensor, decorated, run_direct, run_
     options = {k: config[k] for k in ("num_warps", "num_stages")}
     even_k = K % config["BLOCK_K"] == 0
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
-    stored = dict(decorated._configs[(M, N, K, a.dtype)])  # the decorator's config, in the bundle's key order
+    stored = dict(
+        decorated._configs[(M, N, K, a.dtype, a.get_device())]
+    )  # the decorator's config, in the bundle's key order
     launcher = decorated[grid]
     rt = default_runtime()
     t = timed(

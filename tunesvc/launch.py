@@ -147,8 +147,9 @@ class DirectLaunch:
             return self.kernel.run(*args, grid=grid, warmup=False, **kwargs)
         entry = self._compiled.get(key)
         enter = knobs.runtime.launch_enter_hook
-        # a profiler's launch hooks (proton) want Triton's own launch metadata: its path
-        if entry is None or getattr(enter, "calls", enter):
+        # a profiler's launch hooks (proton) want Triton's own launch metadata, and the kernel's
+        # pre-run hooks their call: Triton's path
+        if entry is None or getattr(enter, "calls", enter) or self.kernel.pre_run_hooks:
             return self._first_launch(key, grid, args, kwargs)
         compiled, tail = entry
         if callable(grid):

@@ -219,3 +219,37 @@ def test_direct_launch_picks_the_compiled_kernel_triton_picks():
                 assert chosen is expected, (offset, n, stride, shift)
                 torch.cuda.synchronize()
                 _close(out, 2.5 * x[: n * stride : stride] + y + shift, 1e-6)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_autotune_hits_launch_directly_with_a_grid_function(context, tmp_path):
+    """@tunesvc.autotune over a declared space and over triton.Config lists: hits (direct
+    launches) with a grid computed from the config, for two sizes, give the kernel's answer."""
+    spaced = tunesvc.autotune(
+        space=[{"BLOCK": 256, "num_warps": 4}, {"BLOCK": 1024, "num_warps": 8}],
+        key=["n"],
+        name="axpy_space_launch",
+        mode="heuristic",
+        dtype_arg="x_ptr",
+    )(_axpy_kernel)
+    listed = tunesvc.autotune(
+        [triton.Config({"BLOCK": 256}, num_warps=4), triton.Config({"BLOCK": 1024}, num_warps=8)],
+        key=["n"],
+        name="axpy_listed_launch",
+        mode="lookup",  # no stored winner: the first listed config, nothing benchmarked
+        db=str(tmp_path / "none.db"),
+    )(_axpy_kernel)
+    for kernel in (spaced, listed):
+        for n in (1000, 4099):
+            x, y = (torch.randn(n, device="cuda") for _ in range(2))
+            out = torch.empty(n, device="cuda")
+
+            def run(kernel: Any = kernel, x: torch.Tensor = x, y: torch.Tensor = y, out: torch.Tensor = out) -> None:
+                n = x.numel()
+                for _ in range(3):  # a miss, then hits
+                    out.zero_()
+                    kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n, 1, 0.5)
+
+            _in_context(context, run)
+            torch.cuda.synchronize()
+            _close(out, 0.5 * x + y, 1e-6)

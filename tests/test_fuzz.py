@@ -786,3 +786,106 @@ def test_a_really_full_disk_is_named_and_leaves_no_partial_bundle(good_bundle, t
         assert sorted(p.name for p in disk.iterdir() if not p.name.startswith("t.db")) == ["fill"]
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+#: damage to a sweep's Optuna study, each caught when the strategy opens the study
+STUDY_DAMAGE = {
+    "a value that is text": "UPDATE trial_values SET value = 'NaN'",
+    "a negative time": "UPDATE trial_values SET value = -5",
+    "an infinite value type": "UPDATE trial_values SET value_type = 'INF_POS'",
+    "a parameter outside its choices": "UPDATE trial_params SET param_value = 99",
+    "a distribution that is no JSON": "UPDATE trial_params SET distribution_json = 'not json'",
+    "another distribution kind": "UPDATE trial_params SET distribution_json = "
+    """'{"name": "IntDistribution", "attributes": {"low": 0, "high": 3, "log": false, "step": 1}}'""",
+    "an unknown distribution class": """UPDATE trial_params SET distribution_json = '{"name": "Evil", "attributes": {}}'""",
+    "an unknown trial state": "UPDATE trials SET state = 'BOGUS'",
+    "a maximising study": "UPDATE study_directions SET direction = 'MAXIMIZE'",
+    "an unknown direction": "UPDATE study_directions SET direction = 'SIDEWAYS'",
+    "user attributes that are no JSON": "INSERT OR REPLACE INTO trial_user_attributes (trial_id, key, value_json) "
+    "VALUES (1, 'status', '{{{')",
+    "constraints that are not numbers": "INSERT OR REPLACE INTO trial_system_attributes (trial_id, key, value_json) "
+    """VALUES (1, 'constraints', '["a", {}]')""",
+}
+
+
+@pytest.fixture(scope="module")
+def optuna_swept(tmp_path_factory):
+    db = tmp_path_factory.mktemp("optuna") / "swept.db"
+    args = (
+        "sweep",
+        "matmul",
+        "--shape",
+        "33x45x29",
+        "--strategy",
+        "optuna",
+        "--budget",
+        "3",
+        "--db",
+        str(db),
+        "--quiet",
+    )
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    return db
+
+
+def _optuna_rows(db: Path) -> list:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        return [
+            connection.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+            for table in (
+                "studies",
+                "study_directions",
+                "trials",
+                "trial_values",
+                "trial_params",
+                "trial_user_attributes",
+            )
+        ]
+
+
+@pytest.mark.parametrize("damage", sorted(STUDY_DAMAGE))
+def test_a_damaged_optuna_study_is_left_alone_and_the_sweep_goes_on(damage, optuna_swept, tmp_path, template, device):
+    """A damaged study in the database (Optuna raises on it, or TPE would be misled by it): the
+    sweep warns in one line, searches with a new in-memory study taught the stored trials, stores
+    its trials, and changes none of the study's rows."""
+    import sqlite3
+
+    from tunesvc.search import make_strategy
+    from tunesvc.sweep import study_name
+    from tunesvc.sweep import study_storage
+
+    db = tmp_path / "damaged.db"
+    # SQLite's backup: the swept database with what its write-ahead log still holds
+    with contextlib.closing(sqlite3.connect(optuna_swept)) as source, contextlib.closing(sqlite3.connect(db)) as copy:
+        source.backup(copy)
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        connection.execute(STUDY_DAMAGE[damage])
+        connection.commit()
+    rows = _optuna_rows(db)
+    store = Store(db)
+    try:
+        url = study_storage(store)
+        stored = len(store.winners())
+    finally:
+        store.close()
+    problem = template.problem(**SMALL)
+    name = study_name(template, device, str(template.key(problem)), "optuna")
+    assert any(name in row for row in rows[0])  # the studies table holds the sweep's study
+    with pytest.warns(RuntimeWarning, match="study .* is unusable"):
+        strategy = make_strategy(
+            "optuna", template.space, template.feasible(problem, device), seed=0, storage=url, study_name=name
+        )
+    assert strategy.study._storage.__class__.__name__ == "InMemoryStorage"
+    result = invoke("sweep", "matmul", "--shape", "33x45x29", "--strategy", "optuna", "--budget", "5", "--db", str(db))
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    assert _optuna_rows(db) == rows
+    store = Store(db, readonly=True)
+    try:
+        assert len(store.winners()) == stored == 1
+    finally:
+        store.close()
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        assert connection.execute("SELECT count(*) FROM tunesvc_trials").fetchone()[0] == 5

@@ -36,6 +36,7 @@ from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
+from tunesvc.bench._base import one_line as _one_line
 from tunesvc.errors import TunesvcError
 from tunesvc.search._base import Strategy
 from tunesvc.space import Config
@@ -138,13 +139,7 @@ class OptunaStrategy(Strategy):
         with warnings.catch_warnings():  # multivariate TPE and GP are "experimental" in some versions
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             sampler = self.sampler(seed)
-        self.study = optuna.create_study(
-            direction="minimize",
-            sampler=sampler,
-            load_if_exists=True,
-            storage=rdb_storage(storage) if storage else None,
-            study_name=study_name,
-        )
+        self.study = self._open_study(sampler, storage, study_name)
         _name_metric(self.study)
         self._rng = random.Random(seed)
         #: configs the (persisted) study already has a finished trial of
@@ -157,6 +152,50 @@ class OptunaStrategy(Strategy):
         self._by_hash = {config_hash(c): c for c in candidates}
         #: asks answered by the sampler (not by the warm start or the startup)
         self._sampled = 0
+
+    def _open_study(self, sampler: optuna.samplers.BaseSampler, storage: str | None, name: str | None) -> optuna.Study:
+        """The persisted study of this name, checked; a new in-memory one when there is none to
+        keep or the stored one is damaged (it is left as it is, and stored trials teach the new one)."""
+        if storage:
+            try:
+                study = optuna.create_study(
+                    direction="minimize",
+                    sampler=sampler,
+                    load_if_exists=True,
+                    storage=rdb_storage(storage),
+                    study_name=name,
+                )
+                self._check(study)
+                return study
+            except DBAPIError:  # the database itself: the store reports it
+                raise
+            except Exception as exc:  # whatever a damaged study makes Optuna raise
+                warnings.warn(
+                    f"tunesvc: the Optuna study {name!r} in the database is unusable ({_one_line(exc)}); "
+                    "this sweep searches with a new study in memory, taught the stored trials.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        return optuna.create_study(direction="minimize", sampler=sampler)
+
+    def _check(self, study: optuna.Study) -> None:
+        """Raise ValueError unless ``study`` is one this strategy wrote: minimising, every trial
+        over this strategy's distributions with values inside them, every value a time."""
+        if study.directions != [optuna.study.StudyDirection.MINIMIZE]:
+            raise ValueError(f"its direction is {study.directions}, not minimize")
+        for trial in study.get_trials(deepcopy=False):
+            for param, distribution in trial.distributions.items():
+                if self._distributions.get(param) != distribution:
+                    raise ValueError(f"trial {trial.number} has another distribution of {param}")
+                if not distribution._contains(distribution.to_internal_repr(trial.params[param])):
+                    raise ValueError(f"trial {trial.number} has {param} outside its distribution")
+            for value in trial.values or ():
+                if not (isinstance(value, float) and 0 <= value < float("inf")):
+                    raise ValueError(f"trial {trial.number} has value {value!r}, not a time")
+            # what TPE reads of a trial's constraints: numbers
+            marks = [trial.user_attrs.get(VIOLATION, 0.0), *trial.system_attrs.get("constraints", ())]
+            if not all(isinstance(m, (int, float)) and not isinstance(m, bool) for m in marks):
+                raise ValueError(f"trial {trial.number} has constraints that are not numbers")
 
     def _finished_in_study(self) -> set[str]:
         """Hashes of the configs a loaded study has finished trials of (none for a new study)."""

@@ -20,6 +20,7 @@ from typing import Annotated
 from typing import Any
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -28,7 +29,46 @@ from tunesvc import __version__
 from tunesvc.errors import TunesvcError
 from tunesvc.timeline import mark
 
-app = typer.Typer(
+
+class _Readable:
+    """Help that reads: a flag shows no value type (typer writes `<bool>` beside --json and --help)
+    and a repeatable argument its element type (`<str>...`, not `<list[str]>`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            element = f"<{param.bare_type().removeprefix('list[').removesuffix(']')}>"
+            if isinstance(param, typer.core.TyperOption) and param.is_flag and param.metavar is None:
+                param.metavar = ""
+            elif isinstance(param, typer.core.TyperOption) and param.multiple and param.metavar is None:
+                param.metavar = element  # its help says "repeatable"
+            elif isinstance(param, typer.core.TyperArgument) and param.nargs != 1:
+                param.display_type_rich = _shown(f"{element}...")  # type: ignore[method-assign]
+        return params
+
+
+def _shown(text: str) -> Callable[..., str]:
+    return lambda ctx: text
+
+
+class _Command(_Readable, typer.core.TyperCommand):
+    pass
+
+
+class _Group(_Readable, typer.core.TyperGroup):
+    pass
+
+
+class _App(typer.Typer):
+    """Every command of the app is a :class:`_Command`."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable:
+        kwargs.setdefault("cls", _Command)
+        return super().command(*args, **kwargs)
+
+
+app = _App(
+    cls=_Group,
     name="tune",
     help="Tune Triton kernels once per GPU and shape, keep the results, look them up at run time.",
     no_args_is_help=True,
@@ -59,7 +99,7 @@ DbOption = Annotated[
     typer.Option(
         "--db",
         envvar="TUNESVC_DB",
-        help="SQLite file or SQLAlchemy URL [default: ./tune.db].",
+        help="SQLite file or SQLAlchemy URL \\[default: ./tune.db].",
         callback=_check_db,
     ),
 ]
@@ -267,17 +307,22 @@ def sweep(
         ),
     ] = "grid",
     budget: Annotated[
-        int | None, typer.Option(help="Most trials per shape, stored ones included [grid: all; others: 50].")
+        int | None, typer.Option(help="Most trials per shape, stored ones included \\[grid: all; others: 50].")
     ] = None,
-    time_budget: Annotated[float | None, typer.Option(help="Most seconds of search per shape.")] = None,
+    time_budget: Annotated[
+        float | None, typer.Option(help="Most seconds of search per shape \\[default: no limit].")
+    ] = None,
     patience: Annotated[
-        int | None, typer.Option(help="Stop a shape after this many trials in a row that do not beat the best by 1%.")
+        int | None,
+        typer.Option(
+            help="Stop a shape after this many trials in a row that do not beat the best by 1% \\[default: never]."
+        ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the sampler.")] = 0,
     workers: Annotated[
         int | None,
         typer.Option(
-            help="Processes compiling candidates in parallel [GPU: a core each, up to 16 (grid, random) or 8 (Optuna); interpreter: 0]."
+            help="Processes compiling candidates in parallel \\[GPU: a core each, up to 16 (grid, random) or 8 (Optuna); interpreter: 0]."
         ),
     ] = None,
     db: DbOption = None,
@@ -296,7 +341,7 @@ def sweep(
         typer.Option(
             "--ray",
             metavar="ADDRESS",
-            help="Share the shapes between one worker per GPU of a Ray cluster ('auto': the cluster this host belongs to, or $RAY_ADDRESS; else host:port or ray://host:10001), all pulling jobs from --db, which every node must reach; needs tunesvc[ray]. A cluster without GPUs gets one interpreter worker per node.",
+            help="Share the shapes between one worker per GPU of a Ray cluster ('auto': the cluster this host belongs to, or $RAY_ADDRESS; else host:port or ray://host:10001), all pulling jobs from --db, which every node must reach; needs tunesvc\\[ray]. A cluster without GPUs gets one interpreter worker per node.",
         ),
     ] = None,
 ) -> None:
@@ -876,7 +921,10 @@ def report(
 def run(
     command: Annotated[list[str] | None, typer.Argument(help="The command to run, after --.")] = None,
     mode: Annotated[
-        str | None, typer.Option(help="tune (a miss is tuned and stored), lookup (serve; record misses) or off.")
+        str | None,
+        typer.Option(
+            help="tune (a miss is tuned and stored), lookup (serve; record misses) or off \\[default: $TUNESVC_MODE, else lookup with --bundle alone, else tune]."
+        ),
     ] = None,
     db: DbOption = None,
     bundle: Annotated[Path | None, typer.Option(help="Serve winners from this bundle (no database needed).")] = None,
@@ -1000,7 +1048,8 @@ def _tune_misses(db: str | None, kernels: list[str]) -> None:
 
 
 # -- tune db: the schema (Alembic migrations in tunesvc/store/alembic) -------------------------------
-db_app = typer.Typer(
+db_app = _App(
+    cls=_Group,
     help="Create, upgrade and inspect a database's schema (Alembic migrations; every row is kept).",
     no_args_is_help=True,
 )

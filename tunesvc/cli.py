@@ -22,6 +22,9 @@ from typing import Any
 import typer
 import typer.core
 from rich.console import Console
+from rich.console import Group
+from rich.measure import Measurement
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -219,11 +222,14 @@ def kernels(as_json: JsonOption = False) -> None:
     ]
     if as_json:
         return _print_json(rows)
-    table = Table(title="Kernel templates")
-    for column in ("kernel", "dims", "version", "configs", "presets"):
-        table.add_column(column)
-    for r in rows:
-        table.add_row(r["name"], "x".join(r["dims"]), r["version"], str(r["space_size"]), ", ".join(r["presets"]))
+    table = _keyed_table(
+        "Kernel templates",
+        ["kernel", "dims", "version", "configs", "presets"],
+        [[r["name"], "x".join(r["dims"]), r["version"], str(r["space_size"]), ", ".join(r["presets"])] for r in rows],
+        # the room that a 21-character kernel name needs beside the presets at 80 columns
+        show_edge=False,
+        pad_edge=False,
+    )
     console.print(table)
 
 
@@ -432,22 +438,35 @@ def sweep(
         store.close()
     if as_json:
         return _print_json([r.__dict__ for r in results])
-    table = Table(title=f"{template.name} on {device.name} ({store.url})")
-    for column in ("shape key", "winner", "ms", "heuristic ms", "speed-up", "trials", "failed", "s"):
-        table.add_column(column)
-    for r in results:
-        speedup = f"{r.heuristic_ms / r.winner_ms:.2f}x" if r.heuristic_ms and r.winner_ms else "-"
-        table.add_row(
+    rows = [
+        [
             r.shape_key,
             _config_text(r.winner),
             _ms(r.winner_ms),
             _ms(r.heuristic_ms),
-            speedup,
-            f"{r.trials_stored} (+{r.trials_new})",
+            f"{r.heuristic_ms / r.winner_ms:.2f}x" if r.heuristic_ms and r.winner_ms else "-",
+            str(r.trials_stored),
+            str(r.trials_new),
             str(r.failures),
             f"{r.wall_seconds:.1f}",
+        ]
+        for r in results
+    ]
+    console.print(
+        _keyed_table(
+            f"{template.name} on {device.name} ({store.url})",
+            ["shape key", "winner", "ms", "heuristic ms", "speed-up", "trials", "new", "failed", "s"],
+            rows,
+            caption=SWEEP_LEGEND,
         )
-    console.print(table)
+    )
+
+
+#: what the sweep table's terse columns mean
+SWEEP_LEGEND = (
+    "speed-up: heuristic ms / winner ms. trials: stored for the key; new: of them, measured by this run; "
+    "failed: did not compile, run or match the reference. s: seconds this run spent on the key."
+)
 
 
 def _sweep_on_workers(
@@ -561,18 +580,20 @@ def _sweep_on_workers(
             ]
         )
     else:
-        table = Table(title=f"{template.name} on {device.name}, {count} workers{where} ({store.url})")
-        for column in ("shape key", "job", "winner", "ms", "attempts"):
-            table.add_column(column)
-        for j in rows:
-            w = winners.get(j.shape_key)
-            table.add_row(
-                j.shape_key,
-                j.status,
-                _config_text(w.config if w else None),
-                _ms(w.time_ms if w else None),
-                str(j.attempts),
-            )
+        table = _keyed_table(
+            f"{template.name} on {device.name}, {_count(count, 'worker')}{where} ({store.url})",
+            ["shape key", "job", "winner", "ms", "attempts"],
+            [
+                [
+                    j.shape_key,
+                    j.status,
+                    _config_text(winners[j.shape_key].config if j.shape_key in winners else None),
+                    _ms(winners[j.shape_key].time_ms if j.shape_key in winners else None),
+                    str(j.attempts),
+                ]
+                for j in rows
+            ],
+        )
         console.print(table)
     unfinished = [j for j in rows if j.status != "done"]
     if unfinished:
@@ -651,10 +672,16 @@ def show(
     shape: Annotated[
         str | None, typer.Option(help="Only shape keys that contain this text, e.g. M=4096 or bfloat16.")
     ] = None,
+    all_versions: Annotated[
+        bool,
+        typer.Option(
+            "--all-versions", help="Also the winners of older kernel versions (lookups use the current one's)."
+        ),
+    ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show the stored winners, one row per kernel, device and shape key."""
+    """Show the stored winners of each kernel's current version, one table per device and kernel."""
     from tunesvc.store import Store  # SQLAlchemy
 
     store = Store(db, readonly=True)
@@ -663,16 +690,100 @@ def show(
         counts = store.trial_counts(kernel=kernel, device=device, shape=shape)
     finally:
         store.close()
+    current = _current_versions(winners)
+    older = [w for w in winners if w.kernel_version != current[w.kernel][0]]
+    shown = winners if all_versions else [w for w in winners if w.kernel_version == current[w.kernel][0]]
     if as_json:
-        return _print_json({"winners": [w.to_dict() for w in winners], "trials": counts})
-    table = Table(title=f"Winners in {store.url}")
-    for column in ("kernel", "version", "device", "shape key", "config", "ms"):
-        table.add_column(column)
-    for w in winners:
-        table.add_row(w.kernel, w.kernel_version, w.device, w.shape_key, _config_text(w.config), f"{w.time_ms:.4g}")
-    console.print(table)
+        return _print_json(
+            {
+                "winners": [{**w.to_dict(), "current": w.kernel_version == current[w.kernel][0]} for w in shown],
+                "trials": counts,
+            }
+        )
+    for hardware_id in sorted({w.hardware_id for w in shown}):
+        on_device = [w for w in shown if w.hardware_id == hardware_id]
+        console.print(Text(f"Winners on {hardware_id}", style="bold"), highlight=False)
+        for name in sorted({w.kernel for w in on_device}):
+            newest: dict[str, float] = {}  # version -> its newest winner's time
+            for w in on_device:
+                if w.kernel == name:
+                    newest[w.kernel_version] = max(newest.get(w.kernel_version, 0.0), w.updated_at.timestamp())
+            # the current version first, then the newest
+            versions = sorted(newest, key=lambda v: (v != current[name][0], -newest[v]))
+            for version in versions:
+                rows = [w for w in on_device if w.kernel == name and w.kernel_version == version]
+                if version != current[name][0]:
+                    which = "older version, not used by lookups"
+                elif current[name][1]:
+                    which = "current version, used by lookups"
+                else:  # a captured kernel or a template this command does not import
+                    which = "newest stored version, used by lookups"
+                console.print(
+                    _keyed_table(
+                        f"{name} {version} ({which})",
+                        ["shape key", "config", "ms"],
+                        [[w.shape_key, _config_text(w.config), f"{w.time_ms:.4g}"] for w in rows],
+                    )
+                )
     failed = sum(n for status, n in counts.items() if status != "ok")
-    console.print(f"{len(winners)} winners, {sum(counts.values())} trials, {failed} failed or invalid.")
+    hidden = f" ({len(older)} of older kernel versions: --all-versions)" if older and not all_versions else ""
+    console.print(
+        f"{_count(len(shown), 'winner')}{hidden}; {_count(sum(counts.values()), 'trial')}, "
+        f"{failed} failed or invalid, in {store.url}.",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _current_versions(winners: list) -> dict[str, tuple[str, bool]]:
+    """Per kernel of ``winners``: the version lookups use, and whether it is the installed code's.
+
+    A shipped or registered template's version is its code's hash. A captured kernel or a
+    template named by module path is not imported for a listing (stored names never choose a
+    module to import): its newest stored version stands for it, as in lookups of captured kernels.
+    """
+    from tunesvc.template import template_named_by_data  # imports shipped kernels: torch, Triton
+
+    out: dict[str, tuple[str, bool]] = {}
+    for name in {w.kernel for w in winners}:
+        try:
+            out[name] = (template_named_by_data(name).version, True)
+        except TunesvcError:
+            newest = max((w for w in winners if w.kernel == name), key=lambda w: w.updated_at)
+            out[name] = (newest.kernel_version, False)
+    return out
+
+
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 winner', '2 winners': counts that read as English."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def _keyed_table(
+    title: str, columns: list[str], rows: list[list[str]], caption: str | None = None, **options: Any
+) -> Table:
+    """A table whose first column (shape keys, kernel names) is never cut nor broken inside.
+
+    rich shrinks and wraps columns to fit the terminal (80 columns in a pipe): the first column
+    keeps its whole width, the others wrap at spaces. Where even that does not fit (a 56-character
+    decode key beside five numbers at 80 columns), each row stacks: the key on its line, the other
+    columns' values below it, so that nothing is cut.
+    """
+    wide = Table(title=title, caption=caption, caption_justify="left", **options)
+    wide.add_column(columns[0], no_wrap=True, overflow="fold")
+    for column in columns[1:]:
+        wide.add_column(column, overflow="fold")
+    for row in rows:
+        wide.add_row(*row)
+    unbounded = console.options.update_width(10_000)
+    if Measurement.get(console, unbounded, wide).minimum <= console.width:
+        return wide
+    stacked = Table(title=title, caption=caption, caption_justify="left", **options)
+    stacked.add_column(f"{columns[0]}; {', '.join(columns[1:])}", overflow="fold")
+    for first, *rest in rows:
+        details = " · ".join(f"{column} {value}" for column, value in zip(columns[1:], rest, strict=True))
+        stacked.add_row(Group(Text(first), Padding(Text(details, style="dim"), (0, 0, 0, 2))))
+    return stacked
 
 
 @app.command()
@@ -806,14 +917,27 @@ def import_(
         store.close()
     if as_json:
         return _print_json([c.to_dict() for c in changes])
-    table = Table(title=f"Imported into {store.url}")
-    for column in ("source", "kernel", "device", "shape key", "action", "incoming ms", "stored ms"):
-        table.add_column(column)
-    for c in changes:
-        table.add_row(c.source, c.kernel, c.hardware_id, c.shape_key, c.action, _ms(c.incoming_ms), _ms(c.stored_ms))
-    console.print(table)
+    # one table per source, device and kernel version: what repeats goes in the heading and title
+    for source, hardware_id in dict.fromkeys((c.source, c.hardware_id) for c in changes):
+        console.print(Text(f"From {source}, winners of {hardware_id}", style="bold"), highlight=False)
+        group = [c for c in changes if (c.source, c.hardware_id) == (source, hardware_id)]
+        for kernel, version in dict.fromkeys((c.kernel, c.version) for c in group):
+            table = _keyed_table(
+                f"{kernel} {version}",
+                ["shape key", "action", "incoming ms", "stored ms"],
+                [
+                    [c.shape_key, c.action, _ms(c.incoming_ms), _ms(c.stored_ms)]
+                    for c in group
+                    if (c.kernel, c.version) == (kernel, version)
+                ],
+            )
+            console.print(table)
     counts = {a: sum(c.action == a for c in changes) for a in ("added", "replaced", "kept")}
-    console.print(f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept.")
+    console.print(
+        f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept in {store.url}.",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command()
@@ -839,37 +963,44 @@ def verify(
     store = Store(db, readonly=not retune)
     try:
         verdicts = verify_winners(store, kernel=kernel, margin=margin, retune=retune, budget=budget)
+        stored_on = sorted({w.device for w in store.winners(kernel=kernel)}) if not verdicts else []
     finally:
         store.close()
     if as_json:
         return _print_json([v.to_dict() for v in verdicts])
-    table = Table(title=f"Winners of {current_device().name} in {store.url}")
-    columns = [
-        "kernel",
-        "shape key",
-        "stored ms",
-        "now ms",
-        "heuristic ms",
-        "flags",
-        *(["retuned ms"] if retune else []),
-    ]
-    for column in columns:
-        table.add_column(column)
-    for v in verdicts:
-        flags = ", ".join(v.flags) + (f" ({v.detail})" if v.detail else "") if v.flags else "ok"
-        table.add_row(
-            v.kernel,
-            v.shape_key,
-            _ms(v.stored_ms),
-            _ms(v.measured_ms),
-            _ms(v.heuristic_ms),
-            flags,
-            *([_ms(v.retuned_ms)] if retune else []),
+    here = current_device()
+    if not verdicts:
+        which = f"{kernel} winners" if kernel else "winners"
+        elsewhere = f": it holds {', '.join(stored_on)} {which} only" if stored_on else ""
+        console.print(
+            f"No {which} of {here.name} in {store.url} to verify{elsewhere} "
+            "(verify on that GPU, or sweep this one with `tune sweep`).",
+            highlight=False,
+            soft_wrap=True,
         )
-    console.print(table)
+        return
+    console.print(Text(f"Winners of {here.name} in {store.url}", style="bold"), highlight=False)
+    columns = ["shape key", "stored ms", "now ms", "heuristic ms", "flags", *(["retuned ms"] if retune else [])]
+    for name, version in dict.fromkeys((v.kernel, v.version) for v in verdicts):
+        rows = []
+        for v in verdicts:
+            if (v.kernel, v.version) != (name, version):
+                continue
+            flags = ", ".join(v.flags) + (f" ({v.detail})" if v.detail else "") if v.flags else "ok"
+            rows.append(
+                [
+                    v.shape_key,
+                    _ms(v.stored_ms),
+                    _ms(v.measured_ms),
+                    _ms(v.heuristic_ms),
+                    flags,
+                    *([_ms(v.retuned_ms)] if retune else []),
+                ]
+            )
+        console.print(_keyed_table(f"{name} {version}", columns, rows))
     flagged = sum(bool(v.flags) for v in verdicts)
     console.print(
-        f"{len(verdicts)} winners checked, {flagged} flagged."
+        f"{_count(len(verdicts), 'winner')} checked, {flagged} flagged."
         + ("" if retune or not flagged else " Run with --retune to sweep them again.")
     )
 
@@ -1004,14 +1135,21 @@ def misses(
                 for m in rows
             ]
         )
-    table = Table(title=f"Misses in {store.url}")
-    for column in ("kernel", "device", "shape key", "count", "status"):
-        table.add_column(column)
-    for m in rows:
-        table.add_row(m.kernel, m.hardware_id, m.shape_key, str(m.count), m.status)
-    console.print(table)
+    for hardware_id in dict.fromkeys(m.hardware_id for m in rows):
+        console.print(Text(f"Misses of {hardware_id} in {store.url}", style="bold"), highlight=False)
+        for name in dict.fromkeys(m.kernel for m in rows if m.hardware_id == hardware_id):
+            table = _keyed_table(
+                name,
+                ["shape key", "count", "status"],
+                [
+                    [m.shape_key, str(m.count), m.status]
+                    for m in rows
+                    if (m.hardware_id, m.kernel) == (hardware_id, name)
+                ],
+            )
+            console.print(table)
     console.print(
-        f"{len(rows)} misses, {sum(m.status == 'open' for m in rows)} open. "
+        f"{_count(len(rows), 'miss', 'misses')}, {sum(m.status == 'open' for m in rows)} open. "
         "Tune a kernel's with `tune misses --tune --kernel module:qualname`."
     )
 

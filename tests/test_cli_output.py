@@ -3,13 +3,17 @@ kernel names at 80 and 120 columns, lookups that say where their answer came fro
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 import typer.main
 from typer.testing import CliRunner
 
 from tunesvc.cli import app
+from tunesvc.store import Store
+from tunesvc.template import get_template
 
 
 def invoke(*args: str, width: int = 80):
@@ -47,3 +51,84 @@ def test_help_of_sweep_names_the_defaults_that_matter():
     shown = _flat(invoke("sweep", "--help", width=100).stdout)
     for text in ("[default: ./tune.db]", "[grid: all; others: 50]", "[default: no limit]", "tunesvc[ray]"):
         assert text in shown, text
+
+
+# -- tables: whole shape keys and kernel names at 80 and 120 columns ------------------------------
+EXAMPLE = Path(__file__).parent.parent / "tune.db.example"
+
+
+def _example_winners():
+    store = Store(str(EXAMPLE), readonly=True)
+    try:
+        winners = store.winners()
+    finally:
+        store.close()
+    current = {w.kernel: get_template(w.kernel).version for w in winners}
+    return [w for w in winners if w.kernel_version == current[w.kernel]], [
+        w for w in winners if w.kernel_version != current[w.kernel]
+    ]
+
+
+def _intact(text: str, output: str) -> bool:
+    """``text`` whole on one line of ``output``, not part of a longer key or name."""
+    pattern = rf"(?<![\w=,]){re.escape(text)}(?![\w=,])"
+    return any(re.search(pattern, line) for line in output.splitlines())
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_show_keeps_every_current_shape_key_whole(width):
+    current, older = _example_winners()
+    assert current and older  # the example holds old kernel versions beside the current ones
+    result = invoke("show", "--db", str(EXAMPLE), width=width)
+    assert result.exit_code == 0, result.output
+    *tables, summary = result.stdout.splitlines()
+    assert max(len(line) for line in tables) <= width  # the summary line is one line, soft-wrapped
+    for w in current:
+        assert _intact(w.shape_key, result.stdout), (w.kernel, w.shape_key)
+        assert f"{w.kernel} {w.kernel_version} (current version, used by lookups)" in result.stdout
+    for version in {w.kernel_version for w in older}:
+        assert version not in result.stdout  # older versions only with --all-versions
+    assert _intact(f"{len(current)} winners ({len(older)} of older kernel versions: --all-versions)", result.stdout)
+
+    every = invoke("show", "--db", str(EXAMPLE), "--all-versions", width=width)
+    assert every.exit_code == 0, every.output
+    for w in older:
+        assert _intact(w.shape_key, every.stdout)
+        assert f"{w.kernel} {w.kernel_version} (older version, not used by lookups)" in every.stdout
+    assert f"{len(current) + len(older)} winners;" in every.stdout
+
+
+def test_show_json_marks_the_current_versions():
+    current, older = _example_winners()
+    data = json.loads(invoke("show", "--db", str(EXAMPLE), "--json").stdout)
+    assert sorted(w["shape_key"] for w in data["winners"]) == sorted(w.shape_key for w in current)
+    assert all(w["current"] for w in data["winners"])
+    every = json.loads(invoke("show", "--db", str(EXAMPLE), "--json", "--all-versions").stdout)["winners"]
+    assert sum(not w["current"] for w in every) == len(older)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_kernels_keeps_every_kernel_name_whole(width):
+    result = invoke("kernels", width=width)
+    assert result.exit_code == 0, result.output
+    for name in json.loads(invoke("kernels", "--json").stdout):
+        assert _intact(name["name"], result.stdout), name["name"]
+        assert _intact(name["version"], result.stdout)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_import_table_keeps_every_shape_key_whole(tmp_path, width):
+    current, older = _example_winners()
+    result = invoke("import", str(EXAMPLE), "--db", str(tmp_path / "t.db"), width=width)
+    assert result.exit_code == 0, result.output
+    for w in current + older:
+        assert _intact(w.shape_key, result.stdout), w.shape_key
+    assert f"{len(current) + len(older)} added, 0 replaced, 0 kept" in result.stdout
+    assert result.stdout.count(current[0].hardware_id) == 1  # the device once, in a heading
+
+
+def test_verify_with_no_winners_of_this_device_says_so_in_one_line():
+    result = invoke("verify", "--db", str(EXAMPLE), width=80)
+    assert result.exit_code == 0, result.output
+    [line] = result.stdout.splitlines()
+    assert line.startswith("No winners of ") and "to verify: it holds NVIDIA H100 80GB HBM3 winners only" in line

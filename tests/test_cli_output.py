@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -81,7 +85,7 @@ def test_show_keeps_every_current_shape_key_whole(width):
     assert current and older  # the example holds old kernel versions beside the current ones
     result = invoke("show", "--db", str(EXAMPLE), width=width)
     assert result.exit_code == 0, result.output
-    *tables, summary = result.stdout.splitlines()
+    *tables, _summary = result.stdout.splitlines()
     assert max(len(line) for line in tables) <= width  # the summary line is one line, soft-wrapped
     for w in current:
         assert _intact(w.shape_key, result.stdout), (w.kernel, w.shape_key)
@@ -132,3 +136,90 @@ def test_verify_with_no_winners_of_this_device_says_so_in_one_line():
     assert result.exit_code == 0, result.output
     [line] = result.stdout.splitlines()
     assert line.startswith("No winners of ") and "to verify: it holds NVIDIA H100 80GB HBM3 winners only" in line
+
+
+# -- lookups say where they read and how the shape was bucketed --------------------------------------
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_lookup_names_the_database_and_the_bucketing(tmp_path):
+    (tmp_path / "sub").mkdir()
+    shutil.copy(EXAMPLE, tmp_path / "sub" / "example.db")
+    args = ("--dtype", "bfloat16", "--db", "sub/example.db", "--device", H100)  # relative to the cwd, tmp_path
+    exact = invoke("lookup", "matmul", "--shape", "1000x3000x777", *args)
+    assert exact.exit_code == 0, exact.output
+    lines = exact.stdout.splitlines()
+    assert lines[0] == (
+        "key     M=1024,N=3000,K=777,dtype=bfloat16: M=1000 rounded up to the power of two 1024 "
+        "(every M from 513 to 1024 shares it); other dims as given"
+    )
+    assert lines[1] == f"answer  exact for {H100}; read from database {tmp_path / 'sub' / 'example.db'}"
+    assert lines[2].startswith("config  VARIANT=")
+
+    near = invoke("lookup", "matmul", "--shape", "3000x3000x777", *args)
+    assert near.exit_code == 0, near.output
+    assert "nearest tuned key M=1024,N=3000,K=777,dtype=bfloat16, 2.00 doublings away" in near.stdout
+    assert "log2 scale" in near.stdout
+    data = json.loads(invoke("lookup", "matmul", "--shape", "3000x3000x777", *args, "--json").stdout)
+    assert data["bucketed"] == {"M": [3000, 4096]} and data["distance"] == 2.0
+    assert data["read"] == f"database {tmp_path / 'sub' / 'example.db'}"
+
+    given = invoke("lookup", "matmul", "--shape", "1024x3000x777", *args)
+    assert "key     M=1024,N=3000,K=777,dtype=bfloat16: every dim as given" in given.stdout
+
+
+def test_lookup_without_a_database_says_which_file_it_looked_for(tmp_path):
+    result = invoke("lookup", "matmul", "--shape", "90x70x50")
+    assert result.exit_code == 0, result.output
+    assert "answer  heuristic for " in result.stdout
+    assert f"no database: {tmp_path / 'tune.db'} does not exist" in result.stdout
+
+
+def test_the_cli_prints_no_raw_python_warning(tmp_path):
+    shutil.copy(EXAMPLE, tmp_path / "tune.db")
+    # a nearest answer from ./tune.db: the runtime warns about the miss; the answer line says it instead
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunesvc",
+            "lookup",
+            "matmul",
+            "--shape",
+            "3000x3000x777",
+            "--dtype",
+            "bfloat16",
+            "--device",
+            H100,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "nearest tuned key" in done.stdout
+    assert done.stderr == ""
+
+
+def test_warnings_become_one_clean_line(capsys):
+    from tunesvc.cli import user_errors
+
+    @user_errors
+    def command() -> None:
+        warnings.warn("tunesvc: something to know.", RuntimeWarning, stacklevel=1)
+
+    command()
+    err = capsys.readouterr().err
+    assert err == "Warning: tunesvc: something to know.\n"
+
+
+def test_the_library_lookup_warning_names_the_database_it_read(tmp_path):
+    import tunesvc
+
+    with pytest.warns(RuntimeWarning, match=re.escape(f"(no database: {tmp_path / 'tune.db'} does not exist")):
+        tunesvc.lookup("matmul", M=90, N=70, K=50)
+    shutil.copy(EXAMPLE, tmp_path / "tune.db")  # H100 winners only: this device still misses
+    tunesvc.configure()
+    with pytest.warns(RuntimeWarning, match=re.escape(f"(database {tmp_path / 'tune.db'})")):
+        tunesvc.lookup("matmul", M=90, N=70, K=50)

@@ -14,6 +14,7 @@ import inspect
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -159,7 +160,10 @@ def user_errors(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            with _removed_if_new_and_failing(kwargs.get("db"), "db" in inspect.signature(fn).parameters):
+            with (
+                _warnings_as_lines(),
+                _removed_if_new_and_failing(kwargs.get("db"), "db" in inspect.signature(fn).parameters),
+            ):
                 return fn(*args, **kwargs)
         except TunesvcError as exc:
             if _DEBUG:
@@ -170,6 +174,19 @@ def user_errors(fn: Callable) -> Callable:
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """Python warnings as one line each on stderr ("Warning: ..."), not Python's two lines with a
+    file name and a source line; the filters stay Python's, so only what it would show is shown."""
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            yield
+        finally:
+            stderr = Console(stderr=True)
+            for message in dict.fromkeys(str(w.message) for w in caught):
+                stderr.print(Text("Warning: ", style="yellow") + Text(message), highlight=False, soft_wrap=True)
 
 
 def _print_json(data: Any) -> None:
@@ -812,12 +829,50 @@ def lookup(
     target = Store(db, readonly=True).find_device(device) if device is not None else None
     # no --db: like the runtime, use ./tune.db if there is one, else the heuristic
     runtime = Runtime(db=db, bundle=bundle, device=target, strict=True)
-    result = runtime.lookup(template, **problem)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="tunesvc: no tuned config")  # the answer below says so
+        result = runtime.lookup(template, **problem)
+    bucketed = _bucketing(problem, result.key)
     if as_json:
-        return _print_json(result.to_dict())
-    where = f" (tuned key {result.matched_key}, distance {result.distance:.2f})" if result.source == "nearest" else ""
-    console.print(f"{result.key} on {runtime.device.name}: [bold]{result.source}[/bold]{where}")
-    console.print(_config_text(result.config))
+        return _print_json({**result.to_dict(), "read": runtime.where(), "bucketed": bucketed})
+    rounded = [
+        f"{dim}={given} rounded up to the power of two {to} (every {dim} from {to // 2 + 1} to {to} shares it)"
+        if to & (to - 1) == 0 and given < to
+        else f"{dim}={given} bucketed to {to}"
+        for dim, (given, to) in bucketed.items()
+    ]
+    how = f"{'; '.join(rounded)}; other dims as given" if rounded else "every dim as given"
+    console.print(f"key     {result.key}: {how}", highlight=False, soft_wrap=True)
+    answer = result.source
+    if result.source == "nearest" and result.distance is not None:
+        answer = (
+            f"nearest tuned key {result.matched_key}, {result.distance:.2f} doublings away "
+            "(the distance between the two keys' dims on a log2 scale)"
+        )
+    where = runtime.where()
+    read = f"read from {where}" if where.startswith(("database", "bundle")) else where
+    console.print(f"answer  {answer} for {runtime.device.name}; {read}", highlight=False, soft_wrap=True)
+    console.print(f"config  {_config_text(result.config)}", highlight=False, soft_wrap=True)
+
+
+def _absolute(db: str | None) -> str:
+    """A database as messages name it, a SQLite file by its absolute path (./tune.db depends on the folder)."""
+    from tunesvc.store import database_name
+
+    name = database_name(db)
+    return str(Path(name).resolve()) if "://" not in name else name
+
+
+def _bucketing(problem: dict[str, Any], key: str) -> dict[str, tuple[int, int]]:
+    """The dims that a shape key rounds: {'M': (90, 128)} for matmul's 90x70x50."""
+    from tunesvc.template import ShapeKey
+
+    dims = dict(ShapeKey.parse(key).dims)
+    return {
+        dim: (value, dims[dim])
+        for dim, value in problem.items()
+        if dim in dims and isinstance(value, int) and dims[dim] != value
+    }
 
 
 def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None, as_json: bool) -> bool:
@@ -865,10 +920,15 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
     if as_json:
         _print_json(result)
         return True
-    where = f" (stored key {matched}, distance {distance:.2f})" if source == "nearest" else ""
-    console.print(f"{key} on {device.name}: [bold]{source}[/bold]{where}")
+    if source == "nearest":
+        source = f"nearest stored key {matched}, {distance:.2f} doublings away (the distance between the keys' numbers on a log2 scale)"
+    where = f"bundle {bundle.resolve()}" if bundle is not None else f"database {_absolute(db)}"
+    console.print(f"key     {key}", highlight=False, soft_wrap=True)
+    console.print(f"answer  {source} for {device.name}; read from {where}", highlight=False, soft_wrap=True)
     config = result["config"]
-    console.print(_config_text(config if isinstance(config, dict) else None))
+    console.print(
+        f"config  {_config_text(config if isinstance(config, dict) else None)}", highlight=False, soft_wrap=True
+    )
     return True
 
 

@@ -223,3 +223,16 @@ def test_the_library_lookup_warning_names_the_database_it_read(tmp_path):
     tunesvc.configure()
     with pytest.warns(RuntimeWarning, match=re.escape(f"(database {tmp_path / 'tune.db'})")):
         tunesvc.lookup("matmul", M=90, N=70, K=50)
+
+
+# -- tune sweep --gpus draws its progress ---------------------------------------------------------
+def test_sweep_gpus_shows_a_progress_bar_per_job(tmp_path):
+    args = ("sweep", "matmul", "--shape", "37x45x29", "--shape", "100x45x29", "--budget", "2", "--gpus", "0,1")
+    result = invoke(*args, "--db", str(tmp_path / "t.db"), width=100)
+    assert result.exit_code == 0, result.output
+    bars = [line for line in result.stderr.splitlines() if "━" in line]
+    for key in ("M=64,N=45,K=29,dtype=float16", "M=128,N=45,K=29,dtype=float16"):
+        [bar] = [line for line in bars if line.startswith(key + " ")]
+        assert " done " in bar and " 2/2 " in bar, bar  # the job's status and its trials of the budget
+    quiet = invoke(*args, "--db", str(tmp_path / "q.db"), "--quiet")
+    assert quiet.exit_code == 0 and "━" not in quiet.stderr

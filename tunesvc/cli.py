@@ -13,6 +13,8 @@ import functools
 import inspect
 import json
 import os
+import shlex
+import subprocess
 import sys
 import warnings
 from collections.abc import Callable
@@ -310,6 +312,7 @@ def space(
 @app.command()
 @user_errors
 def sweep(
+    ctx: typer.Context,
     kernel: Annotated[
         str,
         typer.Argument(help="Kernel name (see `tune kernels`) or module:attribute.", autocompletion=_complete_kernel),
@@ -377,6 +380,7 @@ def sweep(
     from rich.progress import TimeElapsedColumn
 
     from tunesvc.device import fork_safe_current_device
+    from tunesvc.jobs import trials_stored
     from tunesvc.store import Store
     from tunesvc.sweep import check_sweep_arguments
     from tunesvc.sweep import run_sweep
@@ -408,10 +412,14 @@ def sweep(
             patience=patience,
             workers=workers,
             ray_address=ray,
+            quiet=quiet,
+            resume=_command_line(ctx, db),
         )
     device = fork_safe_current_device()  # CUDA left uninitialised here: the sweep forks its workers from this process
     _check_fits(template, problems, device)
     store = Store(db)
+    keys = list(dict.fromkeys(str(template.key(p)) for p in problems))
+    before = trials_stored(store, template, device.hardware_id, keys)
     progress = Progress(
         TextColumn("{task.description}"),
         TextColumn("[dim]{task.fields[phase]}"),
@@ -451,6 +459,8 @@ def sweep(
                 time_budget=time_budget,
                 patience=patience,
             )
+    except KeyboardInterrupt:
+        _interrupted(store, template, device.hardware_id, keys, before, _command_line(ctx, db))
     finally:
         store.close()
     if as_json:
@@ -479,6 +489,44 @@ def sweep(
     )
 
 
+def _command_line(ctx: typer.Context, db: str | None) -> str:
+    """The command as a user types it again, rebuilt from its parsed options; a database named
+    by default (./tune.db, $TUNESVC_DB) is named explicitly, so that it resumes from any folder."""
+    words = ["tune", ctx.info_name or "sweep"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if value is None or value == param.default or value == [] or param.name == "ctx":
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if not getattr(param, "opts", None) or param.param_type_name == "argument":
+            words += [str(v) for v in values]
+            continue
+        name = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        if getattr(param, "is_flag", False):
+            words.append(name)
+        else:
+            for v in values:
+                words += [name, str(v)]
+    if db is None:
+        words += ["--db", _absolute(None)]
+    return shlex.join(words)
+
+
+def _interrupted(store, template, hardware_id: str, keys: list[str], before: dict[str, int], command: str) -> None:
+    """Ctrl-C during a sweep: what is kept and how to go on, then exit 130 (128 + SIGINT), as shells expect."""
+    from tunesvc.jobs import trials_stored
+
+    now = trials_stored(store, template, hardware_id, keys)
+    new = sum(now.values()) - sum(before.values())
+    Console(stderr=True).print(
+        f"Interrupted: {_count(new, 'trial')} stored by this run ({sum(now.values())} in all for "
+        f"{_count(len(keys), 'shape key')}) in {store.url}; a trial in flight is lost. Resume with: {command}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(130)
+
+
 #: what the sweep table's terse columns mean
 SWEEP_LEGEND = (
     "speed-up: heuristic ms / winner ms. trials: stored for the key; new: of them, measured by this run; "
@@ -501,6 +549,8 @@ def _sweep_on_workers(
     patience: int | None,
     workers: int | None,
     ray_address: str | None = None,
+    quiet: bool = False,
+    resume: str = "",
 ) -> None:
     """`tune sweep --gpus` / `--ray`: queue the (kernel x shape) jobs in the database, run one
     worker per GPU of this host or of the Ray cluster.
@@ -553,7 +603,9 @@ def _sweep_on_workers(
             f"sweep {batch}: {added} new of {len(problems)} jobs, {count} workers{where}", highlight=False
         )
         if ray_address is None:
-            codes: list = [p.wait() for p in processes]
+            codes: list = _wait_showing_progress(
+                processes, store, batch, template, problems, device, strategy, budget, as_json or quiet, resume
+            )
         else:
             codes = cluster.run_on_ray(
                 store.url,
@@ -618,6 +670,82 @@ def _sweep_on_workers(
         raise TunesvcError(
             f"{len(unfinished)} of {len(rows)} jobs did not finish ({first}); run the same command again to resume."
         )
+
+
+def _wait_showing_progress(
+    processes: list,
+    store,
+    batch: str,
+    template,
+    problems: list[dict],
+    device,
+    strategy: str,
+    budget: int | None,
+    quiet: bool,
+    resume: str,
+) -> list[int]:
+    """Wait for this host's workers, drawing the batch's jobs and their stored trials from the
+    database (where the workers report) as the single-process sweep draws its own.
+
+    Ctrl-C (SIGINT, which a terminal sends to the workers too) gives the running jobs back to
+    the queue: the summary says what is stored and how to resume."""
+    import time
+
+    from rich.progress import BarColumn
+    from rich.progress import MofNCompleteColumn
+    from rich.progress import Progress
+    from rich.progress import TextColumn
+    from rich.progress import TimeElapsedColumn
+
+    from tunesvc.jobs import trials_stored
+    from tunesvc.sweep import DEFAULT_OPTUNA_BUDGET
+
+    keys = list(dict.fromkeys(str(template.key(p)) for p in problems))
+    limits: dict[str, int] = {}
+    for problem in problems:  # the trials each job's sweep will run at most, as run_sweep counts them
+        feasible = len(template.feasible(problem, device))
+        wanted = feasible if budget is None and strategy == "grid" else budget or DEFAULT_OPTUNA_BUDGET
+        limits[str(template.key(problem))] = min(wanted, feasible)
+    before = trials_stored(store, template, device.hardware_id, keys)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        TextColumn("[dim]{task.fields[phase]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=quiet,
+    )
+    tasks = {key: progress.add_task(key, total=limits[key], phase="pending") for key in keys}
+
+    def update() -> None:
+        stored = trials_stored(store, template, device.hardware_id, keys)
+        for job in store.jobs(batch):
+            if job.shape_key in tasks:
+                done = job.status == "done"
+                progress.update(
+                    tasks[job.shape_key],
+                    phase=job.status,
+                    completed=limits[job.shape_key] if done else min(stored[job.shape_key], limits[job.shape_key]),
+                )
+
+    try:
+        with progress:
+            while any(p.poll() is None for p in processes):
+                update()
+                time.sleep(0.5)
+            update()
+        return [p.wait() for p in processes]
+    except KeyboardInterrupt:
+        for p in processes:  # SIGINT reached them too from a terminal, but not from `kill -INT` of this one
+            p.interrupt()
+        for p in processes:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        _interrupted(store, template, device.hardware_id, keys, before, resume)
+        raise  # not reached: _interrupted exits
 
 
 def _check_fits(template, problems: list[dict], device) -> None:

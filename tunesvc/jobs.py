@@ -151,6 +151,33 @@ def jobs(store: Store, batch: str) -> list[Job]:
     return store.jobs(batch)
 
 
+def trials_stored(store: Store, template: Template, hardware_id: str, keys: list[str]) -> dict[str, int]:
+    """Trials stored per shape key of ``keys`` for the template's current version on GPUs of
+    ``hardware_id``: what a sweep's progress and its Ctrl-C summary count."""
+    from sqlalchemy import func
+    from sqlalchemy import select
+
+    from tunesvc.store.models import KernelVersion
+    from tunesvc.store.models import StoredDevice
+    from tunesvc.store.models import Trial
+
+    query = (
+        select(Trial.shape_key, func.count())
+        .join(KernelVersion, Trial.kernel_version_id == KernelVersion.id)
+        .join(StoredDevice, Trial.device_id == StoredDevice.id)
+        .where(
+            KernelVersion.kernel == template.name,
+            KernelVersion.version == template.version,
+            StoredDevice.hardware_id == hardware_id,
+            Trial.shape_key.in_(keys),
+        )
+        .group_by(Trial.shape_key)
+    )
+    with store.session() as session:
+        counts = {key: n for key, n in session.execute(query).all()}
+    return {key: counts.get(key, 0) for key in keys}
+
+
 class _Heartbeat:
     """Refreshes a job's heartbeat from a thread while the worker runs it."""
 
@@ -529,6 +556,16 @@ class WorkerProcess:
             raise subprocess.TimeoutExpired(f"tunesvc.jobs worker {self.pid}", timeout or 0.0)
         return self._process.exitcode
 
+    def interrupt(self) -> None:
+        """Send the worker SIGINT, as Ctrl-C in a terminal would: it gives its job back and exits."""
+        import signal
+
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
     def kill(self) -> None:
         if self._popen is not None:
             self._popen.kill()
@@ -556,6 +593,8 @@ def _forked_main(read_end: int, env: dict[str, str], argv: list[str], first_job:
     try:
         with os.fdopen(read_end) as start:
             code = _main(["--batch", "-", *argv], start=start, first_job=first_job)
+    except KeyboardInterrupt:  # Ctrl-C reaches every process of the terminal's group: the command reports it
+        code = 130
     except BaseException:  # a bug: its traceback, as any process's
         traceback.print_exc()
         code = 1
@@ -621,6 +660,8 @@ def _main(argv: list[str] | None = None, start: TextIO | None = None, first_job:
     except TunesvcError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 1
+    except KeyboardInterrupt:  # its running job went back to pending (work()); the command reports it
+        return 130
     return 0
 
 

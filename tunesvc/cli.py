@@ -971,15 +971,15 @@ def lookup(
     ]
     how = f"{'; '.join(rounded)}; other dims as given" if rounded else "every dim as given"
     console.print(f"key     {result.key}: {how}", highlight=False, soft_wrap=True)
-    answer = result.source
+    detail = ""
     if result.source == "nearest" and result.distance is not None:
-        answer = (
-            f"nearest tuned key {result.matched_key}, {result.distance:.2f} doublings away "
-            "(the distance between the two keys' dims on a log2 scale)"
+        detail = (
+            f": tuned key {result.matched_key}, {result.distance:.2f} doublings away "
+            "(the distance between the keys' dims on a log2 scale)"
         )
     where = runtime.where()
     read = f"read from {where}" if where.startswith(("database", "bundle")) else where
-    console.print(f"answer  {answer} for {runtime.device.name}; {read}", highlight=False, soft_wrap=True)
+    console.print(f"answer  {result.source} for {runtime.device.name}{detail}; {read}", highlight=False, soft_wrap=True)
     console.print(f"config  {_config_text(result.config)}", highlight=False, soft_wrap=True)
 
 
@@ -1048,11 +1048,12 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
     if as_json:
         _print_json(result)
         return True
+    detail = ""
     if source == "nearest":
-        source = f"nearest stored key {matched}, {distance:.2f} doublings away (the distance between the keys' numbers on a log2 scale)"
+        detail = f": stored key {matched}, {distance:.2f} doublings away (the distance between the keys' numbers on a log2 scale)"
     where = f"bundle {bundle.resolve()}" if bundle is not None else f"database {_absolute(db)}"
     console.print(f"key     {key}", highlight=False, soft_wrap=True)
-    console.print(f"answer  {source} for {device.name}; read from {where}", highlight=False, soft_wrap=True)
+    console.print(f"answer  {source} for {device.name}{detail}; read from {where}", highlight=False, soft_wrap=True)
     config = result["config"]
     console.print(
         f"config  {_config_text(config if isinstance(config, dict) else None)}", highlight=False, soft_wrap=True

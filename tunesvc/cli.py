@@ -600,7 +600,8 @@ def _sweep_on_workers(
         for p in processes:
             p.begin(batch)
         Console(stderr=True).print(
-            f"sweep {batch}: {added} new of {len(problems)} jobs, {count} workers{where}", highlight=False
+            f"sweep {batch}: {added} new of {_count(len(problems), 'job')}, {_count(count, 'worker')}{where}",
+            highlight=False,
         )
         if ray_address is None:
             codes: list = _wait_showing_progress(

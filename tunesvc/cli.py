@@ -894,7 +894,7 @@ def _current_versions(winners: list) -> dict[str, tuple[str, bool]]:
     for name in {w.kernel for w in winners}:
         try:
             out[name] = (template_named_by_data(name).version, True)
-        except TunesvcError:
+        except (TunesvcError, ImportError, AttributeError):  # a registered template that does not load here
             newest = max((w for w in winners if w.kernel == name), key=lambda w: w.updated_at)
             out[name] = (newest.kernel_version, False)
     return out

@@ -597,6 +597,8 @@ def _sweep_on_workers(
         batch = jobs.batch_name(kernel, template, problems, strategy, budget, seed, device, time_budget, patience)
         added = jobs.enqueue(store, batch, kernel, template, problems, strategy, budget, seed)
         mark("jobs queued")
+        keys = list(dict.fromkeys(str(template.key(p)) for p in problems))
+        before = jobs.trials_stored(store, template, device.hardware_id, keys)  # before any worker begins
         for p in processes:
             p.begin(batch)
         Console(stderr=True).print(
@@ -605,18 +607,21 @@ def _sweep_on_workers(
         )
         if ray_address is None:
             codes: list = _wait_showing_progress(
-                processes, store, batch, template, problems, device, strategy, budget, as_json or quiet, resume
+                processes, store, batch, template, problems, device, strategy, budget, before, as_json or quiet, resume
             )
         else:
-            codes = cluster.run_on_ray(
-                store.url,
-                batch,
-                time_budget=time_budget,
-                patience=patience,
-                compile_workers=workers,
-                kernel=kernel,
-                log=lambda line: Console(stderr=True).print(line, highlight=False),
-            )
+            try:
+                codes = cluster.run_on_ray(
+                    store.url,
+                    batch,
+                    time_budget=time_budget,
+                    patience=patience,
+                    compile_workers=workers,
+                    kernel=kernel,
+                    log=lambda line: Console(stderr=True).print(line, highlight=False),
+                )
+            except KeyboardInterrupt:
+                _interrupted(store, template, device.hardware_id, keys, before, resume)
         mark("workers done")
         rows = jobs.jobs(store, batch)
         # Ray's workers may hold other GPUs than this host (a head node without one)
@@ -682,6 +687,7 @@ def _wait_showing_progress(
     device,
     strategy: str,
     budget: int | None,
+    before: dict[str, int],
     quiet: bool,
     resume: str,
 ) -> list[int]:
@@ -707,7 +713,6 @@ def _wait_showing_progress(
         feasible = len(template.feasible(problem, device))
         wanted = feasible if budget is None and strategy == "grid" else budget or DEFAULT_OPTUNA_BUDGET
         limits[str(template.key(problem))] = min(wanted, feasible)
-    before = trials_stored(store, template, device.hardware_id, keys)
     progress = Progress(
         TextColumn("{task.description}"),
         TextColumn("[dim]{task.fields[phase]}"),

@@ -28,8 +28,9 @@ def _trials(db) -> int:
         return 0
 
 
-def _interrupted(args: list[str], cwd, db, at_least: int) -> subprocess.CompletedProcess:
-    """Run `tune ARGS`, send SIGINT to its process group once ``db`` holds ``at_least`` trials."""
+def _interrupted(args: list[str], cwd, db, at_least: int, group: bool) -> subprocess.CompletedProcess:
+    """Run `tune ARGS`, send SIGINT to its process group (or to the command alone, as `kill -INT`
+    does) once ``db`` holds ``at_least`` trials."""
     process = subprocess.Popen(
         [sys.executable, "-m", "tunesvc", *args],
         cwd=cwd,
@@ -43,7 +44,10 @@ def _interrupted(args: list[str], cwd, db, at_least: int) -> subprocess.Complete
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "the sweep stored no trial in time"
         time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGINT)
+    if group:
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        os.kill(process.pid, signal.SIGINT)
     out, err = process.communicate(timeout=120)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
@@ -57,12 +61,16 @@ def _resumed(err: str, cwd) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("gpus", [None, "0,1"], ids=["one-process", "gpus"])
-def test_ctrl_c_says_what_is_stored_and_how_to_resume(tmp_path, gpus):
+@pytest.mark.parametrize(
+    "gpus, group",
+    [(None, True), ("0,1", True), ("0,1", False)],
+    ids=["one-process", "gpus", "gpus-kill-int-of-the-command"],
+)
+def test_ctrl_c_says_what_is_stored_and_how_to_resume(tmp_path, gpus, group):
     db = tmp_path / "tune.db"  # named by default: the resume command names it by its absolute path
     args = ["sweep", "matmul", "--shape", "37x45x29", "--shape", "100x45x29", "--budget", "12", "--dtype", "float32"]
     args += ["--gpus", gpus] if gpus else []
-    done = _interrupted(args, tmp_path, db, at_least=3)
+    done = _interrupted(args, tmp_path, db, at_least=3, group=group)
     assert done.returncode == 130, done.stderr
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
     stored = _trials(db)

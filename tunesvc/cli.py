@@ -743,7 +743,12 @@ def _wait_showing_progress(
             update()
         return [p.wait() for p in processes]
     except KeyboardInterrupt:
-        for p in processes:  # SIGINT reached them too from a terminal, but not from `kill -INT` of this one
+        # a terminal's Ctrl-C reached the workers too, and they are giving their jobs back: a
+        # second SIGINT is for those that did not get one (`kill -INT` of this process alone)
+        deadline = time.monotonic() + 1
+        while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for p in processes:
             p.interrupt()
         for p in processes:
             try:

@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -255,8 +256,16 @@ def work(
                     return runner.done
             except DatabaseUnavailable as exc:
                 backoff.wait(exc)
-            except BaseException:
-                runner.give_back()  # a bug or Ctrl-C: others need not wait for the heartbeat to go stale
+            except BaseException as exc:
+                # a bug or Ctrl-C: others need not wait for the heartbeat to go stale; a second
+                # Ctrl-C (the command passes one on) must not cut the give-back short
+                ignore = isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
+                previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
+                try:
+                    runner.give_back()
+                finally:
+                    if ignore:
+                        signal.signal(signal.SIGINT, previous)
                 raise
     finally:
         runner.close()
@@ -361,10 +370,17 @@ class _JobRunner:
             self.log(f"done {held.shape_key}: {best} ({result.trials_stored} trials, +{result.trials_new})")
 
     def give_back(self) -> None:
-        if self.store is None or self.held is None:
+        if self.store is None:
             return
         try:
-            self.store.release_job(self.held.id, self.worker)
+            # held, or claimed by a transaction that committed just before Ctrl-C cut its return
+            ids = (
+                [self.held.id]
+                if self.held is not None
+                else [j.id for j in jobs(self.store, self.batch) if j.status == "running" and j.worker == self.worker]
+            )
+            for job_id in ids:
+                self.store.release_job(job_id, self.worker)
         except TunesvcError:  # the database is away too: the stale heartbeat releases it instead
             pass
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,11 @@ def invoke(*args: str):
     result = CliRunner().invoke(app, list(args))
     gc.collect()  # `tune sweep` never closes its Store: let its SQLite connections go now
     return result
+
+
+def flat(text: str) -> str:
+    """A table as one line of words: box borders gone, wrapped lines joined."""
+    return " ".join(re.sub("[\u2500-\u257f]", " ", text).split())
 
 
 def assert_one_line_error(result, *fragments: str) -> str:
@@ -100,7 +106,8 @@ def test_sweep_prints_a_table(swept, device):
     assert result.exit_code == 0, result.output
     assert "shape key" in result.stdout and "winner" in result.stdout
     assert "M=64" in result.stdout
-    assert "2 (+2)" in result.stdout  # trials stored (new)
+    assert "trials 2 · new 2" in flat(result.stdout)  # trials stored for the key, of them new
+    assert "new: of them, measured by this run" in flat(result.stdout)  # the legend
     assert Path(db).is_file()
 
 
@@ -137,7 +144,7 @@ def test_show(db):
     result = invoke("show", "--db", db)
     assert result.exit_code == 0, result.output
     assert "matmul" in result.stdout
-    assert "1 winners, 2 trials, 0 failed or invalid." in result.stdout
+    assert "1 winner; 2 trials, 0 failed or invalid, in" in result.stdout
 
 
 def test_show_json(db, device, template):
@@ -333,9 +340,9 @@ def test_show_filters_by_device_and_shape(db, device):
 
     table = invoke("show", "--db", db, "--shape", "M=64")
     assert table.exit_code == 0, table.output
-    assert "matmul" in table.stdout and "1 winners, 2 trials, 0 failed or invalid." in table.stdout
+    assert "matmul" in table.stdout and "1 winner; 2 trials, 0 failed or invalid, in" in table.stdout
     none = invoke("show", "--db", db, "--device", "no such gpu")
-    assert none.exit_code == 0 and "0 winners, 0 trials, 0 failed or invalid." in none.stdout
+    assert none.exit_code == 0 and "0 winners; 0 trials, 0 failed or invalid, in" in none.stdout
 
 
 def test_sweep_quiet_has_no_progress_bar(db):
@@ -347,7 +354,7 @@ def test_sweep_quiet_has_no_progress_bar(db):
         quiet = invoke(*args, flag)
         assert quiet.exit_code == 0, quiet.output
         assert quiet.stderr == ""
-        assert "2 (+0)" in quiet.stdout  # the result table still prints
+        assert KEY in quiet.stdout and "trials 2 · new 0" in flat(quiet.stdout)  # the table still prints
 
 
 def test_debug_keeps_the_traceback(tmp_path):

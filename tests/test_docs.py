@@ -89,7 +89,7 @@ def test_readme_is_short_and_keeps_the_test_command():
 def test_readme_quotes_the_current_matmul_version():
     from tunesvc.template import get_template
 
-    quoted = re.search(r"`([0-9a-f]{12})` is matmul's here", README)
+    quoted = re.search(r"matmul ([0-9a-f]{12}) \(current version, used by lookups\)", README)
     assert quoted, "README's tour no longer names matmul's current version"
     assert quoted.group(1) == get_template("matmul").version, (
         "matmul's version changed: rerun the README's two commands and its tour, and paste their output"

@@ -108,7 +108,8 @@ def test_import_of_a_database_and_the_cli_report(source_db, tmp_path):
     assert _winners(target)[("matmul", KEY)].config == _winners(source_db)[("matmul", KEY)].config
     result = CliRunner().invoke(app, ["import", source_db, "--db", target])
     assert result.exit_code == 0, result.output
-    assert "0 added, 0 replaced, 1 kept." in result.output
+    assert f"0 added, 0 replaced, 1 kept in sqlite:///{target}." in result.output
+    assert KEY in result.output and "kept" in result.output
 
 
 @pytest.mark.parametrize(

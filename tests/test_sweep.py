@@ -241,9 +241,10 @@ def test_resume_after_sigkill(tmp_path, strategy, workers):
     assert 2 <= after_kill < 12
     killed_study = study_params(db) if strategy == "optuna" else []
 
-    rerun = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run([*cmd, "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"(+{12 - after_kill})" in rerun.stdout
+    [resumed] = json.loads(rerun.stdout)
+    assert (resumed["trials_stored"], resumed["trials_new"]) == (12, 12 - after_kill)
 
     con = sqlite3.connect(db)
     try:

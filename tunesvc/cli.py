@@ -13,14 +13,21 @@ import functools
 import inspect
 import json
 import os
+import shlex
+import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 from typing import Any
 
 import typer
+import typer.core
 from rich.console import Console
+from rich.console import Group
+from rich.measure import Measurement
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -28,7 +35,46 @@ from tunesvc import __version__
 from tunesvc.errors import TunesvcError
 from tunesvc.timeline import mark
 
-app = typer.Typer(
+
+class _Readable:
+    """Help that reads: a flag shows no value type (typer writes `<bool>` beside --json and --help)
+    and a repeatable argument its element type (`<str>...`, not `<list[str]>`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            element = f"<{param.bare_type().removeprefix('list[').removesuffix(']')}>"
+            if isinstance(param, typer.core.TyperOption) and param.is_flag and param.metavar is None:
+                param.metavar = ""
+            elif isinstance(param, typer.core.TyperOption) and param.multiple and param.metavar is None:
+                param.metavar = element  # its help says "repeatable"
+            elif isinstance(param, typer.core.TyperArgument) and param.nargs != 1:
+                param.display_type_rich = _shown(f"{element}...")  # type: ignore[method-assign]
+        return params
+
+
+def _shown(text: str) -> Callable[..., str]:
+    return lambda ctx: text
+
+
+class _Command(_Readable, typer.core.TyperCommand):
+    pass
+
+
+class _Group(_Readable, typer.core.TyperGroup):
+    pass
+
+
+class _App(typer.Typer):
+    """Every command of the app is a :class:`_Command`."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable:
+        kwargs.setdefault("cls", _Command)
+        return super().command(*args, **kwargs)
+
+
+app = _App(
+    cls=_Group,
     name="tune",
     help="Tune Triton kernels once per GPU and shape, keep the results, look them up at run time.",
     no_args_is_help=True,
@@ -59,7 +105,7 @@ DbOption = Annotated[
     typer.Option(
         "--db",
         envvar="TUNESVC_DB",
-        help="SQLite file or SQLAlchemy URL [default: ./tune.db].",
+        help="SQLite file or SQLAlchemy URL \\[default: ./tune.db].",
         callback=_check_db,
     ),
 ]
@@ -116,7 +162,10 @@ def user_errors(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            with _removed_if_new_and_failing(kwargs.get("db"), "db" in inspect.signature(fn).parameters):
+            with (
+                _warnings_as_lines(),
+                _removed_if_new_and_failing(kwargs.get("db"), "db" in inspect.signature(fn).parameters),
+            ):
                 return fn(*args, **kwargs)
         except TunesvcError as exc:
             if _DEBUG:
@@ -127,6 +176,19 @@ def user_errors(fn: Callable) -> Callable:
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """Python warnings as one line each on stderr ("Warning: ..."), not Python's two lines with a
+    file name and a source line; the filters stay Python's, so only what it would show is shown."""
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            yield
+        finally:
+            stderr = Console(stderr=True)
+            for message in dict.fromkeys(str(w.message) for w in caught):
+                stderr.print(Text("Warning: ", style="yellow") + Text(message), highlight=False, soft_wrap=True)
 
 
 def _print_json(data: Any) -> None:
@@ -179,11 +241,14 @@ def kernels(as_json: JsonOption = False) -> None:
     ]
     if as_json:
         return _print_json(rows)
-    table = Table(title="Kernel templates")
-    for column in ("kernel", "dims", "version", "configs", "presets"):
-        table.add_column(column)
-    for r in rows:
-        table.add_row(r["name"], "x".join(r["dims"]), r["version"], str(r["space_size"]), ", ".join(r["presets"]))
+    table = _keyed_table(
+        "Kernel templates",
+        ["kernel", "dims", "version", "configs", "presets"],
+        [[r["name"], "x".join(r["dims"]), r["version"], str(r["space_size"]), ", ".join(r["presets"])] for r in rows],
+        # the room that a 21-character kernel name needs beside the presets at 80 columns
+        show_edge=False,
+        pad_edge=False,
+    )
     console.print(table)
 
 
@@ -247,6 +312,7 @@ def space(
 @app.command()
 @user_errors
 def sweep(
+    ctx: typer.Context,
     kernel: Annotated[
         str,
         typer.Argument(help="Kernel name (see `tune kernels`) or module:attribute.", autocompletion=_complete_kernel),
@@ -267,17 +333,22 @@ def sweep(
         ),
     ] = "grid",
     budget: Annotated[
-        int | None, typer.Option(help="Most trials per shape, stored ones included [grid: all; others: 50].")
+        int | None, typer.Option(help="Most trials per shape, stored ones included \\[grid: all; others: 50].")
     ] = None,
-    time_budget: Annotated[float | None, typer.Option(help="Most seconds of search per shape.")] = None,
+    time_budget: Annotated[
+        float | None, typer.Option(help="Most seconds of search per shape \\[default: no limit].")
+    ] = None,
     patience: Annotated[
-        int | None, typer.Option(help="Stop a shape after this many trials in a row that do not beat the best by 1%.")
+        int | None,
+        typer.Option(
+            help="Stop a shape after this many trials in a row that do not beat the best by 1% \\[default: never]."
+        ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the sampler.")] = 0,
     workers: Annotated[
         int | None,
         typer.Option(
-            help="Processes compiling candidates in parallel [GPU: a core each, up to 16 (grid, random) or 8 (Optuna); interpreter: 0]."
+            help="Processes compiling candidates in parallel \\[GPU: a core each, up to 16 (grid, random) or 8 (Optuna); interpreter: 0]."
         ),
     ] = None,
     db: DbOption = None,
@@ -296,7 +367,7 @@ def sweep(
         typer.Option(
             "--ray",
             metavar="ADDRESS",
-            help="Share the shapes between one worker per GPU of a Ray cluster ('auto': the cluster this host belongs to, or $RAY_ADDRESS; else host:port or ray://host:10001), all pulling jobs from --db, which every node must reach; needs tunesvc[ray]. A cluster without GPUs gets one interpreter worker per node.",
+            help="Share the shapes between one worker per GPU of a Ray cluster ('auto': the cluster this host belongs to, or $RAY_ADDRESS; else host:port or ray://host:10001), all pulling jobs from --db, which every node must reach; needs tunesvc\\[ray]. A cluster without GPUs gets one interpreter worker per node.",
         ),
     ] = None,
 ) -> None:
@@ -309,6 +380,7 @@ def sweep(
     from rich.progress import TimeElapsedColumn
 
     from tunesvc.device import fork_safe_current_device
+    from tunesvc.jobs import trials_stored
     from tunesvc.store import Store
     from tunesvc.sweep import check_sweep_arguments
     from tunesvc.sweep import run_sweep
@@ -340,10 +412,14 @@ def sweep(
             patience=patience,
             workers=workers,
             ray_address=ray,
+            quiet=quiet,
+            resume=_command_line(ctx, db),
         )
     device = fork_safe_current_device()  # CUDA left uninitialised here: the sweep forks its workers from this process
     _check_fits(template, problems, device)
     store = Store(db)
+    keys = list(dict.fromkeys(str(template.key(p)) for p in problems))
+    before = trials_stored(store, template, device.hardware_id, keys)
     progress = Progress(
         TextColumn("{task.description}"),
         TextColumn("[dim]{task.fields[phase]}"),
@@ -383,26 +459,79 @@ def sweep(
                 time_budget=time_budget,
                 patience=patience,
             )
+    except KeyboardInterrupt:
+        _interrupted(store, template, device.hardware_id, keys, before, _command_line(ctx, db))
     finally:
         store.close()
     if as_json:
         return _print_json([r.__dict__ for r in results])
-    table = Table(title=f"{template.name} on {device.name} ({store.url})")
-    for column in ("shape key", "winner", "ms", "heuristic ms", "speed-up", "trials", "failed", "s"):
-        table.add_column(column)
-    for r in results:
-        speedup = f"{r.heuristic_ms / r.winner_ms:.2f}x" if r.heuristic_ms and r.winner_ms else "-"
-        table.add_row(
+    rows = [
+        [
             r.shape_key,
             _config_text(r.winner),
             _ms(r.winner_ms),
             _ms(r.heuristic_ms),
-            speedup,
-            f"{r.trials_stored} (+{r.trials_new})",
+            f"{r.heuristic_ms / r.winner_ms:.2f}x" if r.heuristic_ms and r.winner_ms else "-",
+            str(r.trials_stored),
+            str(r.trials_new),
             str(r.failures),
             f"{r.wall_seconds:.1f}",
+        ]
+        for r in results
+    ]
+    console.print(
+        _keyed_table(
+            f"{template.name} on {device.name} ({store.url})",
+            ["shape key", "winner", "ms", "heuristic ms", "speed-up", "trials", "new", "failed", "s"],
+            rows,
+            caption=SWEEP_LEGEND,
         )
-    console.print(table)
+    )
+
+
+def _command_line(ctx: typer.Context, db: str | None) -> str:
+    """The command as a user types it again, rebuilt from its parsed options; a database named
+    by default (./tune.db, $TUNESVC_DB) is named explicitly, so that it resumes from any folder."""
+    words = ["tune", ctx.info_name or "sweep"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if value is None or value == param.default or value == [] or param.name == "ctx":
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if not getattr(param, "opts", None) or param.param_type_name == "argument":
+            words += [str(v) for v in values]
+            continue
+        name = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        if getattr(param, "is_flag", False):
+            words.append(name)
+        else:
+            for v in values:
+                words += [name, str(v)]
+    if db is None:
+        words += ["--db", _absolute(None)]
+    return shlex.join(words)
+
+
+def _interrupted(store, template, hardware_id: str, keys: list[str], before: dict[str, int], command: str) -> None:
+    """Ctrl-C during a sweep: what is kept and how to go on, then exit 130 (128 + SIGINT), as shells expect."""
+    from tunesvc.jobs import trials_stored
+
+    now = trials_stored(store, template, hardware_id, keys)
+    new = sum(now.values()) - sum(before.values())
+    Console(stderr=True).print(
+        f"Interrupted: {_count(new, 'trial')} stored by this run ({sum(now.values())} in all for "
+        f"{_count(len(keys), 'shape key')}) in {store.url}; a trial in flight is lost. Resume with: {command}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(130)
+
+
+#: what the sweep table's terse columns mean
+SWEEP_LEGEND = (
+    "speed-up: heuristic ms / winner ms. trials: stored for the key; new: of them, measured by this run; "
+    "failed: did not compile, run or match the reference. s: seconds this run spent on the key."
+)
 
 
 def _sweep_on_workers(
@@ -420,6 +549,8 @@ def _sweep_on_workers(
     patience: int | None,
     workers: int | None,
     ray_address: str | None = None,
+    quiet: bool = False,
+    resume: str = "",
 ) -> None:
     """`tune sweep --gpus` / `--ray`: queue the (kernel x shape) jobs in the database, run one
     worker per GPU of this host or of the Ray cluster.
@@ -466,23 +597,31 @@ def _sweep_on_workers(
         batch = jobs.batch_name(kernel, template, problems, strategy, budget, seed, device, time_budget, patience)
         added = jobs.enqueue(store, batch, kernel, template, problems, strategy, budget, seed)
         mark("jobs queued")
+        keys = list(dict.fromkeys(str(template.key(p)) for p in problems))
+        before = jobs.trials_stored(store, template, device.hardware_id, keys)  # before any worker begins
         for p in processes:
             p.begin(batch)
         Console(stderr=True).print(
-            f"sweep {batch}: {added} new of {len(problems)} jobs, {count} workers{where}", highlight=False
+            f"sweep {batch}: {added} new of {_count(len(problems), 'job')}, {_count(count, 'worker')}{where}",
+            highlight=False,
         )
         if ray_address is None:
-            codes: list = [p.wait() for p in processes]
-        else:
-            codes = cluster.run_on_ray(
-                store.url,
-                batch,
-                time_budget=time_budget,
-                patience=patience,
-                compile_workers=workers,
-                kernel=kernel,
-                log=lambda line: Console(stderr=True).print(line, highlight=False),
+            codes: list = _wait_showing_progress(
+                processes, store, batch, template, problems, device, strategy, budget, before, as_json or quiet, resume
             )
+        else:
+            try:
+                codes = cluster.run_on_ray(
+                    store.url,
+                    batch,
+                    time_budget=time_budget,
+                    patience=patience,
+                    compile_workers=workers,
+                    kernel=kernel,
+                    log=lambda line: Console(stderr=True).print(line, highlight=False),
+                )
+            except KeyboardInterrupt:
+                _interrupted(store, template, device.hardware_id, keys, before, resume)
         mark("workers done")
         rows = jobs.jobs(store, batch)
         # Ray's workers may hold other GPUs than this host (a head node without one)
@@ -516,18 +655,20 @@ def _sweep_on_workers(
             ]
         )
     else:
-        table = Table(title=f"{template.name} on {device.name}, {count} workers{where} ({store.url})")
-        for column in ("shape key", "job", "winner", "ms", "attempts"):
-            table.add_column(column)
-        for j in rows:
-            w = winners.get(j.shape_key)
-            table.add_row(
-                j.shape_key,
-                j.status,
-                _config_text(w.config if w else None),
-                _ms(w.time_ms if w else None),
-                str(j.attempts),
-            )
+        table = _keyed_table(
+            f"{template.name} on {device.name}, {_count(count, 'worker')}{where} ({store.url})",
+            ["shape key", "job", "winner", "ms", "attempts"],
+            [
+                [
+                    j.shape_key,
+                    j.status,
+                    _config_text(winners[j.shape_key].config if j.shape_key in winners else None),
+                    _ms(winners[j.shape_key].time_ms if j.shape_key in winners else None),
+                    str(j.attempts),
+                ]
+                for j in rows
+            ],
+        )
         console.print(table)
     unfinished = [j for j in rows if j.status != "done"]
     if unfinished:
@@ -535,6 +676,87 @@ def _sweep_on_workers(
         raise TunesvcError(
             f"{len(unfinished)} of {len(rows)} jobs did not finish ({first}); run the same command again to resume."
         )
+
+
+def _wait_showing_progress(
+    processes: list,
+    store,
+    batch: str,
+    template,
+    problems: list[dict],
+    device,
+    strategy: str,
+    budget: int | None,
+    before: dict[str, int],
+    quiet: bool,
+    resume: str,
+) -> list[int]:
+    """Wait for this host's workers, drawing the batch's jobs and their stored trials from the
+    database (where the workers report) as the single-process sweep draws its own.
+
+    Ctrl-C (SIGINT, which a terminal sends to the workers too) gives the running jobs back to
+    the queue: the summary says what is stored and how to resume."""
+    import time
+
+    from rich.progress import BarColumn
+    from rich.progress import MofNCompleteColumn
+    from rich.progress import Progress
+    from rich.progress import TextColumn
+    from rich.progress import TimeElapsedColumn
+
+    from tunesvc.jobs import trials_stored
+    from tunesvc.sweep import DEFAULT_OPTUNA_BUDGET
+
+    keys = list(dict.fromkeys(str(template.key(p)) for p in problems))
+    limits: dict[str, int] = {}
+    for problem in problems:  # the trials each job's sweep will run at most, as run_sweep counts them
+        feasible = len(template.feasible(problem, device))
+        wanted = feasible if budget is None and strategy == "grid" else budget or DEFAULT_OPTUNA_BUDGET
+        limits[str(template.key(problem))] = min(wanted, feasible)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        TextColumn("[dim]{task.fields[phase]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=quiet,
+    )
+    tasks = {key: progress.add_task(key, total=limits[key], phase="pending") for key in keys}
+
+    def update() -> None:
+        stored = trials_stored(store, template, device.hardware_id, keys)
+        for job in store.jobs(batch):
+            if job.shape_key in tasks:
+                done = job.status == "done"
+                progress.update(
+                    tasks[job.shape_key],
+                    phase=job.status,
+                    completed=limits[job.shape_key] if done else min(stored[job.shape_key], limits[job.shape_key]),
+                )
+
+    try:
+        with progress:
+            while any(p.poll() is None for p in processes):
+                update()
+                time.sleep(0.5)
+            update()
+        return [p.wait() for p in processes]
+    except KeyboardInterrupt:
+        # a terminal's Ctrl-C reached the workers too, and they are giving their jobs back: a
+        # second SIGINT is for those that did not get one (`kill -INT` of this process alone)
+        deadline = time.monotonic() + 1
+        while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for p in processes:
+            p.interrupt()
+        for p in processes:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        _interrupted(store, template, device.hardware_id, keys, before, resume)
+        raise  # not reached: _interrupted exits
 
 
 def _check_fits(template, problems: list[dict], device) -> None:
@@ -606,10 +828,16 @@ def show(
     shape: Annotated[
         str | None, typer.Option(help="Only shape keys that contain this text, e.g. M=4096 or bfloat16.")
     ] = None,
+    all_versions: Annotated[
+        bool,
+        typer.Option(
+            "--all-versions", help="Also the winners of older kernel versions (lookups use the current one's)."
+        ),
+    ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show the stored winners, one row per kernel, device and shape key."""
+    """Show the stored winners of each kernel's current version, one table per device and kernel."""
     from tunesvc.store import Store  # SQLAlchemy
 
     store = Store(db, readonly=True)
@@ -618,16 +846,100 @@ def show(
         counts = store.trial_counts(kernel=kernel, device=device, shape=shape)
     finally:
         store.close()
+    current = _current_versions(winners)
+    older = [w for w in winners if w.kernel_version != current[w.kernel][0]]
+    shown = winners if all_versions else [w for w in winners if w.kernel_version == current[w.kernel][0]]
     if as_json:
-        return _print_json({"winners": [w.to_dict() for w in winners], "trials": counts})
-    table = Table(title=f"Winners in {store.url}")
-    for column in ("kernel", "version", "device", "shape key", "config", "ms"):
-        table.add_column(column)
-    for w in winners:
-        table.add_row(w.kernel, w.kernel_version, w.device, w.shape_key, _config_text(w.config), f"{w.time_ms:.4g}")
-    console.print(table)
+        return _print_json(
+            {
+                "winners": [{**w.to_dict(), "current": w.kernel_version == current[w.kernel][0]} for w in shown],
+                "trials": counts,
+            }
+        )
+    for hardware_id in sorted({w.hardware_id for w in shown}):
+        on_device = [w for w in shown if w.hardware_id == hardware_id]
+        console.print(Text(f"Winners on {hardware_id}", style="bold"), highlight=False)
+        for name in sorted({w.kernel for w in on_device}):
+            newest: dict[str, float] = {}  # version -> its newest winner's time
+            for w in on_device:
+                if w.kernel == name:
+                    newest[w.kernel_version] = max(newest.get(w.kernel_version, 0.0), w.updated_at.timestamp())
+            # the current version first, then the newest
+            versions = sorted(newest, key=lambda v: (v != current[name][0], -newest[v]))
+            for version in versions:
+                rows = [w for w in on_device if w.kernel == name and w.kernel_version == version]
+                if version != current[name][0]:
+                    which = "older version, not used by lookups"
+                elif current[name][1]:
+                    which = "current version, used by lookups"
+                else:  # a captured kernel or a template this command does not import
+                    which = "newest stored version, used by lookups"
+                console.print(
+                    _keyed_table(
+                        f"{name} {version} ({which})",
+                        ["shape key", "config", "ms"],
+                        [[w.shape_key, _config_text(w.config), f"{w.time_ms:.4g}"] for w in rows],
+                    )
+                )
     failed = sum(n for status, n in counts.items() if status != "ok")
-    console.print(f"{len(winners)} winners, {sum(counts.values())} trials, {failed} failed or invalid.")
+    hidden = f" ({len(older)} of older kernel versions: --all-versions)" if older and not all_versions else ""
+    console.print(
+        f"{_count(len(shown), 'winner')}{hidden}; {_count(sum(counts.values()), 'trial')}, "
+        f"{failed} failed or invalid, in {store.url}.",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _current_versions(winners: list) -> dict[str, tuple[str, bool]]:
+    """Per kernel of ``winners``: the version lookups use, and whether it is the installed code's.
+
+    A shipped or registered template's version is its code's hash. A captured kernel or a
+    template named by module path is not imported for a listing (stored names never choose a
+    module to import): its newest stored version stands for it, as in lookups of captured kernels.
+    """
+    from tunesvc.template import template_named_by_data  # imports shipped kernels: torch, Triton
+
+    out: dict[str, tuple[str, bool]] = {}
+    for name in {w.kernel for w in winners}:
+        try:
+            out[name] = (template_named_by_data(name).version, True)
+        except (TunesvcError, ImportError, AttributeError):  # a registered template that does not load here
+            newest = max((w for w in winners if w.kernel == name), key=lambda w: w.updated_at)
+            out[name] = (newest.kernel_version, False)
+    return out
+
+
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 winner', '2 winners': counts that read as English."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def _keyed_table(
+    title: str, columns: list[str], rows: list[list[str]], caption: str | None = None, **options: Any
+) -> Table:
+    """A table whose first column (shape keys, kernel names) is never cut nor broken inside.
+
+    rich shrinks and wraps columns to fit the terminal (80 columns in a pipe): the first column
+    keeps its whole width, the others wrap at spaces. Where even that does not fit (a 56-character
+    decode key beside five numbers at 80 columns), each row stacks: the key on its line, the other
+    columns' values below it, so that nothing is cut.
+    """
+    wide = Table(title=title, caption=caption, caption_justify="left", **options)
+    wide.add_column(columns[0], no_wrap=True, overflow="fold")
+    for column in columns[1:]:
+        wide.add_column(column, overflow="fold")
+    for row in rows:
+        wide.add_row(*row)
+    unbounded = console.options.update_width(10_000)
+    if Measurement.get(console, unbounded, wide).minimum <= console.width:
+        return wide
+    stacked = Table(title=title, caption=caption, caption_justify="left", **options)
+    stacked.add_column(f"{columns[0]}; {', '.join(columns[1:])}", overflow="fold")
+    for first, *rest in rows:
+        details = " · ".join(f"{column} {value}" for column, value in zip(columns[1:], rest, strict=True))
+        stacked.add_row(Group(Text(first), Padding(Text(details, style="dim"), (0, 0, 0, 2))))
+    return stacked
 
 
 @app.command()
@@ -656,12 +968,50 @@ def lookup(
     target = Store(db, readonly=True).find_device(device) if device is not None else None
     # no --db: like the runtime, use ./tune.db if there is one, else the heuristic
     runtime = Runtime(db=db, bundle=bundle, device=target, strict=True)
-    result = runtime.lookup(template, **problem)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="tunesvc: no tuned config")  # the answer below says so
+        result = runtime.lookup(template, **problem)
+    bucketed = _bucketing(problem, result.key)
     if as_json:
-        return _print_json(result.to_dict())
-    where = f" (tuned key {result.matched_key}, distance {result.distance:.2f})" if result.source == "nearest" else ""
-    console.print(f"{result.key} on {runtime.device.name}: [bold]{result.source}[/bold]{where}")
-    console.print(_config_text(result.config))
+        return _print_json({**result.to_dict(), "read": runtime.where(), "bucketed": bucketed})
+    rounded = [
+        f"{dim}={given} rounded up to the power of two {to} (every {dim} from {to // 2 + 1} to {to} shares it)"
+        if to & (to - 1) == 0 and given < to
+        else f"{dim}={given} bucketed to {to}"
+        for dim, (given, to) in bucketed.items()
+    ]
+    how = f"{'; '.join(rounded)}; other dims as given" if rounded else "every dim as given"
+    console.print(f"key     {result.key}: {how}", highlight=False, soft_wrap=True)
+    detail = ""
+    if result.source == "nearest" and result.distance is not None:
+        detail = (
+            f": tuned key {result.matched_key}, {result.distance:.2f} doublings away "
+            "(the distance between the keys' dims on a log2 scale)"
+        )
+    where = runtime.where()
+    read = f"read from {where}" if where.startswith(("database", "bundle")) else where
+    console.print(f"answer  {result.source} for {runtime.device.name}{detail}; {read}", highlight=False, soft_wrap=True)
+    console.print(f"config  {_config_text(result.config)}", highlight=False, soft_wrap=True)
+
+
+def _absolute(db: str | None) -> str:
+    """A database as messages name it, a SQLite file by its absolute path (./tune.db depends on the folder)."""
+    from tunesvc.store import database_name
+
+    name = database_name(db)
+    return str(Path(name).resolve()) if "://" not in name else name
+
+
+def _bucketing(problem: dict[str, Any], key: str) -> dict[str, tuple[int, int]]:
+    """The dims that a shape key rounds: {'M': (90, 128)} for matmul's 90x70x50."""
+    from tunesvc.template import ShapeKey
+
+    dims = dict(ShapeKey.parse(key).dims)
+    return {
+        dim: (value, dims[dim])
+        for dim, value in problem.items()
+        if dim in dims and isinstance(value, int) and dims[dim] != value
+    }
 
 
 def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None, as_json: bool) -> bool:
@@ -709,10 +1059,16 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
     if as_json:
         _print_json(result)
         return True
-    where = f" (stored key {matched}, distance {distance:.2f})" if source == "nearest" else ""
-    console.print(f"{key} on {device.name}: [bold]{source}[/bold]{where}")
+    detail = ""
+    if source == "nearest":
+        detail = f": stored key {matched}, {distance:.2f} doublings away (the distance between the keys' numbers on a log2 scale)"
+    where = f"bundle {bundle.resolve()}" if bundle is not None else f"database {_absolute(db)}"
+    console.print(f"key     {key}", highlight=False, soft_wrap=True)
+    console.print(f"answer  {source} for {device.name}{detail}; read from {where}", highlight=False, soft_wrap=True)
     config = result["config"]
-    console.print(_config_text(config if isinstance(config, dict) else None))
+    console.print(
+        f"config  {_config_text(config if isinstance(config, dict) else None)}", highlight=False, soft_wrap=True
+    )
     return True
 
 
@@ -761,14 +1117,27 @@ def import_(
         store.close()
     if as_json:
         return _print_json([c.to_dict() for c in changes])
-    table = Table(title=f"Imported into {store.url}")
-    for column in ("source", "kernel", "device", "shape key", "action", "incoming ms", "stored ms"):
-        table.add_column(column)
-    for c in changes:
-        table.add_row(c.source, c.kernel, c.hardware_id, c.shape_key, c.action, _ms(c.incoming_ms), _ms(c.stored_ms))
-    console.print(table)
+    # one table per source, device and kernel version: what repeats goes in the heading and title
+    for source, hardware_id in dict.fromkeys((c.source, c.hardware_id) for c in changes):
+        console.print(Text(f"From {source}, winners of {hardware_id}", style="bold"), highlight=False)
+        group = [c for c in changes if (c.source, c.hardware_id) == (source, hardware_id)]
+        for kernel, version in dict.fromkeys((c.kernel, c.version) for c in group):
+            table = _keyed_table(
+                f"{kernel} {version}",
+                ["shape key", "action", "incoming ms", "stored ms"],
+                [
+                    [c.shape_key, c.action, _ms(c.incoming_ms), _ms(c.stored_ms)]
+                    for c in group
+                    if (c.kernel, c.version) == (kernel, version)
+                ],
+            )
+            console.print(table)
     counts = {a: sum(c.action == a for c in changes) for a in ("added", "replaced", "kept")}
-    console.print(f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept.")
+    console.print(
+        f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept in {store.url}.",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command()
@@ -794,37 +1163,44 @@ def verify(
     store = Store(db, readonly=not retune)
     try:
         verdicts = verify_winners(store, kernel=kernel, margin=margin, retune=retune, budget=budget)
+        stored_on = sorted({w.device for w in store.winners(kernel=kernel)}) if not verdicts else []
     finally:
         store.close()
     if as_json:
         return _print_json([v.to_dict() for v in verdicts])
-    table = Table(title=f"Winners of {current_device().name} in {store.url}")
-    columns = [
-        "kernel",
-        "shape key",
-        "stored ms",
-        "now ms",
-        "heuristic ms",
-        "flags",
-        *(["retuned ms"] if retune else []),
-    ]
-    for column in columns:
-        table.add_column(column)
-    for v in verdicts:
-        flags = ", ".join(v.flags) + (f" ({v.detail})" if v.detail else "") if v.flags else "ok"
-        table.add_row(
-            v.kernel,
-            v.shape_key,
-            _ms(v.stored_ms),
-            _ms(v.measured_ms),
-            _ms(v.heuristic_ms),
-            flags,
-            *([_ms(v.retuned_ms)] if retune else []),
+    here = current_device()
+    if not verdicts:
+        which = f"{kernel} winners" if kernel else "winners"
+        elsewhere = f": it holds {', '.join(stored_on)} {which} only" if stored_on else ""
+        console.print(
+            f"No {which} of {here.name} in {store.url} to verify{elsewhere} "
+            "(verify on that GPU, or sweep this one with `tune sweep`).",
+            highlight=False,
+            soft_wrap=True,
         )
-    console.print(table)
+        return
+    console.print(Text(f"Winners of {here.name} in {store.url}", style="bold"), highlight=False)
+    columns = ["shape key", "stored ms", "now ms", "heuristic ms", "flags", *(["retuned ms"] if retune else [])]
+    for name, version in dict.fromkeys((v.kernel, v.version) for v in verdicts):
+        rows = []
+        for v in verdicts:
+            if (v.kernel, v.version) != (name, version):
+                continue
+            flags = ", ".join(v.flags) + (f" ({v.detail})" if v.detail else "") if v.flags else "ok"
+            rows.append(
+                [
+                    v.shape_key,
+                    _ms(v.stored_ms),
+                    _ms(v.measured_ms),
+                    _ms(v.heuristic_ms),
+                    flags,
+                    *([_ms(v.retuned_ms)] if retune else []),
+                ]
+            )
+        console.print(_keyed_table(f"{name} {version}", columns, rows))
     flagged = sum(bool(v.flags) for v in verdicts)
     console.print(
-        f"{len(verdicts)} winners checked, {flagged} flagged."
+        f"{_count(len(verdicts), 'winner')} checked, {flagged} flagged."
         + ("" if retune or not flagged else " Run with --retune to sweep them again.")
     )
 
@@ -876,7 +1252,10 @@ def report(
 def run(
     command: Annotated[list[str] | None, typer.Argument(help="The command to run, after --.")] = None,
     mode: Annotated[
-        str | None, typer.Option(help="tune (a miss is tuned and stored), lookup (serve; record misses) or off.")
+        str | None,
+        typer.Option(
+            help="tune (a miss is tuned and stored), lookup (serve; record misses) or off \\[default: $TUNESVC_MODE, else lookup with --bundle alone, else tune]."
+        ),
     ] = None,
     db: DbOption = None,
     bundle: Annotated[Path | None, typer.Option(help="Serve winners from this bundle (no database needed).")] = None,
@@ -956,14 +1335,21 @@ def misses(
                 for m in rows
             ]
         )
-    table = Table(title=f"Misses in {store.url}")
-    for column in ("kernel", "device", "shape key", "count", "status"):
-        table.add_column(column)
-    for m in rows:
-        table.add_row(m.kernel, m.hardware_id, m.shape_key, str(m.count), m.status)
-    console.print(table)
+    for hardware_id in dict.fromkeys(m.hardware_id for m in rows):
+        console.print(Text(f"Misses of {hardware_id} in {store.url}", style="bold"), highlight=False)
+        for name in dict.fromkeys(m.kernel for m in rows if m.hardware_id == hardware_id):
+            table = _keyed_table(
+                name,
+                ["shape key", "count", "status"],
+                [
+                    [m.shape_key, str(m.count), m.status]
+                    for m in rows
+                    if (m.hardware_id, m.kernel) == (hardware_id, name)
+                ],
+            )
+            console.print(table)
     console.print(
-        f"{len(rows)} misses, {sum(m.status == 'open' for m in rows)} open. "
+        f"{_count(len(rows), 'miss', 'misses')}, {sum(m.status == 'open' for m in rows)} open. "
         "Tune a kernel's with `tune misses --tune --kernel module:qualname`."
     )
 
@@ -1000,7 +1386,8 @@ def _tune_misses(db: str | None, kernels: list[str]) -> None:
 
 
 # -- tune db: the schema (Alembic migrations in tunesvc/store/alembic) -------------------------------
-db_app = typer.Typer(
+db_app = _App(
+    cls=_Group,
     help="Create, upgrade and inspect a database's schema (Alembic migrations; every row is kept).",
     no_args_is_help=True,
 )

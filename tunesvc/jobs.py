@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -151,6 +152,33 @@ def jobs(store: Store, batch: str) -> list[Job]:
     return store.jobs(batch)
 
 
+def trials_stored(store: Store, template: Template, hardware_id: str, keys: list[str]) -> dict[str, int]:
+    """Trials stored per shape key of ``keys`` for the template's current version on GPUs of
+    ``hardware_id``: what a sweep's progress and its Ctrl-C summary count."""
+    from sqlalchemy import func
+    from sqlalchemy import select
+
+    from tunesvc.store.models import KernelVersion
+    from tunesvc.store.models import StoredDevice
+    from tunesvc.store.models import Trial
+
+    query = (
+        select(Trial.shape_key, func.count())
+        .join(KernelVersion, Trial.kernel_version_id == KernelVersion.id)
+        .join(StoredDevice, Trial.device_id == StoredDevice.id)
+        .where(
+            KernelVersion.kernel == template.name,
+            KernelVersion.version == template.version,
+            StoredDevice.hardware_id == hardware_id,
+            Trial.shape_key.in_(keys),
+        )
+        .group_by(Trial.shape_key)
+    )
+    with store.session() as session:
+        counts = {key: n for key, n in session.execute(query).all()}
+    return {key: counts.get(key, 0) for key in keys}
+
+
 class _Heartbeat:
     """Refreshes a job's heartbeat from a thread while the worker runs it."""
 
@@ -228,8 +256,16 @@ def work(
                     return runner.done
             except DatabaseUnavailable as exc:
                 backoff.wait(exc)
-            except BaseException:
-                runner.give_back()  # a bug or Ctrl-C: others need not wait for the heartbeat to go stale
+            except BaseException as exc:
+                # a bug or Ctrl-C: others need not wait for the heartbeat to go stale; a second
+                # Ctrl-C (the command passes one on) must not cut the give-back short
+                ignore = isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
+                previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
+                try:
+                    runner.give_back()
+                finally:
+                    if ignore:
+                        signal.signal(signal.SIGINT, previous)
                 raise
     finally:
         runner.close()
@@ -334,10 +370,17 @@ class _JobRunner:
             self.log(f"done {held.shape_key}: {best} ({result.trials_stored} trials, +{result.trials_new})")
 
     def give_back(self) -> None:
-        if self.store is None or self.held is None:
+        if self.store is None:
             return
         try:
-            self.store.release_job(self.held.id, self.worker)
+            # held, or claimed by a transaction that committed just before Ctrl-C cut its return
+            ids = (
+                [self.held.id]
+                if self.held is not None
+                else [j.id for j in jobs(self.store, self.batch) if j.status == "running" and j.worker == self.worker]
+            )
+            for job_id in ids:
+                self.store.release_job(job_id, self.worker)
         except TunesvcError:  # the database is away too: the stale heartbeat releases it instead
             pass
 
@@ -529,6 +572,16 @@ class WorkerProcess:
             raise subprocess.TimeoutExpired(f"tunesvc.jobs worker {self.pid}", timeout or 0.0)
         return self._process.exitcode
 
+    def interrupt(self) -> None:
+        """Send the worker SIGINT, as Ctrl-C in a terminal would: it gives its job back and exits."""
+        import signal
+
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
     def kill(self) -> None:
         if self._popen is not None:
             self._popen.kill()
@@ -556,6 +609,8 @@ def _forked_main(read_end: int, env: dict[str, str], argv: list[str], first_job:
     try:
         with os.fdopen(read_end) as start:
             code = _main(["--batch", "-", *argv], start=start, first_job=first_job)
+    except KeyboardInterrupt:  # Ctrl-C reaches every process of the terminal's group: the command reports it
+        code = 130
     except BaseException:  # a bug: its traceback, as any process's
         traceback.print_exc()
         code = 1
@@ -621,6 +676,8 @@ def _main(argv: list[str] | None = None, start: TextIO | None = None, first_job:
     except TunesvcError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         return 1
+    except KeyboardInterrupt:  # its running job went back to pending (work()); the command reports it
+        return 130
     return 0
 
 

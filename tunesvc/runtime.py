@@ -198,6 +198,24 @@ class Runtime:
             self._warn_once(template.name, "space", f"tunesvc: {message}. Using heuristic configs for those keys.")
         return good
 
+    def where(self) -> str:
+        """Where winners are read from, as messages name it: a bundle's or SQLite file's absolute
+        path (``./tune.db`` depends on the working folder), a server URL without its password, or
+        why there is none."""
+        if self.mode == "heuristic":
+            return "no winners (mode 'heuristic')"
+        if self.bundle is not None:
+            return f"bundle {Path(self.bundle).resolve()}"
+        db = self._db_path()
+        if db is None:
+            return f"no database: {Path('tune.db').resolve()} does not exist (set TUNESVC_DB or TUNESVC_BUNDLE)"
+        text = str(db)
+        if "://" not in text or text.startswith("sqlite:///"):
+            return f"database {Path(text.removeprefix('sqlite:///')).resolve()}"
+        from tunesvc.store import database_name  # a server URL, its password hidden
+
+        return f"database {database_name(text)}"
+
     def _db_path(self) -> str | os.PathLike | None:
         if self.db is not None:
             return self.db
@@ -292,7 +310,7 @@ class Runtime:
             self._warn_once(
                 template.name,
                 result.source,
-                f"tunesvc: no tuned config of {template.name} for {text} on {self.device.name}; "
+                f"tunesvc: no tuned config of {template.name} for {text} on {self.device.name} ({self.where()}); "
                 f"using the {result.source} one (tune it with `tune sweep`, or run in mode 'tune'). Warned once per kernel.",
             )
         return result

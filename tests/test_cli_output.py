@@ -1,0 +1,238 @@
+"""What `tune` prints for people: help with every default, tables that keep whole shape keys and
+kernel names at 80 and 120 columns, lookups that say where their answer came from."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from tunesvc.cli import app
+from tunesvc.store import Store
+from tunesvc.template import get_template
+
+
+def invoke(*args: str, width: int = 80):
+    # rich reads COLUMNS when stdout is not a terminal (CliRunner's, or a pipe)
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": str(width)})
+
+
+def _leaves(commands=None, prefix=""):
+    for name, command in (commands if commands is not None else typer.main.get_command(app).commands).items():
+        if hasattr(command, "commands"):
+            yield from _leaves(command.commands, f"{prefix}{name} ")
+        else:
+            yield f"{prefix}{name}", command
+
+
+def _flat(text: str) -> str:
+    """Help text with the panels' borders gone and the lines joined, as one line of words."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+@pytest.mark.parametrize("name", [name for name, _ in _leaves()])
+def test_help_shows_every_bracketed_default_and_readable_types(name):
+    command = dict(_leaves())[name]
+    result = invoke(*name.split(), "--help", width=200)
+    assert result.exit_code == 0, result.output
+    shown = _flat(result.stdout)
+    assert "<bool>" not in shown and "<list[" not in shown, shown
+    for param in command.params:
+        # rich markup would eat "[default: ./tune.db]" and "[grid: all; others: 50]" unless escaped
+        for bracketed in re.findall(r"\\?\[[^\]]*\]", param.help or ""):
+            assert " ".join(bracketed.lstrip("\\").split()) in shown, (name, param.name, bracketed)
+
+
+def test_help_of_sweep_names_the_defaults_that_matter():
+    shown = _flat(invoke("sweep", "--help", width=100).stdout)
+    for text in ("[default: ./tune.db]", "[grid: all; others: 50]", "[default: no limit]", "tunesvc[ray]"):
+        assert text in shown, text
+
+
+# -- tables: whole shape keys and kernel names at 80 and 120 columns ------------------------------
+EXAMPLE = Path(__file__).parent.parent / "tune.db.example"
+
+
+def _example_winners():
+    store = Store(str(EXAMPLE), readonly=True)
+    try:
+        winners = store.winners()
+    finally:
+        store.close()
+    current = {w.kernel: get_template(w.kernel).version for w in winners}
+    return [w for w in winners if w.kernel_version == current[w.kernel]], [
+        w for w in winners if w.kernel_version != current[w.kernel]
+    ]
+
+
+def _intact(text: str, output: str) -> bool:
+    """``text`` whole on one line of ``output``, not part of a longer key or name."""
+    pattern = rf"(?<![\w=,]){re.escape(text)}(?![\w=,])"
+    return any(re.search(pattern, line) for line in output.splitlines())
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_show_keeps_every_current_shape_key_whole(width):
+    current, older = _example_winners()
+    assert current and older  # the example holds old kernel versions beside the current ones
+    result = invoke("show", "--db", str(EXAMPLE), width=width)
+    assert result.exit_code == 0, result.output
+    *tables, _summary = result.stdout.splitlines()
+    assert max(len(line) for line in tables) <= width  # the summary line is one line, soft-wrapped
+    for w in current:
+        assert _intact(w.shape_key, result.stdout), (w.kernel, w.shape_key)
+        assert f"{w.kernel} {w.kernel_version} (current version, used by lookups)" in result.stdout
+    for version in {w.kernel_version for w in older}:
+        assert version not in result.stdout  # older versions only with --all-versions
+    assert _intact(f"{len(current)} winners ({len(older)} of older kernel versions: --all-versions)", result.stdout)
+
+    every = invoke("show", "--db", str(EXAMPLE), "--all-versions", width=width)
+    assert every.exit_code == 0, every.output
+    for w in older:
+        assert _intact(w.shape_key, every.stdout)
+        assert f"{w.kernel} {w.kernel_version} (older version, not used by lookups)" in every.stdout
+    assert f"{len(current) + len(older)} winners;" in every.stdout
+
+
+def test_show_json_marks_the_current_versions():
+    current, older = _example_winners()
+    data = json.loads(invoke("show", "--db", str(EXAMPLE), "--json").stdout)
+    assert sorted(w["shape_key"] for w in data["winners"]) == sorted(w.shape_key for w in current)
+    assert all(w["current"] for w in data["winners"])
+    every = json.loads(invoke("show", "--db", str(EXAMPLE), "--json", "--all-versions").stdout)["winners"]
+    assert sum(not w["current"] for w in every) == len(older)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_kernels_keeps_every_kernel_name_whole(width):
+    result = invoke("kernels", width=width)
+    assert result.exit_code == 0, result.output
+    for name in json.loads(invoke("kernels", "--json").stdout):
+        assert _intact(name["name"], result.stdout), name["name"]
+        assert _intact(name["version"], result.stdout)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_import_table_keeps_every_shape_key_whole(tmp_path, width):
+    current, older = _example_winners()
+    result = invoke("import", str(EXAMPLE), "--db", str(tmp_path / "t.db"), width=width)
+    assert result.exit_code == 0, result.output
+    for w in current + older:
+        assert _intact(w.shape_key, result.stdout), w.shape_key
+    assert f"{len(current) + len(older)} added, 0 replaced, 0 kept" in result.stdout
+    assert result.stdout.count(current[0].hardware_id) == 1  # the device once, in a heading
+
+
+def test_verify_with_no_winners_of_this_device_says_so_in_one_line():
+    result = invoke("verify", "--db", str(EXAMPLE), width=80)
+    assert result.exit_code == 0, result.output
+    [line] = result.stdout.splitlines()
+    assert line.startswith("No winners of ") and "to verify: it holds NVIDIA H100 80GB HBM3 winners only" in line
+
+
+# -- lookups say where they read and how the shape was bucketed --------------------------------------
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_lookup_names_the_database_and_the_bucketing(tmp_path):
+    (tmp_path / "sub").mkdir()
+    shutil.copy(EXAMPLE, tmp_path / "sub" / "example.db")
+    args = ("--dtype", "bfloat16", "--db", "sub/example.db", "--device", H100)  # relative to the cwd, tmp_path
+    exact = invoke("lookup", "matmul", "--shape", "1000x3000x777", *args)
+    assert exact.exit_code == 0, exact.output
+    lines = exact.stdout.splitlines()
+    assert lines[0] == (
+        "key     M=1024,N=3000,K=777,dtype=bfloat16: M=1000 rounded up to the power of two 1024 "
+        "(every M from 513 to 1024 shares it); other dims as given"
+    )
+    assert lines[1] == f"answer  exact for {H100}; read from database {tmp_path / 'sub' / 'example.db'}"
+    assert lines[2].startswith("config  VARIANT=")
+
+    near = invoke("lookup", "matmul", "--shape", "3000x3000x777", *args)
+    assert near.exit_code == 0, near.output
+    assert f"nearest for {H100}: tuned key M=1024,N=3000,K=777,dtype=bfloat16, 2.00 doublings away" in near.stdout
+    assert "log2 scale" in near.stdout
+    data = json.loads(invoke("lookup", "matmul", "--shape", "3000x3000x777", *args, "--json").stdout)
+    assert data["bucketed"] == {"M": [3000, 4096]} and data["distance"] == 2.0
+    assert data["read"] == f"database {tmp_path / 'sub' / 'example.db'}"
+
+    given = invoke("lookup", "matmul", "--shape", "1024x3000x777", *args)
+    assert "key     M=1024,N=3000,K=777,dtype=bfloat16: every dim as given" in given.stdout
+
+
+def test_lookup_without_a_database_says_which_file_it_looked_for(tmp_path):
+    result = invoke("lookup", "matmul", "--shape", "90x70x50")
+    assert result.exit_code == 0, result.output
+    assert "answer  heuristic for " in result.stdout
+    assert f"no database: {tmp_path / 'tune.db'} does not exist" in result.stdout
+
+
+def test_the_cli_prints_no_raw_python_warning(tmp_path):
+    shutil.copy(EXAMPLE, tmp_path / "tune.db")
+    # a nearest answer from ./tune.db: the runtime warns about the miss; the answer line says it instead
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunesvc",
+            "lookup",
+            "matmul",
+            "--shape",
+            "3000x3000x777",
+            "--dtype",
+            "bfloat16",
+            "--device",
+            H100,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "answer  nearest for" in done.stdout
+    assert done.stderr == ""
+
+
+def test_warnings_become_one_clean_line(capsys):
+    from tunesvc.cli import user_errors
+
+    @user_errors
+    def command() -> None:
+        warnings.warn("tunesvc: something to know.", RuntimeWarning, stacklevel=1)
+
+    command()
+    err = capsys.readouterr().err
+    assert err == "Warning: tunesvc: something to know.\n"
+
+
+def test_the_library_lookup_warning_names_the_database_it_read(tmp_path):
+    import tunesvc
+
+    with pytest.warns(RuntimeWarning, match=re.escape(f"(no database: {tmp_path / 'tune.db'} does not exist")):
+        tunesvc.lookup("matmul", M=90, N=70, K=50)
+    shutil.copy(EXAMPLE, tmp_path / "tune.db")  # H100 winners only: this device still misses
+    tunesvc.configure()
+    with pytest.warns(RuntimeWarning, match=re.escape(f"(database {tmp_path / 'tune.db'})")):
+        tunesvc.lookup("matmul", M=90, N=70, K=50)
+
+
+# -- tune sweep --gpus draws its progress ---------------------------------------------------------
+def test_sweep_gpus_shows_a_progress_bar_per_job(tmp_path):
+    args = ("sweep", "matmul", "--shape", "37x45x29", "--shape", "100x45x29", "--budget", "2", "--gpus", "0,1")
+    result = invoke(*args, "--db", str(tmp_path / "t.db"), width=100)
+    assert result.exit_code == 0, result.output
+    bars = [line for line in result.stderr.splitlines() if "━" in line]
+    for key in ("M=64,N=45,K=29,dtype=float16", "M=128,N=45,K=29,dtype=float16"):
+        [bar] = [line for line in bars if line.startswith(key + " ")]
+        assert " done " in bar and " 2/2 " in bar, bar  # the job's status and its trials of the budget
+    quiet = invoke(*args, "--db", str(tmp_path / "q.db"), "--quiet")
+    assert quiet.exit_code == 0 and "━" not in quiet.stderr

@@ -264,6 +264,7 @@ def run_sweep(
     rep_ms: float = 100.0,
     compiler: Compiler | None = None,
     measurer: Worker | None = None,
+    refit_selector: bool = True,
 ) -> list[ProblemResult]:
     """Tune ``template`` on every problem; returns one result per problem, in order.
 
@@ -286,6 +287,8 @@ def run_sweep(
     ``compiler``: a compile pool the caller keeps across sweeps (see :func:`compile_pool`), used
     instead of starting one and left open; ``measurer`` likewise, a measuring process (see
     :func:`measuring_process`) into which each problem loads its inputs in turn (with ``isolate``).
+    ``refit_selector``: once a winner is stored, refit the kernel's selector on this device from
+    the store (see :mod:`tunesvc.selector`).
     """
     check_sweep_arguments(strategy, budget, time_budget, patience)
     clock = Clock()
@@ -317,12 +320,17 @@ def run_sweep(
         template, store, device, options, compiler, candidates, on_start, on_trial, on_phase or _no_phase, measurer
     )
     try:
-        return [
+        results = [
             _ProblemSweep(run, problem, clock if i == 0 else Clock()).execute() for i, problem in enumerate(problems)
         ]
     finally:
         if own and compiler is not None:
             compiler.close()
+    if refit_selector and any(r.winner is not None for r in results):
+        from tunesvc.selector import refit_after_sweep
+
+        refit_after_sweep(store, template, device)
+    return results
 
 
 def _no_phase(key: str, what: str) -> None:
@@ -679,6 +687,32 @@ def _measurer(template: Template, problem: Problem, device: Device, options: _Op
     if options.isolate and _picklable(template, problem):
         return Worker(template, problem, device, timeout_s=options.measure_timeout, rep_ms=options.rep_ms)
     return Bench(template, problem, device, rep_ms=options.rep_ms)
+
+
+def make_measurer(
+    template: Template,
+    problem: Problem,
+    device: Device,
+    *,
+    isolate: bool | None = None,
+    timeout_s: float = 60.0,
+    rep_ms: float = 100.0,
+) -> Measurer:
+    """The measurer a sweep would use for ``problem`` (isolated in a worker process on a GPU),
+    for work that measures configs outside a search (cross-measuring, evaluation)."""
+    options = _Options(
+        strategy="grid",
+        budget=None,
+        seed=0,
+        time_budget=None,
+        patience=None,
+        min_improvement=0.0,
+        finalists=0,
+        isolate=device.is_gpu if isolate is None else isolate,
+        measure_timeout=timeout_s,
+        rep_ms=rep_ms,
+    )
+    return _measurer(template, problem, device, options)
 
 
 def has_peer(template: Template) -> bool:

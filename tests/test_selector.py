@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sqlite3
 import subprocess
 import sys
@@ -242,3 +243,102 @@ def test_sweep_refits_the_selector(tmp_db, template, device):
     finally:
         store.close()
     assert stored is not None and stored["keys"] == 2
+
+
+def _counts(path) -> tuple:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return tuple(
+            con.execute(f"SELECT COUNT(*) FROM {t}").fetchone()
+            for t in ("tunesvc_trials", "tunesvc_winners", "tunesvc_sweeps", "tunesvc_selectors")
+        )
+    finally:
+        con.close()
+
+
+def test_evaluate_measures_each_held_out_key_against_both_rules(fitted_db, template, device):
+    store = Store(fitted_db, readonly=True)
+    try:
+        rows = sel.evaluate(store, template, device)
+    finally:
+        store.close()
+    assert [r.shape_key for r in rows] == sorted(
+        str(template.key(template.problem(M=m, N=n, K=k))) for m, n, k in SHAPES
+    )
+    for r in rows:
+        assert r.keys_fitted in (0, len(SHAPES) - 1)  # fitted without the held-out key
+        assert r.tuned_ms is not None and r.tuned_ms > 0
+        assert r.selector_source in ("predicted", "nearest", "heuristic")
+        assert r.nearest_source in ("nearest", "heuristic") and r.nearest_key != r.shape_key
+        for ms, ratio in ((r.selector_ms, r.selector_ratio), (r.nearest_ms, r.nearest_ratio)):
+            assert ratio == (r.tuned_ms / ms if ms is not None else 0.0)
+        if r.selector_source != "predicted":  # no prediction: the runtime falls to the nearest rule
+            assert (r.selector_source, r.selector_config) == (r.nearest_source, r.nearest_config)
+    assert any(r.selector_source == "predicted" for r in rows)
+    [(name, totals)] = sel.summary(rows).items()
+    assert name == "matmul" and totals["held_out"] == len(SHAPES)
+    ratios = [r.selector_ratio for r in rows]
+    assert totals["selector_worst_ratio"] == min(ratios)
+    assert totals["selector_within_5pct"] == sum(x >= 1 / 1.05 for x in ratios) / len(rows)
+
+
+def test_tune_evaluate_prints_selector_and_nearest_side_by_side(fitted_db, tmp_path):
+    from typer.testing import CliRunner
+
+    from tunesvc.cli import app
+
+    before = _counts(fitted_db)
+    out = tmp_path / "heldout.csv"
+    result = CliRunner().invoke(
+        app, ["evaluate", "matmul", "--db", fitted_db, "--csv", str(out)], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 0, result.output
+    assert "selector within 5%" in result.output and "nearest within 5%" in result.output
+    assert "selector worst" in result.output and "nearest worst" in result.output
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("kernel,device,shape_key") and len(lines) == 1 + len(SHAPES)
+    result = CliRunner().invoke(app, ["evaluate", "matmul", "--db", fitted_db, "--json", "--csv", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert len(data["rows"]) == len(SHAPES) and set(data["summary"]["matmul"]) >= {
+        "selector_within_5pct",
+        "selector_worst_ratio",
+        "nearest_within_5pct",
+        "nearest_worst_ratio",
+    }
+    assert len(out.read_text().splitlines()) == 1 + 2 * len(SHAPES)  # appended, one header
+    assert _counts(fitted_db) == before  # evaluating stores nothing
+
+
+def test_tune_selector_cross_measures_fits_and_prints_the_tree(tmp_db, template, device):
+    from typer.testing import CliRunner
+
+    from tunesvc.cli import app
+
+    first, second = (template.problem(M=m, N=n, K=k) for m, n, k in SHAPES[:2])
+    one, other = template.feasible(first, device)[:2]
+    store = Store(tmp_db)
+    try:
+        run_sweep(template, [first], store, budget=1, candidates=[one])
+        run_sweep(template, [second], store, budget=1, candidates=[other])
+    finally:
+        store.close()
+    result = CliRunner().invoke(app, ["selector", "matmul", "--db", tmp_db])
+    assert result.exit_code == 1 and "too few to fit a selector" in result.output
+    result = CliRunner().invoke(app, ["selector", "matmul", "--db", tmp_db, "--cross-measure"])
+    assert result.exit_code == 0, result.output
+    # measuring both configs on both keys may make one the winner of both: 1 or 2 candidates remain
+    assert "-> candidate" in result.output
+    assert re.search(
+        r"Fitted on 2 tuned keys, [12] candidates \(2 trials measured first\)", " ".join(result.output.split())
+    )
+
+
+def test_evaluate_without_tuned_keys_is_one_clear_error(tmp_db):
+    from typer.testing import CliRunner
+
+    from tunesvc.cli import app
+
+    Store(tmp_db).close()
+    result = CliRunner().invoke(app, ["evaluate", "matmul", "--db", tmp_db])
+    assert result.exit_code == 1 and "run `tune sweep` first" in result.output

@@ -26,6 +26,7 @@ import struct
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -457,3 +458,208 @@ def _now() -> float:
     import time
 
     return time.perf_counter()
+
+
+# -- leave-one-shape-out evaluation, measured -----------------------------------------------------
+#: a pick "within 5%" runs in at most this multiple of the tuned best's time
+WITHIN = 1.05
+#: interleaved re-timing rounds of the configs compared on one held-out key
+ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One held-out key: its tuned best against what the selector (fitted without it) and the
+    nearest rule (without it) would launch, all three measured now, side by side."""
+
+    kernel: str
+    device: str
+    shape_key: str
+    keys_fitted: int
+    tuned_config: Config
+    tuned_ms: float | None
+    selector_source: str  # predicted | nearest | heuristic: what the runtime with that selector launches
+    selector_config: Config
+    selector_ms: float | None
+    nearest_source: str  # nearest | heuristic
+    nearest_key: str | None
+    nearest_config: Config
+    nearest_ms: float | None
+
+    @property
+    def selector_ratio(self) -> float | None:
+        return _ratio(self.tuned_ms, self.selector_ms)
+
+    @property
+    def nearest_ratio(self) -> float | None:
+        return _ratio(self.tuned_ms, self.nearest_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {**asdict(self), "selector_ratio": self.selector_ratio, "nearest_ratio": self.nearest_ratio}
+
+
+def _ratio(tuned_ms: float | None, pick_ms: float | None) -> float | None:
+    """tuned / pick: 1.0 is as fast as the tuned best; 0.0 where the pick failed."""
+    if tuned_ms is None:
+        return None
+    return 0.0 if pick_ms is None else tuned_ms / pick_ms
+
+
+def nearest_pick(
+    winners: dict[str, Config], key: str, template: Template, problem: Problem, device: Device
+) -> tuple[str, str | None, Config]:
+    """(source, matched key, config) of the runtime's nearest rule over ``winners``: the winner of
+    the nearest key in log2 distance if it fits ``problem``, else the heuristic."""
+    from tunesvc.template import ShapeKey
+
+    target = ShapeKey.parse(key)
+    distance, matched = min(((target.distance(ShapeKey.parse(k)), k) for k in winners), default=(math.inf, None))
+    if matched is not None and distance != math.inf and not template.violations(winners[matched], problem, device):
+        return "nearest", matched, winners[matched]
+    return "heuristic", None, template.heuristic(problem, device)
+
+
+def evaluate(
+    store: Store,
+    template: Template,
+    device: Device,
+    *,
+    min_coverage: float = 1.0,
+    on_key: Callable[[str], None] | None = None,
+) -> list[HeldOut]:
+    """Leave-one-shape-out over the tuned keys of ``template`` on ``device``'s model.
+
+    For each key: fit the selector on the other keys (their candidates and trials only), then
+    measure on this device, through the sweeps' measurer, the key's tuned winner, what the
+    runtime would launch with that selector (predicted, else nearest, else heuristic) and what
+    the nearest rule alone would, re-timed in ``ROUNDS`` interleaved rounds (median).
+    """
+    from tunesvc.sweep import make_measurer
+
+    winners = tuned_winners(store, template, device.hardware_id)
+    if not winners:
+        raise TunesvcError(
+            f"No tuned key of {template.name} (version {template.version}) on {device.name} in {store.where}; "
+            "run `tune sweep` first."
+        )
+    rows = []
+    for key in sorted(winners):
+        if on_key is not None:
+            on_key(key)
+        problem = template.problem_of_key(key)
+        others = {k: c for k, c in winners.items() if k != key}
+        data = training_set(store, template, device, exclude=(key,), min_coverage=min_coverage)
+        fitted = fit(data)
+        nearest = nearest_pick(others, key, template, problem, device)
+        picked = fitted.pick(template, problem, device) if fitted is not None else None
+        chosen = ("predicted", picked) if picked is not None else (nearest[0], nearest[2])
+        configs = {config_hash(c): c for c in (winners[key], chosen[1], nearest[2])}
+        with make_measurer(template, problem, device) as measurer:
+            times = _measured(measurer, configs)
+        rows.append(
+            HeldOut(
+                kernel=template.name,
+                device=device.name,
+                shape_key=key,
+                keys_fitted=fitted.keys if fitted is not None else 0,
+                tuned_config=winners[key],
+                tuned_ms=times[config_hash(winners[key])],
+                selector_source=chosen[0],
+                selector_config=chosen[1],
+                selector_ms=times[config_hash(chosen[1])],
+                nearest_source=nearest[0],
+                nearest_key=nearest[1],
+                nearest_config=nearest[2],
+                nearest_ms=times[config_hash(nearest[2])],
+            )
+        )
+    return rows
+
+
+def _measured(measurer: Any, configs: dict[str, Config]) -> dict[str, float | None]:
+    """Each config checked against the reference, then timed in interleaved rounds: the median
+    of its times, under the same clocks as the others; None where it failed."""
+    import statistics
+
+    checked = {h: measurer.measure(c) for h, c in configs.items()}
+    times = {h: [m.time_ms] for h, m in checked.items() if m.ok and m.time_ms is not None}
+    for _ in range(ROUNDS):
+        for h in list(times):
+            m = measurer.time_only(configs[h])
+            if m.ok and m.time_ms is not None:
+                times[h].append(m.time_ms)
+            else:
+                del times[h]  # failed when re-timed: it cannot count as fast
+    return {h: statistics.median(times[h]) if h in times else None for h in configs}
+
+
+def summary(rows: list[HeldOut]) -> dict[str, dict[str, Any]]:
+    """Per kernel: held-out keys, and for the selector and the nearest rule the fraction of keys
+    within 5% of the tuned best and the worst ratio (tuned ms / pick ms)."""
+    out: dict[str, dict[str, Any]] = {}
+    for kernel in sorted({r.kernel for r in rows}):
+        mine = [r for r in rows if r.kernel == kernel and r.tuned_ms is not None]
+        entry: dict[str, Any] = {
+            "held_out": len(mine),
+            "tuned_failed": sum(r.kernel == kernel for r in rows) - len(mine),
+        }
+        for side in ("selector", "nearest"):
+            ratios = [getattr(r, f"{side}_ratio") for r in mine]
+            entry[f"{side}_within_5pct"] = sum(x >= 1 / WITHIN for x in ratios) / len(ratios) if ratios else None
+            entry[f"{side}_worst_ratio"] = min(ratios) if ratios else None
+        entry["predicted"] = sum(r.selector_source == "predicted" for r in mine)
+        out[kernel] = entry
+    return out
+
+
+CSV_COLUMNS = (
+    "kernel",
+    "device",
+    "shape_key",
+    "keys_fitted",
+    "tuned_ms",
+    "selector_source",
+    "selector_ms",
+    "selector_ratio",
+    "nearest_source",
+    "nearest_key",
+    "nearest_ms",
+    "nearest_ratio",
+    "selector_config",
+    "nearest_config",
+    "tuned_config",
+    "timestamp",
+)
+
+
+def append_csv(rows: list[HeldOut], path: str | Path) -> None:
+    """Append ``rows`` to a CSV file (its header first, if the file is new or empty)."""
+    import csv
+    import json
+    from datetime import UTC
+    from datetime import datetime
+
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise TunesvcError(f"Cannot write {path}: folder {path.parent} does not exist.")
+    new = not path.exists() or path.stat().st_size == 0
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
+    try:
+        with path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
+            if new:
+                writer.writeheader()
+            for r in rows:
+                d = r.to_dict()
+                d.update(
+                    timestamp=stamp,
+                    **{
+                        k: json.dumps(d[k], sort_keys=True)
+                        for k in ("selector_config", "nearest_config", "tuned_config")
+                    },
+                )
+                writer.writerow({k: d[k] for k in CSV_COLUMNS})
+    except OSError as exc:
+        raise TunesvcError(f"Cannot write {path} ({exc.strerror or exc}); check --csv.") from None

@@ -21,6 +21,7 @@ exact -> predicted -> nearest -> heuristic.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 import struct
 import warnings
@@ -344,7 +345,10 @@ def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH) -> Selector | None:
     """Fit a selector on ``data``; None with fewer than ``MIN_KEYS`` usable keys."""
     if len(data.keys) < MIN_KEYS:
         return None
-    from sklearn.tree import DecisionTreeClassifier  # offline only: the runtime walks the JSON
+    try:
+        from sklearn.tree import DecisionTreeClassifier  # offline only: the runtime walks the JSON
+    except ImportError:
+        raise TunesvcError("Fitting a selector needs scikit-learn; pip install scikit-learn.") from None
 
     slow = [_slowdowns(row) for row in data.times]
     n = len(data.candidates)
@@ -399,15 +403,14 @@ def refit_after_sweep(store: Store, template: Template, device: Device) -> None:
     data = training_set(store, template, device)
     if len(data.keys) < MIN_KEYS:  # nothing to fit: do not even import scikit-learn
         return
-    try:
-        selector = fit(data)
-    except ImportError:
+    if importlib.util.find_spec("sklearn") is None:
         warnings.warn(
             "tunesvc: scikit-learn is not installed, so the selector was not refitted; pip install scikit-learn.",
             RuntimeWarning,
             stacklevel=3,
         )
         return
+    selector = fit(data)
     if selector is not None:
         store.save_selector(template, device.hardware_id, selector.to_dict(), selector.keys)
 

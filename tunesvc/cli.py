@@ -1059,14 +1059,14 @@ def selector(
             }
         )
     for key, why in data.skipped:
-        console.print(f"skipped {key}: {why}", highlight=False)
+        console.print(f"skipped {key}: {why}", highlight=False, markup=False, soft_wrap=True)
     if fitted is None:
         raise TunesvcError(
             f"{len(data.keys)} tuned key(s) of {kernel} on {device.name} are usable, too few to fit a selector "
             f"(it needs {selectors.MIN_KEYS}); tune more shapes, or run with --cross-measure."
         )
     for line in fitted.describe():
-        console.print(line, highlight=False, markup=False)
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     console.print(
         f"Fitted on {fitted.keys} tuned keys, {len(fitted.candidates)} candidates"
         + (f" ({measured} trials measured first)" if cross_measure else "")

@@ -48,7 +48,7 @@ for s in ${STEPS:-tests matmul}; do
     groundtruth) step groundtruth 540 python3 "$R/benchmarks/ground_truth.py" --db "$OUT/ground_truth.db" --out "$OUT/ground_truth.csv" ;;
     evaluate) [ -f "$OUT/selector.db" ] || { cp "$R/tune.db.example" "$OUT/selector.db" && chmod u+w "$OUT/selector.db"; }
       for k in ${EVAL_KERNELS:-matmul decode rmsnorm}; do
-        step "evaluate_$k" 300 sh -c "python3 -m tunesvc selector $k --cross-measure --db '$OUT/selector.db' && python3 -m tunesvc evaluate $k --db '$OUT/selector.db' --csv '$OUT/evaluate.csv'"
+        step "evaluate_$k" 480 sh -c "python3 -m tunesvc selector $k --cross-measure --db '$OUT/selector.db' && python3 -m tunesvc evaluate $k --db '$OUT/selector.db' --csv '$OUT/evaluate.csv'"
       done ;;
     heldout) src="$OUT/selector.db"; [ -f "$src" ] || src="$R/tune.db.example"
       cp "$src" "$OUT/heldout.db" && chmod u+w "$OUT/heldout.db"

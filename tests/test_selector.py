@@ -282,16 +282,17 @@ def test_evaluate_measures_each_held_out_key_against_both_rules(fitted_db, templ
     assert totals["selector_within_5pct"] == sum(x >= 1 / 1.05 for x in ratios) / len(rows)
 
 
-def test_tune_evaluate_prints_selector_and_nearest_side_by_side(fitted_db, tmp_path):
+def test_tune_evaluate_prints_selector_and_nearest_side_by_side(fitted_db, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
+    from tunesvc import cli
     from tunesvc.cli import app
+
+    monkeypatch.setattr(cli.console, "width", 200)  # the table's headers on one line each
 
     before = _counts(fitted_db)
     out = tmp_path / "heldout.csv"
-    result = CliRunner().invoke(
-        app, ["evaluate", "matmul", "--db", fitted_db, "--csv", str(out)], env={"COLUMNS": "200"}
-    )
+    result = CliRunner().invoke(app, ["evaluate", "matmul", "--db", fitted_db, "--csv", str(out)])
     assert result.exit_code == 0, result.output
     assert "selector within 5%" in result.output and "nearest within 5%" in result.output
     assert "selector worst" in result.output and "nearest worst" in result.output

@@ -433,7 +433,7 @@ def cross_measure(
     winner) like a sweep's. Returns the number of trials stored. ``on_key(key, n)`` is called
     before a key's ``n`` candidates are measured.
     """
-    from tunesvc.sweep import make_measurer
+    from tunesvc.bench import measurer_for
 
     winners = tuned_winners(store, template, device.hardware_id)
     candidates = _candidates(winners)
@@ -449,7 +449,7 @@ def cross_measure(
             on_key(key, len(missing))
         sweep_id = store.start_sweep(kv_id, device_id, key, problem, "cross", None, 0)
         started = _now()
-        with make_measurer(template, problem, device) as measurer:
+        with measurer_for(template, problem, device) as measurer:
             results = [(c, h, measurer.measure(c)) for c, h in missing]
         total += sum(i is not None for i in store.add_trials(sweep_id, kv_id, device_id, key, results))
         store.update_winner(kv_id, device_id, key)
@@ -539,7 +539,7 @@ def evaluate(
     runtime would launch with that selector (predicted, else nearest, else heuristic) and what
     the nearest rule alone would, re-timed in ``ROUNDS`` interleaved rounds (median).
     """
-    from tunesvc.sweep import make_measurer
+    from tunesvc.bench import measurer_for
 
     winners = tuned_winners(store, template, device.hardware_id)
     if not winners:
@@ -559,7 +559,7 @@ def evaluate(
         picked = fitted.pick(template, problem, device) if fitted is not None else None
         chosen = ("predicted", picked) if picked is not None else (nearest[0], nearest[2])
         configs = {config_hash(c): c for c in (winners[key], chosen[1], nearest[2])}
-        with make_measurer(template, problem, device) as measurer:
+        with measurer_for(template, problem, device) as measurer:
             times = _measured(measurer, configs)
         rows.append(
             HeldOut(

@@ -1094,18 +1094,25 @@ class Store:
         return out
 
     def save_selector(self, template: Template, hardware_id: str, selector: dict[str, Any], keys: int) -> None:
-        """Store (or replace) the selector of this kernel version on this device model."""
+        """Store (or replace) the selector of this kernel version on this device model; two sweeps
+        that refit it at once both succeed (the later write replaces the earlier)."""
         kv_id = self.kernel_version_id(template)
-        with self.session() as session:
-            row = session.scalar(
-                select(StoredSelector).where(
-                    StoredSelector.kernel_version_id == kv_id, StoredSelector.hardware_id == hardware_id
-                )
-            )
-            if row is None:
-                row = StoredSelector(kernel_version_id=kv_id, hardware_id=hardware_id)
-                session.add(row)
-            row.selector, row.keys, row.fitted_at = selector, keys, utcnow()
+        for attempt in range(2):
+            try:
+                with self.session() as session:
+                    row = session.scalar(
+                        select(StoredSelector).where(
+                            StoredSelector.kernel_version_id == kv_id, StoredSelector.hardware_id == hardware_id
+                        )
+                    )
+                    if row is None:
+                        row = StoredSelector(kernel_version_id=kv_id, hardware_id=hardware_id)
+                        session.add(row)
+                    row.selector, row.keys, row.fitted_at = selector, keys, utcnow()
+                return
+            except IntegrityError:  # another writer inserted the row first: update it
+                if attempt:
+                    raise
 
     def selector(self, kernel: str, version: str, hardware_id: str) -> dict[str, Any] | None:
         """The stored selector's JSON, or None: none fitted, or a database older than revision 0007."""

@@ -8,8 +8,13 @@
 #   STEPS="tests matmul attention" bash benchmarks/gpu-run.sh
 #
 # Steps: tests launch capture matmul64 matmulgrid matmul attention decode norms pointwise runtime sva stability groundtruth multigpu startup
+# evaluate heldout
 # (each is benchmarks/<name>.py with --sweep where it takes one; LIMIT_<step>=seconds overrides
 # the time limit, ARGS_<step>="..." adds arguments).
+# evaluate: on a copy of tune.db.example ($OUT/selector.db), per kernel of EVAL_KERNELS, measures
+# every winner on every tuned key, fits the selector and runs `tune evaluate` (rows: $OUT/evaluate.csv).
+# heldout: benchmarks/heldout.py on a fresh copy of $OUT/selector.db (else of tune.db.example),
+# HELDOUT_SIZE=small (default, ~8 min) | medium | full; HELDOUT_KERNELS limits the kernels.
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/tsvc . || exit 1
 export PYTHONPATH=/tmp/tsvc:/tmp/site PYTHONUNBUFFERED=1 R=$PWD
@@ -41,6 +46,14 @@ for s in ${STEPS:-tests matmul}; do
     capture) step capture 540 python3 "$R/benchmarks/capture.py" --csv "$OUT/capture.csv" ;;
     stability) step stability 300 python3 "$R/benchmarks/sweep_stability.py" --db "$OUT/stability.db" ;;
     groundtruth) step groundtruth 540 python3 "$R/benchmarks/ground_truth.py" --db "$OUT/ground_truth.db" --out "$OUT/ground_truth.csv" ;;
+    evaluate) [ -f "$OUT/selector.db" ] || { cp "$R/tune.db.example" "$OUT/selector.db" && chmod u+w "$OUT/selector.db"; }
+      for k in ${EVAL_KERNELS:-matmul decode rmsnorm}; do
+        step "evaluate_$k" 480 sh -c "python3 -m tunesvc selector $k --cross-measure --db '$OUT/selector.db' && python3 -m tunesvc evaluate $k --db '$OUT/selector.db' --csv '$OUT/evaluate.csv'"
+      done ;;
+    heldout) src="$OUT/selector.db"; [ -f "$src" ] || src="$R/tune.db.example"
+      cp "$src" "$OUT/heldout.db" && chmod u+w "$OUT/heldout.db"
+      step heldout 600 python3 "$R/benchmarks/heldout.py" --db "$OUT/heldout.db" --fit --size "${HELDOUT_SIZE:-small}" \
+        --kernels "${HELDOUT_KERNELS:-matmul,decode,attention,layernorm,rmsnorm}" ;;
     *) step "$s" 300 python3 "$R/benchmarks/$s.py" --db "$OUT/tune.db" --sweep ;;
   esac
 done

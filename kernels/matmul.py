@@ -23,6 +23,7 @@ Masks make any M, N, K valid. FLOPs = 2 M N K; minimum bytes = (M K + K N + M N)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -629,6 +630,19 @@ class MatmulTemplate(Template):
         m, n, k = problem["M"], problem["N"], problem["K"]
         size = torch.empty((), dtype=getattr(torch, problem["dtype"])).element_size()
         return Cost(flops=2.0 * m * n * k, bytes=float((m * k + k * n + m * n) * size))
+
+    def selector_features(self, problem: Problem, device: Device) -> dict[str, float]:
+        # whether a tile size fills the SMs decides between large tiles, small ones and split-K:
+        # tiles per SM and the last wave's fill at the space's common tile sizes
+        features = super().selector_features(problem, device)
+        m, n, k = problem["M"], problem["N"], problem["K"]
+        sms = max(device.sm_count, 1)
+        for bm, bn in ((128, 256), (128, 128), (64, 64), (16, 64)):
+            per_sm = triton.cdiv(m, bm) * triton.cdiv(n, bn) / sms
+            features[f"log2_tiles_per_sm_{bm}x{bn}"] = math.log2(per_sm)
+            features[f"last_wave_{bm}x{bn}"] = per_sm / math.ceil(per_sm) if per_sm >= 1 else per_sm
+        features["log2_k_steps_64"] = math.log2(triton.cdiv(k, 64))
+        return features
 
 
 TEMPLATE = MatmulTemplate()

@@ -394,6 +394,39 @@ def test_revision_0004_adds_sweeps_peer_ms_keeping_rows(tmp_db):
     assert revision_rows(tmp_db) == ([("0003",)], [("3",)])
 
 
+def test_revision_0007_adds_the_selectors_table_keeping_rows(tmp_db):
+    """0006 -> 0007 adds an empty tunesvc_selectors table; down again drops it, rows kept both ways."""
+    database_at_0001(tmp_db, recorded_in=VERSION_TABLE)
+    alembic_to(tmp_db, "0006")
+    before, before_structure = rows(tmp_db), structure(tmp_db)
+    alembic_to(tmp_db, "0007")
+    assert rows(tmp_db) == before
+    con = sqlite3.connect(tmp_db)
+    try:
+        columns = [c[1] for c in con.execute("PRAGMA table_info(tunesvc_selectors)")]
+        assert columns == ["id", "kernel_version_id", "hardware_id", "selector", "keys", "fitted_at"]
+        assert con.execute("SELECT COUNT(*) FROM tunesvc_selectors").fetchone() == (0,)
+    finally:
+        con.close()
+    assert revision_rows(tmp_db) == ([("0007",)], [("7",)])
+    alembic_to(tmp_db, "0006", command.downgrade)
+    assert structure(tmp_db) == before_structure and rows(tmp_db) == before
+    assert "tunesvc_selectors" not in table_names(tmp_db)
+    assert revision_rows(tmp_db) == ([("0006",)], [("6",)])
+
+
+def test_a_database_before_revision_0007_reads_no_selector(tmp_db, template, device):
+    """A read-only store of an older revision has no selectors table: the runtime's query is skipped."""
+    database_at_0001(tmp_db, recorded_in=VERSION_TABLE)
+    alembic_to(tmp_db, "0006")
+    store = Store(tmp_db, readonly=True)
+    try:
+        assert store.revision == "0006"
+        assert store.selector("matmul", template.version, device.hardware_id) is None
+    finally:
+        store.close()
+
+
 def test_winner_query_reads_the_new_index(tmp_db):
     Store(tmp_db).close()
     con = sqlite3.connect(tmp_db)

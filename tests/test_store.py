@@ -103,6 +103,7 @@ def test_new_store_creates_the_schema(tmp_db):
         "tunesvc_winners",
         "tunesvc_jobs",
         "tunesvc_misses",
+        "tunesvc_selectors",
     }
     assert version == (str(SCHEMA_VERSION),)
 

@@ -1385,6 +1385,140 @@ def _tune_misses(db: str | None, kernels: list[str]) -> None:
         store.close()
 
 
+# -- tune selector / tune evaluate: configs for shapes nobody tuned (tunesvc/selector.py) ----------
+def _ratio(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else "-"
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:.0%}" if value is not None else "-"
+
+
+MinCoverageOption = Annotated[
+    float,
+    typer.Option(
+        "--min-coverage",
+        help="Fit on a tuned key only where at least this fraction of the candidates was measured (1.0: all).",
+    ),
+]
+
+
+@app.command()
+@user_errors
+def selector(
+    kernel: Annotated[str, typer.Argument(help="Kernel name (see `tune kernels`).", autocompletion=_complete_kernel)],
+    cross_measure: Annotated[
+        bool,
+        typer.Option(
+            "--cross-measure", help="First measure every distinct winner on every tuned key of this device (stored)."
+        ),
+    ] = False,
+    min_coverage: MinCoverageOption = 1.0,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit the kernel's selector on this device from the stored trials, store it, and print its tree."""
+    from tunesvc import selector as selectors  # fitting (scikit-learn), measuring (torch, Triton)
+    from tunesvc.device import current_device
+    from tunesvc.store import Store
+    from tunesvc.template import get_template
+
+    template, device = get_template(kernel), current_device()
+    store = Store(db)
+    try:
+        measured = 0
+        if cross_measure:
+            measured = selectors.cross_measure(
+                store, template, device, on_key=lambda key, n: console.print(f"measuring {n} candidates on {key}")
+            )
+        data = selectors.training_set(store, template, device, min_coverage=min_coverage)
+        fitted = selectors.refit(store, template, device, min_coverage=min_coverage)
+    finally:
+        store.close()
+    if as_json:
+        return _print_json(
+            {
+                "selector": fitted.to_dict() if fitted else None,
+                "trials_measured": measured,
+                "keys": list(data.keys),
+                "skipped": [{"shape_key": k, "why": why} for k, why in data.skipped],
+            }
+        )
+    for key, why in data.skipped:
+        console.print(f"skipped {key}: {why}", highlight=False, markup=False, soft_wrap=True)
+    if fitted is None:
+        raise TunesvcError(
+            f"{len(data.keys)} tuned key(s) of {kernel} on {device.name} are usable, too few to fit a selector "
+            f"(it needs {selectors.MIN_KEYS}); tune more shapes, or run with --cross-measure."
+        )
+    for line in fitted.describe():
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    console.print(
+        f"Fitted on {fitted.keys} tuned keys, {len(fitted.candidates)} candidates"
+        + (f" ({measured} trials measured first)" if cross_measure else "")
+        + f"; stored in {store.url}."
+    )
+
+
+@app.command()
+@user_errors
+def evaluate(
+    kernel: Annotated[str, typer.Argument(help="Kernel name (see `tune kernels`).", autocompletion=_complete_kernel)],
+    min_coverage: MinCoverageOption = 1.0,
+    csv: Annotated[
+        Path | None, typer.Option("--csv", help="Also append one row per held-out key to this CSV file.")
+    ] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Leave-one-shape-out on this device: each tuned key's winner against what the selector and the nearest rule pick without it, all measured."""
+    from tunesvc import selector as selectors  # fitting (scikit-learn), measuring (torch, Triton)
+    from tunesvc.device import current_device
+    from tunesvc.store import Store
+    from tunesvc.template import get_template
+
+    template, device = get_template(kernel), current_device()
+    store = Store(db, readonly=True)
+    try:
+        progress = None if as_json else (lambda key: console.print(f"held out: {key}", highlight=False))
+        rows = selectors.evaluate(store, template, device, min_coverage=min_coverage, on_key=progress)
+    finally:
+        store.close()
+    if csv is not None:
+        selectors.append_csv(rows, csv)
+    totals = selectors.summary(rows)
+    if as_json:
+        return _print_json({"rows": [r.to_dict() for r in rows], "summary": totals})
+    table = Table(title=f"{kernel} on {device.name}: held-out keys, measured (ratio = tuned ms / pick ms)")
+    for column in ("shape key", "tuned ms", "selector", "selector ms", "ratio", "nearest", "nearest ms", "ratio "):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r.shape_key,
+            _ms(r.tuned_ms),
+            r.selector_source,
+            _ms(r.selector_ms),
+            _ratio(r.selector_ratio),
+            r.nearest_source,
+            _ms(r.nearest_ms),
+            _ratio(r.nearest_ratio),
+        )
+    console.print(table)
+    summary = Table(title="Within 5% of the tuned best, and the worst ratio")
+    for column in ("kernel", "held out", "selector within 5%", "selector worst", "nearest within 5%", "nearest worst"):
+        summary.add_column(column)
+    for name, t in totals.items():
+        summary.add_row(
+            name,
+            str(t["held_out"]),
+            _pct(t["selector_within_5pct"]),
+            _ratio(t["selector_worst_ratio"]),
+            _pct(t["nearest_within_5pct"]),
+            _ratio(t["nearest_worst_ratio"]),
+        )
+    console.print(summary)
+
+
 # -- tune db: the schema (Alembic migrations in tunesvc/store/alembic) -------------------------------
 db_app = _App(
     cls=_Group,

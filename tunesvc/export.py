@@ -6,7 +6,12 @@ Format (``format_version`` 2)::
      "device": {"hardware_id": ..., "name": ..., "capability": ..., "sm_count": ...},
      "kernels": {"matmul": {"version": "<source hash>", "torch": ..., "triton": ...,
                             "configs": {"<config hash>": {...}},
-                            "winners": {"<shape key>": {"config": "<config hash>", "time_ms": ...}}}}}
+                            "winners": {"<shape key>": {"config": "<config hash>", "time_ms": ...}},
+                            "selector": {...}}}}
+
+``selector``, optional, is the kernel's fitted selector on that device (see tunesvc.selector):
+feature names, candidate configs and a decision tree as plain arrays. Bundles without it load
+as before, and a tunesvc that predates it ignores it.
 
 Each distinct config is written once, under its :func:`~tunesvc.space.config_hash` (the store's
 id for it), and winners name it: thousands of winners share a few hundred configs, and one small
@@ -81,7 +86,23 @@ def build_bundles(store: Store, kernel: str | None = None, hardware_id: str | No
         digest = config_hash(entry.config)
         section["configs"][digest] = entry.config
         section["winners"][entry.shape_key] = {"config": digest, "time_ms": round(entry.time_ms, 6)}
+    for hardware_id, bundle in bundles.items():
+        for name, section in bundle["kernels"].items():
+            selector = store.selector(name, section["version"], hardware_id)
+            if selector is not None:
+                section["selector"] = selector
     return bundles
+
+
+def bundle_selector(bundle: dict[str, Any], template: Any, device: Any) -> dict[str, Any] | None:
+    """The JSON of ``template``'s selector for ``device`` in a bundle read by :func:`read_bundle`
+    (None: none, another device, or another kernel version); checked by tunesvc.selector."""
+    section = bundle.get("kernels", {}).get(template.name)
+    if bundle.get("device", {}).get("hardware_id") != device.hardware_id or not isinstance(section, dict):
+        return None
+    if section.get("version") != template.version:
+        return None
+    return section.get("selector")
 
 
 def bundle_filename(hardware_id: str) -> str:
@@ -167,8 +188,13 @@ def read_bundle(path: str | os.PathLike, *, check_kernels: bool = True) -> dict[
         )
     _validate(_schemas()["header"], data, path, "")
     if check_kernels:
-        for name in data["kernels"]:
+        for name, section in data["kernels"].items():
             kernel_configs(path, data, name)
+            if section.get("selector") is not None:
+                # checked here, not in kernel_configs: the runtime drops a damaged selector alone
+                from tunesvc.selector import Selector
+
+                Selector.from_dict(section["selector"], f"{path}: kernels.{name}.selector")
     return data
 
 

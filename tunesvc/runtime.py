@@ -4,7 +4,8 @@ The winners of the current device (matched by hardware id: GPU model, capability
 and the current kernel version are loaded once per kernel, from a database or from an
 exported bundle. Each lookup then walks the fallback chain
 
-    exact shape key  ->  nearest tuned key (log2 distance over dims, same dtype)  ->  heuristic
+    exact shape key  ->  predicted (the kernel's selector, see tunesvc.selector)
+                     ->  nearest tuned key (log2 distance over dims, same dtype)  ->  heuristic
 
 and says which step answered. Bundles are read with :mod:`json` only: a deployment that
 ships a bundle never imports SQLAlchemy.
@@ -34,16 +35,17 @@ from tunesvc.template import get_template
 
 if TYPE_CHECKING:
     from tunesvc.device import Device
+    from tunesvc.selector import Selector
     from tunesvc.space import Config
 
-EXACT, NEAREST, HEURISTIC, TUNED = "exact", "nearest", "heuristic", "tuned"
+EXACT, PREDICTED, NEAREST, HEURISTIC, TUNED = "exact", "predicted", "nearest", "heuristic", "tuned"
 
 
 @dataclass(frozen=True)
 class LookupResult:
     kernel: str
     config: Config
-    source: str  # exact | nearest | heuristic | tuned (tuned on this miss)
+    source: str  # exact | predicted | nearest | heuristic | tuned (tuned on this miss)
     key: str
     matched_key: str | None = None
     distance: float | None = None
@@ -109,6 +111,7 @@ class Runtime:
         self._bundle_data: dict[str, Any] | None = None
         self._tables: dict[str, dict[str, Config]] = {}
         self._keys: dict[str, list[tuple[ShapeKey, str]]] = {}
+        self._selectors: dict[str, Selector | None] = {}
         self._lock = threading.Lock()
         self._warned: set[tuple[str, str]] = set()
         #: problems resolved per (kernel, source); a problem seen again is served from a memo
@@ -302,11 +305,13 @@ class Runtime:
         elif self.mode == "tune":
             result = self._tune_on_miss(template, normalized, text)
         else:
-            result = self._nearest(template, normalized, key) or LookupResult(
-                template.name, template.heuristic(normalized, self.device), HEURISTIC, text
+            result = (
+                self._predicted(template, normalized, text)
+                or self._nearest(template, normalized, key)
+                or LookupResult(template.name, template.heuristic(normalized, self.device), HEURISTIC, text)
             )
         self.counters[(template.name, result.source)] += 1
-        if result.source in (NEAREST, HEURISTIC) and self.mode != "heuristic":
+        if result.source in (PREDICTED, NEAREST, HEURISTIC) and self.mode != "heuristic":
             self._warn_once(
                 template.name,
                 result.source,
@@ -314,6 +319,61 @@ class Runtime:
                 f"using the {result.source} one (tune it with `tune sweep`, or run in mode 'tune'). Warned once per kernel.",
             )
         return result
+
+    def _predicted(self, template: Template, problem: dict, text: str) -> LookupResult | None:
+        selector = self._selector(template)
+        config = selector.pick(template, problem, self.device) if selector is not None else None
+        return None if config is None else LookupResult(template.name, config, PREDICTED, text)
+
+    def _selector(self, template: Template) -> Selector | None:
+        """The kernel's selector for this device, loaded on its first miss (None: none, or mode
+        heuristic); one whose data is damaged or whose candidates lie outside the space is
+        dropped with one warning (strict: an error)."""
+        if template.name in self._selectors:
+            return self._selectors[template.name]
+        selector = None
+        if self.mode != "heuristic":
+            try:
+                selector = self._load_selector(template)
+            except TunesvcError as exc:
+                if self.strict:
+                    raise
+                self._warn_once(template.name, "selector", f"tunesvc: {exc} Not using the selector of {template.name}.")
+        with self._lock:
+            self._selectors[template.name] = selector
+        return selector
+
+    def _load_selector(self, template: Template) -> Selector | None:
+        from tunesvc.selector import Selector
+
+        if self.bundle is not None:
+            from tunesvc.export import bundle_selector
+
+            # read by _load when this kernel's winners were: a lookup loads them before a miss
+            data = bundle_selector(self._bundle_data or {}, template, self.device)
+            where = f"the selector of {template.name} in {self.bundle}"
+        else:
+            db = self._db_path()
+            if db is None or not _database_exists(db):
+                return None
+            from tunesvc.store import Store
+
+            store = Store(db, readonly=True)
+            try:
+                data = store.selector(template.name, template.version, self.device.hardware_id)
+            finally:
+                store.close()
+            where = f"the selector of {template.name} in {db}"
+        if data is None:
+            return None
+        selector = Selector.from_dict(data, where)
+        if selector.version != template.version or selector.hardware_id != self.device.hardware_id:
+            return None
+        for config in selector.candidates:
+            why = template.space.stored_config(config)
+            if isinstance(why, str):
+                raise TunesvcError(f"{where} has a candidate outside the space ({why}); refit it with `tune selector`.")
+        return selector
 
     def _nearest(self, template: Template, problem: dict, key: ShapeKey) -> LookupResult | None:
         distance, matched = min(

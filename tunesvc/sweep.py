@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import abc
 import os
-import pickle
 import statistics
 import time
 from collections.abc import Callable
@@ -25,12 +24,13 @@ from dataclasses import field
 from typing import TYPE_CHECKING
 from typing import TypeVar
 
-from tunesvc.bench import Bench
 from tunesvc.bench import Compiler
 from tunesvc.bench import Measurement
 from tunesvc.bench import Measurer
 from tunesvc.bench import Status
 from tunesvc.bench import Worker
+from tunesvc.bench import measurer_for
+from tunesvc.bench import picklable
 from tunesvc.device import Device
 from tunesvc.device import fork_safe_current_device
 from tunesvc.errors import TunesvcError
@@ -264,6 +264,7 @@ def run_sweep(
     rep_ms: float = 100.0,
     compiler: Compiler | None = None,
     measurer: Worker | None = None,
+    refit_selector: bool = True,
 ) -> list[ProblemResult]:
     """Tune ``template`` on every problem; returns one result per problem, in order.
 
@@ -286,6 +287,8 @@ def run_sweep(
     ``compiler``: a compile pool the caller keeps across sweeps (see :func:`compile_pool`), used
     instead of starting one and left open; ``measurer`` likewise, a measuring process (see
     :func:`measuring_process`) into which each problem loads its inputs in turn (with ``isolate``).
+    ``refit_selector``: once a winner is stored, refit the kernel's selector on this device from
+    the store (see :mod:`tunesvc.selector`).
     """
     check_sweep_arguments(strategy, budget, time_budget, patience)
     clock = Clock()
@@ -317,12 +320,17 @@ def run_sweep(
         template, store, device, options, compiler, candidates, on_start, on_trial, on_phase or _no_phase, measurer
     )
     try:
-        return [
+        results = [
             _ProblemSweep(run, problem, clock if i == 0 else Clock()).execute() for i, problem in enumerate(problems)
         ]
     finally:
         if own and compiler is not None:
             compiler.close()
+    if refit_selector and any(r.winner is not None for r in results):
+        from tunesvc.selector import refit_after_sweep
+
+        refit_after_sweep(store, template, device)
+    return results
 
 
 def _no_phase(key: str, what: str) -> None:
@@ -364,7 +372,7 @@ def measuring_process(
     handles and loaded kernels are then made once. None where sweeps measure in their own
     process (``isolate`` off: the default in the interpreter). The caller closes it."""
     device = device or fork_safe_current_device()
-    if (device.is_gpu if isolate is None else isolate) and _picklable(template, problem):
+    if (device.is_gpu if isolate is None else isolate) and picklable(template, problem):
         return Worker(template, problem, device, timeout_s=measure_timeout, rep_ms=rep_ms)
     return None
 
@@ -372,7 +380,7 @@ def measuring_process(
 def _start_pool(size: int, template: Template, problems: list[Problem]) -> Compiler | None:
     """A pool of ``size`` compile workers warmed up on the first problem; None where a sweep
     compiles in its own process (one worker or none, or a template the workers cannot unpickle)."""
-    if size > 1 and problems and _picklable(template, problems):
+    if size > 1 and problems and picklable(template, problems):
         return Compiler(size, template=template, problem=problems[0])
     return None
 
@@ -463,7 +471,7 @@ class _ProblemSweep:
     def __init__(self, run: _Run, problem: Problem, clock: Clock) -> None:
         self.run, self.problem, self.clock = run, problem, clock
         template, store, device, options = run.template, run.store, run.device, run.options
-        self.kept = run.kept if options.isolate and _picklable(template, problem) else None
+        self.kept = run.kept if options.isolate and picklable(template, problem) else None
         if self.kept is not None:
             self.kept.load(template, problem)  # its child makes this problem's inputs during the set-up
         with clock.phase("set-up"):
@@ -674,11 +682,9 @@ def _fitting(template: Template, problem: Problem, device: Device, configs: list
 
 
 def _measurer(template: Template, problem: Problem, device: Device, options: _Options) -> Measurer:
-    # a template the child cannot unpickle (e.g. a decorated kernel with local functions) is
-    # measured in this process, as before isolation existed
-    if options.isolate and _picklable(template, problem):
-        return Worker(template, problem, device, timeout_s=options.measure_timeout, rep_ms=options.rep_ms)
-    return Bench(template, problem, device, rep_ms=options.rep_ms)
+    return measurer_for(
+        template, problem, device, isolate=options.isolate, timeout_s=options.measure_timeout, rep_ms=options.rep_ms
+    )
 
 
 def has_peer(template: Template) -> bool:
@@ -693,14 +699,6 @@ def _time_peer(measurer: Measurer) -> float | None:
     except Exception:  # even a measuring process that will not start: the peer is never worth a sweep
         return None
     return m.time_ms if m.ok else None
-
-
-def _picklable(*objects: object) -> bool:
-    try:
-        pickle.dumps(objects)
-    except Exception:  # pickle raises AttributeError, TypeError or PicklingError, by object
-        return False
-    return True
 
 
 def stored_warm_start(store: Store, template: Template, device: Device, shape_key: str) -> list[Config]:

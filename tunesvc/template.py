@@ -269,6 +269,29 @@ class Template:
         Not part of ``kernel_sources``: a new peer never invalidates tuned configs."""
         return None
 
+    def selector_features(self, problem: Problem, device: Device) -> dict[str, float]:
+        """Numbers a selector (:mod:`tunesvc.selector`) may split on to pick a config for ``problem``.
+
+        The default: log2 of each dim; log2 of the FLOPs, the fewest bytes and their ratio (the
+        arithmetic intensity) where ``cost`` is defined; 1.0 for each categorical field of the
+        shape key (``dtype=float16``), so one tree serves every dtype. A template whose speed
+        turns on its launch grid adds e.g. tiles per SM (see the matmul template).
+        """
+        features = {f"log2_{dim}": math.log2(problem[dim]) for dim in self.dims}
+        try:
+            cost = self.cost(problem)
+        except NotImplementedError:
+            cost = None
+        if cost is not None and cost.flops > 0 and cost.bytes > 0:
+            features.update(
+                log2_flops=math.log2(cost.flops),
+                log2_bytes=math.log2(cost.bytes),
+                log2_intensity=math.log2(cost.flops / cost.bytes),
+            )
+        for name, value in self.key(problem).fields:
+            features[f"{name}={value}"] = 1.0
+        return features
+
     def tolerance(self, problem: Problem) -> float:
         """Largest accepted ||out - ref|| / ||ref|| for this problem's dtype."""
         return {"float16": 5e-3, "bfloat16": 2e-2, "float32": 1e-2}[problem["dtype"]]

@@ -15,6 +15,8 @@ from tunesvc.bench._base import Measurement
 from tunesvc.bench._base import Measurer
 from tunesvc.bench._base import Status
 from tunesvc.bench._base import relative_error
+from tunesvc.bench._choose import measurer_for
+from tunesvc.bench._choose import picklable
 from tunesvc.bench._compile import Compiler
 from tunesvc.bench._inprocess import DEFAULT_L2_BYTES
 from tunesvc.bench._inprocess import GRAPH_BELOW_MS
@@ -45,6 +47,8 @@ __all__ = [
     "input_bytes",
     "input_sets_needed",
     "l2_bytes",
+    "measurer_for",
+    "picklable",
     "relative_error",
     "start_forkserver",
 ]

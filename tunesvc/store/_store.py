@@ -57,6 +57,7 @@ from tunesvc.store.models import Job
 from tunesvc.store.models import KernelVersion
 from tunesvc.store.models import Miss
 from tunesvc.store.models import StoredDevice
+from tunesvc.store.models import StoredSelector
 from tunesvc.store.models import Sweep
 from tunesvc.store.models import Trial
 from tunesvc.store.models import Winner
@@ -1070,6 +1071,64 @@ class Store:
             row = session.get(Miss, miss_id)
             if row is not None:
                 row.status = status
+
+    # -- selectors (revision 0007; see tunesvc.selector) ----------------------------------
+    def trial_times(self, kernel: str, version: str, hardware_id: str) -> dict[str, dict[str, float | None]]:
+        """Shape key -> config hash -> the newest trial's time (None: it failed or broke a
+        constraint) of one kernel version on every software stack of one device model."""
+        query = (
+            select(Trial.shape_key, Trial.config_hash, Trial.status, Trial.time_ms)
+            .join(KernelVersion, Trial.kernel_version_id == KernelVersion.id)
+            .join(StoredDevice, Trial.device_id == StoredDevice.id)
+            .where(
+                KernelVersion.kernel == kernel,
+                KernelVersion.version == version,
+                StoredDevice.hardware_id == hardware_id,
+            )
+            .order_by(Trial.created_at, Trial.id)
+        )
+        out: dict[str, dict[str, float | None]] = {}
+        with self.session() as session:
+            for key, digest, status, time_ms in session.execute(query):
+                out.setdefault(key, {})[digest] = time_ms if status == "ok" else None
+        return out
+
+    def save_selector(self, template: Template, hardware_id: str, selector: dict[str, Any], keys: int) -> None:
+        """Store (or replace) the selector of this kernel version on this device model; two sweeps
+        that refit it at once both succeed (the later write replaces the earlier)."""
+        kv_id = self.kernel_version_id(template)
+        for attempt in range(2):
+            try:
+                with self.session() as session:
+                    row = session.scalar(
+                        select(StoredSelector).where(
+                            StoredSelector.kernel_version_id == kv_id, StoredSelector.hardware_id == hardware_id
+                        )
+                    )
+                    if row is None:
+                        row = StoredSelector(kernel_version_id=kv_id, hardware_id=hardware_id)
+                        session.add(row)
+                    row.selector, row.keys, row.fitted_at = selector, keys, utcnow()
+                return
+            except IntegrityError:  # another writer inserted the row first: update it
+                if attempt:
+                    raise
+
+    def selector(self, kernel: str, version: str, hardware_id: str) -> dict[str, Any] | None:
+        """The stored selector's JSON, or None: none fitted, or a database older than revision 0007."""
+        if self.revision is not None and self.revision < "0007":
+            return None
+        with self.session() as session:
+            found = session.scalar(
+                select(StoredSelector.selector)
+                .join(KernelVersion, StoredSelector.kernel_version_id == KernelVersion.id)
+                .where(
+                    KernelVersion.kernel == kernel,
+                    KernelVersion.version == version,
+                    StoredSelector.hardware_id == hardware_id,
+                )
+            )
+            return dict(found) if found is not None else None
 
     def close(self) -> None:
         self.engine.dispose()

@@ -31,10 +31,10 @@ from sqlalchemy.orm import Mapped
 from sqlalchemy.orm import mapped_column
 from sqlalchemy.orm import relationship
 
-#: The schema's number: the Alembic head revision ("0006" -> 6) of tunesvc/store/alembic/versions.
+#: The schema's number: the Alembic head revision ("0007" -> 7) of tunesvc/store/alembic/versions.
 #: Each migration writes its number to tunesvc_meta.schema_version, so that a tunesvc from before
 #: Alembic (which reads only that row) also refuses a database newer than itself.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def utcnow() -> datetime:
@@ -191,3 +191,22 @@ class Miss(Base):
     status: Mapped[str] = mapped_column(String(16), default="open")
     first_seen: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class StoredSelector(Base):
+    """A fitted selector of one kernel version on one device model (revision 0007).
+
+    ``selector`` is the JSON of :meth:`tunesvc.selector.Selector.to_dict`: feature names,
+    candidate configs and the tree as arrays; ``keys`` the tuned shape keys it was fitted on.
+    Keyed by hardware id, as the runtime matches winners: every software stack of one GPU model
+    contributes its trials.
+    """
+
+    __tablename__ = "tunesvc_selectors"
+    __table_args__ = (UniqueConstraint("kernel_version_id", "hardware_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kernel_version_id: Mapped[int] = mapped_column(ForeignKey("tunesvc_kernel_versions.id"))
+    hardware_id: Mapped[str] = mapped_column(String(256))
+    selector: Mapped[dict[str, Any]]
+    keys: Mapped[int]
+    fitted_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,367 @@
+"""Held-out shapes from real models: what the runtime launches untuned, and after a short sweep, against torch.
+
+    python benchmarks/heldout.py --db heldout.db --size small --fit     # a subset, ~8 min on an H100 (estimated)
+    python benchmarks/heldout.py --db heldout.db --size full --fit      # every shape
+    python benchmarks/heldout.py --list                                 # print the shapes; no GPU needed
+
+The shapes come from models, not from the presets, and none has a shape key that a preset of its
+kernel tunes (checked below, before anything runs): GEMMs of the attention and MLP projections of
+Llama-3-70B, Qwen2.5-7B, Qwen2.5-32B and Mixtral-8x7B at M from 1 to 8192 tokens; decode
+attention at contexts from a few hundred to 32k tokens in those models' head layouts; attention
+forward at sequence lengths that are not powers of two; layer and RMS norms at those hidden
+sizes. bf16 throughout.
+
+--db should hold the presets' sweeps (a copy of tune.db.example): with --fit, each kernel's
+selector is first fitted there (every stored winner measured on every tuned key, then the tree).
+Then, before any held-out shape is tuned, what the runtime would launch for each is read: the
+selector's pick, the nearest tuned key's winner and the heuristic. Per shape, a sweep of
+--budget trials (Optuna TPE, warm-started from the stored neighbours) then tunes it, and on
+one set of random inputs the three untuned picks, the tuned winner and the torch peer (cuBLAS
+through torch.matmul, SDPA, torch.compile'd norms) are checked against the reference and timed
+from CUDA graphs over copies of the inputs that together exceed L2 twice (GPU time; see
+tunesvc.bench.graph_time), in the same run. Rows go to benchmarks/results/heldout.csv, one per
+(shape, pick), with the pick in the kernel column (``matmul [selector]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+#: (model, hidden, intermediate, query heads, KV heads, head dim), from each model's config.json
+MODELS = (
+    ("Llama-3-70B", 8192, 28672, 64, 8, 128),
+    ("Qwen2.5-7B", 3584, 18944, 28, 4, 128),
+    ("Qwen2.5-32B", 5120, 27648, 40, 8, 128),
+    ("Mixtral-8x7B", 4096, 14336, 32, 8, 128),
+)
+#: tokens per GEMM: decode batches to prefill chunks, most not powers of two
+GEMM_M = (1, 24, 200, 1000, 3000, 8192)
+#: decode: (batch, context) pairs
+DECODE_BS = ((1, 300), (16, 1000), (4, 5000), (1, 12000), (8, 32768))
+#: attention forward: (batch, sequence length), causal and not
+ATTENTION_BS = ((1, 1000), (2, 3000), (1, 7000))
+#: norms: tokens
+NORM_M = (1, 300, 5000)
+
+
+#: GEMMs whose shape key a matmul preset tunes (Mixtral's 4096x4096 output projection at M=1 and
+#: M=3000, Llama-3-70B's 8192x8192 one at M=8192): left out, the preset's winner would answer them
+PRESET_KEYS = {(1, 4096, 4096), (3000, 4096, 4096), (8192, 8192, 8192)}
+
+
+def gemm_shapes() -> list[dict[str, Any]]:
+    """(M, N, K) of each model's fused QKV, output, fused gate/up and down projections."""
+    shapes = []
+    for _, hidden, inter, hq, hkv, d in MODELS:
+        for n, k in ((hq * d + 2 * hkv * d, hidden), (hidden, hidden), (2 * inter, hidden), (hidden, inter)):
+            shapes += [{"M": m, "N": n, "K": k} for m in GEMM_M if (m, n, k) not in PRESET_KEYS]
+    return shapes
+
+
+def decode_shapes() -> list[dict[str, Any]]:
+    return [{"B": b, "HQ": hq, "HKV": hkv, "S": s, "D": d} for _, _, _, hq, hkv, d in MODELS for b, s in DECODE_BS]
+
+
+def attention_shapes() -> list[dict[str, Any]]:
+    return [
+        {"B": b, "H": hq, "S": s, "D": d, "causal": causal}
+        for _, _, _, hq, _, d in MODELS
+        for b, s in ATTENTION_BS
+        for causal in (False, True)
+    ]
+
+
+def norm_shapes() -> list[dict[str, Any]]:
+    return [{"M": m, "N": hidden} for _, hidden, *_ in MODELS for m in NORM_M]
+
+
+SHAPES: dict[str, Callable[[], list[dict[str, Any]]]] = {
+    "matmul": gemm_shapes,
+    "decode": decode_shapes,
+    "attention": attention_shapes,
+    "layernorm": norm_shapes,
+    "rmsnorm": norm_shapes,
+}
+
+#: --size small: a few shapes per kernel family, spread over models, M and context
+SMALL = {
+    "matmul": [(1, 10240, 8192), (200, 37888, 3584), (3000, 5120, 27648)],
+    "decode": [(1, 64, 8, 12000, 128, False)],
+    "attention": [(1, 28, 7000, 128, True)],
+    "rmsnorm": [(5000, 5120)],
+}
+#: --size medium: more M and contexts, every family
+MEDIUM = {
+    "matmul": [
+        (1, 10240, 8192),
+        (24, 8192, 28672),
+        (200, 37888, 3584),
+        (1000, 6144, 4096),
+        (3000, 5120, 27648),
+        (8192, 4608, 3584),
+    ],
+    "decode": [(1, 64, 8, 12000, 128, False), (16, 28, 4, 1000, 128, False), (8, 40, 8, 32768, 128, False)],
+    "attention": [(1, 28, 7000, 128, True), (2, 64, 3000, 128, False)],
+    "layernorm": [(300, 3584)],
+    "rmsnorm": [(5000, 5120), (1, 8192)],
+}
+
+
+def held_out(size: str, kernels: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The shapes of each kernel for --size, checked to lie outside every preset's keys."""
+    from tunesvc.template import get_template
+
+    out = {}
+    for name in kernels:
+        template = get_template(name)
+        every = [template.problem(**shape, dtype="bfloat16") for shape in SHAPES[name]()]
+        if size != "full":
+            wanted = (SMALL if size == "small" else MEDIUM).get(name, [])
+            every = [p for p in every if tuple(p[d] for d in template.dims) + _options(template, p) in wanted]
+        assert_disjoint(template, every)
+        if every:
+            out[name] = every
+    return out
+
+
+def _options(template: Any, problem: dict[str, Any]) -> tuple:
+    return tuple(problem[o] for o in template.options)
+
+
+def assert_disjoint(template: Any, problems: list[dict[str, Any]]) -> None:
+    """No held-out shape is a preset's shape, nor shares its shape key with one (in bf16, the
+    held-out dtype): a shared key would be answered by the preset's own winner."""
+    presets = [template.problem(**p) for ps in template.presets.values() for p in ps]
+    preset_shapes = {tuple(p[d] for d in template.dims) for p in presets}
+    preset_keys = {str(template.key({**p, "dtype": "bfloat16"})) for p in presets}
+    for problem in problems:
+        shape = tuple(problem[d] for d in template.dims)
+        key = str(template.key(problem))
+        assert shape not in preset_shapes, f"{template.name} {shape} is a preset's shape"
+        assert key not in preset_keys, f"{template.name} {key} is a preset's shape key"
+
+
+def compiled_norm(name: str) -> Callable | None:
+    """torch.compile'd F.layer_norm / F.rms_norm (the norms' peer), or None where compiling fails."""
+    import torch
+    import torch.nn.functional as F
+
+    try:
+        torch._dynamo.reset()  # a fresh cache per shape: dynamic=False recompiles for each
+        if name == "layernorm":
+            return torch.compile(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), dynamic=False)
+        return torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6), dynamic=False)
+    except Exception as exc:  # a torch without a working compiler: reported, the row left out
+        print(f"torch.compile unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+
+
+def peer_of(template: Any) -> tuple[str, Callable[[Any], Callable[[], Any] | None]]:
+    """(peer name, inputs -> a call of the peer on them): torch.compile'd for the norms (compiled
+    once per shape), the template's own peer otherwise."""
+    if template.name in ("layernorm", "rmsnorm"):
+        fn = compiled_norm(template.name)
+        return "torch.compile", lambda inputs: None if fn is None else (lambda: fn(*inputs))
+    return template.peer_name, template.peer
+
+
+def untuned_picks(db: str, problems: dict[str, list[dict[str, Any]]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(kernel, shape key) -> {"runtime": source, "selector"/"nearest"/"heuristic": config}, read
+    from --db before any held-out shape is tuned."""
+    from tunesvc import selector as selectors
+    from tunesvc.device import current_device
+    from tunesvc.runtime import Runtime
+    from tunesvc.store import Store
+    from tunesvc.template import get_template
+
+    device = current_device()
+    runtime = Runtime(db=db)
+    store = Store(db, readonly=True)
+    picks = {}
+    try:
+        for name, shapes in problems.items():
+            template = get_template(name)
+            winners = selectors.tuned_winners(store, template, device.hardware_id)
+            fitted = selectors.stored_selector(store, template, device.hardware_id)
+            for problem in shapes:
+                key = str(template.key(problem))
+                found = runtime.lookup(template, **problem)
+                if found.source == "exact":
+                    raise SystemExit(
+                        f"{name} {key} is already tuned in {db}, so it is not held out; "
+                        "start from a fresh copy of tune.db.example."
+                    )
+                source, matched, nearest = selectors.nearest_pick(winners, key, template, problem, device)
+                entry = {"runtime": found.source, "nearest": nearest, "nearest_source": source}
+                entry["heuristic"] = template.heuristic(problem, device)
+                picked = fitted.pick(template, problem, device) if fitted is not None else None
+                if picked is not None:
+                    entry["selector"] = picked
+                picks[(name, key)] = entry
+                print(f"{name} {key}: runtime answers {found.source}; nearest {matched or '-'}", flush=True)
+    finally:
+        store.close()
+    return picks
+
+
+def time_shape(template: Any, problem: dict[str, Any], configs: dict[str, Any]) -> tuple[str, dict[str, float | None]]:
+    """(peer name, label -> GPU ms) for each config (None where it is wrong or fails) and "peer",
+    on one set of inputs and its copies."""
+    from _common import bench_graph_ms
+    from _common import copies
+
+    from tunesvc.bench import relative_error
+    from tunesvc.device import current_device
+
+    device = current_device()
+    inputs = template.make_inputs(problem, device)
+    reference = template.reference(inputs)
+    sets = copies(inputs, lambda: template.make_inputs(problem, device))
+    times: dict[str, float | None] = {}
+    for label, config in configs.items():
+        try:
+            err = relative_error(template.launch(inputs, config), reference)
+            if not err <= template.tolerance(problem):
+                print(f"  {label}: relative error {err:.2e}: wrong, not timed", flush=True)
+                times[label] = None
+                continue
+            times[label] = bench_graph_ms([lambda s=s, c=config: template.launch(s, c) for s in sets])
+        except Exception as exc:  # a pick that fails on this shape is data: no time
+            print(f"  {label}: {type(exc).__name__}: {exc}", flush=True)
+            times[label] = None
+    peer_name, make_peer = peer_of(template)
+    calls = [call for s in sets if (call := make_peer(s)) is not None]
+    if calls:
+        try:
+            calls[0]()  # compiles torch.compile's kernels outside the graph's capture
+            times["peer"] = bench_graph_ms(calls)
+        except Exception as exc:
+            print(f"  peer {peer_name}: {type(exc).__name__}: {exc}", flush=True)
+            times["peer"] = None
+    return peer_name, times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default="heldout.db", help="a database holding the presets' sweeps")
+    parser.add_argument("--size", choices=("small", "medium", "full"), default="small")
+    parser.add_argument("--kernels", default=",".join(SHAPES), help="comma-separated subset of " + ",".join(SHAPES))
+    parser.add_argument("--budget", type=int, default=32, help="trials per held-out shape (at most 32)")
+    parser.add_argument("--no-sweep", action="store_true", help="time the untuned picks only")
+    parser.add_argument("--fit", action="store_true", help="fit each kernel's selector in --db first (cross-measure)")
+    parser.add_argument("--list", action="store_true", help="print the held-out shapes and exit")
+    args = parser.parse_args()
+    kernels = [k for k in args.kernels.split(",") if k]
+    unknown = sorted(set(kernels) - set(SHAPES))
+    if unknown:
+        parser.error(f"--kernels: unknown {', '.join(unknown)}; use some of {', '.join(SHAPES)}")
+    if not 1 <= args.budget <= 32:
+        parser.error("--budget must be between 1 and 32")
+    problems = held_out(args.size, kernels)
+    if args.list:
+        for name, shapes in problems.items():
+            for p in shapes:
+                print(name, ",".join(f"{k}={v}" for k, v in p.items()))
+        print(f"{sum(map(len, problems.values()))} shapes, disjoint from every preset's keys")
+        return 0
+
+    from _common import geomean
+    from _common import print_table
+    from _common import record
+    from _common import require_gpu
+    from _common import result_row
+
+    from tunesvc import selector as selectors
+    from tunesvc.device import current_device
+    from tunesvc.store import Store
+    from tunesvc.sweep import run_sweep
+    from tunesvc.template import get_template
+
+    require_gpu("benchmarks/heldout.py")
+    device = current_device()
+    if args.fit:
+        store = Store(args.db)
+        try:
+            for name in problems:
+                template = get_template(name)
+                n = selectors.cross_measure(store, template, device)
+                fitted = selectors.refit(store, template, device)
+                print(f"{name}: {n} cross-measured trials; selector on {fitted.keys if fitted else 0} keys", flush=True)
+        finally:
+            store.close()
+    picks = untuned_picks(args.db, problems)
+
+    csv_rows, table, summary = [], [], {}
+    for name, shapes in problems.items():
+        template = get_template(name)
+        for problem in shapes:
+            key = str(template.key(problem))
+            pick = picks[(name, key)]
+            configs = {label: pick[label] for label in ("selector", "nearest", "heuristic") if label in pick}
+            if not args.no_sweep:
+                store = Store(args.db)
+                try:
+                    [result] = run_sweep(template, [problem], store, strategy="optuna", budget=args.budget)
+                finally:
+                    store.close()
+                if result.winner is not None:
+                    configs["tuned"] = result.winner
+            print(f"{name} {key}: timing {', '.join(configs)} and the peer", flush=True)
+            peer_name, times = time_shape(template, problem, configs)
+            peer_ms = times.get("peer")
+            tuned_ms = times.get("tuned")
+            for label in configs:
+                ours = times[label]
+                if ours is not None and peer_ms is not None:
+                    row = result_row(
+                        template, problem, peer=peer_name, ours_ms=ours, peer_ms=peer_ms, timing_method="cuda_graph"
+                    )
+                    csv_rows.append({**row, "kernel": f"{name} [{label}]"})
+            entry = summary.setdefault(name, {"selector": [], "nearest": [], "tuned_vs_peer": []})
+            for label in ("selector", "nearest"):
+                # the selector's column is what the runtime launches: its pick, else the nearest rule's
+                ms = times.get(label if label in configs else "nearest")
+                if tuned_ms is not None:
+                    entry[label].append(tuned_ms / ms if ms else 0.0)
+            if tuned_ms is not None and peer_ms is not None:
+                entry["tuned_vs_peer"].append(peer_ms / tuned_ms)
+            table.append(
+                [
+                    name,
+                    key,
+                    pick["runtime"],
+                    *(_fmt(times.get(label)) for label in ("selector", "nearest", "heuristic", "tuned", "peer")),
+                    f"{peer_ms / tuned_ms:.2f}x" if tuned_ms and peer_ms else "-",
+                ]
+            )
+    print_table(
+        f"Held-out shapes, bf16, GPU ms from CUDA graphs (sweeps: Optuna, {args.budget} trials)",
+        ["kernel", "shape key", "runtime", "selector", "nearest", "heuristic", "tuned", "peer", "peer / tuned"],
+        table,
+    )
+    for name, entry in summary.items():
+        line = [f"{name}:"]
+        for label in ("selector", "nearest"):
+            ratios = entry[label]
+            if ratios:
+                within = sum(r >= 1 / 1.05 for r in ratios) / len(ratios)
+                line.append(f"{label} within 5% of tuned on {within:.0%} of {len(ratios)}, worst {min(ratios):.2f}x;")
+        vs = entry["tuned_vs_peer"]
+        if vs:
+            line.append(f"tuned / peer geometric mean {geomean(vs):.3f}x, lowest {min(vs):.2f}x")
+        print(" ".join(line), flush=True)
+    if csv_rows:
+        record("heldout", csv_rows)
+    return 0
+
+
+def _fmt(ms: float | None) -> str:
+    return "-" if ms is None or math.isnan(ms) else f"{ms:.4g}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""Selectors: fitted from real trials of tiny sweeps in the interpreter, kept as JSON, walked at run time."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sqlite3
+import subprocess
+import sys
+import warnings
+
+import pytest
+from sklearn.tree import DecisionTreeClassifier
+
+import tunesvc
+from tunesvc import TunesvcError
+from tunesvc import selector as sel
+from tunesvc.export import build_bundles
+from tunesvc.export import read_bundle
+from tunesvc.export import write_bundles
+from tunesvc.runtime import Runtime
+from tunesvc.space import config_hash
+from tunesvc.store import Store
+from tunesvc.sweep import run_sweep
+
+#: small and odd: M buckets 4, 16, 64 and 128 over two (N, K) pairs
+SHAPES = [(3, 45, 29), (37, 45, 29), (9, 70, 50), (100, 70, 50)]
+#: a key no sweep tuned, whose nearest tuned key (M=128) has a winner that fits it
+UNTUNED = {"M": 300, "N": 70, "K": 50}
+
+
+@pytest.fixture(scope="module")
+def fitted_db(tmp_path_factory):
+    """A database with 4 tiny matmul keys swept (3 trials each), every winner cross-measured on
+    every key, and the selector fitted: real interpreter timings."""
+    path = str(tmp_path_factory.mktemp("selector") / "fitted.db")
+    template, device = tunesvc.get_template("matmul"), tunesvc.current_device()
+    store = Store(path)
+    try:
+        run_sweep(template, [template.problem(M=m, N=n, K=k) for m, n, k in SHAPES], store, budget=3)
+        sel.cross_measure(store, template, device)
+        assert sel.refit(store, template, device) is not None
+    finally:
+        store.close()
+    return path
+
+
+def _selector(path) -> sel.Selector:
+    store = Store(path, readonly=True)
+    try:
+        found = sel.stored_selector(store, tunesvc.get_template("matmul"), tunesvc.current_device().hardware_id)
+    finally:
+        store.close()
+    assert found is not None
+    return found
+
+
+def test_cross_measure_covers_every_candidate_on_every_key(fitted_db, template, device):
+    store = Store(fitted_db, readonly=True)
+    try:
+        data = sel.training_set(store, template, device)
+        times = store.trial_times(template.name, template.version, device.hardware_id)
+    finally:
+        store.close()
+    assert len(data.keys) == len(SHAPES) and not data.skipped
+    for key in data.keys:
+        assert {config_hash(c) for c in data.candidates} <= set(times[key])
+
+
+def test_training_set_skips_keys_where_candidates_were_not_measured(tmp_db, template, device):
+    first, second = (template.problem(M=m, N=n, K=k) for m, n, k in SHAPES[:2])
+    one, other = template.feasible(first, device)[:2]
+    store = Store(tmp_db)
+    try:
+        # each key measures one config only, and a different one: neither key knows the other's winner
+        run_sweep(template, [first], store, budget=1, candidates=[one])
+        run_sweep(template, [second], store, budget=1, candidates=[other])
+        data = sel.training_set(store, template, device)
+        assert len(data.candidates) == 2 and not data.keys
+        assert [why for _, why in data.skipped] == [
+            "50% of the candidates measured; run `tune selector --cross-measure`"
+        ] * 2
+        assert len(sel.training_set(store, template, device, min_coverage=0.5).keys) == 2
+        assert sel.cross_measure(store, template, device) == 2  # the one missing config on each key
+        assert len(sel.training_set(store, template, device).keys) == 2
+        assert sel.cross_measure(store, template, device) == 0  # nothing left to measure
+    finally:
+        store.close()
+
+
+def test_selector_json_round_trips_and_is_plain_json(fitted_db):
+    selector = _selector(fitted_db)
+    text = json.dumps(selector.to_dict())
+    assert sel.Selector.from_dict(json.loads(text)) == selector
+    con = sqlite3.connect(f"file:{fitted_db}?mode=ro", uri=True)
+    try:
+        [(stored,)] = con.execute("SELECT selector FROM tunesvc_selectors").fetchall()
+    finally:
+        con.close()
+    assert isinstance(stored, str) and json.loads(stored) == selector.to_dict()  # text, not a pickle
+
+
+def _synthetic(n_keys: int, n_candidates: int, seed: int) -> sel.TrainingSet:
+    rng = random.Random(seed)
+    features = tuple({"a": rng.uniform(0, 14), "b": rng.uniform(0, 14), "c": rng.random()} for _ in range(n_keys))
+    times = tuple(
+        tuple(None if rng.random() < 0.1 else rng.uniform(1, 3) for _ in range(n_candidates - 1)) + (rng.uniform(1, 3),)
+        for _ in range(n_keys)
+    )
+    return sel.TrainingSet(
+        "matmul",
+        "v",
+        "hw",
+        tuple({"BLOCK_M": 16 << i} for i in range(n_candidates)),
+        tuple(f"k{i}" for i in range(n_keys)),
+        features,
+        times,
+        (),
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_walker_matches_sklearn_on_random_features(seed):
+    data = _synthetic(120, 6, seed)
+    selector = sel.fit(data)
+    assert selector is not None and len(selector.left) > 1
+    names = list(selector.features)
+    x = [[f[n] for n in names] for f in data.features]
+    reference = DecisionTreeClassifier(max_depth=sel.MAX_DEPTH, random_state=0).fit(x, sel.targets(data))
+    rng = random.Random(100 + seed)
+    probes = [[rng.uniform(-1, 15), rng.uniform(-1, 15), rng.uniform(-0.5, 1.5)] for _ in range(2000)]
+    probes += x  # the training points themselves sit on thresholds' float32 neighbours
+    expected = reference.predict(probes)
+    for probe, want in zip(probes, expected):
+        assert selector.predict(selector.vector(dict(zip(names, probe)))) == int(want)
+    # and after a JSON round trip
+    again = sel.Selector.from_dict(json.loads(json.dumps(selector.to_dict())))
+    assert [again.predict(again.vector(dict(zip(names, p)))) for p in probes] == [int(w) for w in expected]
+
+
+def test_fit_needs_two_keys():
+    assert sel.fit(_synthetic(1, 3, 0)) is None
+
+
+@pytest.mark.parametrize(
+    "damage, pattern",
+    [
+        (lambda d: d["tree"].update(left=[5]), "arrays differ|outside the tree"),
+        (lambda d: d["tree"].update(threshold=["x"] * len(d["tree"]["threshold"])), "threshold"),
+        (lambda d: d.update(candidates=[]), "leaf|candidate"),
+        (lambda d: d.update(format=99), "format"),
+        (lambda d: d["tree"]["left"].__setitem__(0, 0) if d["tree"]["left"][0] >= 0 else d.update(features=[]), "."),
+    ],
+)
+def test_damaged_selector_is_one_clear_error(fitted_db, damage, pattern):
+    data = _selector(fitted_db).to_dict()
+    damage(data)
+    with pytest.raises(TunesvcError, match=pattern):
+        sel.Selector.from_dict(data)
+
+
+def test_runtime_source_order_exact_predicted_nearest_heuristic(fitted_db, template, device, tmp_path):
+    selector = _selector(fitted_db)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        runtime = Runtime(db=fitted_db)
+        assert runtime.lookup("matmul", M=37, N=45, K=29).source == "exact"
+        predicted = runtime.lookup("matmul", **UNTUNED)
+        assert predicted.source == "predicted"
+        assert predicted.config == selector.pick(template, template.problem(**UNTUNED), device)
+        # a dtype the fit never saw: no prediction, and no nearest key of that dtype either
+        assert runtime.lookup("matmul", **UNTUNED, dtype="bfloat16").source == "heuristic"
+        assert runtime.stats()["matmul"] == {"exact": 1, "predicted": 1, "heuristic": 1}
+
+        # the same database without its selector: nearest
+        copy = tmp_path / "no-selector.db"
+        source, con = sqlite3.connect(fitted_db), sqlite3.connect(copy)
+        source.backup(con)  # with what the WAL file holds
+        source.close()
+        with con:
+            con.execute("DELETE FROM tunesvc_selectors")
+        con.close()
+        assert Runtime(db=copy).lookup("matmul", **UNTUNED).source == "nearest"
+
+
+def test_predicted_candidate_that_does_not_fit_falls_to_the_next_ranked(fitted_db, template, device):
+    selector = _selector(fitted_db)
+    problem = template.problem(M=1, N=45, K=29)
+    ranked = selector.ranked(template, problem, device)
+    fitting = [c for c in ranked if not template.violations(c, problem, device)]
+    assert selector.pick(template, problem, device) == (fitting[0] if fitting else None)
+
+
+def test_runtime_never_imports_sklearn(fitted_db):
+    code = (
+        "import sys, warnings; warnings.simplefilter('ignore');"
+        "from tunesvc.runtime import Runtime;"
+        f"r = Runtime(db={fitted_db!r}).lookup('matmul', M=300, N=70, K=50);"
+        "print(r.source, 'sklearn' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["predicted", "False"]
+
+
+def test_bundle_with_and_without_selector(fitted_db, tmp_path, device):
+    store = Store(fitted_db, readonly=True)
+    try:
+        [path] = write_bundles(build_bundles(store, kernel="matmul"), tmp_path / "b.json")
+    finally:
+        store.close()
+    data = json.loads(path.read_text())
+    assert data["kernels"]["matmul"]["selector"] == _selector(fitted_db).to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert Runtime(bundle=path).lookup("matmul", **UNTUNED).source == "predicted"
+        del data["kernels"]["matmul"]["selector"]
+        without = tmp_path / "without.json"
+        without.write_text(json.dumps(data))
+        read_bundle(without)  # a bundle without a selector still loads
+        assert Runtime(bundle=without).lookup("matmul", **UNTUNED).source == "nearest"
+    data["kernels"]["matmul"]["selector"] = {"format": 1, "tree": "no"}
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text(json.dumps(data))
+    with pytest.raises(TunesvcError, match=r"damaged.*tune selector"):
+        read_bundle(damaged)
+    with pytest.warns(RuntimeWarning, match="Not using the selector"):
+        assert Runtime(bundle=damaged).lookup("matmul", **UNTUNED).source == "nearest"
+
+
+def test_sweep_refits_the_selector(tmp_db, template, device):
+    first, second = (template.problem(M=m, N=n, K=k) for m, n, k in SHAPES[:2])
+    one, other = template.feasible(first, device)[:2]
+    store = Store(tmp_db)
+    try:
+        run_sweep(template, [first], store, budget=1, candidates=[one])
+        run_sweep(template, [second], store, budget=1, candidates=[other])
+        assert store.selector(template.name, template.version, device.hardware_id) is None  # each key: 50% measured
+        sel.cross_measure(store, template, device)
+        assert store.selector(template.name, template.version, device.hardware_id) is None  # measuring is not fitting
+        run_sweep(template, [first], store, budget=1, candidates=[one])  # nothing new to measure; its end refits
+        stored = store.selector(template.name, template.version, device.hardware_id)
+    finally:
+        store.close()
+    assert stored is not None and stored["keys"] == 2
+
+
+def _counts(path) -> tuple:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return tuple(
+            con.execute(f"SELECT COUNT(*) FROM {t}").fetchone()
+            for t in ("tunesvc_trials", "tunesvc_winners", "tunesvc_sweeps", "tunesvc_selectors")
+        )
+    finally:
+        con.close()
+
+
+def test_evaluate_measures_each_held_out_key_against_both_rules(fitted_db, template, device):
+    store = Store(fitted_db, readonly=True)
+    try:
+        rows = sel.evaluate(store, template, device)
+    finally:
+        store.close()
+    assert [r.shape_key for r in rows] == sorted(
+        str(template.key(template.problem(M=m, N=n, K=k))) for m, n, k in SHAPES
+    )
+    for r in rows:
+        assert r.keys_fitted in (0, len(SHAPES) - 1)  # fitted without the held-out key
+        assert r.tuned_ms is not None and r.tuned_ms > 0
+        assert r.selector_source in ("predicted", "nearest", "heuristic")
+        assert r.nearest_source in ("nearest", "heuristic") and r.nearest_key != r.shape_key
+        for ms, ratio in ((r.selector_ms, r.selector_ratio), (r.nearest_ms, r.nearest_ratio)):
+            assert ratio == (r.tuned_ms / ms if ms is not None else 0.0)
+        if r.selector_source != "predicted":  # no prediction: the runtime falls to the nearest rule
+            assert (r.selector_source, r.selector_config) == (r.nearest_source, r.nearest_config)
+    assert any(r.selector_source == "predicted" for r in rows)
+    [(name, totals)] = sel.summary(rows).items()
+    assert name == "matmul" and totals["held_out"] == len(SHAPES)
+    ratios = [r.selector_ratio for r in rows]
+    assert totals["selector_worst_ratio"] == min(ratios)
+    assert totals["selector_within_5pct"] == sum(x >= 1 / 1.05 for x in ratios) / len(rows)
+
+
+def test_tune_evaluate_prints_selector_and_nearest_side_by_side(fitted_db, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from tunesvc import cli
+    from tunesvc.cli import app
+
+    monkeypatch.setattr(cli.console, "width", 200)  # the table's headers on one line each
+
+    before = _counts(fitted_db)
+    out = tmp_path / "heldout.csv"
+    result = CliRunner().invoke(app, ["evaluate", "matmul", "--db", fitted_db, "--csv", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "selector within 5%" in result.output and "nearest within 5%" in result.output
+    assert "selector worst" in result.output and "nearest worst" in result.output
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("kernel,device,shape_key") and len(lines) == 1 + len(SHAPES)
+    result = CliRunner().invoke(app, ["evaluate", "matmul", "--db", fitted_db, "--json", "--csv", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert len(data["rows"]) == len(SHAPES) and set(data["summary"]["matmul"]) >= {
+        "selector_within_5pct",
+        "selector_worst_ratio",
+        "nearest_within_5pct",
+        "nearest_worst_ratio",
+    }
+    assert len(out.read_text().splitlines()) == 1 + 2 * len(SHAPES)  # appended, one header
+    assert _counts(fitted_db) == before  # evaluating stores nothing
+
+
+def test_tune_selector_cross_measures_fits_and_prints_the_tree(tmp_db, template, device):
+    from typer.testing import CliRunner
+
+    from tunesvc.cli import app
+
+    first, second = (template.problem(M=m, N=n, K=k) for m, n, k in SHAPES[:2])
+    one, other = template.feasible(first, device)[:2]
+    store = Store(tmp_db)
+    try:
+        run_sweep(template, [first], store, budget=1, candidates=[one])
+        run_sweep(template, [second], store, budget=1, candidates=[other])
+    finally:
+        store.close()
+    result = CliRunner().invoke(app, ["selector", "matmul", "--db", tmp_db])
+    assert result.exit_code == 1 and "too few to fit a selector" in result.output
+    result = CliRunner().invoke(app, ["selector", "matmul", "--db", tmp_db, "--cross-measure"])
+    assert result.exit_code == 0, result.output
+    # measuring both configs on both keys may make one the winner of both: 1 or 2 candidates remain
+    assert "-> candidate" in result.output
+    assert re.search(
+        r"Fitted on 2 tuned keys, [12] candidates \(2 trials measured first\)", " ".join(result.output.split())
+    )
+
+
+def test_evaluate_without_tuned_keys_is_one_clear_error(tmp_db):
+    from typer.testing import CliRunner
+
+    from tunesvc.cli import app
+
+    Store(tmp_db).close()
+    result = CliRunner().invoke(app, ["evaluate", "matmul", "--db", tmp_db])
+    assert result.exit_code == 1 and "run `tune sweep` first" in result.output

@@ -1,0 +1,668 @@
+"""Selectors: a config for a shape nobody tuned, picked among the kernel's own tuned winners.
+
+One selector per (kernel version, device model). Its candidates are the distinct winners of
+that kernel on that device; its features are what the template says about a problem
+(:meth:`~tunesvc.template.Template.selector_features`: log2 dims, FLOPs and intensity, tiles
+per SM ...). Per tuned shape key, the target is the candidate that the stored trials measured
+fastest there, so a key counts only where enough candidates were measured on it
+(``min_coverage``; :func:`cross_measure` measures every candidate on every tuned key, through
+the sweeps' own measurer, and stores those trials like any other). A small decision tree
+(scikit-learn's ``DecisionTreeClassifier``) is fitted on those targets.
+
+The tree is kept as plain JSON arrays (``feature``, ``threshold``, ``left``, ``right`` and,
+per leaf, its candidates ranked best first): in the database (``tunesvc_selectors``, revision
+0007) and in bundles. It is walked by :meth:`Selector.ranked`, a loop of a few comparisons, so
+that the runtime never imports scikit-learn and nothing is unpickled.
+
+The runtime asks the selector after the exact key and before the nearest one:
+exact -> predicted -> nearest -> heuristic.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import struct
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+
+from tunesvc.errors import TunesvcError
+from tunesvc.space import config_hash
+
+if TYPE_CHECKING:
+    from tunesvc.device import Device
+    from tunesvc.space import Config
+    from tunesvc.store import Store
+    from tunesvc.template import Problem
+    from tunesvc.template import Template
+
+FORMAT = 1
+#: deep enough to split on M, N and K and the dtype, shallow enough to read
+MAX_DEPTH = 5
+#: a candidate within this fraction of a key's best counts as a best there: the target is the
+#: candidate best on most keys among those, so timing noise between near-equal configs does not
+#: split the tree
+NEAR_BEST = 0.02
+#: fewest usable tuned keys to fit on; with one, the nearest rule already gives its winner
+MIN_KEYS = 2
+#: the slowdown a ranking charges a candidate that failed or was not measured on a key
+UNKNOWN_SLOWDOWN = 4.0
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to float32, as scikit-learn's tree compares its features (its X is float32)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A fitted decision tree over a template's features, choosing among ``candidates``.
+
+    Node ``i`` is a split when ``left[i] >= 0``: a problem goes left when
+    ``features[feature[i]] <= threshold[i]``, else right; a leaf ranks candidate indices in
+    ``leaves[i]``, best first (the first is the tree's own class).
+    """
+
+    kernel: str
+    version: str
+    hardware_id: str
+    features: tuple[str, ...]
+    candidates: tuple[Config, ...]
+    feature: tuple[int, ...]
+    threshold: tuple[float, ...]
+    left: tuple[int, ...]
+    right: tuple[int, ...]
+    leaves: tuple[tuple[int, ...], ...]
+    #: tuned shape keys it was fitted on
+    keys: int
+
+    def vector(self, values: dict[str, float]) -> list[float]:
+        """The feature vector, in the selector's order (a feature the problem lacks reads 0.0)."""
+        return [_f32(float(values.get(name, 0.0))) for name in self.features]
+
+    def knows(self, values: dict[str, float]) -> bool:
+        """Whether the fit saw every feature the problem has: a dtype or option it never saw
+        is outside what the tree learnt, and gets no prediction."""
+        return all(name in self._names for name in values)
+
+    @functools.cached_property
+    def _names(self) -> frozenset[str]:
+        return frozenset(self.features)
+
+    def leaf(self, x: list[float]) -> int:
+        # a hand-written walk, not sklearn's predict: the runtime path never imports scikit-learn
+        node = 0
+        left, right, feature, threshold = self.left, self.right, self.feature, self.threshold
+        while left[node] >= 0:
+            node = left[node] if x[feature[node]] <= threshold[node] else right[node]
+        return node
+
+    def predict(self, x: list[float]) -> int:
+        """The tree's class (a candidate index) for a feature vector."""
+        return self.leaves[self.leaf(x)][0]
+
+    def ranked(self, template: Template, problem: Problem, device: Device) -> list[Config]:
+        """The candidates for ``problem``, best first; none for a problem outside the fit's features."""
+        values = template.selector_features(problem, device)
+        if not self.knows(values):
+            return []
+        return [self.candidates[i] for i in self.leaves[self.leaf(self.vector(values))]]
+
+    def pick(self, template: Template, problem: Problem, device: Device) -> Config | None:
+        """The first ranked candidate that fits ``problem`` on ``device`` (None: none does)."""
+        for config in self.ranked(template, problem, device):
+            if not template.violations(config, problem, device):
+                return config
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "kernel": self.kernel,
+            "version": self.version,
+            "hardware_id": self.hardware_id,
+            "features": list(self.features),
+            "candidates": [dict(c) for c in self.candidates],
+            "tree": {
+                "feature": list(self.feature),
+                "threshold": list(self.threshold),
+                "left": list(self.left),
+                "right": list(self.right),
+                "leaves": [list(leaf) for leaf in self.leaves],
+            },
+            "keys": self.keys,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "the selector") -> Selector:
+        """A selector from its JSON; anything malformed is one TunesvcError naming ``where``."""
+        from pydantic import ValidationError
+
+        try:
+            raw = _schema().validate_python(data)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            field = ".".join(str(p) for p in error["loc"])
+            raise TunesvcError(
+                f"{where} is damaged ({field or 'its top level'}: {error['msg']}); refit it with `tune selector`."
+            ) from None
+        tree = raw.tree
+        n = len(tree.left)
+        if not n or any(len(a) != n for a in (tree.right, tree.feature, tree.threshold, tree.leaves)):
+            raise TunesvcError(
+                f"{where} is damaged (its tree's arrays differ in length); refit it with `tune selector`."
+            )
+        for i in range(n):
+            if tree.left[i] >= 0:
+                # children after their parent: the walk always ends (scikit-learn numbers nodes so)
+                if not (i < tree.left[i] < n and i < tree.right[i] < n and 0 <= tree.feature[i] < len(raw.features)):
+                    raise TunesvcError(f"{where} is damaged (node {i} points outside the tree); refit it.")
+            elif not tree.leaves[i] or any(not 0 <= c < len(raw.candidates) for c in tree.leaves[i]):
+                raise TunesvcError(f"{where} is damaged (leaf {i} names no valid candidate); refit it.")
+        return cls(
+            kernel=raw.kernel,
+            version=raw.version,
+            hardware_id=raw.hardware_id,
+            features=tuple(raw.features),
+            candidates=tuple(dict(c) for c in raw.candidates),
+            feature=tuple(tree.feature),
+            threshold=tuple(tree.threshold),
+            left=tuple(tree.left),
+            right=tuple(tree.right),
+            leaves=tuple(tuple(leaf) for leaf in tree.leaves),
+            keys=raw.keys,
+        )
+
+    def describe(self) -> list[str]:
+        """The tree as indented lines of text (``tune selector``)."""
+        lines: list[str] = []
+
+        def walk(node: int, depth: int) -> None:
+            pad = "  " * depth
+            if self.left[node] < 0:
+                best = self.leaves[node][0]
+                lines.append(f"{pad}-> candidate {best}: {_short(self.candidates[best])}")
+                return
+            name, t = self.features[self.feature[node]], self.threshold[node]
+            lines.append(f"{pad}if {name} <= {t:.4g}:")
+            walk(self.left[node], depth + 1)
+            lines.append(f"{pad}else:  # {name} > {t:.4g}")
+            walk(self.right[node], depth + 1)
+
+        walk(0, 0)
+        return lines
+
+
+def _short(config: Config) -> str:
+    return ",".join(f"{k}={v}" for k, v in config.items())
+
+
+def _schema() -> Any:
+    from typing import Annotated
+
+    from pydantic import BaseModel
+    from pydantic import ConfigDict
+    from pydantic import Field
+    from pydantic import StringConstraints
+    from pydantic import TypeAdapter
+
+    from tunesvc.space import MAX_CHOICE_VALUE
+    from tunesvc.space import MAX_TEXT_CHOICE
+
+    Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=64)]
+    Value = (
+        Annotated[int, Field(strict=True, ge=-MAX_CHOICE_VALUE, le=MAX_CHOICE_VALUE)]
+        | Annotated[str, StringConstraints(strict=True, max_length=MAX_TEXT_CHOICE)]
+    )
+    Threshold = Annotated[float, Field(allow_inf_nan=False)]
+    Index = Annotated[int, Field(strict=True, ge=-1, le=1 << 20)]
+
+    class Strict(BaseModel):
+        model_config = ConfigDict(strict=True, extra="ignore")
+
+    class Tree(Strict):
+        feature: Annotated[list[Annotated[int, Field(strict=True, ge=-2, le=1 << 20)]], Field(max_length=1 << 16)]
+        threshold: Annotated[list[Threshold], Field(max_length=1 << 16)]
+        left: Annotated[list[Index], Field(max_length=1 << 16)]
+        right: Annotated[list[Index], Field(max_length=1 << 16)]
+        leaves: Annotated[list[Annotated[list[Index], Field(max_length=1 << 12)]], Field(max_length=1 << 16)]
+
+    class Schema(Strict):
+        format: Annotated[int, Field(strict=True, ge=FORMAT, le=FORMAT)]
+        kernel: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+        version: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+        hardware_id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+        features: Annotated[list[Annotated[str, StringConstraints(max_length=256)]], Field(max_length=1024)]
+        candidates: Annotated[list[Annotated[dict[Name, Value], Field(min_length=1)]], Field(max_length=1 << 12)]
+        tree: Tree
+        keys: Annotated[int, Field(strict=True, ge=0)]
+
+    return TypeAdapter(Schema)
+
+
+# -- fitting ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainingSet:
+    """What a fit learns from: per usable key, its features and each candidate's time there."""
+
+    kernel: str
+    version: str
+    hardware_id: str
+    candidates: tuple[Config, ...]
+    keys: tuple[str, ...]
+    features: tuple[dict[str, float], ...]
+    #: per key, per candidate: ms, or None where it failed or was not measured
+    times: tuple[tuple[float | None, ...], ...]
+    #: tuned keys left out, with why
+    skipped: tuple[tuple[str, str], ...]
+
+
+def tuned_winners(store: Store, template: Template, hardware_id: str) -> dict[str, Config]:
+    """Shape key -> winner config of the template's current version on this device model
+    (the newest measurement where several software stacks tuned a key, as the runtime reads)."""
+    entries = store.winners(kernel=template.name, hardware_id=hardware_id, version=template.version)
+    return {e.shape_key: dict(e.config) for e in sorted(entries, key=lambda e: e.updated_at)}
+
+
+def _candidates(winners: dict[str, Config]) -> tuple[Config, ...]:
+    """The distinct winner configs, in config-hash order (the same set gives the same indices)."""
+    by_hash = {config_hash(c): c for c in winners.values()}
+    return tuple(by_hash[h] for h in sorted(by_hash))
+
+
+def training_set(
+    store: Store,
+    template: Template,
+    device: Device,
+    *,
+    exclude: tuple[str, ...] = (),
+    min_coverage: float = 1.0,
+) -> TrainingSet:
+    """The tuned keys of ``template`` on ``device``'s model but ``exclude``, each with the stored
+    times of every candidate (the distinct winners of those keys).
+
+    A key counts when at least ``min_coverage`` of the candidates have a trial there (failed or
+    not) and one of them ran correctly: elsewhere the fastest candidate is unknown.
+    """
+    if not 0 < min_coverage <= 1:
+        raise TunesvcError(f"--min-coverage must be in (0, 1], got {min_coverage}.")
+    winners = {k: c for k, c in tuned_winners(store, template, device.hardware_id).items() if k not in exclude}
+    candidates = _candidates(winners)
+    hashes = [config_hash(c) for c in candidates]
+    stored = store.trial_times(template.name, template.version, device.hardware_id)
+    keys, features, times, skipped = [], [], [], []
+    for key in sorted(winners):
+        measured = stored.get(key, {})
+        coverage = sum(h in measured for h in hashes) / len(hashes)
+        row = tuple(measured.get(h) for h in hashes)
+        if coverage < min_coverage:
+            skipped.append((key, f"{coverage:.0%} of the candidates measured; run `tune selector --cross-measure`"))
+            continue
+        if all(t is None for t in row):
+            skipped.append((key, "no candidate ran correctly"))
+            continue
+        try:
+            problem = template.problem_of_key(key)
+        except TunesvcError as exc:
+            skipped.append((key, str(exc)))
+            continue
+        keys.append(key)
+        features.append(template.selector_features(problem, device))
+        times.append(row)
+    return TrainingSet(
+        template.name,
+        template.version,
+        device.hardware_id,
+        candidates,
+        tuple(keys),
+        tuple(features),
+        tuple(times),
+        tuple(skipped),
+    )
+
+
+def _slowdowns(times: tuple[float | None, ...]) -> list[float]:
+    best = min(t for t in times if t is not None)
+    return [t / best if t is not None else UNKNOWN_SLOWDOWN for t in times]
+
+
+def targets(data: TrainingSet) -> list[int]:
+    """Per key, the candidate to learn: among those within ``NEAR_BEST`` of the key's fastest,
+    the one that is so on the most keys (then the faster, then the lower index)."""
+    slow = [_slowdowns(row) for row in data.times]
+    n = len(data.candidates)
+    near = [[s[c] <= 1 + NEAR_BEST for c in range(n)] for s in slow]
+    wins = [sum(row[c] for row in near) for c in range(n)]
+    return [max((c for c in range(n) if row[c]), key=lambda c: (wins[c], -s[c], -c)) for row, s in zip(near, slow)]
+
+
+def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH) -> Selector | None:
+    """Fit a selector on ``data``; None with fewer than ``MIN_KEYS`` usable keys."""
+    if len(data.keys) < MIN_KEYS:
+        return None
+    try:
+        from sklearn.tree import DecisionTreeClassifier  # offline only: the runtime walks the JSON
+    except ImportError:
+        raise TunesvcError("Fitting a selector needs scikit-learn; pip install scikit-learn.") from None
+
+    slow = [_slowdowns(row) for row in data.times]
+    n = len(data.candidates)
+    names = tuple(sorted({name for f in data.features for name in f}))
+    x = [[float(f.get(name, 0.0)) for name in names] for f in data.features]
+    tree = DecisionTreeClassifier(max_depth=max_depth, random_state=0).fit(x, targets(data))
+    t = tree.tree_
+    classes = [int(c) for c in tree.classes_]
+    at_leaf: dict[int, list[int]] = {}
+    for row, node in enumerate(tree.apply(x)):
+        at_leaf.setdefault(int(node), []).append(row)
+    leaves: list[tuple[int, ...]] = []
+    for node in range(t.node_count):
+        if t.children_left[node] >= 0:
+            leaves.append(())
+            continue
+        first = classes[int(t.value[node][0].argmax())]
+        rows = at_leaf.get(node, [])
+
+        def score(c: int, rows: list[int] = rows) -> tuple[float, float]:
+            # geometric mean slowdown on the leaf's keys, then on every key
+            here = sum(math.log(slow[r][c]) for r in rows) / max(len(rows), 1)
+            return here, sum(math.log(s[c]) for s in slow) / len(slow)
+
+        leaves.append((first, *sorted((c for c in range(n) if c != first), key=score)))
+    return Selector(
+        kernel=data.kernel,
+        version=data.version,
+        hardware_id=data.hardware_id,
+        features=names,
+        candidates=data.candidates,
+        feature=tuple(int(f) if f >= 0 else -1 for f in t.feature),
+        threshold=tuple(float(v) if t.children_left[i] >= 0 else 0.0 for i, v in enumerate(t.threshold)),
+        left=tuple(int(v) for v in t.children_left),
+        right=tuple(int(v) for v in t.children_right),
+        leaves=tuple(leaves),
+        keys=len(data.keys),
+    )
+
+
+def refit(store: Store, template: Template, device: Device, *, min_coverage: float = 1.0) -> Selector | None:
+    """Fit the selector of ``template`` on ``device``'s model from the store and keep it there;
+    None (the stored one, if any, stays) when too few keys are usable."""
+    selector = fit(training_set(store, template, device, min_coverage=min_coverage))
+    if selector is not None:
+        store.save_selector(template, device.hardware_id, selector.to_dict(), selector.keys)
+    return selector
+
+
+def refit_after_sweep(store: Store, template: Template, device: Device) -> None:
+    """:func:`refit` at the end of a sweep; without scikit-learn installed, one warning instead."""
+    data = training_set(store, template, device)
+    if len(data.keys) < MIN_KEYS:  # nothing to fit: do not even import scikit-learn
+        return
+    if importlib.util.find_spec("sklearn") is None:
+        warnings.warn(
+            "tunesvc: scikit-learn is not installed, so the selector was not refitted; pip install scikit-learn.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    selector = fit(data)
+    if selector is not None:
+        store.save_selector(template, device.hardware_id, selector.to_dict(), selector.keys)
+
+
+def stored_selector(store: Store, template: Template, hardware_id: str) -> Selector | None:
+    data = store.selector(template.name, template.version, hardware_id)
+    return None if data is None else Selector.from_dict(data, f"the selector of {template.name} in {store.where}")
+
+
+# -- measuring every candidate on every tuned key ------------------------------------------------
+def cross_measure(
+    store: Store,
+    template: Template,
+    device: Device,
+    *,
+    on_key: Callable[[str, int], None] | None = None,
+) -> int:
+    """Measure every distinct winner of ``template`` on every tuned key of ``device``'s model
+    where it has no trial yet, through the sweeps' measurer, and store those trials (and any new
+    winner) like a sweep's. Returns the number of trials stored. ``on_key(key, n)`` is called
+    before a key's ``n`` candidates are measured.
+    """
+    from tunesvc.bench import measurer_for
+
+    winners = tuned_winners(store, template, device.hardware_id)
+    candidates = _candidates(winners)
+    stored = store.trial_times(template.name, template.version, device.hardware_id)
+    kv_id, device_id = store.kernel_version_id(template), store.device_id(device)
+    total = 0
+    for key in sorted(winners):
+        missing = [(c, config_hash(c)) for c in candidates if config_hash(c) not in stored.get(key, {})]
+        if not missing:
+            continue
+        problem = template.problem_of_key(key)
+        if on_key is not None:
+            on_key(key, len(missing))
+        sweep_id = store.start_sweep(kv_id, device_id, key, problem, "cross", None, 0)
+        started = _now()
+        with measurer_for(template, problem, device) as measurer:
+            results = [(c, h, measurer.measure(c)) for c, h in missing]
+        total += sum(i is not None for i in store.add_trials(sweep_id, kv_id, device_id, key, results))
+        store.update_winner(kv_id, device_id, key)
+        store.finish_sweep(sweep_id, _now() - started)
+    return total
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+# -- leave-one-shape-out evaluation, measured -----------------------------------------------------
+#: a pick "within 5%" runs in at most this multiple of the tuned best's time
+WITHIN = 1.05
+#: interleaved re-timing rounds of the configs compared on one held-out key
+ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One held-out key: its tuned best against what the selector (fitted without it) and the
+    nearest rule (without it) would launch, all three measured now, side by side."""
+
+    kernel: str
+    device: str
+    shape_key: str
+    keys_fitted: int
+    tuned_config: Config
+    tuned_ms: float | None
+    selector_source: str  # predicted | nearest | heuristic: what the runtime with that selector launches
+    selector_config: Config
+    selector_ms: float | None
+    nearest_source: str  # nearest | heuristic
+    nearest_key: str | None
+    nearest_config: Config
+    nearest_ms: float | None
+
+    @property
+    def selector_ratio(self) -> float | None:
+        return _ratio(self.tuned_ms, self.selector_ms)
+
+    @property
+    def nearest_ratio(self) -> float | None:
+        return _ratio(self.tuned_ms, self.nearest_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {**asdict(self), "selector_ratio": self.selector_ratio, "nearest_ratio": self.nearest_ratio}
+
+
+def _ratio(tuned_ms: float | None, pick_ms: float | None) -> float | None:
+    """tuned / pick: 1.0 is as fast as the tuned best; 0.0 where the pick failed."""
+    if tuned_ms is None:
+        return None
+    return 0.0 if pick_ms is None else tuned_ms / pick_ms
+
+
+def nearest_pick(
+    winners: dict[str, Config], key: str, template: Template, problem: Problem, device: Device
+) -> tuple[str, str | None, Config]:
+    """(source, matched key, config) of the runtime's nearest rule over ``winners``: the winner of
+    the nearest key in log2 distance if it fits ``problem``, else the heuristic."""
+    from tunesvc.template import ShapeKey
+
+    target = ShapeKey.parse(key)
+    distance, matched = min(((target.distance(ShapeKey.parse(k)), k) for k in winners), default=(math.inf, None))
+    if matched is not None and distance != math.inf and not template.violations(winners[matched], problem, device):
+        return "nearest", matched, winners[matched]
+    return "heuristic", None, template.heuristic(problem, device)
+
+
+def evaluate(
+    store: Store,
+    template: Template,
+    device: Device,
+    *,
+    min_coverage: float = 1.0,
+    on_key: Callable[[str], None] | None = None,
+) -> list[HeldOut]:
+    """Leave-one-shape-out over the tuned keys of ``template`` on ``device``'s model.
+
+    For each key: fit the selector on the other keys (their candidates and trials only), then
+    measure on this device, through the sweeps' measurer, the key's tuned winner, what the
+    runtime would launch with that selector (predicted, else nearest, else heuristic) and what
+    the nearest rule alone would, re-timed in ``ROUNDS`` interleaved rounds (median).
+    """
+    from tunesvc.bench import measurer_for
+
+    winners = tuned_winners(store, template, device.hardware_id)
+    if not winners:
+        raise TunesvcError(
+            f"No tuned key of {template.name} (version {template.version}) on {device.name} in {store.where}; "
+            "run `tune sweep` first."
+        )
+    rows = []
+    for key in sorted(winners):
+        if on_key is not None:
+            on_key(key)
+        problem = template.problem_of_key(key)
+        others = {k: c for k, c in winners.items() if k != key}
+        data = training_set(store, template, device, exclude=(key,), min_coverage=min_coverage)
+        fitted = fit(data)
+        nearest = nearest_pick(others, key, template, problem, device)
+        picked = fitted.pick(template, problem, device) if fitted is not None else None
+        chosen = ("predicted", picked) if picked is not None else (nearest[0], nearest[2])
+        configs = {config_hash(c): c for c in (winners[key], chosen[1], nearest[2])}
+        with measurer_for(template, problem, device) as measurer:
+            times = _measured(measurer, configs)
+        rows.append(
+            HeldOut(
+                kernel=template.name,
+                device=device.name,
+                shape_key=key,
+                keys_fitted=fitted.keys if fitted is not None else 0,
+                tuned_config=winners[key],
+                tuned_ms=times[config_hash(winners[key])],
+                selector_source=chosen[0],
+                selector_config=chosen[1],
+                selector_ms=times[config_hash(chosen[1])],
+                nearest_source=nearest[0],
+                nearest_key=nearest[1],
+                nearest_config=nearest[2],
+                nearest_ms=times[config_hash(nearest[2])],
+            )
+        )
+    return rows
+
+
+def _measured(measurer: Any, configs: dict[str, Config]) -> dict[str, float | None]:
+    """Each config checked against the reference, then timed in interleaved rounds: the median
+    of its times, under the same clocks as the others; None where it failed."""
+    import statistics
+
+    checked = {h: measurer.measure(c) for h, c in configs.items()}
+    times = {h: [m.time_ms] for h, m in checked.items() if m.ok and m.time_ms is not None}
+    for _ in range(ROUNDS):
+        for h in list(times):
+            m = measurer.time_only(configs[h])
+            if m.ok and m.time_ms is not None:
+                times[h].append(m.time_ms)
+            else:
+                del times[h]  # failed when re-timed: it cannot count as fast
+    return {h: statistics.median(times[h]) if h in times else None for h in configs}
+
+
+def summary(rows: list[HeldOut]) -> dict[str, dict[str, Any]]:
+    """Per kernel: held-out keys, and for the selector and the nearest rule the fraction of keys
+    within 5% of the tuned best and the worst ratio (tuned ms / pick ms)."""
+    out: dict[str, dict[str, Any]] = {}
+    for kernel in sorted({r.kernel for r in rows}):
+        mine = [r for r in rows if r.kernel == kernel and r.tuned_ms is not None]
+        entry: dict[str, Any] = {
+            "held_out": len(mine),
+            "tuned_failed": sum(r.kernel == kernel for r in rows) - len(mine),
+        }
+        for side in ("selector", "nearest"):
+            ratios = [getattr(r, f"{side}_ratio") for r in mine]
+            entry[f"{side}_within_5pct"] = sum(x >= 1 / WITHIN for x in ratios) / len(ratios) if ratios else None
+            entry[f"{side}_worst_ratio"] = min(ratios) if ratios else None
+        entry["predicted"] = sum(r.selector_source == "predicted" for r in mine)
+        out[kernel] = entry
+    return out
+
+
+CSV_COLUMNS = (
+    "kernel",
+    "device",
+    "shape_key",
+    "keys_fitted",
+    "tuned_ms",
+    "selector_source",
+    "selector_ms",
+    "selector_ratio",
+    "nearest_source",
+    "nearest_key",
+    "nearest_ms",
+    "nearest_ratio",
+    "selector_config",
+    "nearest_config",
+    "tuned_config",
+    "timestamp",
+)
+
+
+def append_csv(rows: list[HeldOut], path: str | Path) -> None:
+    """Append ``rows`` to a CSV file (its header first, if the file is new or empty)."""
+    import csv
+    import json
+    from datetime import UTC
+    from datetime import datetime
+
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise TunesvcError(f"Cannot write {path}: folder {path.parent} does not exist.")
+    new = not path.exists() or path.stat().st_size == 0
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
+    try:
+        with path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
+            if new:
+                writer.writeheader()
+            for r in rows:
+                d = r.to_dict()
+                d.update(
+                    timestamp=stamp,
+                    **{
+                        k: json.dumps(d[k], sort_keys=True)
+                        for k in ("selector_config", "nearest_config", "tuned_config")
+                    },
+                )
+                writer.writerow({k: d[k] for k in CSV_COLUMNS})
+    except OSError as exc:
+        raise TunesvcError(f"Cannot write {path} ({exc.strerror or exc}); check --csv.") from None

@@ -43,10 +43,14 @@ class _Readable:
     def get_params(self, ctx: Any) -> list[Any]:
         params = super().get_params(ctx)  # type: ignore[misc]
         for param in params:
-            element = f"<{param.bare_type().removeprefix('list[').removesuffix(']')}>"
             if isinstance(param, typer.core.TyperOption) and param.is_flag and param.metavar is None:
                 param.metavar = ""
-            elif isinstance(param, typer.core.TyperOption) and param.multiple and param.metavar is None:
+                continue
+            bare_type = getattr(param, "bare_type", None)  # typer's metavar type, in the versions that write one
+            if bare_type is None:
+                continue
+            element = f"<{bare_type().removeprefix('list[').removesuffix(']')}>"
+            if isinstance(param, typer.core.TyperOption) and param.multiple and param.metavar is None:
                 param.metavar = element  # its help says "repeatable"
             elif isinstance(param, typer.core.TyperArgument) and param.nargs != 1:
                 param.display_type_rich = _shown(f"{element}...")  # type: ignore[method-assign]

@@ -289,7 +289,11 @@ def main() -> int:
             for name in problems:
                 template = get_template(name)
                 n = selectors.cross_measure(store, template, device)
-                fitted = selectors.refit(store, template, device)
+                try:
+                    fitted = selectors.refit(store, template, device)
+                except selectors.SelectorWorse as exc:
+                    print(f"{name}: {n} cross-measured trials; {exc}", flush=True)
+                    continue
                 print(f"{name}: {n} cross-measured trials; selector on {fitted.keys if fitted else 0} keys", flush=True)
         finally:
             store.close()

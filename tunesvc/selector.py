@@ -20,6 +20,7 @@ exact -> predicted -> nearest -> heuristic.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import math
@@ -52,6 +53,9 @@ NEAR_BEST = 0.02
 MIN_KEYS = 2
 #: the slowdown a ranking charges a candidate that failed or was not measured on a key
 UNKNOWN_SLOWDOWN = 4.0
+#: how far outside the fit's range (in feature units: doublings for the log2 dims) a selector
+#: still answers
+REACH = 1.0
 
 
 def _f32(x: float) -> float:
@@ -80,6 +84,9 @@ class Selector:
     leaves: tuple[tuple[int, ...], ...]
     #: tuned shape keys it was fitted on
     keys: int
+    #: per feature, the lowest and highest value the fit saw (empty: no range kept)
+    lo: tuple[float, ...] = ()
+    hi: tuple[float, ...] = ()
 
     def vector(self, values: dict[str, float]) -> list[float]:
         """The feature vector, in the selector's order (a feature the problem lacks reads 0.0)."""
@@ -111,7 +118,18 @@ class Selector:
         values = template.selector_features(problem, device)
         if not self.knows(values):
             return []
-        return [self.candidates[i] for i in self.leaves[self.leaf(self.vector(values))]]
+        x = self.vector(values)
+        if not self.covers(x):
+            return []
+        return [self.candidates[i] for i in self.leaves[self.leaf(x)]]
+
+    def covers(self, x: list[float]) -> bool:
+        """Whether every feature lies within what the fit saw, widened by ``REACH`` on each side:
+        a tree extrapolates with its outermost leaf, which a shape far outside the tuned ones
+        (a context 8x longer than any tuned) has no reason to share."""
+        if not self.lo:
+            return True
+        return all(lo - REACH <= v <= hi + REACH for v, lo, hi in zip(x, self.lo, self.hi))
 
     def pick(self, template: Template, problem: Problem, device: Device) -> Config | None:
         """The first ranked candidate that fits ``problem`` on ``device`` (None: none does)."""
@@ -136,6 +154,7 @@ class Selector:
                 "leaves": [list(leaf) for leaf in self.leaves],
             },
             "keys": self.keys,
+            "range": {"lo": list(self.lo), "hi": list(self.hi)},
         }
 
     @classmethod
@@ -164,6 +183,8 @@ class Selector:
                     raise TunesvcError(f"{where} is damaged (node {i} points outside the tree); refit it.")
             elif not tree.leaves[i] or any(not 0 <= c < len(raw.candidates) for c in tree.leaves[i]):
                 raise TunesvcError(f"{where} is damaged (leaf {i} names no valid candidate); refit it.")
+        if raw.range and not (len(raw.range.lo) == len(raw.range.hi) == len(raw.features)):
+            raise TunesvcError(f"{where} is damaged (its feature range has another length); refit it.")
         return cls(
             kernel=raw.kernel,
             version=raw.version,
@@ -176,6 +197,8 @@ class Selector:
             right=tuple(tree.right),
             leaves=tuple(tuple(leaf) for leaf in tree.leaves),
             keys=raw.keys,
+            lo=tuple(raw.range.lo) if raw.range else (),
+            hi=tuple(raw.range.hi) if raw.range else (),
         )
 
     def describe(self) -> list[str]:
@@ -232,6 +255,10 @@ def _schema() -> Any:
         right: Annotated[list[Index], Field(max_length=1 << 16)]
         leaves: Annotated[list[Annotated[list[Index], Field(max_length=1 << 12)]], Field(max_length=1 << 16)]
 
+    class Range(Strict):
+        lo: Annotated[list[Threshold], Field(max_length=1024)]
+        hi: Annotated[list[Threshold], Field(max_length=1024)]
+
     class Schema(Strict):
         format: Annotated[int, Field(strict=True, ge=FORMAT, le=FORMAT)]
         kernel: Annotated[str, StringConstraints(min_length=1, max_length=256)]
@@ -241,6 +268,7 @@ def _schema() -> Any:
         candidates: Annotated[list[Annotated[dict[Name, Value], Field(min_length=1)]], Field(max_length=1 << 12)]
         tree: Tree
         keys: Annotated[int, Field(strict=True, ge=0)]
+        range: Range | None = None
 
     return TypeAdapter(Schema)
 
@@ -386,16 +414,67 @@ def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH) -> Selector | None:
         right=tuple(int(v) for v in t.children_right),
         leaves=tuple(leaves),
         keys=len(data.keys),
+        lo=tuple(_f32(min(col)) for col in zip(*x)),
+        hi=tuple(_f32(max(col)) for col in zip(*x)),
     )
+
+
+def leave_one_out(data: TrainingSet) -> tuple[float, float] | None:
+    """Geometric-mean slowdown against each key's fastest candidate, over the keys of ``data``,
+    of what a selector fitted on the other keys picks and of what the nearest rule picks (the
+    fastest candidate of the nearest other key): both read from the stored times, nothing is
+    measured. None with too few keys to leave one out."""
+    from tunesvc.template import ShapeKey
+
+    if len(data.keys) <= MIN_KEYS:
+        return None
+    slow = [_slowdowns(row) for row in data.times]
+    parsed = [ShapeKey.parse(k) for k in data.keys]
+    ours = theirs = 0.0
+    for i in range(len(data.keys)):
+        rest = [j for j in range(len(data.keys)) if j != i]
+        part = TrainingSet(
+            data.kernel,
+            data.version,
+            data.hardware_id,
+            data.candidates,
+            tuple(data.keys[j] for j in rest),
+            tuple(data.features[j] for j in rest),
+            tuple(data.times[j] for j in rest),
+            (),
+        )
+        selector = fit(part)
+        x = selector.vector(data.features[i]) if selector is not None else []
+        pick = selector.predict(x) if selector is not None and selector.covers(x) else None
+        _, near = min((parsed[i].distance(parsed[j]), j) for j in rest)
+        nearest = min(range(len(data.candidates)), key=lambda c: slow[near][c])
+        ours += math.log(slow[i][pick if pick is not None else nearest])
+        theirs += math.log(slow[i][nearest])
+    n = len(data.keys)
+    return math.exp(ours / n), math.exp(theirs / n)
 
 
 def refit(store: Store, template: Template, device: Device, *, min_coverage: float = 1.0) -> Selector | None:
     """Fit the selector of ``template`` on ``device``'s model from the store and keep it there;
-    None (the stored one, if any, stays) when too few keys are usable."""
-    selector = fit(training_set(store, template, device, min_coverage=min_coverage))
-    if selector is not None:
-        store.save_selector(template, device.hardware_id, selector.to_dict(), selector.keys)
+    None (the stored one, if any, stays) when too few keys are usable, or when, left out one key
+    at a time, its picks are slower on the stored times than the nearest rule's."""
+    data = training_set(store, template, device, min_coverage=min_coverage)
+    selector = fit(data)
+    if selector is None:
+        return None
+    scores = leave_one_out(data)
+    if scores is not None and scores[0] > scores[1]:
+        raise SelectorWorse(
+            f"Left out one tuned key at a time, {template.name}'s selector picks configs "
+            f"{scores[0]:.3f}x slower than the fastest (geometric mean) and the nearest rule "
+            f"{scores[1]:.3f}x: not kept; tune more shapes (or cross-measure them) and refit."
+        )
+    store.save_selector(template, device.hardware_id, selector.to_dict(), selector.keys)
     return selector
+
+
+class SelectorWorse(TunesvcError):
+    """A fitted selector that the stored times say would pick worse than the nearest rule."""
 
 
 def refit_after_sweep(store: Store, template: Template, device: Device) -> None:
@@ -410,9 +489,8 @@ def refit_after_sweep(store: Store, template: Template, device: Device) -> None:
             stacklevel=3,
         )
         return
-    selector = fit(data)
-    if selector is not None:
-        store.save_selector(template, device.hardware_id, selector.to_dict(), selector.keys)
+    with contextlib.suppress(SelectorWorse):  # the stored one, if any, stays
+        refit(store, template, device)
 
 
 def stored_selector(store: Store, template: Template, hardware_id: str) -> Selector | None:

@@ -116,6 +116,87 @@ def _table(rows: list[dict[str, str]]) -> list[str]:
     return lines
 
 
+#: issue targets on held-out shapes: tuned / peer geometric mean and lowest, per kernel
+HELDOUT_TARGETS = {"matmul": (1.0, 0.9), "decode": (1.0, None), "attention": (0.9, None)}
+#: the runtime's untuned pick: within 5% of the tuned best on this share of shapes, never below
+PICK_WITHIN, PICK_FLOOR = 0.9, 0.85
+
+
+def _geomean(values: list[float]) -> float:
+    return statistics.geometric_mean(values)
+
+
+def _targets(results_dir: Path) -> list[str]:
+    """The held-out targets against what heldout.csv and evaluate/*.csv measured, and by how much
+    each is missed, with the shape that decides it."""
+    lines: list[str] = []
+    path = results_dir / "heldout.csv"
+    if path.exists():
+        rows = read_rows(path)
+        latest = max(r["date"] for r in rows)
+        by: dict[tuple[str, str], dict[str, dict[str, str]]] = defaultdict(dict)
+        for r in rows:
+            if r["date"] == latest:
+                base, _, role = r["kernel"].partition(" [")
+                by[(base, r["shape"])][role.rstrip("]")] = r
+        lines += [
+            f"Held-out shapes ({latest}, `heldout.csv`): tuned / peer and the runtime's untuned pick (the selector's",
+            "where it predicts, else the nearest rule's) / tuned, in GPU time.",
+            "",
+            "| kernel | shapes | tuned / peer: geomean (target) | lowest (target), at | pick within 5% of tuned"
+            f" (target {PICK_WITHIN:.0%}) | worst pick / tuned (target {PICK_FLOOR}), at |",
+            "|---|---|---|---|---|---|",
+        ]
+        for kernel in sorted({k for k, _ in by}):
+            shapes = {shape: roles for (k, shape), roles in by.items() if k == kernel and "tuned" in roles}
+            speed = {shape: float(r["tuned"]["peer_ms"]) / float(r["tuned"]["ours_ms"]) for shape, r in shapes.items()}
+            pick = {
+                shape: float(r["tuned"]["ours_ms"]) / float((r.get("selector") or r["nearest"])["ours_ms"])
+                for shape, r in shapes.items()
+                if "selector" in r or "nearest" in r
+            }
+            if not speed:
+                continue
+            mean_target, low_target = HELDOUT_TARGETS.get(kernel, (None, None))
+            low_shape = min(speed, key=speed.__getitem__)
+            worst_shape = min(pick, key=pick.__getitem__) if pick else None
+            within = sum(v >= 0.95 for v in pick.values()) / len(pick) if pick else None
+            lines.append(
+                f"| {kernel} | {len(speed)} | {_geomean(list(speed.values())):.3f}x ({_goal(mean_target)}) "
+                f"| {speed[low_shape]:.3f}x ({_goal(low_target)}), {low_shape} "
+                f"| {'-' if within is None else f'{within:.0%}'} "
+                f"| {'-' if worst_shape is None else f'{pick[worst_shape]:.3f}, {worst_shape}'} |"
+            )
+        lines.append("")
+    for path in sorted((results_dir / "evaluate").glob("*.csv")) if (results_dir / "evaluate").is_dir() else []:
+        with path.open(newline="") as f:  # `tune evaluate --csv`'s own layout
+            rows = list(csv.DictReader(f))
+        lines += [
+            f"Leave one tuned shape out (`evaluate/{path.name}`, `tune evaluate`): the held-out key's tuned best / the",
+            "pick, measured.",
+            "",
+            "| kernel | held out | selector within 5% | selector worst, at | nearest within 5% | nearest worst, at |",
+            "|---|---|---|---|---|---|",
+        ]
+        for kernel in sorted({r["kernel"] for r in rows}):
+            mine = [r for r in rows if r["kernel"] == kernel]
+            cells = []
+            for side in ("selector", "nearest"):
+                ratios = {r["shape_key"]: float(r[f"{side}_ratio"]) for r in mine if r[f"{side}_ratio"]}
+                worst = min(ratios, key=ratios.__getitem__)
+                cells += [
+                    f"{sum(v >= 0.95 for v in ratios.values()) / len(ratios):.0%}",
+                    f"{ratios[worst]:.3f}, {worst}",
+                ]
+            lines.append(f"| {kernel} | {len(mine)} | {' | '.join(cells)} |")
+        lines.append("")
+    return lines
+
+
+def _goal(target: float | None) -> str:
+    return "-" if target is None else f">= {target}"
+
+
 def render(results_dir: Path = RESULTS_DIR) -> str:
     files = {path.stem: read_rows(path) for path in sorted(results_dir.glob("*.csv"))}
     lines = [
@@ -139,6 +220,9 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
         "",
         *_summary(files),
     ]
+    targets = _targets(results_dir)
+    if targets:
+        lines += ["", "## Targets on shapes outside the presets", "", *targets]
     for name, rows in files.items():
         lines += ["", f"## {name}", "", f"`benchmarks/{name}.py`, `benchmarks/results/{name}.csv`:", "", *_table(rows)]
     return "\n".join(lines) + "\n"

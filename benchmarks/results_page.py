@@ -122,10 +122,6 @@ HELDOUT_TARGETS = {"matmul": (1.0, 0.9), "decode": (1.0, None), "attention": (0.
 PICK_WITHIN, PICK_FLOOR = 0.9, 0.85
 
 
-def _geomean(values: list[float]) -> float:
-    return statistics.geometric_mean(values)
-
-
 def _targets(results_dir: Path) -> list[str]:
     """The held-out targets against what heldout.csv and evaluate/*.csv measured, and by how much
     each is missed, with the shape that decides it."""
@@ -162,7 +158,7 @@ def _targets(results_dir: Path) -> list[str]:
             worst_shape = min(pick, key=pick.__getitem__) if pick else None
             within = sum(v >= 0.95 for v in pick.values()) / len(pick) if pick else None
             lines.append(
-                f"| {kernel} | {len(speed)} | {_geomean(list(speed.values())):.3f}x ({_goal(mean_target)}) "
+                f"| {kernel} | {len(speed)} | {statistics.geometric_mean(speed.values()):.3f}x ({_goal(mean_target)}) "
                 f"| {speed[low_shape]:.3f}x ({_goal(low_target)}), {low_shape} "
                 f"| {'-' if within is None else f'{within:.0%}'} "
                 f"| {'-' if worst_shape is None else f'{pick[worst_shape]:.3f}, {worst_shape}'} |"

@@ -384,13 +384,8 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     if hit is None:
         try:
             hit = _resolve(self, state, key, nargs, args, kwargs)
-        except TunesvcError as exc:  # an unusable database must not stop the program
-            state.off = True
-            warnings.warn(
-                f"tunesvc: {exc} {state.name} runs with Triton's own autotuner in this process.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        except TunesvcError as exc:
+            _unusable(state, exc, "Triton's own", stacklevel=2)
             return _TRITON_RUN(self, *args, **kwargs)
     config, launch = hit
     self.best_config = config
@@ -402,6 +397,17 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         rest = {k: v for k, v in kwargs.items() if k != "grid" and k != "warmup"}
         return direct.launch(kwargs["grid"], args, {**rest, **launch})
     return self.fn.run(*args, **kwargs, **launch)
+
+
+def _unusable(state: _State, exc: TunesvcError, whose: str, *, stacklevel: int) -> None:
+    """An unusable database must not stop the program: the kernel runs with ``whose``
+    autotuner for the rest of the process, said once (``stacklevel`` as the caller's own)."""
+    state.off = True
+    warnings.warn(
+        f"tunesvc: {exc} {state.name} runs with {whose} autotuner in this process.",
+        RuntimeWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
 def _triton_key(tuner: Autotuner, nargs: dict[str, Any]) -> tuple:
@@ -503,13 +509,8 @@ class _StoreCache:
             with state.lock:
                 if key not in answers:
                     answers[key] = _config_for(tuner, state, _key_text_of(tuner, key, nargs), args, kwargs)
-        except TunesvcError as exc:  # an unusable database must not stop the program
-            state.off = True
-            warnings.warn(
-                f"tunesvc: {exc} {state.name} runs with its own autotuner in this process.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+        except TunesvcError as exc:
+            _unusable(state, exc, "its own", stacklevel=3)
             return key in self.inner
         return True
 

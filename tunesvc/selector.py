@@ -458,7 +458,11 @@ def refit(store: Store, template: Template, device: Device, *, min_coverage: flo
     """Fit the selector of ``template`` on ``device``'s model from the store and keep it there;
     None (the stored one, if any, stays) when too few keys are usable, or when, left out one key
     at a time, its picks are slower on the stored times than the nearest rule's."""
-    data = training_set(store, template, device, min_coverage=min_coverage)
+    return _keep(store, template, device, training_set(store, template, device, min_coverage=min_coverage))
+
+
+def _keep(store: Store, template: Template, device: Device, data: TrainingSet) -> Selector | None:
+    """:func:`refit` on a training set already read from the store."""
     selector = fit(data)
     if selector is None:
         return None
@@ -490,7 +494,7 @@ def refit_after_sweep(store: Store, template: Template, device: Device) -> None:
         )
         return
     with contextlib.suppress(SelectorWorse):  # the stored one, if any, stays
-        refit(store, template, device)
+        _keep(store, template, device, data)
 
 
 def stored_selector(store: Store, template: Template, hardware_id: str) -> Selector | None:

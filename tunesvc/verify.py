@@ -101,9 +101,9 @@ def verify(
         verdicts.append(verdict)
         if template is None:
             if ":" in name:  # a captured triton.autotune kernel, by module:qualname
-                _verify_captured(verdict, store, device, margin, named=entry.kernel == kernel)
-                if retune and verdict.flags and UNKNOWN not in verdict.flags:
-                    _retune_captured(verdict, store, device)
+                now = _verify_captured(verdict, store, device, margin, named=entry.kernel == kernel)
+                if retune and verdict.flags and now is not None:
+                    _retune_captured(verdict, store, device, now)
             else:
                 verdict.flags.append(UNKNOWN)
                 verdict.detail = "kernel not found here; cannot measure it"
@@ -150,19 +150,15 @@ def _retune(
     verdict.retuned_ms, verdict.retuned_config = result.winner_ms, result.winner
 
 
-def _retune_captured(verdict: Verdict, store: Store, device: Device) -> None:
-    """Tune a flagged captured key again, as the current kernel over every listed config, on
-    inputs rebuilt from the call its sweep recorded."""
-    from tunesvc._capture import find_autotuner
-    from tunesvc._capture import kernel_version
+def _retune_captured(verdict: Verdict, store: Store, device: Device, version: str) -> None:
+    """Tune a flagged captured key again, as the kernel's current ``version`` over every listed
+    config, on inputs rebuilt from the call its sweep recorded."""
     from tunesvc._capture import tune_recorded
 
     call = store.captured_call(verdict.kernel, verdict.shape_key, device.hardware_id)
     try:
         if call is None:
             raise TunesvcError("no recorded call of this key")
-        tuner = find_autotuner(verdict.kernel)
-        version = kernel_version(tuner.fn, tuner.configs)
         config = tune_recorded(store, verdict.kernel, version, verdict.shape_key, call)
     except TunesvcError as exc:
         verdict.detail = f"{verdict.detail}; not retuned: {exc}"
@@ -178,10 +174,12 @@ def _captured(store: Store, kernel: str) -> bool:
     return ":" in kernel and bool(store.captured_kernels(kernel))
 
 
-def _verify_captured(verdict: Verdict, store: Store, device: Device, margin: float, *, named: bool) -> None:
+def _verify_captured(verdict: Verdict, store: Store, device: Device, margin: float, *, named: bool) -> str | None:
     """Re-measure a captured kernel's winner beside its first listed config, on inputs rebuilt
     from the recorded call; when its module is not named on the command line (``named``: stored
-    data never chooses a module to import) or does not import here, say so instead."""
+    data never chooses a module to import) or does not import here, say so instead.
+
+    Returns the kernel's current version, or None where it could not be judged (unknown-kernel)."""
     from tunesvc._capture import config_dict
     from tunesvc._capture import find_autotuner
     from tunesvc._capture import kernel_version
@@ -190,27 +188,27 @@ def _verify_captured(verdict: Verdict, store: Store, device: Device, margin: flo
     if not named:
         verdict.flags.append(UNKNOWN)
         verdict.detail = f"not re-measured: its module is imported only when named, --kernel {verdict.kernel}"
-        return
+        return None
     try:
         tuner = find_autotuner(verdict.kernel)
     except TunesvcError as exc:
         verdict.flags.append(UNKNOWN)
         verdict.detail = f"not re-measured: {exc}"
-        return
+        return None
     current = kernel_version(tuner.fn, tuner.configs)
     if verdict.version != current:
         verdict.flags.append(STALE_KERNEL)
         verdict.detail = (
             f"tuned for kernel version {verdict.version}, now {current} (source, configs or Triton changed)"
         )
-        return
+        return current
     first = config_dict(tuner.configs[0])
     try:
         measured = measure_stored(store, verdict.kernel, verdict.shape_key, [verdict.config, first], device)
     except TunesvcError as exc:
         verdict.flags.append(UNKNOWN)
         verdict.detail = f"not re-measured: {exc}"
-        return
+        return None
     winner, theirs = measured
     verdict.measured_ms = winner.time_ms
     verdict.heuristic_ms = theirs.time_ms if theirs.ok else None
@@ -220,3 +218,4 @@ def _verify_captured(verdict: Verdict, store: Store, device: Device, margin: flo
     elif theirs.time_ms is not None and winner.time_ms is not None and theirs.time_ms < winner.time_ms * (1 - margin):
         verdict.flags.append(SLOWER)
         verdict.detail = f"first listed config {theirs.time_ms:.4g} ms < winner {winner.time_ms:.4g} ms"
+    return current

@@ -73,14 +73,20 @@ def test_cross_measure_covers_every_candidate_on_every_key(fitted_db, template, 
         assert {config_hash(c) for c in data.candidates} <= set(times[key])
 
 
-def test_training_set_skips_keys_where_candidates_were_not_measured(tmp_db, template, device):
+def _half_measured(store, template, device):
+    """Two keys swept with one config each, a different one: neither key knows the other's
+    winner. Returns the first key's problem and config."""
     first, second = (template.problem(M=m, N=n, K=k) for m, n, k in SHAPES[:2])
     one, other = template.feasible(first, device)[:2]
+    run_sweep(template, [first], store, budget=1, candidates=[one])
+    run_sweep(template, [second], store, budget=1, candidates=[other])
+    return first, one
+
+
+def test_training_set_skips_keys_where_candidates_were_not_measured(tmp_db, template, device):
     store = Store(tmp_db)
     try:
-        # each key measures one config only, and a different one: neither key knows the other's winner
-        run_sweep(template, [first], store, budget=1, candidates=[one])
-        run_sweep(template, [second], store, budget=1, candidates=[other])
+        _half_measured(store, template, device)
         data = sel.training_set(store, template, device)
         assert len(data.candidates) == 2 and not data.keys
         assert [why for _, why in data.skipped] == [
@@ -113,16 +119,13 @@ def _synthetic(n_keys: int, n_candidates: int, seed: int) -> sel.TrainingSet:
         tuple(None if rng.random() < 0.1 else rng.uniform(1, 3) for _ in range(n_candidates - 1)) + (rng.uniform(1, 3),)
         for _ in range(n_keys)
     )
-    return sel.TrainingSet(
-        "matmul",
-        "v",
-        "hw",
-        tuple({"BLOCK_M": 16 << i} for i in range(n_candidates)),
-        tuple(f"k{i}" for i in range(n_keys)),
-        features,
-        times,
-        (),
-    )
+    return _training(tuple(f"k{i}" for i in range(n_keys)), features, times)
+
+
+def _training(keys, features, times) -> sel.TrainingSet:
+    """A training set of these keys, features and per-candidate times (candidates BLOCK_M=16, 32, ...)."""
+    candidates = tuple({"BLOCK_M": 16 << i} for i in range(len(times[0])))
+    return sel.TrainingSet("matmul", "v", "hw", candidates, tuple(keys), tuple(features), tuple(map(tuple, times)), ())
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -234,12 +237,9 @@ def test_bundle_with_and_without_selector(fitted_db, tmp_path, device):
 
 
 def test_sweep_refits_the_selector(tmp_db, template, device):
-    first, second = (template.problem(M=m, N=n, K=k) for m, n, k in SHAPES[:2])
-    one, other = template.feasible(first, device)[:2]
     store = Store(tmp_db)
     try:
-        run_sweep(template, [first], store, budget=1, candidates=[one])
-        run_sweep(template, [second], store, budget=1, candidates=[other])
+        first, one = _half_measured(store, template, device)
         assert store.selector(template.name, template.version, device.hardware_id) is None  # each key: 50% measured
         sel.cross_measure(store, template, device)
         assert store.selector(template.name, template.version, device.hardware_id) is None  # measuring is not fitting
@@ -363,16 +363,8 @@ def test_a_shape_far_outside_the_tuned_ones_gets_no_prediction(fitted_db, templa
 
 def _keyed(times, ms):
     """A training set over matmul keys M=ms (N=45, K=29) with these per-candidate times."""
-    return sel.TrainingSet(
-        "matmul",
-        "v",
-        "hw",
-        tuple({"BLOCK_M": 16 << i} for i in range(len(times[0]))),
-        tuple(f"M={m},N=45,K=29,dtype=float16" for m in ms),
-        tuple({"log2_M": float(m.bit_length() - 1)} for m in ms),
-        tuple(tuple(t) for t in times),
-        (),
-    )
+    keys = [f"M={m},N=45,K=29,dtype=float16" for m in ms]
+    return _training(keys, [{"log2_M": float(m.bit_length() - 1)} for m in ms], times)
 
 
 def test_leave_one_out_scores_the_selector_and_the_nearest_rule_on_stored_times():

@@ -1152,7 +1152,11 @@ def verify(
         float, typer.Option(help="Flag a winner when the heuristic is faster by more than this fraction.")
     ] = 0.05,
     retune: Annotated[
-        bool, typer.Option("--retune", help="Sweep flagged keys again and store the new winners.")
+        bool,
+        typer.Option(
+            "--retune",
+            help="Sweep flagged keys again and store the new winners (a captured kernel, named with --kernel: tuned again over its config list on its recorded call).",
+        ),
     ] = False,
     budget: Annotated[int, typer.Option(help="New trials per key with --retune.")] = 8,
     db: DbOption = None,

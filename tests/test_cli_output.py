@@ -131,6 +131,18 @@ def test_import_table_keeps_every_shape_key_whole(tmp_path, width):
     assert result.stdout.count(current[0].hardware_id) == 1  # the device once, in a heading
 
 
+def test_import_heading_keeps_the_device_name_whole_whatever_the_source_path(tmp_path):
+    [hardware_id] = {w.hardware_id for w in _example_winners()[0]}
+    # source paths of every length modulo the width: a wrapped heading would split the name on some
+    for pad in range(0, 80, 7):
+        source = tmp_path / f"d{'x' * pad}" / EXAMPLE.name
+        source.parent.mkdir()
+        shutil.copyfile(EXAMPLE, source)
+        result = invoke("import", str(source), "--db", str(tmp_path / f"{pad}.db"), width=80)
+        assert result.exit_code == 0, result.output
+        assert f"From {source}, winners of {hardware_id}" in result.stdout.splitlines()
+
+
 def test_verify_with_no_winners_of_this_device_says_so_in_one_line():
     result = invoke("verify", "--db", str(EXAMPLE), width=80)
     assert result.exit_code == 0, result.output

@@ -862,7 +862,7 @@ def show(
         )
     for hardware_id in sorted({w.hardware_id for w in shown}):
         on_device = [w for w in shown if w.hardware_id == hardware_id]
-        console.print(Text(f"Winners on {hardware_id}", style="bold"), highlight=False)
+        console.print(Text(f"Winners on {hardware_id}", style="bold"), highlight=False, soft_wrap=True)
         for name in sorted({w.kernel for w in on_device}):
             newest: dict[str, float] = {}  # version -> its newest winner's time
             for w in on_device:
@@ -1123,7 +1123,7 @@ def import_(
         return _print_json([c.to_dict() for c in changes])
     # one table per source, device and kernel version: what repeats goes in the heading and title
     for source, hardware_id in dict.fromkeys((c.source, c.hardware_id) for c in changes):
-        console.print(Text(f"From {source}, winners of {hardware_id}", style="bold"), highlight=False)
+        console.print(Text(f"From {source}, winners of {hardware_id}", style="bold"), highlight=False, soft_wrap=True)
         group = [c for c in changes if (c.source, c.hardware_id) == (source, hardware_id)]
         for kernel, version in dict.fromkeys((c.kernel, c.version) for c in group):
             table = _keyed_table(
@@ -1187,7 +1187,7 @@ def verify(
             soft_wrap=True,
         )
         return
-    console.print(Text(f"Winners of {here.name} in {store.url}", style="bold"), highlight=False)
+    console.print(Text(f"Winners of {here.name} in {store.url}", style="bold"), highlight=False, soft_wrap=True)
     columns = ["shape key", "stored ms", "now ms", "heuristic ms", "flags", *(["retuned ms"] if retune else [])]
     for name, version in dict.fromkeys((v.kernel, v.version) for v in verdicts):
         rows = []
@@ -1344,7 +1344,7 @@ def misses(
             ]
         )
     for hardware_id in dict.fromkeys(m.hardware_id for m in rows):
-        console.print(Text(f"Misses of {hardware_id} in {store.url}", style="bold"), highlight=False)
+        console.print(Text(f"Misses of {hardware_id} in {store.url}", style="bold"), highlight=False, soft_wrap=True)
         for name in dict.fromkeys(m.kernel for m in rows if m.hardware_id == hardware_id):
             table = _keyed_table(
                 name,

@@ -81,12 +81,12 @@ def test_import_merges_with_faster_wins_and_ties_keep(bundle, tmp_path, tmp_db):
     stored_ms = json.loads(bundle.read_text())["kernels"]["matmul"]["winners"][KEY]["time_ms"]
     store = Store(tmp_db)
     try:
-        [added] = import_sources(store, [bundle])
-        [tie] = import_sources(store, [bundle])
+        [added] = import_sources(store, [bundle]).winners
+        [tie] = import_sources(store, [bundle]).winners
         slower, _ = _edited(bundle, tmp_path, "slower.json", stored_ms * 2, {"num_warps": 8})
-        [kept] = import_sources(store, [slower])
+        [kept] = import_sources(store, [slower]).winners
         faster, faster_winner = _edited(bundle, tmp_path, "faster.json", stored_ms / 2, {"num_stages": 2})
-        [replaced] = import_sources(store, [faster])
+        [replaced] = import_sources(store, [faster]).winners
     finally:
         store.close()
     assert (added.action, added.stored_ms) == ("added", None)
@@ -103,7 +103,9 @@ def test_import_of_a_database_and_the_cli_report(source_db, tmp_path):
     target = str(tmp_path / "target.db")
     result = CliRunner().invoke(app, ["import", source_db, "--db", target, "--json"])
     assert result.exit_code == 0, result.output
-    [change] = json.loads(result.output)
+    found = json.loads(result.output)
+    assert found["selectors"] == []  # the source has no selector
+    [change] = found["winners"]
     assert (change["action"], change["kernel"], change["shape_key"]) == ("added", "matmul", KEY)
     assert _winners(target)[("matmul", KEY)].config == _winners(source_db)[("matmul", KEY)].config
     result = CliRunner().invoke(app, ["import", source_db, "--db", target])

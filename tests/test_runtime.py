@@ -360,7 +360,7 @@ def test_format_1_bundle_is_still_read(bundle_file, tmp_path, winner):
     assert Runtime(bundle=path).lookup("matmul", **TUNED).config == winner
     store = Store(str(tmp_path / "target.db"))
     try:
-        [change] = import_sources(store, [path])
+        [change] = import_sources(store, [path]).winners
     finally:
         store.close()
     assert (change.action, change.shape_key, change.config) == ("added", TUNED_KEY, winner)

@@ -17,6 +17,7 @@ import tunesvc
 from tunesvc import TunesvcError
 from tunesvc import selector as sel
 from tunesvc.export import build_bundles
+from tunesvc.export import import_sources
 from tunesvc.export import read_bundle
 from tunesvc.export import write_bundles
 from tunesvc.runtime import Runtime
@@ -234,6 +235,52 @@ def test_bundle_with_and_without_selector(fitted_db, tmp_path, device):
         read_bundle(damaged)
     with pytest.warns(RuntimeWarning, match="Not using the selector"):
         assert Runtime(bundle=damaged).lookup("matmul", **UNTUNED).source == "nearest"
+
+
+def test_import_carries_selectors_from_databases_and_bundles(fitted_db, tmp_path, device):
+    from typer.testing import CliRunner
+
+    from tunesvc.cli import app
+
+    fitted = _selector(fitted_db)
+    store = Store(fitted_db, readonly=True)
+    try:
+        [bundle] = write_bundles(build_bundles(store, kernel="matmul"), tmp_path / "b.json")
+    finally:
+        store.close()
+    for source in (fitted_db, str(bundle)):
+        target = str(tmp_path / f"from-{'bundle' if source.endswith('.json') else 'db'}.db")
+        result = CliRunner().invoke(app, ["import", source, "--db", target, "--json"])
+        assert result.exit_code == 0, result.output
+        [change] = json.loads(result.output)["selectors"]
+        assert (change["kernel"], change["action"], change["keys"]) == ("matmul", "added", len(SHAPES))
+        assert _selector(target) == fitted
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            assert Runtime(db=target).lookup("matmul", **UNTUNED).source == "predicted"
+        # a stored selector stays: it was fitted on the target's own trials
+        again = CliRunner().invoke(app, ["import", source, "--db", target])
+        assert again.exit_code == 0, again.output
+        assert "Selector of matmul" in again.output and "kept the stored one" in again.output
+
+
+def test_import_refuses_a_selector_of_another_kernel_and_writes_nothing(fitted_db, tmp_path):
+    store = Store(fitted_db, readonly=True)
+    try:
+        [bundle] = write_bundles(build_bundles(store, kernel="matmul"), tmp_path / "b.json")
+    finally:
+        store.close()
+    data = json.loads(bundle.read_text())
+    data["kernels"]["matmul"]["selector"]["kernel"] = "softmax"
+    bundle.write_text(json.dumps(data))
+    target = str(tmp_path / "t.db")
+    store = Store(target)
+    try:
+        with pytest.raises(TunesvcError, match=r"kernels\.matmul\.selector is damaged \(it names softmax"):
+            import_sources(store, [str(bundle)])
+        assert store.winners() == []
+    finally:
+        store.close()
 
 
 def test_sweep_refits_the_selector(tmp_db, template, device):

@@ -450,3 +450,18 @@ def test_racing_stores_add_one_device_and_kernel_version(db_url, template, devic
         assert len(store.devices()) == 1
     finally:
         store.close()
+
+
+def test_merge_selector_adds_where_none_is_stored_and_keeps_a_stored_one(store, template):
+    hardware_id = "NVIDIA H100 80GB HBM3|sm_90|132SM"
+    first, second = {"format": "first"}, {"format": "second"}
+    assert store.merge_selector(template.name, template.version, hardware_id, first, 4) == "added"
+    assert store.merge_selector(template.name, template.version, hardware_id, second, 9) == "kept"
+    assert store.selector(template.name, template.version, hardware_id) == first
+    # another device model, another kernel version: their own rows
+    assert store.merge_selector(template.name, template.version, "other|sm_80|108SM", second, 9) == "added"
+    assert store.merge_selector(template.name, "0123456789ab", hardware_id, second, 9) == "added"
+    assert store.selector(template.name, template.version, hardware_id) == first
+    # a sweep's refit replaces it
+    store.save_selector(template, hardware_id, second, 9)
+    assert store.selector(template.name, template.version, hardware_id) == second

@@ -1108,7 +1108,7 @@ def import_(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Merge bundles and databases into --db: for each key the faster measured winner stays (a tie keeps --db's)."""
+    """Merge bundles and databases into --db: per key the faster measured winner stays (a tie keeps --db's); selectors where --db has none."""
     # the databases (SQLAlchemy)
     from tunesvc.export import import_sources
     from tunesvc.store import Store
@@ -1116,11 +1116,14 @@ def import_(
     paths: list[str | os.PathLike] = list(sources)
     store = Store(db)
     try:
-        changes = import_sources(store, paths)
+        imported = import_sources(store, paths)
     finally:
         store.close()
+    changes = imported.winners
     if as_json:
-        return _print_json([c.to_dict() for c in changes])
+        return _print_json(
+            {"winners": [c.to_dict() for c in changes], "selectors": [c.to_dict() for c in imported.selectors]}
+        )
     # one table per source, device and kernel version: what repeats goes in the heading and title
     for source, hardware_id in dict.fromkeys((c.source, c.hardware_id) for c in changes):
         console.print(Text(f"From {source}, winners of {hardware_id}", style="bold"), highlight=False, soft_wrap=True)
@@ -1136,6 +1139,13 @@ def import_(
                 ],
             )
             console.print(table)
+    for change in imported.selectors:
+        console.print(
+            f"Selector of {change.kernel} {change.version} on {change.hardware_id} from {change.source}: "
+            + ("added." if change.action == "added" else "kept the stored one (refit it with `tune selector`)."),
+            highlight=False,
+            soft_wrap=True,
+        )
     counts = {a: sum(c.action == a for c in changes) for a in ("added", "replaced", "kept")}
     console.print(
         f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept in {store.url}.",

@@ -333,24 +333,91 @@ class ImportChange:
         return asdict(self)
 
 
-def import_sources(store: Store, sources: list[str | os.PathLike]) -> list[ImportChange]:
+@dataclass(frozen=True)
+class SelectorChange:
+    """What `tune import` did with one incoming selector."""
+
+    source: str
+    kernel: str
+    version: str
+    hardware_id: str
+    action: str  # added | kept (one is stored: it was fitted on the target's own trials)
+    keys: int  # tuned shape keys the incoming selector was fitted on
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Imported:
+    """Everything `tune import` did: each incoming winner and each incoming selector."""
+
+    winners: list[ImportChange]
+    selectors: list[SelectorChange]
+
+
+def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
     """Merge bundles (``*.json``) and databases (paths or URLs) into ``store``, in order.
 
     Conflict rule (see :meth:`tunesvc.store.Store.merge_winner`): for one kernel version,
     device hardware id and shape key, the faster measured time wins; a tie keeps the stored one.
-    Every source is read and checked before anything is written.
+    A selector is taken where the target has none for its kernel version and device model
+    (:meth:`tunesvc.store.Store.merge_selector`). Every source is read and checked before
+    anything is written.
     """
-    incoming = [(str(source), _winners_of(source, store)) for source in sources]
-    for source, winners in incoming:
+    incoming = [(str(source), _winners_of(source, store), _selectors_of(source)) for source in sources]
+    for source, winners, _ in incoming:
         _check_spaces(source, winners)
-    changes = []
-    for source, winners in incoming:
+    changes, taken = [], []
+    for source, winners, selectors in incoming:
         for kernel, version, device, key, config, time_ms in winners:
             action, stored_ms = store.merge_winner(kernel, version, device, key, config, time_ms, source)
             changes.append(
                 ImportChange(source, kernel, version, device.hardware_id, key, action, time_ms, stored_ms, config)
             )
-    return changes
+        for selector in selectors:
+            data = selector.to_dict()
+            action = store.merge_selector(selector.kernel, selector.version, selector.hardware_id, data, selector.keys)
+            taken.append(
+                SelectorChange(source, selector.kernel, selector.version, selector.hardware_id, action, selector.keys)
+            )
+    return Imported(changes, taken)
+
+
+def _selectors_of(source: str | os.PathLike) -> list[Any]:
+    """The selectors a bundle or database holds, each checked (tunesvc.selector.Selector)."""
+    from tunesvc.selector import Selector
+    from tunesvc.store import Store
+
+    found: list[tuple[str, str, str, Any, str]] = []  # kernel, version, hardware id, JSON, where
+    if str(source).endswith(".json"):
+        bundle = read_bundle(source)
+        hardware_id = bundle["device"]["hardware_id"]
+        for kernel, section in sorted(bundle["kernels"].items()):
+            if section.get("selector") is not None:
+                where = f"{source}: kernels.{kernel}.selector"
+                found.append((kernel, section["version"], hardware_id, section["selector"], where))
+    else:
+        store = Store(source, readonly=True)
+        try:
+            versions = {(e.kernel, e.kernel_version, e.hardware_id) for e in store.winners()}
+            for kernel, version, hardware_id in sorted(versions):
+                data = store.selector(kernel, version, hardware_id)
+                if data is not None:
+                    where = f"the selector of {kernel} {version} in {store.where}"
+                    found.append((kernel, version, hardware_id, data, where))
+        finally:
+            store.close()
+    selectors = []
+    for kernel, version, hardware_id, data, where in found:
+        selector = Selector.from_dict(data, where)
+        if (selector.kernel, selector.version, selector.hardware_id) != (kernel, version, hardware_id):
+            raise TunesvcError(
+                f"{where} is damaged (it names {selector.kernel} {selector.version} on {selector.hardware_id}); "
+                "refit it with `tune selector`, or re-export the source."
+            )
+        selectors.append(selector)
+    return selectors
 
 
 def _check_spaces(source: str, winners: list[tuple]) -> None:

@@ -1096,7 +1096,18 @@ class Store:
     def save_selector(self, template: Template, hardware_id: str, selector: dict[str, Any], keys: int) -> None:
         """Store (or replace) the selector of this kernel version on this device model; two sweeps
         that refit it at once both succeed (the later write replaces the earlier)."""
-        kv_id = self.kernel_version_id(template)
+        self._put_selector(self.kernel_version_id(template), hardware_id, selector, keys, replace=True)
+
+    def merge_selector(self, kernel: str, version: str, hardware_id: str, selector: dict[str, Any], keys: int) -> str:
+        """Take a selector fitted elsewhere where none is stored for this kernel version and device
+        model: 'added'; a stored one stays ('kept'): it was fitted on this database's own trials."""
+        kv_id = self._get_or_add(
+            select(KernelVersion.id).where(KernelVersion.kernel == kernel, KernelVersion.version == version),
+            lambda: KernelVersion(kernel=kernel, version=version),
+        )
+        return self._put_selector(kv_id, hardware_id, selector, keys, replace=False)
+
+    def _put_selector(self, kv_id: int, hardware_id: str, selector: dict[str, Any], keys: int, *, replace: bool) -> str:
         for attempt in range(2):
             try:
                 with self.session() as session:
@@ -1105,14 +1116,18 @@ class Store:
                             StoredSelector.kernel_version_id == kv_id, StoredSelector.hardware_id == hardware_id
                         )
                     )
+                    if row is not None and not replace:
+                        return "kept"
+                    action = "added" if row is None else "replaced"
                     if row is None:
                         row = StoredSelector(kernel_version_id=kv_id, hardware_id=hardware_id)
                         session.add(row)
                     row.selector, row.keys, row.fitted_at = selector, keys, utcnow()
-                return
-            except IntegrityError:  # another writer inserted the row first: update it
+                return action
+            except IntegrityError:  # another writer inserted the row first: update it (or keep it)
                 if attempt:
                     raise
+        raise AssertionError("unreachable")
 
     def selector(self, kernel: str, version: str, hardware_id: str) -> dict[str, Any] | None:
         """The stored selector's JSON, or None: none fitted, or a database older than revision 0007."""

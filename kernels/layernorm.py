@@ -368,7 +368,7 @@ BWD_TEMPLATE = LayerNormBwdTemplate()
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
     """x as (M, N) with unit stride along N, copying only when a view cannot give that."""
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])  # a 2-D x is used as it is: no view per call
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
@@ -454,4 +454,4 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     check_norm_args("layer_norm", x, weight, bias)
     x2 = as_rows(x)
     y, _, _ = _layernorm_op.call(x2, weight.contiguous(), bias.contiguous(), eps, grad_inputs=(x2, weight, bias))
-    return y.view(x.shape)
+    return y if y.shape == x.shape else y.view(x.shape)

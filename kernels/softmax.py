@@ -310,9 +310,8 @@ def softmax(x: torch.Tensor, *, config: Config | None = None, bwd_config: Config
         raise ValueError(f"softmax needs a non-empty tensor with at least one dimension; got shape {tuple(x.shape)}")
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"softmax needs a float16, bfloat16 or float32 tensor; got {x.dtype}")
-    n = x.shape[-1]
-    rows = x.reshape(-1, n)
+    rows = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])  # a 2-D x as it is: no view per call
     if rows.stride(1) != 1:
         rows = rows.contiguous()  # the kernel walks columns with unit stride
     y = _softmax_op.call(rows, config_arg(config), config_arg(bwd_config), grad_inputs=(rows,))
-    return y.reshape(x.shape)
+    return y if y.shape == x.shape else y.reshape(x.shape)

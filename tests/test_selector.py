@@ -212,12 +212,18 @@ def test_runtime_never_imports_sklearn(fitted_db):
     assert out.stdout.split() == ["predicted", "False"]
 
 
-def test_bundle_with_and_without_selector(fitted_db, tmp_path, device):
-    store = Store(fitted_db, readonly=True)
+def _bundle_of(db, path):
+    """The matmul bundle of ``db`` written to ``path``."""
+    store = Store(db, readonly=True)
     try:
-        [path] = write_bundles(build_bundles(store, kernel="matmul"), tmp_path / "b.json")
+        [written] = write_bundles(build_bundles(store, kernel="matmul"), path)
     finally:
         store.close()
+    return written
+
+
+def test_bundle_with_and_without_selector(fitted_db, tmp_path, device):
+    path = _bundle_of(fitted_db, tmp_path / "b.json")
     data = json.loads(path.read_text())
     assert data["kernels"]["matmul"]["selector"] == _selector(fitted_db).to_dict()
     with warnings.catch_warnings():
@@ -243,11 +249,7 @@ def test_import_carries_selectors_from_databases_and_bundles(fitted_db, tmp_path
     from tunesvc.cli import app
 
     fitted = _selector(fitted_db)
-    store = Store(fitted_db, readonly=True)
-    try:
-        [bundle] = write_bundles(build_bundles(store, kernel="matmul"), tmp_path / "b.json")
-    finally:
-        store.close()
+    bundle = _bundle_of(fitted_db, tmp_path / "b.json")
     for source in (fitted_db, str(bundle)):
         target = str(tmp_path / f"from-{'bundle' if source.endswith('.json') else 'db'}.db")
         result = CliRunner().invoke(app, ["import", source, "--db", target, "--json"])
@@ -265,11 +267,7 @@ def test_import_carries_selectors_from_databases_and_bundles(fitted_db, tmp_path
 
 
 def test_import_refuses_a_selector_of_another_kernel_and_writes_nothing(fitted_db, tmp_path):
-    store = Store(fitted_db, readonly=True)
-    try:
-        [bundle] = write_bundles(build_bundles(store, kernel="matmul"), tmp_path / "b.json")
-    finally:
-        store.close()
+    bundle = _bundle_of(fitted_db, tmp_path / "b.json")
     data = json.loads(bundle.read_text())
     data["kernels"]["matmul"]["selector"]["kernel"] = "softmax"
     bundle.write_text(json.dumps(data))

@@ -91,12 +91,10 @@ class KernelOp:
         # a trace replaces every tensor, and every op's first argument is one: one check suffices
         if _is_compiling() or (args and isinstance(args[0], _TRACED)):
             return self.op(*args)
-        if (
-            self._eager_autograd is not None
-            and _is_grad_enabled()
-            and any(t is not None and t.requires_grad for t in grad_inputs)
-        ):
-            return self._eager_autograd.apply(*args)
+        if self._eager_autograd is not None and _is_grad_enabled():
+            for t in grad_inputs:  # a loop, not any(<generator>): no generator frame per call
+                if t is not None and t.requires_grad:
+                    return self._eager_autograd.apply(*args)
         return self.fn(*args)
 
 

@@ -74,6 +74,15 @@ def test_tune_sweep_ray_splits_the_jobs_between_the_nodes(two_nodes, tmp_db):
         store.close()
 
 
+def test_tune_sweep_ray_draws_a_progress_bar_per_job(two_nodes, tmp_db):
+    command = ["sweep", "matmul", "--budget", "2", "--ray", two_nodes.address, "--db", tmp_db]
+    result = CliRunner().invoke(app, [*command, "--shape", "17x30x11", "--shape", "17x31x11"])
+    assert result.exit_code == 0, result.output
+    bars = [line for line in result.stderr.splitlines() if "━" in line]
+    for key in ("M=32,N=30,K=11,dtype=float16", "M=32,N=31,K=11,dtype=float16"):
+        assert any(line.startswith(key + " ") and " done " in line and " 2/2 " in line for line in bars), bars
+
+
 def test_a_node_killed_mid_job_has_its_job_resumed_on_another(two_nodes, tmp_db, template, device):
     # the victim is chosen with most of its budget left: its worker goes on measuring until it
     # notices its raylet is gone, and a job one trial from its end finished in that window

@@ -609,23 +609,25 @@ def _sweep_on_workers(
             f"sweep {batch}: {added} new of {_count(len(problems), 'job')}, {_count(count, 'worker')}{where}",
             highlight=False,
         )
-        if ray_address is None:
-            codes: list = _wait_showing_progress(
-                processes, store, batch, template, problems, device, strategy, budget, before, as_json or quiet, resume
-            )
-        else:
-            try:
-                codes = cluster.run_on_ray(
-                    store.url,
-                    batch,
-                    time_budget=time_budget,
-                    patience=patience,
-                    compile_workers=workers,
-                    kernel=kernel,
-                    log=lambda line: Console(stderr=True).print(line, highlight=False),
-                )
-            except KeyboardInterrupt:
-                _interrupted(store, template, device.hardware_id, keys, before, resume)
+        progress, update = _jobs_progress(store, batch, template, problems, device, strategy, budget, as_json or quiet)
+        try:
+            if ray_address is None:
+                codes: list = _wait_showing_progress(processes, progress, update)
+            else:
+                with progress:
+                    codes = cluster.run_on_ray(
+                        store.url,
+                        batch,
+                        time_budget=time_budget,
+                        patience=patience,
+                        compile_workers=workers,
+                        kernel=kernel,
+                        log=lambda line: progress.console.print(line, highlight=False),
+                        tick=update,
+                    )
+                    update()
+        except KeyboardInterrupt:  # the summary says what is stored and how to resume; exits 130
+            _interrupted(store, template, device.hardware_id, keys, before, resume)
         mark("workers done")
         rows = jobs.jobs(store, batch)
         # Ray's workers may hold other GPUs than this host (a head node without one)
@@ -682,26 +684,11 @@ def _sweep_on_workers(
         )
 
 
-def _wait_showing_progress(
-    processes: list,
-    store,
-    batch: str,
-    template,
-    problems: list[dict],
-    device,
-    strategy: str,
-    budget: int | None,
-    before: dict[str, int],
-    quiet: bool,
-    resume: str,
-) -> list[int]:
-    """Wait for this host's workers, drawing the batch's jobs and their stored trials from the
-    database (where the workers report) as the single-process sweep draws its own.
-
-    Ctrl-C (SIGINT, which a terminal sends to the workers too) gives the running jobs back to
-    the queue: the summary says what is stored and how to resume."""
-    import time
-
+def _jobs_progress(
+    store, batch: str, template, problems: list[dict], device, strategy: str, budget: int | None, quiet: bool
+) -> tuple[Any, Callable[[], None]]:
+    """A progress display of a queued batch (a bar per job: its status and stored trials of its
+    budget) and the function that redraws it from the database, where the workers report."""
     from rich.progress import BarColumn
     from rich.progress import MofNCompleteColumn
     from rich.progress import Progress
@@ -739,6 +726,16 @@ def _wait_showing_progress(
                     completed=limits[job.shape_key] if done else min(stored[job.shape_key], limits[job.shape_key]),
                 )
 
+    return progress, update
+
+
+def _wait_showing_progress(processes: list, progress: Any, update: Callable[[], None]) -> list[int]:
+    """Wait for this host's workers, drawing the batch's progress (:func:`_jobs_progress`).
+
+    On Ctrl-C (SIGINT, which a terminal sends to the workers too) the workers give their running
+    jobs back to the queue; this waits for them to end, then raises KeyboardInterrupt."""
+    import time
+
     try:
         with progress:
             while any(p.poll() is None for p in processes):
@@ -759,8 +756,7 @@ def _wait_showing_progress(
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
-        _interrupted(store, template, device.hardware_id, keys, before, resume)
-        raise  # not reached: _interrupted exits
+        raise
 
 
 def _check_fits(template, problems: list[dict], device) -> None:

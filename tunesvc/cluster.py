@@ -71,12 +71,15 @@ def run_on_ray(
     compile_workers: int | None = None,
     kernel: str | None = None,
     log: Callable[[str], None] | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> list[tuple[int, str] | None]:
     """Run the batch's jobs on the connected cluster's workers (see :func:`placement`) until they
     end; returns each worker's count of finished jobs and its device's hardware id, None for a
     worker that was lost (its node died). Whether every job finished is the database's to say
     (:func:`tunesvc.jobs.jobs`). ``kernel``, the name the sweep's command gave, is the one module
-    path a worker may import for a job row (see tunesvc.template.template_named_by_data)."""
+    path a worker may import for a job row (see tunesvc.template.template_named_by_data).
+    ``tick()``, if given, is called at least every half second while the workers run (the CLI
+    redraws its progress from the database there)."""
     ray = _ray()
     count, resources = placement()
     task = ray.remote(max_retries=0, scheduling_strategy="SPREAD", **resources)(_worker_task)
@@ -89,7 +92,9 @@ def run_on_ray(
     done: list[tuple[int, str] | None] = [None] * count
     pending = list(refs)
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
+        if tick is not None:
+            tick()
+        ready, pending = ray.wait(pending, num_returns=1, timeout=None if tick is None else 0.5)
         for ref in ready:
             try:
                 done[index[ref]] = ray.get(ref)

@@ -322,3 +322,66 @@ def test_source_version_ignores_layout_comments_and_docstrings_but_not_code():
     assert source_version("    def f(x):\n        return x + 1\n") == base  # indented, as inspect gives methods
     assert source_version("def f(x):\n    return x + 2\n") != base
     assert source_version("def f(y):\n    return y + 1\n") != base
+
+
+@pytest.mark.parametrize("name", sorted(tunesvc.template.SHIPPED))
+def test_shipped_version_read_from_the_source_is_the_imported_templates(name):
+    assert tunesvc.template.shipped_version(name) == tunesvc.get_template(name).version
+
+
+def test_static_version_follows_bases_and_imports_and_declines_what_it_cannot_read(tmp_path):
+    from tunesvc.template import _static_version
+    from tunesvc.template import source_version
+
+    (tmp_path / "base.py").write_text("@deco\ndef k(x):\n    return x\n")
+    (tmp_path / "mod.py").write_text(
+        textwrap.dedent(
+            """
+            from tunesvc.kernels.base import k
+
+            def launch(x):
+                return k(x)
+
+            class A(Template):
+                kernel_sources = (k, launch)
+
+            class B(A):
+                name = "b"
+
+            class C(A):
+                kernel_sources = (wrap(k),)
+
+            class D(Template):
+                pass
+
+            TB = B()
+            TC = C()
+            TD = D()
+            """
+        )
+    )
+    launch = "def launch(x):\n    return k(x)\n"
+    assert _static_version(tmp_path, "mod", "TB") == source_version("@deco\ndef k(x):\n    return x\n", launch)
+    assert _static_version(tmp_path, "mod", "TC") is None  # not a tuple of names: the caller imports
+    assert _static_version(tmp_path, "mod", "TD") == source_version((tmp_path / "mod.py").read_text())
+    assert _static_version(tmp_path, "mod", "MISSING") is None
+    assert tunesvc.template.shipped_version("not-shipped") is None
+
+
+def test_tune_show_does_not_import_torch():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parents[1] / "tune.db.example"
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['tune', 'show', '--db', {str(example)!r}]\n"
+        "try:\n    runpy.run_module('tunesvc', run_name='__main__')\n"
+        "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "print('torch' in sys.modules, file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "False"
+    assert "current version, used by lookups" in result.stdout

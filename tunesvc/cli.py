@@ -898,12 +898,14 @@ def _current_versions(winners: list) -> dict[str, tuple[str, bool]]:
     template named by module path is not imported for a listing (stored names never choose a
     module to import): its newest stored version stands for it, as in lookups of captured kernels.
     """
+    from tunesvc.template import shipped_version
     from tunesvc.template import template_named_by_data  # imports shipped kernels: torch, Triton
 
     out: dict[str, tuple[str, bool]] = {}
     for name in {w.kernel for w in winners}:
         try:
-            out[name] = (template_named_by_data(name).version, True)
+            # a shipped kernel's version from its source (no torch import), else from its template
+            out[name] = (shipped_version(name) or template_named_by_data(name).version, True)
         except (TunesvcError, ImportError, AttributeError):  # a registered template that does not load here
             newest = max((w for w in winners if w.kernel == name), key=lambda w: w.updated_at)
             out[name] = (newest.kernel_version, False)
@@ -1121,7 +1123,8 @@ def import_(
             {"winners": [c.to_dict() for c in changes], "selectors": [c.to_dict() for c in imported.selectors]}
         )
     # one table per source, device and kernel version: what repeats goes in the heading and title
-    for source, hardware_id in dict.fromkeys((c.source, c.hardware_id) for c in changes):
+    groups = [(c.source, c.hardware_id) for c in changes] + [(c.source, c.hardware_id) for c in imported.selectors]
+    for source, hardware_id in dict.fromkeys(groups):
         console.print(Text(f"From {source}, winners of {hardware_id}", style="bold"), highlight=False, soft_wrap=True)
         group = [c for c in changes if (c.source, c.hardware_id) == (source, hardware_id)]
         for kernel, version in dict.fromkeys((c.kernel, c.version) for c in group):
@@ -1135,13 +1138,18 @@ def import_(
                 ],
             )
             console.print(table)
-    for change in imported.selectors:
-        console.print(
-            f"Selector of {change.kernel} {change.version} on {change.hardware_id} from {change.source}: "
-            + ("added." if change.action == "added" else "kept the stored one (refit it with `tune selector`)."),
-            highlight=False,
-            soft_wrap=True,
-        )
+        # selectors under their source's and device's heading: "matmul 5276d6e89cd5 added, ..."
+        selectors = [c for c in imported.selectors if (c.source, c.hardware_id) == (source, hardware_id)]
+        if selectors:
+            kept = " (a stored selector is kept: `tune selector --cross-measure` refits it)"
+            console.print(
+                "Selectors: "
+                + ", ".join(f"{c.kernel} {c.version} {c.action}" for c in selectors)
+                + (kept if any(c.action == "kept" for c in selectors) else "")
+                + ".",
+                highlight=False,
+                soft_wrap=True,
+            )
     counts = {a: sum(c.action == a for c in changes) for a in ("added", "replaced", "kept")}
     console.print(
         f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept in {store.url}.",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import hashlib
 import importlib
 import inspect
@@ -30,6 +31,7 @@ import math
 import re
 import textwrap
 from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -355,6 +357,103 @@ def get_template(name: str) -> Template:
     raise TunesvcError(
         f"Unknown kernel '{name}'; run `tune kernels` to list them, or pass a template as module:attribute."
     )
+
+
+def shipped_version(name: str) -> str | None:
+    """A shipped template's version read from its module's source without importing it.
+
+    Importing a kernel module imports torch and Triton (seconds); a listing such as `tune show`
+    needs only the hash. This reads what ``Template.version`` hashes straight from the syntax
+    tree: ``ATTR = Class()``, the class's (or a base's) ``kernel_sources = (name, ...)``, and each
+    name's ``def`` in that module or the shipped module it is imported from. None where the source
+    does not say it that plainly: the caller imports the template.
+    """
+    import importlib.util
+
+    if name not in SHIPPED:
+        return None
+    spec = importlib.util.find_spec("tunesvc.kernels")  # finds the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    module, _, attr = SHIPPED[name].partition(":")
+    try:
+        return _static_version(folder, module, attr)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _static_version(folder: Path, module: str, attr: str) -> str | None:
+    text, tree = _parsed(folder / f"{module}.py")
+    top = {n.name: n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    made = [
+        n.value.func.id
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        and [t.id for t in n.targets if isinstance(t, ast.Name)] == [attr]
+        and isinstance(n.value, ast.Call)
+        and isinstance(n.value.func, ast.Name)
+    ]
+    if len(made) != 1:
+        return None
+    sources = _kernel_sources(top, made[0])
+    if sources is None:
+        return None
+    if not sources:  # the template's whole module
+        return source_version(text)
+    segments = []
+    for source in sources:
+        segment = _def_source(folder, module, source)
+        if segment is None:
+            return None
+        segments.append(segment)
+    return source_version(*segments)
+
+
+def _kernel_sources(top: Mapping[str, ast.AST], cls: str) -> list[str] | None:
+    """The names in ``kernel_sources`` of class ``cls`` or its nearest base in the module that
+    sets it ([] where the chain reaches ``Template``); None where it is not a tuple of names."""
+    node = top.get(cls)
+    if not isinstance(node, ast.ClassDef):
+        return [] if cls == "Template" else None
+    for statement in node.body:
+        targets: list[ast.expr] = []
+        value: ast.expr | None = None
+        if isinstance(statement, ast.Assign):
+            targets, value = statement.targets, statement.value
+        elif isinstance(statement, ast.AnnAssign):
+            targets, value = [statement.target], statement.value
+        if any(isinstance(t, ast.Name) and t.id == "kernel_sources" for t in targets):
+            if isinstance(value, ast.Tuple) and all(isinstance(e, ast.Name) for e in value.elts):
+                return [e.id for e in value.elts if isinstance(e, ast.Name)]
+            return None
+    if len(node.bases) != 1 or not isinstance(node.bases[0], ast.Name):
+        return None
+    return _kernel_sources(top, node.bases[0].id)
+
+
+def _def_source(folder: Path, module: str, name: str) -> str | None:
+    """The source ``inspect.getsource`` gives for the function ``name`` of a shipped module (its
+    decorators included), following ``from tunesvc.kernels.<module> import name``."""
+    text, tree = _parsed(folder / f"{module}.py")
+    for node in reversed(tree.body):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            return "".join(text.splitlines(keepends=True)[first - 1 : node.end_lineno])
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module is not None
+            and node.module.startswith("tunesvc.kernels.")
+            and any(alias.name == name and alias.asname is None for alias in node.names)
+        ):
+            return _def_source(folder, node.module.rpartition(".")[2], name)
+    return None
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(path: Path) -> tuple[str, ast.Module]:
+    text = path.read_text(encoding="utf-8")
+    return text, ast.parse(text)
 
 
 def template_named_by_data(name: str, allowed: tuple[str | None, ...] = ()) -> Template:

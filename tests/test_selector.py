@@ -266,15 +266,30 @@ def test_import_carries_selectors_from_databases_and_bundles(fitted_db, tmp_path
         assert f"Selectors: matmul {fitted.version} kept (a stored selector is kept" in again.output
 
 
-def test_import_refuses_a_selector_of_another_kernel_and_writes_nothing(fitted_db, tmp_path):
+def _renamed(selector):
+    selector["kernel"] = "softmax"
+
+
+def _outside(selector):
+    selector["candidates"][0]["BLOCK_M"] = 3
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (_renamed, r"kernels\.matmul\.selector is damaged \(it names softmax"),
+        (_outside, r"selector is outside its space"),
+    ],
+)
+def test_import_refuses_a_damaged_selector_and_writes_nothing(fitted_db, tmp_path, damage, message):
     bundle = _bundle_of(fitted_db, tmp_path / "b.json")
     data = json.loads(bundle.read_text())
-    data["kernels"]["matmul"]["selector"]["kernel"] = "softmax"
+    damage(data["kernels"]["matmul"]["selector"])
     bundle.write_text(json.dumps(data))
     target = str(tmp_path / "t.db")
     store = Store(target)
     try:
-        with pytest.raises(TunesvcError, match=r"kernels\.matmul\.selector is damaged \(it names softmax"):
+        with pytest.raises(TunesvcError, match=message):
             import_sources(store, [str(bundle)])
         assert store.winners() == []
     finally:

@@ -366,8 +366,8 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
     anything is written.
     """
     incoming = [(str(source), _winners_of(source, store), _selectors_of(source)) for source in sources]
-    for source, winners, _ in incoming:
-        _check_spaces(source, winners)
+    for source, winners, selectors in incoming:
+        _check_spaces(source, winners, selectors)
     changes, taken = [], []
     for source, winners, selectors in incoming:
         for kernel, version, device, key, config, time_ms in winners:
@@ -420,13 +420,21 @@ def _selectors_of(source: str | os.PathLike) -> list[Any]:
     return selectors
 
 
-def _check_spaces(source: str, winners: list[tuple]) -> None:
-    """Refuse a winner whose config is not in its kernel's space, where the kernel is known here
-    (shipped or an entry point: never a module the data names) in the same version."""
+def _check_spaces(source: str, winners: list[tuple], selectors: list[Any]) -> None:
+    """Refuse a winner, or a selector's candidate, whose config is not in its kernel's space,
+    where the kernel is known here (shipped or an entry point: never a module the data names)
+    in the same version."""
     from tunesvc.template import template_named_by_data
 
     spaces: dict[tuple[str, str], Any] = {}
-    for kernel, version, _, key, config, _ in winners:
+    configs = [
+        (kernel, version, f"the winner of {kernel} for {key[:200]}", config)
+        for kernel, version, _, key, config, _ in winners
+    ]
+    for selector in selectors:
+        what = f"a candidate of {selector.kernel}'s selector"
+        configs += [(selector.kernel, selector.version, what, config) for config in selector.candidates]
+    for kernel, version, what, config in configs:
         if (kernel, version) not in spaces:
             try:
                 template = template_named_by_data(kernel)
@@ -436,10 +444,7 @@ def _check_spaces(source: str, winners: list[tuple]) -> None:
         space = spaces[(kernel, version)]
         why = space.stored_config(config) if space is not None else None
         if isinstance(why, str):
-            raise TunesvcError(
-                f"{source}: the winner of {kernel} for {key[:200]} is outside its space ({why}); "
-                "re-tune it or re-export the source."
-            )
+            raise TunesvcError(f"{source}: {what} is outside its space ({why}); re-tune it or re-export the source.")
 
 
 def _winners_of(source: str | os.PathLike, target: Store) -> list[tuple]:

@@ -13,6 +13,7 @@ import csv
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Collection
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -156,7 +157,7 @@ def _targets(results_dir: Path) -> list[str]:
             mean_target, low_target = HELDOUT_TARGETS.get(kernel, (None, None))
             low_shape = min(speed, key=speed.__getitem__)
             worst_shape = min(pick, key=pick.__getitem__) if pick else None
-            within = sum(v >= 0.95 for v in pick.values()) / len(pick) if pick else None
+            within = _share_within_5pct(pick.values()) if pick else None
             lines.append(
                 f"| {kernel} | {len(speed)} | {statistics.geometric_mean(speed.values()):.3f}x ({_goal(mean_target)}) "
                 f"| {speed[low_shape]:.3f}x ({_goal(low_target)}), {low_shape} "
@@ -181,12 +182,17 @@ def _targets(results_dir: Path) -> list[str]:
                 ratios = {r["shape_key"]: float(r[f"{side}_ratio"]) for r in mine if r[f"{side}_ratio"]}
                 worst = min(ratios, key=ratios.__getitem__)
                 cells += [
-                    f"{sum(v >= 0.95 for v in ratios.values()) / len(ratios):.0%}",
+                    f"{_share_within_5pct(ratios.values()):.0%}",
                     f"{ratios[worst]:.3f}, {worst}",
                 ]
             lines.append(f"| {kernel} | {len(mine)} | {' | '.join(cells)} |")
         lines.append("")
     return lines
+
+
+def _share_within_5pct(ratios: Collection[float]) -> float:
+    """The share of pick / tuned ratios within 5% of the tuned best."""
+    return sum(v >= 0.95 for v in ratios) / len(ratios)
 
 
 def _goal(target: float | None) -> str:

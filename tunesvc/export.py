@@ -365,7 +365,7 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
     (:meth:`tunesvc.store.Store.merge_selector`). Every source is read and checked before
     anything is written.
     """
-    incoming = [(str(source), _winners_of(source, store), _selectors_of(source)) for source in sources]
+    incoming = [(str(source), *_read_source(source, store)) for source in sources]
     for source, winners, selectors in incoming:
         _check_spaces(source, winners, selectors)
     changes, taken = [], []
@@ -384,30 +384,11 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
     return Imported(changes, taken)
 
 
-def _selectors_of(source: str | os.PathLike) -> list[Any]:
-    """The selectors a bundle or database holds, each checked (tunesvc.selector.Selector)."""
+def _checked_selectors(found: list[tuple[str, str, str, Any, str]]) -> list[Any]:
+    """(kernel, version, hardware id, JSON, where) of a source's selectors, each checked
+    (tunesvc.selector.Selector) and naming its own kernel version and device."""
     from tunesvc.selector import Selector
-    from tunesvc.store import Store
 
-    found: list[tuple[str, str, str, Any, str]] = []  # kernel, version, hardware id, JSON, where
-    if str(source).endswith(".json"):
-        bundle = read_bundle(source)
-        hardware_id = bundle["device"]["hardware_id"]
-        for kernel, section in sorted(bundle["kernels"].items()):
-            if section.get("selector") is not None:
-                where = f"{source}: kernels.{kernel}.selector"
-                found.append((kernel, section["version"], hardware_id, section["selector"], where))
-    else:
-        store = Store(source, readonly=True)
-        try:
-            versions = {(e.kernel, e.kernel_version, e.hardware_id) for e in store.winners()}
-            for kernel, version, hardware_id in sorted(versions):
-                data = store.selector(kernel, version, hardware_id)
-                if data is not None:
-                    where = f"the selector of {kernel} {version} in {store.where}"
-                    found.append((kernel, version, hardware_id, data, where))
-        finally:
-            store.close()
     selectors = []
     for kernel, version, hardware_id, data, where in found:
         selector = Selector.from_dict(data, where)
@@ -447,28 +428,42 @@ def _check_spaces(source: str, winners: list[tuple], selectors: list[Any]) -> No
             raise TunesvcError(f"{source}: {what} is outside its space ({why}); re-tune it or re-export the source.")
 
 
-def _winners_of(source: str | os.PathLike, target: Store) -> list[tuple]:
-    """(kernel, version, device, shape key, config, ms) of every winner in a bundle or database."""
+def _read_source(source: str | os.PathLike, target: Store) -> tuple[list[tuple], list[Any]]:
+    """Every winner of a bundle or database, as (kernel, version, device, shape key, config, ms),
+    and its selectors (checked); each source is read once."""
     from tunesvc.store import Store
 
     if str(source).endswith(".json"):
-        return _bundle_winners(source, target)
+        return _bundle_contents(source, target)
     if "://" not in str(source) and not Path(source).exists():
         raise TunesvcError(f"No bundle or database at {source}; check the path.")
     store = Store(source, readonly=True)
     try:
-        return [
+        winners = [
             (e.kernel, e.kernel_version, d, e.shape_key, e.config, e.time_ms) for e, d in store.winners_with_devices()
         ]
+        found = []
+        for kernel, version, hardware_id in sorted({(w[0], w[1], w[2].hardware_id) for w in winners}):
+            data = store.selector(kernel, version, hardware_id)
+            if data is not None:
+                found.append(
+                    (kernel, version, hardware_id, data, f"the selector of {kernel} {version} in {store.where}")
+                )
     finally:
         store.close()
+    return winners, _checked_selectors(found)
 
 
-def _bundle_winners(path: str | os.PathLike, target: Store) -> list[tuple]:
+def _bundle_contents(path: str | os.PathLike, target: Store) -> tuple[list[tuple], list[Any]]:
     from tunesvc.device import Device
 
     bundle = read_bundle(path)
     info = bundle["device"]
+    found = [
+        (kernel, section["version"], info["hardware_id"], section["selector"], f"{path}: kernels.{kernel}.selector")
+        for kernel, section in sorted(bundle["kernels"].items())
+        if section.get("selector") is not None
+    ]
     # a bundle names its device's model, not its limits: take those from a row of the same
     # hardware in the target, if there is one (so `tune lookup --device` keeps real limits)
     known = {d.hardware_id: d for d in target.devices()}.get(info["hardware_id"])
@@ -498,4 +493,4 @@ def _bundle_winners(path: str | os.PathLike, target: Store) -> list[tuple]:
         for key, winner in sorted(section["winners"].items()):
             # time_ms: a finite positive number, checked by the section's schema (kernel_configs)
             out.append((kernel, section["version"], device, key, dict(configs[key]), float(winner["time_ms"])))
-    return out
+    return out, _checked_selectors(found)

@@ -28,6 +28,7 @@ import struct
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -433,15 +434,12 @@ def leave_one_out(data: TrainingSet) -> tuple[float, float] | None:
     ours = theirs = 0.0
     for i in range(len(data.keys)):
         rest = [j for j in range(len(data.keys)) if j != i]
-        part = TrainingSet(
-            data.kernel,
-            data.version,
-            data.hardware_id,
-            data.candidates,
-            tuple(data.keys[j] for j in rest),
-            tuple(data.features[j] for j in rest),
-            tuple(data.times[j] for j in rest),
-            (),
+        part = replace(
+            data,
+            keys=tuple(data.keys[j] for j in rest),
+            features=tuple(data.features[j] for j in rest),
+            times=tuple(data.times[j] for j in rest),
+            skipped=(),
         )
         selector = fit(part)
         x = selector.vector(data.features[i]) if selector is not None else []

@@ -385,7 +385,7 @@ def shipped_version(name: str) -> str | None:
 
 def _static_version(folder: Path, module: str, attr: str) -> str | None:
     text, tree = _parsed(folder / f"{module}.py")
-    top = {n.name: n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     made = [
         n.value.func.id
         for n in tree.body
@@ -396,7 +396,7 @@ def _static_version(folder: Path, module: str, attr: str) -> str | None:
     ]
     if len(made) != 1:
         return None
-    sources = _kernel_sources(top, made[0])
+    sources = _kernel_sources(classes, made[0])
     if sources is None:
         return None
     if not sources:  # the template's whole module
@@ -410,11 +410,11 @@ def _static_version(folder: Path, module: str, attr: str) -> str | None:
     return source_version(*segments)
 
 
-def _kernel_sources(top: Mapping[str, ast.AST], cls: str) -> list[str] | None:
+def _kernel_sources(classes: Mapping[str, ast.ClassDef], cls: str) -> list[str] | None:
     """The names in ``kernel_sources`` of class ``cls`` or its nearest base in the module that
     sets it ([] where the chain reaches ``Template``); None where it is not a tuple of names."""
-    node = top.get(cls)
-    if not isinstance(node, ast.ClassDef):
+    node = classes.get(cls)
+    if node is None:
         return [] if cls == "Template" else None
     for statement in node.body:
         targets: list[ast.expr] = []
@@ -429,7 +429,7 @@ def _kernel_sources(top: Mapping[str, ast.AST], cls: str) -> list[str] | None:
             return None
     if len(node.bases) != 1 or not isinstance(node.bases[0], ast.Name):
         return None
-    return _kernel_sources(top, node.bases[0].id)
+    return _kernel_sources(classes, node.bases[0].id)
 
 
 def _def_source(folder: Path, module: str, name: str) -> str | None:

@@ -370,11 +370,12 @@ class Store:
         )
 
     def kernel_version_id(self, template: Template) -> int:
+        return self._kernel_version_id(template.name, template.version)
+
+    def _kernel_version_id(self, kernel: str, version: str) -> int:
         return self._get_or_add(
-            select(KernelVersion.id).where(
-                KernelVersion.kernel == template.name, KernelVersion.version == template.version
-            ),
-            lambda: KernelVersion(kernel=template.name, version=template.version),
+            select(KernelVersion.id).where(KernelVersion.kernel == kernel, KernelVersion.version == version),
+            lambda: KernelVersion(kernel=kernel, version=version),
         )
 
     def _get_or_add(self, query, make) -> int:
@@ -1101,11 +1102,7 @@ class Store:
     def merge_selector(self, kernel: str, version: str, hardware_id: str, selector: dict[str, Any], keys: int) -> str:
         """Take a selector fitted elsewhere where none is stored for this kernel version and device
         model: 'added'; a stored one stays ('kept'): it was fitted on this database's own trials."""
-        kv_id = self._get_or_add(
-            select(KernelVersion.id).where(KernelVersion.kernel == kernel, KernelVersion.version == version),
-            lambda: KernelVersion(kernel=kernel, version=version),
-        )
-        return self._put_selector(kv_id, hardware_id, selector, keys, replace=False)
+        return self._put_selector(self._kernel_version_id(kernel, version), hardware_id, selector, keys, replace=False)
 
     def _put_selector(self, kv_id: int, hardware_id: str, selector: dict[str, Any], keys: int, *, replace: bool) -> str:
         for attempt in range(2):

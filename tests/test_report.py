@@ -16,6 +16,7 @@ import math
 import re
 import shutil
 import subprocess
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -233,12 +234,21 @@ def test_report_of_a_tiny_sweep(tiny_report):
     assert len(rows) == len(KEYS)
     for row in rows:
         cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
-        tuned, peer, over_peer = float(cells[2]), float(cells[5]), float(cells[6].removesuffix("x"))
-        assert peer > 0 and over_peer == pytest.approx(peer / tuned, rel=2e-3), row
+        shown = [cells[2], cells[5], cells[6].removesuffix("x")]
+        tuned, peer, over_peer = (float(text) for text in shown)
+        # the ratio agrees with the times as shown, up to each number's rounding to its digits
+        rounding = sum(_rounding(text) for text in shown)
+        assert peer > 0 and over_peer == pytest.approx(peer / tuned, rel=rounding), row
         css = re.findall(r'<td class="(slow|fast)">', row)[-1]
         assert css == ("slow" if over_peer < 1 else "fast"), row
     # the summary opens the page: one row for matmul on this machine's device, its numbers those of the rows
     assert html.index('id="summary"') < html.index('id="contents"') < html.index('<h2 id="matmul-')
+
+
+def _rounding(text: str) -> float:
+    """The largest relative error of a number printed as ``text``: half a unit of its last digit."""
+    digits = Decimal(text)
+    return float(Decimal(5).scaleb(digits.as_tuple().exponent - 1) / abs(digits))
 
 
 def test_tiny_sweep_numbers(tiny_db, template):

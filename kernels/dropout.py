@@ -220,7 +220,7 @@ def _dropout_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None,
     return dx.view(grad.shape), None, None, None
 
 
-_dropout_op = kernel_op("dropout", _dropout, lambda x, p, seed, config: torch.empty_like(x))
+_dropout_op = kernel_op("dropout", _dropout, lambda x, p, seed, config: torch.empty_like(x), replay=False)
 _dropout_op.register_autograd(_dropout_backward, _dropout_setup)
 
 

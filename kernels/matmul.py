@@ -654,16 +654,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, config: Config | None = None) ->
     A is (M, K), B is (K, N), both float16, bfloat16 or float32 on the same device; any strides.
     """
     if not _is_compiling():
-        # eager (no backward: the op's dispatcher would only add host time): a hit is one dict
-        # get on the operands' shapes and dtypes, inlined here rather than in _matmul (a frame less)
-        if config is None:
-            runtime = _runtime._default or _runtime.default_runtime()
-            config = runtime.launch_configs.get(
-                (TEMPLATE, a.shape, b.shape, a.dtype, b.dtype, a.get_device())
-            ) or _remember(runtime, a, b)
-        else:
+        # eager (no backward: the op's dispatcher would only add host time): a hit replays the
+        # launch of the first call with these operands' shapes, strides and dtypes
+        if config is not None:
             _check_operands(a, b)
-        return launch_matmul(a, b, config)
+        return _matmul_op.eager(a, b, config_arg(config))
     _check_operands(a, b)
     return _matmul_op.op(a, b, config_arg(config))  # torch.compile sees the op tunesvc::matmul (no graph break)
 

@@ -257,3 +257,51 @@ def test_autotune_hits_launch_directly_with_a_grid_function(context, tmp_path):
             _in_context(context, run)
             torch.cuda.synchronize()
             _close(out, 0.5 * x + y, 1e-6)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_replayed_calls_compute_what_the_functions_compute(context, monkeypatch):
+    """Every family three times on fresh inputs (the later calls replay the first call's
+    launches, tunesvc.launch.LaunchPlans): outputs and gradients equal the ops' own functions'."""
+    from test_ops import FAMILIES
+    from test_ops import _run
+
+    from tunesvc.launch import LaunchPlans
+
+    tunesvc.configure(mode="heuristic")
+    for family, (fn, make_inputs, grad) in FAMILIES.items():
+        for _ in range(3):
+            inputs = make_inputs("cuda")
+            got = _in_context(context, lambda: _run(fn, inputs, grad))
+            with monkeypatch.context() as m:
+                m.setattr(LaunchPlans, "active", False)
+                expected = _run(fn, inputs, grad)
+            torch.cuda.synchronize()
+            for g, e in zip(got, expected, strict=True):
+                torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m: f"{family}: {m}")
+
+
+def test_a_replayed_call_is_captured_in_a_cuda_graph():
+    """A key's plan under graph capture (the capture stream is its own key), replayed with new data."""
+    tunesvc.configure(mode="heuristic")
+    x = torch.randn(77, 1031, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(37, 515, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(515, 301, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        tunesvc.kernels.softmax(x), tunesvc.kernels.matmul(a, b)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm the capture's key: record, then replay
+        for _ in range(2):
+            tunesvc.kernels.softmax(x), tunesvc.kernels.matmul(a, b)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, c = tunesvc.kernels.softmax(x), tunesvc.kernels.matmul(a, b)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        a.copy_(torch.randn_like(a))
+        graph.replay()
+        torch.cuda.synchronize()
+        _close(y, torch.softmax(x.float(), -1))
+        _close(c, a.float() @ b.float())

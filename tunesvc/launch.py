@@ -21,12 +21,17 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import triton
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import _disable_current_modes
 from triton import knobs
+
+from tunesvc import runtime as _runtime_module
 
 _allocator_set: contextvars.ContextVar[bool] = contextvars.ContextVar("tunesvc_allocator_set", default=False)
 
@@ -130,6 +135,9 @@ class DirectLaunch:
     def launch(self, grid: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         """``kernel[grid](*args, **kwargs)``; ``grid`` a tuple, or a function of the named
         arguments (constexprs included) as Triton calls it."""
+        recording = _recording.get()
+        if recording is not None:
+            return self._recorded(recording, grid, args, kwargs)
         if not self._direct:
             return self.kernel.run(*args, grid=grid, warmup=False, **kwargs)
         get_device = _Driver.device
@@ -171,6 +179,35 @@ class DirectLaunch:
         )
         return compiled
 
+    def _recorded(self, recording: _Recording, grid: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """The launch, noted in ``recording`` with the compiled kernel and grid a replay calls."""
+        compiled = self.launch_once(grid, args, kwargs)
+        if not self._direct:
+            recording.launched(self, None, grid, args, kwargs)
+            return compiled
+        device = _Driver.device() if _Driver.device is not None else None
+        try:
+            key = self._key_of(device, *args, kwargs) if self._key_of is not None else None
+        except Exception:
+            key = None
+        entry = self._compiled.get(key) if key is not None else None
+        if entry is None or entry[0] is not compiled or self.kernel.pre_run_hooks:
+            recording.refused = recording.refused or f"{self.kernel.__name__} was launched through Triton's own path"
+            return compiled
+        if callable(grid):
+            grid = grid(dict(zip(self._names, (*args, *entry[1]))))
+        recording.launched(self, entry, tuple(grid), args, kwargs)
+        return compiled
+
+    def launch_once(self, grid: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """:meth:`launch` outside any recording (the interpreter's own tensor ops are not the call's)."""
+        token = _recording.set(None)
+        try:
+            with _disable_current_modes():
+                return self.launch(grid, args, kwargs)
+        finally:
+            _recording.reset(token)
+
     def _first_launch(self, key: tuple, grid: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         compiled = self.kernel.run(*args, grid=grid, warmup=False, **kwargs)
         if compiled is None:
@@ -198,3 +235,331 @@ class DirectLaunch:
 def direct_launch(kernel: Any) -> DirectLaunch:
     """``kernel`` launched through :class:`DirectLaunch`."""
     return DirectLaunch(kernel)
+
+
+# -- launch plans: a hit replays what the first call of its key launched ------------------------
+
+#: the recording of the op call running in this thread/context, if any
+_recording: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("tunesvc_recording", default=None)
+
+#: factory ops whose output a replay makes again with torch.empty_strided: contents undefined both ways
+_ALLOCATIONS = frozenset(
+    {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided"}
+)
+
+
+class _Recording(TorchDispatchMode):
+    """Every aten op and every :class:`DirectLaunch` launch of one op call.
+
+    A call is replayable when its only aten ops were allocations with undefined contents and
+    views, and every kernel it launched went through a :class:`DirectLaunch` (the shipped
+    families' launch path). Anything else (a copy, a zeroed buffer, a host sync, a kernel's first
+    launch before it was keyed) leaves the call unreplayable; it runs as it is.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.allocations: dict[int, torch.Tensor] = {}  # by storage address (they are held: none is reused)
+        self.launches: list[tuple[DirectLaunch, Any, Any, tuple, dict[str, Any]]] = []
+        self.refused: str | None = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name
+        if name in _ALLOCATIONS:
+            # by storage: the Python object the caller gets is not always the one seen here
+            self.allocations[_storage(out)] = out
+        elif not func.is_view and self.refused is None:
+            self.refused = f"it runs {func}"
+        return out
+
+    def launched(self, kernel: DirectLaunch, entry: Any, grid: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        self.launches.append((kernel, entry, grid, args, kwargs))
+
+    def plan(self, inputs: tuple, output: Any) -> LaunchPlan | str:
+        """The plan that replays this call for inputs of the same key, or why there is none."""
+        if self.refused is not None:
+            return self.refused
+        if not self.launches:
+            return "it launched no kernel"
+        return LaunchPlan.build(inputs, output, self)
+
+
+class _Unplannable(Exception):
+    """Why a recorded call cannot be replayed."""
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return t.shape, t.stride(), t.storage_offset(), t.dtype
+
+
+class LaunchPlan:
+    """The launches of one recorded op call as one generated function of (args, stream).
+
+    Each tensor a kernel was given is named by where it came from: the call's i-th argument (or
+    a view of it); a buffer the call allocated and returns (allocated again, with the same size,
+    strides, dtype and device, or a view of it); a buffer it allocated and dropped, or a tensor
+    that existed before the call and that the call did not receive (a workspace such as split-K's
+    partial sums or arrival counters: the recorded tensor again, kept with the plan; plans are
+    keyed by stream, so two streams never share one). Every other argument is the recorded value: the plan's key (shapes, strides,
+    dtypes, address alignment, scalar arguments, device, stream) fixes them all. The function
+    is generated from the recording, with every value bound by name (no text a file supplies),
+    so that a hit is one Python frame: the speed of Inductor's generated launchers.
+    """
+
+    def __init__(self, inputs: tuple, allocations: dict[int, torch.Tensor]) -> None:
+        self.namespace: dict[str, Any] = {
+            "empty": torch.empty,
+            "empty_strided": torch.empty_strided,
+            "use_torch_allocator": use_torch_allocator,
+        }
+        self.lines: list[str] = []
+        self.allocations = allocations
+        self.arguments = inputs
+        self.inputs = {id(t): i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)}
+        self.names: dict[tuple, str] = {}  # by storage address and layout
+        self.returned: set[int] = set()  # storage addresses of the tensors the call returns
+        self.replay: Callable[[tuple, int], Any] = _no_key
+        self.source = ""
+
+    @classmethod
+    def build(cls, inputs: tuple, output: Any, recording: _Recording) -> LaunchPlan | str:
+        """The plan of a recorded call, or one phrase saying why there is none."""
+        plan = cls(inputs, recording.allocations)
+        if len(plan.inputs) < sum(isinstance(t, torch.Tensor) for t in inputs):
+            return "one tensor is given as two arguments"  # a later call may give two
+        outputs = output if isinstance(output, tuple) else (output,)
+        plan.returned = {_storage(t) for t in outputs if isinstance(t, torch.Tensor)}
+        try:
+            for kernel, entry, grid, args, kwargs in recording.launches:
+                plan._launch(kernel, entry, grid, args, kwargs)
+            result = plan._result(output)
+        except _Unplannable as reason:
+            return str(reason)
+        plan.source = "def replay(args, stream):\n" + "".join(f"    {line}\n" for line in plan.lines)
+        plan.source += f"    return {result}\n"
+        exec(compile(plan.source, "<tunesvc.launch plan>", "exec"), plan.namespace)
+        plan.replay = plan.namespace["replay"]
+        return plan
+
+    def _constant(self, value: Any) -> str:
+        name = f"c{len(self.namespace)}"
+        self.namespace[name] = value
+        return name
+
+    def _tensor(self, t: torch.Tensor) -> str:
+        if id(t) in self.inputs:
+            return f"args[{self.inputs[id(t)]}]"
+        storage, layout = _storage(t), _layout(t)
+        name = self.names.get((storage, layout))
+        if name is not None:
+            return name
+        size, stride = self._constant(tuple(t.shape)), self._constant(t.stride())
+        made = self.allocations.get(storage)
+        sharing = [i for i, a in enumerate(self.arguments) if isinstance(a, torch.Tensor) and _storage(a) == storage]
+        if made is not None and storage not in self.returned:
+            name = self._constant(t)  # a workspace of the call: kept with the plan (its key names the stream)
+        elif made is not None:
+            if layout == _layout(made):
+                name = f"t{len(self.names)}"
+                dtype, device = self._constant(t.dtype), self._constant(t.device)
+                if t.is_contiguous():  # torch.empty: a third less host time than empty_strided
+                    self.lines.append(f"{name} = empty({size}, dtype={dtype}, device={device})")
+                else:
+                    self.lines.append(f"{name} = empty_strided({size}, {stride}, dtype={dtype}, device={device})")
+            elif t.dtype == made.dtype:  # a view of a buffer the call made (a slice of stacked gradients)
+                base = self._tensor(made)
+                name = f"t{len(self.names)}"
+                self.lines.append(f"{name} = {base}.as_strided({size}, {stride}, {t.storage_offset()})")
+            else:
+                raise _Unplannable("a kernel was given a buffer the call made, as another dtype")
+        elif sharing:
+            if len(sharing) > 1 or t.dtype != self.arguments[sharing[0]].dtype:
+                raise _Unplannable("a kernel was given a view of arguments that share memory")
+            i = sharing[0]
+            offset = t.storage_offset() - self.arguments[i].storage_offset()
+            name = f"args[{i}].as_strided({size}, {stride}, args[{i}].storage_offset() + {offset})"
+        else:
+            name = self._constant(t)  # a workspace that outlives the call: kept alive here
+        self.names[(storage, layout)] = name
+        return name
+
+    def _launch(self, kernel: DirectLaunch, entry: Any, grid: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+            raise _Unplannable("a kernel was given a tensor by keyword")
+        names = [self._tensor(a) if isinstance(a, torch.Tensor) else self._constant(a) for a in args]
+        if entry is None:  # the interpreter has no compiled kernel: the launch goes through DirectLaunch
+            launch, grid_name, kw = self._constant(kernel.launch), self._constant(grid), self._constant(kwargs)
+            self.lines.append(f"{launch}({grid_name}, ({', '.join(names)},), {kw})")
+            return
+        compiled, tail = entry
+        if getattr(compiled.metadata, "global_scratch_size", 0) > 0:
+            self.lines.append("use_torch_allocator()")  # this thread's allocator, as the first call had
+        g0, g1, g2 = (self._constant(g) for g in (*grid, 1, 1)[:3])
+        run, function, metadata = (
+            self._constant(v) for v in (compiled.run, compiled.function, compiled.packed_metadata)
+        )
+        every = ", ".join([*names, *(self._constant(v) for v in tail)])
+        self.lines.append(f"{run}({g0}, {g1}, {g2}, stream, {function}, {metadata}, None, None, None, {every})")
+
+    def _result(self, output: Any) -> str:
+        outputs = output if isinstance(output, tuple) else (output,)
+        returned = []
+        for t in outputs:
+            made = self.allocations.get(_storage(t)) if isinstance(t, torch.Tensor) else None
+            if id(t) not in self.inputs and (made is None or _layout(made) != _layout(t)):
+                raise _Unplannable("it returns something other than its arguments and the buffers it allocated")
+            returned.append(self._tensor(t))
+        return f"({', '.join(returned)},)" if isinstance(output, tuple) else returned[0]
+
+
+_SCALARS = (int, bool, float, str, type(None))
+
+
+def _kinds(args: tuple, seen: list[set[type]] | None = None) -> list[set[type]]:
+    """The kinds each argument position has taken (torch.Tensor, or a scalar's class)."""
+    kinds = [set(k) for k in seen] if seen is not None and len(seen) == len(args) else [set() for _ in args]
+    for kind, arg in zip(kinds, args):
+        kind.add(torch.Tensor if isinstance(arg, torch.Tensor) else type(arg))
+    return kinds
+
+
+def _plan_key_function(kinds: list[set[type]]) -> Callable[..., tuple]:
+    """A function of (*args) giving the plan key of calls whose arguments are of these kinds:
+    each tensor's shape, strides, dtype and address mod 16, the first tensor's device index, and
+    every other argument's class and value (so 1, 1.0 and True differ). Generated like
+    _key_function; an argument of a kind not seen raises, and the caller regenerates it."""
+    names = [f"a{i}" for i in range(len(kinds))]
+    parts = []
+    device = ""
+    for name, kind in zip(names, kinds):
+        if torch.Tensor in kind:
+            meta = f"({name}.shape, {name}.stride(), {name}.dtype, {name}.data_ptr() & 15)"
+            if kind == {torch.Tensor}:
+                parts.append(meta)
+                device = device or f"{name}.get_device()"
+            elif kind == {torch.Tensor, type(None)}:
+                parts.append(f"(None if {name} is None else {meta})")
+            else:
+                return _no_key
+        elif all(k in _SCALARS for k in kind):
+            parts += [f"{name}.__class__", name]
+        else:
+            return _no_key
+    parts.append(device or "None")
+    source = f"def key({', '.join(names)}):\n    return ({', '.join(parts)},)\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<tunesvc.launch plan key>", "exec"), namespace)
+    return namespace["key"]
+
+
+def _hooked() -> bool:
+    """A profiler's launch hook (proton): launches go through Triton's path, which calls it."""
+    enter = knobs.runtime.launch_enter_hook
+    return bool(getattr(enter, "calls", enter))
+
+
+class LaunchPlans:
+    """An op's function, with the launches of its first call per key replayed on later calls.
+
+    The key is the call's arguments (shapes, strides, dtypes, address alignment, scalars), the
+    current CUDA device and stream. A call without a plan runs the function under a
+    :class:`_Recording`; a call it can replay becomes the key's plan, and one it cannot is tried
+    again (a first call allocates workspaces, a tune-on-miss sweeps) until ``tries`` calls
+    have failed; then the key always runs the function. Plans answer for one tuned-config
+    runtime: when ``tunesvc.configure`` installs another, they are dropped.
+    """
+
+    tries = 3
+    #: False (or TUNESVC_REPLAY=0): every call runs the function, nothing is recorded or replayed
+    active = os.environ.get("TUNESVC_REPLAY", "1") != "0"
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.plans: dict[tuple, LaunchPlan | None] = {}
+        #: why each key that has no plan has none (the last recording's reason)
+        self.refusals: dict[tuple, str] = {}
+        self._failures: dict[tuple, int] = {}
+        self._key_of: Callable[..., tuple] | None = None
+        self._kinds: list[set[type]] | None = None
+        self._runtime: Any = None
+        self._where: Callable[[], tuple[int, int]] | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if _recording.get() is not None or not self.active:  # inside another op's recording: its launches
+            return self.fn(*args)
+        if _runtime_module._default is not self._runtime:
+            self._forget()
+        key_of = self._key_of or self._rekey(args)
+        where = self._where or self._locate()
+        try:
+            key = (*where(), *key_of(*args))
+        except Exception:  # an argument of a kind not seen before: a key function for both kinds
+            try:
+                key = (*where(), *self._rekey(args)(*args))
+            except Exception:  # _NoKey (an argument it cannot key): the function as it is
+                return self.fn(*args)
+        plan = self.plans.get(key, _MISSING)
+        if plan is _MISSING:
+            return self._record(key, args)
+        enter = knobs.runtime.launch_enter_hook
+        if plan is None or getattr(enter, "calls", enter):  # a profiler's hook: Triton's path calls it
+            return self.fn(*args)
+        return plan.replay(args, key[1])
+
+    def _rekey(self, args: tuple) -> Callable[..., tuple]:
+        self._kinds = _kinds(args, self._kinds)
+        self._key_of = _plan_key_function(self._kinds)
+        return self._key_of
+
+    def _forget(self) -> None:
+        """Drop every plan: another runtime answers (``tunesvc.configure``)."""
+        self.plans.clear()
+        self._failures.clear()
+        self._runtime = _runtime_module._default
+
+    def _locate(self) -> Callable[[], tuple[int, int]]:
+        """The current CUDA (device, stream) reader; (-1, 0) under the interpreter."""
+        from tunesvc.device import interpreting
+
+        if interpreting() or not torch.cuda.is_available():
+            self._where = lambda: (-1, 0)
+        else:
+            _Driver.load()
+            device, stream = _Driver.device, _Driver.stream
+            assert device is not None and stream is not None
+
+            def where() -> tuple[int, int]:
+                index = device()
+                return index, stream(index)
+
+            self._where = where
+        return self._where
+
+    def _record(self, key: tuple, args: tuple) -> Any:
+        recording = _Recording()
+        token = _recording.set(recording)
+        try:
+            with recording:
+                output = self.fn(*args)
+        finally:
+            _recording.reset(token)
+        if _runtime_module._default is not self._runtime:  # the call made the runtime: plans answer for it
+            self._forget()
+        plan = recording.plan(args, output) if not _hooked() else "a launch hook is set"
+        if isinstance(plan, LaunchPlan):
+            self.plans[key] = plan
+            self.refusals.pop(key, None)
+        else:
+            self.refusals[key] = plan
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            if failures >= self.tries:
+                self.plans[key] = None
+        return output
+
+
+_MISSING: Any = object()

@@ -43,6 +43,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
+from tunesvc.launch import LaunchPlans
+
 if TYPE_CHECKING:
     from tunesvc.space import Config
 
@@ -56,10 +58,17 @@ class KernelOp:
     """``fn`` registered as the custom op ``tunesvc::<name>`` (``.op``); ``.fn`` is the eager path."""
 
     def __init__(
-        self, name: str, fn: Callable[..., Any], fake: Callable[..., Any], mutates_args: tuple[str, ...] = ()
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        fake: Callable[..., Any],
+        mutates_args: tuple[str, ...] = (),
+        replay: bool = True,
     ) -> None:
         self.name = name
         self.fn = fn
+        #: the eager path: ``fn``, its launches replayed per key after the first call (LaunchPlans)
+        self.eager: Callable[..., Any] = LaunchPlans(fn) if replay else fn
         self.op = torch.library.custom_op(f"tunesvc::{name}", fn, mutates_args=mutates_args)
         self.op.register_fake(fake)
         self._eager_autograd: type[torch.autograd.Function] | None = None
@@ -69,7 +78,7 @@ class KernelOp:
         for the op and for eager calls alike; it should launch through another op's :meth:`call`
         so that torch.compile traces it too."""
         self.op.register_autograd(backward, setup_context=setup_context)
-        fn = self.fn
+        fn = self.eager
 
         # forward(ctx, ...) calls setup_context itself: a Function with its own setup_context
         # binds every call's arguments through inspect.signature: nearly half of an eager call's host time
@@ -95,14 +104,22 @@ class KernelOp:
             for t in grad_inputs:  # a loop, not any(<generator>): no generator frame per call
                 if t is not None and t.requires_grad:
                     return self._eager_autograd.apply(*args)
-        return self.fn(*args)
+        return self.eager(*args)
 
 
 def kernel_op(
-    name: str, fn: Callable[..., Any], fake: Callable[..., Any], mutates_args: tuple[str, ...] = ()
+    name: str,
+    fn: Callable[..., Any],
+    fake: Callable[..., Any],
+    mutates_args: tuple[str, ...] = (),
+    replay: bool = True,
 ) -> KernelOp:
-    """Register ``fn`` (type-annotated) as ``tunesvc::<name>`` with ``fake`` as its shape function."""
-    return KernelOp(name, fn, fake, mutates_args)
+    """Register ``fn`` (type-annotated) as ``tunesvc::<name>`` with ``fake`` as its shape function.
+
+    ``replay``: eager calls replay the launches of the first call of their key
+    (:class:`tunesvc.launch.LaunchPlans`); False for an op whose launches depend on more than
+    its arguments' shapes and scalars, the device and the stream."""
+    return KernelOp(name, fn, fake, mutates_args, replay)
 
 
 def config_arg(config: Config | None) -> str:

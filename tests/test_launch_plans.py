@@ -1,0 +1,173 @@
+"""Launch plans: an eager call of a shipped op replays the launches of the first call of its key.
+
+Each family runs with fresh random inputs of one shape (the later calls are replays), and every
+output and gradient must equal what the ops' own functions compute for the same inputs; calls a
+plan cannot replay run the function, and plans are dropped when another runtime answers.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from test_ops import FAMILIES
+from test_ops import _run
+
+import tunesvc
+import tunesvc.kernels
+from tunesvc.launch import LaunchPlans
+from tunesvc.launch import direct_launch
+from tunesvc.ops import KernelOp
+from tunesvc.ops import kernel_op
+
+
+def _shipped_ops() -> dict[str, KernelOp]:
+    """Every op of the shipped families, by name."""
+    modules = [m for name, m in sys.modules.items() if name.startswith("tunesvc.kernels.")]
+    return {op.name: op for m in modules for op in vars(m).values() if isinstance(op, KernelOp)}
+
+
+@pytest.fixture(autouse=True)
+def heuristic_runtime():
+    tunesvc.configure(mode="heuristic")
+    yield
+    tunesvc.configure(mode="heuristic")
+
+
+def _unplanned(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], Any]) -> Any:
+    with monkeypatch.context() as m:
+        m.setattr(LaunchPlans, "active", False)
+        return fn()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_replayed_calls_compute_what_the_functions_compute(family, monkeypatch):
+    fn, make_inputs, grad = FAMILIES[family]
+    for _ in range(3):  # the first call records; the next two replay, each on fresh inputs
+        inputs = make_inputs("cpu")
+        replayed = _run(fn, inputs, grad)
+        expected = _unplanned(monkeypatch, lambda: _run(fn, inputs, grad))
+        assert len(replayed) == len(expected)
+        for got, want in zip(replayed, expected):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_every_forward_but_dropout_has_a_plan_after_one_call():
+    for fn, make_inputs, grad in FAMILIES.values():
+        _run(fn, make_inputs("cpu"), grad)
+    ops = _shipped_ops()
+    assert not isinstance(ops["dropout"].eager, LaunchPlans)  # its seed is an argument: a plan per call
+    forwards = [op for name, op in ops.items() if name != "dropout" and not name.endswith("_bwd")]
+    assert len(forwards) >= 7
+    for op in forwards:
+        plans = op.eager
+        assert isinstance(plans, LaunchPlans)
+        assert any(plan is not None for plan in plans.plans.values()), f"{op.name}: {plans.refusals}"
+
+
+@triton.jit
+def _scale_kernel(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask) * scale, mask=mask)
+
+
+_scale = direct_launch(_scale_kernel)
+
+
+def _scale_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
+    y = torch.empty_like(x)
+    _scale[(triton.cdiv(x.numel(), 64),)](x, y, x.numel(), scale, BLOCK=64)
+    return y
+
+
+def _twice_then_sum(x: torch.Tensor, scale: float) -> torch.Tensor:
+    y = _scale_rows(x, scale)
+    return y + x  # an op a replay would skip: no plan
+
+
+def _view_of_argument(x: torch.Tensor, scale: float) -> torch.Tensor:
+    y = torch.empty_like(x[1:])
+    _scale[(triton.cdiv(y.numel(), 64),)](x[1:], y, y.numel(), scale, BLOCK=64)
+    return y
+
+
+def _pair(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _scale_rows(x, 1.0), _scale_rows(y, 2.0)
+
+
+_pair_op = kernel_op("_plans_pair", _pair, lambda x, y: (torch.empty_like(x), torch.empty_like(y)))
+_scale_op = kernel_op("_plans_scale", _scale_rows, lambda x, scale: torch.empty_like(x))
+_sum_op = kernel_op("_plans_sum", _twice_then_sum, lambda x, scale: torch.empty_like(x))
+_view_op = kernel_op("_plans_view", _view_of_argument, lambda x, scale: torch.empty_like(x[1:]))
+
+
+def test_a_plan_reads_each_calls_arguments_and_scalars_are_part_of_its_key():
+    x = torch.randn(37, 3)
+    torch.testing.assert_close(_scale_op.call(x, 2.0), 2.0 * x)
+    plans = _scale_op.eager
+    assert isinstance(plans, LaunchPlans) and len(plans.plans) == 1
+    for scale in (2.0, 2.0, -0.5):
+        x = torch.randn(37, 3)
+        torch.testing.assert_close(_scale_op.call(x, scale), scale * x)
+    assert len(plans.plans) == 2  # one per scale
+    # other strides: another key, the right answer
+    x = torch.randn(3, 37).T
+    torch.testing.assert_close(_scale_op.call(x.contiguous(), 3.0), 3.0 * x)
+
+
+def test_a_view_of_an_argument_is_taken_again_from_each_calls_argument():
+    for _ in range(3):
+        x = torch.randn(11, 5)
+        torch.testing.assert_close(_view_op.call(x, 1.5), 1.5 * x[1:])
+    assert all(plan is not None for plan in _view_op.eager.plans.values())
+
+
+def test_a_call_that_runs_other_ops_is_never_replayed():
+    for _ in range(LaunchPlans.tries + 2):
+        x = torch.randn(37)
+        torch.testing.assert_close(_sum_op.call(x, 2.0), 3.0 * x)
+    plans = _sum_op.eager
+    assert list(plans.plans.values()) == [None]
+    assert list(plans.refusals.values()) == ["it runs aten.add.Tensor"]
+
+
+def test_one_tensor_given_twice_is_not_replayed_for_two():
+    x = torch.randn(40)
+    torch.testing.assert_close(_pair_op.call(x, x), (x, 2.0 * x))
+    assert list(_pair_op.eager.refusals.values()) == ["one tensor is given as two arguments"]
+    for _ in range(2):  # records, then replays: each argument read from its own place
+        a, b = torch.randn(40), torch.randn(40)
+        torch.testing.assert_close(_pair_op.call(a, b), (a, 2.0 * b))
+
+
+def test_plans_are_dropped_when_another_runtime_answers():
+    x = torch.randn(37, 3)
+    _scale_op.call(x, 4.0)
+    plans = _scale_op.eager
+    assert plans.plans
+    tunesvc.configure(mode="heuristic")
+    _scale_op.call(x, 4.0)  # records again, for the new runtime
+    assert len(plans.plans) == 1 and plans._runtime is tunesvc.runtime._default
+
+
+def _maybe_scaled(x: torch.Tensor, other: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+    return _scale_rows(x if other is None else other, 1.0 if scale is None else scale)
+
+
+_maybe_op = kernel_op("_plans_maybe", _maybe_scaled, lambda x, other, scale: torch.empty_like(x))
+
+
+def test_an_argument_that_is_sometimes_none_is_keyed_either_way():
+    x, other = torch.randn(50), torch.randn(50)
+    for _ in range(2):
+        for args, want in (((x, None, None), x), ((x, other, None), other), ((x, None, 3.0), 3.0 * x)):
+            torch.testing.assert_close(_maybe_op.call(*args), want)
+    plans = _maybe_op.eager
+    assert isinstance(plans, LaunchPlans)
+    assert len(plans.plans) == 3 and all(plan is not None for plan in plans.plans.values())

@@ -20,9 +20,12 @@ would have picked; an integer value not seen before (a new M) is one launch thro
 from __future__ import annotations
 
 import contextvars
+import importlib
 import inspect
 import os
+import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -285,6 +288,56 @@ class _Recording(TorchDispatchMode):
         return LaunchPlan.build(inputs, output, self)
 
 
+@dataclass(frozen=True)
+class _Static:
+    """A compiled kernel loaded by torch's static launcher (what Inductor launches with)."""
+
+    call: tuple  # (launch, function, num_warps, shared, argument types): a launch's first arguments
+    constexprs: frozenset[int]  # parameter indices the cubin does not take
+    scratch: int  # trailing None arguments (Triton's scratch pointers, unused)
+
+
+_STATIC: dict[Any, _Static | None] = {}
+_LOADED: list[Any] = []  # the static kernels: each owns its loaded module
+
+
+def _static_launcher(compiled: Any) -> _Static | None:
+    """``compiled`` through torch's static launcher, or None where it cannot launch it (no such
+    launcher in this torch, TMA descriptors, scratch memory, clusters). One per compiled kernel."""
+    if compiled not in _STATIC:
+        _STATIC[compiled] = _load_static(compiled)
+    return _STATIC[compiled]
+
+
+def _load_static(compiled: Any) -> _Static | None:
+    launcher_cls = None
+    for module in ("static_triton_launcher", "static_cuda_launcher"):  # the name differs between torch releases
+        try:
+            launcher_cls = importlib.import_module(f"torch._inductor.runtime.{module}").StaticallyLaunchedCudaKernel
+            break
+        except (ImportError, AttributeError):
+            continue
+    metadata = compiled.metadata
+    if launcher_cls is None or "cubin" not in getattr(compiled, "asm", {}):
+        return None
+    if getattr(metadata, "launch_pdl", False) or getattr(metadata, "launch_cooperative_grid", False):
+        return None  # launch attributes it does not set
+    try:
+        if not hasattr(compiled, "_cubin_path"):
+            compiled._cubin_path = None  # Inductor's cache sets it; the kernel is loaded from its bytes below
+        kernel = launcher_cls(compiled)
+        with tempfile.TemporaryDirectory(prefix="tunesvc-cubin-") as folder:
+            kernel.reload_cubin_from_raw(os.path.join(folder, "kernel.cubin"))
+            kernel.load_kernel(torch.cuda.current_device())
+        scratch = int(kernel.has_global_scratch) + int(kernel.has_profile_scratch)
+        types = kernel.arg_tys + "O" * scratch
+        call = (kernel.C_impl._launch_kernel, kernel.function, kernel.num_warps, kernel.shared, types)
+        _LOADED.append(kernel)
+        return _Static(call, frozenset(kernel.full_constexprs), scratch)
+    except Exception:  # NotImplementedError for what it does not launch; any other failure: Triton's launcher
+        return None
+
+
 class _Unplannable(Exception):
     """Why a recorded call cannot be replayed."""
 
@@ -397,14 +450,29 @@ class LaunchPlan:
             self.lines.append(f"{launch}({grid_name}, ({', '.join(names)},), {kw})")
             return
         compiled, tail = entry
+        g0, g1, g2 = (self._constant(g) for g in (*grid, 1, 1)[:3])
+        every = [*names, *(self._constant(v) for v in tail)]
+        static = _static_launcher(compiled)
+        if static is not None:  # torch's static launcher: a third less host time than Triton's
+            launch, function, warps, shared, types = (self._constant(v) for v in static.call)
+            values = [
+                f"{name}.data_ptr()" if isinstance(value, torch.Tensor) else name
+                for i, (name, value) in enumerate(zip(every, (*args, *tail)))
+                if i not in static.constexprs
+            ]
+            values += ["None"] * static.scratch
+            every_value = ", ".join(values)
+            self.lines.append(
+                f"{launch}({function}, {g0}, {g1}, {g2}, {warps}, {shared}, {types}, ({every_value},), stream)"
+            )
+            return
         if getattr(compiled.metadata, "global_scratch_size", 0) > 0:
             self.lines.append("use_torch_allocator()")  # this thread's allocator, as the first call had
-        g0, g1, g2 = (self._constant(g) for g in (*grid, 1, 1)[:3])
         run, function, metadata = (
             self._constant(v) for v in (compiled.run, compiled.function, compiled.packed_metadata)
         )
-        every = ", ".join([*names, *(self._constant(v) for v in tail)])
-        self.lines.append(f"{run}({g0}, {g1}, {g2}, stream, {function}, {metadata}, None, None, None, {every})")
+        joined = ", ".join(every)
+        self.lines.append(f"{run}({g0}, {g1}, {g2}, stream, {function}, {metadata}, None, None, None, {joined})")
 
     def _result(self, output: Any) -> str:
         outputs = output if isinstance(output, tuple) else (output,)
@@ -428,20 +496,23 @@ def _kinds(args: tuple, seen: list[set[type]] | None = None) -> list[set[type]]:
     return kinds
 
 
-def _plan_key_function(kinds: list[set[type]]) -> Callable[..., tuple]:
-    """A function of (*args) giving the plan key of calls whose arguments are of these kinds:
-    each tensor's shape, strides, dtype and address mod 16, the first tensor's device index, and
-    every other argument's class and value (so 1, 1.0 and True differ). Generated like
-    _key_function; an argument of a kind not seen raises, and the caller regenerates it."""
+def _plan_key_function(
+    kinds: list[set[type]], device: Callable[[], int], stream: Callable[[int], int]
+) -> Callable[..., tuple]:
+    """A function of (*args) giving the plan key of calls whose arguments are of these kinds: the
+    current device and stream (first: a plan launches on the stream), each tensor's shape,
+    strides, dtype and address mod 16, the first tensor's device index, and every other
+    argument's class and value (so 1, 1.0 and True differ). Generated like _key_function; an
+    argument of a kind not seen raises, and the caller regenerates it."""
     names = [f"a{i}" for i in range(len(kinds))]
     parts = []
-    device = ""
+    first = ""  # the first tensor's device index
     for name, kind in zip(names, kinds):
         if torch.Tensor in kind:
             meta = f"({name}.shape, {name}.stride(), {name}.dtype, {name}.data_ptr() & 15)"
             if kind == {torch.Tensor}:
                 parts.append(meta)
-                device = device or f"{name}.get_device()"
+                first = first or f"{name}.get_device()"
             elif kind == {torch.Tensor, type(None)}:
                 parts.append(f"(None if {name} is None else {meta})")
             else:
@@ -450,9 +521,10 @@ def _plan_key_function(kinds: list[set[type]]) -> Callable[..., tuple]:
             parts += [f"{name}.__class__", name]
         else:
             return _no_key
-    parts.append(device or "None")
-    source = f"def key({', '.join(names)}):\n    return ({', '.join(parts)},)\n"
-    namespace: dict[str, Any] = {}
+    parts.append(first or "None")
+    body = f"    index = device()\n    return (index, stream(index), {', '.join(parts)},)\n"
+    source = f"def key({', '.join(names)}):\n{body}"
+    namespace: dict[str, Any] = {"device": device, "stream": stream}
     exec(compile(source, "<tunesvc.launch plan key>", "exec"), namespace)
     return namespace["key"]
 
@@ -487,7 +559,6 @@ class LaunchPlans:
         self._key_of: Callable[..., tuple] | None = None
         self._kinds: list[set[type]] | None = None
         self._runtime: Any = None
-        self._where: Callable[[], tuple[int, int]] | None = None
 
     def __call__(self, *args: Any) -> Any:
         if _recording.get() is not None or not self.active:  # inside another op's recording: its launches
@@ -495,12 +566,11 @@ class LaunchPlans:
         if _runtime_module._default is not self._runtime:
             self._forget()
         key_of = self._key_of or self._rekey(args)
-        where = self._where or self._locate()
         try:
-            key = (*where(), *key_of(*args))
+            key = key_of(*args)
         except Exception:  # an argument of a kind not seen before: a key function for both kinds
             try:
-                key = (*where(), *self._rekey(args)(*args))
+                key = self._rekey(args)(*args)
             except Exception:  # _NoKey (an argument it cannot key): the function as it is
                 return self.fn(*args)
         plan = self.plans.get(key, _MISSING)
@@ -513,7 +583,7 @@ class LaunchPlans:
 
     def _rekey(self, args: tuple) -> Callable[..., tuple]:
         self._kinds = _kinds(args, self._kinds)
-        self._key_of = _plan_key_function(self._kinds)
+        self._key_of = _plan_key_function(self._kinds, *self._where())
         return self._key_of
 
     def _forget(self) -> None:
@@ -522,23 +592,22 @@ class LaunchPlans:
         self._failures.clear()
         self._runtime = _runtime_module._default
 
-    def _locate(self) -> Callable[[], tuple[int, int]]:
-        """The current CUDA (device, stream) reader; (-1, 0) under the interpreter."""
+    @staticmethod
+    def _where() -> tuple[Callable[[], int], Callable[[int], int]]:
+        """Readers of the current CUDA device and its current stream; -1 and 0 under the interpreter."""
         from tunesvc.device import interpreting
 
         if interpreting() or not torch.cuda.is_available():
-            self._where = lambda: (-1, 0)
-        else:
+            return (lambda: -1), (lambda index: 0)
+        torch.cuda.init()  # what the getters below need; a no-op once CUDA is up
+        # what Triton's driver reads, without its Python frames
+        device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+        stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if stream is None:
             _Driver.load()
-            device, stream = _Driver.device, _Driver.stream
-            assert device is not None and stream is not None
-
-            def where() -> tuple[int, int]:
-                index = device()
-                return index, stream(index)
-
-            self._where = where
-        return self._where
+            stream = _Driver.stream
+        assert stream is not None
+        return device, stream
 
     def _record(self, key: tuple, args: tuple) -> Any:
         recording = _Recording()

@@ -1310,7 +1310,8 @@ def attention(
         )
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"attention needs Q, K and V of one dtype; got {q.dtype}, {k.dtype} and {v.dtype}")
-    if not q.device == k.device == v.device:
+    index = q.get_device()  # an int (-1 off CUDA): no torch.device made per call on the GPU
+    if not index == k.get_device() == v.get_device() or (index < 0 and not q.device == k.device == v.device):
         raise ValueError(f"attention needs Q, K and V on one device; got {q.device}, {k.device} and {v.device}")
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     o, _ = _attention_op.call(q, k, v, bool(causal), sm_scale, grad_inputs=(q, k, v))

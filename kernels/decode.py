@@ -504,8 +504,9 @@ def decode_attention(
             f"decode_attention needs block_table as integers of shape (B={B}, pages_per_seq); "
             f"got {block_table.dtype} of shape {tuple(block_table.shape)}"
         )
-    tensors = [q, k_cache, v_cache, seq_lens] + ([] if block_table is None else [block_table])
-    if len({t.device for t in tensors}) != 1:
+    tensors = (q, k_cache, v_cache, seq_lens) if block_table is None else (q, k_cache, v_cache, seq_lens, block_table)
+    index = q.get_device()  # an int (-1 off CUDA): no torch.device made per call on the GPU
+    if not all(t.get_device() == index for t in tensors) or (index < 0 and len({t.device for t in tensors}) != 1):
         devices = ", ".join(str(t.device) for t in tensors)
         raise ValueError(f"decode_attention needs every tensor on one device; got {devices}")
     return _decode_op.call(q, k_cache, v_cache, seq_lens, block_table, sm_scale, config_arg(config))

@@ -378,9 +378,11 @@ def check_norm_args(fn: str, x: torch.Tensor, *params: torch.Tensor | None) -> N
         raise ValueError(f"{fn} needs a non-empty x of shape (..., N); got {tuple(x.shape)}")
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"{fn} needs x in float16, bfloat16 or float32; got {x.dtype}")
-    n, device = x.shape[-1], x.get_device()  # ints: no torch.device made per call
+    n, index = x.shape[-1], x.get_device()  # ints (-1 off CUDA): no torch.device made per call on the GPU
     for p in params:
-        if p is not None and (p.ndim != 1 or p.shape[0] != n or p.get_device() != device or p.is_cuda != x.is_cuda):
+        if p is not None and (
+            p.ndim != 1 or p.shape[0] != n or p.get_device() != index or (index < 0 and p.device != x.device)
+        ):
             raise ValueError(
                 f"{fn} needs weight and bias of shape ({x.shape[-1]},) on {x.device}; got {tuple(p.shape)} on {p.device}"
             )

@@ -367,6 +367,7 @@ class LaunchPlan:
     def __init__(self, inputs: tuple, allocations: dict[int, torch.Tensor]) -> None:
         self.namespace: dict[str, Any] = {
             "empty": torch.empty,
+            "empty_like": torch.empty_like,
             "empty_strided": torch.empty_strided,
             "use_torch_allocator": use_torch_allocator,
         }
@@ -419,11 +420,7 @@ class LaunchPlan:
         elif made is not None:
             if layout == _layout(made):
                 name = f"t{len(self.names)}"
-                dtype, device = self._constant(t.dtype), self._constant(t.device)
-                if t.is_contiguous():  # torch.empty: a third less host time than empty_strided
-                    self.lines.append(f"{name} = empty({size}, dtype={dtype}, device={device})")
-                else:
-                    self.lines.append(f"{name} = empty_strided({size}, {stride}, dtype={dtype}, device={device})")
+                self.lines.append(f"{name} = {self._allocation(t, size, stride)}")
             elif t.dtype == made.dtype:  # a view of a buffer the call made (a slice of stacked gradients)
                 base = self._tensor(made)
                 name = f"t{len(self.names)}"
@@ -440,6 +437,22 @@ class LaunchPlan:
             name = self._constant(t)  # a workspace that outlives the call: kept alive here
         self.names[(storage, layout)] = name
         return name
+
+    def _allocation(self, t: torch.Tensor, size: str, stride: str) -> str:
+        """The cheapest call that makes a buffer like ``t`` (host time, in this order: empty_like
+        of an argument of its shape, dtype and contiguity; new_empty of one of its dtype and
+        device; torch.empty; torch.empty_strided). The plan's key fixes every argument's layout."""
+        if t.is_contiguous():
+            same = [i for i, a in enumerate(self.arguments) if isinstance(a, torch.Tensor) and a.device == t.device]
+            for i in same:
+                a = self.arguments[i]
+                if a.shape == t.shape and a.dtype == t.dtype and a.is_contiguous():
+                    return f"empty_like(args[{i}])"
+            for i in same:
+                if self.arguments[i].dtype == t.dtype:
+                    return f"args[{i}].new_empty({size})"
+            return f"empty({size}, dtype={self._constant(t.dtype)}, device={self._constant(t.device)})"
+        return f"empty_strided({size}, {stride}, dtype={self._constant(t.dtype)}, device={self._constant(t.device)})"
 
     def _launch(self, kernel: DirectLaunch, entry: Any, grid: Any, args: tuple, kwargs: dict[str, Any]) -> None:
         if any(isinstance(v, torch.Tensor) for v in kwargs.values()):

@@ -190,6 +190,46 @@ def _targets(results_dir: Path) -> list[str]:
     return lines
 
 
+#: launch cost: a shipped kernel's host time per eager call at most 1.2x its torch peer's, a
+#: @tunesvc.autotune hit at most 1.0x a bare kernel[grid] launch (ratio = peer / ours)
+LAUNCH_TARGETS = {"@tunesvc.autotune hit": 1.0, "@tunesvc.autotune(space=) hit": 1.0}
+LAUNCH_FAMILY_TARGET = 1 / 1.2
+
+
+def _launch_targets(results_dir: Path) -> list[str]:
+    """Host time per eager call against the launch-cost targets, per kernel over the latest
+    date's runs: the lowest and median peer / ours ratio, and by how much a target is missed."""
+    path = results_dir / "launch_cost.csv"
+    if not path.exists():
+        return []
+    rows = [r for r in read_rows(path) if r["timing_method"] == "host_per_call"]
+    if not rows:
+        return []
+    latest = max(r["date"] for r in rows)
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r["date"] == latest and (value := ratio_of(r)) is not None:
+            ratios[r["kernel"]].append(value)
+    lines = [
+        f"Host time per eager call ({latest}, `launch_cost.csv`, `host_per_call`): peer / ours over the runs",
+        "of that date; the target is ours at most 1.2x the torch peer's host time (ratio >= 0.833), and a",
+        "@tunesvc.autotune hit at most a bare `kernel[grid]` launch's (ratio >= 1).",
+        "",
+        "| kernel | runs | lowest | median | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kernel, values in sorted(ratios.items()):
+        if kernel == "DirectLaunch hit":
+            continue  # a component of the hits above, not a target of its own
+        target = LAUNCH_TARGETS.get(kernel, LAUNCH_FAMILY_TARGET)
+        low = min(values)
+        verdict = "yes" if low >= target else f"no: {low / target:.0%} of the target"
+        lines.append(
+            f"| {kernel} | {len(values)} | {low:.3f} | {statistics.median(values):.3f} | >= {target:.3f} | {verdict} |"
+        )
+    return [*lines, ""]
+
+
 def _share_within_5pct(ratios: Collection[float]) -> float:
     """The share of pick / tuned ratios within 5% of the tuned best."""
     return sum(v >= 0.95 for v in ratios) / len(ratios)
@@ -225,6 +265,9 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
     targets = _targets(results_dir)
     if targets:
         lines += ["", "## Targets on shapes outside the presets", "", *targets]
+    launch = _launch_targets(results_dir)
+    if launch:
+        lines += ["", "## Launch cost targets", "", *launch]
     for name, rows in files.items():
         lines += ["", f"## {name}", "", f"`benchmarks/{name}.py`, `benchmarks/results/{name}.csv`:", "", *_table(rows)]
     return "\n".join(lines) + "\n"

@@ -171,3 +171,17 @@ def test_an_argument_that_is_sometimes_none_is_keyed_either_way():
     plans = _maybe_op.eager
     assert isinstance(plans, LaunchPlans)
     assert len(plans.plans) == 3 and all(plan is not None for plan in plans.plans.values())
+
+
+def test_a_tune_on_miss_sweep_is_not_part_of_the_recorded_call(tmp_path):
+    """Mode 'tune' sweeps a missed key inside the first call: outside the recording (its ops are
+    the sweep's), so that first call still becomes the key's plan, and the next replays it."""
+    tunesvc.configure(db=str(tmp_path / "tune.db"), mode="tune", budget=2)
+    x = torch.randn(7, 45)
+    torch.testing.assert_close(tunesvc.kernels.softmax(x), torch.softmax(x, -1))
+    plans = _shipped_ops()["softmax"].eager
+    assert isinstance(plans, LaunchPlans)
+    assert [plan is not None for plan in plans.plans.values()] == [True], plans.refusals
+    assert tunesvc.runtime.default_runtime().stats()["softmax"] == {"tuned": 1}
+    x = torch.randn(7, 45)
+    torch.testing.assert_close(tunesvc.kernels.softmax(x), torch.softmax(x, -1))

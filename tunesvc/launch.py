@@ -19,12 +19,14 @@ would have picked; an integer value not seen before (a new M) is one launch thro
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import importlib
 import inspect
 import os
 import tempfile
 from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,8 @@ import torch
 import triton
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils._python_dispatch import _pop_mode_temporarily
 from triton import knobs
 
 from tunesvc import runtime as _runtime_module
@@ -249,6 +253,25 @@ _recording: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("
 _ALLOCATIONS = frozenset(
     {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided"}
 )
+
+
+@contextlib.contextmanager
+def outside_recording() -> Iterator[None]:
+    """Run code that is no part of the op call being recorded in this context (a config lookup
+    that may sweep): no launch of it is noted, and the recording's dispatch mode does not see it."""
+    recording = _recording.get()
+    if recording is None:
+        yield
+        return
+    token = _recording.set(None)
+    try:
+        if _get_current_dispatch_mode() is recording:
+            with _pop_mode_temporarily():
+                yield
+        else:
+            yield
+    finally:
+        _recording.reset(token)
 
 
 class _Recording(TorchDispatchMode):

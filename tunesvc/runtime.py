@@ -426,8 +426,14 @@ class Runtime:
 
     def tuned(self, key: tuple, index: int, template: Template, /, **problem: Any) -> Config:
         """:meth:`config_on`, kept in :attr:`launch_configs` under a kernel's own key (its
-        tensors' shapes, dtypes and device index): the kernel's next call is one dict get."""
-        config = self.launch_configs[key] = self.config_on(index, template, **problem)
+        tensors' shapes, dtypes and device index): the kernel's next call is one dict get.
+
+        A miss may sweep (mode 'tune'): that runs outside the recording of the op call that asked
+        (tunesvc.launch), whose dispatch mode would otherwise see, and slow, every op it times."""
+        from tunesvc.launch import outside_recording
+
+        with outside_recording():
+            config = self.launch_configs[key] = self.config_on(index, template, **problem)
         return config
 
     def stats(self) -> dict[str, dict[str, int]]:

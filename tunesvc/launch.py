@@ -130,7 +130,8 @@ class DirectLaunch:
         self._direct = isinstance(kernel, triton.runtime.jit.JITFunction) and bool(params)
         self._names = [p.name for p in params]
         self._constexpr = {p.name for p in params if p.is_constexpr}
-        self._compiled: dict[tuple, tuple[Any, tuple]] = {}
+        #: key -> (the CompiledKernel, the parameters after the positional ones, its static launch or None)
+        self._compiled: dict[tuple, tuple[Any, tuple, Callable[..., Any] | None]] = {}
         self._key_of: Callable[..., tuple] | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -166,11 +167,14 @@ class DirectLaunch:
         # pre-run hooks their call: Triton's path
         if entry is None or getattr(enter, "calls", enter) or self.kernel.pre_run_hooks:
             return self._first_launch(key, grid, args, kwargs)
-        compiled, tail = entry
+        compiled, tail, static = entry
         if callable(grid):
             grid = grid(dict(zip(self._names, (*args, *tail))))
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
+        if static is not None:
+            static(grid[0], g1, g2, _Driver.stream(device), *args)
+            return compiled
         compiled.run(
             grid[0],
             g1,
@@ -229,7 +233,7 @@ class DirectLaunch:
             return compiled
         if not hasattr(compiled, "run") or not hasattr(compiled, "packed_metadata"):
             return compiled
-        self._compiled[key] = (compiled, tail)
+        self._compiled[key] = (compiled, tail, _static_call(compiled, args, tail))
         return compiled
 
     def _default(self, name: str) -> Any:
@@ -361,6 +365,40 @@ def _load_static(compiled: Any) -> _Static | None:
         return None
 
 
+def _static_call(compiled: Any, args: tuple, tail: tuple) -> Callable[..., Any] | None:
+    """``launch(grid0, grid1, grid2, stream, *args)`` of ``compiled`` through torch's static
+    launcher for calls whose positional arguments are of the kinds of ``args`` (a tensor where
+    a tensor is: DirectLaunch's key guards that) and whose later parameters are ``tail``;
+    generated (no text a file supplies) so that a hit is one frame. None where the static
+    launcher cannot launch the kernel: Triton's launcher does."""
+    static = _static_launcher(compiled)
+    if static is None:
+        return None
+    names = [f"a{i}" for i in range(len(args))]
+    namespace: dict[str, Any] = dict(zip(("static_launch", "function", "warps", "shared", "types"), static.call))
+    values = []
+    for i, value in enumerate((*args, *tail)):
+        if i in static.constexprs:
+            continue
+        if i >= len(args):
+            namespace[f"t{i}"] = value
+            values.append(f"t{i}")
+        else:
+            values.append(f"{names[i]}.data_ptr()" if isinstance(value, torch.Tensor) else names[i])
+    values += ["None"] * static.scratch
+    source = (
+        f"def launch(g0, g1, g2, stream, {', '.join(names)}):\n"
+        f"    static_launch(function, g0, g1, g2, warps, shared, types, {_tuple(values)}, stream)\n"
+    )
+    exec(compile(source, "<tunesvc.launch static>", "exec"), namespace)
+    return namespace["launch"]
+
+
+def _tuple(items: list[str]) -> str:
+    """The source of a tuple of these expressions (``()`` for none)."""
+    return f"({', '.join(items)},)" if items else "()"
+
+
 class _Unplannable(Exception):
     """Why a recorded call cannot be replayed."""
 
@@ -483,9 +521,9 @@ class LaunchPlan:
         names = [self._tensor(a) if isinstance(a, torch.Tensor) else self._constant(a) for a in args]
         if entry is None:  # the interpreter has no compiled kernel: the launch goes through DirectLaunch
             launch, grid_name, kw = self._constant(kernel.launch), self._constant(grid), self._constant(kwargs)
-            self.lines.append(f"{launch}({grid_name}, ({', '.join(names)},), {kw})")
+            self.lines.append(f"{launch}({grid_name}, {_tuple(names)}, {kw})")
             return
-        compiled, tail = entry
+        compiled, tail, _ = entry
         g0, g1, g2 = (self._constant(g) for g in (*grid, 1, 1)[:3])
         every = [*names, *(self._constant(v) for v in tail)]
         static = _static_launcher(compiled)
@@ -497,9 +535,8 @@ class LaunchPlan:
                 if i not in static.constexprs
             ]
             values += ["None"] * static.scratch
-            every_value = ", ".join(values)
             self.lines.append(
-                f"{launch}({function}, {g0}, {g1}, {g2}, {warps}, {shared}, {types}, ({every_value},), stream)"
+                f"{launch}({function}, {g0}, {g1}, {g2}, {warps}, {shared}, {types}, {_tuple(values)}, stream)"
             )
             return
         if getattr(compiled.metadata, "global_scratch_size", 0) > 0:

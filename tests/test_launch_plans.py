@@ -185,3 +185,32 @@ def test_a_tune_on_miss_sweep_is_not_part_of_the_recorded_call(tmp_path):
     assert tunesvc.runtime.default_runtime().stats()["softmax"] == {"tuned": 1}
     x = torch.randn(7, 45)
     torch.testing.assert_close(tunesvc.kernels.softmax(x), torch.softmax(x, -1))
+
+
+def test_an_op_keeps_at_most_its_cap_of_plans(monkeypatch):
+    monkeypatch.setattr(LaunchPlans, "most", 2)
+    plans = _scale_op.eager
+    assert isinstance(plans, LaunchPlans)
+    x = torch.randn(37)
+    for scale in (1.5, 2.5, 3.5, 3.5):  # the third key finds the cap: the function runs, unrecorded
+        torch.testing.assert_close(_scale_op.call(x, scale), scale * x)
+    assert len(plans.plans) == 2 and not plans.refusals
+
+
+def _with_workspace(x: torch.Tensor) -> torch.Tensor:
+    tmp = torch.empty_like(x)
+    _scale[(triton.cdiv(x.numel(), 64),)](x, tmp, x.numel(), 2.0, BLOCK=64)
+    y = torch.empty_like(x)
+    _scale[(triton.cdiv(x.numel(), 64),)](tmp, y, x.numel(), 3.0, BLOCK=64)
+    return y
+
+
+_workspace_op = kernel_op("_plans_workspace", _with_workspace, lambda x: torch.empty_like(x))
+
+
+def test_a_workspace_the_call_allocates_is_allocated_again_by_each_replay():
+    for _ in range(3):
+        x = torch.randn(100)
+        torch.testing.assert_close(_workspace_op.call(x), 6.0 * x)
+    (plan,) = _workspace_op.eager.plans.values()
+    assert plan is not None and plan.source.count("empty_like(args[0])") == 2, plan.source

@@ -203,7 +203,8 @@ class DirectLaunch:
             key = None
         entry = self._compiled.get(key) if key is not None else None
         if entry is None or entry[0] is not compiled or self.kernel.pre_run_hooks:
-            recording.refused = recording.refused or f"{self.kernel.__name__} was launched through Triton's own path"
+            name = getattr(self.fn, "__name__", "a kernel")
+            recording.refused = recording.refused or f"{name} was launched through Triton's own path"
             return compiled
         if callable(grid):
             grid = grid(dict(zip(self._names, (*args, *entry[1]))))
@@ -415,11 +416,11 @@ class LaunchPlan:
     """The launches of one recorded op call as one generated function of (args, stream).
 
     Each tensor a kernel was given is named by where it came from: the call's i-th argument (or
-    a view of it); a buffer the call allocated and returns (allocated again, with the same size,
-    strides, dtype and device, or a view of it); a buffer it allocated and dropped, or a tensor
-    that existed before the call and that the call did not receive (a workspace such as split-K's
-    partial sums or arrival counters: the recorded tensor again, kept with the plan; plans are
-    keyed by stream, so two streams never share one). Every other argument is the recorded value: the plan's key (shapes, strides,
+    a view of it); a buffer the call allocated (allocated again per call, with the same size,
+    strides, dtype and device, or a view of it: a plan pins no memory of its own, however many
+    shapes a process sees); or a tensor that existed before the call and that the call did not
+    receive (a workspace cached per device and stream, such as split-K's arrival counters: the
+    same tensor again; plans are keyed by stream, so two streams never share one). Every other argument is the recorded value: the plan's key (shapes, strides,
     dtypes, address alignment, scalar arguments, device, stream) fixes them all. The function
     is generated from the recording, with every value bound by name (no text a file supplies),
     so that a hit is one Python frame: the speed of Inductor's generated launchers.
@@ -437,7 +438,6 @@ class LaunchPlan:
         self.arguments = inputs
         self.inputs = {id(t): i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)}
         self.names: dict[tuple, str] = {}  # by storage address and layout
-        self.returned: set[int] = set()  # storage addresses of the tensors the call returns
         self.replay: Callable[[tuple, int], Any] = _no_key
         self.source = ""
 
@@ -447,8 +447,6 @@ class LaunchPlan:
         plan = cls(inputs, recording.allocations)
         if len(plan.inputs) < sum(isinstance(t, torch.Tensor) for t in inputs):
             return "one tensor is given as two arguments"  # a later call may give two
-        outputs = output if isinstance(output, tuple) else (output,)
-        plan.returned = {_storage(t) for t in outputs if isinstance(t, torch.Tensor)}
         try:
             for kernel, entry, grid, args, kwargs in recording.launches:
                 plan._launch(kernel, entry, grid, args, kwargs)
@@ -476,9 +474,7 @@ class LaunchPlan:
         size, stride = self._constant(tuple(t.shape)), self._constant(t.stride())
         made = self.allocations.get(storage)
         sharing = [i for i, a in enumerate(self.arguments) if isinstance(a, torch.Tensor) and _storage(a) == storage]
-        if made is not None and storage not in self.returned:
-            name = self._constant(t)  # a workspace of the call: kept with the plan (its key names the stream)
-        elif made is not None:
+        if made is not None:
             if layout == _layout(made):
                 name = f"t{len(self.names)}"
                 self.lines.append(f"{name} = {self._allocation(t, size, stride)}")
@@ -620,6 +616,8 @@ class LaunchPlans:
     """
 
     tries = 3
+    #: plans kept per op at most (shapes that vary without end, each a key): later keys run the function
+    most = 4096
     #: False (or TUNESVC_REPLAY=0): every call runs the function, nothing is recorded or replayed
     active = os.environ.get("TUNESVC_REPLAY", "1") != "0"
 
@@ -683,6 +681,8 @@ class LaunchPlans:
         return device, stream
 
     def _record(self, key: tuple, args: tuple) -> Any:
+        if len(self.plans) >= self.most:  # keys without end (a dim that takes every value): no more plans
+            return self.fn(*args)
         recording = _Recording()
         token = _recording.set(recording)
         try:

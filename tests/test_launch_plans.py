@@ -208,9 +208,16 @@ def _with_workspace(x: torch.Tensor) -> torch.Tensor:
 _workspace_op = kernel_op("_plans_workspace", _with_workspace, lambda x: torch.empty_like(x))
 
 
-def test_a_workspace_the_call_allocates_is_allocated_again_by_each_replay():
+@pytest.mark.parametrize(("budget", "allocations"), [(64 << 20, 1), (0, 2)])
+def test_a_workspace_is_kept_with_the_plan_within_the_ops_budget(budget, allocations, monkeypatch):
+    """The buffer a call allocates and drops is the plan's own while the op's workspace budget
+    lasts; past it each replay allocates it again. Either way each replay computes the right answer."""
+    monkeypatch.setattr(LaunchPlans, "workspace", budget)
     for _ in range(3):
         x = torch.randn(100)
         torch.testing.assert_close(_workspace_op.call(x), 6.0 * x)
-    (plan,) = _workspace_op.eager.plans.values()
-    assert plan is not None and plan.source.count("empty_like(args[0])") == 2, plan.source
+    plans = _workspace_op.eager
+    assert isinstance(plans, LaunchPlans)
+    (plan,) = plans.plans.values()
+    assert plan is not None and plan.source.count("empty_like(args[0])") == allocations, plan.source
+    assert plans.kept == (400 if allocations == 1 else 0)

@@ -307,13 +307,14 @@ class _Recording(TorchDispatchMode):
     def launched(self, kernel: DirectLaunch, entry: Any, grid: Any, args: tuple, kwargs: dict[str, Any]) -> None:
         self.launches.append((kernel, entry, grid, args, kwargs))
 
-    def plan(self, inputs: tuple, output: Any) -> LaunchPlan | str:
-        """The plan that replays this call for inputs of the same key, or why there is none."""
+    def plan(self, inputs: tuple, output: Any, budget: int) -> LaunchPlan | str:
+        """The plan that replays this call for inputs of the same key (keeping workspaces up to
+        ``budget`` bytes), or why there is none."""
         if self.refused is not None:
             return self.refused
         if not self.launches:
             return "it launched no kernel"
-        return LaunchPlan.build(inputs, output, self)
+        return LaunchPlan.build(inputs, output, self, budget)
 
 
 @dataclass(frozen=True)
@@ -416,11 +417,12 @@ class LaunchPlan:
     """The launches of one recorded op call as one generated function of (args, stream).
 
     Each tensor a kernel was given is named by where it came from: the call's i-th argument (or
-    a view of it); a buffer the call allocated (allocated again per call, with the same size,
-    strides, dtype and device, or a view of it: a plan pins no memory of its own, however many
-    shapes a process sees); or a tensor that existed before the call and that the call did not
-    receive (a workspace cached per device and stream, such as split-K's arrival counters: the
-    same tensor again; plans are keyed by stream, so two streams never share one). Every other argument is the recorded value: the plan's key (shapes, strides,
+    a view of it); a buffer the call allocated and returns (allocated again per call, with the
+    same size, strides, dtype and device, or a view of it); a buffer it allocated and dropped (a
+    workspace: the recorded one again, kept with the plan while the op's workspace budget lasts,
+    else allocated per call); or a tensor that existed before the call and that the call did not
+    receive (a cache per device and stream, such as split-K's arrival counters: the same tensor
+    again). Plans are keyed by stream, so two streams never share a workspace. Every other argument is the recorded value: the plan's key (shapes, strides,
     dtypes, address alignment, scalar arguments, device, stream) fixes them all. The function
     is generated from the recording, with every value bound by name (no text a file supplies),
     so that a hit is one Python frame: the speed of Inductor's generated launchers.
@@ -438,13 +440,21 @@ class LaunchPlan:
         self.arguments = inputs
         self.inputs = {id(t): i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)}
         self.names: dict[tuple, str] = {}  # by storage address and layout
+        self.returned: set[int] = set()  # storage addresses of the tensors the call returns
+        self.budget = 0  # bytes of workspace this plan may still keep
+        self.kept = 0  # bytes of workspace it keeps
+        self.keeping: dict[int, bool] = {}  # by storage address: whether a workspace is kept
         self.replay: Callable[[tuple, int], Any] = _no_key
         self.source = ""
 
     @classmethod
-    def build(cls, inputs: tuple, output: Any, recording: _Recording) -> LaunchPlan | str:
-        """The plan of a recorded call, or one phrase saying why there is none."""
+    def build(cls, inputs: tuple, output: Any, recording: _Recording, budget: int = 0) -> LaunchPlan | str:
+        """The plan of a recorded call, or one phrase saying why there is none; it keeps the
+        call's workspaces up to ``budget`` bytes in all (:attr:`kept`), and allocates the rest per call."""
         plan = cls(inputs, recording.allocations)
+        plan.budget = budget
+        outputs = output if isinstance(output, tuple) else (output,)
+        plan.returned = {_storage(t) for t in outputs if isinstance(t, torch.Tensor)}
         if len(plan.inputs) < sum(isinstance(t, torch.Tensor) for t in inputs):
             return "one tensor is given as two arguments"  # a later call may give two
         try:
@@ -458,6 +468,17 @@ class LaunchPlan:
         exec(compile(plan.source, "<tunesvc.launch plan>", "exec"), plan.namespace)
         plan.replay = plan.namespace["replay"]
         return plan
+
+    def _keep(self, buffer: torch.Tensor) -> bool:
+        """Keep this workspace with the plan, if it fits what is left of the op's budget."""
+        storage = _storage(buffer)
+        if storage not in self.keeping:  # once per buffer: its views go where it goes
+            size = buffer.untyped_storage().nbytes()
+            self.keeping[storage] = size <= self.budget
+            if self.keeping[storage]:
+                self.budget -= size
+                self.kept += size
+        return self.keeping[storage]
 
     def _constant(self, value: Any) -> str:
         name = f"c{len(self.namespace)}"
@@ -474,7 +495,9 @@ class LaunchPlan:
         size, stride = self._constant(tuple(t.shape)), self._constant(t.stride())
         made = self.allocations.get(storage)
         sharing = [i for i, a in enumerate(self.arguments) if isinstance(a, torch.Tensor) and _storage(a) == storage]
-        if made is not None:
+        if made is not None and storage not in self.returned and self._keep(made):
+            name = self._constant(t)  # a workspace of the call, kept with the plan (keyed by stream)
+        elif made is not None:
             if layout == _layout(made):
                 name = f"t{len(self.names)}"
                 self.lines.append(f"{name} = {self._allocation(t, size, stride)}")
@@ -618,6 +641,9 @@ class LaunchPlans:
     tries = 3
     #: plans kept per op at most (shapes that vary without end, each a key): later keys run the function
     most = 4096
+    #: bytes of workspace (split-K partial sums, decode's partial results) an op's plans keep in all,
+    #: each plan's own, so a replay allocates only its outputs; beyond it workspaces are allocated per call
+    workspace = 64 << 20
     #: False (or TUNESVC_REPLAY=0): every call runs the function, nothing is recorded or replayed
     active = os.environ.get("TUNESVC_REPLAY", "1") != "0"
 
@@ -630,6 +656,7 @@ class LaunchPlans:
         self._key_of: Callable[..., tuple] | None = None
         self._kinds: list[set[type]] | None = None
         self._runtime: Any = None
+        self.kept = 0  # bytes of workspace its plans keep
 
     def __call__(self, *args: Any) -> Any:
         if _recording.get() is not None or not self.active:  # inside another op's recording: its launches
@@ -660,6 +687,7 @@ class LaunchPlans:
     def _forget(self) -> None:
         """Drop every plan: another runtime answers (``tunesvc.configure``)."""
         self.plans.clear()
+        self.kept = 0
         self._failures.clear()
         self._runtime = _runtime_module._default
 
@@ -692,9 +720,11 @@ class LaunchPlans:
             _recording.reset(token)
         if _runtime_module._default is not self._runtime:  # the call made the runtime: plans answer for it
             self._forget()
-        plan = recording.plan(args, output) if not _hooked() else "a launch hook is set"
+        budget = self.workspace - self.kept
+        plan = recording.plan(args, output, budget) if not _hooked() else "a launch hook is set"
         if isinstance(plan, LaunchPlan):
             self.plans[key] = plan
+            self.kept += plan.kept
             self.refusals.pop(key, None)
         else:
             self.refusals[key] = plan

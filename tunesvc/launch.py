@@ -279,6 +279,9 @@ def outside_recording() -> Iterator[None]:
         _recording.reset(token)
 
 
+_runtime_module.outside_recording = outside_recording
+
+
 class _Recording(TorchDispatchMode):
     """Every aten op and every :class:`DirectLaunch` launch of one op call.
 

@@ -13,6 +13,7 @@ ships a bundle never imports SQLAlchemy.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -430,8 +431,6 @@ class Runtime:
 
         A miss may sweep (mode 'tune'): that runs outside the recording of the op call that asked
         (tunesvc.launch), whose dispatch mode would otherwise see, and slow, every op it times."""
-        from tunesvc.launch import outside_recording
-
         with outside_recording():
             config = self.launch_configs[key] = self.config_on(index, template, **problem)
         return config
@@ -504,6 +503,10 @@ def load_bundle_table(
 
 
 _default: Runtime | None = None
+#: what a config lookup that misses runs inside: tunesvc.launch sets it to leave the recording of the
+#: op call that asked (a tune-on-miss sweep is not part of the call)
+outside_recording: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+
 #: called by configure(), e.g. to drop configs that tunesvc.autotune kernels memoised from the old runtime
 on_configure: list[Callable[[], None]] = []
 

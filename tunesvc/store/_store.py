@@ -1156,8 +1156,8 @@ def _winner_upsert(statement, *, replace_own_trial: bool):
 
     A stored winner of the key is replaced when the new one is strictly faster; with
     ``replace_own_trial`` also when both are the same trial (its time was re-measured), or when
-    the stored one's time no longer matches its trial's (that trial was re-measured slower, or
-    failed): the winner then follows the trials, as a sweep's re-timed finalists need.
+    the stored one's trial failed or its time no longer matches the winner's (that trial was
+    re-measured slower): the winner then follows the trials, as a sweep's re-timed finalists need.
     """
     excluded = statement.excluded
     replace = excluded.time_ms < Winner.time_ms
@@ -1165,8 +1165,12 @@ def _winner_upsert(statement, *, replace_own_trial: bool):
         # The stored row's trial_id as a bare column: SQLAlchemy does not correlate a subquery
         # with an INSERT's target, and would add the winners table to its FROM (every row).
         stored_trial: Any = literal_column(f"{Winner.__tablename__}.trial_id")
-        own_time = select(Trial.time_ms).where(Trial.id == stored_trial, Trial.status == "ok").scalar_subquery()
-        replace = replace | (excluded.trial_id == Winner.trial_id) | own_time.is_(None) | (own_time != Winner.time_ms)
+        # each read is NULL where the stored trial is not in this statement's snapshot (PostgreSQL's
+        # READ COMMITTED: another writer's winner and trial, committed after the snapshot): no
+        # comparison with NULL holds, so a winner this writer cannot see is never replaced by a slower one
+        own_status = select(Trial.status).where(Trial.id == stored_trial).scalar_subquery()
+        own_time = select(Trial.time_ms).where(Trial.id == stored_trial).scalar_subquery()
+        replace = replace | (excluded.trial_id == Winner.trial_id) | (own_status != "ok") | (own_time != Winner.time_ms)
     return statement.on_conflict_do_update(
         index_elements=["kernel_version_id", "device_id", "shape_key"],
         set_={name: excluded[name] for name in ("config", "config_hash", "time_ms", "trial_id", "updated_at")},

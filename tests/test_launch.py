@@ -112,3 +112,19 @@ def test_a_call_of_another_shape_is_not_keyed():
     with pytest.raises(TypeError):
         key_of(0, x, 8, 0.5, {"BLOCK": 16, "num_warps": 4})  # fewer arguments
     assert _key_function((x, object()), {}) is _no_key  # a kind it does not key: Triton's path
+
+
+def test_a_static_launch_passes_every_runtime_parameter_in_order(monkeypatch):
+    """The generated static launch: tensors as addresses, constexprs left out, the later
+    parameters bound from the first launch, then the scratch pointers (the launcher itself needs
+    CUDA; here it records what it is given)."""
+    import tunesvc.launch as launch
+
+    calls: list[tuple] = []
+    static = launch._Static((lambda *a: calls.append(a), "function", 4, 128, "OiiO"), frozenset({2}), scratch=1)
+    monkeypatch.setattr(launch, "_static_launcher", lambda compiled: static)
+    fn = launch._static_call(object(), (torch.empty(3), 5, 7), (11,))
+    assert fn is not None
+    x = torch.empty(8)
+    fn(2, 1, 1, 99, x, 6, 7)
+    assert calls == [("function", 2, 1, 1, 4, 128, "OiiO", (x.data_ptr(), 6, 11, None), 99)]

@@ -254,7 +254,7 @@ def direct_launch(kernel: Any) -> DirectLaunch:
 #: the recording of the op call running in this thread/context, if any
 _recording: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("tunesvc_recording", default=None)
 
-#: factory ops whose output a replay makes again with torch.empty_strided: contents undefined both ways
+#: factory ops whose output a replay makes again (LaunchPlan._allocation): contents undefined both ways
 _ALLOCATIONS = frozenset(
     {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided"}
 )
@@ -380,23 +380,27 @@ def _static_call(compiled: Any, args: tuple, tail: tuple) -> Callable[..., Any] 
     if static is None:
         return None
     names = [f"a{i}" for i in range(len(args))]
+    tails = {f"t{i}": value for i, value in enumerate(tail, len(args))}  # fixed by the key: bound by name
     namespace: dict[str, Any] = dict(zip(("static_launch", "function", "warps", "shared", "types"), static.call))
-    values = []
-    for i, value in enumerate((*args, *tail)):
-        if i in static.constexprs:
-            continue
-        if i >= len(args):
-            namespace[f"t{i}"] = value
-            values.append(f"t{i}")
-        else:
-            values.append(f"{names[i]}.data_ptr()" if isinstance(value, torch.Tensor) else names[i])
-    values += ["None"] * static.scratch
+    namespace.update(tails)
+    values = _static_arguments(static, [*names, *tails], (*args, *tail))
     source = (
         f"def launch(g0, g1, g2, stream, {', '.join(names)}):\n"
         f"    static_launch(function, g0, g1, g2, warps, shared, types, {_tuple(values)}, stream)\n"
     )
     exec(compile(source, "<tunesvc.launch static>", "exec"), namespace)
     return namespace["launch"]
+
+
+def _static_arguments(static: _Static, names: list[str], values: tuple) -> list[str]:
+    """The source of the static launcher's argument tuple: every parameter's expression in
+    ``names`` but the constexprs, a tensor's as its address, then the scratch pointers."""
+    kept = [
+        f"{name}.data_ptr()" if isinstance(value, torch.Tensor) else name
+        for i, (name, value) in enumerate(zip(names, values))
+        if i not in static.constexprs
+    ]
+    return kept + ["None"] * static.scratch
 
 
 def _tuple(items: list[str]) -> str:
@@ -425,8 +429,9 @@ class LaunchPlan:
     workspace: the recorded one again, kept with the plan while the op's workspace budget lasts,
     else allocated per call); or a tensor that existed before the call and that the call did not
     receive (a cache per device and stream, such as split-K's arrival counters: the same tensor
-    again). Plans are keyed by stream, so two streams never share a workspace. Every other argument is the recorded value: the plan's key (shapes, strides,
-    dtypes, address alignment, scalar arguments, device, stream) fixes them all. The function
+    again). Plans are keyed by stream, so two streams never share a workspace. Every other
+    argument is the recorded value: the plan's key (shapes, strides, dtypes, address alignment,
+    scalar arguments, device, stream) fixes them all. The function
     is generated from the recording, with every value bound by name (no text a file supplies),
     so that a hit is one Python frame: the speed of Inductor's generated launchers.
     """
@@ -497,7 +502,6 @@ class LaunchPlan:
             return name
         size, stride = self._constant(tuple(t.shape)), self._constant(t.stride())
         made = self.allocations.get(storage)
-        sharing = [i for i, a in enumerate(self.arguments) if isinstance(a, torch.Tensor) and _storage(a) == storage]
         if made is not None and storage not in self.returned and self._keep(made):
             name = self._constant(t)  # a workspace of the call, kept with the plan (keyed by stream)
         elif made is not None:
@@ -510,7 +514,9 @@ class LaunchPlan:
                 self.lines.append(f"{name} = {base}.as_strided({size}, {stride}, {t.storage_offset()})")
             else:
                 raise _Unplannable("a kernel was given a buffer the call made, as another dtype")
-        elif sharing:
+        elif sharing := [
+            i for i, a in enumerate(self.arguments) if isinstance(a, torch.Tensor) and _storage(a) == storage
+        ]:
             if len(sharing) > 1 or t.dtype != self.arguments[sharing[0]].dtype:
                 raise _Unplannable("a kernel was given a view of arguments that share memory")
             i = sharing[0]
@@ -551,12 +557,7 @@ class LaunchPlan:
         static = _static_launcher(compiled)
         if static is not None:  # torch's static launcher: a third less host time than Triton's
             launch, function, warps, shared, types = (self._constant(v) for v in static.call)
-            values = [
-                f"{name}.data_ptr()" if isinstance(value, torch.Tensor) else name
-                for i, (name, value) in enumerate(zip(every, (*args, *tail)))
-                if i not in static.constexprs
-            ]
-            values += ["None"] * static.scratch
+            values = _static_arguments(static, every, (*args, *tail))
             self.lines.append(
                 f"{launch}({function}, {g0}, {g1}, {g2}, {warps}, {shared}, {types}, {_tuple(values)}, stream)"
             )

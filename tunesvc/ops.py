@@ -55,7 +55,7 @@ _is_grad_enabled = torch.is_grad_enabled
 
 
 class KernelOp:
-    """``fn`` registered as the custom op ``tunesvc::<name>`` (``.op``); ``.fn`` is the eager path."""
+    """``fn`` registered as the custom op ``tunesvc::<name>`` (``.op``); ``.eager`` is the eager path."""
 
     def __init__(
         self,

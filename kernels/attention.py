@@ -45,6 +45,7 @@ from tunesvc.errors import TunesvcError
 from tunesvc.kernels.matmul import _use_torch_allocator
 from tunesvc.launch import direct_launch
 from tunesvc.ops import kernel_op
+from tunesvc.ops import replayed
 from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
@@ -1292,6 +1293,7 @@ _attention_bwd_op = kernel_op(
 _attention_op.register_autograd(_attention_backward, _attention_setup)
 
 
+@replayed
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,

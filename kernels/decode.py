@@ -39,6 +39,7 @@ from tunesvc.launch import direct_launch
 from tunesvc.ops import config_arg
 from tunesvc.ops import config_of
 from tunesvc.ops import kernel_op
+from tunesvc.ops import replayed
 from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
@@ -454,6 +455,7 @@ def decode_reference(
 TEMPLATE = DecodeTemplate()
 
 
+@replayed
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,

@@ -33,6 +33,7 @@ from tunesvc.device import Device
 from tunesvc.errors import TunesvcError
 from tunesvc.launch import direct_launch
 from tunesvc.ops import kernel_op
+from tunesvc.ops import replayed
 from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
@@ -447,6 +448,7 @@ _layernorm_bwd_op = kernel_op(
 _layernorm_op.register_autograd(_layernorm_backward, _layernorm_setup)
 
 
+@replayed
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """torch.nn.functional.layer_norm(x, (N,), weight, bias, eps) with tuned configs, autograd included.
 

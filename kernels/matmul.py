@@ -40,6 +40,7 @@ from tunesvc.launch import use_torch_allocator
 from tunesvc.ops import config_arg
 from tunesvc.ops import config_of
 from tunesvc.ops import kernel_op
+from tunesvc.ops import replayed
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 from tunesvc.template import Cost
@@ -648,6 +649,7 @@ class MatmulTemplate(Template):
 TEMPLATE = MatmulTemplate()
 
 
+@replayed
 def matmul(a: torch.Tensor, b: torch.Tensor, *, config: Config | None = None) -> torch.Tensor:
     """C = A @ B with the tuned config for this device and shape (see :func:`tunesvc.lookup`).
 

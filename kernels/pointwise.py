@@ -30,6 +30,7 @@ from tunesvc.launch import direct_launch
 from tunesvc.ops import config_arg
 from tunesvc.ops import config_of
 from tunesvc.ops import kernel_op
+from tunesvc.ops import replayed
 from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
@@ -306,6 +307,7 @@ def bias_act_residual_reference(x: torch.Tensor, bias: torch.Tensor, residual: t
     return a + residual
 
 
+@replayed
 def bias_act_residual(
     x: torch.Tensor,
     bias: torch.Tensor,

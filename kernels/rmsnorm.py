@@ -32,6 +32,7 @@ from tunesvc.kernels.layernorm import launch_column_sum
 from tunesvc.kernels.layernorm import split_config
 from tunesvc.launch import direct_launch
 from tunesvc.ops import kernel_op
+from tunesvc.ops import replayed
 from tunesvc.runtime import default_runtime
 from tunesvc.space import Config
 from tunesvc.template import Cost
@@ -301,6 +302,7 @@ _rmsnorm_bwd_op = kernel_op(
 _rmsnorm_op.register_autograd(_rmsnorm_backward, _rmsnorm_setup)
 
 
+@replayed
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """torch.nn.functional.rms_norm(x, (N,), weight, eps) with tuned configs, autograd included.
 

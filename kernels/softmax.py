@@ -29,6 +29,7 @@ from tunesvc.launch import direct_launch
 from tunesvc.ops import config_arg
 from tunesvc.ops import config_of
 from tunesvc.ops import kernel_op
+from tunesvc.ops import replayed
 from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
@@ -300,6 +301,7 @@ _softmax_bwd_op = kernel_op("softmax_bwd", _softmax_bwd, lambda y, dy, config: y
 _softmax_op.register_autograd(_softmax_backward, _softmax_setup)
 
 
+@replayed
 def softmax(x: torch.Tensor, *, config: Config | None = None, bwd_config: Config | None = None) -> torch.Tensor:
     """Softmax over the last dimension of x with the tuned configs for this device and shape.
 

@@ -259,23 +259,29 @@ def test_autotune_hits_launch_directly_with_a_grid_function(context, tmp_path):
             _close(out, 0.5 * x + y, 1e-6)
 
 
+@pytest.mark.parametrize("autograd", [True, False], ids=["autograd", "no_grad"])
 @pytest.mark.parametrize("context", CONTEXTS)
-def test_replayed_calls_compute_what_the_functions_compute(context, monkeypatch):
+def test_replayed_calls_compute_what_the_functions_compute(context, autograd, monkeypatch):
     """Every family three times on fresh inputs (the later calls replay the first call's
-    launches, tunesvc.launch.LaunchPlans): outputs and gradients equal the ops' own functions'."""
+    launches, tunesvc.launch.LaunchPlans: the op's inside autograd, the family function's
+    without it): outputs and gradients equal the ops' own functions'."""
     from test_ops import FAMILIES
     from test_ops import _run
 
     from tunesvc.launch import LaunchPlans
 
+    def run(fn: Callable[..., Any], inputs: tuple, grad: tuple[int, ...]) -> Any:
+        with torch.set_grad_enabled(autograd):  # grad mode is per thread: set where the call runs
+            return _run(fn, inputs, grad if autograd else ())
+
     tunesvc.configure(mode="heuristic")
     for family, (fn, make_inputs, grad) in FAMILIES.items():
         for _ in range(3):
             inputs = make_inputs("cuda")
-            got = _in_context(context, lambda: _run(fn, inputs, grad))
+            got = _in_context(context, lambda: run(fn, inputs, grad))
             with monkeypatch.context() as m:
                 m.setattr(LaunchPlans, "active", False)
-                expected = _run(fn, inputs, grad)
+                expected = run(fn, inputs, grad)
             torch.cuda.synchronize()
             for g, e in zip(got, expected, strict=True):
                 torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m: f"{family}: {m}")

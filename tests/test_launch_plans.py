@@ -45,26 +45,94 @@ def _unplanned(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], Any]) -> Any:
         return fn()
 
 
+@pytest.mark.parametrize("autograd", [True, False], ids=["autograd", "no_grad"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_replayed_calls_compute_what_the_functions_compute(family, monkeypatch):
+def test_replayed_calls_compute_what_the_functions_compute(family, autograd, monkeypatch):
+    """With autograd the op's plan replays inside the autograd function; without it the
+    family's function's plan replays (checks, views, dropped statistics and all)."""
     fn, make_inputs, grad = FAMILIES[family]
-    for _ in range(3):  # the first call records; the next two replay, each on fresh inputs
-        inputs = make_inputs("cpu")
-        replayed = _run(fn, inputs, grad)
-        expected = _unplanned(monkeypatch, lambda: _run(fn, inputs, grad))
-        assert len(replayed) == len(expected)
-        for got, want in zip(replayed, expected):
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with torch.set_grad_enabled(autograd):
+        for _ in range(3):  # the first call records; the next two replay, each on fresh inputs
+            inputs = make_inputs("cpu")
+            replayed = _run(fn, inputs, grad if autograd else ())
+            expected = _unplanned(monkeypatch, lambda: _run(fn, inputs, grad if autograd else ()))
+            assert len(replayed) == len(expected)
+            for got, want in zip(replayed, expected):
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_hit_of_a_familys_function_still_refuses_what_its_checks_refuse():
+    """The function's key holds every tensor's shape, dtype and device: a call its checks would
+    refuse has another key, so it runs the function and gets the checks' sentence."""
+    x, w, b = torch.randn(4, 3, 37), torch.randn(37), torch.randn(37)
+    for _ in range(3):
+        with torch.no_grad():
+            tunesvc.kernels.layer_norm(x, w, b)
+    with pytest.raises(ValueError, match="weight and bias of shape"):
+        tunesvc.kernels.layer_norm(x, torch.randn(36), b)
+    with pytest.raises(ValueError, match="float16, bfloat16 or float32"):
+        tunesvc.kernels.layer_norm(x.double(), w, b)
+    with pytest.raises(ValueError, match="weight and bias of shape"):
+        tunesvc.kernels.layer_norm(x, w.to("meta"), b)
+    want = torch.nn.functional.layer_norm(x, (37,), w, b)
+    torch.testing.assert_close(tunesvc.kernels.layer_norm(x, w, b), want)  # still a hit, still right
+
+
+def test_a_call_autograd_records_is_never_replayed_by_the_familys_function():
+    x, w = torch.randn(5, 37, requires_grad=True), torch.randn(37)
+    plans = tunesvc.kernels.rms_norm.plans
+    for _ in range(3):
+        y = tunesvc.kernels.rms_norm(x, w)
+        assert y.grad_fn is not None  # autograd recorded it, every time
+    assert [plans.refusals.get(k) for k, v in plans.plans.items() if v is None] == ["autograd records it"]
+    with torch.no_grad():
+        for _ in range(2):
+            assert tunesvc.kernels.rms_norm(x, w).grad_fn is None
+    assert sum(plan is not None for plan in plans.plans.values()) == 1
+
+
+def test_an_unkeyed_argument_runs_the_function_and_later_calls_still_replay():
+    x = torch.randn(5, 37)
+    config = {"BLOCK_M": 2, "BLOCK_N": 64, "num_warps": 1, "num_stages": 1}
+    plans = tunesvc.kernels.softmax.plans
+    with torch.no_grad():
+        for explicit in (None, config, None, config, None):
+            torch.testing.assert_close(tunesvc.kernels.softmax(x, config=explicit), torch.softmax(x, -1))
+        planned = dict(plans.plans)
+        for explicit in (config, None, None):  # the config is never recorded; None hits the plan made above
+            torch.testing.assert_close(tunesvc.kernels.softmax(x, config=explicit), torch.softmax(x, -1))
+    assert plans.plans == planned and all(plan is not None for plan in planned.values())
+
+
+def test_a_view_the_family_returns_is_made_again_from_each_replays_buffer():
+    """layer_norm returns its (M, N) result viewed as x's shape, and keeps mean and rstd (not
+    returned) as the plan's workspaces: a replay allocates one buffer."""
+    w, b = torch.randn(37), torch.randn(37)
+    with torch.no_grad():
+        outs = [tunesvc.kernels.layer_norm(x := torch.randn(2, 3, 37), w, b) for _ in range(3)]
+        torch.testing.assert_close(outs[-1], torch.nn.functional.layer_norm(x, (37,), w, b))
+    assert len({y.data_ptr() for y in outs}) == 3 and outs[-1].shape == (2, 3, 37)
+    (plan,) = [p for p in tunesvc.kernels.layer_norm.plans.plans.values() if p is not None]
+    assert plan.source.count("empty") == 1, plan.source
 
 
 def test_every_forward_but_dropout_has_a_plan_after_one_call():
+    """Without autograd, the family's function has a plan (its checks and views are skipped on a
+    hit); with it, the autograd function's forward replays the op's plan."""
     for fn, make_inputs, grad in FAMILIES.values():
+        with torch.no_grad():
+            fn(*make_inputs("cpu"))
         _run(fn, make_inputs("cpu"), grad)
+    entries = [getattr(tunesvc.kernels, name) for name in tunesvc.kernels.__all__ if name != "dropout"]
+    assert len(entries) >= 7 and not hasattr(tunesvc.kernels.dropout, "plans")
+    for entry in entries:
+        plans = entry.plans
+        assert any(plan is not None for plan in plans.plans.values()), f"{entry.__name__}: {plans.refusals}"
     ops = _shipped_ops()
     assert not isinstance(ops["dropout"].eager, LaunchPlans)  # its seed is an argument: a plan per call
-    forwards = [op for name, op in ops.items() if name != "dropout" and not name.endswith("_bwd")]
-    assert len(forwards) >= 7
-    for op in forwards:
+    differentiable = [op for name, op in ops.items() if name + "_bwd" in ops and name != "dropout"]
+    assert len(differentiable) >= 5
+    for op in differentiable:
         plans = op.eager
         assert isinstance(plans, LaunchPlans)
         assert any(plan is not None for plan in plans.plans.values()), f"{op.name}: {plans.refusals}"
@@ -179,8 +247,7 @@ def test_a_tune_on_miss_sweep_is_not_part_of_the_recorded_call(tmp_path):
     tunesvc.configure(db=str(tmp_path / "tune.db"), mode="tune", budget=2)
     x = torch.randn(7, 45)
     torch.testing.assert_close(tunesvc.kernels.softmax(x), torch.softmax(x, -1))
-    plans = _shipped_ops()["softmax"].eager
-    assert isinstance(plans, LaunchPlans)
+    plans = tunesvc.kernels.softmax.plans
     assert [plan is not None for plan in plans.plans.values()] == [True], plans.refusals
     assert tunesvc.runtime.default_runtime().stats()["softmax"] == {"tuned": 1}
     x = torch.randn(7, 45)

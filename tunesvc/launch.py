@@ -383,7 +383,10 @@ def _static_call(compiled: Any, args: tuple, tail: tuple) -> Callable[..., Any] 
     tails = {f"t{i}": value for i, value in enumerate(tail, len(args))}  # fixed by the key: bound by name
     namespace: dict[str, Any] = dict(zip(("static_launch", "function", "warps", "shared", "types"), static.call))
     namespace.update(tails)
-    values = _static_arguments(static, [*names, *tails], (*args, *tail))
+    every = [*names, *tails]
+    values = _static_arguments(
+        static, [f"{n}.data_ptr()" if isinstance(v, torch.Tensor) else n for n, v in zip(every, (*args, *tail))]
+    )
     source = (
         f"def launch(g0, g1, g2, stream, {', '.join(names)}):\n"
         f"    static_launch(function, g0, g1, g2, warps, shared, types, {_tuple(values)}, stream)\n"
@@ -392,15 +395,10 @@ def _static_call(compiled: Any, args: tuple, tail: tuple) -> Callable[..., Any] 
     return namespace["launch"]
 
 
-def _static_arguments(static: _Static, names: list[str], values: tuple) -> list[str]:
+def _static_arguments(static: _Static, values: list[str]) -> list[str]:
     """The source of the static launcher's argument tuple: every parameter's expression in
-    ``names`` but the constexprs, a tensor's as its address, then the scratch pointers."""
-    kept = [
-        f"{name}.data_ptr()" if isinstance(value, torch.Tensor) else name
-        for i, (name, value) in enumerate(zip(names, values))
-        if i not in static.constexprs
-    ]
-    return kept + ["None"] * static.scratch
+    ``values`` (a tensor's is its address) but the constexprs', then the scratch pointers."""
+    return [v for i, v in enumerate(values) if i not in static.constexprs] + ["None"] * static.scratch
 
 
 def _tuple(items: list[str]) -> str:
@@ -448,6 +446,8 @@ class LaunchPlan:
         self.arguments = inputs
         self.inputs = {id(t): i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)}
         self.names: dict[tuple, str] = {}  # by storage address and layout
+        #: a tensor's address where it is cheaper than its name's .data_ptr() (no view made per call)
+        self.addresses: dict[str, str] = {}
         self.returned: set[int] = set()  # storage addresses of the tensors the call returns
         self.budget = 0  # bytes of workspace this plan may still keep
         self.kept = 0  # bytes of workspace it keeps
@@ -504,6 +504,7 @@ class LaunchPlan:
         made = self.allocations.get(storage)
         if made is not None and storage not in self.returned and self._keep(made):
             name = self._constant(t)  # a workspace of the call, kept with the plan (keyed by stream)
+            self.addresses[name] = self._constant(t.data_ptr())
         elif made is not None:
             if layout == _layout(made):
                 name = f"t{len(self.names)}"
@@ -522,8 +523,11 @@ class LaunchPlan:
             i = sharing[0]
             offset = t.storage_offset() - self.arguments[i].storage_offset()
             name = f"args[{i}].as_strided({size}, {stride}, args[{i}].storage_offset() + {offset})"
+            delta = offset * t.element_size()
+            self.addresses[name] = f"(args[{i}].data_ptr() + {delta})" if delta else f"args[{i}].data_ptr()"
         else:
             name = self._constant(t)  # a workspace that outlives the call: kept alive here
+            self.addresses[name] = self._constant(t.data_ptr())
         self.names[(storage, layout)] = name
         return name
 
@@ -557,7 +561,13 @@ class LaunchPlan:
         static = _static_launcher(compiled)
         if static is not None:  # torch's static launcher: a third less host time than Triton's
             launch, function, warps, shared, types = (self._constant(v) for v in static.call)
-            values = _static_arguments(static, every, (*args, *tail))
+            values = _static_arguments(
+                static,
+                [
+                    self.addresses.get(n, f"{n}.data_ptr()") if isinstance(v, torch.Tensor) else n
+                    for n, v in zip(every, (*args, *tail))
+                ],
+            )
             self.lines.append(
                 f"{launch}({function}, {g0}, {g1}, {g2}, {warps}, {shared}, {types}, {_tuple(values)}, stream)"
             )
@@ -575,7 +585,7 @@ class LaunchPlan:
         returned = []
         for t in outputs:
             made = self.allocations.get(_storage(t)) if isinstance(t, torch.Tensor) else None
-            if id(t) not in self.inputs and (made is None or _layout(made) != _layout(t)):
+            if id(t) not in self.inputs and (made is None or made.dtype != t.dtype):
                 raise _Unplannable("it returns something other than its arguments and the buffers it allocated")
             returned.append(self._tensor(t))
         return f"({', '.join(returned)},)" if isinstance(output, tuple) else returned[0]
@@ -593,19 +603,25 @@ def _kinds(args: tuple, seen: list[set[type]] | None = None) -> list[set[type]]:
 
 
 def _plan_key_function(
-    kinds: list[set[type]], device: Callable[[], int], stream: Callable[[int], int]
+    kinds: list[set[type]], device: Callable[[], int], stream: Callable[[int], int], entry: bool = False
 ) -> Callable[..., tuple]:
     """A function of (*args) giving the plan key of calls whose arguments are of these kinds: the
     current device and stream (first: a plan launches on the stream), each tensor's shape,
     strides, dtype and address mod 16, the first tensor's device index, and every other
-    argument's class and value (so 1, 1.0 and True differ). Generated like _key_function; an
-    argument of a kind not seen raises, and the caller regenerates it."""
+    argument's class and value (so 1, 1.0 and True differ); an argument of another kind (a
+    config dict) makes the call unkeyed unless it is None. Generated like _key_function; an
+    argument of a kind not seen raises, and the caller regenerates it.
+
+    ``entry``: the key of a family's public function, which checks its arguments before the
+    op runs: every tensor's device index, whether it requires grad, and whether grad mode is on
+    are part of it too (a hit skips the checks; a call that autograd records is never replayed)."""
     names = [f"a{i}" for i in range(len(kinds))]
-    parts = []
+    parts = ["grad_enabled()"] if entry else []
     first = ""  # the first tensor's device index
     for name, kind in zip(names, kinds):
         if torch.Tensor in kind:
-            meta = f"({name}.shape, {name}.stride(), {name}.dtype, {name}.data_ptr() & 15)"
+            extra = f", {name}.get_device(), {name}.requires_grad" if entry else ""
+            meta = f"({name}.shape, {name}.stride(), {name}.dtype, {name}.data_ptr() & 15{extra})"
             if kind == {torch.Tensor}:
                 parts.append(meta)
                 first = first or f"{name}.get_device()"
@@ -616,11 +632,17 @@ def _plan_key_function(
         elif all(k in _SCALARS for k in kind):
             parts += [f"{name}.__class__", name]
         else:
-            return _no_key
-    parts.append(first or "None")
+            parts.append(f"(None if {name} is None else no_key())")
+    if not entry:
+        parts.append(first or "None")
     body = f"    index = device()\n    return (index, stream(index), {', '.join(parts)},)\n"
     source = f"def key({', '.join(names)}):\n{body}"
-    namespace: dict[str, Any] = {"device": device, "stream": stream}
+    namespace: dict[str, Any] = {
+        "device": device,
+        "stream": stream,
+        "grad_enabled": torch.is_grad_enabled,
+        "no_key": _no_key,
+    }
     exec(compile(source, "<tunesvc.launch plan key>", "exec"), namespace)
     return namespace["key"]
 
@@ -651,8 +673,10 @@ class LaunchPlans:
     #: False (or TUNESVC_REPLAY=0): every call runs the function, nothing is recorded or replayed
     active = os.environ.get("TUNESVC_REPLAY", "1") != "0"
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], entry: bool = False) -> None:
         self.fn = fn
+        #: a family's public function (checks, views, the op call): keyed by :func:`_plan_key_function` with ``entry``
+        self.entry = entry
         self.plans: dict[tuple, LaunchPlan | None] = {}
         #: why each key that has no plan has none (the last recording's reason)
         self.refusals: dict[tuple, str] = {}
@@ -670,12 +694,13 @@ class LaunchPlans:
         key_of = self._key_of or self._rekey(args)
         try:
             key = key_of(*args)
-        except Exception:  # an argument of a kind not seen before: a key function for both kinds
+            plan = self.plans.get(key, _MISSING)
+        except Exception:  # an argument of a kind not seen before (unhashable too): a key function for both kinds
             try:
                 key = self._rekey(args)(*args)
+                plan = self.plans.get(key, _MISSING)
             except Exception:  # _NoKey (an argument it cannot key): the function as it is
                 return self.fn(*args)
-        plan = self.plans.get(key, _MISSING)
         if plan is _MISSING:
             return self._record(key, args)
         enter = knobs.runtime.launch_enter_hook
@@ -684,8 +709,11 @@ class LaunchPlans:
         return plan.replay(args, key[1])
 
     def _rekey(self, args: tuple) -> Callable[..., tuple]:
-        self._kinds = _kinds(args, self._kinds)
-        self._key_of = _plan_key_function(self._kinds, *self._where())
+        kinds = _kinds(args, self._kinds)
+        if self._key_of is not None and kinds == self._kinds:
+            raise _NoKey  # no kind is new: this call cannot be keyed (a tensor subclass, a config dict)
+        self._kinds = kinds
+        self._key_of = _plan_key_function(kinds, *self._where(), entry=self.entry)
         return self._key_of
 
     def _forget(self) -> None:
@@ -714,6 +742,14 @@ class LaunchPlans:
 
     def _record(self, key: tuple, args: tuple) -> Any:
         if len(self.plans) >= self.most:  # keys without end (a dim that takes every value): no more plans
+            return self.fn(*args)
+        if (
+            self.entry
+            and torch.is_grad_enabled()
+            and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        ):
+            self.plans[key] = None  # autograd records the call (the key says so): it always runs the function
+            self.refusals[key] = "autograd records it"
             return self.fn(*args)
         recording = _Recording()
         token = _recording.set(recording)

@@ -34,10 +34,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
 from collections.abc import Callable
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import ParamSpec
+from typing import TypeVar
+from typing import cast
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -52,6 +56,8 @@ _is_compiling = torch.compiler.is_compiling
 #: tensors that a trace passes in place of real ones: they have no data for a kernel to read
 _TRACED = (FakeTensor, FunctionalTensor)
 _is_grad_enabled = torch.is_grad_enabled
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class KernelOp:
@@ -105,6 +111,48 @@ class KernelOp:
                 if t is not None and t.requires_grad:
                     return self._eager_autograd.apply(*args)
         return self.eager(*args)
+
+
+def replayed(fn: Callable[P, R]) -> Callable[P, R]:
+    """A family's public function whose eager calls replay, per key, what its first call did.
+
+    The key (:class:`tunesvc.launch.LaunchPlans` with ``entry``) is every tensor argument's
+    shape, strides, dtype, alignment, device and requires_grad, every other argument's value,
+    grad mode, and the current device and stream: a hit skips the function's argument checks,
+    its reshapes and the op's own key, and keeps the buffers it computes but does not return
+    (layer_norm's mean and rstd, attention's log-sum-exp) as workspaces. A call that autograd
+    records, a torch.compile trace and a call it cannot key run the function. ``fn`` takes
+    positional-or-keyword and keyword-only parameters only; the wrapper has its signature
+    (generated from it, so that a call binds no ``**kwargs``); ``wrapper.plans`` is its plans.
+    """
+    parameters = list(inspect.signature(fn).parameters.values())
+    namespace: dict[str, Any] = {"fn": fn, "compiling": _is_compiling}
+    header: list[str] = []
+    positional: list[str] = []
+    keywords: list[str] = []
+    for i, p in enumerate(parameters):
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            raise TypeError(f"replayed: {fn.__name__} has a parameter {p.name} of kind {p.kind.description}")
+        if p.kind is p.KEYWORD_ONLY and not keywords:
+            header.append("*")
+        if p.default is not p.empty:
+            namespace[f"d{i}"] = p.default
+        header.append(p.name if p.default is p.empty else f"{p.name}=d{i}")
+        (keywords if p.kind is p.KEYWORD_ONLY else positional).append(p.name)
+    names = ", ".join(positional + keywords)
+    call = ", ".join(positional + [f"{k}={k}" for k in keywords])
+    source = f"def by_position({names}):\n    return fn({call})\n" if keywords else ""
+    source += (
+        f"def {fn.__name__}({', '.join(header)}):\n"
+        f"    if compiling():\n"
+        f"        return fn({call})\n"
+        f"    return plans({names})\n"
+    )
+    exec(compile(source, f"<tunesvc.ops replayed {fn.__name__}>", "exec"), namespace)
+    plans = namespace["plans"] = LaunchPlans(namespace.get("by_position", fn), entry=True)
+    wrapper = functools.update_wrapper(namespace[fn.__name__], fn)
+    wrapper.plans = plans  # type: ignore[attr-defined]
+    return cast("Callable[P, R]", wrapper)
 
 
 def kernel_op(

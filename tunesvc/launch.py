@@ -602,23 +602,21 @@ def _kinds(args: tuple, seen: list[set[type]] | None = None) -> list[set[type]]:
     return kinds
 
 
-def _plan_key_function(
-    kinds: list[set[type]], device: Callable[[], int], stream: Callable[[int], int], entry: bool = False
-) -> Callable[..., tuple]:
-    """A function of (*args) giving the plan key of calls whose arguments are of these kinds: the
-    current device and stream (first: a plan launches on the stream), each tensor's shape,
-    strides, dtype and address mod 16, the first tensor's device index, and every other
-    argument's class and value (so 1, 1.0 and True differ); an argument of another kind (a
-    config dict) makes the call unkeyed unless it is None. Generated like _key_function; an
-    argument of a kind not seen raises, and the caller regenerates it.
+def _plan_key_parts(kinds: list[set[type]], entry: bool = False) -> list[str] | None:
+    """The source of the plan key's items after the current device and stream, for calls whose
+    arguments (named a0, a1, ...) are of these kinds: each tensor's shape, strides, dtype and
+    address mod 16, the first tensor's device index, and every other argument's class and value
+    (so 1, 1.0 and True differ); an argument of another kind (a config dict) leaves the call
+    unkeyed unless it is None. None where the kinds cannot be keyed (a position that took a
+    tensor and a scalar).
 
     ``entry``: the key of a family's public function, which checks its arguments before the
     op runs: every tensor's device index, whether it requires grad, and whether grad mode is on
     are part of it too (a hit skips the checks; a call that autograd records is never replayed)."""
-    names = [f"a{i}" for i in range(len(kinds))]
     parts = ["grad_enabled()"] if entry else []
     first = ""  # the first tensor's device index
-    for name, kind in zip(names, kinds):
+    for i, kind in enumerate(kinds):
+        name = f"a{i}"
         if torch.Tensor in kind:
             extra = f", {name}.get_device(), {name}.requires_grad" if entry else ""
             meta = f"({name}.shape, {name}.stride(), {name}.dtype, {name}.data_ptr() & 15{extra})"
@@ -628,23 +626,65 @@ def _plan_key_function(
             elif kind == {torch.Tensor, type(None)}:
                 parts.append(f"(None if {name} is None else {meta})")
             else:
-                return _no_key
+                return None
         elif all(k in _SCALARS for k in kind):
             parts += [f"{name}.__class__", name]
         else:
             parts.append(f"(None if {name} is None else no_key())")
     if not entry:
         parts.append(first or "None")
-    body = f"    index = device()\n    return (index, stream(index), {', '.join(parts)},)\n"
-    source = f"def key({', '.join(names)}):\n{body}"
+    return parts
+
+
+def _plan_functions(plans: LaunchPlans, kinds: list[set[type]]) -> tuple[Callable[..., tuple], Callable[..., Any]]:
+    """``key(*args)`` (the plan key: the current device and stream, then :func:`_plan_key_parts`)
+    and ``call(*args)``, the hit path of ``plans``: it keys the call, finds its plan and replays
+    it in one frame, and leaves anything else (no plan yet, an argument of a kind not seen, a
+    recording under way, another runtime, a launch hook) to ``plans._slow``. Generated like
+    _key_function (no text a file supplies): an argument of a kind not seen raises in ``key``,
+    and the caller regenerates both."""
+    parts = _plan_key_parts(kinds, plans.entry)
+    if parts is None:
+        return _no_key, plans._slow
+    device, stream = plans._where()
+    names = ", ".join(f"a{i}" for i in range(len(kinds)))
+    items = ", ".join(parts)
+    source = (
+        f"def key({names}):\n"
+        f"    index = device()\n"
+        f"    return (index, stream(index), {items},)\n"
+        f"def call({names}):\n"
+        f"    index = device()\n"
+        f"    s = stream(index)\n"
+        f"    try:\n"
+        f"        plan = plans[(index, s, {items},)]\n"
+        f"    except Exception:  # no plan yet, or an argument this key does not take\n"
+        f"        return slow({names})\n"
+        f"    if (\n"
+        f"        plan is None\n"
+        f"        or recording.get() is not None\n"
+        f"        or not owner.active\n"
+        f"        or runtime._default is not owner._runtime\n"
+        f"        or (knobs.runtime.launch_enter_hook is not None and hooked())\n"
+        f"    ):\n"
+        f"        return slow({names})\n"
+        f"    return plan.replay(({names}{',' if names else ''}), s)\n"
+    )
     namespace: dict[str, Any] = {
         "device": device,
         "stream": stream,
         "grad_enabled": torch.is_grad_enabled,
         "no_key": _no_key,
+        "plans": plans.plans,
+        "slow": plans._slow,
+        "recording": _recording,
+        "owner": plans,
+        "runtime": _runtime_module,
+        "knobs": knobs,
+        "hooked": _hooked,
     }
     exec(compile(source, "<tunesvc.launch plan key>", "exec"), namespace)
-    return namespace["key"]
+    return namespace["key"], namespace["call"]
 
 
 def _hooked() -> bool:
@@ -685,8 +725,13 @@ class LaunchPlans:
         self._kinds: list[set[type]] | None = None
         self._runtime: Any = None
         self.kept = 0  # bytes of workspace its plans keep
+        #: the call: a hit in one generated frame (_plan_functions), else :meth:`_slow`
+        self.call: Callable[..., Any] = self._slow
 
     def __call__(self, *args: Any) -> Any:
+        return self.call(*args)
+
+    def _slow(self, *args: Any) -> Any:
         if _recording.get() is not None or not self.active:  # inside another op's recording: its launches
             return self.fn(*args)
         if _runtime_module._default is not self._runtime:
@@ -713,7 +758,7 @@ class LaunchPlans:
         if self._key_of is not None and kinds == self._kinds:
             raise _NoKey  # no kind is new: this call cannot be keyed (a tensor subclass, a config dict)
         self._kinds = kinds
-        self._key_of = _plan_key_function(kinds, *self._where(), entry=self.entry)
+        self._key_of, self.call = _plan_functions(self, kinds)
         return self._key_of
 
     def _forget(self) -> None:

@@ -146,7 +146,7 @@ def replayed(fn: Callable[P, R]) -> Callable[P, R]:
         f"def {fn.__name__}({', '.join(header)}):\n"
         f"    if compiling():\n"
         f"        return fn({call})\n"
-        f"    return plans({names})\n"
+        f"    return plans.call({names})\n"
     )
     exec(compile(source, f"<tunesvc.ops replayed {fn.__name__}>", "exec"), namespace)
     plans = namespace["plans"] = LaunchPlans(namespace.get("by_position", fn), entry=True)

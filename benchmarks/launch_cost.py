@@ -11,7 +11,9 @@ the same loop followed by ``torch.cuda.synchronize()``, per call. Each figure is
 Besides the families: a bare ``kernel[grid](...)`` launch of one ``@triton.jit`` kernel against
 the same kernel under ``@tunesvc.autotune`` (a hit; its config from a bundle) and through
 :class:`tunesvc.launch.DirectLaunch`. Rows go to benchmarks/results/launch_cost.csv with
-``timing_method`` ``host_per_call`` or ``eager_sync`` (ours_ms and peer_ms per call, ratio = peer / ours).
+``timing_method`` ``host_per_call``, ``eager_sync`` or ``gpu_time`` (the GPU time of one call,
+replayed from a CUDA graph: whether the GPU work is at parity); ours_ms and peer_ms per call,
+ratio = peer / ours.
 """
 
 from __future__ import annotations
@@ -71,6 +73,20 @@ def side_by_side(ours: Callable[[], Any], peer: Callable[[], Any], calls: int, r
             ours_ms.append(per_call_ms(ours, calls, sync))
     ratios = [p / o for o, p in zip(ours_ms, peer_ms)]
     return statistics.median(ours_ms), statistics.median(peer_ms), statistics.median(ratios)
+
+
+def gpu_time(ours: Callable[[], Any], peer: Callable[[], Any]) -> tuple[float, float] | None:
+    """GPU time per call (ms) of ours and the peer, each call replayed from a CUDA graph
+    (``triton.testing.do_bench_cudagraph``) on the loop's inputs: whether the GPU work is at
+    parity, which the eager end-to-end target presumes. None (said why) where one cannot be captured."""
+    try:
+        return (
+            triton.testing.do_bench_cudagraph(ours, rep=50),
+            triton.testing.do_bench_cudagraph(peer, rep=50),
+        )
+    except Exception as exc:  # a capture this case's peer or ours does not allow: no row
+        print(f"gpu_time: no CUDA graph capture ({type(exc).__name__}: {exc})", flush=True)
+        return None
 
 
 def family_cases(dtype: torch.dtype) -> list[tuple[str, str, str, Callable[[], Any], Callable[[], Any]]]:
@@ -230,6 +246,32 @@ def main() -> int:
                 print(
                     f"{kernel} {shape} {method}: ours {ours_ms * 1e3:.1f} us, {peer} {peer_ms * 1e3:.1f} us", flush=True
                 )
+            gpu = gpu_time(ours, theirs)
+            if gpu is None:
+                continue
+            ours_ms, peer_ms = gpu
+            rows.append(
+                {
+                    "kernel": kernel,
+                    "shape": shape,
+                    "ours_ms": ours_ms,
+                    "peer": peer,
+                    "peer_ms": peer_ms,
+                    "ratio": peer_ms / ours_ms,
+                    "timing_method": "gpu_time",
+                }
+            )
+            table.append(
+                [
+                    kernel,
+                    shape,
+                    "gpu_time",
+                    f"{ours_ms * 1e3:.1f}",
+                    f"{peer_ms * 1e3:.1f}",
+                    f"{peer_ms / ours_ms:.2f}",
+                    peer,
+                ]
+            )
     # which config source each family's lookups took (an untuned shape runs the heuristic)
     print("lookups by source:", tunesvc.runtime.default_runtime().stats())
     print_table(

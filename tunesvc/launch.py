@@ -602,9 +602,9 @@ def _kinds(args: tuple, seen: list[set[type]] | None = None) -> list[set[type]]:
     return kinds
 
 
-def _plan_key_parts(kinds: list[set[type]], entry: bool = False) -> list[str] | None:
+def _plan_key_parts(kinds: list[set[type]], entry: bool = False, names: list[str] | None = None) -> list[str] | None:
     """The source of the plan key's items after the current device and stream, for calls whose
-    arguments (named a0, a1, ...) are of these kinds: each tensor's shape, strides, dtype and
+    arguments (named ``names``, else a0, a1, ...) are of these kinds: each tensor's shape, strides, dtype and
     address mod 16, the first tensor's device index, and every other argument's class and value
     (so 1, 1.0 and True differ); an argument of another kind (a config dict) leaves the call
     unkeyed unless it is None. None where the kinds cannot be keyed (a position that took a
@@ -616,7 +616,7 @@ def _plan_key_parts(kinds: list[set[type]], entry: bool = False) -> list[str] | 
     parts = ["grad_enabled()"] if entry else []
     first = ""  # the first tensor's device index
     for i, kind in enumerate(kinds):
-        name = f"a{i}"
+        name = names[i] if names else f"a{i}"
         if torch.Tensor in kind:
             extra = f", {name}.get_device(), {name}.requires_grad" if entry else ""
             meta = f"({name}.shape, {name}.stride(), {name}.dtype, {name}.data_ptr() & 15{extra})"
@@ -636,43 +636,35 @@ def _plan_key_parts(kinds: list[set[type]], entry: bool = False) -> list[str] | 
     return parts
 
 
-def _plan_functions(plans: LaunchPlans, kinds: list[set[type]]) -> tuple[Callable[..., tuple], Callable[..., Any]]:
-    """``key(*args)`` (the plan key: the current device and stream, then :func:`_plan_key_parts`)
-    and ``call(*args)``, the hit path of ``plans``: it keys the call, finds its plan and replays
-    it in one frame, and leaves anything else (no plan yet, an argument of a kind not seen, a
-    recording under way, another runtime, a launch hook) to ``plans._slow``. Generated like
-    _key_function (no text a file supplies): an argument of a kind not seen raises in ``key``,
-    and the caller regenerates both."""
-    parts = _plan_key_parts(kinds, plans.entry)
-    if parts is None:
-        return _no_key, plans._slow
-    device, stream = plans._where()
-    names = ", ".join(f"a{i}" for i in range(len(kinds)))
-    items = ", ".join(parts)
-    source = (
-        f"def key({names}):\n"
-        f"    index = device()\n"
-        f"    return (index, stream(index), {items},)\n"
-        f"def call({names}):\n"
-        f"    index = device()\n"
-        f"    s = stream(index)\n"
-        f"    try:\n"
-        f"        plan = plans[(index, s, {items},)]\n"
-        f"    except Exception:  # no plan yet, or an argument this key does not take\n"
-        f"        return slow({names})\n"
-        f"    if (\n"
-        f"        plan is None\n"
-        f"        or recording.get() is not None\n"
-        f"        or not owner.active\n"
-        f"        or runtime._default is not owner._runtime\n"
-        f"        or (knobs.runtime.launch_enter_hook is not None and hooked())\n"
-        f"    ):\n"
-        f"        return slow({names})\n"
-        f"    return plan.replay(({names}{',' if names else ''}), s)\n"
-    )
+def _hit_source(names: list[str], items: list[str], indent: str = "    ") -> str:
+    """The source of the hit path of a plans' call of arguments ``names`` keyed by ``items``: key
+    the call, find its plan and replay it; anything else (no plan yet, an argument this key does
+    not take, a recording under way, another runtime, a launch hook) goes to ``slow``."""
+    args = ", ".join(names)
+    lines = [
+        "index = device()",
+        "s = stream(index)",
+        "try:",
+        f"    plan = plans[(index, s, {', '.join(items)},)]",
+        "except Exception:  # no plan yet, or an argument this key does not take",
+        f"    return slow({args})",
+        "if (",
+        "    plan is None",
+        "    or recording.get() is not None",
+        "    or not owner.active",
+        "    or runtime._default is not owner._runtime",
+        "    or (knobs.runtime.launch_enter_hook is not None and hooked())",
+        "):",
+        f"    return slow({args})",
+        f"return plan.replay(({args}{',' if names else ''}), s)",
+    ]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+def _hit_namespace(plans: LaunchPlans) -> dict[str, Any]:
+    """The names :func:`_hit_source` reads; ``device`` and ``stream`` are looked up once, at the
+    first call (CUDA is not initialised on import)."""
     namespace: dict[str, Any] = {
-        "device": device,
-        "stream": stream,
         "grad_enabled": torch.is_grad_enabled,
         "no_key": _no_key,
         "plans": plans.plans,
@@ -683,8 +675,46 @@ def _plan_functions(plans: LaunchPlans, kinds: list[set[type]]) -> tuple[Callabl
         "knobs": knobs,
         "hooked": _hooked,
     }
+
+    def first_device() -> int:
+        namespace["device"], namespace["stream"] = plans._where()
+        return namespace["device"]()
+
+    namespace["device"] = first_device
+    return namespace
+
+
+def _plan_functions(plans: LaunchPlans, kinds: list[set[type]]) -> tuple[Callable[..., tuple], Callable[..., Any]]:
+    """``key(*args)`` (the plan key: the current device and stream, then :func:`_plan_key_parts`)
+    and ``call(*args)``, the hit path of ``plans`` in one frame (:func:`_hit_source`). Generated
+    like _key_function (no text a file supplies): an argument of a kind not seen raises in
+    ``key``, and the caller regenerates both."""
+    parts = _plan_key_parts(kinds, plans.entry)
+    if parts is None:
+        return _no_key, plans._slow
+    names = [f"a{i}" for i in range(len(kinds))]
+    source = (
+        f"def key({', '.join(names)}):\n"
+        f"    index = device()\n"
+        f"    return (index, stream(index), {', '.join(parts)},)\n"
+        f"def call({', '.join(names)}):\n" + _hit_source(names, parts)
+    )
+    namespace = _hit_namespace(plans)
+    namespace["device"], namespace["stream"] = plans._where()
     exec(compile(source, "<tunesvc.launch plan key>", "exec"), namespace)
     return namespace["key"], namespace["call"]
+
+
+def entry_source(plans: LaunchPlans, names: list[str]) -> tuple[str, dict[str, Any]]:
+    """The body (indented once) and the names it reads of a function of parameters ``names``
+    that replays ``plans``'s plan on a hit, keyed by the kinds ``plans`` was made with
+    (:func:`tunesvc.ops.replayed` puts it after its torch.compile branch); ("", {}) where those
+    kinds cannot be keyed."""
+    assert plans.fixed is not None
+    parts = _plan_key_parts(plans.fixed, plans.entry, names)
+    if parts is None:
+        return "", {}
+    return _hit_source(names, parts), _hit_namespace(plans)
 
 
 def _hooked() -> bool:
@@ -713,8 +743,10 @@ class LaunchPlans:
     #: False (or TUNESVC_REPLAY=0): every call runs the function, nothing is recorded or replayed
     active = os.environ.get("TUNESVC_REPLAY", "1") != "0"
 
-    def __init__(self, fn: Callable[..., Any], entry: bool = False) -> None:
+    def __init__(self, fn: Callable[..., Any], entry: bool = False, kinds: list[set[type]] | None = None) -> None:
         self.fn = fn
+        #: the kinds of the arguments, fixed (a family function's annotations), else learnt from the calls
+        self.fixed = kinds
         #: a family's public function (checks, views, the op call): keyed by :func:`_plan_key_function` with ``entry``
         self.entry = entry
         self.plans: dict[tuple, LaunchPlan | None] = {}
@@ -722,7 +754,7 @@ class LaunchPlans:
         self.refusals: dict[tuple, str] = {}
         self._failures: dict[tuple, int] = {}
         self._key_of: Callable[..., tuple] | None = None
-        self._kinds: list[set[type]] | None = None
+        self._kinds: list[set[type]] | None = kinds
         self._runtime: Any = None
         self.kept = 0  # bytes of workspace its plans keep
         #: the call: a hit in one generated frame (_plan_functions), else :meth:`_slow`
@@ -754,7 +786,7 @@ class LaunchPlans:
         return plan.replay(args, key[1])
 
     def _rekey(self, args: tuple) -> Callable[..., tuple]:
-        kinds = _kinds(args, self._kinds)
+        kinds = self.fixed if self.fixed is not None else _kinds(args, self._kinds)
         if self._key_of is not None and kinds == self._kinds:
             raise _NoKey  # no kind is new: this call cannot be keyed (a tensor subclass, a config dict)
         self._kinds = kinds
@@ -787,6 +819,10 @@ class LaunchPlans:
 
     def _record(self, key: tuple, args: tuple) -> Any:
         if len(self.plans) >= self.most:  # keys without end (a dim that takes every value): no more plans
+            return self.fn(*args)
+        if any(not isinstance(a, torch.Tensor) and a.__class__ not in _SCALARS for a in args):
+            self.plans[key] = None  # keyed by its class and value, but a plan holds only scalars' values
+            self.refusals[key] = "an argument is neither a tensor nor a scalar"
             return self.fn(*args)
         if (
             self.entry

@@ -35,6 +35,8 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import types
+import typing
 from collections.abc import Callable
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -48,6 +50,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
 from tunesvc.launch import LaunchPlans
+from tunesvc.launch import entry_source
 
 if TYPE_CHECKING:
     from tunesvc.space import Config
@@ -126,6 +129,7 @@ def replayed(fn: Callable[P, R]) -> Callable[P, R]:
     (generated from it, so that a call binds no ``**kwargs``); ``wrapper.plans`` is its plans.
     """
     parameters = list(inspect.signature(fn).parameters.values())
+    hints = typing.get_type_hints(fn)  # the annotations of tunesvc's own function, evaluated
     namespace: dict[str, Any] = {"fn": fn, "compiling": _is_compiling}
     header: list[str] = []
     positional: list[str] = []
@@ -139,20 +143,35 @@ def replayed(fn: Callable[P, R]) -> Callable[P, R]:
             namespace[f"d{i}"] = p.default
         header.append(p.name if p.default is p.empty else f"{p.name}=d{i}")
         (keywords if p.kind is p.KEYWORD_ONLY else positional).append(p.name)
-    names = ", ".join(positional + keywords)
+    names = positional + keywords
     call = ", ".join(positional + [f"{k}={k}" for k in keywords])
-    source = f"def by_position({names}):\n    return fn({call})\n" if keywords else ""
-    source += (
-        f"def {fn.__name__}({', '.join(header)}):\n"
-        f"    if compiling():\n"
-        f"        return fn({call})\n"
-        f"    return plans.call({names})\n"
-    )
+    source = f"def by_position({', '.join(names)}):\n    return fn({call})\n" if keywords else ""
     exec(compile(source, f"<tunesvc.ops replayed {fn.__name__}>", "exec"), namespace)
-    plans = namespace["plans"] = LaunchPlans(namespace.get("by_position", fn), entry=True)
-    wrapper = functools.update_wrapper(namespace[fn.__name__], fn)
+    plans = LaunchPlans(namespace.get("by_position", fn), entry=True, kinds=[_kind(hints.get(n)) for n in names])
+    hit, reads = entry_source(plans, names)  # reads: the hit path's names, which it updates itself
+    reads.update(namespace, owner_plans=plans)
+    source = f"def {fn.__name__}({', '.join(header)}):\n    if compiling():\n        return fn({call})\n" + (
+        hit or f"    return owner_plans({', '.join(names)})\n"
+    )
+    exec(compile(source, f"<tunesvc.ops replayed {fn.__name__}>", "exec"), reads)
+    wrapper = functools.update_wrapper(reads[fn.__name__], fn)
     wrapper.plans = plans  # type: ignore[attr-defined]
     return cast("Callable[P, R]", wrapper)
+
+
+def _kind(hint: Any) -> set[type]:
+    """The kinds of argument an annotation allows, as LaunchPlans keys them: torch.Tensor, None,
+    the scalar classes, and ``object`` for anything else (a config dict: the call is not keyed)."""
+    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    kinds: set[type] = set()
+    for a in allowed:
+        if a is type(None) or a is None:
+            kinds.add(type(None))
+        elif a is torch.Tensor or a in (int, float, bool, str):
+            kinds.add(a)
+        else:
+            kinds.add(object)
+    return kinds
 
 
 def kernel_op(

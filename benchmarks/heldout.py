@@ -20,7 +20,9 @@ one set of random inputs the three untuned picks, the tuned winner and the torch
 through torch.matmul, SDPA, torch.compile'd norms) are checked against the reference and timed
 from CUDA graphs over copies of the inputs that together exceed L2 twice (GPU time; see
 tunesvc.bench.graph_time), in the same run. Rows go to benchmarks/results/heldout.csv, one per
-(shape, pick), with the pick in the kernel column (``matmul [selector]``).
+(shape, pick), with the pick in the kernel column (``matmul [selector]``). --ceiling N then adds
+random trials up to N per shape and times their best beside the others (``matmul [space best
+of N]``): whether a missed target is the short sweep's or the space's.
 """
 
 from __future__ import annotations
@@ -254,6 +256,13 @@ def main() -> int:
     parser.add_argument("--no-sweep", action="store_true", help="time the untuned picks only")
     parser.add_argument("--fit", action="store_true", help="fit each kernel's selector in --db first (cross-measure)")
     parser.add_argument("--list", action="store_true", help="print the held-out shapes and exit")
+    parser.add_argument(
+        "--ceiling",
+        type=int,
+        default=0,
+        help="after the sweep, random trials up to this many per shape; their best is timed as "
+        "'space best of N' (what the space holds, beyond what the short sweep finds)",
+    )
     args = parser.parse_args()
     kernels = [k for k in args.kernels.split(",") if k]
     unknown = sorted(set(kernels) - set(SHAPES))
@@ -314,6 +323,14 @@ def main() -> int:
                     store.close()
                 if result.winner is not None:
                     configs["tuned"] = result.winner
+                if args.ceiling > args.budget:
+                    store = Store(args.db)
+                    try:
+                        [best] = run_sweep(template, [problem], store, strategy="random", budget=args.ceiling)
+                    finally:
+                        store.close()
+                    if best.winner is not None:
+                        configs[f"space best of {args.ceiling}"] = best.winner
             print(f"{name} {key}: timing {', '.join(configs)} and the peer", flush=True)
             peer_name, times = time_shape(template, problem, configs)
             peer_ms = times.get("peer")

@@ -167,6 +167,7 @@ def _targets(results_dir: Path) -> list[str]:
                 f"| {'-' if worst_shape is None else f'{pick[worst_shape]:.3f}, {worst_shape}'} |"
             )
         lines.append("")
+        lines += _ceilings(by)
     for path in sorted((results_dir / "evaluate").glob("*.csv")) if (results_dir / "evaluate").is_dir() else []:
         with path.open(newline="") as f:  # `tune evaluate --csv`'s own layout
             rows = list(csv.DictReader(f))
@@ -263,6 +264,31 @@ def _eager_targets(results_dir: Path, date: str) -> list[str]:
             verdict = "yes" if eager >= EAGER_TARGET else f"no: {eager / EAGER_TARGET:.0%} of the target"
         lines.append(f"| {kernel} | {gpu:.3f} | {'yes' if parity else 'no'} | {eager:.3f} | {verdict} |")
     return [*lines, ""]
+
+
+def _ceilings(by: dict[tuple[str, str], dict[str, dict[str, str]]]) -> list[str]:
+    """Shapes with a 'space best of N' row (heldout.py --ceiling): the short sweep's winner and
+    the best of N trials of the space, each / the peer, in the same run."""
+    rows = []
+    for (kernel, shape), roles in sorted(by.items()):
+        for role, r in roles.items():
+            if role.startswith("space best of ") and "tuned" in roles:
+                tuned = float(roles["tuned"]["peer_ms"]) / float(roles["tuned"]["ours_ms"])
+                best = float(r["peer_ms"]) / float(r["ours_ms"])
+                rows.append(
+                    f"| {kernel} | {shape} | {tuned:.3f}x | {best:.3f}x | {role.removeprefix('space best of ')} |"
+                )
+    if not rows:
+        return []
+    return [
+        "What the space holds (`heldout.py --ceiling`): the short sweep's winner and the best of a random",
+        "sweep of many more trials of the same space, each / the peer, timed in the same run.",
+        "",
+        "| kernel | shape | tuned / peer | space best / peer | trials |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def _share_within_5pct(ratios: Collection[float]) -> float:

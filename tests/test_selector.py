@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
 import sqlite3
@@ -25,7 +24,6 @@ from tunesvc.runtime import Runtime
 from tunesvc.space import config_hash
 from tunesvc.store import Store
 from tunesvc.sweep import run_sweep
-from tunesvc.template import ShapeKey
 
 #: small and odd: M buckets 4, 16, 64 and 128 over two (N, K) pairs
 SHAPES = [(3, 45, 29), (37, 45, 29), (9, 70, 50), (100, 70, 50)]
@@ -46,7 +44,7 @@ def fitted_db(tmp_path_factory):
         sel.cross_measure(store, template, device)
         # fitted and kept whatever its leave-one-out score on these noisy interpreter timings
         # (refit's gate, tested on fixed times below, could keep none)
-        selector = sel.fit(sel.training_set(store, template, device), method="tree")
+        selector = sel.fit(sel.training_set(store, template, device))
         assert selector is not None
         store.save_selector(template, device.hardware_id, selector.to_dict(), selector.keys)
     finally:
@@ -134,7 +132,7 @@ def _training(keys, features, times) -> sel.TrainingSet:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_walker_matches_sklearn_on_random_features(seed):
     data = _synthetic(120, 6, seed)
-    selector = sel.fit(data, method="tree")
+    selector = sel.fit(data)
     assert selector is not None and len(selector.left) > 1
     names = list(selector.features)
     x = [[f[n] for n in names] for f in data.features]
@@ -439,70 +437,3 @@ def test_leave_one_out_scores_the_selector_and_the_nearest_rule_on_stored_times(
     ours, nearest = sel.leave_one_out(data)
     assert nearest == pytest.approx(3.0)
     assert sel.leave_one_out(_keyed([(1.0, 2.0), (2.0, 1.0)], [4, 8])) is None  # too few keys
-
-
-def _two_regimes():
-    """Eight matmul keys, M=4..512: candidate 0 best at small M, 2 at large M, 1 second everywhere,
-    with one small-M key (M=32) where 2 happens to win by a hair."""
-    ms = [4, 8, 16, 32, 64, 128, 256, 512]
-    times = [(1.0, 1.3, 3.0) if m < 64 else (3.0, 1.3, 1.0) for m in ms]
-    times[3] = (1.02, 1.3, 1.0)
-    template, device = tunesvc.get_template("matmul"), tunesvc.current_device()
-    features = [template.selector_features(template.problem(M=m, N=45, K=29), device) for m in ms]
-    return _training([f"M={m},N=45,K=29,dtype=float16" for m in ms], features, times)
-
-
-def test_neighbours_rank_candidates_by_measured_slowdown_on_the_nearest_keys(device):
-    data = _two_regimes()
-    selector = sel.fit(data, method="neighbours")
-    assert selector is not None and selector.method == "neighbours" and selector.k == sel.NEIGHBOURS
-    template = tunesvc.get_template("matmul")
-    slow = [sel._slowdowns(row) for row in data.times]
-    for m in (3, 20, 100, 3000):
-        problem = template.problem(M=m, N=45, K=29)
-        key = template.key(problem)
-        nearest = sorted(range(len(data.keys)), key=lambda i: key.distance(ShapeKey.parse(data.keys[i])))[:5]
-        want = min(range(3), key=lambda c: (sum(math.log(slow[i][c]) for i in nearest), c))
-        x = selector.vector(template.selector_features(problem, device))
-        assert selector.order(x, key)[0] == want
-        # answers far outside the tuned Ms too: its five nearest keys are what the nearest rule reads
-        assert selector.ranked(template, problem, device)[0] == data.candidates[want]
-    again = sel.Selector.from_dict(json.loads(json.dumps(selector.to_dict())))
-    assert again == selector and "5 tuned keys nearest" in again.describe()[0]
-
-
-def test_fit_keeps_the_method_whose_left_out_picks_are_faster():
-    for data in (_two_regimes(), _keyed([(1.0, 3.0), (3.0, 1.0), (1.0, 3.0), (3.0, 1.0)], [4, 8, 16, 32])):
-        # whichever scores lower on the stored times is the one kept
-        tree, neighbours = sel._left_out(data, "tree"), sel._left_out(data, "neighbours")
-        assert tree is not None and neighbours is not None
-        fitted = sel.fit(data)
-        assert fitted is not None
-        assert fitted.method == ("tree" if tree <= neighbours else "neighbours"), (tree, neighbours)
-    # each key has its own specialist (3x slower elsewhere) and one candidate is 3% off the best
-    # everywhere: a tree learns the specialists and picks a neighbour's; the vote of the nearest
-    # keys picks the all-rounder
-    ms = [4, 8, 16, 32, 64, 128, 256, 512]
-    times = [(1.03, *(1.0 if j == i else 3.0 for j in range(len(ms)))) for i in range(len(ms))]
-    data = _training([f"M={m},N=45,K=29,dtype=float16" for m in ms], _two_regimes().features, times)
-    assert sel._left_out(data, "neighbours") == pytest.approx(1.03)
-    assert sel._left_out(data, "tree") > 1.5
-    assert sel.fit(data).method == "neighbours"
-
-
-@pytest.mark.parametrize(
-    "damage, pattern",
-    [
-        (lambda n: n.update(slowdowns=n["slowdowns"][:-1]), "slowdowns do not match"),
-        (lambda n: n["slowdowns"][0].append(1.0), "slowdowns do not match"),
-        (lambda n: n["keys"].__setitem__(0, "M=x"), "is no shape key"),
-        (lambda n: n["keys"].__setitem__(0, "M=0,N=45,K=29,dtype=float16"), "is no shape key"),
-        (lambda n: n["slowdowns"][0].__setitem__(0, 0.5), "slowdowns"),
-        (lambda n: n.update(k=0), "neighbours.k"),
-    ],
-)
-def test_damaged_neighbours_are_one_clear_error(damage, pattern):
-    data = sel.fit(_two_regimes(), method="neighbours").to_dict()
-    damage(data["neighbours"])
-    with pytest.raises(TunesvcError, match=pattern):
-        sel.Selector.from_dict(data)

@@ -14,12 +14,6 @@ per leaf, its candidates ranked best first): in the database (``tunesvc_selector
 0007) and in bundles. It is walked by :meth:`Selector.ranked`, a loop of a few comparisons, so
 that the runtime never imports scikit-learn and nothing is unpickled.
 
-A fit may instead keep its training data and rank by neighbours (``method = "neighbours"``):
-the candidates ordered by their geometric-mean slowdown, as measured, over the ``k`` tuned keys
-nearest the problem's (the nearest rule's log2 distance). ``fit`` keeps whichever of the two
-picks faster configs when one tuned key at a time is left out: with few tuned keys spread over
-several dims, a tree's splits generalise worse than a vote of the nearest keys.
-
 The runtime asks the selector after the exact key and before the nearest one:
 exact -> predicted -> nearest -> heuristic.
 """
@@ -47,7 +41,6 @@ if TYPE_CHECKING:
     from tunesvc.space import Config
     from tunesvc.store import Store
     from tunesvc.template import Problem
-    from tunesvc.template import ShapeKey
     from tunesvc.template import Template
 
 FORMAT = 1
@@ -61,8 +54,6 @@ NEAR_BEST = 0.02
 MIN_KEYS = 2
 #: the slowdown a ranking charges a candidate that failed or was not measured on a key
 UNKNOWN_SLOWDOWN = 4.0
-#: tuned keys a "neighbours" selector ranks the candidates over
-NEIGHBOURS = 5
 #: how far outside the fit's range (in feature units: doublings for the log2 dims) a selector
 #: still answers
 REACH = 1.0
@@ -97,12 +88,6 @@ class Selector:
     #: per feature, the lowest and highest value the fit saw (empty: no range kept)
     lo: tuple[float, ...] = ()
     hi: tuple[float, ...] = ()
-    #: "tree", or "neighbours": rank by the measured slowdowns on the ``k`` nearest of ``points``
-    method: str = "tree"
-    k: int = 0
-    #: the tuned keys it was fitted on, and each candidate's measured slowdown on each
-    points: tuple[str, ...] = ()
-    slowdowns: tuple[tuple[float, ...], ...] = ()
 
     def vector(self, values: dict[str, float]) -> list[float]:
         """The feature vector, in the selector's order (a feature the problem lacks reads 0.0)."""
@@ -129,23 +114,6 @@ class Selector:
         """The tree's class (a candidate index) for a feature vector."""
         return self.leaves[self.leaf(x)][0]
 
-    def order(self, x: list[float], key: ShapeKey) -> tuple[int, ...]:
-        """Candidate indices for a problem of feature vector ``x`` and shape key ``key``, best first."""
-        if self.method != "neighbours":
-            return self.leaves[self.leaf(x)]
-        near = sorted((key.distance(p), i) for i, p in enumerate(self._points))[: self.k]
-        rows = [self.slowdowns[i] for d, i in near if d < math.inf]
-        if not rows:
-            return ()
-        score = [sum(math.log(row[c]) for row in rows) for c in range(len(self.candidates))]
-        return tuple(sorted(range(len(self.candidates)), key=lambda c: (score[c], c)))
-
-    @functools.cached_property
-    def _points(self) -> tuple[ShapeKey, ...]:
-        from tunesvc.template import ShapeKey
-
-        return tuple(ShapeKey.parse(p) for p in self.points)
-
     def ranked(self, template: Template, problem: Problem, device: Device) -> list[Config]:
         """The candidates for ``problem``, best first; none for a problem outside the fit's features."""
         values = template.selector_features(problem, device)
@@ -154,14 +122,13 @@ class Selector:
         x = self.vector(values)
         if not self.covers(x):
             return []
-        return [self.candidates[i] for i in self.order(x, template.key(problem))]
+        return [self.candidates[i] for i in self.leaves[self.leaf(x)]]
 
     def covers(self, x: list[float]) -> bool:
         """Whether every feature lies within what the fit saw, widened by ``REACH`` on each side:
         a tree extrapolates with its outermost leaf, which a shape far outside the tuned ones
-        (a context 8x longer than any tuned) has no reason to share. A "neighbours" selector
-        answers anywhere: its nearest keys are what the nearest rule would use, and it votes over five."""
-        if not self.lo or self.method == "neighbours":
+        (a context 8x longer than any tuned) has no reason to share."""
+        if not self.lo:
             return True
         return all(lo - REACH <= v <= hi + REACH for v, lo, hi in zip(x, self.lo, self.hi))
 
@@ -189,11 +156,6 @@ class Selector:
             },
             "keys": self.keys,
             "range": {"lo": list(self.lo), "hi": list(self.hi)},
-            **(
-                {"neighbours": {"k": self.k, "keys": list(self.points), "slowdowns": [list(r) for r in self.slowdowns]}}
-                if self.method == "neighbours"
-                else {}
-            ),
         }
 
     @classmethod
@@ -224,16 +186,6 @@ class Selector:
                 raise TunesvcError(f"{where} is damaged (leaf {i} names no valid candidate); refit it.")
         if raw.range and not (len(raw.range.lo) == len(raw.range.hi) == len(raw.features)):
             raise TunesvcError(f"{where} is damaged (its feature range has another length); refit it.")
-        near = raw.neighbours
-        if near is not None:
-            from tunesvc.template import ShapeKey
-
-            if len(near.keys) != len(near.slowdowns) or any(len(r) != len(raw.candidates) for r in near.slowdowns):
-                raise TunesvcError(f"{where} is damaged (its neighbours' slowdowns do not match its keys); refit it.")
-            for key in near.keys:
-                dims = ShapeKey.parse(key).dims
-                if not dims or any(v <= 0 for _, v in dims):  # distances are taken in log2 of each dim
-                    raise TunesvcError(f"{where} is damaged (neighbour {key[:80]!r} is no shape key); refit it.")
         return cls(
             kernel=raw.kernel,
             version=raw.version,
@@ -248,19 +200,10 @@ class Selector:
             keys=raw.keys,
             lo=tuple(raw.range.lo) if raw.range else (),
             hi=tuple(raw.range.hi) if raw.range else (),
-            method="neighbours" if near is not None else "tree",
-            k=near.k if near is not None else 0,
-            points=tuple(near.keys) if near is not None else (),
-            slowdowns=tuple(tuple(r) for r in near.slowdowns) if near is not None else (),
         )
 
     def describe(self) -> list[str]:
         """The tree as indented lines of text (``tune selector``)."""
-        if self.method == "neighbours":
-            return [
-                f"ranks its {len(self.candidates)} candidates by their measured geometric-mean slowdown "
-                f"on the {self.k} tuned keys nearest the problem's (of {len(self.points)}; log2 distance)"
-            ]
         lines: list[str] = []
 
         def walk(node: int, depth: int) -> None:
@@ -317,14 +260,6 @@ def _schema() -> Any:
         lo: Annotated[list[Threshold], Field(max_length=1024)]
         hi: Annotated[list[Threshold], Field(max_length=1024)]
 
-    class Neighbours(Strict):
-        k: Annotated[int, Field(strict=True, ge=1, le=64)]
-        keys: Annotated[list[Annotated[str, StringConstraints(max_length=1024)]], Field(max_length=1 << 12)]
-        slowdowns: Annotated[
-            list[Annotated[list[Annotated[float, Field(ge=1.0, allow_inf_nan=False)]], Field(max_length=1 << 12)]],
-            Field(max_length=1 << 12),
-        ]
-
     class Schema(Strict):
         format: Annotated[int, Field(strict=True, ge=FORMAT, le=FORMAT)]
         kernel: Annotated[str, StringConstraints(min_length=1, max_length=256)]
@@ -335,7 +270,6 @@ def _schema() -> Any:
         tree: Tree
         keys: Annotated[int, Field(strict=True, ge=0)]
         range: Range | None = None
-        neighbours: Neighbours | None = None
 
     return TypeAdapter(Schema)
 
@@ -436,18 +370,10 @@ def targets(data: TrainingSet) -> list[int]:
     return [max((c for c in range(n) if row[c]), key=lambda c: (wins[c], -s[c], -c)) for row, s in zip(near, slow)]
 
 
-def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH, method: str | None = None) -> Selector | None:
-    """Fit a selector on ``data``; None with fewer than ``MIN_KEYS`` usable keys. ``method``
-    "tree" or "neighbours"; None: the one whose picks, leaving one key out at a time, are
-    faster (geometric mean of the measured slowdowns; the tree on a tie)."""
+def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH) -> Selector | None:
+    """Fit a selector on ``data``; None with fewer than ``MIN_KEYS`` usable keys."""
     if len(data.keys) < MIN_KEYS:
         return None
-    if method is None:
-        tree = fit(data, max_depth=max_depth, method="tree")
-        scores = {m: _left_out(data, m) for m in ("tree", "neighbours")}
-        if tree is None or scores["neighbours"] is None or scores["tree"] is None:
-            return tree
-        return tree if scores["tree"] <= scores["neighbours"] else fit(data, max_depth=max_depth, method="neighbours")
     try:
         from sklearn.tree import DecisionTreeClassifier  # offline only: the runtime walks the JSON
     except ImportError:
@@ -457,9 +383,7 @@ def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH, method: str | None = N
     n = len(data.candidates)
     names = tuple(sorted({name for f in data.features for name in f}))
     x = [[float(f.get(name, 0.0)) for name in names] for f in data.features]
-    with warnings.catch_warnings():  # "more classes than half the samples": usual for a few tuned keys
-        warnings.simplefilter("ignore", UserWarning)
-        tree = DecisionTreeClassifier(max_depth=max_depth, random_state=0).fit(x, targets(data))
+    tree = DecisionTreeClassifier(max_depth=max_depth, random_state=0).fit(x, targets(data))
     t = tree.tree_
     classes = [int(c) for c in tree.classes_]
     at_leaf: dict[int, list[int]] = {}
@@ -479,14 +403,6 @@ def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH, method: str | None = N
             return here, sum(math.log(s[c]) for s in slow) / len(slow)
 
         leaves.append((first, *sorted((c for c in range(n) if c != first), key=score)))
-    neighbours: dict[str, Any] = {}
-    if method == "neighbours":
-        neighbours = {
-            "method": "neighbours",
-            "k": min(NEIGHBOURS, len(data.keys)),
-            "points": data.keys,
-            "slowdowns": tuple(tuple(row) for row in slow),
-        }
     return Selector(
         kernel=data.kernel,
         version=data.version,
@@ -501,14 +417,7 @@ def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH, method: str | None = N
         keys=len(data.keys),
         lo=tuple(_f32(min(col)) for col in zip(*x)),
         hi=tuple(_f32(max(col)) for col in zip(*x)),
-        **neighbours,
     )
-
-
-def _left_out(data: TrainingSet, method: str) -> float | None:
-    """Geometric-mean slowdown of what a selector of ``method`` fitted on the other keys picks,
-    over the keys of ``data`` (the nearest key's fastest where it does not answer)."""
-    return _leave_one_out(data, method)[0] if len(data.keys) > MIN_KEYS else None
 
 
 def leave_one_out(data: TrainingSet) -> tuple[float, float] | None:
@@ -516,14 +425,10 @@ def leave_one_out(data: TrainingSet) -> tuple[float, float] | None:
     of what a selector fitted on the other keys picks and of what the nearest rule picks (the
     fastest candidate of the nearest other key): both read from the stored times, nothing is
     measured. None with too few keys to leave one out."""
-    if len(data.keys) <= MIN_KEYS:
-        return None
-    return _leave_one_out(data, None)
-
-
-def _leave_one_out(data: TrainingSet, method: str | None) -> tuple[float, float]:
     from tunesvc.template import ShapeKey
 
+    if len(data.keys) <= MIN_KEYS:
+        return None
     slow = [_slowdowns(row) for row in data.times]
     parsed = [ShapeKey.parse(k) for k in data.keys]
     ours = theirs = 0.0
@@ -536,10 +441,9 @@ def _leave_one_out(data: TrainingSet, method: str | None) -> tuple[float, float]
             times=tuple(data.times[j] for j in rest),
             skipped=(),
         )
-        selector = fit(part, method=method)
+        selector = fit(part)
         x = selector.vector(data.features[i]) if selector is not None else []
-        order = selector.order(x, parsed[i]) if selector is not None and selector.covers(x) else ()
-        pick = order[0] if order else None
+        pick = selector.predict(x) if selector is not None and selector.covers(x) else None
         _, near = min((parsed[i].distance(parsed[j]), j) for j in rest)
         nearest = min(range(len(data.candidates)), key=lambda c: slow[near][c])
         ours += math.log(slow[i][pick if pick is not None else nearest])

@@ -731,7 +731,9 @@ class LaunchPlans:
     :class:`_Recording`; a call it can replay becomes the key's plan, and one it cannot is tried
     again (a first call allocates workspaces, a tune-on-miss sweeps) until ``tries`` calls
     have failed; then the key always runs the function. Plans answer for one tuned-config
-    runtime: when ``tunesvc.configure`` installs another, they are dropped.
+    runtime: when ``tunesvc.configure`` installs another, they are dropped. A hit is one
+    generated frame (:attr:`call`); a family's public function carries that frame in its own
+    body (:func:`tunesvc.ops.replayed`, ``entry``).
     """
 
     tries = 3
@@ -747,7 +749,7 @@ class LaunchPlans:
         self.fn = fn
         #: the kinds of the arguments, fixed (a family function's annotations), else learnt from the calls
         self.fixed = kinds
-        #: a family's public function (checks, views, the op call): keyed by :func:`_plan_key_function` with ``entry``
+        #: a family's public function (checks, views, the op call): keyed by :func:`_plan_key_parts` with ``entry``
         self.entry = entry
         self.plans: dict[tuple, LaunchPlan | None] = {}
         #: why each key that has no plan has none (the last recording's reason)

@@ -24,6 +24,7 @@ from tunesvc.launch import LaunchPlans
 from tunesvc.launch import direct_launch
 from tunesvc.ops import KernelOp
 from tunesvc.ops import kernel_op
+from tunesvc.ops import replayed
 
 
 def _shipped_ops() -> dict[str, KernelOp]:
@@ -288,3 +289,11 @@ def test_a_workspace_is_kept_with_the_plan_within_the_ops_budget(budget, allocat
     (plan,) = plans.plans.values()
     assert plan is not None and plan.source.count("empty_like(args[0])") == allocations, plan.source
     assert plans.kept == (400 if allocations == 1 else 0)
+
+
+def test_a_family_function_may_not_name_a_parameter_as_its_generated_body_does():
+    def scaled(x: torch.Tensor, stream: float) -> torch.Tensor:
+        return x * stream
+
+    with pytest.raises(TypeError, match=r"\['stream'\] are names its generated body uses"):
+        replayed(scaled)

@@ -661,6 +661,13 @@ def _hit_source(names: list[str], items: list[str], indent: str = "    ") -> str
     return "".join(f"{indent}{line}\n" for line in lines)
 
 
+#: the names the hit path's source binds or reads (a function that carries it may not have parameters of these names)
+HIT_NAMES = frozenset(
+    {"index", "s", "plan", "device", "stream", "plans", "slow", "recording", "owner", "runtime", "knobs", "hooked"}
+    | {"grad_enabled", "no_key"}
+)
+
+
 def _hit_namespace(plans: LaunchPlans) -> dict[str, Any]:
     """The names :func:`_hit_source` reads; ``device`` and ``stream`` are looked up once, at the
     first call (CUDA is not initialised on import)."""

@@ -49,6 +49,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
+from tunesvc.launch import HIT_NAMES
 from tunesvc.launch import LaunchPlans
 from tunesvc.launch import entry_source
 
@@ -144,6 +145,11 @@ def replayed(fn: Callable[P, R]) -> Callable[P, R]:
         header.append(p.name if p.default is p.empty else f"{p.name}=d{i}")
         (keywords if p.kind is p.KEYWORD_ONLY else positional).append(p.name)
     names = positional + keywords
+    generated = (
+        HIT_NAMES | {"fn", "compiling", "owner_plans", "by_position"} | {n for n in namespace if n.startswith("d")}
+    )
+    if taken := sorted(generated & set(names)):
+        raise TypeError(f"replayed: {fn.__name__}'s parameters {taken} are names its generated body uses")
     call = ", ".join(positional + [f"{k}={k}" for k in keywords])
     source = f"def by_position({', '.join(names)}):\n    return fn({call})\n" if keywords else ""
     exec(compile(source, f"<tunesvc.ops replayed {fn.__name__}>", "exec"), namespace)

@@ -437,3 +437,13 @@ def test_leave_one_out_scores_the_selector_and_the_nearest_rule_on_stored_times(
     ours, nearest = sel.leave_one_out(data)
     assert nearest == pytest.approx(3.0)
     assert sel.leave_one_out(_keyed([(1.0, 2.0), (2.0, 1.0)], [4, 8])) is None  # too few keys
+
+
+def test_a_fit_where_each_key_has_its_own_winner_warns_nothing():
+    """Each of 24 keys has its own best candidate: scikit-learn's "more classes than half the
+    samples" is the normal case for a selector, not a warning for whoever ran a sweep."""
+    times = [tuple(1.0 if j == i else 2.0 for j in range(24)) for i in range(24)]
+    data = _keyed(times, [2 + i for i in range(24)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sel.fit(data) is not None

@@ -383,7 +383,11 @@ def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH) -> Selector | None:
     n = len(data.candidates)
     names = tuple(sorted({name for f in data.features for name in f}))
     x = [[float(f.get(name, 0.0)) for name in names] for f in data.features]
-    tree = DecisionTreeClassifier(max_depth=max_depth, random_state=0).fit(x, targets(data))
+    with (
+        warnings.catch_warnings()
+    ):  # "more classes than half the samples": usual with a few tuned keys, not the user's to fix
+        warnings.simplefilter("ignore", UserWarning)
+        tree = DecisionTreeClassifier(max_depth=max_depth, random_state=0).fit(x, targets(data))
     t = tree.tree_
     classes = [int(c) for c in tree.classes_]
     at_leaf: dict[int, list[int]] = {}

@@ -316,21 +316,17 @@ def main() -> int:
             pick = picks[(name, key)]
             configs = {label: pick[label] for label in ("selector", "nearest", "heuristic") if label in pick}
             if not args.no_sweep:
-                store = Store(args.db)
-                try:
-                    [result] = run_sweep(template, [problem], store, strategy="optuna", budget=args.budget)
-                finally:
-                    store.close()
-                if result.winner is not None:
-                    configs["tuned"] = result.winner
+                sweeps = [("tuned", "optuna", args.budget)]
                 if args.ceiling > args.budget:
+                    sweeps.append((f"space best of {args.ceiling}", "random", args.ceiling))
+                for label, strategy, budget in sweeps:
                     store = Store(args.db)
                     try:
-                        [best] = run_sweep(template, [problem], store, strategy="random", budget=args.ceiling)
+                        [result] = run_sweep(template, [problem], store, strategy=strategy, budget=budget)
                     finally:
                         store.close()
-                    if best.winner is not None:
-                        configs[f"space best of {args.ceiling}"] = best.winner
+                    if result.winner is not None:
+                        configs[label] = result.winner
             print(f"{name} {key}: timing {', '.join(configs)} and the peer", flush=True)
             peer_name, times = time_shape(template, problem, configs)
             peer_ms = times.get("peer")

@@ -224,54 +224,31 @@ def main() -> int:
         tunesvc.configure(db=args.db)
     dtype = getattr(torch, args.dtype)
     rows, table = [], []
+
+    def add(kernel: str, shape: str, peer: str, method: str, ours_ms: float, peer_ms: float, ratio: float) -> None:
+        rows.append(
+            {
+                "kernel": kernel,
+                "shape": shape,
+                "ours_ms": ours_ms,
+                "peer": peer,
+                "peer_ms": peer_ms,
+                "ratio": ratio,
+                "timing_method": method,
+            }
+        )
+        table.append([kernel, shape, method, f"{ours_ms * 1e3:.1f}", f"{peer_ms * 1e3:.1f}", f"{ratio:.2f}", peer])
+        print(f"{kernel} {shape} {method}: ours {ours_ms * 1e3:.1f} us, {peer} {peer_ms * 1e3:.1f} us", flush=True)
+
     with torch.no_grad():
         cases = family_cases(dtype) + decorator_cases()
         for kernel, shape, peer, ours, theirs in cases:
             for method, sync in (("host_per_call", False), ("eager_sync", True)):
-                ours_ms, peer_ms, ratio = side_by_side(ours, theirs, args.calls, args.rounds, sync)
-                rows.append(
-                    {
-                        "kernel": kernel,
-                        "shape": shape,
-                        "ours_ms": ours_ms,
-                        "peer": peer,
-                        "peer_ms": peer_ms,
-                        "ratio": ratio,
-                        "timing_method": method,
-                    }
-                )
-                table.append(
-                    [kernel, shape, method, f"{ours_ms * 1e3:.1f}", f"{peer_ms * 1e3:.1f}", f"{ratio:.2f}", peer]
-                )
-                print(
-                    f"{kernel} {shape} {method}: ours {ours_ms * 1e3:.1f} us, {peer} {peer_ms * 1e3:.1f} us", flush=True
-                )
+                add(kernel, shape, peer, method, *side_by_side(ours, theirs, args.calls, args.rounds, sync))
             gpu = gpu_time(ours, theirs)
-            if gpu is None:
-                continue
-            ours_ms, peer_ms = gpu
-            rows.append(
-                {
-                    "kernel": kernel,
-                    "shape": shape,
-                    "ours_ms": ours_ms,
-                    "peer": peer,
-                    "peer_ms": peer_ms,
-                    "ratio": peer_ms / ours_ms,
-                    "timing_method": "gpu_time",
-                }
-            )
-            table.append(
-                [
-                    kernel,
-                    shape,
-                    "gpu_time",
-                    f"{ours_ms * 1e3:.1f}",
-                    f"{peer_ms * 1e3:.1f}",
-                    f"{peer_ms / ours_ms:.2f}",
-                    peer,
-                ]
-            )
+            if gpu is not None:
+                ours_ms, peer_ms = gpu
+                add(kernel, shape, peer, "gpu_time", ours_ms, peer_ms, peer_ms / ours_ms)
     # which config source each family's lookups took (an untuned shape runs the heuristic)
     print("lookups by source:", tunesvc.runtime.default_runtime().stats())
     print_table(

@@ -707,7 +707,6 @@ def _plan_functions(plans: LaunchPlans, kinds: list[set[type]]) -> tuple[Callabl
         f"def call({', '.join(names)}):\n" + _hit_source(names, parts)
     )
     namespace = _hit_namespace(plans)
-    namespace["device"], namespace["stream"] = plans._where()
     exec(compile(source, "<tunesvc.launch plan key>", "exec"), namespace)
     return namespace["key"], namespace["call"]
 

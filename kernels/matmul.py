@@ -65,13 +65,23 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _dot_step(a, b, acc, DOT_IN_FP32: tl.constexpr):
+    if DOT_IN_FP32:
+        # Triton's CPU interpreter computes bf16 dots wrongly (seen with Triton 3.9);
+        # only the interpreter sets this flag.
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _tile_dot(
     a_ptr,
     b_ptr,
     pid_m,
     pid_n,
     M,
-    N,
+    NB,
     k_start,
     k_end,
     stride_am,
@@ -86,34 +96,33 @@ def _tile_dot(
 ):
     """float32 sum over k in [k_start, k_end) of A[tile rows, k] * B[k, tile columns].
 
-    EVEN_K (the range is whole BLOCK_K steps) drops the K mask, whose per-element bound keeps
-    Triton from vectorising A's loads along K.
+    Tile loads are pipelined vector loads only where Triton can tell they are contiguous and
+    aligned (see _loadable): the contiguous dimension's index neither masked nor wrapped
+    modulo a size it cannot divide by 16. So K is masked in the last step alone, when the range
+    is not whole BLOCK_K steps (EVEN_K False), and B's columns wrap modulo ``NB``: N, or the
+    width of the padded copy that _loadable made of B (columns past N are loaded, never stored).
     """
     # Rows/columns past the edge wrap (modulo) so loads stay in bounds without a mask on M/N;
     # the store is masked, so the wrapped values are never written.
     offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % NB
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_am[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak
     b_ptrs = b_ptr + (k_start + offs_k)[:, None] * stride_bk + offs_bn[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_start, k_end, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_remaining = k_end - k
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_remaining, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_remaining, other=0.0)
-        if DOT_IN_FP32:
-            # Triton's CPU interpreter computes bf16 dots wrongly (seen with Triton 3.9);
-            # only the interpreter sets this flag.
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
+    # a split-K slice past the end of K is empty (k_start > k_end): no step at all
+    k_whole = k_end if EVEN_K else k_start + max(k_end - k_start, 0) // BLOCK_K * BLOCK_K
+    for k in range(k_start, k_whole, BLOCK_K):
+        acc = _dot_step(tl.load(a_ptrs), tl.load(b_ptrs), acc, DOT_IN_FP32)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    if not EVEN_K:
+        if k_whole < k_end:
+            k_remaining = k_end - k_whole
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_remaining, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_remaining, other=0.0)
+            acc = _dot_step(a, b, acc, DOT_IN_FP32)
     return acc
 
 
@@ -134,6 +143,7 @@ def _matmul_kernel(
     M,
     N,
     K,
+    NB,
     stride_am,
     stride_ak,
     stride_bk,
@@ -154,7 +164,7 @@ def _matmul_kernel(
         pid_m,
         pid_n,
         M,
-        N,
+        NB,
         0,
         K,
         stride_am,
@@ -178,6 +188,7 @@ def _matmul_persistent_kernel(
     M,
     N,
     K,
+    NB,
     stride_am,
     stride_ak,
     stride_bk,
@@ -202,7 +213,7 @@ def _matmul_persistent_kernel(
             pid_m,
             pid_n,
             M,
-            N,
+            NB,
             0,
             K,
             stride_am,
@@ -275,6 +286,7 @@ def _matmul_splitk_kernel(
     M,
     N,
     K,
+    NB,
     stride_am,
     stride_ak,
     stride_bk,
@@ -312,7 +324,7 @@ def _matmul_splitk_kernel(
         pid_m,
         pid_n,
         M,
-        N,
+        NB,
         k_start,
         k_end,
         stride_am,
@@ -377,6 +389,49 @@ def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
     return buffers[-1]
 
 
+def _loadable(t: torch.Tensor, wrapped: int) -> bool:
+    """Whether the pointer kernels load ``t`` as pipelined vectors: one unit stride, the other a
+    multiple of 16 elements (what Triton specialises on), a 16-byte aligned start, and, where the
+    contiguous dimension is the one that wraps modulo its size (``wrapped``: 0 for A's rows, 1 for
+    B's columns), that size a multiple of 16. On an H100, a GEMM whose operand missed one of
+    these ran 4-10x slower (1024x3072x1024 bf16: 15 us; with A's rows 1032 apart, or N=3000: 90-170 us)."""
+    if t.data_ptr() % 16:
+        return False
+    for contiguous, other in ((1, 0), (0, 1)):
+        if t.stride(contiguous) == 1 and t.stride(other) % 16 == 0:
+            return contiguous != wrapped or t.shape[contiguous] % 16 == 0
+    return False
+
+
+def _padded_copy(t: torch.Tensor, zero: bool) -> torch.Tensor:
+    """t copied row-major into a buffer whose rows are a multiple of 16 elements (a view of its
+    first columns); ``zero``: the padding is zeroed (B's is loaded, then dropped: never garbage)."""
+    rows, cols = t.shape
+    padded = torch.empty(rows, triton.cdiv(cols, 16) * 16, device=t.device, dtype=t.dtype)
+    padded[:, :cols].copy_(t)
+    if zero:
+        padded[:, cols:].zero_()
+    return padded[:, :cols]
+
+
+def _pointer_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A and B as the pointer kernels load them fast (see _loadable), and B's width as loaded.
+
+    An operand that is not loadable is copied (one pass over it) when M > 64. With M <= 64 the
+    GEMM streams B once and is memory-bound: a copy of B would triple its traffic, and one of A
+    costs more in launches than its loads (on an H100, 1x50257x4096 bf16 took twice as long with
+    B copied; 1x3000x1000 and 16x4100x4000 took twice as long with A copied). B's copy keeps
+    its padding columns in the load width, so that its columns wrap modulo a multiple of 16."""
+    if a.shape[0] <= 64:
+        return a, b, b.shape[1]
+    if not _loadable(a, 0):
+        a = _padded_copy(a, zero=False)
+    if not _loadable(b, 1):
+        b = _padded_copy(b, zero=True)
+        return a, b, b.stride(0)
+    return a, b, b.shape[1]
+
+
 def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.Tensor | None = None) -> torch.Tensor:
     """Run the kernel of ``config["VARIANT"]`` (grouped when absent) with one explicit config (no lookup)."""
     M, K = a.shape
@@ -389,6 +444,9 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
     tiles = triton.cdiv(M, blocks["BLOCK_M"]) * triton.cdiv(N, blocks["BLOCK_N"])
     # split-K slices are whole BLOCK_K steps too, so K alone decides
     even_k = K % blocks["BLOCK_K"] == 0
+    nb = N
+    if variant in ("grouped", "persistent", "splitk"):
+        a, b, nb = _pointer_operands(a, b)
     if variant == "grouped":
         _matmul_kernel[(tiles,)](
             a,
@@ -397,6 +455,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
             M,
             N,
             K,
+            nb,
             a.stride(0),
             a.stride(1),
             b.stride(0),
@@ -417,6 +476,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
             M,
             N,
             K,
+            nb,
             a.stride(0),
             a.stride(1),
             b.stride(0),
@@ -465,6 +525,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
             M,
             N,
             K,
+            nb,
             a.stride(0),
             a.stride(1),
             b.stride(0),
@@ -509,12 +570,16 @@ class MatmulTemplate(Template):
         _tile_coords,
         _tile_dot,
         _store_tile,
+        _dot_step,
         _matmul_kernel,
         _matmul_persistent_kernel,
         _matmul_tma_kernel,
         _matmul_splitk_kernel,
         _tma_ready,
         _aligned_copy,
+        _loadable,
+        _padded_copy,
+        _pointer_operands,
         _arrivals,
         launch_matmul,
     )

@@ -175,8 +175,9 @@ def variant(name: str, block_m=16, block_n=32, block_k=32, group=8, split=1, war
 VARIANT_CONFIGS = [variant("grouped"), variant("persistent"), variant("tma"), variant("splitk", group=1, split=4)]
 
 # odd M and N; K=77 rows are not 16-byte aligned in any dtype, K=40 rows are in fp16/bf16;
-# K=64 is whole BLOCK_K steps (the kernels' unmasked EVEN_K loop)
-VARIANT_SHAPES = [(37, 45, 77), (50, 70, 40), (21, 37, 64)]
+# K=64 is whole BLOCK_K steps (the kernels' unmasked EVEN_K loop); M > 64 with K=77 and N=45:
+# the pointer kernels load copies of A and B, B's with 3 padding columns
+VARIANT_SHAPES = [(37, 45, 77), (50, 70, 40), (21, 37, 64), (70, 45, 77)]
 
 
 def test_every_variant_is_tested():
@@ -212,13 +213,53 @@ def test_variant_writes_every_element_and_nothing_outside(config):
 
 
 @pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=lambda c: c["VARIANT"])
-def test_variant_on_transposed_inputs(config):
-    # B is (K, N) with strides (1, K): no unit stride along rows, so TMA must stage a copy
-    M, N, K = 37, 45, 77
+@pytest.mark.parametrize("shape", [(37, 45, 77), (37, 24, 40), (70, 45, 77)], ids=lambda s: "x".join(map(str, s)))
+def test_variant_on_transposed_inputs(config, shape):
+    # B is (K, N) with strides (1, K): no unit stride along rows, so TMA must stage a copy; the
+    # pointer kernels load K=40 columns (80 bytes apart) as they are, and copy K=77 ones (154
+    # bytes) when M > 64
+    M, N, K = shape
     a = torch.randn(K, M, dtype=torch.float16).t()
     b = torch.randn(N, K, dtype=torch.float16).t()
     out = launch_matmul(a, b, config)
     assert rel_error(out, a, b) < TOL[torch.float16]
+
+
+def test_pointer_kernels_get_operands_they_load_as_pipelined_vectors():
+    bf16 = {"dtype": torch.bfloat16}
+    a = torch.randn(100, 48, **bf16)
+    wt = torch.randn(40, 48, **bf16).t()  # a transposed weight (x @ w.t()): K contiguous, columns 48 apart
+    assert matmul_module._pointer_operands(a, wt) == (a, wt, 40)
+    # B (K, N) row-major with N=40: its columns wrap modulo 40, so it is copied into rows of 48,
+    # which its columns then wrap modulo
+    b = torch.randn(48, 40, **bf16)
+    a2, b2, nb = matmul_module._pointer_operands(a, b)
+    assert a2 is a and b2.stride() == (48, 1) and nb == 48 and torch.equal(b2, b)
+    # ... except for M <= 64, where the GEMM streams B once: no copy at all (B's would triple
+    # its traffic, A's would cost more in launches than its loads)
+    top = a[:64]
+    a3, b3, nb = matmul_module._pointer_operands(top, b)
+    assert a3 is top and b3 is b and nb == 40
+    # A with rows 77 apart, 1032 apart (8 * 129: 16-byte aligned, yet not what Triton specialises on),
+    # or starting one element in: a row-major copy whose rows are a multiple of 16 elements
+    for t in (torch.randn(100, 77, **bf16), torch.randn(100, 1032, **bf16)[:, :1024], torch.randn(100, 64, **bf16)[:, 1:]):
+        assert not matmul_module._loadable(t, 0)
+        copy, _, _ = matmul_module._pointer_operands(t, torch.randn(t.shape[1], 48, **bf16))
+        assert copy.data_ptr() % 16 == 0 and copy.stride(1) == 1 and copy.stride(0) % 16 == 0
+        assert torch.equal(copy, t)
+        assert matmul_module._pointer_operands(t[:64], torch.randn(t.shape[1], 48, **bf16))[0].data_ptr() == t.data_ptr()
+    # A column-major is loaded along M, which wraps: M must be a multiple of 16 too
+    assert matmul_module._loadable(torch.randn(48, 32, **bf16).t(), 0)
+    assert not matmul_module._loadable(torch.randn(48, 37, **bf16).t(), 0)
+
+
+@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=lambda c: c["VARIANT"])
+def test_k_shorter_than_one_block(config):
+    # the unmasked loop takes no step: the masked last step is all of K (split-K: three slices are empty)
+    M, N, K = 21, 37, 20
+    a = torch.randn(M, K, dtype=torch.float32)
+    b = torch.randn(K, N, dtype=torch.float32)
+    assert rel_error(launch_matmul(a, b, config), a, b) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("split", [2, 4, 8])

@@ -18,7 +18,10 @@
   and writes C. One launch (a second, reducing kernel cost a Triton launch of host time and a
   kernel's latency on the GPU), and the result is the same whichever program finishes last.
 
-Masks make any M, N, K valid. FLOPs = 2 M N K; minimum bytes = (M K + K N + M N) * element size.
+Masks make any M, N, K valid. The pointer kernels (grouped, persistent, split-K) load a tile as
+pipelined vectors only where Triton can tell its rows are 16-element aligned: with M > 64, an
+operand whose strides or sizes do not allow it is first copied into padded rows (_pointer_operands).
+FLOPs = 2 M N K; minimum bytes = (M K + K N + M N) * element size.
 """
 
 from __future__ import annotations
@@ -113,11 +116,11 @@ def _tile_dot(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # a split-K slice past the end of K is empty (k_start > k_end): no step at all
     k_whole = k_end if EVEN_K else k_start + max(k_end - k_start, 0) // BLOCK_K * BLOCK_K
-    for k in range(k_start, k_whole, BLOCK_K):
+    for k in range(k_start, k_whole, BLOCK_K):  # noqa: B007 (the count is the loop)
         acc = _dot_step(tl.load(a_ptrs), tl.load(b_ptrs), acc, DOT_IN_FP32)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    if not EVEN_K:
+    if not EVEN_K:  # noqa: SIM102 (a constexpr branch: Triton compiles the runtime test only where it is needed)
         if k_whole < k_end:
             k_remaining = k_end - k_whole
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_remaining, other=0.0)

@@ -242,12 +242,18 @@ def test_pointer_kernels_get_operands_they_load_as_pipelined_vectors():
     assert a3 is top and b3 is b and nb == 40
     # A with rows 77 apart, 1032 apart (8 * 129: 16-byte aligned, yet not what Triton specialises on),
     # or starting one element in: a row-major copy whose rows are a multiple of 16 elements
-    for t in (torch.randn(100, 77, **bf16), torch.randn(100, 1032, **bf16)[:, :1024], torch.randn(100, 64, **bf16)[:, 1:]):
+    for t in (
+        torch.randn(100, 77, **bf16),
+        torch.randn(100, 1032, **bf16)[:, :1024],
+        torch.randn(100, 64, **bf16)[:, 1:],
+    ):
         assert not matmul_module._loadable(t, 0)
         copy, _, _ = matmul_module._pointer_operands(t, torch.randn(t.shape[1], 48, **bf16))
         assert copy.data_ptr() % 16 == 0 and copy.stride(1) == 1 and copy.stride(0) % 16 == 0
         assert torch.equal(copy, t)
-        assert matmul_module._pointer_operands(t[:64], torch.randn(t.shape[1], 48, **bf16))[0].data_ptr() == t.data_ptr()
+        assert (
+            matmul_module._pointer_operands(t[:64], torch.randn(t.shape[1], 48, **bf16))[0].data_ptr() == t.data_ptr()
+        )
     # A column-major is loaded along M, which wraps: M must be a multiple of 16 too
     assert matmul_module._loadable(torch.randn(48, 32, **bf16).t(), 0)
     assert not matmul_module._loadable(torch.randn(48, 37, **bf16).t(), 0)

@@ -96,14 +96,17 @@ def _tile_dot(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
+    TAIL_ONLY: tl.constexpr,
 ):
     """float32 sum over k in [k_start, k_end) of A[tile rows, k] * B[k, tile columns].
 
     Tile loads are pipelined vector loads only where Triton can tell they are contiguous and
     aligned (see _loadable): the contiguous dimension's index neither masked nor wrapped
-    modulo a size it cannot divide by 16. So K is masked in the last step alone, when the range
-    is not whole BLOCK_K steps (EVEN_K False), and B's columns wrap modulo ``NB``: N, or the
-    width of the padded copy that _loadable made of B (columns past N are loaded, never stored).
+    modulo a size it cannot divide by 16. So B's columns wrap modulo ``NB``: N, or the width
+    of the padded copy _pointer_operands made of B (columns past N are loaded, never stored);
+    and when the range is not whole BLOCK_K steps (EVEN_K False), operands that are loadable
+    (TAIL_ONLY) are masked along K in the last step alone, others in every step (the last
+    step alone made skinny GEMMs of unaligned operands up to 2x slower on an H100).
     """
     # Rows/columns past the edge wrap (modulo) so loads stay in bounds without a mask on M/N;
     # the store is masked, so the wrapped values are never written.
@@ -114,18 +117,27 @@ def _tile_dot(
     b_ptrs = b_ptr + (k_start + offs_k)[:, None] * stride_bk + offs_bn[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # a split-K slice past the end of K is empty (k_start > k_end): no step at all
-    k_whole = k_end if EVEN_K else k_start + max(k_end - k_start, 0) // BLOCK_K * BLOCK_K
-    for k in range(k_start, k_whole, BLOCK_K):  # noqa: B007 (the count is the loop)
-        acc = _dot_step(tl.load(a_ptrs), tl.load(b_ptrs), acc, DOT_IN_FP32)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
-    if not EVEN_K:  # noqa: SIM102 (a constexpr branch: Triton compiles the runtime test only where it is needed)
-        if k_whole < k_end:
-            k_remaining = k_end - k_whole
+    if EVEN_K or TAIL_ONLY:
+        # a split-K slice past the end of K is empty (k_start > k_end): no step at all
+        k_whole = k_end if EVEN_K else k_start + max(k_end - k_start, 0) // BLOCK_K * BLOCK_K
+        for k in range(k_start, k_whole, BLOCK_K):  # noqa: B007 (the count is the loop)
+            acc = _dot_step(tl.load(a_ptrs), tl.load(b_ptrs), acc, DOT_IN_FP32)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        if not EVEN_K:  # noqa: SIM102 (a constexpr branch: Triton compiles the runtime test only where it is needed)
+            if k_whole < k_end:
+                k_remaining = k_end - k_whole
+                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_remaining, other=0.0)
+                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_remaining, other=0.0)
+                acc = _dot_step(a, b, acc, DOT_IN_FP32)
+    else:
+        for k in range(k_start, k_end, BLOCK_K):
+            k_remaining = k_end - k
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_remaining, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_remaining, other=0.0)
             acc = _dot_step(a, b, acc, DOT_IN_FP32)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
     return acc
 
 
@@ -159,6 +171,7 @@ def _matmul_kernel(
     GROUP_M: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     EVEN_K: tl.constexpr = False,
+    TAIL_ONLY: tl.constexpr = False,
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(axis=0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     acc = _tile_dot(
@@ -179,6 +192,7 @@ def _matmul_kernel(
         BLOCK_K,
         EVEN_K,
         DOT_IN_FP32,
+        TAIL_ONLY,
     )
     _store_tile(c_ptr, acc.to(c_ptr.dtype.element_ty), pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
@@ -205,6 +219,7 @@ def _matmul_persistent_kernel(
     NUM_SMS: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     EVEN_K: tl.constexpr = False,
+    TAIL_ONLY: tl.constexpr = False,
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -228,6 +243,7 @@ def _matmul_persistent_kernel(
             BLOCK_K,
             EVEN_K,
             DOT_IN_FP32,
+            TAIL_ONLY,
         )
         _store_tile(c_ptr, acc.to(c_ptr.dtype.element_ty), pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
@@ -303,6 +319,7 @@ def _matmul_splitk_kernel(
     SPLIT_K: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     EVEN_K: tl.constexpr = False,
+    TAIL_ONLY: tl.constexpr = False,
 ):
     """Program (tile, s) writes partial[s] = A[tile rows, slice s of K] @ B[slice s of K, tile
     columns]; the tile's last program to arrive writes C = sum over s of partial[s], in order.
@@ -339,6 +356,7 @@ def _matmul_splitk_kernel(
         BLOCK_K,
         EVEN_K,
         DOT_IN_FP32,
+        TAIL_ONLY,
     )
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -417,22 +435,25 @@ def _padded_copy(t: torch.Tensor, zero: bool) -> torch.Tensor:
     return padded[:, :cols]
 
 
-def _pointer_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """A and B as the pointer kernels load them fast (see _loadable), and B's width as loaded.
+def _pointer_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
+    """A and B as the pointer kernels load them, B's width as loaded, and whether both are
+    loadable (see _loadable: then K is masked in the last step alone).
 
-    An operand that is not loadable is copied (one pass over it) when M > 64. With M <= 64 the
-    GEMM streams B once and is memory-bound: a copy of B would triple its traffic, and one of A
-    costs more in launches than its loads (on an H100, 1x50257x4096 bf16 took twice as long with
-    B copied; 1x3000x1000 and 16x4100x4000 took twice as long with A copied). B's copy keeps
-    its padding columns in the load width, so that its columns wrap modulo a multiple of 16."""
-    if a.shape[0] <= 64:
-        return a, b, b.shape[1]
-    if not _loadable(a, 0):
+    With M > 64 an operand that is not loadable is copied (one pass over it), but for B with
+    unit-stride columns (a transposed weight whose K is not a multiple of 16) only from M = 512:
+    its loads are vectors of a few elements and cost it 2-4x, not 10x, and on an H100 the copy
+    took longer than that at 200x3000x1000 and less at 777x3000x1000. With M <= 64 the GEMM
+    streams B once and is memory-bound: a copy of B would triple its traffic, and one of A
+    costs more in launches than its loads (1x50257x4096 bf16 took twice as long with B copied;
+    1x3000x1000 and 16x4100x4000 twice as long with A copied). B's copy keeps its padding
+    columns in the load width, so that its columns wrap modulo a multiple of 16."""
+    nb = b.shape[1]
+    if a.shape[0] > 64 and not _loadable(a, 0):
         a = _padded_copy(a, zero=False)
-    if not _loadable(b, 1):
+    if not _loadable(b, 1) and a.shape[0] > (511 if b.stride(0) == 1 else 64):
         b = _padded_copy(b, zero=True)
-        return a, b, b.stride(0)
-    return a, b, b.shape[1]
+        nb = b.stride(0)
+    return a, b, nb, _loadable(a, 0) and (nb != b.shape[1] or _loadable(b, 1))
 
 
 def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -447,9 +468,9 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
     tiles = triton.cdiv(M, blocks["BLOCK_M"]) * triton.cdiv(N, blocks["BLOCK_N"])
     # split-K slices are whole BLOCK_K steps too, so K alone decides
     even_k = K % blocks["BLOCK_K"] == 0
-    nb = N
+    nb, tail_only = N, False
     if variant in ("grouped", "persistent", "splitk"):
-        a, b, nb = _pointer_operands(a, b)
+        a, b, nb, tail_only = _pointer_operands(a, b)
     if variant == "grouped":
         _matmul_kernel[(tiles,)](
             a,
@@ -468,6 +489,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
             **blocks,
             DOT_IN_FP32=dot_in_fp32,
             EVEN_K=even_k,
+            TAIL_ONLY=tail_only,
             **options,
         )
     elif variant == "persistent":
@@ -490,6 +512,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
             NUM_SMS=num_sms,
             DOT_IN_FP32=dot_in_fp32,
             EVEN_K=even_k,
+            TAIL_ONLY=tail_only,
             **options,
         )
     elif variant == "tma":
@@ -539,6 +562,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
             SPLIT_K=split_k,
             DOT_IN_FP32=dot_in_fp32,
             EVEN_K=even_k,
+            TAIL_ONLY=tail_only,
             **options,
         )
     else:

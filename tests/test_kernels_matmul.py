@@ -227,19 +227,26 @@ def test_variant_on_transposed_inputs(config, shape):
 
 def test_pointer_kernels_get_operands_they_load_as_pipelined_vectors():
     bf16 = {"dtype": torch.bfloat16}
+    ops = matmul_module._pointer_operands
     a = torch.randn(100, 48, **bf16)
     wt = torch.randn(40, 48, **bf16).t()  # a transposed weight (x @ w.t()): K contiguous, columns 48 apart
-    assert matmul_module._pointer_operands(a, wt) == (a, wt, 40)
+    a1, b1, nb, tail_only = ops(a, wt)
+    assert a1 is a and b1 is wt and nb == 40 and tail_only
     # B (K, N) row-major with N=40: its columns wrap modulo 40, so it is copied into rows of 48,
     # which its columns then wrap modulo
     b = torch.randn(48, 40, **bf16)
-    a2, b2, nb = matmul_module._pointer_operands(a, b)
-    assert a2 is a and b2.stride() == (48, 1) and nb == 48 and torch.equal(b2, b)
+    a2, b2, nb, tail_only = ops(a, b)
+    assert a2 is a and b2.stride() == (48, 1) and nb == 48 and torch.equal(b2, b) and tail_only
     # ... except for M <= 64, where the GEMM streams B once: no copy at all (B's would triple
-    # its traffic, A's would cost more in launches than its loads)
+    # its traffic, A's would cost more in launches than its loads), and K is masked in every step
     top = a[:64]
-    a3, b3, nb = matmul_module._pointer_operands(top, b)
-    assert a3 is top and b3 is b and nb == 40
+    a3, b3, nb, tail_only = ops(top, b)
+    assert a3 is top and b3 is b and nb == 40 and not tail_only
+    # a transposed weight with K=77 (columns 154 bytes apart) is copied from M = 512 only
+    w77 = torch.randn(40, 77, **bf16).t()
+    assert ops(torch.randn(511, 77, **bf16), w77)[1] is w77
+    _, b4, nb, tail_only = ops(torch.randn(512, 77, **bf16), w77)
+    assert b4.stride() == (48, 1) and nb == 48 and torch.equal(b4, w77) and tail_only
     # A with rows 77 apart, 1032 apart (8 * 129: 16-byte aligned, yet not what Triton specialises on),
     # or starting one element in: a row-major copy whose rows are a multiple of 16 elements
     for t in (
@@ -248,12 +255,10 @@ def test_pointer_kernels_get_operands_they_load_as_pipelined_vectors():
         torch.randn(100, 64, **bf16)[:, 1:],
     ):
         assert not matmul_module._loadable(t, 0)
-        copy, _, _ = matmul_module._pointer_operands(t, torch.randn(t.shape[1], 48, **bf16))
+        copy, _, _, tail_only = ops(t, torch.randn(t.shape[1], 48, **bf16))
         assert copy.data_ptr() % 16 == 0 and copy.stride(1) == 1 and copy.stride(0) % 16 == 0
-        assert torch.equal(copy, t)
-        assert (
-            matmul_module._pointer_operands(t[:64], torch.randn(t.shape[1], 48, **bf16))[0].data_ptr() == t.data_ptr()
-        )
+        assert torch.equal(copy, t) and tail_only
+        assert ops(t[:64], torch.randn(t.shape[1], 48, **bf16))[0].data_ptr() == t.data_ptr()
     # A column-major is loaded along M, which wraps: M must be a multiple of 16 too
     assert matmul_module._loadable(torch.randn(48, 32, **bf16).t(), 0)
     assert not matmul_module._loadable(torch.randn(48, 37, **bf16).t(), 0)

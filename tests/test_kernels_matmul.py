@@ -216,8 +216,8 @@ def test_variant_writes_every_element_and_nothing_outside(config):
 @pytest.mark.parametrize("shape", [(37, 45, 77), (37, 24, 40), (70, 45, 77)], ids=lambda s: "x".join(map(str, s)))
 def test_variant_on_transposed_inputs(config, shape):
     # B is (K, N) with strides (1, K): no unit stride along rows, so TMA must stage a copy; the
-    # pointer kernels load K=40 columns (80 bytes apart) as they are, and copy K=77 ones (154
-    # bytes) when M > 64
+    # pointer kernels load K=40 columns (80 bytes apart) as they are, and K=77 ones (154 bytes)
+    # too below M = 512, masking K in every step; A with M=70 along its rows is copied
     M, N, K = shape
     a = torch.randn(K, M, dtype=torch.float16).t()
     b = torch.randn(N, K, dtype=torch.float16).t()

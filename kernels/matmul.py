@@ -442,18 +442,21 @@ def _pointer_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, t
     With M > 64 an operand that is not loadable is copied (one pass over it), but for B with
     unit-stride columns (a transposed weight whose K is not a multiple of 16) only from M = 512:
     its loads are vectors of a few elements and cost it 2-4x, not 10x, and on an H100 the copy
-    took longer than that at 200x3000x1000 and less at 777x3000x1000. With M <= 64 the GEMM
-    streams B once and is memory-bound: a copy of B would triple its traffic, and one of A
-    costs more in launches than its loads (1x50257x4096 bf16 took twice as long with B copied;
-    1x3000x1000 and 16x4100x4000 twice as long with A copied). B's copy keeps its padding
-    columns in the load width, so that its columns wrap modulo a multiple of 16."""
+    took longer than that at 200x3000x1000 and less at 777x3000x1000. A is copied only where B
+    ends up loadable: else K is masked in every step, and A's loads along K are not vectors
+    anyway. With M <= 64 the GEMM streams B once and is memory-bound: a copy of B would triple
+    its traffic, and one of A costs more in launches than its loads (1x50257x4096 bf16 took
+    twice as long with B copied; 1x3000x1000 and 16x4100x4000 twice as long with A copied).
+    B's copy keeps its padding columns in the load width, so that its columns wrap modulo a
+    multiple of 16."""
     nb = b.shape[1]
-    if a.shape[0] > 64 and not _loadable(a, 0):
-        a = _padded_copy(a, zero=False)
-    if not _loadable(b, 1) and a.shape[0] > (511 if b.stride(0) == 1 else 64):
+    b_loadable = _loadable(b, 1)
+    if not b_loadable and a.shape[0] > (511 if b.stride(0) == 1 else 64):
         b = _padded_copy(b, zero=True)
-        nb = b.stride(0)
-    return a, b, nb, _loadable(a, 0) and (nb != b.shape[1] or _loadable(b, 1))
+        nb, b_loadable = b.stride(0), True
+    if a.shape[0] > 64 and b_loadable and not _loadable(a, 0):
+        a = _padded_copy(a, zero=False)
+    return a, b, nb, b_loadable and _loadable(a, 0)
 
 
 def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -415,7 +415,7 @@ def _loadable(t: torch.Tensor, wrapped: int) -> bool:
     multiple of 16 elements (what Triton specialises on), a 16-byte aligned start, and, where the
     contiguous dimension is the one that wraps modulo its size (``wrapped``: 0 for A's rows, 1 for
     B's columns), that size a multiple of 16. On an H100, a GEMM whose operand missed one of
-    these ran 4-10x slower (1024x3072x1024 bf16: 15 us; with A's rows 1032 apart, or N=3000: 90-170 us)."""
+    these ran 3-11x slower (1024x3072x1024 bf16: 14-15 us; with A's rows 1032 apart, or N=3000: 45-170 us)."""
     if t.data_ptr() % 16:
         return False
     for contiguous, other in ((1, 0), (0, 1)):
@@ -446,7 +446,7 @@ def _pointer_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, t
     ends up loadable: else K is masked in every step, and A's loads along K are not vectors
     anyway. With M <= 64 the GEMM streams B once and is memory-bound: a copy of B would triple
     its traffic, and one of A costs more in launches than its loads (1x50257x4096 bf16 took
-    twice as long with B copied; 1x3000x1000 and 16x4100x4000 twice as long with A copied).
+    twice as long with B copied, 1x3000x1000 1.7x as long with A copied).
     B's copy keeps its padding columns in the load width, so that its columns wrap modulo a
     multiple of 16."""
     nb = b.shape[1]

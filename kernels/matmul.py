@@ -625,6 +625,23 @@ class MatmulTemplate(Template):
         ],
         # decode-sized M against LLM weight shapes, where split-K matters
         "skinny": [{"M": m, "N": n, "K": k} for m in (1, 16, 64) for n, k in ((4096, 4096), (14336, 4096))],
+        # the projections of more models (fused QKV, output, fused gate/up, down), one token
+        # count each, spread from decode to prefill: what the selector learns from, so that a
+        # model nobody tuned gets a config fitted across weight shapes as well as token counts
+        "models": [
+            {"M": m, "N": n, "K": k}
+            for m, (n, k) in zip(
+                (1, 32, 256, 1024, 4096, 64, 512, 8192) * 2,
+                (
+                    *((8192, 3584), (3584, 4096), (28672, 3584), (3584, 14336)),  # Gemma-2-9B
+                    *((9216, 3072), (3072, 3072), (16384, 3072), (3072, 8192)),  # Phi-3-mini
+                    *((6144, 5120), (5120, 4096), (28672, 5120), (5120, 14336)),  # Mistral-Nemo-12B
+                    *((8192, 4608), (4608, 4096)),  # Gemma-2-27B's attention
+                    (5120, 3072),  # Llama-3.2-3B's fused QKV
+                    (8192, 29568),  # Qwen2.5-72B's down projection
+                ),
+            )
+        ],
         # small and odd on purpose: runs in the CPU interpreter in seconds
         "tiny": [
             {"M": 37, "N": 45, "K": 29},

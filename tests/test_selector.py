@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 
 import pytest
 from sklearn.tree import DecisionTreeClassifier
@@ -296,18 +297,67 @@ def test_import_refuses_a_damaged_selector_and_writes_nothing(fitted_db, tmp_pat
         store.close()
 
 
+def _shared_config(template, device, problems):
+    """A config that every one of ``problems`` can run."""
+    return next(
+        c
+        for c in template.feasible(problems[0], device)
+        if all(not template.violations(c, p, device) for p in problems)
+    )
+
+
 def test_sweep_refits_the_selector(tmp_db, template, device):
+    """A sweep's end refits: two usable keys are too few to judge a selector, so none is kept;
+    with a third key, all three won by one config (which the nearest rule picks too), one is."""
+    problems = [template.problem(M=m, N=n, K=k) for m, n, k in SHAPES[:3]]
+    shared = _shared_config(template, device, problems)
     store = Store(tmp_db)
     try:
-        first, one = _half_measured(store, template, device)
+        first, _ = _half_measured(store, template, device)
         assert store.selector(template.name, template.version, device.hardware_id) is None  # each key: 50% measured
         sel.cross_measure(store, template, device)
         assert store.selector(template.name, template.version, device.hardware_id) is None  # measuring is not fitting
-        run_sweep(template, [first], store, budget=1, candidates=[one])  # nothing new to measure; its end refits
+        run_sweep(template, [first], store, budget=1)  # nothing new to measure; its end refits: 2 keys, none kept
+        assert store.selector(template.name, template.version, device.hardware_id) is None
+    finally:
+        store.close()
+    store = Store(str(tmp_db) + ".three")
+    try:
+        run_sweep(template, problems, store, budget=1, candidates=[shared])
         stored = store.selector(template.name, template.version, device.hardware_id)
     finally:
         store.close()
-    assert stored is not None and stored["keys"] == 2
+    assert stored is not None and stored["keys"] == 3 and stored["candidates"] == [dict(shared)]
+
+
+def _stored_keys(path, template, device):
+    store = Store(path, readonly=True)
+    try:
+        found = store.selector(template.name, template.version, device.hardware_id)
+    finally:
+        store.close()
+    return None if found is None else found["keys"]
+
+
+def test_refit_keeps_a_selector_only_where_it_beats_the_nearest_rule_and_drops_a_stale_one(tmp_db, template, device):
+    """On fixed times in a real store: where each key's best is its nearest neighbour's, the
+    tree over log2(M) ties the nearest rule and is kept; where the tree's only feature orders
+    the keys otherwise than their distance does, it picks worse, is refused, and the selector
+    stored before (fitted on fewer keys) is removed."""
+    times = [(1.0, 2.0), (1.0, 2.0), (2.0, 1.0), (2.0, 1.0)]
+    good = _keyed(times, [4, 8, 256, 512])
+    bad = replace(good, features=tuple({"f": f} for f in (0.0, 10.0, 1.0, 11.0)))
+    store = Store(tmp_db)
+    try:
+        kept = sel._keep(store, template, device, good)
+        assert kept is not None and _stored_keys(tmp_db, template, device) == 4
+        with pytest.raises(sel.SelectorWorse, match="nearest rule"):
+            sel._keep(store, template, device, bad)
+        assert _stored_keys(tmp_db, template, device) is None
+        assert sel._keep(store, template, device, _keyed([(1.0, 2.0), (2.0, 1.0)], [4, 8])) is None  # too few to judge
+        assert _stored_keys(tmp_db, template, device) is None
+    finally:
+        store.close()
 
 
 def _counts(path) -> tuple:
@@ -392,11 +442,22 @@ def test_tune_selector_cross_measures_fits_and_prints_the_tree(tmp_db, template,
     result = CliRunner().invoke(app, ["selector", "matmul", "--db", tmp_db])
     assert result.exit_code == 1 and "too few to fit a selector" in result.output
     result = CliRunner().invoke(app, ["selector", "matmul", "--db", tmp_db, "--cross-measure"])
+    # both configs measured on both keys: still two keys, too few to judge a selector
+    assert result.exit_code == 1 and "measuring 1 candidates on" in result.output
+    assert "too few to fit a selector and judge it (it needs 3)" in " ".join(result.output.split())
+    third = template.problem(M=SHAPES[2][0], N=SHAPES[2][1], K=SHAPES[2][2])
+    shared = _shared_config(template, device, [first, second, third])
+    three = str(tmp_db) + ".three"
+    store = Store(three)
+    try:
+        run_sweep(template, [first, second, third], store, budget=1, candidates=[shared])
+    finally:
+        store.close()
+    result = CliRunner().invoke(app, ["selector", "matmul", "--db", three, "--cross-measure"])
     assert result.exit_code == 0, result.output
-    # measuring both configs on both keys may make one the winner of both: 1 or 2 candidates remain
-    assert "-> candidate" in result.output
+    assert "-> candidate 0" in result.output
     assert re.search(
-        r"Fitted on 2 tuned keys, [12] candidates \(2 trials measured first\)", " ".join(result.output.split())
+        r"Fitted on 3 tuned keys, 1 candidates \(0 trials measured first\)", " ".join(result.output.split())
     )
 
 
@@ -437,6 +498,11 @@ def test_leave_one_out_scores_the_selector_and_the_nearest_rule_on_stored_times(
     ours, nearest = sel.leave_one_out(data)
     assert nearest == pytest.approx(3.0)
     assert sel.leave_one_out(_keyed([(1.0, 2.0), (2.0, 1.0)], [4, 8])) is None  # too few keys
+    # as at run time, a key left out is answered from the other keys' winners alone, skipping one
+    # that did not run there: M=4's neighbour M=8 won with a config that failed on M=4 (2.0x
+    # with the next), M=8 gets M=4's winner (3.0x), M=256 gets M=8's (2.0x)
+    data = _keyed([(None, 2.0, 1.0), (1.0, 1.5, 3.0), (2.0, 1.0, 3.0)], [4, 8, 256])
+    assert sel.leave_one_out(data)[1] == pytest.approx((2.0 * 3.0 * 2.0) ** (1 / 3))
 
 
 def test_a_fit_where_each_key_has_its_own_winner_warns_nothing():

@@ -1471,7 +1471,7 @@ def selector(
     if fitted is None:
         raise TunesvcError(
             f"{len(data.keys)} tuned key(s) of {kernel} on {device.name} are usable, too few to fit a selector "
-            f"(it needs {selectors.MIN_KEYS}); tune more shapes, or run with --cross-measure."
+            f"and judge it (it needs {selectors.MIN_KEYS_KEPT}); tune more shapes, or run with --cross-measure."
         )
     for line in fitted.describe():
         console.print(line, highlight=False, markup=False, soft_wrap=True)

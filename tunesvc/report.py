@@ -38,6 +38,7 @@ import numpy as np
 
 from tunesvc.device import Device
 from tunesvc.errors import TunesvcError
+from tunesvc.selector import CROSS_MEASURE
 from tunesvc.space import config_hash
 from tunesvc.template import template_named_by_data
 
@@ -305,6 +306,8 @@ def _traces(rows: list[Any], sweeps: dict[int, Any]) -> dict[str, Trace]:
 
     Seconds count from the start of the trial's sweep; a strategy's later sweep of the key (a
     resumed one) starts where its earlier one ended (its wall time), not after the pause between.
+    Trials that a selector's cross-measuring stored (:func:`tunesvc.selector.cross_measure`) are
+    no search's: they are in the spread figure, not here.
     """
     traces: dict[str, Trace] = {}
     current: dict[str, int] = {}  # strategy -> the id of its sweep being read
@@ -313,6 +316,8 @@ def _traces(rows: list[Any], sweeps: dict[int, Any]) -> dict[str, Trace]:
     for t in rows:
         sweep = sweeps.get(t.sweep_id)
         strategy = sweep.strategy if sweep is not None else "?"
+        if strategy == CROSS_MEASURE:
+            continue
         trace = traces.setdefault(strategy, Trace(strategy))
         previous = current.get(strategy)
         if previous is not None and previous != t.sweep_id:

@@ -52,11 +52,16 @@ MAX_DEPTH = 5
 NEAR_BEST = 0.02
 #: fewest usable tuned keys to fit on; with one, the nearest rule already gives its winner
 MIN_KEYS = 2
+#: fewest to keep a selector: it is kept only where, each key left out in turn and the others
+#: fitted, it picks no slower than the nearest rule (:func:`leave_one_out`)
+MIN_KEYS_KEPT = MIN_KEYS + 1
 #: the slowdown a ranking charges a candidate that failed or was not measured on a key
 UNKNOWN_SLOWDOWN = 4.0
 #: how far outside the fit's range (in feature units: doublings for the log2 dims) a selector
 #: still answers
 REACH = 1.0
+#: the strategy of the sweeps that :func:`cross_measure` stores its trials under
+CROSS_MEASURE = "cross"
 
 
 def _f32(x: float) -> float:
@@ -424,56 +429,79 @@ def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH) -> Selector | None:
     )
 
 
+def _fastest(times: tuple[float | None, ...]) -> int:
+    """The index of the fastest candidate among those that ran."""
+    return min((t, i) for i, t in enumerate(times) if t is not None)[1]
+
+
 def leave_one_out(data: TrainingSet) -> tuple[float, float] | None:
     """Geometric-mean slowdown against each key's fastest candidate, over the keys of ``data``,
     of what a selector fitted on the other keys picks and of what the nearest rule picks (the
-    fastest candidate of the nearest other key): both read from the stored times, nothing is
-    measured. None with too few keys to leave one out."""
+    fastest of the other keys' winners on the nearest other key): both read from the stored
+    times, nothing is measured. As at run time, a fit without a key knows only the other keys'
+    winners, and a pick skips a candidate that did not run on the key (it broke a constraint
+    there, or failed). None with too few keys to leave one out."""
     from tunesvc.template import ShapeKey
 
-    if len(data.keys) <= MIN_KEYS:
+    if len(data.keys) < MIN_KEYS_KEPT:
         return None
     slow = [_slowdowns(row) for row in data.times]
     parsed = [ShapeKey.parse(k) for k in data.keys]
     ours = theirs = 0.0
+    scored = 0
     for i in range(len(data.keys)):
         rest = [j for j in range(len(data.keys)) if j != i]
+        known = sorted({_fastest(data.times[j]) for j in rest})  # the other keys' winners
+        runs = [c for c in known if data.times[i][c] is not None]
+        if not runs:
+            continue  # none of them runs here: neither rule has an answer to score
         part = replace(
             data,
+            candidates=tuple(data.candidates[c] for c in known),
             keys=tuple(data.keys[j] for j in rest),
             features=tuple(data.features[j] for j in rest),
-            times=tuple(data.times[j] for j in rest),
+            times=tuple(tuple(data.times[j][c] for c in known) for j in rest),
             skipped=(),
         )
+        _, near = min((parsed[i].distance(parsed[j]), j) for j in rest)
+        nearest = min(runs, key=lambda c: slow[near][c])
         selector = fit(part)
         x = selector.vector(data.features[i]) if selector is not None else []
-        pick = selector.predict(x) if selector is not None and selector.covers(x) else None
-        _, near = min((parsed[i].distance(parsed[j]), j) for j in rest)
-        nearest = min(range(len(data.candidates)), key=lambda c: slow[near][c])
-        ours += math.log(slow[i][pick if pick is not None else nearest])
+        ranked = [known[c] for c in selector.leaves[selector.leaf(x)]] if selector and selector.covers(x) else []
+        pick = next((c for c in ranked if data.times[i][c] is not None), nearest)
+        ours += math.log(slow[i][pick])
         theirs += math.log(slow[i][nearest])
-    n = len(data.keys)
-    return math.exp(ours / n), math.exp(theirs / n)
+        scored += 1
+    if not scored:
+        return None
+    return math.exp(ours / scored), math.exp(theirs / scored)
 
 
 def refit(store: Store, template: Template, device: Device, *, min_coverage: float = 1.0) -> Selector | None:
     """Fit the selector of ``template`` on ``device``'s model from the store and keep it there;
-    None (the stored one, if any, stays) when too few keys are usable, or when, left out one key
-    at a time, its picks are slower on the stored times than the nearest rule's."""
+    None (the stored one, if any, stays) when too few keys are usable to fit one and judge it.
+    Raises :class:`SelectorWorse`, and removes the stored one, when, left out one key at a
+    time, its picks are slower on the stored times than the nearest rule's."""
     return _keep(store, template, device, training_set(store, template, device, min_coverage=min_coverage))
 
 
 def _keep(store: Store, template: Template, device: Device, data: TrainingSet) -> Selector | None:
     """:func:`refit` on a training set already read from the store."""
-    selector = fit(data)
-    if selector is None:
+    if len(data.keys) < MIN_KEYS_KEPT:
         return None
+    selector = fit(data)
     scores = leave_one_out(data)
-    if scores is not None and scores[0] > scores[1]:
+    if selector is None or scores is None:
+        return None
+    if scores[0] > scores[1]:
+        # a stored one was fitted on fewer keys than these, which say a tree picks worse than
+        # the nearest rule: the runtime goes back to that rule
+        store.delete_selector(template, device.hardware_id)
         raise SelectorWorse(
             f"Left out one tuned key at a time, {template.name}'s selector picks configs "
             f"{scores[0]:.3f}x slower than the fastest (geometric mean) and the nearest rule "
-            f"{scores[1]:.3f}x: not kept; tune more shapes (or cross-measure them) and refit."
+            f"{scores[1]:.3f}x: not kept (nor any stored before), so the runtime answers untuned "
+            "shapes with the nearest rule; tune more shapes (or cross-measure them) and refit."
         )
     store.save_selector(template, device.hardware_id, selector.to_dict(), selector.keys)
     return selector
@@ -486,7 +514,7 @@ class SelectorWorse(TunesvcError):
 def refit_after_sweep(store: Store, template: Template, device: Device) -> None:
     """:func:`refit` at the end of a sweep; without scikit-learn installed, one warning instead."""
     data = training_set(store, template, device)
-    if len(data.keys) < MIN_KEYS:  # nothing to fit: do not even import scikit-learn
+    if len(data.keys) < MIN_KEYS_KEPT:  # nothing to fit and judge: do not even import scikit-learn
         return
     if importlib.util.find_spec("sklearn") is None:
         warnings.warn(
@@ -531,7 +559,7 @@ def cross_measure(
         problem = template.problem_of_key(key)
         if on_key is not None:
             on_key(key, len(missing))
-        sweep_id = store.start_sweep(kv_id, device_id, key, problem, "cross", None, 0)
+        sweep_id = store.start_sweep(kv_id, device_id, key, problem, CROSS_MEASURE, None, 0)
         started = _now()
         with measurer_for(template, problem, device) as measurer:
             results = [(c, h, measurer.measure(c)) for c, h in missing]

@@ -1126,6 +1126,19 @@ class Store:
                     raise
         raise AssertionError("unreachable")
 
+    def delete_selector(self, template: Template, hardware_id: str) -> bool:
+        """Remove the selector of this kernel version on this device model; whether one was stored."""
+        if self.revision is not None and self.revision < "0007":
+            return False
+        kv_id = self.kernel_version_id(template)
+        with self.session() as session:
+            found = session.execute(
+                delete(StoredSelector).where(
+                    StoredSelector.kernel_version_id == kv_id, StoredSelector.hardware_id == hardware_id
+                )
+            )
+            return bool(found.rowcount)  # type: ignore[attr-defined]  # a DELETE's CursorResult
+
     def selector(self, kernel: str, version: str, hardware_id: str) -> dict[str, Any] | None:
         """The stored selector's JSON, or None: none fitted, or a database older than revision 0007."""
         if self.revision is not None and self.revision < "0007":

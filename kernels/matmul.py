@@ -593,6 +593,20 @@ _matmul_tma_kernel = direct_launch(_matmul_tma_kernel)
 _matmul_splitk_kernel = direct_launch(_matmul_splitk_kernel)
 
 
+#: (N, K) of the projections (fused QKV, output, fused gate/up, down) of models other than
+#: those of benchmarks/heldout.py, for the "models" preset; each is tuned at two token counts
+_MODEL_WEIGHTS = (
+    *((8192, 3584), (3584, 4096), (28672, 3584), (3584, 14336)),  # Gemma-2-9B
+    *((9216, 3072), (3072, 3072), (16384, 3072), (3072, 8192)),  # Phi-3-mini
+    *((6144, 5120), (5120, 4096), (28672, 5120), (5120, 14336)),  # Mistral-Nemo-12B
+    *((8192, 4608), (4608, 4096)),  # Gemma-2-27B's attention
+    (5120, 3072),  # Llama-3.2-3B's fused QKV
+    (8192, 29568),  # Qwen2.5-72B's down projection
+)
+#: token counts from decode to prefill, in an order that gives neighbouring weights different ones
+_MODEL_TOKENS = (1, 32, 256, 1024, 4096, 64, 512, 8192)
+
+
 class MatmulTemplate(Template):
     name = "matmul"
     dims = ("M", "N", "K")
@@ -630,17 +644,8 @@ class MatmulTemplate(Template):
         # model nobody tuned gets a config fitted across weight shapes as well as token counts
         "models": [
             {"M": m, "N": n, "K": k}
-            for m, (n, k) in zip(
-                (1, 32, 256, 1024, 4096, 64, 512, 8192) * 2,
-                (
-                    *((8192, 3584), (3584, 4096), (28672, 3584), (3584, 14336)),  # Gemma-2-9B
-                    *((9216, 3072), (3072, 3072), (16384, 3072), (3072, 8192)),  # Phi-3-mini
-                    *((6144, 5120), (5120, 4096), (28672, 5120), (5120, 14336)),  # Mistral-Nemo-12B
-                    *((8192, 4608), (4608, 4096)),  # Gemma-2-27B's attention
-                    (5120, 3072),  # Llama-3.2-3B's fused QKV
-                    (8192, 29568),  # Qwen2.5-72B's down projection
-                ),
-            )
+            for i, (n, k) in enumerate(_MODEL_WEIGHTS)
+            for m in (_MODEL_TOKENS[i % 8], _MODEL_TOKENS[(i + 4) % 8])
         ],
         # small and odd on purpose: runs in the CPU interpreter in seconds
         "tiny": [

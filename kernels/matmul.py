@@ -749,6 +749,17 @@ class MatmulTemplate(Template):
         size = torch.empty((), dtype=getattr(torch, problem["dtype"])).element_size()
         return Cost(flops=2.0 * m * n * k, bytes=float((m * k + k * n + m * n) * size))
 
+    def wave_fill(self, config: Config, problem: Problem, device: Device) -> float:
+        # one program per output tile and K slice, one resident per SM: the persistent kernels
+        # walk the same tiles in the same waves, one per SM at a time
+        programs = (
+            triton.cdiv(problem["M"], config["BLOCK_M"])
+            * triton.cdiv(problem["N"], config["BLOCK_N"])
+            * config.get("SPLIT_K", 1)
+        )
+        sms = max(device.sm_count, 1)
+        return programs / (triton.cdiv(programs, sms) * sms)
+
     def selector_features(self, problem: Problem, device: Device) -> dict[str, float]:
         # whether a tile size fills the SMs decides between large tiles, small ones and split-K:
         # tiles per SM and the last wave's fill at the space's common tile sizes

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import warnings
@@ -168,6 +169,13 @@ def test_lookup_names_the_database_and_the_bucketing(tmp_path):
     assert lines[1] == f"answer  exact for {H100}; read from database {tmp_path / 'sub' / 'example.db'}"
     assert lines[2].startswith("config  VARIANT=")
 
+    predicted = invoke("lookup", "matmul", "--shape", "3000x3000x777", *args)
+    assert predicted.exit_code == 0, predicted.output
+    assert f"answer  predicted for {H100}; read from database" in predicted.stdout  # the shipped selector's
+    con = sqlite3.connect(tmp_path / "sub" / "example.db")
+    with con:
+        con.execute("DELETE FROM tunesvc_selectors")  # without one, the nearest rule answers
+    con.close()
     near = invoke("lookup", "matmul", "--shape", "3000x3000x777", *args)
     assert near.exit_code == 0, near.output
     assert f"nearest for {H100}: tuned key M=1024,N=3000,K=777,dtype=bfloat16, 2.00 doublings away" in near.stdout
@@ -189,7 +197,8 @@ def test_lookup_without_a_database_says_which_file_it_looked_for(tmp_path):
 
 def test_the_cli_prints_no_raw_python_warning(tmp_path):
     shutil.copy(EXAMPLE, tmp_path / "tune.db")
-    # a nearest answer from ./tune.db: the runtime warns about the miss; the answer line says it instead
+    # an untuned answer (the shipped selector's) from ./tune.db: the runtime warns about the miss;
+    # the answer line says it instead
     done = subprocess.run(
         [
             sys.executable,
@@ -210,7 +219,7 @@ def test_the_cli_prints_no_raw_python_warning(tmp_path):
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    assert "answer  nearest for" in done.stdout
+    assert "answer  predicted for" in done.stdout
     assert done.stderr == ""
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import sqlite3
@@ -340,13 +341,14 @@ def _stored_keys(path, template, device):
 
 
 def test_refit_keeps_a_selector_only_where_it_beats_the_nearest_rule_and_drops_a_stale_one(tmp_db, template, device):
-    """On fixed times in a real store: where each key's best is its nearest neighbour's, the
-    tree over log2(M) ties the nearest rule and is kept; where the tree's only feature orders
-    the keys otherwise than their distance does, it picks worse, is refused, and the selector
-    stored before (fitted on fewer keys) is removed."""
-    times = [(1.0, 2.0), (1.0, 2.0), (2.0, 1.0), (2.0, 1.0)]
-    good = _keyed(times, [4, 8, 256, 512])
-    bad = replace(good, features=tuple({"f": f} for f in (0.0, 10.0, 1.0, 11.0)))
+    """On fixed times in a real store: where each key's best is its nearest neighbour's, a
+    selector ties the nearest rule and is kept. Where the nearest key is right but the next two
+    outvote it, and the tree's only feature orders the keys otherwise than their distance does,
+    both models pick worse than the nearest rule: refused, and the selector stored before
+    (fitted on fewer keys) is removed."""
+    good = _keyed([(1.0, 2.0), (1.0, 2.0), (2.0, 1.0), (2.0, 1.0)], [4, 8, 256, 512])
+    bad = _keyed([(1.0, 3.0), (1.0, 1.1), (3.0, 1.0), (3.0, 1.0)], [4, 8, 16, 32])
+    bad = replace(bad, features=tuple({"f": f} for f in (0.0, 10.0, 1.0, 11.0)))
     store = Store(tmp_db)
     try:
         kept = sel._keep(store, template, device, good)
@@ -513,3 +515,95 @@ def test_a_fit_where_each_key_has_its_own_winner_warns_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert sel.fit(data) is not None
+
+
+# -- the neighbours model -------------------------------------------------------------------
+def test_neighbour_scores_weigh_the_nearest_keys_where_a_candidate_ran():
+    inf = float("inf")
+    distances = [1.0, 2.0, 3.0, 4.0, inf]
+    slowdowns = [[0.0, 0.1], [0.2, None], [0.4, 0.3], [0.0, 0.0], [0.0, 0.0]]
+    fills = [[1.0, 1.0]] * 5
+    scores = sel.neighbour_scores(distances, slowdowns, fills, [1.0, 1.0])
+    w = [1 / (d + sel.SOFTENING) for d in distances]
+    # candidate 0: keys 0, 1 and 2 (the three nearest); candidate 1 did not run at key 1: 0, 2 and 3
+    assert scores[0] == pytest.approx((w[0] * 0.0 + w[1] * 0.2 + w[2] * 0.4) / (w[0] + w[1] + w[2]))
+    assert scores[1] == pytest.approx((w[0] * 0.1 + w[2] * 0.3 + w[3] * 0.0) / (w[0] + w[2] + w[3]))
+    # an incomparable key (another dtype) never votes; a candidate that ran nowhere gets no score
+    assert sel.neighbour_scores([inf], [[0.0, None]], [[1.0, 1.0]], [1.0, 1.0]) == [None, None]
+
+
+def test_neighbour_scores_charge_a_candidate_the_waves_it_leaves_idle_here():
+    # at the one tuned key both fill their waves and candidate 0 is 5% faster; here candidate 0's
+    # grid leaves half its last wave idle (fill 0.75) and candidate 1's none: candidate 1 wins
+    slowdowns, fills = [[0.0, math.log(1.05)]], [[1.0, 1.0]]
+    assert sel.neighbour_scores([0.5], slowdowns, fills, [1.0, 1.0])[0] < math.log(1.05)
+    here = sel.neighbour_scores([0.5], slowdowns, fills, [0.75, 1.0])
+    assert here[0] == pytest.approx(-math.log(0.75)) and here[1] < here[0]
+
+
+def test_matmul_wave_fill_counts_tiles_and_slices_over_the_sms(template):
+    from dataclasses import replace as with_
+
+    h100 = with_(tunesvc.current_device(), sm_count=132)
+    config = {"VARIANT": "grouped", "BLOCK_M": 128, "BLOCK_N": 256, "SPLIT_K": 1}
+    # 8 x 14 = 112 tiles: one wave, 112 of 132 SMs busy; 8 x 20 = 160: two waves, the last 28 busy
+    assert template.wave_fill(config, template.problem(M=1000, N=3584, K=64), h100) == pytest.approx(112 / 132)
+    assert template.wave_fill(config, template.problem(M=1000, N=5120, K=64), h100) == pytest.approx(160 / 264)
+    split = {**config, "BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 4}
+    assert template.wave_fill(split, template.problem(M=1, N=2112, K=4096), h100) == pytest.approx(1.0)  # 33 x 4
+
+
+def _neighbours_set(template, device):
+    """A neighbours training set over three real matmul keys (two candidates, with their fills)."""
+    shapes = [(16, 45, 29), (64, 45, 29), (128, 70, 50)]
+    candidates = tuple(template.feasible(template.problem(M=16, N=45, K=29), device)[:2])
+    keys, features, fills = [], [], []
+    for m, n, k in shapes:
+        problem = template.problem(M=m, N=n, K=k)
+        keys.append(str(template.key(problem)))
+        features.append(template.selector_features(problem, device))
+        fills.append(tuple(template.wave_fill(c, problem, device) for c in candidates))
+    times = ((1.0, 2.0), (1.0, None), (2.0, 1.0))
+    data = sel.TrainingSet(
+        "matmul", template.version, device.hardware_id, candidates, tuple(keys), tuple(features), times, ()
+    )
+    return replace(data, fills=tuple(fills))
+
+
+def test_a_neighbours_selector_round_trips_as_json_and_picks_what_its_neighbours_ran_fastest(template, device):
+    data = _neighbours_set(template, device)
+    selector = sel.fit_neighbours(data)
+    assert selector is not None and selector.model == "neighbours" and selector.keys == 3
+    again = sel.Selector.from_dict(json.loads(json.dumps(selector.to_dict())))
+    assert again == selector
+    # M=32 (N=45, K=29): nearest M=16 and M=64 ran candidate 0 fastest; M=128 (farther) candidate 1
+    near = template.problem(M=32, N=45, K=29)
+    assert again.ranked(template, near, device)[0] == data.candidates[0]
+    assert "3 nearest of 3 tuned keys" in "\n".join(again.describe())
+
+
+@pytest.mark.parametrize(
+    "damage, pattern",
+    [
+        (lambda d: d["slowdowns"].pop(), "rows differ"),
+        (lambda d: d["fills"][0].__setitem__(0, 0.0), "fills"),
+        (lambda d: d["points"].__setitem__(0, "M=0,N=45,K=29,dtype=float16"), "positive dims"),
+        (lambda d: d.update(model="forest"), "model"),
+    ],
+)
+def test_a_damaged_neighbours_selector_is_one_clear_error(template, device, damage, pattern):
+    data = sel.fit_neighbours(_neighbours_set(template, device)).to_dict()
+    damage(data)
+    with pytest.raises(TunesvcError, match=pattern):
+        sel.Selector.from_dict(data)
+
+
+def test_choose_keeps_the_model_that_picks_faster_left_one_out():
+    """Each key's best is its nearest neighbour's, but a feature the tree splits on orders the
+    keys otherwise: the tree picks worse than the neighbours, which are kept."""
+    data = _keyed([(1.0, 2.0), (1.0, 2.0), (2.0, 1.0), (2.0, 1.0)], [4, 8, 256, 512])
+    data = replace(data, features=tuple({"f": f} for f in (0.0, 10.0, 1.0, 11.0)))
+    tree, neighbours = sel.leave_one_out(data, "tree"), sel.leave_one_out(data, "neighbours")
+    assert neighbours[0] < tree[0]
+    chosen, scores = sel.choose(data)
+    assert chosen is not None and chosen.model == "neighbours" and scores == neighbours

@@ -1,18 +1,27 @@
 """Selectors: a config for a shape nobody tuned, picked among the kernel's own tuned winners.
 
 One selector per (kernel version, device model). Its candidates are the distinct winners of
-that kernel on that device; its features are what the template says about a problem
-(:meth:`~tunesvc.template.Template.selector_features`: log2 dims, FLOPs and intensity, tiles
-per SM ...). Per tuned shape key, the target is the candidate that the stored trials measured
-fastest there, so a key counts only where enough candidates were measured on it
-(``min_coverage``; :func:`cross_measure` measures every candidate on every tuned key, through
-the sweeps' own measurer, and stores those trials like any other). A small decision tree
-(scikit-learn's ``DecisionTreeClassifier``) is fitted on those targets.
+that kernel on that device; per tuned shape key, the stored trials say how much slower than
+the fastest each candidate ran there, so a key counts only where enough candidates were
+measured on it (``min_coverage``; :func:`cross_measure` measures every candidate on every
+tuned key, through the sweeps' own measurer, and stores those trials like any other).
 
-The tree is kept as plain JSON arrays (``feature``, ``threshold``, ``left``, ``right`` and,
-per leaf, its candidates ranked best first): in the database (``tunesvc_selectors``, revision
-0007) and in bundles. It is walked by :meth:`Selector.ranked`, a loop of a few comparisons, so
-that the runtime never imports scikit-learn and nothing is unpickled.
+Two models are fitted on those times, and the one that, each tuned key left out in turn,
+picks faster configs is kept, only where it also beats the runtime's nearest rule:
+
+- ``neighbours``: a candidate is judged by its slowdown at the ``NEIGHBOURS`` nearest tuned
+  keys (log2 distance) where it ran, each corrected by the template's
+  :meth:`~tunesvc.template.Template.wave_fill` of the candidate there and at the new shape (a
+  GEMM tile that fills the SMs in whole waves at one shape may leave most of a last wave idle
+  at the next); the candidate with the lowest weighted mean is picked.
+- ``tree``: a small decision tree (scikit-learn's ``DecisionTreeClassifier``) over the
+  template's :meth:`~tunesvc.template.Template.selector_features` (log2 dims, FLOPs and
+  intensity, tiles per SM ...) learns each key's fastest candidate; each leaf ranks them.
+
+Either is kept as plain JSON (the neighbours' keys, slowdowns and wave fills; the tree's
+``feature``, ``threshold``, ``left``, ``right`` and per-leaf rankings): in the database
+(``tunesvc_selectors``, revision 0007) and in bundles. The runtime evaluates it with a few
+loops of arithmetic (:meth:`Selector.ranked`), never imports scikit-learn, and unpickles nothing.
 
 The runtime asks the selector after the exact key and before the nearest one:
 exact -> predicted -> nearest -> heuristic.
@@ -41,6 +50,7 @@ if TYPE_CHECKING:
     from tunesvc.space import Config
     from tunesvc.store import Store
     from tunesvc.template import Problem
+    from tunesvc.template import ShapeKey
     from tunesvc.template import Template
 
 FORMAT = 1
@@ -60,6 +70,12 @@ UNKNOWN_SLOWDOWN = 4.0
 #: how far outside the fit's range (in feature units: doublings for the log2 dims) a selector
 #: still answers
 REACH = 1.0
+#: a neighbours selector judges a candidate at this many nearest tuned keys where it ran ...
+NEIGHBOURS = 3
+#: ... weighted 1 / (distance + this), distance in doublings: the nearest counts most, but not alone
+SOFTENING = 1.0
+#: the models a selector may be; of two that pick equally well, the first (a tree is smaller)
+MODELS = ("tree", "neighbours")
 #: the strategy of the sweeps that :func:`cross_measure` stores its trials under
 CROSS_MEASURE = "cross"
 
@@ -71,11 +87,14 @@ def _f32(x: float) -> float:
 
 @dataclass(frozen=True)
 class Selector:
-    """A fitted decision tree over a template's features, choosing among ``candidates``.
+    """A fitted model choosing among ``candidates``: a decision tree over a template's
+    features, or (``model == "neighbours"``) the candidates' slowdowns at the tuned keys.
 
-    Node ``i`` is a split when ``left[i] >= 0``: a problem goes left when
+    Tree: node ``i`` is a split when ``left[i] >= 0``: a problem goes left when
     ``features[feature[i]] <= threshold[i]``, else right; a leaf ranks candidate indices in
-    ``leaves[i]``, best first (the first is the tree's own class).
+    ``leaves[i]``, best first (the first is the tree's own class). A neighbours selector's tree
+    is one leaf; it keeps, per tuned key in ``points``, each candidate's natural-log slowdown
+    there (None: it did not run there) and its wave fill there (:func:`neighbour_scores`).
     """
 
     kernel: str
@@ -93,6 +112,22 @@ class Selector:
     #: per feature, the lowest and highest value the fit saw (empty: no range kept)
     lo: tuple[float, ...] = ()
     hi: tuple[float, ...] = ()
+    model: str = "tree"
+    points: tuple[str, ...] = ()
+    slowdowns: tuple[tuple[float | None, ...], ...] = ()
+    fills: tuple[tuple[float, ...], ...] = ()
+
+    @functools.cached_property
+    def _points(self) -> list[ShapeKey]:
+        from tunesvc.template import ShapeKey
+
+        return [ShapeKey.parse(k) for k in self.points]
+
+    def neighbour_order(self, key: ShapeKey, fill_here: list[float]) -> list[int]:
+        """A neighbours selector's candidate indices for a problem of shape key ``key`` whose
+        wave fill per candidate is ``fill_here``, best first (those it has no neighbour for, none)."""
+        scores = neighbour_scores([key.distance(p) for p in self._points], self.slowdowns, self.fills, fill_here)
+        return [c for _, c in sorted((v, c) for c, v in enumerate(scores) if v is not None)]
 
     def vector(self, values: dict[str, float]) -> list[float]:
         """The feature vector, in the selector's order (a feature the problem lacks reads 0.0)."""
@@ -127,6 +162,9 @@ class Selector:
         x = self.vector(values)
         if not self.covers(x):
             return []
+        if self.model == "neighbours":
+            fill_here = [template.wave_fill(c, problem, device) for c in self.candidates]
+            return [self.candidates[i] for i in self.neighbour_order(template.key(problem), fill_here)]
         return [self.candidates[i] for i in self.leaves[self.leaf(x)]]
 
     def covers(self, x: list[float]) -> bool:
@@ -161,6 +199,16 @@ class Selector:
             },
             "keys": self.keys,
             "range": {"lo": list(self.lo), "hi": list(self.hi)},
+            **(
+                {
+                    "model": self.model,
+                    "points": list(self.points),
+                    "slowdowns": [list(row) for row in self.slowdowns],
+                    "fills": [list(row) for row in self.fills],
+                }
+                if self.model == "neighbours"
+                else {}
+            ),
         }
 
     @classmethod
@@ -191,6 +239,17 @@ class Selector:
                 raise TunesvcError(f"{where} is damaged (leaf {i} names no valid candidate); refit it.")
         if raw.range and not (len(raw.range.lo) == len(raw.range.hi) == len(raw.features)):
             raise TunesvcError(f"{where} is damaged (its feature range has another length); refit it.")
+        if raw.model == "neighbours":
+            from tunesvc.template import ShapeKey
+
+            rows = (*raw.slowdowns, *raw.fills)
+            if not (len(raw.points) == len(raw.slowdowns) == len(raw.fills)) or any(
+                len(row) != len(raw.candidates) for row in rows
+            ):
+                raise TunesvcError(f"{where} is damaged (its neighbours' rows differ in length); refit it.")
+            for point in raw.points:
+                if not all(value > 0 for _, value in ShapeKey.parse(point).dims):
+                    raise TunesvcError(f"{where} is damaged (its key '{point[:80]}' has no positive dims); refit it.")
         return cls(
             kernel=raw.kernel,
             version=raw.version,
@@ -205,10 +264,20 @@ class Selector:
             keys=raw.keys,
             lo=tuple(raw.range.lo) if raw.range else (),
             hi=tuple(raw.range.hi) if raw.range else (),
+            model=raw.model,
+            points=tuple(raw.points),
+            slowdowns=tuple(tuple(row) for row in raw.slowdowns),
+            fills=tuple(tuple(row) for row in raw.fills),
         )
 
     def describe(self) -> list[str]:
-        """The tree as indented lines of text (``tune selector``)."""
+        """The tree as indented lines of text (``tune selector``); a neighbours selector's rule and candidates."""
+        if self.model == "neighbours":
+            return [
+                f"the candidate fastest at the {NEIGHBOURS} nearest of {len(self.points)} tuned keys where it ran, "
+                "each time corrected by its wave fill there and here:",
+                *(f"  candidate {i}: {_short(c)}" for i, c in enumerate(self.candidates)),
+            ]
         lines: list[str] = []
 
         def walk(node: int, depth: int) -> None:
@@ -233,6 +302,7 @@ def _short(config: Config) -> str:
 
 def _schema() -> Any:
     from typing import Annotated
+    from typing import Literal
 
     from pydantic import BaseModel
     from pydantic import ConfigDict
@@ -249,6 +319,7 @@ def _schema() -> Any:
         | Annotated[str, StringConstraints(strict=True, max_length=MAX_TEXT_CHOICE)]
     )
     Threshold = Annotated[float, Field(allow_inf_nan=False)]
+    Fill = Annotated[float, Field(allow_inf_nan=False, gt=0, le=1)]
     Index = Annotated[int, Field(strict=True, ge=-1, le=1 << 20)]
 
     class Strict(BaseModel):
@@ -275,6 +346,12 @@ def _schema() -> Any:
         tree: Tree
         keys: Annotated[int, Field(strict=True, ge=0)]
         range: Range | None = None
+        model: Literal["tree", "neighbours"] = "tree"
+        points: Annotated[list[Annotated[str, StringConstraints(max_length=512)]], Field(max_length=1 << 12)] = []
+        slowdowns: Annotated[
+            list[Annotated[list[Threshold | None], Field(max_length=1 << 12)]], Field(max_length=1 << 12)
+        ] = []
+        fills: Annotated[list[Annotated[list[Fill], Field(max_length=1 << 12)]], Field(max_length=1 << 12)] = []
 
     return TypeAdapter(Schema)
 
@@ -294,6 +371,8 @@ class TrainingSet:
     times: tuple[tuple[float | None, ...], ...]
     #: tuned keys left out, with why
     skipped: tuple[tuple[str, str], ...]
+    #: per key, per candidate: its wave fill there (Template.wave_fill; empty: 1.0 everywhere)
+    fills: tuple[tuple[float, ...], ...] = ()
 
 
 def tuned_winners(store: Store, template: Template, hardware_id: str) -> dict[str, Config]:
@@ -329,7 +408,7 @@ def training_set(
     candidates = _candidates(winners)
     hashes = [config_hash(c) for c in candidates]
     stored = store.trial_times(template.name, template.version, device.hardware_id)
-    keys, features, times, skipped = [], [], [], []
+    keys, features, times, skipped, fills = [], [], [], [], []
     for key in sorted(winners):
         measured = stored.get(key, {})
         coverage = sum(h in measured for h in hashes) / len(hashes)
@@ -348,6 +427,7 @@ def training_set(
         keys.append(key)
         features.append(template.selector_features(problem, device))
         times.append(row)
+        fills.append(tuple(template.wave_fill(c, problem, device) for c in candidates))
     return TrainingSet(
         template.name,
         template.version,
@@ -357,6 +437,7 @@ def training_set(
         tuple(features),
         tuple(times),
         tuple(skipped),
+        tuple(fills),
     )
 
 
@@ -386,8 +467,7 @@ def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH) -> Selector | None:
 
     slow = [_slowdowns(row) for row in data.times]
     n = len(data.candidates)
-    names = tuple(sorted({name for f in data.features for name in f}))
-    x = [[float(f.get(name, 0.0)) for name in names] for f in data.features]
+    names, x = _feature_range(data)
     with (
         warnings.catch_warnings()
     ):  # "more classes than half the samples": usual with a few tuned keys, not the user's to fix
@@ -429,24 +509,94 @@ def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH) -> Selector | None:
     )
 
 
+def neighbour_scores(
+    distances: list[float],
+    slowdowns: tuple[tuple[float | None, ...], ...] | list[list[float | None]],
+    fills: tuple[tuple[float, ...], ...] | list[list[float]],
+    fill_here: list[float],
+) -> list[float | None]:
+    """Per candidate, over the ``NEIGHBOURS`` nearest tuned keys (``distances``, infinite: not
+    comparable) where it ran, the mean of its log slowdown there plus the log of its wave fill
+    there less the log of its fill here, weighted 1 / (distance + ``SOFTENING``): its expected log
+    slowdown here. None where it ran at none of them. A hand-written loop: the runtime's path."""
+    order = sorted((d, j) for j, d in enumerate(distances) if d != math.inf)
+    scores: list[float | None] = []
+    for c, here in enumerate(fill_here):
+        pool = [(d, j, v) for d, j in order if (v := slowdowns[j][c]) is not None][:NEIGHBOURS]
+        if not pool:
+            scores.append(None)
+            continue
+        total = weight = 0.0
+        for d, j, slowdown in pool:
+            w = 1.0 / (d + SOFTENING)
+            total += w * (slowdown + math.log(fills[j][c]) - math.log(here))
+            weight += w
+        scores.append(total / weight)
+    return scores
+
+
+def _feature_range(data: TrainingSet) -> tuple[tuple[str, ...], list[list[float]]]:
+    names = tuple(sorted({name for f in data.features for name in f}))
+    return names, [[float(f.get(name, 0.0)) for name in names] for f in data.features]
+
+
+def _log_slowdowns(times: tuple[float | None, ...]) -> tuple[float | None, ...]:
+    best = min(t for t in times if t is not None)
+    return tuple(math.log(t / best) if t is not None else None for t in times)
+
+
+def fit_neighbours(data: TrainingSet) -> Selector | None:
+    """A neighbours selector of ``data`` (its keys' slowdowns and wave fills, kept as they are);
+    None with fewer than ``MIN_KEYS`` usable keys."""
+    if len(data.keys) < MIN_KEYS:
+        return None
+    names, x = _feature_range(data)
+    n = len(data.candidates)
+    return Selector(
+        kernel=data.kernel,
+        version=data.version,
+        hardware_id=data.hardware_id,
+        features=names,
+        candidates=data.candidates,
+        feature=(-1,),
+        threshold=(0.0,),
+        left=(-1,),
+        right=(-1,),
+        leaves=(tuple(range(n)),),
+        keys=len(data.keys),
+        lo=tuple(_f32(min(col)) for col in zip(*x)),
+        hi=tuple(_f32(max(col)) for col in zip(*x)),
+        model="neighbours",
+        points=data.keys,
+        slowdowns=tuple(_log_slowdowns(row) for row in data.times),
+        fills=data.fills or tuple((1.0,) * n for _ in data.keys),
+    )
+
+
+def fit_model(data: TrainingSet, model: str) -> Selector | None:
+    """A selector of ``model`` (one of ``MODELS``) fitted on ``data``."""
+    return fit_neighbours(data) if model == "neighbours" else fit(data)
+
+
 def _fastest(times: tuple[float | None, ...]) -> int:
     """The index of the fastest candidate among those that ran."""
     return min((t, i) for i, t in enumerate(times) if t is not None)[1]
 
 
-def leave_one_out(data: TrainingSet) -> tuple[float, float] | None:
+def leave_one_out(data: TrainingSet, model: str = "tree") -> tuple[float, float] | None:
     """Geometric-mean slowdown against each key's fastest candidate, over the keys of ``data``,
-    of what a selector fitted on the other keys picks and of what the nearest rule picks (the
-    fastest of the other keys' winners on the nearest other key): both read from the stored
-    times, nothing is measured. As at run time, a fit without a key knows only the other keys'
-    winners, and a pick skips a candidate that did not run on the key (it broke a constraint
-    there, or failed). None with too few keys to leave one out."""
+    of what a selector of ``model`` fitted on the other keys picks and of what the nearest rule
+    picks (the fastest of the other keys' winners on the nearest other key): both read from the
+    stored times, nothing is measured. As at run time, a fit without a key knows only the other
+    keys' winners, and a pick skips a candidate that did not run on the key (it broke a
+    constraint there, or failed). None with too few keys to leave one out."""
     from tunesvc.template import ShapeKey
 
     if len(data.keys) < MIN_KEYS_KEPT:
         return None
     slow = [_slowdowns(row) for row in data.times]
     parsed = [ShapeKey.parse(k) for k in data.keys]
+    fills = data.fills or tuple((1.0,) * len(data.candidates) for _ in data.keys)
     ours = theirs = 0.0
     scored = 0
     for i in range(len(data.keys)):
@@ -462,12 +612,18 @@ def leave_one_out(data: TrainingSet) -> tuple[float, float] | None:
             features=tuple(data.features[j] for j in rest),
             times=tuple(tuple(data.times[j][c] for c in known) for j in rest),
             skipped=(),
+            fills=tuple(tuple(fills[j][c] for c in known) for j in rest),
         )
         _, near = min((parsed[i].distance(parsed[j]), j) for j in rest)
         nearest = min(runs, key=lambda c: slow[near][c])
-        selector = fit(part)
+        selector = fit_model(part, model)
         x = selector.vector(data.features[i]) if selector is not None else []
-        ranked = [known[c] for c in selector.leaves[selector.leaf(x)]] if selector and selector.covers(x) else []
+        ranked: list[int] = []
+        if selector is not None and selector.covers(x):
+            if model == "neighbours":
+                ranked = [known[c] for c in selector.neighbour_order(parsed[i], [fills[i][c] for c in known])]
+            else:
+                ranked = [known[c] for c in selector.leaves[selector.leaf(x)]]
         pick = next((c for c in ranked if data.times[i][c] is not None), nearest)
         ours += math.log(slow[i][pick])
         theirs += math.log(slow[i][nearest])
@@ -475,6 +631,19 @@ def leave_one_out(data: TrainingSet) -> tuple[float, float] | None:
     if not scored:
         return None
     return math.exp(ours / scored), math.exp(theirs / scored)
+
+
+def choose(data: TrainingSet) -> tuple[Selector | None, tuple[float, float] | None]:
+    """Of the ``MODELS`` fitted on ``data``, the one whose picks, each key left out in turn,
+    are fastest, with its and the nearest rule's scores (:func:`leave_one_out`); (None, None)
+    with too few keys to judge one."""
+    if len(data.keys) < MIN_KEYS_KEPT:
+        return None, None
+    judged = [(scores, model) for model in MODELS if (scores := leave_one_out(data, model)) is not None]
+    if not judged:
+        return None, None
+    scores, model = min(judged, key=lambda item: (item[0][0], MODELS.index(item[1])))
+    return fit_model(data, model), scores
 
 
 def refit(store: Store, template: Template, device: Device, *, min_coverage: float = 1.0) -> Selector | None:
@@ -487,21 +656,18 @@ def refit(store: Store, template: Template, device: Device, *, min_coverage: flo
 
 def _keep(store: Store, template: Template, device: Device, data: TrainingSet) -> Selector | None:
     """:func:`refit` on a training set already read from the store."""
-    if len(data.keys) < MIN_KEYS_KEPT:
-        return None
-    selector = fit(data)
-    scores = leave_one_out(data)
+    selector, scores = choose(data)
     if selector is None or scores is None:
         return None
     if scores[0] > scores[1]:
-        # a stored one was fitted on fewer keys than these, which say a tree picks worse than
-        # the nearest rule: the runtime goes back to that rule
+        # a stored one was fitted on fewer keys than these, which say a selector picks worse
+        # than the nearest rule: the runtime goes back to that rule
         store.delete_selector(template, device.hardware_id)
         raise SelectorWorse(
             f"Left out one tuned key at a time, {template.name}'s selector picks configs "
-            f"{scores[0]:.3f}x slower than the fastest (geometric mean) and the nearest rule "
-            f"{scores[1]:.3f}x: not kept (nor any stored before), so the runtime answers untuned "
-            "shapes with the nearest rule; tune more shapes (or cross-measure them) and refit."
+            f"{scores[0]:.3f}x slower than the fastest (geometric mean; its better model, {selector.model}) "
+            f"and the nearest rule {scores[1]:.3f}x: not kept (nor any stored before), so the runtime "
+            "answers untuned shapes with the nearest rule; tune more shapes (or cross-measure them) and refit."
         )
     store.save_selector(template, device.hardware_id, selector.to_dict(), selector.keys)
     return selector
@@ -666,7 +832,7 @@ def evaluate(
         problem = template.problem_of_key(key)
         others = {k: c for k, c in winners.items() if k != key}
         data = training_set(store, template, device, exclude=(key,), min_coverage=min_coverage)
-        fitted = fit(data)
+        fitted, _ = choose(data)
         nearest = nearest_pick(others, key, template, problem, device)
         picked = fitted.pick(template, problem, device) if fitted is not None else None
         chosen = ("predicted", picked) if picked is not None else (nearest[0], nearest[2])

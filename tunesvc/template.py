@@ -294,6 +294,14 @@ class Template:
             features[f"{name}={value}"] = 1.0
         return features
 
+    def wave_fill(self, config: Config, problem: Problem, device: Device) -> float:
+        """The fraction of the launch's waves of programs that has work: 1.0 where its programs
+        fill every SM in each wave, 0.55 where a last wave holds 10% of a full one after one
+        full wave. A neighbours selector (:mod:`tunesvc.selector`) corrects a config's time at a
+        tuned shape by it when it judges the config at another shape. The default says nothing
+        (1.0 everywhere); a template whose grid is its tiles says more (see the matmul template)."""
+        return 1.0
+
     def tolerance(self, problem: Problem) -> float:
         """Largest accepted ||out - ref|| / ||ref|| for this problem's dtype."""
         return {"float16": 5e-3, "bfloat16": 2e-2, "float32": 1e-2}[problem["dtype"]]

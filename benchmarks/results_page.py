@@ -132,19 +132,22 @@ def _targets(results_dir: Path) -> list[str]:
     path = results_dir / "heldout.csv"
     if path.exists():
         rows = read_rows(path)
-        latest = max(r["date"] for r in rows)
+        latest: dict[str, str] = {}  # per kernel, the date of its latest run
+        for r in rows:
+            base = r["kernel"].partition(" [")[0]
+            latest[base] = max(latest.get(base, ""), r["date"])
         by: dict[tuple[str, str], dict[str, dict[str, str]]] = defaultdict(dict)
         for r in rows:
-            if r["date"] == latest:
-                base, _, role = r["kernel"].partition(" [")
+            base, _, role = r["kernel"].partition(" [")
+            if r["date"] == latest[base]:
                 by[(base, r["shape"])][role.rstrip("]")] = r
         lines += [
-            f"Held-out shapes ({latest}, `heldout.csv`): tuned / peer and the runtime's untuned pick (the selector's",
-            "where it predicts, else the nearest rule's) / tuned, in GPU time.",
+            "Held-out shapes (`heldout.csv`, each kernel's latest run): tuned / peer and the runtime's untuned pick",
+            "(the selector's where it predicts, else the nearest rule's) / tuned, in GPU time.",
             "",
-            "| kernel | shapes | tuned / peer: geomean (target) | lowest (target), at | pick within 5% of tuned"
+            "| kernel | run | shapes | tuned / peer: geomean (target) | lowest (target), at | pick within 5% of tuned"
             f" (target {PICK_WITHIN:.0%}) | worst pick / tuned (target {PICK_FLOOR}), at |",
-            "|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|",
         ]
         for kernel in sorted({k for k, _ in by}):
             shapes = {shape: roles for (k, shape), roles in by.items() if k == kernel and "tuned" in roles}
@@ -161,19 +164,20 @@ def _targets(results_dir: Path) -> list[str]:
             worst_shape = min(pick, key=pick.__getitem__) if pick else None
             within = _share_within_5pct(pick.values()) if pick else None
             lines.append(
-                f"| {kernel} | {len(speed)} | {statistics.geometric_mean(speed.values()):.3f}x ({_goal(mean_target)}) "
+                f"| {kernel} | {latest[kernel]} | {len(speed)} "
+                f"| {statistics.geometric_mean(speed.values()):.3f}x ({_goal(mean_target)}) "
                 f"| {speed[low_shape]:.3f}x ({_goal(low_target)}), {low_shape} "
                 f"| {'-' if within is None else f'{within:.0%}'} "
                 f"| {'-' if worst_shape is None else f'{pick[worst_shape]:.3f}, {worst_shape}'} |"
             )
         lines.append("")
-        lines += _ceilings(by)
+        lines += _ceilings(rows)
     for path in sorted((results_dir / "evaluate").glob("*.csv")) if (results_dir / "evaluate").is_dir() else []:
         with path.open(newline="") as f:  # `tune evaluate --csv`'s own layout
             rows = list(csv.DictReader(f))
         lines += [
-            f"Leave one tuned shape out (`evaluate/{path.name}`, `tune evaluate`): the held-out key's tuned best / the",
-            "pick, measured.",
+            f"Leave one tuned shape out (`evaluate/{path.name}`, `tune evaluate`, run of "
+            f"{max(r['timestamp'][:10] for r in rows)}): the held-out key's tuned best / the pick, measured.",
             "",
             "| kernel | held out | selector within 5% | selector worst, at | nearest within 5% | nearest worst, at |",
             "|---|---|---|---|---|---|",
@@ -266,27 +270,31 @@ def _eager_targets(results_dir: Path, date: str) -> list[str]:
     return [*lines, ""]
 
 
-def _ceilings(by: dict[tuple[str, str], dict[str, dict[str, str]]]) -> list[str]:
-    """Shapes with a 'space best of N' row (heldout.py --ceiling): the short sweep's winner and
-    the best of N trials of the space, each / the peer, in the same run."""
-    rows = []
-    for (kernel, shape), roles in sorted(by.items()):
+def _ceilings(rows: list[dict[str, str]]) -> list[str]:
+    """Shapes with a 'space best of N' row (heldout.py --ceiling), from any run: the short sweep's
+    winner and the best of N trials of the space, each / the peer, in the same run."""
+    by: dict[tuple[str, str, str], dict[str, dict[str, str]]] = defaultdict(dict)
+    for r in rows:
+        base, _, role = r["kernel"].partition(" [")
+        by[(base, r["shape"], r["date"])][role.rstrip("]")] = r
+    lines = []
+    for (kernel, shape, date), roles in sorted(by.items()):
         for role, r in roles.items():
             if role.startswith("space best of ") and "tuned" in roles:
                 tuned = float(roles["tuned"]["peer_ms"]) / float(roles["tuned"]["ours_ms"])
                 best = float(r["peer_ms"]) / float(r["ours_ms"])
-                rows.append(
-                    f"| {kernel} | {shape} | {tuned:.3f}x | {best:.3f}x | {role.removeprefix('space best of ')} |"
+                lines.append(
+                    f"| {kernel} | {date} | {shape} | {tuned:.3f}x | {best:.3f}x | {role.removeprefix('space best of ')} |"
                 )
-    if not rows:
+    if not lines:
         return []
     return [
         "What the space holds (`heldout.py --ceiling`): the short sweep's winner and the best of a random",
         "sweep of many more trials of the same space, each / the peer, timed in the same run.",
         "",
-        "| kernel | shape | tuned / peer | space best / peer | trials |",
-        "|---|---|---|---|---|",
-        *rows,
+        "| kernel | run | shape | tuned / peer | space best / peer | trials |",
+        "|---|---|---|---|---|---|",
+        *lines,
         "",
     ]
 

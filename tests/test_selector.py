@@ -351,12 +351,13 @@ def test_refit_keeps_a_selector_only_where_it_beats_the_nearest_rule_and_drops_a
     bad = replace(bad, features=tuple({"f": f} for f in (0.0, 10.0, 1.0, 11.0)))
     store = Store(tmp_db)
     try:
-        kept = sel._keep(store, template, device, good)
+        kept, scores = sel.keep(store, template, device, good)
         assert kept is not None and _stored_keys(tmp_db, template, device) == 4
+        assert scores == sel.leave_one_out(good, kept.model) and scores[0] <= scores[1]
         with pytest.raises(sel.SelectorWorse, match="nearest rule"):
-            sel._keep(store, template, device, bad)
+            sel.keep(store, template, device, bad)
         assert _stored_keys(tmp_db, template, device) is None
-        assert sel._keep(store, template, device, _keyed([(1.0, 2.0), (2.0, 1.0)], [4, 8])) is None  # too few to judge
+        assert sel.keep(store, template, device, _keyed([(1.0, 2.0), (2.0, 1.0)], [4, 8])) == (None, None)  # too few
         assert _stored_keys(tmp_db, template, device) is None
     finally:
         store.close()
@@ -458,8 +459,12 @@ def test_tune_selector_cross_measures_fits_and_prints_the_tree(tmp_db, template,
     result = CliRunner().invoke(app, ["selector", "matmul", "--db", three, "--cross-measure"])
     assert result.exit_code == 0, result.output
     assert "-> candidate 0" in result.output
-    assert re.search(
-        r"Fitted on 3 tuned keys, 1 candidates \(0 trials measured first\)", " ".join(result.output.split())
+    said = " ".join(result.output.split())
+    assert re.search(r"Fitted on 3 tuned keys, 1 candidates \(0 trials measured first\); kept the tree model", said)
+    # one candidate: the tree's and the nearest rule's picks are each key's fastest
+    assert (
+        "its picks run 1.000x as long as the key's fastest candidate (geometric mean), the nearest rule's 1.000x"
+        in said
     )
 
 

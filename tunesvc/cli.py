@@ -1454,13 +1454,14 @@ def selector(
                 store, template, device, on_key=lambda key, n: console.print(f"measuring {n} candidates on {key}")
             )
         data = selectors.training_set(store, template, device, min_coverage=min_coverage)
-        fitted = selectors.refit(store, template, device, min_coverage=min_coverage)
+        fitted, scores = selectors.keep(store, template, device, data)
     finally:
         store.close()
     if as_json:
         return _print_json(
             {
                 "selector": fitted.to_dict() if fitted else None,
+                "leave_one_out": {"selector": scores[0], "nearest": scores[1]} if scores else None,
                 "trials_measured": measured,
                 "keys": list(data.keys),
                 "skipped": [{"shape_key": k, "why": why} for k, why in data.skipped],
@@ -1478,8 +1479,14 @@ def selector(
     console.print(
         f"Fitted on {fitted.keys} tuned keys, {len(fitted.candidates)} candidates"
         + (f" ({measured} trials measured first)" if cross_measure else "")
-        + f"; stored in {store.url}."
+        + f"; kept the {fitted.model} model; stored in {store.url}."
     )
+    if scores is not None:
+        console.print(
+            f"Each tuned key left out in turn, on the stored times, its picks run {scores[0]:.3f}x as long as "
+            f"the key's fastest candidate (geometric mean), the nearest rule's {scores[1]:.3f}x.",
+            highlight=False,
+        )
 
 
 @app.command()

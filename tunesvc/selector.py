@@ -651,14 +651,17 @@ def refit(store: Store, template: Template, device: Device, *, min_coverage: flo
     None (the stored one, if any, stays) when too few keys are usable to fit one and judge it.
     Raises :class:`SelectorWorse`, and removes the stored one, when, left out one key at a
     time, its picks are slower on the stored times than the nearest rule's."""
-    return _keep(store, template, device, training_set(store, template, device, min_coverage=min_coverage))
+    return keep(store, template, device, training_set(store, template, device, min_coverage=min_coverage))[0]
 
 
-def _keep(store: Store, template: Template, device: Device, data: TrainingSet) -> Selector | None:
-    """:func:`refit` on a training set already read from the store."""
+def keep(
+    store: Store, template: Template, device: Device, data: TrainingSet
+) -> tuple[Selector | None, tuple[float, float] | None]:
+    """:func:`refit` on a training set already read from the store, with the kept selector's and
+    the nearest rule's leave-one-out scores (:func:`leave_one_out`)."""
     selector, scores = choose(data)
     if selector is None or scores is None:
-        return None
+        return None, None
     if scores[0] > scores[1]:
         # a stored one was fitted on fewer keys than these, which say a selector picks worse
         # than the nearest rule: the runtime goes back to that rule
@@ -670,7 +673,7 @@ def _keep(store: Store, template: Template, device: Device, data: TrainingSet) -
             "answers untuned shapes with the nearest rule; tune more shapes (or cross-measure them) and refit."
         )
     store.save_selector(template, device.hardware_id, selector.to_dict(), selector.keys)
-    return selector
+    return selector, scores
 
 
 class SelectorWorse(TunesvcError):
@@ -690,7 +693,7 @@ def refit_after_sweep(store: Store, template: Template, device: Device) -> None:
         )
         return
     with contextlib.suppress(SelectorWorse):  # the stored one, if any, stays
-        _keep(store, template, device, data)
+        keep(store, template, device, data)
 
 
 def stored_selector(store: Store, template: Template, hardware_id: str) -> Selector | None:

@@ -639,9 +639,9 @@ class MatmulTemplate(Template):
         ],
         # decode-sized M against LLM weight shapes, where split-K matters
         "skinny": [{"M": m, "N": n, "K": k} for m in (1, 16, 64) for n, k in ((4096, 4096), (14336, 4096))],
-        # the projections of more models (fused QKV, output, fused gate/up, down), one token
-        # count each, spread from decode to prefill: what the selector learns from, so that a
-        # model nobody tuned gets a config fitted across weight shapes as well as token counts
+        # the projections of more models (fused QKV, output, fused gate/up, down), each at two
+        # token counts from decode to prefill: what the selector learns from, so that a model
+        # nobody tuned gets a config fitted across weight shapes as well as token counts
         "models": [
             {"M": m, "N": n, "K": k}
             for i, (n, k) in enumerate(_MODEL_WEIGHTS)

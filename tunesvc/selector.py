@@ -374,6 +374,11 @@ class TrainingSet:
     #: per key, per candidate: its wave fill there (Template.wave_fill; empty: 1.0 everywhere)
     fills: tuple[tuple[float, ...], ...] = ()
 
+    @property
+    def wave_fills(self) -> tuple[tuple[float, ...], ...]:
+        """``fills``, or 1.0 for every key and candidate where none were given."""
+        return self.fills or tuple((1.0,) * len(self.candidates) for _ in self.keys)
+
 
 def tuned_winners(store: Store, template: Template, hardware_id: str) -> dict[str, Config]:
     """Shape key -> winner config of the template's current version on this device model
@@ -456,6 +461,24 @@ def targets(data: TrainingSet) -> list[int]:
     return [max((c for c in range(n) if row[c]), key=lambda c: (wins[c], -s[c], -c)) for row, s in zip(near, slow)]
 
 
+def _features(data: TrainingSet) -> tuple[list[list[float]], dict[str, Any]]:
+    """The keys' feature vectors, and the fields every selector fitted on ``data`` shares (its
+    identity, candidates, features and their range)."""
+    names = tuple(sorted({name for f in data.features for name in f}))
+    x = [[float(f.get(name, 0.0)) for name in names] for f in data.features]
+    shared = {
+        "kernel": data.kernel,
+        "version": data.version,
+        "hardware_id": data.hardware_id,
+        "features": names,
+        "candidates": data.candidates,
+        "keys": len(data.keys),
+        "lo": tuple(_f32(min(col)) for col in zip(*x)),
+        "hi": tuple(_f32(max(col)) for col in zip(*x)),
+    }
+    return x, shared
+
+
 def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH) -> Selector | None:
     """Fit a selector on ``data``; None with fewer than ``MIN_KEYS`` usable keys."""
     if len(data.keys) < MIN_KEYS:
@@ -467,7 +490,7 @@ def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH) -> Selector | None:
 
     slow = [_slowdowns(row) for row in data.times]
     n = len(data.candidates)
-    names, x = _feature_range(data)
+    x, shared = _features(data)
     with (
         warnings.catch_warnings()
     ):  # "more classes than half the samples": usual with a few tuned keys, not the user's to fix
@@ -493,19 +516,12 @@ def fit(data: TrainingSet, *, max_depth: int = MAX_DEPTH) -> Selector | None:
 
         leaves.append((first, *sorted((c for c in range(n) if c != first), key=score)))
     return Selector(
-        kernel=data.kernel,
-        version=data.version,
-        hardware_id=data.hardware_id,
-        features=names,
-        candidates=data.candidates,
+        **shared,
         feature=tuple(int(f) if f >= 0 else -1 for f in t.feature),
         threshold=tuple(float(v) if t.children_left[i] >= 0 else 0.0 for i, v in enumerate(t.threshold)),
         left=tuple(int(v) for v in t.children_left),
         right=tuple(int(v) for v in t.children_right),
         leaves=tuple(leaves),
-        keys=len(data.keys),
-        lo=tuple(_f32(min(col)) for col in zip(*x)),
-        hi=tuple(_f32(max(col)) for col in zip(*x)),
     )
 
 
@@ -535,11 +551,6 @@ def neighbour_scores(
     return scores
 
 
-def _feature_range(data: TrainingSet) -> tuple[tuple[str, ...], list[list[float]]]:
-    names = tuple(sorted({name for f in data.features for name in f}))
-    return names, [[float(f.get(name, 0.0)) for name in names] for f in data.features]
-
-
 def _log_slowdowns(times: tuple[float | None, ...]) -> tuple[float | None, ...]:
     best = min(t for t in times if t is not None)
     return tuple(math.log(t / best) if t is not None else None for t in times)
@@ -550,26 +561,18 @@ def fit_neighbours(data: TrainingSet) -> Selector | None:
     None with fewer than ``MIN_KEYS`` usable keys."""
     if len(data.keys) < MIN_KEYS:
         return None
-    names, x = _feature_range(data)
-    n = len(data.candidates)
+    _, shared = _features(data)
     return Selector(
-        kernel=data.kernel,
-        version=data.version,
-        hardware_id=data.hardware_id,
-        features=names,
-        candidates=data.candidates,
+        **shared,
         feature=(-1,),
         threshold=(0.0,),
         left=(-1,),
         right=(-1,),
-        leaves=(tuple(range(n)),),
-        keys=len(data.keys),
-        lo=tuple(_f32(min(col)) for col in zip(*x)),
-        hi=tuple(_f32(max(col)) for col in zip(*x)),
+        leaves=(tuple(range(len(data.candidates))),),
         model="neighbours",
         points=data.keys,
         slowdowns=tuple(_log_slowdowns(row) for row in data.times),
-        fills=data.fills or tuple((1.0,) * n for _ in data.keys),
+        fills=data.wave_fills,
     )
 
 
@@ -596,7 +599,7 @@ def leave_one_out(data: TrainingSet, model: str = "tree") -> tuple[float, float]
         return None
     slow = [_slowdowns(row) for row in data.times]
     parsed = [ShapeKey.parse(k) for k in data.keys]
-    fills = data.fills or tuple((1.0,) * len(data.candidates) for _ in data.keys)
+    fills = data.wave_fills
     ours = theirs = 0.0
     scored = 0
     for i in range(len(data.keys)):

@@ -1439,7 +1439,7 @@ def selector(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Fit the kernel's selector on this device from the stored trials, store it, and print its tree."""
+    """Fit the kernel's selector on this device from the stored trials, store it, and print it (the model kept and its leave-one-out score beside the nearest rule's)."""
     from tunesvc import selector as selectors  # fitting (scikit-learn), measuring (torch, Triton)
     from tunesvc.device import current_device
     from tunesvc.store import Store

@@ -305,6 +305,24 @@ def _pdl_available(device_index: int | None) -> bool:
     return triton_has_it and torch.cuda.get_device_capability(index)[0] >= 9
 
 
+#: (query heads, KV heads, head dim) of models other than those of benchmarks/heldout.py, for
+#: the "models" preset: Gemma-2-2B, Gemma-2-9B, Qwen2-1.5B, Qwen2.5-3B, Llama-3.2-3B,
+#: Phi-3-medium, Gemma-2-27B, Yi-34B and Llama-3.1-405B
+_MODEL_HEADS = (
+    (8, 4, 256),
+    (16, 8, 256),
+    (12, 2, 128),
+    (16, 2, 128),
+    (24, 8, 128),
+    (40, 10, 128),
+    (32, 16, 128),
+    (56, 8, 128),
+    (128, 8, 128),
+)
+#: (batch, context) pairs from one decoding sequence to a serving batch, at most 2^17 tokens of cache
+_MODEL_BATCHES = ((1, 512), (4, 2048), (16, 8192), (2, 32768), (64, 1024), (1, 16384), (8, 4096), (32, 512), (4, 30000))
+
+
 class DecodeTemplate(Template):
     name = "decode"
     dims = ("B", "HQ", "HKV", "S", "D")
@@ -317,6 +335,13 @@ class DecodeTemplate(Template):
             {"B": 8, "HQ": 32, "HKV": 8, "S": 4096, "D": 128},
             {"B": 64, "HQ": 32, "HKV": 8, "S": 4096, "D": 128},
             {"B": 8, "HQ": 32, "HKV": 8, "S": 4096, "D": 128, "paged": True},
+        ],
+        # the head layouts of more models, each at two (batch, context) pairs: what the selector
+        # learns from, so that a layout nobody tuned gets a config fitted across layouts
+        "models": [
+            {"B": b, "HQ": hq, "HKV": hkv, "S": s, "D": d}
+            for i, (hq, hkv, d) in enumerate(_MODEL_HEADS)
+            for b, s in (_MODEL_BATCHES[i], _MODEL_BATCHES[(i + 4) % len(_MODEL_BATCHES)])
         ],
         # small and odd on purpose: runs in the CPU interpreter in seconds
         "tiny": [
@@ -414,6 +439,12 @@ class DecodeTemplate(Template):
             # small problems: the smallest feasible tiles
             config = self.feasible(problem, device)[0]
         return config
+
+    def wave_fill(self, config: Config, problem: Problem, device: Device) -> float:
+        # the split kernel's programs (one per sequence, KV head and split) over the SMs: several
+        # are resident on an SM at once, so past one per SM a last wave does not leave SMs idle
+        programs = problem["B"] * problem["HKV"] * config["NUM_SPLITS"]
+        return min(1.0, programs / max(device.sm_count, 1))
 
     def cost(self, problem: Problem) -> Cost:
         B, HQ, HKV, S, D = (problem[d] for d in self.dims)

@@ -45,6 +45,8 @@ from tunesvc.template import pow2_bucket
 
 #: a row is held in registers whole: at most 64 KiB of it (N <= 32768 in 16-bit types)
 MAX_ROW_BYTES = 65536
+#: token counts of the "models" preset, decode to prefill
+_MODEL_TOKENS = (1, 64, 512, 4096, 16384, 8, 256, 2048)
 
 
 @triton.jit
@@ -238,6 +240,14 @@ class RowNormTemplate(Template):
     presets = {
         # LLM activations: square, wide (16k tokens x 8k hidden) and tall (32k tokens x 1k)
         "llm": [{"M": 4096, "N": 4096}, {"M": 16384, "N": 8192}, {"M": 32768, "N": 1024}],
+        # the hidden sizes of more models (Qwen2.5-0.5B and 1.5B, Llama-3.2-1B, Gemma-2-2B,
+        # Llama-3.2-3B, Gemma-2-27B, Mixtral-8x22B, Yi-34B, Mistral-Large, Llama-3.1-405B), each
+        # at two token counts from decode to prefill: what the selector learns from
+        "models": [
+            {"M": m, "N": n}
+            for i, n in enumerate((896, 1536, 2048, 2304, 3072, 4608, 6144, 7168, 12288, 16384))
+            for m in (_MODEL_TOKENS[i % 8], _MODEL_TOKENS[(i + 3) % 8])
+        ],
         # odd on purpose (no block divides them): runs in the CPU interpreter in seconds
         "tiny": [{"M": 37, "N": 45}, {"M": 5, "N": 130}],
     }

@@ -523,16 +523,19 @@ def test_a_fit_where_each_key_has_its_own_winner_warns_nothing():
 
 
 # -- the neighbours model -------------------------------------------------------------------
-def test_neighbour_scores_weigh_the_nearest_keys_where_a_candidate_ran():
+def test_neighbour_scores_judge_every_candidate_on_the_same_nearest_keys():
     inf = float("inf")
     distances = [1.0, 2.0, 3.0, 4.0, inf]
-    slowdowns = [[0.0, 0.1], [0.2, None], [0.4, 0.3], [0.0, 0.0], [0.0, 0.0]]
-    fills = [[1.0, 1.0]] * 5
-    scores = sel.neighbour_scores(distances, slowdowns, fills, [1.0, 1.0])
+    slowdowns = [[0.0, 0.1, None], [0.2, None, None], [0.4, 0.3, None], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    fills = [[1.0, 1.0, 1.0]] * 5
+    scores = sel.neighbour_scores(distances, slowdowns, fills, [1.0, 1.0, 1.0])
     w = [1 / (d + sel.SOFTENING) for d in distances]
-    # candidate 0: keys 0, 1 and 2 (the three nearest); candidate 1 did not run at key 1: 0, 2 and 3
+    # the three nearest keys are 0, 1 and 2 for every candidate: candidate 1 did not run at key 1,
+    # so keys 0 and 2 alone judge it (not key 3, farther away, where it did well)
     assert scores[0] == pytest.approx((w[0] * 0.0 + w[1] * 0.2 + w[2] * 0.4) / (w[0] + w[1] + w[2]))
-    assert scores[1] == pytest.approx((w[0] * 0.1 + w[2] * 0.3 + w[3] * 0.0) / (w[0] + w[2] + w[3]))
+    assert scores[1] == pytest.approx((w[0] * 0.1 + w[2] * 0.3) / (w[0] + w[2]))
+    # candidate 2 ran only farther away: no score, however fast it was there
+    assert scores[2] is None
     # an incomparable key (another dtype) never votes; a candidate that ran nowhere gets no score
     assert sel.neighbour_scores([inf], [[0.0, None]], [[1.0, 1.0]], [1.0, 1.0]) == [None, None]
 
@@ -544,6 +547,19 @@ def test_neighbour_scores_charge_a_candidate_the_waves_it_leaves_idle_here():
     assert sel.neighbour_scores([0.5], slowdowns, fills, [1.0, 1.0])[0] < math.log(1.05)
     here = sel.neighbour_scores([0.5], slowdowns, fills, [0.75, 1.0])
     assert here[0] == pytest.approx(-math.log(0.75)) and here[1] < here[0]
+
+
+def test_decode_wave_fill_is_the_share_of_sms_with_a_split_program():
+    from dataclasses import replace as with_
+
+    from tunesvc.kernels import decode
+
+    h100 = with_(tunesvc.current_device(), sm_count=132)
+    problem = decode.TEMPLATE.problem(B=2, HQ=16, HKV=2, S=4096, D=128)
+    config = {"BLOCK_N": 64, "NUM_SPLITS": 8, "num_warps": 4, "num_stages": 3}
+    # 2 x 2 x 8 = 32 programs on 132 SMs; 2 x 2 x 64 = 256: every SM has one
+    assert decode.TEMPLATE.wave_fill(config, problem, h100) == pytest.approx(32 / 132)
+    assert decode.TEMPLATE.wave_fill({**config, "NUM_SPLITS": 64}, problem, h100) == 1.0
 
 
 def test_matmul_wave_fill_counts_tiles_and_slices_over_the_sms(template):
@@ -612,3 +628,18 @@ def test_choose_keeps_the_model_that_picks_faster_left_one_out():
     assert neighbours[0] < tree[0]
     chosen, scores = sel.choose(data)
     assert chosen is not None and chosen.model == "neighbours" and scores == neighbours
+
+
+def test_without_scikit_learn_the_neighbours_model_is_fitted_alone(monkeypatch):
+    """A machine without scikit-learn (a fleet node that sweeps) still fits and judges a selector."""
+    import importlib.util
+
+    # both models pick equally well here, and a tie goes to the tree ...
+    data = _keyed([(1.0, 2.0), (1.0, 2.0), (2.0, 1.0), (2.0, 1.0)], [4, 8, 256, 512])
+    assert sel.choose(data)[0].model == "tree"
+    # ... which, without scikit-learn, is not fitted: the neighbours are kept
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
+    assert sel.fitted_models() == ("neighbours",)
+    chosen, scores = sel.choose(data)
+    assert chosen is not None and chosen.model == "neighbours" and scores == sel.leave_one_out(data, "neighbours")

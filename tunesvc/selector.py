@@ -10,7 +10,7 @@ Two models are fitted on those times, and the one that, each tuned key left out 
 picks faster configs is kept, only where it also beats the runtime's nearest rule:
 
 - ``neighbours``: a candidate is judged by its slowdown at the ``NEIGHBOURS`` nearest tuned
-  keys (log2 distance) where it ran, each corrected by the template's
+  keys (log2 distance), those where it ran, each corrected by the template's
   :meth:`~tunesvc.template.Template.wave_fill` of the candidate there and at the new shape (a
   GEMM tile that fills the SMs in whole waves at one shape may leave most of a last wave idle
   at the next); the candidate with the lowest weighted mean is picked.
@@ -70,7 +70,7 @@ UNKNOWN_SLOWDOWN = 4.0
 #: how far outside the fit's range (in feature units: doublings for the log2 dims) a selector
 #: still answers
 REACH = 1.0
-#: a neighbours selector judges a candidate at this many nearest tuned keys where it ran ...
+#: a neighbours selector judges each candidate at this many nearest tuned keys (where it ran) ...
 NEIGHBOURS = 3
 #: ... weighted 1 / (distance + this), distance in doublings: the nearest counts most, but not alone
 SOFTENING = 1.0
@@ -274,7 +274,7 @@ class Selector:
         """The tree as indented lines of text (``tune selector``); a neighbours selector's rule and candidates."""
         if self.model == "neighbours":
             return [
-                f"the candidate fastest at the {NEIGHBOURS} nearest of {len(self.points)} tuned keys where it ran, "
+                f"the candidate fastest at the {NEIGHBOURS} nearest of {len(self.points)} tuned keys (where it ran), "
                 "each time corrected by its wave fill there and here:",
                 *(f"  candidate {i}: {_short(c)}" for i, c in enumerate(self.candidates)),
             ]
@@ -532,22 +532,22 @@ def neighbour_scores(
     fill_here: list[float],
 ) -> list[float | None]:
     """Per candidate, over the ``NEIGHBOURS`` nearest tuned keys (``distances``, infinite: not
-    comparable) where it ran, the mean of its log slowdown there plus the log of its wave fill
-    there less the log of its fill here, weighted 1 / (distance + ``SOFTENING``): its expected log
-    slowdown here. None where it ran at none of them. A hand-written loop: the runtime's path."""
-    order = sorted((d, j) for j, d in enumerate(distances) if d != math.inf)
+    comparable), those where it ran, the mean of its log slowdown there plus the log of its wave
+    fill there less the log of its fill here, weighted 1 / (distance + ``SOFTENING``): its expected
+    log slowdown here. None where it ran at none of them: every candidate is judged on the same
+    keys, so one that could not run near here is not credited with what it did far away. A
+    hand-written loop: the runtime's path."""
+    nearest = sorted((d, j) for j, d in enumerate(distances) if d != math.inf)[:NEIGHBOURS]
     scores: list[float | None] = []
     for c, here in enumerate(fill_here):
-        pool = [(d, j, v) for d, j in order if (v := slowdowns[j][c]) is not None][:NEIGHBOURS]
-        if not pool:
-            scores.append(None)
-            continue
         total = weight = 0.0
-        for d, j, slowdown in pool:
-            w = 1.0 / (d + SOFTENING)
-            total += w * (slowdown + math.log(fills[j][c]) - math.log(here))
-            weight += w
-        scores.append(total / weight)
+        for d, j in nearest:
+            slowdown = slowdowns[j][c]
+            if slowdown is not None:
+                w = 1.0 / (d + SOFTENING)
+                total += w * (slowdown + math.log(fills[j][c]) - math.log(here))
+                weight += w
+        scores.append(total / weight if weight else None)
     return scores
 
 
@@ -636,13 +636,19 @@ def leave_one_out(data: TrainingSet, model: str = "tree") -> tuple[float, float]
     return math.exp(ours / scored), math.exp(theirs / scored)
 
 
+def fitted_models() -> tuple[str, ...]:
+    """The ``MODELS`` this installation can fit: the tree needs scikit-learn; the neighbours
+    model is plain Python, so a machine without scikit-learn still fits and judges one."""
+    return MODELS if importlib.util.find_spec("sklearn") is not None else ("neighbours",)
+
+
 def choose(data: TrainingSet) -> tuple[Selector | None, tuple[float, float] | None]:
-    """Of the ``MODELS`` fitted on ``data``, the one whose picks, each key left out in turn,
+    """Of the models fitted on ``data`` (:func:`fitted_models`), the one whose picks, each key left out in turn,
     are fastest, with its and the nearest rule's scores (:func:`leave_one_out`); (None, None)
     with too few keys to judge one."""
     if len(data.keys) < MIN_KEYS_KEPT:
         return None, None
-    judged = [(scores, model) for model in MODELS if (scores := leave_one_out(data, model)) is not None]
+    judged = [(scores, model) for model in fitted_models() if (scores := leave_one_out(data, model)) is not None]
     if not judged:
         return None, None
     scores, model = min(judged, key=lambda item: (item[0][0], MODELS.index(item[1])))
@@ -684,18 +690,19 @@ class SelectorWorse(TunesvcError):
 
 
 def refit_after_sweep(store: Store, template: Template, device: Device) -> None:
-    """:func:`refit` at the end of a sweep; without scikit-learn installed, one warning instead."""
+    """:func:`refit` at the end of a sweep; without scikit-learn installed, of the neighbours
+    model alone, with one warning."""
     data = training_set(store, template, device)
     if len(data.keys) < MIN_KEYS_KEPT:  # nothing to fit and judge: do not even import scikit-learn
         return
-    if importlib.util.find_spec("sklearn") is None:
+    if fitted_models() != MODELS:
         warnings.warn(
-            "tunesvc: scikit-learn is not installed, so the selector was not refitted; pip install scikit-learn.",
+            "tunesvc: scikit-learn is not installed, so the selector's tree model was not tried; "
+            "pip install scikit-learn.",
             RuntimeWarning,
             stacklevel=3,
         )
-        return
-    with contextlib.suppress(SelectorWorse):  # the stored one, if any, stays
+    with contextlib.suppress(SelectorWorse):  # keep removed the stored one: the nearest rule answers
         keep(store, template, device, data)
 
 

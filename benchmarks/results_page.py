@@ -141,6 +141,8 @@ def _targets(results_dir: Path) -> list[str]:
             base, _, role = r["kernel"].partition(" [")
             if r["date"] == latest[base]:
                 by[(base, r["shape"])][role.rstrip("]")] = r
+        misses: list[str] = []
+        ceiling = _ceiling_notes(rows)
         lines += [
             "Held-out shapes (`heldout.csv`, each kernel's latest run): tuned / peer and the runtime's untuned pick",
             "(the selector's where it predicts, else the nearest rule's) / tuned, in GPU time.",
@@ -163,6 +165,23 @@ def _targets(results_dir: Path) -> list[str]:
             low_shape = min(speed, key=speed.__getitem__)
             worst_shape = min(pick, key=pick.__getitem__) if pick else None
             within = _share_within_5pct(pick.values()) if pick else None
+            mean = statistics.geometric_mean(speed.values())
+            checks = [
+                ("tuned / peer geometric mean", mean, mean_target, ""),
+                (
+                    "lowest tuned / peer",
+                    speed[low_shape],
+                    low_target,
+                    f" at {low_shape}{ceiling.get((kernel, low_shape), '')}",
+                ),
+                ("share of picks within 5% of tuned", within, PICK_WITHIN, ""),
+                ("worst pick / tuned", pick[worst_shape] if worst_shape else None, PICK_FLOOR, f" at {worst_shape}"),
+            ]
+            misses += [
+                f"- {kernel}, {what}: {value:.3f}, {value / goal:.0%} of the target {goal}{where}"
+                for what, value, goal, where in checks
+                if value is not None and goal is not None and value < goal
+            ]
             lines.append(
                 f"| {kernel} | {latest[kernel]} | {len(speed)} "
                 f"| {statistics.geometric_mean(speed.values()):.3f}x ({_goal(mean_target)}) "
@@ -171,13 +190,21 @@ def _targets(results_dir: Path) -> list[str]:
                 f"| {'-' if worst_shape is None else f'{pick[worst_shape]:.3f}, {worst_shape}'} |"
             )
         lines.append("")
+        if misses:
+            lines += [
+                "Missed, and by how much (a ceiling run says whether the space or the short search falls short):",
+                "",
+            ]
+            lines += [*misses, ""]
         lines += _ceilings(rows)
     for path in sorted((results_dir / "evaluate").glob("*.csv")) if (results_dir / "evaluate").is_dir() else []:
         with path.open(newline="") as f:  # `tune evaluate --csv`'s own layout
             rows = list(csv.DictReader(f))
+        run = max(r["timestamp"][:10] for r in rows)
+        rows = [r for r in rows if r["timestamp"][:10] == run]  # the file keeps every run; the page shows the last
         lines += [
             f"Leave one tuned shape out (`evaluate/{path.name}`, `tune evaluate`, run of "
-            f"{max(r['timestamp'][:10] for r in rows)}): the held-out key's tuned best / the pick, measured.",
+            f"{run}): the held-out key's tuned best / the pick, measured.",
             "",
             "| kernel | held out | selector within 5% | selector worst, at | nearest within 5% | nearest worst, at |",
             "|---|---|---|---|---|---|",
@@ -270,22 +297,30 @@ def _eager_targets(results_dir: Path, date: str) -> list[str]:
     return [*lines, ""]
 
 
-def _ceilings(rows: list[dict[str, str]]) -> list[str]:
-    """Shapes with a 'space best of N' row (heldout.py --ceiling), from any run: the short sweep's
-    winner and the best of N trials of the space, each / the peer, in the same run."""
+def _ceiling_runs(rows: list[dict[str, str]]) -> list[tuple[str, str, str, str, float, float]]:
+    """(kernel, shape, date, trials, tuned / peer, space best / peer) of each 'space best of N'
+    row (heldout.py --ceiling) beside its run's tuned row, oldest first."""
     by: dict[tuple[str, str, str], dict[str, dict[str, str]]] = defaultdict(dict)
     for r in rows:
         base, _, role = r["kernel"].partition(" [")
         by[(base, r["shape"], r["date"])][role.rstrip("]")] = r
-    lines = []
-    for (kernel, shape, date), roles in sorted(by.items()):
+    runs = []
+    for (kernel, shape, date), roles in sorted(by.items(), key=lambda item: (item[0][2], item[0][:2])):
         for role, r in roles.items():
             if role.startswith("space best of ") and "tuned" in roles:
                 tuned = float(roles["tuned"]["peer_ms"]) / float(roles["tuned"]["ours_ms"])
                 best = float(r["peer_ms"]) / float(r["ours_ms"])
-                lines.append(
-                    f"| {kernel} | {date} | {shape} | {tuned:.3f}x | {best:.3f}x | {role.removeprefix('space best of ')} |"
-                )
+                runs.append((kernel, shape, date, role.removeprefix("space best of "), tuned, best))
+    return runs
+
+
+def _ceilings(rows: list[dict[str, str]]) -> list[str]:
+    """Shapes with a 'space best of N' row (heldout.py --ceiling), from any run: the short sweep's
+    winner and the best of N trials of the space, each / the peer, in the same run."""
+    lines = [
+        f"| {kernel} | {date} | {shape} | {tuned:.3f}x | {best:.3f}x | {trials} |"
+        for kernel, shape, date, trials, tuned, best in sorted(_ceiling_runs(rows))
+    ]
     if not lines:
         return []
     return [
@@ -297,6 +332,16 @@ def _ceilings(rows: list[dict[str, str]]) -> list[str]:
         *lines,
         "",
     ]
+
+
+def _ceiling_notes(rows: list[dict[str, str]]) -> dict[tuple[str, str], str]:
+    """Per (kernel, shape) with a ceiling run (the latest): what the best of its many random
+    trials reached against the short sweep's winner, as a clause for a missed target."""
+    return {
+        (kernel, shape): f"; the best of {trials} random trials of the space reached {best:.3f}x there, "
+        f"the short sweep's winner {tuned:.3f}x ({date})"
+        for kernel, shape, date, trials, tuned, best in _ceiling_runs(rows)
+    }
 
 
 def _share_within_5pct(ratios: Collection[float]) -> float:

@@ -3,6 +3,7 @@ exist, and benchmarks/RESULTS.md is what its CSV files say."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import re
 import subprocess
@@ -121,3 +122,34 @@ def test_version_flag():
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0
     assert f"tunesvc {__version__}" in result.output
+
+
+def test_results_page_says_which_held_out_target_is_missed_and_shows_the_latest_evaluation(tmp_path):
+    spec = importlib.util.spec_from_file_location("results_page", ROOT / "benchmarks" / "results_page.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base = dict.fromkeys(module.COLUMNS, "")
+    rows = []
+    for shape, tuned_ms, pick_ms in (("M=1,N=64,K=64", 1.0, 1.0), ("M=3,N=64,K=64", 2.0, 2.5)):
+        for role, ms in (("tuned", tuned_ms), ("selector", pick_ms), ("space best of 50", tuned_ms * 0.99)):
+            rows.append({**base, "date": "2030-01-02", "kernel": f"matmul [{role}]", "shape": shape,
+                         "ours_ms": str(ms), "peer_ms": "1.0"})  # fmt: skip
+    with (tmp_path / "heldout.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, module.COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    (tmp_path / "evaluate").mkdir()
+    fields = ["kernel", "shape_key", "selector_ratio", "nearest_ratio", "timestamp"]
+    with (tmp_path / "evaluate" / "matmul.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fields)
+        writer.writeheader()
+        writer.writerow(dict(zip(fields, ["matmul", "M=1,N=64,K=64", "0.5", "0.5", "2030-01-01T00:00:00"])))
+        writer.writerow(dict(zip(fields, ["matmul", "M=1,N=64,K=64", "1.0", "0.9", "2030-01-02T00:00:00"])))
+    page = "\n".join(module._targets(tmp_path))
+    # tuned / peer 1.0 and 0.5: geomean 0.707 of 1.0; the lowest 0.5 of 0.9, with its ceiling; picks 1.0 and 0.8
+    assert "- matmul, tuned / peer geometric mean: 0.707, 71% of the target 1.0" in page
+    assert "- matmul, lowest tuned / peer: 0.500, 56% of the target 0.9 at M=3,N=64,K=64; the best of 50" in page
+    assert "- matmul, share of picks within 5% of tuned: 0.500, 56% of the target 0.9" in page
+    assert "- matmul, worst pick / tuned: 0.800, 94% of the target 0.85 at M=3,N=64,K=64" in page
+    # the evaluation file keeps both runs; the page shows the later one only
+    assert "run of 2030-01-02" in page and "| matmul | 1 | 100% | 1.000, M=1,N=64,K=64 | 0% | 0.900," in page

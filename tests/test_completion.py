@@ -54,7 +54,7 @@ def test_preset_names_are_the_templates_presets(name):
 
 def test_preset_offers_the_kernels_presets():
     assert complete("tune sweep matmul --preset ") == ["llm", "skinny", "models", "tiny"]
-    assert complete("tune sweep decode --shape 1x32x8x2048x128 --preset ") == ["llama3-8b", "tiny"]
+    assert complete("tune sweep decode --shape 1x32x8x2048x128 --preset ") == ["llama3-8b", "models", "tiny"]
     assert complete("tune sweep rmsnorm_bwd --preset t") == ["tiny"]
 
 

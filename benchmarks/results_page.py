@@ -132,15 +132,11 @@ def _targets(results_dir: Path) -> list[str]:
     path = results_dir / "heldout.csv"
     if path.exists():
         rows = read_rows(path)
+        runs = _by_run(rows)
         latest: dict[str, str] = {}  # per kernel, the date of its latest run
-        for r in rows:
-            base = r["kernel"].partition(" [")[0]
-            latest[base] = max(latest.get(base, ""), r["date"])
-        by: dict[tuple[str, str], dict[str, dict[str, str]]] = defaultdict(dict)
-        for r in rows:
-            base, _, role = r["kernel"].partition(" [")
-            if r["date"] == latest[base]:
-                by[(base, r["shape"])][role.rstrip("]")] = r
+        for kernel, _, date in runs:
+            latest[kernel] = max(latest.get(kernel, ""), date)
+        by = {(kernel, shape): roles for (kernel, shape, date), roles in runs.items() if date == latest[kernel]}
         misses: list[str] = []
         ceiling = _ceiling_notes(rows)
         lines += [
@@ -184,7 +180,7 @@ def _targets(results_dir: Path) -> list[str]:
             ]
             lines.append(
                 f"| {kernel} | {latest[kernel]} | {len(speed)} "
-                f"| {statistics.geometric_mean(speed.values()):.3f}x ({_goal(mean_target)}) "
+                f"| {mean:.3f}x ({_goal(mean_target)}) "
                 f"| {speed[low_shape]:.3f}x ({_goal(low_target)}), {low_shape} "
                 f"| {'-' if within is None else f'{within:.0%}'} "
                 f"| {'-' if worst_shape is None else f'{pick[worst_shape]:.3f}, {worst_shape}'} |"
@@ -297,15 +293,21 @@ def _eager_targets(results_dir: Path, date: str) -> list[str]:
     return [*lines, ""]
 
 
-def _ceiling_runs(rows: list[dict[str, str]]) -> list[tuple[str, str, str, str, float, float]]:
-    """(kernel, shape, date, trials, tuned / peer, space best / peer) of each 'space best of N'
-    row (heldout.py --ceiling) beside its run's tuned row, oldest first."""
+def _by_run(rows: list[dict[str, str]]) -> dict[tuple[str, str, str], dict[str, dict[str, str]]]:
+    """heldout.csv's rows by (kernel, shape, date), then by pick: its kernel column reads
+    "matmul [tuned]", "matmul [selector]" ..."""
     by: dict[tuple[str, str, str], dict[str, dict[str, str]]] = defaultdict(dict)
     for r in rows:
         base, _, role = r["kernel"].partition(" [")
         by[(base, r["shape"], r["date"])][role.rstrip("]")] = r
+    return by
+
+
+def _ceiling_runs(rows: list[dict[str, str]]) -> list[tuple[str, str, str, str, float, float]]:
+    """(kernel, shape, date, trials, tuned / peer, space best / peer) of each 'space best of N'
+    row (heldout.py --ceiling) beside its run's tuned row, oldest first."""
     runs = []
-    for (kernel, shape, date), roles in sorted(by.items(), key=lambda item: (item[0][2], item[0][:2])):
+    for (kernel, shape, date), roles in sorted(_by_run(rows).items(), key=lambda item: (item[0][2], item[0][:2])):
         for role, r in roles.items():
             if role.startswith("space best of ") and "tuned" in roles:
                 tuned = float(roles["tuned"]["peer_ms"]) / float(roles["tuned"]["ours_ms"])

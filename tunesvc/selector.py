@@ -162,10 +162,19 @@ class Selector:
         x = self.vector(values)
         if not self.covers(x):
             return []
+
+        def fills() -> list[float]:
+            return [template.wave_fill(c, problem, device) for c in self.candidates]
+
+        return [self.candidates[i] for i in self.order(x, template.key(problem), fills)]
+
+    def order(self, x: list[float], key: ShapeKey, fill_here: Callable[[], list[float]]) -> list[int]:
+        """Candidate indices best first for a problem of feature vector ``x`` (one the selector
+        covers) and shape key ``key``: its tree leaf's ranking, or a neighbours selector's order
+        given the candidates' wave fills here (``fill_here()``, asked only by that model)."""
         if self.model == "neighbours":
-            fill_here = [template.wave_fill(c, problem, device) for c in self.candidates]
-            return [self.candidates[i] for i in self.neighbour_order(template.key(problem), fill_here)]
-        return [self.candidates[i] for i in self.leaves[self.leaf(x)]]
+            return self.neighbour_order(key, fill_here())
+        return list(self.leaves[self.leaf(x)])
 
     def covers(self, x: list[float]) -> bool:
         """Whether every feature lies within what the fit saw, widened by ``REACH`` on each side:
@@ -623,10 +632,8 @@ def leave_one_out(data: TrainingSet, model: str = "tree") -> tuple[float, float]
         x = selector.vector(data.features[i]) if selector is not None else []
         ranked: list[int] = []
         if selector is not None and selector.covers(x):
-            if model == "neighbours":
-                ranked = [known[c] for c in selector.neighbour_order(parsed[i], [fills[i][c] for c in known])]
-            else:
-                ranked = [known[c] for c in selector.leaves[selector.leaf(x)]]
+            here = fills[i]
+            ranked = [known[c] for c in selector.order(x, parsed[i], lambda: [here[c] for c in known])]
         pick = next((c for c in ranked if data.times[i][c] is not None), nearest)
         ours += math.log(slow[i][pick])
         theirs += math.log(slow[i][nearest])

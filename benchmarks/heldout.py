@@ -19,7 +19,8 @@ selector's pick, the nearest tuned key's winner and the heuristic. Per shape, a 
 one set of random inputs the three untuned picks, the tuned winner and the torch peer (cuBLAS
 through torch.matmul, SDPA, torch.compile'd norms) are checked against the reference and timed
 from CUDA graphs over copies of the inputs that together exceed L2 twice (GPU time; see
-tunesvc.bench.graph_time), in the same run. Rows go to benchmarks/results/heldout.csv, one per
+tunesvc.bench.graph_time), in the same run: picks that are the same config share one timing, and
+each distinct config and the peer are timed in three interleaved rounds (median). Rows go to benchmarks/results/heldout.csv, one per
 (shape, pick), with the pick in the kernel column (``matmul [selector]``). --ceiling N then adds
 random trials up to N per shape and times their best beside the others (``matmul [space best
 of N]``): whether a missed target is the short sweep's or the space's.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -210,41 +212,66 @@ def untuned_picks(db: str, problems: dict[str, list[dict[str, Any]]]) -> dict[tu
     return picks
 
 
+#: timing rounds per held-out shape, each config and the peer once per round, in turn (median)
+ROUNDS = 3
+
+
 def time_shape(template: Any, problem: dict[str, Any], configs: dict[str, Any]) -> tuple[str, dict[str, float | None]]:
     """(peer name, label -> GPU ms) for each config (None where it is wrong or fails) and "peer",
-    on one set of inputs and its copies."""
+    on one set of inputs and its copies. Labels naming the same config share one timing; each
+    distinct config and the peer are timed in ``ROUNDS`` rounds, in turn (the order reversed
+    every other round), and keep their median: clocks and temperature drift between configs
+    timed one after another, and a 5 us kernel's ratio would carry that drift."""
     from _common import bench_graph_ms
     from _common import copies
 
     from tunesvc.bench import relative_error
     from tunesvc.device import current_device
+    from tunesvc.space import config_hash
 
     device = current_device()
     inputs = template.make_inputs(problem, device)
     reference = template.reference(inputs)
     sets = copies(inputs, lambda: template.make_inputs(problem, device))
-    times: dict[str, float | None] = {}
+    calls: dict[str, list[Callable[[], Any]]] = {}  # by config hash, or "peer"
+    configs_by = {config_hash(c): c for c in configs.values()}
     for label, config in configs.items():
+        h = config_hash(config)
+        if h in calls:
+            continue
         try:
             err = relative_error(template.launch(inputs, config), reference)
-            if not err <= template.tolerance(problem):
-                print(f"  {label}: relative error {err:.2e}: wrong, not timed", flush=True)
-                times[label] = None
-                continue
-            times[label] = bench_graph_ms([lambda s=s, c=config: template.launch(s, c) for s in sets])
         except Exception as exc:  # a pick that fails on this shape is data: no time
             print(f"  {label}: {type(exc).__name__}: {exc}", flush=True)
-            times[label] = None
+            continue
+        if not err <= template.tolerance(problem):
+            print(f"  {label}: relative error {err:.2e}: wrong, not timed", flush=True)
+            continue
+        calls[h] = [lambda s=s, c=config: template.launch(s, c) for s in sets]
     peer_name, make_peer = peer_of(template)
-    calls = [call for s in sets if (call := make_peer(s)) is not None]
-    if calls:
+    if peer_calls := [call for s in sets if (call := make_peer(s)) is not None]:
         try:
-            calls[0]()  # compiles torch.compile's kernels outside the graph's capture
-            times["peer"] = bench_graph_ms(calls)
+            peer_calls[0]()  # compiles torch.compile's kernels outside the graph's capture
+            calls["peer"] = peer_calls
         except Exception as exc:
             print(f"  peer {peer_name}: {type(exc).__name__}: {exc}", flush=True)
-            times["peer"] = None
+    samples: dict[str, list[float]] = {h: [] for h in calls}
+    for r in range(ROUNDS):
+        for h in list(calls) if r % 2 == 0 else reversed(list(calls)):
+            try:
+                samples[h].append(bench_graph_ms(calls[h]))
+            except Exception as exc:  # a capture this one does not allow: no time
+                print(f"  {'peer' if h == 'peer' else _short(configs_by[h])}: {type(exc).__name__}: {exc}", flush=True)
+    median = {h: statistics.median(v) if v else None for h, v in samples.items()}
+    times = {label: median.get(config_hash(config)) for label, config in configs.items()}
+    times["peer"] = median.get("peer")
+    for label, config in configs.items():
+        print(f"  {label}: {_short(config)} {_fmt(times[label])} ms", flush=True)
     return peer_name, times
+
+
+def _short(config: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())
 
 
 def main() -> int:

@@ -336,12 +336,12 @@ class DecodeTemplate(Template):
             {"B": 64, "HQ": 32, "HKV": 8, "S": 4096, "D": 128},
             {"B": 8, "HQ": 32, "HKV": 8, "S": 4096, "D": 128, "paged": True},
         ],
-        # the head layouts of more models, each at two (batch, context) pairs: what the selector
+        # the head layouts of more models, each at four (batch, context) pairs: what the selector
         # learns from, so that a layout nobody tuned gets a config fitted across layouts
         "models": [
             {"B": b, "HQ": hq, "HKV": hkv, "S": s, "D": d}
             for i, (hq, hkv, d) in enumerate(_MODEL_HEADS)
-            for b, s in (_MODEL_BATCHES[i], _MODEL_BATCHES[(i + 4) % len(_MODEL_BATCHES)])
+            for b, s in (_MODEL_BATCHES[(i + step) % len(_MODEL_BATCHES)] for step in (0, 2, 4, 6))
         ],
         # small and odd on purpose: runs in the CPU interpreter in seconds
         "tiny": [
@@ -440,6 +440,15 @@ class DecodeTemplate(Template):
             config = self.feasible(problem, device)[0]
         return config
 
+    def key_distance(self, a: ShapeKey, b: ShapeKey) -> float:
+        # compared in the terms decode's speed follows (log2 of each): the split kernel's programs
+        # per split (B x HKV), the context, the query heads each program serves and the head dim.
+        # By B and HKV apart, a key of twice the batch and half the KV heads would lie two
+        # doublings away, though it launches the same grid.
+        if a.fields != b.fields or [k for k, _ in a.dims] != [k for k, _ in b.dims]:
+            return math.inf
+        return math.dist(_decode_point(dict(a.dims)), _decode_point(dict(b.dims)))
+
     def wave_fill(self, config: Config, problem: Problem, device: Device) -> float:
         # the split kernel's programs (one per sequence, KV head and split) over the SMs: several
         # are resident on an SM at once, so past one per SM a last wave does not leave SMs idle
@@ -452,6 +461,16 @@ class DecodeTemplate(Template):
         # expected sum of the lengths make_inputs draws: all S but one (when B > 1), uniform in [1, S]
         tokens = S if B == 1 else (B - 1) * S + (S + 1) / 2
         return Cost(flops=4.0 * HQ * D * tokens, bytes=float((2 * HKV * D * tokens + 2 * B * HQ * D) * size))
+
+
+def _decode_point(dims: dict[str, int]) -> tuple[float, ...]:
+    """A decode shape key's dims as the point :meth:`DecodeTemplate.key_distance` measures from."""
+    return (
+        math.log2(dims["B"] * dims["HKV"]),
+        math.log2(dims["S"]),
+        math.log2(dims["HQ"] / dims["HKV"]),
+        math.log2(dims["D"]),
+    )
 
 
 def _torch_at_least(major: int, minor: int) -> bool:

@@ -378,7 +378,7 @@ class Runtime:
 
     def _nearest(self, template: Template, problem: dict, key: ShapeKey) -> LookupResult | None:
         distance, matched = min(
-            ((key.distance(k), s) for k, s in self._parsed_keys(template.name)), default=(math.inf, None)
+            ((template.key_distance(key, k), s) for k, s in self._parsed_keys(template.name)), default=(math.inf, None)
         )
         if matched is None or distance == math.inf:
             return None

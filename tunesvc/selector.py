@@ -10,7 +10,8 @@ Two models are fitted on those times, and the one that, each tuned key left out 
 picks faster configs is kept, only where it also beats the runtime's nearest rule:
 
 - ``neighbours``: a candidate is judged by its slowdown at the ``NEIGHBOURS`` nearest tuned
-  keys (log2 distance), those where it ran, each corrected by the template's
+  keys (the template's :meth:`~tunesvc.template.Template.key_distance`), those where it ran,
+  each corrected by the template's
   :meth:`~tunesvc.template.Template.wave_fill` of the candidate there and at the new shape (a
   GEMM tile that fills the SMs in whole waves at one shape may leave most of a last wave idle
   at the next); the candidate with the lowest weighted mean is picked.
@@ -37,6 +38,7 @@ import struct
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import field
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,6 +54,9 @@ if TYPE_CHECKING:
     from tunesvc.template import Problem
     from tunesvc.template import ShapeKey
     from tunesvc.template import Template
+
+#: how far apart two shape keys are (a template's key_distance)
+Distance = Callable[["ShapeKey", "ShapeKey"], float]
 
 FORMAT = 1
 #: deep enough to split on M, N and K and the dtype, shallow enough to read
@@ -123,10 +128,11 @@ class Selector:
 
         return [ShapeKey.parse(k) for k in self.points]
 
-    def neighbour_order(self, key: ShapeKey, fill_here: list[float]) -> list[int]:
+    def neighbour_order(self, key: ShapeKey, fill_here: list[float], distance: Distance) -> list[int]:
         """A neighbours selector's candidate indices for a problem of shape key ``key`` whose
-        wave fill per candidate is ``fill_here``, best first (those it has no neighbour for, none)."""
-        scores = neighbour_scores([key.distance(p) for p in self._points], self.slowdowns, self.fills, fill_here)
+        wave fill per candidate is ``fill_here``, best first (those it has no neighbour for,
+        none); keys are ``distance`` apart (the template's :meth:`~tunesvc.template.Template.key_distance`)."""
+        scores = neighbour_scores([distance(key, p) for p in self._points], self.slowdowns, self.fills, fill_here)
         return [c for _, c in sorted((v, c) for c, v in enumerate(scores) if v is not None)]
 
     def vector(self, values: dict[str, float]) -> list[float]:
@@ -166,14 +172,17 @@ class Selector:
         def fills() -> list[float]:
             return [template.wave_fill(c, problem, device) for c in self.candidates]
 
-        return [self.candidates[i] for i in self.order(x, template.key(problem), fills)]
+        return [self.candidates[i] for i in self.order(x, template.key(problem), fills, template.key_distance)]
 
-    def order(self, x: list[float], key: ShapeKey, fill_here: Callable[[], list[float]]) -> list[int]:
+    def order(
+        self, x: list[float], key: ShapeKey, fill_here: Callable[[], list[float]], distance: Distance
+    ) -> list[int]:
         """Candidate indices best first for a problem of feature vector ``x`` (one the selector
         covers) and shape key ``key``: its tree leaf's ranking, or a neighbours selector's order
-        given the candidates' wave fills here (``fill_here()``, asked only by that model)."""
+        given the candidates' wave fills here (``fill_here()``) and the keys' ``distance``
+        (both asked only by that model)."""
         if self.model == "neighbours":
-            return self.neighbour_order(key, fill_here())
+            return self.neighbour_order(key, fill_here(), distance)
         return list(self.leaves[self.leaf(x)])
 
     def covers(self, x: list[float]) -> bool:
@@ -382,6 +391,11 @@ class TrainingSet:
     skipped: tuple[tuple[str, str], ...]
     #: per key, per candidate: its wave fill there (Template.wave_fill; empty: 1.0 everywhere)
     fills: tuple[tuple[float, ...], ...] = ()
+    #: how far apart two keys are (the template's key_distance; None: ShapeKey.distance)
+    distance: Distance | None = field(default=None, compare=False)
+
+    def key_distance(self, a: ShapeKey, b: ShapeKey) -> float:
+        return a.distance(b) if self.distance is None else self.distance(a, b)
 
     @property
     def wave_fills(self) -> tuple[tuple[float, ...], ...]:
@@ -452,6 +466,7 @@ def training_set(
         tuple(times),
         tuple(skipped),
         tuple(fills),
+        template.key_distance,
     )
 
 
@@ -626,14 +641,16 @@ def leave_one_out(data: TrainingSet, model: str = "tree") -> tuple[float, float]
             skipped=(),
             fills=tuple(tuple(fills[j][c] for c in known) for j in rest),
         )
-        _, near = min((parsed[i].distance(parsed[j]), j) for j in rest)
+        _, near = min((data.key_distance(parsed[i], parsed[j]), j) for j in rest)
         nearest = min(runs, key=lambda c: slow[near][c])
         selector = fit_model(part, model)
         x = selector.vector(data.features[i]) if selector is not None else []
         ranked: list[int] = []
         if selector is not None and selector.covers(x):
             here = fills[i]
-            ranked = [known[c] for c in selector.order(x, parsed[i], lambda: [here[c] for c in known])]
+            ranked = [
+                known[c] for c in selector.order(x, parsed[i], lambda: [here[c] for c in known], data.key_distance)
+            ]
         pick = next((c for c in ranked if data.times[i][c] is not None), nearest)
         ours += math.log(slow[i][pick])
         theirs += math.log(slow[i][nearest])
@@ -812,11 +829,13 @@ def nearest_pick(
     winners: dict[str, Config], key: str, template: Template, problem: Problem, device: Device
 ) -> tuple[str, str | None, Config]:
     """(source, matched key, config) of the runtime's nearest rule over ``winners``: the winner of
-    the nearest key in log2 distance if it fits ``problem``, else the heuristic."""
+    the nearest key (the template's key distance) if it fits ``problem``, else the heuristic."""
     from tunesvc.template import ShapeKey
 
     target = ShapeKey.parse(key)
-    distance, matched = min(((target.distance(ShapeKey.parse(k)), k) for k in winners), default=(math.inf, None))
+    distance, matched = min(
+        ((template.key_distance(target, ShapeKey.parse(k)), k) for k in winners), default=(math.inf, None)
+    )
     if matched is not None and distance != math.inf and not template.violations(winners[matched], problem, device):
         return "nearest", matched, winners[matched]
     return "heuristic", None, template.heuristic(problem, device)

@@ -711,7 +711,7 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
         for w in winners
         if w.hardware_id == device.hardware_id
         and w.shape_key != shape_key
-        and (distance := target.distance(ShapeKey.parse(w.shape_key))) != float("inf")
+        and (distance := template.key_distance(target, ShapeKey.parse(w.shape_key))) != float("inf")
     )
     elsewhere = [w.config for w in winners if w.shape_key == shape_key and w.hardware_id != device.hardware_id]
     configs: list[Config] = [dict(config) for _, _, config in near[:NEIGHBOURS]] + [dict(c) for c in elsewhere]

@@ -294,6 +294,13 @@ class Template:
             features[f"{name}={value}"] = 1.0
         return features
 
+    def key_distance(self, a: ShapeKey, b: ShapeKey) -> float:
+        """How far apart two shape keys of this template are, for the runtime's nearest rule, a
+        neighbours selector and a sweep's warm start; infinite where they are not comparable.
+        The default: :meth:`ShapeKey.distance` (log2 over the key's dims). A template whose speed
+        turns on a product of dims says so here (see the decode template)."""
+        return a.distance(b)
+
     def wave_fill(self, config: Config, problem: Problem, device: Device) -> float:
         """The fraction of the launch's waves of programs that has work: 1.0 where its programs
         fill every SM in each wave, 0.55 where a last wave holds 10% of a full one after one

@@ -197,7 +197,9 @@ def _targets(results_dir: Path) -> list[str]:
         with path.open(newline="") as f:  # `tune evaluate --csv`'s own layout
             rows = list(csv.DictReader(f))
         run = max(r["timestamp"][:10] for r in rows)
-        rows = [r for r in rows if r["timestamp"][:10] == run]  # the file keeps every run; the page shows the last
+        # the file keeps every run; the page shows the last date's, the last row per key (a key
+        # measured twice that date, by two runs, counts once: as the later run measured it)
+        rows = list({(r["kernel"], r["shape_key"]): r for r in rows if r["timestamp"][:10] == run}.values())
         lines += [
             f"Leave one tuned shape out (`evaluate/{path.name}`, `tune evaluate`, run of "
             f"{run}): the held-out key's tuned best / the pick, measured.",

@@ -144,12 +144,14 @@ def test_results_page_says_which_held_out_target_is_missed_and_shows_the_latest_
         writer = csv.DictWriter(f, fields)
         writer.writeheader()
         writer.writerow(dict(zip(fields, ["matmul", "M=1,N=64,K=64", "0.5", "0.5", "2030-01-01T00:00:00"])))
-        writer.writerow(dict(zip(fields, ["matmul", "M=1,N=64,K=64", "1.0", "0.9", "2030-01-02T00:00:00"])))
+        writer.writerow(dict(zip(fields, ["matmul", "M=1,N=64,K=64", "0.8", "0.8", "2030-01-02T00:00:00"])))
+        # a second run that date measures the key again: the page counts the later measurement, once
+        writer.writerow(dict(zip(fields, ["matmul", "M=1,N=64,K=64", "1.0", "0.9", "2030-01-02T05:00:00"])))
     page = "\n".join(module._targets(tmp_path))
     # tuned / peer 1.0 and 0.5: geomean 0.707 of 1.0; the lowest 0.5 of 0.9, with its ceiling; picks 1.0 and 0.8
     assert "- matmul, tuned / peer geometric mean: 0.707, 71% of the target 1.0" in page
     assert "- matmul, lowest tuned / peer: 0.500, 56% of the target 0.9 at M=3,N=64,K=64; the best of 50" in page
     assert "- matmul, share of picks within 5% of tuned: 0.500, 56% of the target 0.9" in page
     assert "- matmul, worst pick / tuned: 0.800, 94% of the target 0.85 at M=3,N=64,K=64" in page
-    # the evaluation file keeps both runs; the page shows the later one only
+    # the evaluation file keeps every run; the page shows the last date's, the last row per key
     assert "run of 2030-01-02" in page and "| matmul | 1 | 100% | 1.000, M=1,N=64,K=64 | 0% | 0.900," in page

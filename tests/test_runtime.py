@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sqlite3
 
@@ -52,6 +53,12 @@ def tuned_db(tuned, tmp_db):
 @pytest.fixture
 def winner(tuned):
     return tuned[1]
+
+
+def test_the_nearest_rule_measures_keys_with_the_templates_distance(tuned_db, template, monkeypatch):
+    monkeypatch.setattr(type(template), "key_distance", lambda self, a, b: math.inf)
+    result = Runtime(db=tuned_db).lookup("matmul", M=100, N=32, K=32, dtype="float16")
+    assert result.source == "heuristic"  # no tuned key is comparable, so none is nearest
 
 
 def test_exact_for_the_same_m_bucket(tuned_db, winner, template):

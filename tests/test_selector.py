@@ -512,6 +512,19 @@ def test_leave_one_out_scores_the_selector_and_the_nearest_rule_on_stored_times(
     assert sel.leave_one_out(data)[1] == pytest.approx((2.0 * 3.0 * 2.0) ** (1 / 3))
 
 
+def test_leave_one_out_measures_keys_with_the_training_sets_distance():
+    # each key's best is its nearest log2 neighbour's: the nearest rule is always right ...
+    data = _keyed([(1.0, 3.0), (1.0, 3.0), (3.0, 1.0), (3.0, 1.0)], [4, 8, 64, 128])
+    assert sel.leave_one_out(data)[1] == 1.0
+
+    # ... unless the template's distance pairs them otherwise (M=4 with M=64, M=8 with M=128)
+    def crossed(a, b):
+        m, n = dict(a.dims)["M"], dict(b.dims)["M"]
+        return 0.0 if {m, n} in ({4, 64}, {8, 128}) else 1.0 + abs(m - n)
+
+    assert sel.leave_one_out(replace(data, distance=crossed))[1] == pytest.approx(3.0)
+
+
 def test_a_fit_where_each_key_has_its_own_winner_warns_nothing():
     """Each of 24 keys has its own best candidate: scikit-learn's "more classes than half the
     samples" is the normal case for a selector, not a warning for whoever ran a sweep."""

@@ -122,6 +122,25 @@ def test_shape_key_distance():
     assert a.distance(other_dims) == math.inf
 
 
+def test_a_template_measures_key_distance_as_shape_key_does_unless_it_says_otherwise():
+    matmul, decode = tunesvc.get_template("matmul"), tunesvc.get_template("decode")
+    a = ShapeKey.make({"M": 64, "N": 256, "K": 32}, {"dtype": "float16"})
+    c = ShapeKey.make({"M": 128, "N": 512, "K": 64}, {"dtype": "float16"})
+    assert matmul.key_distance(a, c) == a.distance(c)
+    # decode: programs per split (B x HKV), context, query heads per KV head, head dim
+    fields = {"dtype": "bfloat16", "paged": "False"}
+    two_by_four = ShapeKey.make({"B": 2, "HQ": 16, "HKV": 4, "S": 1024, "D": 128}, fields)
+    four_by_two = ShapeKey.make({"B": 4, "HQ": 8, "HKV": 2, "S": 1024, "D": 128}, fields)
+    assert decode.key_distance(two_by_four, four_by_two) == 0.0  # the same grid and group
+    assert two_by_four.distance(four_by_two) == pytest.approx(math.sqrt(3))
+    longer = ShapeKey.make({"B": 2, "HQ": 16, "HKV": 4, "S": 4096, "D": 128}, fields)
+    assert decode.key_distance(two_by_four, longer) == pytest.approx(2.0)
+    wider_group = ShapeKey.make({"B": 2, "HQ": 64, "HKV": 4, "S": 1024, "D": 128}, fields)
+    assert decode.key_distance(two_by_four, wider_group) == pytest.approx(2.0)
+    paged = ShapeKey.make({"B": 2, "HQ": 16, "HKV": 4, "S": 1024, "D": 128}, {**fields, "paged": "True"})
+    assert decode.key_distance(two_by_four, paged) == math.inf
+
+
 # -- cost, version -------------------------------------------------------------------------------
 @pytest.mark.parametrize(("dtype", "size"), [("float16", 2), ("bfloat16", 2), ("float32", 4)])
 def test_cost(template, dtype, size):

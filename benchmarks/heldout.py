@@ -20,10 +20,11 @@ one set of random inputs the three untuned picks, the tuned winner and the torch
 through torch.matmul, SDPA, torch.compile'd norms) are checked against the reference and timed
 from CUDA graphs over copies of the inputs that together exceed L2 twice (GPU time; see
 tunesvc.bench.graph_time), in the same run: picks that are the same config share one timing, and
-each distinct config and the peer are timed in three interleaved rounds (median). Rows go to benchmarks/results/heldout.csv, one per
-(shape, pick), with the pick in the kernel column (``matmul [selector]``). --ceiling N then adds
-random trials up to N per shape and times their best beside the others (``matmul [space best
-of N]``): whether a missed target is the short sweep's or the space's.
+each distinct config and the peer are timed in three interleaved rounds (median). Rows go to
+benchmarks/results/heldout.csv, one per (shape, pick), with the pick in the kernel column
+(``matmul [selector]``). --ceiling N then adds random trials up to N per shape and times their
+best beside the others (``matmul [space best of N]``): whether a missed target is the short
+sweep's or the space's.
 """
 
 from __future__ import annotations

@@ -445,7 +445,7 @@ class DecodeTemplate(Template):
         # per split (B x HKV), the context, the query heads each program serves and the head dim.
         # By B and HKV apart, a key of twice the batch and half the KV heads would lie two
         # doublings away, though it launches the same grid.
-        if a.fields != b.fields or [k for k, _ in a.dims] != [k for k, _ in b.dims]:
+        if not a.comparable(b):
             return math.inf
         return math.dist(_decode_point(dict(a.dims)), _decode_point(dict(b.dims)))
 

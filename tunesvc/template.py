@@ -82,9 +82,13 @@ class ShapeKey:
                 fields[name] = value
         return cls(tuple(dims.items()), tuple(sorted(fields.items())))
 
+    def comparable(self, other: ShapeKey) -> bool:
+        """Whether the two keys have the same categorical fields and name the same dims."""
+        return self.fields == other.fields and [k for k, _ in self.dims] == [k for k, _ in other.dims]
+
     def distance(self, other: ShapeKey) -> float:
         """Distance in log2 space over dims; infinite when a categorical field differs."""
-        if self.fields != other.fields or [k for k, _ in self.dims] != [k for k, _ in other.dims]:
+        if not self.comparable(other):
             return math.inf
         return math.sqrt(sum((math.log2(a) - math.log2(b)) ** 2 for (_, a), (_, b) in zip(self.dims, other.dims)))
 

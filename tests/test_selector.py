@@ -18,6 +18,8 @@ from sklearn.tree import DecisionTreeClassifier
 import tunesvc
 from tunesvc import TunesvcError
 from tunesvc import selector as sel
+from tunesvc.bench import Measurement
+from tunesvc.bench import Status
 from tunesvc.export import build_bundles
 from tunesvc.export import import_sources
 from tunesvc.export import read_bundle
@@ -510,6 +512,57 @@ def test_leave_one_out_scores_the_selector_and_the_nearest_rule_on_stored_times(
     # with the next), M=8 gets M=4's winner (3.0x), M=256 gets M=8's (2.0x)
     data = _keyed([(None, 2.0, 1.0), (1.0, 1.5, 3.0), (2.0, 1.0, 3.0)], [4, 8, 256])
     assert sel.leave_one_out(data)[1] == pytest.approx((2.0 * 3.0 * 2.0) ** (1 / 3))
+
+
+def test_runner_ups_are_configs_near_the_fastest_at_two_keys():
+    times = {
+        "k1": {"a": 1.0, "c": 1.019, "d": 1.03, "e": None},
+        "k2": {"b": 2.0, "c": 2.03, "d": 2.01, "e": None},
+        "k3": {"a": 1.0, "d": 1.5},
+    }
+    # c within 2% of the fastest at k1 and k2, a the fastest at k1 and k3; d and b at k2 alone
+    assert sel.runner_ups(times, ["k1", "k2", "k3"]) == {"a", "c"}
+    assert sel.runner_ups(times, ["k2", "k3"]) == set()  # judged on the keys given alone
+
+
+def test_a_runner_up_is_a_candidate_once_measured_on_every_tuned_key(tmp_db, template, device):
+    """Each key has its winner; a third config, near-best at two keys and never the fastest,
+    joins the candidates once it has a trial on every tuned key (cross_measure gives it one)."""
+    problems = [template.problem(M=m, N=45, K=29) for m in (4, 64, 1024)]
+    a, b, c = template.feasible(problems[0], device)[:3]
+    store = Store(tmp_db)
+    try:
+        kv_id, device_id = store.kernel_version_id(template), store.device_id(device)
+        # microseconds: far below any interpreter timing that cross_measure adds
+        for problem, trials in zip(problems, [[(a, 1e-3), (c, 1.01e-3)], [(b, 1e-3), (c, 1.015e-3)], [(a, 1e-3)]]):
+            key = str(template.key(problem))
+            sweep_id = store.start_sweep(kv_id, device_id, key, problem, "grid", None, 0)
+            measured = [(cfg, config_hash(cfg), Measurement(Status.OK, time_ms=t)) for cfg, t in trials]
+            store.add_trials(sweep_id, kv_id, device_id, key, measured)
+            store.update_winner(kv_id, device_id, key)
+
+        def candidates() -> set[str]:
+            return {config_hash(x) for x in sel.training_set(store, template, device, min_coverage=0.1).candidates}
+
+        assert candidates() == {config_hash(a), config_hash(b)}  # c has no trial on the third key
+        assert sel.cross_measure(store, template, device) == 4  # b on keys 1 and 3, a on key 2, c on key 3
+        assert candidates() == {config_hash(a), config_hash(b), config_hash(c)}
+        # left out, a key's own near-best do not count: without the second key, c is near-best once
+        excluded = sel.training_set(store, template, device, exclude=(str(template.key(problems[1])),))
+        assert config_hash(c) not in {config_hash(x) for x in excluded.candidates}
+    finally:
+        store.close()
+
+
+def test_leave_one_out_knows_the_other_keys_runner_ups():
+    # candidate 1 never wins, but is within 2% of the best at M=4 and M=8; at M=16 it is the best.
+    # Left out, M=16 is answered from M=4's and M=8's winners and runner-ups: candidate 1 among them
+    data = _keyed([(1.0, 1.01, 2.0), (2.0, 1.01, 1.0), (1.5, 1.0, 1.5)], [4, 8, 16])
+    with_runner_ups = sel.leave_one_out(data, "neighbours")
+    winners_only = replace(data, candidates=data.candidates[::2], times=tuple(r[::2] for r in data.times))
+    without = sel.leave_one_out(winners_only, "neighbours")
+    assert with_runner_ups is not None and without is not None
+    assert with_runner_ups[0] < without[0]
 
 
 def test_leave_one_out_measures_keys_with_the_training_sets_distance():

@@ -1432,7 +1432,8 @@ def selector(
     cross_measure: Annotated[
         bool,
         typer.Option(
-            "--cross-measure", help="First measure every distinct winner on every tuned key of this device (stored)."
+            "--cross-measure",
+            help="First measure every distinct winner and runner-up on every tuned key of this device (stored).",
         ),
     ] = False,
     min_coverage: MinCoverageOption = 1.0,

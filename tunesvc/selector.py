@@ -1,7 +1,10 @@
 """Selectors: a config for a shape nobody tuned, picked among the kernel's own tuned winners.
 
 One selector per (kernel version, device model). Its candidates are the distinct winners of
-that kernel on that device; per tuned shape key, the stored trials say how much slower than
+that kernel on that device, and its runner-ups: configs whose trials came within ``NEAR_BEST``
+of the fastest at ``RUNNER_UP_KEYS`` or more tuned keys (a config that nearly wins twice is a
+safer pick between shapes than one key's winner alone), each once it has a trial on every tuned
+key. Per tuned shape key, the stored trials say how much slower than
 the fastest each candidate ran there, so a key counts only where enough candidates were
 measured on it (``min_coverage``; :func:`cross_measure` measures every candidate on every
 tuned key, through the sweeps' own measurer, and stores those trials like any other).
@@ -36,7 +39,9 @@ import importlib.util
 import math
 import struct
 import warnings
+from collections import Counter
 from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
@@ -65,6 +70,8 @@ MAX_DEPTH = 5
 #: candidate best on most keys among those, so timing noise between near-equal configs does not
 #: split the tree
 NEAR_BEST = 0.02
+#: a config within NEAR_BEST of the fastest trial at this many tuned keys is a candidate too
+RUNNER_UP_KEYS = 2
 #: fewest usable tuned keys to fit on; with one, the nearest rule already gives its winner
 MIN_KEYS = 2
 #: fewest to keep a selector: it is kept only where, each key left out in turn and the others
@@ -410,10 +417,34 @@ def tuned_winners(store: Store, template: Template, hardware_id: str) -> dict[st
     return {e.shape_key: dict(e.config) for e in sorted(entries, key=lambda e: e.updated_at)}
 
 
-def _candidates(winners: dict[str, Config]) -> tuple[Config, ...]:
-    """The distinct winner configs, in config-hash order (the same set gives the same indices)."""
-    by_hash = {config_hash(c): c for c in winners.values()}
+def _candidates(winners: dict[str, Config], extra: dict[str, Config] | None = None) -> tuple[Config, ...]:
+    """The distinct winner configs and the ``extra`` ones (runner-ups, by hash), in config-hash
+    order (the same set gives the same indices)."""
+    by_hash = {**(extra or {}), **{config_hash(c): c for c in winners.values()}}
     return tuple(by_hash[h] for h in sorted(by_hash))
+
+
+def runner_ups(times: dict[str, dict[str, float | None]], keys: Iterable[str]) -> set[str]:
+    """The config hashes that ran within ``NEAR_BEST`` of the fastest trial at ``RUNNER_UP_KEYS``
+    or more of ``keys`` (``times``: key -> config hash -> ms, None where it failed)."""
+    counts: Counter[str] = Counter()
+    for key in keys:
+        ran = {h: t for h, t in times.get(key, {}).items() if t is not None}
+        if ran:
+            best = min(ran.values())
+            counts.update(h for h, t in ran.items() if t <= best * (1 + NEAR_BEST))
+    return {h for h, n in counts.items() if n >= RUNNER_UP_KEYS}
+
+
+def _runner_up_configs(
+    store: Store, template: Template, hardware_id: str, winners: dict[str, Config], stored: dict, *, measured: bool
+) -> dict[str, Config]:
+    """The runner-ups over the keys of ``winners`` (not winners themselves) by hash; with
+    ``measured``, only those with a trial on every one of those keys."""
+    hashes = runner_ups(stored, winners) - {config_hash(c) for c in winners.values()}
+    if measured:
+        hashes = {h for h in hashes if all(h in stored.get(key, {}) for key in winners)}
+    return store.trial_configs(template.name, template.version, hardware_id, hashes) if hashes else {}
 
 
 def training_set(
@@ -428,14 +459,17 @@ def training_set(
     times of every candidate (the distinct winners of those keys).
 
     A key counts when at least ``min_coverage`` of the candidates have a trial there (failed or
-    not) and one of them ran correctly: elsewhere the fastest candidate is unknown.
+    not) and one of them ran correctly: elsewhere the fastest candidate is unknown. Runner-ups
+    are judged on the trials of the keys not excluded, and are candidates once measured on all of them.
     """
     if not 0 < min_coverage <= 1:
         raise TunesvcError(f"--min-coverage must be in (0, 1], got {min_coverage}.")
     winners = {k: c for k, c in tuned_winners(store, template, device.hardware_id).items() if k not in exclude}
-    candidates = _candidates(winners)
-    hashes = [config_hash(c) for c in candidates]
     stored = store.trial_times(template.name, template.version, device.hardware_id)
+    candidates = _candidates(
+        winners, _runner_up_configs(store, template, device.hardware_id, winners, stored, measured=True)
+    )
+    hashes = [config_hash(c) for c in candidates]
     keys, features, times, skipped, fills = [], [], [], [], []
     for key in sorted(winners):
         measured = stored.get(key, {})
@@ -610,13 +644,20 @@ def _fastest(times: tuple[float | None, ...]) -> int:
     return min((t, i) for i, t in enumerate(times) if t is not None)[1]
 
 
+def _near_best_at(slow: list[list[float]], rows: list[int]) -> set[int]:
+    """The candidates within ``NEAR_BEST`` of the fastest at ``RUNNER_UP_KEYS`` or more of ``rows``."""
+    counts = Counter(c for j in rows for c, s in enumerate(slow[j]) if s <= 1 + NEAR_BEST)
+    return {c for c, n in counts.items() if n >= RUNNER_UP_KEYS}
+
+
 def leave_one_out(data: TrainingSet, model: str = "tree") -> tuple[float, float] | None:
     """Geometric-mean slowdown against each key's fastest candidate, over the keys of ``data``,
     of what a selector of ``model`` fitted on the other keys picks and of what the nearest rule
     picks (the fastest of the other keys' winners on the nearest other key): both read from the
     stored times, nothing is measured. As at run time, a fit without a key knows only the other
-    keys' winners, and a pick skips a candidate that did not run on the key (it broke a
-    constraint there, or failed). None with too few keys to leave one out."""
+    keys' winners and runner-ups (near-best at ``RUNNER_UP_KEYS`` of the other keys), and a
+    pick skips a candidate that did not run on the key (it broke a constraint there, or failed).
+    None with too few keys to leave one out."""
     from tunesvc.template import ShapeKey
 
     if len(data.keys) < MIN_KEYS_KEPT:
@@ -628,7 +669,8 @@ def leave_one_out(data: TrainingSet, model: str = "tree") -> tuple[float, float]
     scored = 0
     for i in range(len(data.keys)):
         rest = [j for j in range(len(data.keys)) if j != i]
-        known = sorted({_fastest(data.times[j]) for j in rest})  # the other keys' winners
+        # the other keys' winners and runner-ups
+        known = sorted({_fastest(data.times[j]) for j in rest} | _near_best_at(slow, rest))
         runs = [c for c in known if data.times[i][c] is not None]
         if not runs:
             continue  # none of them runs here: neither rule has an answer to score
@@ -743,16 +785,18 @@ def cross_measure(
     *,
     on_key: Callable[[str, int], None] | None = None,
 ) -> int:
-    """Measure every distinct winner of ``template`` on every tuned key of ``device``'s model
-    where it has no trial yet, through the sweeps' measurer, and store those trials (and any new
+    """Measure every distinct winner and runner-up of ``template`` on every tuned key of
+    ``device``'s model where it has no trial yet, through the sweeps' measurer, and store those trials (and any new
     winner) like a sweep's. Returns the number of trials stored. ``on_key(key, n)`` is called
     before a key's ``n`` candidates are measured.
     """
     from tunesvc.bench import measurer_for
 
     winners = tuned_winners(store, template, device.hardware_id)
-    candidates = _candidates(winners)
     stored = store.trial_times(template.name, template.version, device.hardware_id)
+    candidates = _candidates(
+        winners, _runner_up_configs(store, template, device.hardware_id, winners, stored, measured=False)
+    )
     kv_id, device_id = store.kernel_version_id(template), store.device_id(device)
     total = 0
     for key in sorted(winners):

@@ -1094,6 +1094,23 @@ class Store:
                 out.setdefault(key, {})[digest] = time_ms if status == "ok" else None
         return out
 
+    def trial_configs(self, kernel: str, version: str, hardware_id: str, hashes: set[str]) -> dict[str, dict[str, Any]]:
+        """Config hash -> config, for those of ``hashes`` that a trial of this kernel version on
+        this device model stored."""
+        query = (
+            select(Trial.config_hash, Trial.config)
+            .join(KernelVersion, Trial.kernel_version_id == KernelVersion.id)
+            .join(StoredDevice, Trial.device_id == StoredDevice.id)
+            .where(
+                KernelVersion.kernel == kernel,
+                KernelVersion.version == version,
+                StoredDevice.hardware_id == hardware_id,
+                Trial.config_hash.in_(sorted(hashes)),
+            )
+        )
+        with self.session() as session:
+            return {digest: dict(config) for digest, config in session.execute(query)}
+
     def save_selector(self, template: Template, hardware_id: str, selector: dict[str, Any], keys: int) -> None:
         """Store (or replace) the selector of this kernel version on this device model; two sweeps
         that refit it at once both succeed (the later write replaces the earlier)."""

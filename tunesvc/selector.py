@@ -456,7 +456,7 @@ def training_set(
     min_coverage: float = 1.0,
 ) -> TrainingSet:
     """The tuned keys of ``template`` on ``device``'s model but ``exclude``, each with the stored
-    times of every candidate (the distinct winners of those keys).
+    times of every candidate (the distinct winners of those keys, and their runner-ups).
 
     A key counts when at least ``min_coverage`` of the candidates have a trial there (failed or
     not) and one of them ran correctly: elsewhere the fastest candidate is unknown. Runner-ups
@@ -786,8 +786,8 @@ def cross_measure(
     on_key: Callable[[str, int], None] | None = None,
 ) -> int:
     """Measure every distinct winner and runner-up of ``template`` on every tuned key of
-    ``device``'s model where it has no trial yet, through the sweeps' measurer, and store those trials (and any new
-    winner) like a sweep's. Returns the number of trials stored. ``on_key(key, n)`` is called
+    ``device``'s model where it has no trial yet, through the sweeps' measurer, and store those
+    trials (and any new winner) like a sweep's. Returns the number of trials stored. ``on_key(key, n)`` is called
     before a key's ``n`` candidates are measured.
     """
     from tunesvc.bench import measurer_for

@@ -1077,17 +1077,10 @@ class Store:
     def trial_times(self, kernel: str, version: str, hardware_id: str) -> dict[str, dict[str, float | None]]:
         """Shape key -> config hash -> the newest trial's time (None: it failed or broke a
         constraint) of one kernel version on every software stack of one device model."""
-        query = (
-            select(Trial.shape_key, Trial.config_hash, Trial.status, Trial.time_ms)
-            .join(KernelVersion, Trial.kernel_version_id == KernelVersion.id)
-            .join(StoredDevice, Trial.device_id == StoredDevice.id)
-            .where(
-                KernelVersion.kernel == kernel,
-                KernelVersion.version == version,
-                StoredDevice.hardware_id == hardware_id,
-            )
-            .order_by(Trial.created_at, Trial.id)
+        query = self._trials_of(
+            kernel, version, hardware_id, Trial.shape_key, Trial.config_hash, Trial.status, Trial.time_ms
         )
+        query = query.order_by(Trial.created_at, Trial.id)
         out: dict[str, dict[str, float | None]] = {}
         with self.session() as session:
             for key, digest, status, time_ms in session.execute(query):
@@ -1097,19 +1090,24 @@ class Store:
     def trial_configs(self, kernel: str, version: str, hardware_id: str, hashes: set[str]) -> dict[str, dict[str, Any]]:
         """Config hash -> config, for those of ``hashes`` that a trial of this kernel version on
         this device model stored."""
-        query = (
-            select(Trial.config_hash, Trial.config)
+        query = self._trials_of(kernel, version, hardware_id, Trial.config_hash, Trial.config)
+        query = query.where(Trial.config_hash.in_(sorted(hashes)))
+        with self.session() as session:
+            return {digest: dict(config) for digest, config in session.execute(query)}
+
+    @staticmethod
+    def _trials_of(kernel: str, version: str, hardware_id: str, *columns: Any) -> Any:
+        """SELECT ``columns`` of the trials of one kernel version on every software stack of one device model."""
+        return (
+            select(*columns)
             .join(KernelVersion, Trial.kernel_version_id == KernelVersion.id)
             .join(StoredDevice, Trial.device_id == StoredDevice.id)
             .where(
                 KernelVersion.kernel == kernel,
                 KernelVersion.version == version,
                 StoredDevice.hardware_id == hardware_id,
-                Trial.config_hash.in_(sorted(hashes)),
             )
         )
-        with self.session() as session:
-            return {digest: dict(config) for digest, config in session.execute(query)}
 
     def save_selector(self, template: Template, hardware_id: str, selector: dict[str, Any], keys: int) -> None:
         """Store (or replace) the selector of this kernel version on this device model; two sweeps

@@ -1,4 +1,4 @@
-"""GEMM: C = A @ B, in four variants the search chooses between per shape (``VARIANT``).
+"""GEMM: C = A @ B, in five variants the search chooses between per shape (``VARIANT``).
 
 - ``grouped``: one program per BLOCK_M x BLOCK_N tile of C, walking K in BLOCK_K steps with a
   float32 accumulator. Programs are numbered so that GROUP_M consecutive tile-rows are swept
@@ -17,6 +17,9 @@
   on the tile's counter; the last to arrive adds the slices in a fixed order (s = 0, 1, ...)
   and writes C. One launch (a second, reducing kernel cost a Triton launch of host time and a
   kernel's latency on the GPU), and the result is the same whichever program finishes last.
+- ``splittail``: the TMA kernel where the tiles leave a partial last wave (e.g. 192 tiles on
+  132 SMs: two waves, the second half empty): the tiles of the last one or two waves run as
+  slices of K, summed as split-K sums them, so that all programs end at about the same time.
 
 Masks make any M, N, K valid. The pointer kernels (grouped, persistent, split-K) load a tile as
 pipelined vectors only where Triton can tell its rows are 16-element aligned: with M > 64, an
@@ -52,7 +55,7 @@ from tunesvc.template import ShapeKey
 from tunesvc.template import Template
 from tunesvc.template import pow2_bucket
 
-VARIANTS = ("grouped", "persistent", "tma", "splitk")
+VARIANTS = ("grouped", "persistent", "tma", "splitk", "splittail")
 
 
 @triton.jit
@@ -372,6 +375,96 @@ def _matmul_splitk_kernel(
         _store_tile(c_ptr, total.to(c_ptr.dtype.element_ty), pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
+@triton.jit
+def _matmul_splittail_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    partial_ptr,
+    arrivals_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_bk,
+    stride_cm,
+    stride_cn,
+    WHOLE_TILES,
+    SLICES,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    C_DESCRIPTOR: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    """The TMA kernel's first ``WHOLE_TILES`` tiles (grouped order), one per program in turn;
+    then each remaining tile as ``SLICES`` slices of K, one per program in turn, summed as
+    split-K sums its slices: each slice goes to the tile's slot in ``partial``, its arrival is
+    counted on the tile's counter, and the last to arrive adds the slices in order, writes C
+    (so the result does not depend on which finishes first) and zeroes the counter.
+
+    The slices are handed out slice-major: programs that run at once walk the same range of K
+    of neighbouring tiles and share their A and B blocks in L2, as the whole tiles do. (Equal
+    contiguous shares of all the steps, stream-K's, put each program at another K and ran the
+    tail 1.5-2x slower on an H100: every block came from device memory.)
+    """
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1], block_shape=[BLOCK_K, BLOCK_N])
+    if C_DESCRIPTOR:
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N])
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    pid = tl.program_id(axis=0)
+    programs = tl.num_programs(axis=0)
+    for tile_id in range(pid, WHOLE_TILES, programs):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, k_tiles):
+            a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            b = b_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
+            if DOT_IN_FP32:
+                # the interpreter's bf16 dot is wrong (see _tile_dot)
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+        c = acc.to(c_ptr.dtype.element_ty)
+        if C_DESCRIPTOR:
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c)
+        else:
+            _store_tile(c_ptr, c, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+    split = tiles - WHOLE_TILES
+    per_slice = tl.cdiv(k_tiles, SLICES)
+    piece = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    for unit in range(pid, split * SLICES, programs):
+        s = unit // split
+        t = unit - s * split
+        tile_id = WHOLE_TILES + t
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(s * per_slice, min(k_tiles, (s + 1) * per_slice)):
+            a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            b = b_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
+            if DOT_IN_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+        tl.store(partial_ptr + (t * SLICES + s) * BLOCK_M * BLOCK_N + piece, acc)
+        tl.debug_barrier()  # every thread's stores, before the one thread that counts the arrival
+        if tl.atomic_add(arrivals_ptr + t, 1, sem="acq_rel") == SLICES - 1:
+            tl.store(arrivals_ptr + t, 0)
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for j in range(0, SLICES):
+                total += tl.load(partial_ptr + (t * SLICES + j) * BLOCK_M * BLOCK_N + piece, cache_modifier=".cg")
+            c = total.to(c_ptr.dtype.element_ty)
+            if C_DESCRIPTOR:
+                c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c)
+            else:
+                _store_tile(c_ptr, c, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+
+
 #: On-device tensor descriptors need global scratch memory, which Triton asks the host for, in
 #: every thread that launches (the autograd engine runs backwards on its own): see tunesvc.launch
 _use_torch_allocator = use_torch_allocator
@@ -457,6 +550,28 @@ def _pointer_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, t
     if a.shape[0] > 64 and b_loadable and not _loadable(a, 0):
         a = _padded_copy(a, zero=False)
     return a, b, nb, b_loadable and _loadable(a, 0)
+
+
+def tail_split(tiles: int, k_steps: int, block_k: int, sms: int) -> tuple[int, int]:
+    """(whole tiles, slices) of the splittail variant: the tiles run whole, one per program,
+    except the partial last wave's, or the last full wave's and the partial one's, which run
+    as ``slices`` slices of K each (2 to 8, at most 3 per SM in all). It picks whichever ends
+    first, where that is at least 3% sooner than the whole tiles alone, counting each slice's
+    float32 tile, written and read back, as 1600 / BLOCK_K K steps more (fitted to an H100's
+    times of four shapes, from 16 to 432 K steps of 64: the tail sped up 4-7% or, where a
+    quarter of a wave was saved in 56-step slices, ran 10% slower)."""
+    waves = math.ceil(tiles / sms)
+    extra = 1600 / block_k
+    best = (0.97 * waves * k_steps, tiles, 1)
+    for whole in ((waves - 1) * sms, max(waves - 2, 0) * sms):
+        rest = tiles - whole
+        for slices in range(2, 9):
+            if rest * slices > 3 * sms:
+                break
+            span = whole // sms * k_steps + math.ceil(rest * slices / sms) * (math.ceil(k_steps / slices) + extra)
+            if span < best[0]:
+                best = (span, whole, slices)
+    return best[1], best[2]
 
 
 def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -568,6 +683,37 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
             TAIL_ONLY=tail_only,
             **options,
         )
+    elif variant == "splittail":
+        if a.is_cuda:
+            _use_torch_allocator()
+        a_tma = a if _tma_ready(a) else _aligned_copy(a)
+        b_tma = b if _tma_ready(b) else _aligned_copy(b)
+        num_sms = current_device().sm_count
+        whole, slices = tail_split(tiles, triton.cdiv(K, blocks["BLOCK_K"]), blocks["BLOCK_K"], num_sms)
+        split = tiles - whole
+        partial = torch.empty(
+            (split * slices, blocks["BLOCK_M"] * blocks["BLOCK_N"]), device=a.device, dtype=torch.float32
+        )
+        _matmul_splittail_kernel[(min(num_sms, max(whole, split * slices)),)](
+            a_tma,
+            b_tma,
+            c,
+            partial,
+            _arrivals(a.device, split),
+            M,
+            N,
+            K,
+            a_tma.stride(0),
+            b_tma.stride(0),
+            c.stride(0),
+            c.stride(1),
+            whole,
+            slices,
+            **blocks,
+            C_DESCRIPTOR=_tma_ready(c),
+            DOT_IN_FP32=dot_in_fp32,
+            **options,
+        )
     else:
         raise TunesvcError(f"matmul config has VARIANT={variant!r}; use one of {', '.join(VARIANTS)}.")
     return c
@@ -591,6 +737,7 @@ _matmul_kernel = direct_launch(_matmul_kernel)
 _matmul_persistent_kernel = direct_launch(_matmul_persistent_kernel)
 _matmul_tma_kernel = direct_launch(_matmul_tma_kernel)
 _matmul_splitk_kernel = direct_launch(_matmul_splitk_kernel)
+_matmul_splittail_kernel = direct_launch(_matmul_splittail_kernel)
 
 
 #: (N, K) of the projections (fused QKV, output, fused gate/up, down) of models other than
@@ -619,6 +766,8 @@ class MatmulTemplate(Template):
         _matmul_persistent_kernel,
         _matmul_tma_kernel,
         _matmul_splitk_kernel,
+        _matmul_splittail_kernel,
+        tail_split,
         _tma_ready,
         _aligned_copy,
         _loadable,
@@ -663,6 +812,8 @@ class MatmulTemplate(Template):
         _config("tma", 128, 256, 64, 8, 1, 8, 3),
         _config("tma", 128, 128, 64, 8, 1, 8, 4),
         _config("tma", 128, 128, 128, 8, 1, 8, 3),
+        _config("splittail", 128, 256, 64, 8, 1, 8, 3),
+        _config("splittail", 128, 128, 64, 8, 1, 8, 4),
         _config("persistent", 128, 256, 64, 8, 1, 8, 3),
         _config("persistent", 128, 128, 64, 8, 1, 8, 4),
         _config("splitk", 16, 64, 128, 1, 4, 4, 4),
@@ -751,7 +902,10 @@ class MatmulTemplate(Template):
 
     def wave_fill(self, config: Config, problem: Problem, device: Device) -> float:
         # one program per output tile and K slice, one resident per SM: the persistent kernels
-        # walk the same tiles in the same waves, one per SM at a time
+        # walk the same tiles in the same waves, one per SM at a time; splittail's programs end
+        # together (tail_split)
+        if config.get("VARIANT") == "splittail":
+            return 1.0
         programs = (
             triton.cdiv(problem["M"], config["BLOCK_M"])
             * triton.cdiv(problem["N"], config["BLOCK_N"])

@@ -100,7 +100,9 @@ def _close(out: torch.Tensor, ref: torch.Tensor, tol: float = 1e-2) -> None:
 
 
 @pytest.mark.parametrize("context", CONTEXTS)
-@pytest.mark.parametrize(("variant", "split"), [("grouped", 1), ("persistent", 1), ("tma", 1), ("splitk", 4)])
+@pytest.mark.parametrize(
+    ("variant", "split"), [("grouped", 1), ("persistent", 1), ("tma", 1), ("splitk", 4), ("splittail", 1)]
+)
 def test_matmul_each_variant(configs, context, variant, split):
     mm = _module("matmul")
     problem = {"M": 37, "N": 301, "K": 515, "dtype": "bfloat16"}
@@ -110,6 +112,26 @@ def test_matmul_each_variant(configs, context, variant, split):
     out = _in_context(context, lambda: tunesvc.kernels.matmul(a, b))
     torch.cuda.synchronize()
     _close(out, a.float() @ b.float())
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_matmul_split_tail_slices_the_last_wave(configs, context):
+    # 8 x 24 tiles of 128 x 256: the 60 past the first wave run as two slices of K each
+    mm = _module("matmul")
+    M, N, K = 1000, 6144, 4096
+    config = {"VARIANT": "splittail", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1}
+    config.update(num_warps=8, num_stages=3)
+    sms = current_device().sm_count
+    _, slices = mm.tail_split(8 * 24, K // 64, 64, sms)
+    if slices == 1:
+        pytest.skip(f"{current_device().name}'s {sms} SMs leave no partial wave worth slicing at this shape")
+    configs(mm.TEMPLATE, config)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    out = _in_context(context, lambda: tunesvc.kernels.matmul(a, b))
+    torch.cuda.synchronize()
+    _close(out, a.float() @ b.float())
+    assert torch.equal(mm.launch_matmul(a, b, config), out)  # the slices add up in one order
 
 
 @pytest.mark.parametrize("context", CONTEXTS)

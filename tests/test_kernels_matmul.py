@@ -157,7 +157,7 @@ def test_kernels_work_when_current_device_is_called_first(tmp_path):
     assert proc.stdout.split()[0] == "ok", proc.stdout
 
 
-# -- variants: persistent, TMA (tensor descriptors), split-K ----------------------------------
+# -- variants: persistent, TMA (tensor descriptors), split-K, split tail -----------------------
 def variant(name: str, block_m=16, block_n=32, block_k=32, group=8, split=1, warps=4, stages=3) -> dict:
     return {
         "VARIANT": name,
@@ -171,8 +171,15 @@ def variant(name: str, block_m=16, block_n=32, block_k=32, group=8, split=1, war
     }
 
 
-# split-K with 4 slices of K=77 in 32-steps: 3 K steps, so the last slice is empty
-VARIANT_CONFIGS = [variant("grouped"), variant("persistent"), variant("tma"), variant("splitk", group=1, split=4)]
+# split-K with 4 slices of K=77 in 32-steps: 3 K steps, so the last slice is empty; the split
+# tail's slices need more K steps than these shapes have (its slices: tests further below)
+VARIANT_CONFIGS = [
+    variant("grouped"),
+    variant("persistent"),
+    variant("tma"),
+    variant("splitk", group=1, split=4),
+    variant("splittail"),
+]
 
 # odd M and N; K=77 rows are not 16-byte aligned in any dtype, K=40 rows are in fp16/bf16;
 # K=64 is whole BLOCK_K steps (the kernels' unmasked EVEN_K loop); M > 64 with K=77 and N=45:
@@ -305,6 +312,47 @@ def test_split_k_leaves_its_counters_zeroed_for_the_next_call():
     assert rel_error(out, a, b) < TOL[torch.float32]
 
 
+# (whole tiles, slices) of 3 x 3 tiles and 5 K steps: all tiles sliced, in 2, 3 and 8 slices (the
+# last three empty); 2 whole tiles and 4 slices of the other 7; 4 and 2
+@pytest.mark.parametrize("split", [(0, 2), (0, 3), (0, 8), (2, 4), (4, 2)], ids=str)
+def test_split_tail_matches_writes_every_element_and_is_deterministic(monkeypatch, split):
+    monkeypatch.setattr(matmul_module, "tail_split", lambda tiles, k_steps, block_k, sms: split)
+    M, N, K = 37, 75, 77
+    config = variant("splittail", block_k=16)
+    for _ in range(2):  # fresh inputs: the counters the first call used must be zeroed again
+        a = torch.randn(M, K, dtype=torch.float32)
+        b = torch.randn(K, N, dtype=torch.float32)
+        buf = torch.full((M + 16, N + 3), float("nan"))
+        out = buf[:M, :N]
+        launch_matmul(a, b, config, out=out)
+        assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} output elements were never written"
+        assert torch.isnan(buf[M:, :]).all() and torch.isnan(buf[:, N:]).all()
+        assert rel_error(out, a, b) < TOL[torch.float32]
+        assert torch.equal(launch_matmul(a, b, config), out)
+        counters = matmul_module._arrivals(a.device, 1)
+        assert not counters.any(), f"{int(counters.count_nonzero())} counters left non-zero"
+
+
+def test_split_tail_slices_only_a_partial_last_wave_worth_slicing():
+    split = matmul_module.tail_split
+    # 192 tiles on 132 SMs: the second wave's 60 tiles in two slices end with the first's half
+    assert split(192, 64, 64, 132) == (132, 2)
+    # whole waves: nothing to even out
+    assert split(264, 64, 64, 132) == (264, 1)
+    # a quarter of a wave saved is less than what four 14-step slices' float32 tiles cost
+    assert split(1152, 56, 64, 132) == (1152, 1)
+    # 16 K steps: slices too short to pay for their float32 tiles
+    assert split(84, 16, 64, 132) == (84, 1)
+    # fewer tiles than SMs (a skinny GEMM of long K): split-K on TMA loads
+    whole, slices = split(32, 448, 64, 132)
+    assert whole == 0 and slices > 1
+    for tiles in range(1, 700, 7):
+        for k_steps in (3, 40, 433):
+            whole, slices = split(tiles, k_steps, 64, 132)
+            assert 1 <= slices <= 8 and (tiles - whole) * slices <= max(3 * 132, tiles)
+            assert whole == tiles if slices == 1 else whole % 132 == 0 and whole < tiles
+
+
 def test_config_without_variant_launches_the_grouped_kernel(monkeypatch):
     # winners stored before VARIANT existed (tune.db.example) have no VARIANT or SPLIT_K
     old = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 5}
@@ -331,7 +379,7 @@ def test_config_without_variant_launches_the_grouped_kernel(monkeypatch):
 def test_unknown_variant_is_one_clear_error():
     a = torch.randn(4, 5, dtype=torch.float16)
     b = torch.randn(5, 3, dtype=torch.float16)
-    with pytest.raises(TunesvcError, match="VARIANT='stream'.*use one of grouped, persistent, tma, splitk"):
+    with pytest.raises(TunesvcError, match="VARIANT='stream'.*use one of grouped, persistent, tma, splitk, splittail"):
         launch_matmul(a, b, variant("stream"))
 
 
@@ -348,7 +396,23 @@ def test_device_has_tma_only_on_hopper(device):
     problem = TEMPLATE.problem(M=4096, N=4096, K=4096, dtype="bfloat16")
     variants = {c["VARIANT"] for c in TEMPLATE.feasible(problem, ampere)}
     assert variants == {"grouped", "persistent"}
-    assert "tma" in {c["VARIANT"] for c in TEMPLATE.feasible(problem, h100_like(device))}
+    assert {"tma", "splittail"} <= {c["VARIANT"] for c in TEMPLATE.feasible(problem, h100_like(device))}
+
+
+def test_split_tail_only_where_the_tiles_leave_a_partial_wave(device):
+    h100 = h100_like(device)
+    problem = TEMPLATE.problem(M=1000, N=6144, K=4096, dtype="bfloat16")
+    tails = [c for c in TEMPLATE.feasible(problem, h100) if c["VARIANT"] == "splittail"]
+    assert tails
+    for c in tails:
+        tiles = -(-1000 // c["BLOCK_M"]) * -(-6144 // c["BLOCK_N"])
+        assert tiles % 132
+    # 128 x 256 tiles of 4224 x 4096: 33 x 16 = 528 tiles, four whole waves
+    whole = TEMPLATE.problem(M=4224, N=4096, K=4096, dtype="bfloat16")
+    assert variant("splittail", 128, 256, 64, warps=8) in [
+        c for c in TEMPLATE.feasible(problem, h100) if c["VARIANT"] == "splittail"
+    ]
+    assert TEMPLATE.violations(variant("splittail", 128, 256, 64, warps=8), whole, h100) == ["splittail_use"]
 
 
 def test_split_k_only_for_skinny_problems(device):

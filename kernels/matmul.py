@@ -558,8 +558,9 @@ def tail_split(tiles: int, k_steps: int, block_k: int, sms: int) -> tuple[int, i
     as ``slices`` slices of K each (2 to 8, at most 3 per SM in all). It picks whichever ends
     first, where that is at least 3% sooner than the whole tiles alone, counting each slice's
     float32 tile, written and read back, as 1600 / BLOCK_K K steps more (fitted to an H100's
-    times of four shapes, from 16 to 432 K steps of 64: the tail sped up 4-7% or, where a
-    quarter of a wave was saved in 56-step slices, ran 10% slower)."""
+    times of five shapes of 16 to 432 K steps of 64: partial waves cut into slices of 14 to 144
+    steps ran 4-7% faster, except where they saved a quarter of a wave, 10% slower; slices of
+    5 steps ran 2.3x slower)."""
     waves = math.ceil(tiles / sms)
     extra = 1600 / block_k
     best = (0.97 * waves * k_steps, tiles, 1)

@@ -105,6 +105,41 @@ def test_training_set_skips_keys_where_candidates_were_not_measured(tmp_db, temp
         store.close()
 
 
+def test_cross_measure_within_a_time_budget_measures_one_key_and_a_rerun_the_rest(tmp_db, template, device):
+    store = Store(tmp_db)
+    try:
+        _half_measured(store, template, device)
+        started: list[str] = []
+        # a budget spent at once still measures the first key with gaps: calls in turn progress
+        assert sel.cross_measure(store, template, device, on_key=lambda k, n: started.append(k), time_budget=1e-9) == 1
+        assert len(started) == 1
+        sel.cross_measure(store, template, device, on_key=lambda k, n: started.append(k), time_budget=1e-9)
+        data = sel.training_set(store, template, device)
+        assert len(data.keys) == 2 and not data.skipped
+        assert sel.cross_measure(store, template, device, time_budget=1e-9) == 0
+        assert len(set(started)) == len(started) <= 2  # no key measured twice
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--time-budget", "60"], "--time-budget limits --cross-measure; add --cross-measure, or drop --time-budget."),
+        (["--cross-measure", "--time-budget", "0"], "--time-budget must be a positive number of seconds, got 0.0."),
+    ],
+)
+def test_selector_time_budget_needs_cross_measure_and_seconds(tmp_path, extra, said):
+    from typer.testing import CliRunner
+
+    from tunesvc.cli import app
+
+    db = tmp_path / "none.db"
+    result = CliRunner().invoke(app, ["selector", "matmul", "--db", str(db), *extra])
+    assert result.exit_code != 0 and said in " ".join(result.output.split())
+    assert "Traceback" not in result.output and not db.exists()  # refused before any database is made
+
+
 def test_selector_json_round_trips_and_is_plain_json(fitted_db):
     selector = _selector(fitted_db)
     text = json.dumps(selector.to_dict())

@@ -1436,6 +1436,13 @@ def selector(
             help="First measure every distinct winner and runner-up on every tuned key of this device (stored).",
         ),
     ] = False,
+    time_budget: Annotated[
+        float | None,
+        typer.Option(
+            help="With --cross-measure: start no further tuned key after this many seconds (a rerun measures "
+            "the keys left) \\[default: no limit]."
+        ),
+    ] = None,
     min_coverage: MinCoverageOption = 1.0,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -1446,13 +1453,21 @@ def selector(
     from tunesvc.store import Store
     from tunesvc.template import get_template
 
+    if time_budget is not None and not cross_measure:
+        raise TunesvcError("--time-budget limits --cross-measure; add --cross-measure, or drop --time-budget.")
+    if time_budget is not None and not time_budget > 0:
+        raise TunesvcError(f"--time-budget must be a positive number of seconds, got {time_budget}.")
     template, device = get_template(kernel), current_device()
     store = Store(db)
     try:
         measured = 0
         if cross_measure:
             measured = selectors.cross_measure(
-                store, template, device, on_key=lambda key, n: console.print(f"measuring {n} candidates on {key}")
+                store,
+                template,
+                device,
+                on_key=lambda key, n: console.print(f"measuring {n} candidates on {key}"),
+                time_budget=time_budget,
             )
         data = selectors.training_set(store, template, device, min_coverage=min_coverage)
         fitted, scores = selectors.keep(store, template, device, data)

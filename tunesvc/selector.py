@@ -784,11 +784,16 @@ def cross_measure(
     device: Device,
     *,
     on_key: Callable[[str, int], None] | None = None,
+    time_budget: float | None = None,
 ) -> int:
     """Measure every distinct winner and runner-up of ``template`` on every tuned key of
     ``device``'s model where it has no trial yet, through the sweeps' measurer, and store those
     trials (and any new winner) like a sweep's. Returns the number of trials stored. ``on_key(key, n)`` is called
     before a key's ``n`` candidates are measured.
+
+    ``time_budget``: seconds after which no further key is started (the first key with gaps
+    always is, so that calls in turn make progress); the keys left keep their gaps, which a
+    later call fills, and :func:`training_set` skips them meanwhile.
     """
     from tunesvc.bench import measurer_for
 
@@ -798,11 +803,14 @@ def cross_measure(
         winners, _runner_up_configs(store, template, device.hardware_id, winners, stored, measured=False)
     )
     kv_id, device_id = store.kernel_version_id(template), store.device_id(device)
-    total = 0
+    total, began, measured_keys = 0, _now(), 0
     for key in sorted(winners):
         missing = [(c, config_hash(c)) for c in candidates if config_hash(c) not in stored.get(key, {})]
         if not missing:
             continue
+        if measured_keys and time_budget is not None and _now() - began >= time_budget:
+            break
+        measured_keys += 1
         problem = template.problem_of_key(key)
         if on_key is not None:
             on_key(key, len(missing))

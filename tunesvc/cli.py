@@ -1451,12 +1451,12 @@ def selector(
     from tunesvc import selector as selectors  # fitting (scikit-learn), measuring (torch, Triton)
     from tunesvc.device import current_device
     from tunesvc.store import Store
+    from tunesvc.sweep import check_time_budget
     from tunesvc.template import get_template
 
     if time_budget is not None and not cross_measure:
         raise TunesvcError("--time-budget limits --cross-measure; add --cross-measure, or drop --time-budget.")
-    if time_budget is not None and not time_budget > 0:
-        raise TunesvcError(f"--time-budget must be a positive number of seconds, got {time_budget}.")
+    check_time_budget(time_budget)
     template, device = get_template(kernel), current_device()
     store = Store(db)
     try:

@@ -765,10 +765,15 @@ def check_sweep_arguments(
         raise TunesvcError(f"Unknown strategy '{strategy}'; use one of {', '.join(STRATEGIES)}.")
     if budget is not None and budget < 1:
         raise TunesvcError(f"--budget must be at least 1, got {budget}.")
-    if time_budget is not None and not time_budget > 0:
-        raise TunesvcError(f"--time-budget must be a positive number of seconds, got {time_budget}.")
+    check_time_budget(time_budget)
     if patience is not None and patience < 1:
         raise TunesvcError(f"--patience must be at least 1, got {patience}.")
+
+
+def check_time_budget(time_budget: float | None) -> None:
+    """A --time-budget (of a sweep, or of ``tune selector --cross-measure``) is positive seconds."""
+    if time_budget is not None and not time_budget > 0:
+        raise TunesvcError(f"--time-budget must be a positive number of seconds, got {time_budget}.")
 
 
 def _measurement(row: Trial) -> Measurement:

@@ -134,6 +134,29 @@ def test_matmul_split_tail_slices_the_last_wave(configs, context):
     assert torch.equal(mm.launch_matmul(a, b, config), out)  # the slices add up in one order
 
 
+def test_matmul_tma_tiles_nearest_the_shared_memory_limit_compile():
+    # the space's tma_shared_memory constraint is the only check before a trial compiles: every
+    # TMA tile it admits within 15% of the device's limit must fit (Triton raises OutOfResources)
+    mm = _module("matmul")
+    device = current_device()
+    problem = mm.TEMPLATE.problem(M=4096, N=4096, K=4096, dtype="bfloat16")
+    a = torch.randn(300, 520, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(520, 700, device="cuda", dtype=torch.bfloat16)
+    ref = a.float() @ b.float()
+    tried = set()
+    for config in mm.TEMPLATE.feasible(problem, device):
+        if config["VARIANT"] not in ("tma", "splittail"):
+            continue
+        bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+        staged = ((bm + bn) * bk * config["num_stages"] + bm * bn) * 2
+        key = (config["VARIANT"], bm, bn, bk, config["num_warps"], config["num_stages"])
+        if staged < 0.85 * device.max_shared_memory or key in tried:
+            continue
+        tried.add(key)
+        _close(mm.launch_matmul(a, b, config), ref)
+    assert tried, f"no TMA tile of the space comes within 15% of {device.name}'s shared memory"
+
+
 @pytest.mark.parametrize("context", CONTEXTS)
 @pytest.mark.parametrize(("tma", "ws", "bwd_tma"), [(0, 0, 0), (1, 0, 1), (1, 1, 1), (0, 0, 1), (1, 0, 0)])
 @pytest.mark.parametrize("causal", [False, True])

@@ -415,6 +415,25 @@ def test_split_tail_only_where_the_tiles_leave_a_partial_wave(device):
     assert TEMPLATE.violations(variant("splittail", 128, 256, 64, warps=8), whole, h100) == ["splittail_use"]
 
 
+def test_tma_kernels_count_the_staged_c_tile_in_shared_memory(device):
+    h100 = h100_like(device)
+    problem = TEMPLATE.problem(M=4096, N=4096, K=4096, dtype="bfloat16")
+    # A and B: (128 + 256) * 64 * 2 bytes * 4 stages = 196,608 fit 232,448; with C's 65,536 they do not
+    for name in ("tma", "splittail"):
+        assert TEMPLATE.violations(variant(name, 128, 256, 64, warps=8, stages=4), problem, h100) == [
+            "tma_shared_memory"
+        ]
+        assert TEMPLATE.violations(variant(name, 128, 256, 64, warps=8, stages=3), problem, h100) == []
+    # the pointer kernels store C from registers: the same tiles stay in their space
+    for name in ("grouped", "persistent"):
+        assert TEMPLATE.violations(variant(name, 128, 256, 64, warps=8, stages=4), problem, h100) == []
+    feasible = TEMPLATE.feasible(problem, h100)
+    for c in feasible:
+        if c["VARIANT"] in ("tma", "splittail"):
+            staged = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * c["num_stages"] + c["BLOCK_M"] * c["BLOCK_N"]
+            assert staged * 2 <= 232448, c
+
+
 def test_split_k_only_for_skinny_problems(device):
     h100 = h100_like(device)
     skinny = TEMPLATE.feasible(TEMPLATE.problem(M=16, N=4096, K=4096, dtype="bfloat16"), h100)

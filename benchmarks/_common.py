@@ -25,6 +25,7 @@ import triton
 import triton.testing
 from results_page import COLUMNS
 from results_page import RESULTS_DIR
+from results_page import read_rows
 
 from tunesvc.bench import graph_time
 from tunesvc.bench import input_bytes
@@ -184,12 +185,18 @@ def result_row(
     return row
 
 
+#: this invocation's run, as ``record`` stamps it (the process's UTC start, to the second)
+RUN = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def record(script: str, rows: list[dict[str, Any]]) -> Path:
     """Append ``rows`` (dicts of ``result_row``) to benchmarks/results/<script>.csv, each with
-    today's date (UTC) and this device's GPU, driver, torch and Triton; returns the file."""
+    today's date (UTC), this run (``RUN``) and this device's GPU, driver, torch and Triton;
+    returns the file."""
     device = current_device()
     stamp = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "run": RUN,
         "gpu": device.name,
         "driver": device.driver,
         "torch": torch.__version__,
@@ -198,6 +205,8 @@ def record(script: str, rows: list[dict[str, Any]]) -> Path:
     path = RESULTS_DIR / f"{script}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
+    if not new:
+        read_rows(path)  # a file of another layout: one sentence, and nothing appended to it
     with path.open("a", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS, restval="")
         if new:

@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 import triton.testing
 from results_page import COLUMNS  # the benchmarks' one CSV layout (benchmarks/ is this script's path)
+from results_page import read_rows
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.autotuner import Heuristics
 
@@ -428,8 +429,10 @@ def main() -> int:
         sides[side] = {r["case"]: r for r in map(json.loads, done.stdout.splitlines()) if r}
 
     device = tunesvc.current_device()
+    now = datetime.datetime.now(datetime.UTC)
     common = {
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "date": now.strftime("%Y-%m-%d"),
+        "run": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "gpu": device.name,
         "driver": device.driver,
         "torch": torch.__version__,
@@ -496,6 +499,8 @@ def main() -> int:
         )
     if not args.smoke:
         new = not args.csv.exists()
+        if not new:
+            read_rows(args.csv)  # a file of another layout: one sentence, and nothing appended to it
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         with args.csv.open("a", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=COLUMNS, restval="")

@@ -23,7 +23,9 @@ COMMAND = "python benchmarks/results_page.py"
 
 #: one row per (kernel, shape, peer, timing method) measured in one run; ratio = peer_ms / ours_ms
 #: (> 1: tunesvc is faster). The *_rate columns hold the throughput a table reported (TFLOP/s or
-#: GB/s) where a run recorded that instead of, or beside, the times.
+#: GB/s) where a run recorded that instead of, or beside, the times. ``run`` names the script
+#: invocation that wrote the row (its UTC start time), so two runs of one date stay apart; rows
+#: from before the column have none, and their date stands for their run.
 COLUMNS = (
     "date",
     "gpu",
@@ -40,6 +42,7 @@ COLUMNS = (
     "ours_rate",
     "peer_rate",
     "rate_unit",
+    "run",
 )
 
 #: what each timing_method value means
@@ -133,10 +136,10 @@ def _targets(results_dir: Path) -> list[str]:
     if path.exists():
         rows = read_rows(path)
         runs = _by_run(rows)
-        latest: dict[str, str] = {}  # per kernel, the date of its latest run
-        for kernel, _, date in runs:
-            latest[kernel] = max(latest.get(kernel, ""), date)
-        by = {(kernel, shape): roles for (kernel, shape, date), roles in runs.items() if date == latest[kernel]}
+        latest: dict[str, tuple[str, str]] = {}  # per kernel, its latest run
+        for kernel, _, run in runs:
+            latest[kernel] = max(latest.get(kernel, run), run)
+        by = {(kernel, shape): roles for (kernel, shape, run), roles in runs.items() if run == latest[kernel]}
         misses: list[str] = []
         ceiling = _ceiling_notes(rows)
         lines += [
@@ -179,7 +182,7 @@ def _targets(results_dir: Path) -> list[str]:
                 if value is not None and goal is not None and value < goal
             ]
             lines.append(
-                f"| {kernel} | {latest[kernel]} | {len(speed)} "
+                f"| {kernel} | {_run_text(latest[kernel])} | {len(speed)} "
                 f"| {mean:.3f}x ({_goal(mean_target)}) "
                 f"| {speed[low_shape]:.3f}x ({_goal(low_target)}), {low_shape} "
                 f"| {'-' if within is None else f'{within:.0%}'} "
@@ -295,26 +298,36 @@ def _eager_targets(results_dir: Path, date: str) -> list[str]:
     return [*lines, ""]
 
 
-def _by_run(rows: list[dict[str, str]]) -> dict[tuple[str, str, str], dict[str, dict[str, str]]]:
-    """heldout.csv's rows by (kernel, shape, date), then by pick: its kernel column reads
+def _run_of(row: dict[str, str]) -> tuple[str, str]:
+    """The run that wrote a row, in the order runs happened: (date, run); a row from before the
+    run column has an empty run, so its date's runs count as one, older than that date's named ones."""
+    return row["date"], row["run"]
+
+
+def _run_text(run: tuple[str, str]) -> str:
+    return run[1] or run[0]
+
+
+def _by_run(rows: list[dict[str, str]]) -> dict[tuple[str, str, tuple[str, str]], dict[str, dict[str, str]]]:
+    """heldout.csv's rows by (kernel, shape, run), then by pick: its kernel column reads
     "matmul [tuned]", "matmul [selector]" ..."""
-    by: dict[tuple[str, str, str], dict[str, dict[str, str]]] = defaultdict(dict)
+    by: dict[tuple[str, str, tuple[str, str]], dict[str, dict[str, str]]] = defaultdict(dict)
     for r in rows:
         base, _, role = r["kernel"].partition(" [")
-        by[(base, r["shape"], r["date"])][role.rstrip("]")] = r
+        by[(base, r["shape"], _run_of(r))][role.rstrip("]")] = r
     return by
 
 
 def _ceiling_runs(rows: list[dict[str, str]]) -> list[tuple[str, str, str, str, float, float]]:
-    """(kernel, shape, date, trials, tuned / peer, space best / peer) of each 'space best of N'
+    """(kernel, shape, run, trials, tuned / peer, space best / peer) of each 'space best of N'
     row (heldout.py --ceiling) beside its run's tuned row, oldest first."""
     runs = []
-    for (kernel, shape, date), roles in sorted(_by_run(rows).items(), key=lambda item: (item[0][2], item[0][:2])):
+    for (kernel, shape, run), roles in sorted(_by_run(rows).items(), key=lambda item: (item[0][2], item[0][:2])):
         for role, r in roles.items():
             if role.startswith("space best of ") and "tuned" in roles:
                 tuned = float(roles["tuned"]["peer_ms"]) / float(roles["tuned"]["ours_ms"])
                 best = float(r["peer_ms"]) / float(r["ours_ms"])
-                runs.append((kernel, shape, date, role.removeprefix("space best of "), tuned, best))
+                runs.append((kernel, shape, _run_text(run), role.removeprefix("space best of "), tuned, best))
     return runs
 
 

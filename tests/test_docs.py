@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import typer.main
 
 from tunesvc.cli import app
@@ -155,3 +156,47 @@ def test_results_page_says_which_held_out_target_is_missed_and_shows_the_latest_
     assert "- matmul, worst pick / tuned: 0.800, 94% of the target 0.85 at M=3,N=64,K=64" in page
     # the evaluation file keeps every run; the page shows the last date's, the last row per key
     assert "run of 2030-01-02" in page and "| matmul | 1 | 100% | 1.000, M=1,N=64,K=64 | 0% | 0.900," in page
+
+
+def test_results_page_keeps_two_held_out_runs_of_one_date_apart(tmp_path):
+    spec = importlib.util.spec_from_file_location("results_page", ROOT / "benchmarks" / "results_page.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base = dict.fromkeys(module.COLUMNS, "")
+    rows = []
+    # a row from before the run column, then two named runs of the same date: the last one alone
+    # makes the table, and the shape only the earlier runs measured is left out of it
+    for run, shape, ours in (
+        ("", "M=5,N=64,K=64", "4.0"),
+        ("2030-01-02T08:00:00Z", "M=3,N=64,K=64", "2.0"),
+        ("2030-01-02T09:30:00Z", "M=1,N=64,K=64", "1.0"),
+    ):
+        for role in ("tuned", "nearest"):
+            rows.append({**base, "date": "2030-01-02", "run": run, "kernel": f"matmul [{role}]", "shape": shape,
+                         "ours_ms": ours, "peer_ms": "1.0"})  # fmt: skip
+    with (tmp_path / "heldout.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, module.COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    page = "\n".join(module._targets(tmp_path))
+    assert "| matmul | 2030-01-02T09:30:00Z | 1 | 1.000x (>= 1.0) | 1.000x (>= 0.9), M=1,N=64,K=64 |" in page
+    assert "M=3,N=64,K=64" not in page and "M=5,N=64,K=64" not in page
+    # the row without a run alone: its date names the run
+    with (tmp_path / "heldout.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, module.COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows[:2])
+    assert "| matmul | 2030-01-02 | 1 | 0.250x (>= 1.0) |" in "\n".join(module._targets(tmp_path))
+
+
+def test_a_results_file_of_another_layout_is_refused_in_one_sentence(tmp_path):
+    spec = importlib.util.spec_from_file_location("results_page", ROOT / "benchmarks" / "results_page.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = tmp_path / "heldout.csv"
+    path.write_text(",".join(module.COLUMNS[:-1]) + "\n")
+    before = path.read_text()
+    with pytest.raises(SystemExit, match=r"heldout.csv: columns .* are not \[") as raised:
+        module.read_rows(path)
+    assert "\n" not in str(raised.value)
+    assert path.read_text() == before

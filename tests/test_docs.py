@@ -105,10 +105,23 @@ def test_readme_and_docs_describe_the_product_not_its_history():
         assert not found, f"{page.relative_to(ROOT)} narrates how it was made: {found}"
 
 
-def test_results_page_is_generated_from_the_csv_files():
+def _results_page():
+    """benchmarks/results_page.py as a module (benchmarks/ is not a package)."""
     spec = importlib.util.spec_from_file_location("results_page", ROOT / "benchmarks" / "results_page.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def _write_rows(path, columns, rows):
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_results_page_is_generated_from_the_csv_files():
+    module = _results_page()
     assert list((ROOT / "benchmarks" / "results").glob("*.csv")), "no benchmark results"
     assert (ROOT / "benchmarks" / "RESULTS.md").read_text() == module.render(), (
         f"benchmarks/RESULTS.md is stale; regenerate it with `{module.COMMAND}`."
@@ -126,19 +139,14 @@ def test_version_flag():
 
 
 def test_results_page_says_which_held_out_target_is_missed_and_shows_the_latest_evaluation(tmp_path):
-    spec = importlib.util.spec_from_file_location("results_page", ROOT / "benchmarks" / "results_page.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _results_page()
     base = dict.fromkeys(module.COLUMNS, "")
     rows = []
     for shape, tuned_ms, pick_ms in (("M=1,N=64,K=64", 1.0, 1.0), ("M=3,N=64,K=64", 2.0, 2.5)):
         for role, ms in (("tuned", tuned_ms), ("selector", pick_ms), ("space best of 50", tuned_ms * 0.99)):
             rows.append({**base, "date": "2030-01-02", "kernel": f"matmul [{role}]", "shape": shape,
                          "ours_ms": str(ms), "peer_ms": "1.0"})  # fmt: skip
-    with (tmp_path / "heldout.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, module.COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    _write_rows(tmp_path / "heldout.csv", module.COLUMNS, rows)
     (tmp_path / "evaluate").mkdir()
     fields = ["kernel", "shape_key", "selector_ratio", "nearest_ratio", "timestamp"]
     with (tmp_path / "evaluate" / "matmul.csv").open("w", newline="") as f:
@@ -159,9 +167,7 @@ def test_results_page_says_which_held_out_target_is_missed_and_shows_the_latest_
 
 
 def test_results_page_keeps_two_held_out_runs_of_one_date_apart(tmp_path):
-    spec = importlib.util.spec_from_file_location("results_page", ROOT / "benchmarks" / "results_page.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _results_page()
     base = dict.fromkeys(module.COLUMNS, "")
     rows = []
     # a row from before the run column, then two named runs of the same date: the last one alone
@@ -174,25 +180,17 @@ def test_results_page_keeps_two_held_out_runs_of_one_date_apart(tmp_path):
         for role in ("tuned", "nearest"):
             rows.append({**base, "date": "2030-01-02", "run": run, "kernel": f"matmul [{role}]", "shape": shape,
                          "ours_ms": ours, "peer_ms": "1.0"})  # fmt: skip
-    with (tmp_path / "heldout.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, module.COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    _write_rows(tmp_path / "heldout.csv", module.COLUMNS, rows)
     page = "\n".join(module._targets(tmp_path))
     assert "| matmul | 2030-01-02T09:30:00Z | 1 | 1.000x (>= 1.0) | 1.000x (>= 0.9), M=1,N=64,K=64 |" in page
     assert "M=3,N=64,K=64" not in page and "M=5,N=64,K=64" not in page
     # the row without a run alone: its date names the run
-    with (tmp_path / "heldout.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, module.COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows[:2])
+    _write_rows(tmp_path / "heldout.csv", module.COLUMNS, rows[:2])
     assert "| matmul | 2030-01-02 | 1 | 0.250x (>= 1.0) |" in "\n".join(module._targets(tmp_path))
 
 
 def test_a_results_file_of_another_layout_is_refused_in_one_sentence(tmp_path):
-    spec = importlib.util.spec_from_file_location("results_page", ROOT / "benchmarks" / "results_page.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _results_page()
     path = tmp_path / "heldout.csv"
     path.write_text(",".join(module.COLUMNS[:-1]) + "\n")
     before = path.read_text()

@@ -505,6 +505,42 @@ def test_tune_selector_cross_measures_fits_and_prints_the_tree(tmp_db, template,
     )
 
 
+def test_evaluate_within_a_time_budget_holds_out_the_first_key_and_hands_each_row_over(fitted_db, template, device):
+    store = Store(fitted_db, readonly=True)
+    handed = []
+    try:
+        rows = sel.evaluate(store, template, device, on_row=handed.append, time_budget=1e-9)
+        every = sel.evaluate(store, template, device, on_row=handed.append)
+    finally:
+        store.close()
+    assert [r.shape_key for r in rows] == [every[0].shape_key]  # the budget passed: no second key
+    assert len(every) == len(SHAPES) and handed == [*rows, *every]
+
+
+def test_tune_evaluate_time_budget_writes_the_keys_measured_and_says_how_many(fitted_db, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from tunesvc import cli
+    from tunesvc.cli import app
+
+    monkeypatch.setattr(cli.console, "width", 200)
+    out = tmp_path / "heldout.csv"
+    result = CliRunner().invoke(
+        app, ["evaluate", "matmul", "--db", fitted_db, "--csv", str(out), "--time-budget", "0.000001"]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"The time budget held out 1 of the {len(SHAPES)} tuned keys" in result.output
+    assert len(out.read_text().splitlines()) == 2  # the header and the one key measured
+    # refused in one sentence before anything is measured or written
+    for args, said in (
+        (["--time-budget", "0"], "--time-budget must be a positive number of seconds, got 0.0."),
+        (["--csv", str(tmp_path / "no" / "such.csv")], "folder"),
+    ):
+        result = CliRunner().invoke(app, ["evaluate", "matmul", "--db", str(tmp_path / "new.db"), *args])
+        assert result.exit_code == 1 and said in result.output and "held out" not in result.output
+        assert not (tmp_path / "new.db").exists()
+
+
 def test_evaluate_without_tuned_keys_is_one_clear_error(tmp_db):
     from typer.testing import CliRunner
 

@@ -1511,7 +1511,17 @@ def evaluate(
     kernel: Annotated[str, typer.Argument(help="Kernel name (see `tune kernels`).", autocompletion=_complete_kernel)],
     min_coverage: MinCoverageOption = 1.0,
     csv: Annotated[
-        Path | None, typer.Option("--csv", help="Also append one row per held-out key to this CSV file.")
+        Path | None,
+        typer.Option("--csv", help="Also append one row per held-out key to this CSV file, as each is measured."),
+    ] = None,
+    time_budget: Annotated[
+        float | None,
+        typer.Option(
+            "--time-budget",
+            help="Hold out no further key after this many seconds (the first always is); "
+            "the table and the CSV have the keys measured [default: no limit].",
+            show_default=False,
+        ),
     ] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -1520,17 +1530,28 @@ def evaluate(
     from tunesvc import selector as selectors  # fitting (scikit-learn), measuring (torch, Triton)
     from tunesvc.device import current_device
     from tunesvc.store import Store
+    from tunesvc.sweep import check_time_budget
     from tunesvc.template import get_template
 
+    check_time_budget(time_budget)
+    if csv is not None:
+        selectors.check_csv_path(csv)
     template, device = get_template(kernel), current_device()
     store = Store(db, readonly=True)
     try:
         progress = None if as_json else (lambda key: console.print(f"held out: {key}", highlight=False))
-        rows = selectors.evaluate(store, template, device, min_coverage=min_coverage, on_key=progress)
+        rows = selectors.evaluate(
+            store,
+            template,
+            device,
+            min_coverage=min_coverage,
+            on_key=progress,
+            on_row=None if csv is None else (lambda row: selectors.append_csv([row], csv)),
+            time_budget=time_budget,
+        )
+        tuned = len(selectors.tuned_winners(store, template, device.hardware_id))
     finally:
         store.close()
-    if csv is not None:
-        selectors.append_csv(rows, csv)
     totals = selectors.summary(rows)
     if as_json:
         return _print_json({"rows": [r.to_dict() for r in rows], "summary": totals})
@@ -1562,6 +1583,10 @@ def evaluate(
             _ratio(t["nearest_worst_ratio"]),
         )
     console.print(summary)
+    if len(rows) < tuned:
+        console.print(
+            f"The time budget held out {len(rows)} of the {tuned} tuned keys; a rerun starts again from the first."
+        )
 
 
 # -- tune db: the schema (Alembic migrations in tunesvc/store/alembic) -------------------------------

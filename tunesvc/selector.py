@@ -900,6 +900,8 @@ def evaluate(
     *,
     min_coverage: float = 1.0,
     on_key: Callable[[str], None] | None = None,
+    on_row: Callable[[HeldOut], None] | None = None,
+    time_budget: float | None = None,
 ) -> list[HeldOut]:
     """Leave-one-shape-out over the tuned keys of ``template`` on ``device``'s model.
 
@@ -907,6 +909,8 @@ def evaluate(
     measure on this device, through the sweeps' measurer, the key's tuned winner, what the
     runtime would launch with that selector (predicted, else nearest, else heuristic) and what
     the nearest rule alone would, re-timed in ``ROUNDS`` interleaved rounds (median).
+    ``on_row(row)`` is called as each key's row is made (a CSV written as it goes);
+    ``time_budget``: seconds after which no further key is held out (the first always is).
     """
     from tunesvc.bench import measurer_for
 
@@ -916,8 +920,11 @@ def evaluate(
             f"No tuned key of {template.name} (version {template.version}) on {device.name} in {store.where}; "
             "run `tune sweep` first."
         )
-    rows = []
+    rows: list[HeldOut] = []
+    began = _now()
     for key in sorted(winners):
+        if rows and time_budget is not None and _now() - began >= time_budget:
+            break
         if on_key is not None:
             on_key(key)
         problem = template.problem_of_key(key)
@@ -930,23 +937,24 @@ def evaluate(
         configs = {config_hash(c): c for c in (winners[key], chosen[1], nearest[2])}
         with measurer_for(template, problem, device) as measurer:
             times = _measured(measurer, configs)
-        rows.append(
-            HeldOut(
-                kernel=template.name,
-                device=device.name,
-                shape_key=key,
-                keys_fitted=fitted.keys if fitted is not None else 0,
-                tuned_config=winners[key],
-                tuned_ms=times[config_hash(winners[key])],
-                selector_source=chosen[0],
-                selector_config=chosen[1],
-                selector_ms=times[config_hash(chosen[1])],
-                nearest_source=nearest[0],
-                nearest_key=nearest[1],
-                nearest_config=nearest[2],
-                nearest_ms=times[config_hash(nearest[2])],
-            )
+        row = HeldOut(
+            kernel=template.name,
+            device=device.name,
+            shape_key=key,
+            keys_fitted=fitted.keys if fitted is not None else 0,
+            tuned_config=winners[key],
+            tuned_ms=times[config_hash(winners[key])],
+            selector_source=chosen[0],
+            selector_config=chosen[1],
+            selector_ms=times[config_hash(chosen[1])],
+            nearest_source=nearest[0],
+            nearest_key=nearest[1],
+            nearest_config=nearest[2],
+            nearest_ms=times[config_hash(nearest[2])],
         )
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
     return rows
 
 
@@ -1006,6 +1014,12 @@ CSV_COLUMNS = (
 )
 
 
+def check_csv_path(path: Path) -> None:
+    """A --csv path whose folder exists (checked before anything is measured)."""
+    if not path.parent.is_dir():
+        raise TunesvcError(f"Cannot write {path}: folder {path.parent} does not exist.")
+
+
 def append_csv(rows: list[HeldOut], path: str | Path) -> None:
     """Append ``rows`` to a CSV file (its header first, if the file is new or empty)."""
     import csv
@@ -1014,8 +1028,7 @@ def append_csv(rows: list[HeldOut], path: str | Path) -> None:
     from datetime import datetime
 
     path = Path(path)
-    if not path.parent.is_dir():
-        raise TunesvcError(f"Cannot write {path}: folder {path.parent} does not exist.")
+    check_csv_path(path)
     new = not path.exists() or path.stat().st_size == 0
     stamp = datetime.now(UTC).isoformat(timespec="seconds")
     try:

@@ -771,7 +771,7 @@ def check_sweep_arguments(
 
 
 def check_time_budget(time_budget: float | None) -> None:
-    """A --time-budget (of a sweep, or of ``tune selector --cross-measure``) is positive seconds."""
+    """A --time-budget (of a sweep, ``tune selector --cross-measure`` or ``tune evaluate``) is positive seconds."""
     if time_budget is not None and not time_budget > 0:
         raise TunesvcError(f"--time-budget must be a positive number of seconds, got {time_budget}.")
 

@@ -299,9 +299,10 @@ def _eager_targets(results_dir: Path, date: str) -> list[str]:
 
 
 def _run_of(row: dict[str, str]) -> tuple[str, str]:
-    """The run that wrote a row, in the order runs happened: (date, run); a row from before the
-    run column has an empty run, so its date's runs count as one, older than that date's named ones."""
-    return row["date"], row["run"]
+    """The run that wrote a row, in the order runs happened: (the run's date, run), so that a run
+    past midnight stays one; a row from before the run column has an empty run, so its date's
+    runs count as one, older than that date's named ones."""
+    return row["run"][:10] or row["date"], row["run"]
 
 
 def _run_text(run: tuple[str, str]) -> str:

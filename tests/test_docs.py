@@ -170,19 +170,20 @@ def test_results_page_keeps_two_held_out_runs_of_one_date_apart(tmp_path):
     module = _results_page()
     base = dict.fromkeys(module.COLUMNS, "")
     rows = []
-    # a row from before the run column, then two named runs of the same date: the last one alone
-    # makes the table, and the shape only the earlier runs measured is left out of it
-    for run, shape, ours in (
-        ("", "M=5,N=64,K=64", "4.0"),
-        ("2030-01-02T08:00:00Z", "M=3,N=64,K=64", "2.0"),
-        ("2030-01-02T09:30:00Z", "M=1,N=64,K=64", "1.0"),
+    # a row from before the run column, then two named runs of the same date, the last past
+    # midnight: it alone makes the table, and the shape only the earlier runs measured is left out
+    for date, run, shape, ours in (
+        ("2030-01-02", "", "M=5,N=64,K=64", "4.0"),
+        ("2030-01-02", "2030-01-02T08:00:00Z", "M=3,N=64,K=64", "2.0"),
+        ("2030-01-02", "2030-01-02T23:59:00Z", "M=1,N=64,K=64", "1.0"),
+        ("2030-01-03", "2030-01-02T23:59:00Z", "M=7,N=64,K=64", "1.0"),
     ):
         for role in ("tuned", "nearest"):
-            rows.append({**base, "date": "2030-01-02", "run": run, "kernel": f"matmul [{role}]", "shape": shape,
+            rows.append({**base, "date": date, "run": run, "kernel": f"matmul [{role}]", "shape": shape,
                          "ours_ms": ours, "peer_ms": "1.0"})  # fmt: skip
     _write_rows(tmp_path / "heldout.csv", module.COLUMNS, rows)
     page = "\n".join(module._targets(tmp_path))
-    assert "| matmul | 2030-01-02T09:30:00Z | 1 | 1.000x (>= 1.0) | 1.000x (>= 0.9), M=1,N=64,K=64 |" in page
+    assert "| matmul | 2030-01-02T23:59:00Z | 2 | 1.000x (>= 1.0) | 1.000x (>= 0.9), M=1,N=64,K=64 |" in page
     assert "M=3,N=64,K=64" not in page and "M=5,N=64,K=64" not in page
     # the row without a run alone: its date names the run
     _write_rows(tmp_path / "heldout.csv", module.COLUMNS, rows[:2])

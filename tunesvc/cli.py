@@ -1517,10 +1517,8 @@ def evaluate(
     time_budget: Annotated[
         float | None,
         typer.Option(
-            "--time-budget",
             help="Hold out no further key after this many seconds (the first always is); "
-            "the table and the CSV have the keys measured [default: no limit].",
-            show_default=False,
+            "the table and the CSV have the keys measured \\[default: no limit]."
         ),
     ] = None,
     db: DbOption = None,

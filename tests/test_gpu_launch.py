@@ -139,6 +139,8 @@ def test_matmul_tma_tiles_nearest_the_shared_memory_limit_compile():
     # TMA tile it admits within 15% of the device's limit must fit (Triton raises OutOfResources)
     mm = _module("matmul")
     device = current_device()
+    if not device.limits()["has_tma"]:
+        pytest.skip(f"{device.name} has no tensor descriptors: the space holds no TMA kernel there")
     problem = mm.TEMPLATE.problem(M=4096, N=4096, K=4096, dtype="bfloat16")
     a = torch.randn(300, 520, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(520, 700, device="cuda", dtype=torch.bfloat16)

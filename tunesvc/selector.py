@@ -808,7 +808,7 @@ def cross_measure(
         missing = [(c, config_hash(c)) for c in candidates if config_hash(c) not in stored.get(key, {})]
         if not missing:
             continue
-        if measured_keys and time_budget is not None and _now() - began >= time_budget:
+        if measured_keys and _spent(began, time_budget):
             break
         measured_keys += 1
         problem = template.problem_of_key(key)
@@ -828,6 +828,11 @@ def _now() -> float:
     import time
 
     return time.perf_counter()
+
+
+def _spent(began: float, time_budget: float | None) -> bool:
+    """Whether a --time-budget of seconds from ``began`` (a :func:`_now`) has passed; never without one."""
+    return time_budget is not None and _now() - began >= time_budget
 
 
 # -- leave-one-shape-out evaluation, measured -----------------------------------------------------
@@ -923,7 +928,7 @@ def evaluate(
     rows: list[HeldOut] = []
     began = _now()
     for key in sorted(winners):
-        if rows and time_budget is not None and _now() - began >= time_budget:
+        if rows and _spent(began, time_budget):
             break
         if on_key is not None:
             on_key(key)

@@ -20,6 +20,7 @@ from test_ops import _run
 
 import tunesvc
 import tunesvc.kernels
+from tunesvc import launch
 from tunesvc.launch import LaunchPlans
 from tunesvc.launch import direct_launch
 from tunesvc.ops import KernelOp
@@ -287,8 +288,36 @@ def test_a_workspace_is_kept_with_the_plan_within_the_ops_budget(budget, allocat
     plans = _workspace_op.eager
     assert isinstance(plans, LaunchPlans)
     (plan,) = plans.plans.values()
-    assert plan is not None and plan.source.count("empty_like(args[0])") == allocations, plan.source
+    assert plan is not None and plan.source.count("= empty") == allocations, plan.source
     assert plans.kept == (400 if allocations == 1 else 0)
+
+
+def _doubled_transposed(x: torch.Tensor) -> torch.Tensor:
+    """2 x^T for a contiguous x, in a buffer with x's strides: the result's strides are those of no argument."""
+    y = torch.empty_like(x).t()
+    _scale[(triton.cdiv(x.numel(), 64),)](x, y.t(), x.numel(), 2.0, BLOCK=64)
+    return y
+
+
+_transposed_op = kernel_op("_plans_transposed", _doubled_transposed, lambda x: torch.empty_like(x).t())
+
+
+@pytest.mark.skipif("cpu" not in launch._ALLOCATORS, reason="this torch has no Inductor allocator for the CPU")
+def test_a_replay_allocates_through_inductors_allocator_with_the_recorded_layout():
+    """Where torch has Inductor's allocator for the device type, a replay's buffers come from it
+    (no argument parsing) with the size, strides and dtype the function's own buffers had."""
+    for dtype in (torch.float32, torch.float16):
+        first = _transposed_op.call(torch.randn(3, 5).to(dtype))
+        x = torch.randn(3, 5).to(dtype)
+        again = _transposed_op.call(x)
+        layout = (again.shape, again.stride(), again.dtype, again.device)
+        assert layout == (first.shape, first.stride(), first.dtype, first.device) == ((5, 3), (1, 5), dtype, x.device)
+        assert again.data_ptr() != first.data_ptr()
+        torch.testing.assert_close(again, 2.0 * x.t())
+    plans = _transposed_op.eager
+    assert isinstance(plans, LaunchPlans)
+    sources = [p.source for p in plans.plans.values() if p is not None]
+    assert len(sources) == 2 and all(s.count("= empty_fast(") == 1 for s in sources), sources
 
 
 def test_a_family_function_may_not_name_a_parameter_as_its_generated_body_does():

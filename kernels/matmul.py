@@ -903,16 +903,19 @@ class MatmulTemplate(Template):
 
     def wave_fill(self, config: Config, problem: Problem, device: Device) -> float:
         # one program per output tile and K slice, one resident per SM: the persistent kernels
-        # walk the same tiles in the same waves, one per SM at a time; splittail's programs end
-        # together (tail_split)
-        if config.get("VARIANT") == "splittail":
-            return 1.0
-        programs = (
-            triton.cdiv(problem["M"], config["BLOCK_M"])
-            * triton.cdiv(problem["N"], config["BLOCK_N"])
-            * config.get("SPLIT_K", 1)
-        )
+        # walk the same tiles in the same waves, one per SM at a time
+        tiles = triton.cdiv(problem["M"], config["BLOCK_M"]) * triton.cdiv(problem["N"], config["BLOCK_N"])
+        programs = tiles * config.get("SPLIT_K", 1)
         sms = max(device.sm_count, 1)
+        if config.get("VARIANT") == "splittail":
+            # the tiles' K steps over the SMs' span as tail_split models it (its slices' extra
+            # steps counted); whole tiles alone where it does not cut, as the launch does
+            block_k = config["BLOCK_K"]
+            k_steps = triton.cdiv(problem["K"], block_k)
+            whole, slices = tail_split(tiles, k_steps, block_k, sms)
+            if slices > 1:
+                cut = math.ceil((tiles - whole) * slices / sms) * (math.ceil(k_steps / slices) + 1600 / block_k)
+                return tiles * k_steps / (sms * (whole // sms * k_steps + cut))
         return programs / (triton.cdiv(programs, sms) * sms)
 
     def selector_features(self, problem: Problem, device: Device) -> dict[str, float]:

@@ -711,6 +711,25 @@ def test_matmul_wave_fill_counts_tiles_and_slices_over_the_sms(template):
     assert template.wave_fill(split, template.problem(M=1, N=2112, K=4096), h100) == pytest.approx(1.0)  # 33 x 4
 
 
+def test_matmul_wave_fill_of_splittail_is_what_its_cut_leaves_idle(template):
+    """splittail fills the SMs no better than whole tiles where tail_split leaves them whole, and
+    where it cuts the last wave into slices, better, but short of 1 by the slices' extra steps."""
+    from dataclasses import replace as with_
+
+    h100 = with_(tunesvc.current_device(), sm_count=132)
+    config = {"VARIANT": "splittail", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SPLIT_K": 1}
+    whole = template.problem(M=4096, N=4096, K=4096)  # 512 tiles: 3.9 waves, not cut
+    assert template.wave_fill(config, whole, h100) == pytest.approx(512 / 528)
+    assert template.wave_fill(config, whole, h100) == template.wave_fill({**config, "VARIANT": "tma"}, whole, h100)
+    cut = template.problem(M=1000, N=6144, K=4096)  # 192 tiles: the second wave's 60 run as 2 slices of 32 steps
+    from tunesvc.kernels.matmul import tail_split
+
+    assert tail_split(192, 64, 64, 132) == (132, 2)
+    fill = template.wave_fill(config, cut, h100)
+    assert 192 / 264 < fill < 1.0
+    assert fill == pytest.approx(192 * 64 / (132 * (64 + 32 + 1600 / 64)))
+
+
 def _neighbours_set(template, device):
     """A neighbours training set over three real matmul keys (two candidates, with their fills)."""
     shapes = [(16, 45, 29), (64, 45, 29), (128, 70, 50)]

@@ -226,6 +226,58 @@ def test_plans_are_dropped_when_another_runtime_answers():
     assert len(plans.plans) == 1 and plans._runtime is tunesvc.runtime._default
 
 
+needs_guards = pytest.mark.skipif(
+    getattr(launch._GUARDS, "TensorGuards", None) is None, reason="this torch has no compiled tensor guards"
+)
+
+
+@needs_guards
+def test_the_last_plan_is_replayed_only_for_a_call_its_guards_and_key_pass():
+    """The hit path tries the plan it found last first: for the same layout and scalars it is
+    taken; a tensor of another shape, strides or dtype, an address of another alignment, or
+    another scalar each finds its own plan, calls alternating between them."""
+    base = torch.randn(6, 40)
+    variants = [
+        base,
+        torch.randn(6, 41),
+        torch.randn(40, 6).t(),  # (6, 40) with other strides
+        torch.randn(6, 40, dtype=torch.float64),
+        torch.randn(6 * 40 + 1)[1:].view(6, 40),  # same layout, address 4 bytes past 16
+    ]
+    plans = _scale_op.eager
+    assert isinstance(plans, LaunchPlans)
+    with torch.no_grad():
+        for _ in range(3):
+            for x in variants:
+                for scale in (2.0, 3):
+                    torch.testing.assert_close(_scale_op.call(x, scale), scale * x)
+                    assert plans.last is not None and plans.last.guards.check(x)
+                    assert plans.last.rest[2:] == (x.data_ptr() & 15, type(scale), scale)
+    assert len(plans.plans) == 2 * len(variants) and all(p is not None for p in plans.plans.values())
+    for x in variants:  # exactly one plan passes each call's guards and the rest of its key
+        taking = [
+            p for p in plans.plans.values() if p.guards.check(x) and p.rest[2:] == (x.data_ptr() & 15, float, 2.0)
+        ]
+        assert len(taking) == 1
+
+
+@needs_guards
+def test_a_familys_function_takes_its_last_plan_only_for_the_same_layout():
+    """softmax's public function keeps its last plan's guards: float16 and float32 inputs of one
+    shape, and two shapes, alternate without one replaying the other's launch."""
+    xs = [torch.randn(5, 37), torch.randn(5, 37).half(), torch.randn(5, 38), torch.randn(3, 5, 37)]
+    with torch.no_grad():
+        for _ in range(3):
+            for x in xs:
+                torch.testing.assert_close(tunesvc.kernels.softmax(x), torch.softmax(x.float(), -1).to(x.dtype))
+                assert tunesvc.kernels.softmax.plans.last.guards.check(x)
+        before = list(tunesvc.kernels.softmax.plans.plans.values())
+        tunesvc.configure(mode="heuristic")  # another runtime: the plans and the last one go
+        tunesvc.kernels.softmax(xs[0])
+    plans = tunesvc.kernels.softmax.plans
+    assert len(before) == len(xs) and len(plans.plans) == 1 and all(plans.last is not p for p in before)
+
+
 def _maybe_scaled(x: torch.Tensor, other: torch.Tensor | None, scale: float | None) -> torch.Tensor:
     return _scale_rows(x if other is None else other, 1.0 if scale is None else scale)
 

@@ -43,20 +43,45 @@ from tunesvc import runtime as _runtime_module
 _allocator_set: contextvars.ContextVar[bool] = contextvars.ContextVar("tunesvc_allocator_set", default=False)
 
 
+def _dynamo_guards() -> Any:
+    """torch's compiled guard helpers (``torch._C._dynamo.guards``), or None in a torch without them."""
+    try:
+        return importlib.import_module("torch._C._dynamo.guards")
+    except ImportError:
+        return None
+
+
+_GUARDS = _dynamo_guards()
+
+
 def _inductor_allocators() -> dict[str, Callable[..., torch.Tensor]]:
     """Per device type, the allocator Inductor's generated code calls: ``(size, stride, dtype)``
     as tuples, on the current device, with no argument parsing (torch's comment on it: about 2 us
     less per call than ``torch.empty_strided``). A torch without them: none, and plans call
     ``torch.empty_like`` and the like."""
-    try:
-        guards = importlib.import_module("torch._C._dynamo.guards")
-    except ImportError:
-        return {}
-    found = {kind: getattr(guards, f"_empty_strided_{kind}", None) for kind in ("cuda", "cpu")}
+    found = {kind: getattr(_GUARDS, f"_empty_strided_{kind}", None) for kind in ("cuda", "cpu")}
     return {kind: fn for kind, fn in found.items() if callable(fn)}
 
 
 _ALLOCATORS = _inductor_allocators()
+
+
+def _tensor_guards(tensors: list[torch.Tensor]) -> Any:
+    """Dynamo's compiled check of these tensors' Python type, dispatch keys, dtype, device,
+    requires_grad, sizes and strides (``TensorGuards(...).check(*tensors)``, one C++ call, what a
+    compiled graph's guards run), or None where this torch has none or refuses them."""
+    make = getattr(_GUARDS, "TensorGuards", None)
+    if make is None or not tensors:
+        return None
+    try:
+        guards = make(
+            *tensors,
+            dynamic_dims_sizes=[list(t.shape) for t in tensors],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+        )
+        return guards if guards.check(*tensors) is True else None
+    except Exception:  # a torch whose TensorGuards takes other arguments: the plans' dict alone
+        return None
 
 
 def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
@@ -470,6 +495,10 @@ class LaunchPlan:
         self.keeping: dict[int, bool] = {}  # by storage address: whether a workspace is kept
         self.replay: Callable[[tuple, int], Any] = _no_key
         self.source = ""
+        #: the compiled check of the call's tensors (_tensor_guards) and the rest of its key, set
+        #: where the hit path tries the last plan first; None: only the dict finds it
+        self.guards: Any = None
+        self.rest: tuple | None = None
 
     @classmethod
     def build(cls, inputs: tuple, output: Any, recording: _Recording, budget: int = 0) -> LaunchPlan | str:
@@ -624,7 +653,9 @@ def _kinds(args: tuple, seen: list[set[type]] | None = None) -> list[set[type]]:
     return kinds
 
 
-def _plan_key_parts(kinds: list[set[type]], entry: bool = False, names: list[str] | None = None) -> list[str] | None:
+def _plan_key_parts(
+    kinds: list[set[type]], entry: bool = False, names: list[str] | None = None, guarded: bool = False
+) -> list[str] | None:
     """The source of the plan key's items after the current device and stream, for calls whose
     arguments (named ``names``, else a0, a1, ...) are of these kinds: each tensor's shape, strides, dtype and
     address mod 16, the first tensor's device index, and every other argument's class and value
@@ -634,7 +665,11 @@ def _plan_key_parts(kinds: list[set[type]], entry: bool = False, names: list[str
 
     ``entry``: the key of a family's public function, which checks its arguments before the
     op runs: every tensor's device index, whether it requires grad, and whether grad mode is on
-    are part of it too (a hit skips the checks; a call that autograd records is never replayed)."""
+    are part of it too (a hit skips the checks; a call that autograd records is never replayed).
+
+    ``guarded``: the items a plan's tensor guards (:func:`_tensor_guards`) leave to check: the
+    same, but of each tensor its address mod 16 alone (the guards check the rest, and every
+    tensor's device); None where a tensor may be None (the guards take tensors) or there is none."""
     parts = ["grad_enabled()"] if entry else []
     first = ""  # the first tensor's device index
     for i, kind in enumerate(kinds):
@@ -643,9 +678,9 @@ def _plan_key_parts(kinds: list[set[type]], entry: bool = False, names: list[str
             extra = f", {name}.get_device(), {name}.requires_grad" if entry else ""
             meta = f"({name}.shape, {name}.stride(), {name}.dtype, {name}.data_ptr() & 15{extra})"
             if kind == {torch.Tensor}:
-                parts.append(meta)
+                parts.append(f"{name}.data_ptr() & 15" if guarded else meta)
                 first = first or f"{name}.get_device()"
-            elif kind == {torch.Tensor, type(None)}:
+            elif kind == {torch.Tensor, type(None)} and not guarded:
                 parts.append(f"(None if {name} is None else {meta})")
             else:
                 return None
@@ -653,21 +688,44 @@ def _plan_key_parts(kinds: list[set[type]], entry: bool = False, names: list[str
             parts += [f"{name}.__class__", name]
         else:
             parts.append(f"(None if {name} is None else no_key())")
+    if guarded:
+        return parts if first else None
     if not entry:
         parts.append(first or "None")
     return parts
 
 
-def _hit_source(names: list[str], items: list[str], indent: str = "    ") -> str:
+def _guarded_tensors(kinds: list[set[type]], names: list[str]) -> list[str]:
+    """The names of the arguments a plan's tensor guards check, in order: those that are always tensors."""
+    return [name for name, kind in zip(names, kinds) if kind == {torch.Tensor}]
+
+
+def _hit_source(
+    names: list[str], items: list[str], indent: str = "    ", rest: list[str] | None = None, tensors: str = ""
+) -> str:
     """The source of the hit path of a plans' call of arguments ``names`` keyed by ``items``: key
     the call, find its plan and replay it; anything else (no plan yet, an argument this key does
-    not take, a recording under way, another runtime, a launch hook) goes to ``slow``."""
+    not take, a recording under way, another runtime, a launch hook) goes to ``slow``.
+
+    ``rest`` (the :func:`_plan_key_parts` items left to check past the guards) and ``tensors``
+    (the guarded arguments' source): the last plan hit comes first, taken where its tensor
+    guards pass this call's tensors and the rest of its key is this call's. One C++ check
+    replaces building, hashing and comparing the tensors' part of the key; the dict answers otherwise."""
     args = ", ".join(names)
+    lookup = [f"plan = plans[(index, s, {', '.join(items)},)]"]
+    if rest is not None:
+        lookup = [
+            "plan = owner.last",
+            f"if plan is None or not plan.guards.check({tensors}) or plan.rest != (index, s, {', '.join(rest)},):",
+            f"    {lookup[0]}",
+            "    if plan is not None and plan.guards is not None:",
+            "        owner.last = plan",
+        ]
     lines = [
         "index = device()",
         "s = stream(index)",
         "try:",
-        f"    plan = plans[(index, s, {', '.join(items)},)]",
+        *(f"    {line}" for line in lookup),
         "except Exception:  # no plan yet, or an argument this key does not take",
         f"    return slow({args})",
         "if (",
@@ -713,24 +771,39 @@ def _hit_namespace(plans: LaunchPlans) -> dict[str, Any]:
     return namespace
 
 
-def _plan_functions(plans: LaunchPlans, kinds: list[set[type]]) -> tuple[Callable[..., tuple], Callable[..., Any]]:
-    """``key(*args)`` (the plan key: the current device and stream, then :func:`_plan_key_parts`)
-    and ``call(*args)``, the hit path of ``plans`` in one frame (:func:`_hit_source`). Generated
-    like _key_function (no text a file supplies): an argument of a kind not seen raises in
-    ``key``, and the caller regenerates both."""
+def _guarded_hit(kinds: list[set[type]], entry: bool, names: list[str]) -> dict[str, Any]:
+    """The keyword arguments of :func:`_hit_source` that put a plan's tensor guards first, where
+    this torch has them and the kinds allow them; none otherwise."""
+    rest = _plan_key_parts(kinds, entry, names, guarded=True)
+    if rest is None or getattr(_GUARDS, "TensorGuards", None) is None:
+        return {}
+    return {"rest": rest, "tensors": ", ".join(_guarded_tensors(kinds, names))}
+
+
+def _plan_functions(
+    plans: LaunchPlans, kinds: list[set[type]]
+) -> tuple[Callable[..., tuple], Callable[..., Any], Callable[..., tuple] | None]:
+    """``key(*args)`` (the plan key: the current device and stream, then :func:`_plan_key_parts`),
+    ``call(*args)``, the hit path of ``plans`` in one frame (:func:`_hit_source`), and
+    ``rest(*args)``, the key's items that a plan's tensor guards leave to check (None where the
+    hit path has no guards). Generated like _key_function (no text a file supplies): an argument
+    of a kind not seen raises in ``key``, and the caller regenerates them."""
     parts = _plan_key_parts(kinds, plans.entry)
     if parts is None:
-        return _no_key, plans._slow
+        return _no_key, plans._slow, None
     names = [f"a{i}" for i in range(len(kinds))]
+    guarded = _guarded_hit(kinds, plans.entry, names)
     source = (
         f"def key({', '.join(names)}):\n"
         f"    index = device()\n"
         f"    return (index, stream(index), {', '.join(parts)},)\n"
-        f"def call({', '.join(names)}):\n" + _hit_source(names, parts)
+        f"def call({', '.join(names)}):\n" + _hit_source(names, parts, **guarded)
     )
+    if guarded:
+        source += f"def rest({', '.join(names)}):\n    return ({', '.join(guarded['rest'])},)\n"
     namespace = _hit_namespace(plans)
     exec(compile(source, "<tunesvc.launch plan key>", "exec"), namespace)
-    return namespace["key"], namespace["call"]
+    return namespace["key"], namespace["call"], namespace.get("rest")
 
 
 def entry_source(plans: LaunchPlans, names: list[str]) -> tuple[str, dict[str, Any]]:
@@ -742,7 +815,7 @@ def entry_source(plans: LaunchPlans, names: list[str]) -> tuple[str, dict[str, A
     parts = _plan_key_parts(plans.fixed, plans.entry, names)
     if parts is None:
         return "", {}
-    return _hit_source(names, parts), _hit_namespace(plans)
+    return _hit_source(names, parts, **_guarded_hit(plans.fixed, plans.entry, names)), _hit_namespace(plans)
 
 
 def _hooked() -> bool:
@@ -789,6 +862,10 @@ class LaunchPlans:
         self.kept = 0  # bytes of workspace its plans keep
         #: the call: a hit in one generated frame (_plan_functions), else :meth:`_slow`
         self.call: Callable[..., Any] = self._slow
+        #: the key's items past a plan's tensor guards (_plan_functions), None: no guards
+        self._rest_of: Callable[..., tuple] | None = None
+        #: the plan the hit path found last, tried first on the next call (its guards, then the rest of its key)
+        self.last: LaunchPlan | None = None
 
     def __call__(self, *args: Any) -> Any:
         return self.call(*args)
@@ -820,12 +897,14 @@ class LaunchPlans:
         if self._key_of is not None and kinds == self._kinds:
             raise _NoKey  # no kind is new: this call cannot be keyed (a tensor subclass, a config dict)
         self._kinds = kinds
-        self._key_of, self.call = _plan_functions(self, kinds)
+        self._key_of, self.call, self._rest_of = _plan_functions(self, kinds)
+        self.last = None
         return self._key_of
 
     def _forget(self) -> None:
         """Drop every plan: another runtime answers (``tunesvc.configure``)."""
         self.plans.clear()
+        self.last = None
         self.kept = 0
         self._failures.clear()
         self._runtime = _runtime_module._default
@@ -874,6 +953,11 @@ class LaunchPlans:
         budget = self.workspace - self.kept
         plan = recording.plan(args, output, budget) if not _hooked() else "a launch hook is set"
         if isinstance(plan, LaunchPlan):
+            if self._rest_of is not None:
+                plan.guards = _tensor_guards([a for a in args if isinstance(a, torch.Tensor)])
+                plan.rest = (key[0], key[1], *self._rest_of(*args))
+                if plan.guards is not None:
+                    self.last = plan
             self.plans[key] = plan
             self.kept += plan.kept
             self.refusals.pop(key, None)

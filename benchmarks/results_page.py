@@ -232,69 +232,83 @@ LAUNCH_FAMILY_TARGET = 1 / 1.2
 
 
 def _launch_targets(results_dir: Path) -> list[str]:
-    """Host time per eager call against the launch-cost targets, per kernel over the latest
-    date's runs: the lowest and median peer / ours ratio, and by how much a target is missed."""
+    """Host time per eager call against the launch-cost targets, per kernel: judged on the latest
+    run (the targets ask for one run), with the lowest and median peer / ours ratio over the runs
+    of that run's date beside it (runs of an earlier launch path included), and by how much a
+    target is missed."""
     path = results_dir / "launch_cost.csv"
     if not path.exists():
         return []
     rows = [r for r in read_rows(path) if r["timing_method"] == "host_per_call"]
     if not rows:
         return []
-    latest = max(r["date"] for r in rows)
-    ratios: dict[str, list[float]] = defaultdict(list)
+    run = max(_run_of(r) for r in rows)
+    latest: dict[str, float] = {}
+    day: dict[str, list[float]] = defaultdict(list)
     for r in rows:
-        if r["date"] == latest and (value := ratio_of(r)) is not None:
-            ratios[r["kernel"]].append(value)
+        if _run_of(r)[0] == run[0] and (value := ratio_of(r)) is not None:
+            day[r["kernel"]].append(value)
+            if _run_of(r) == run:
+                latest[r["kernel"]] = value
     lines = [
-        f"Host time per eager call ({latest}, `launch_cost.csv`, `host_per_call`): peer / ours over the runs",
-        "of that date; the target is ours at most 1.2x the torch peer's host time (ratio >= 0.833), and a",
-        "@tunesvc.autotune hit at most a bare `kernel[grid]` launch's (ratio >= 1).",
+        f"Host time per eager call (run {_run_text(run)}, `launch_cost.csv`, `host_per_call`): peer / ours in that",
+        f"run, and the lowest and median over the runs of {run[0]}; the target is ours at most 1.2x the torch",
+        "peer's host time (ratio >= 0.833), and a @tunesvc.autotune hit at most a bare `kernel[grid]` launch's (ratio >= 1).",
         "",
-        "| kernel | runs | lowest | median | target | met |",
-        "|---|---|---|---|---|---|",
+        "| kernel | this run | runs of the date | lowest | median | target | met |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for kernel, values in sorted(ratios.items()):
+    for kernel, value in sorted(latest.items()):
         if kernel == "DirectLaunch hit":
             continue  # a component of the hits above, not a target of its own
         target = LAUNCH_TARGETS.get(kernel, LAUNCH_FAMILY_TARGET)
-        low = min(values)
-        verdict = "yes" if low >= target else f"no: {low / target:.0%} of the target"
+        values = day[kernel]
+        verdict = "yes" if value >= target else f"no: {value / target:.0%} of the target"
         lines.append(
-            f"| {kernel} | {len(values)} | {low:.3f} | {statistics.median(values):.3f} | >= {target:.3f} | {verdict} |"
+            f"| {kernel} | {value:.3f} | {len(values)} | {min(values):.3f} | {statistics.median(values):.3f} "
+            f"| >= {target:.3f} | {verdict} |"
         )
-    return [*lines, "", *_eager_targets(results_dir, latest)]
+    return [*lines, "", *_eager_targets(results_dir, run)]
 
 
 #: eager end to end at least 0.9x the torch peer wherever GPU time is at parity (within 5%)
 EAGER_TARGET, GPU_PARITY = 0.9, 0.95
 
 
-def _eager_targets(results_dir: Path, date: str) -> list[str]:
-    """Eager end to end (``eager_sync``) against its target, beside the GPU-time ratio of the same
-    runs (``gpu_time``), which says whether the target applies."""
-    rows = [r for r in read_rows(results_dir / "launch_cost.csv") if r["date"] == date]
-    by: dict[tuple[str, str], list[float]] = defaultdict(list)
+def _eager_targets(results_dir: Path, run: tuple[str, str]) -> list[str]:
+    """Eager end to end (``eager_sync``) against its target in ``run``, beside the GPU-time ratio
+    of the same run (``gpu_time``), which says whether the target applies, and the lowest eager
+    ratio over the runs of its date."""
+    rows = [r for r in read_rows(results_dir / "launch_cost.csv") if _run_of(r)[0] == run[0]]
+    by: dict[tuple[str, str], float] = {}
+    day: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         if r["timing_method"] in ("eager_sync", "gpu_time") and (value := ratio_of(r)) is not None:
-            by[r["kernel"], r["timing_method"]].append(value)
+            if _run_of(r) == run:
+                by[r["kernel"], r["timing_method"]] = value
+            if r["timing_method"] == "eager_sync":
+                day[r["kernel"]].append(value)
     kernels = sorted({k for k, m in by if m == "gpu_time" and (k, "eager_sync") in by})
     if not kernels:
         return []
     lines = [
-        f"Eager end to end ({date}, `eager_sync`) and GPU time (`gpu_time`), peer / ours, lowest over the runs;",
-        f"the target is eager at least {EAGER_TARGET}x the peer where GPU time is at parity (ratio >= {GPU_PARITY}).",
+        f"Eager end to end (`eager_sync`) and GPU time (`gpu_time`), peer / ours in run {_run_text(run)}, and the",
+        f"lowest eager ratio over the runs of {run[0]}; the target is eager at least {EAGER_TARGET}x the peer where",
+        f"GPU time is at parity (ratio >= {GPU_PARITY}).",
         "",
-        "| kernel | GPU time | at parity | eager end to end | met |",
-        "|---|---|---|---|---|",
+        "| kernel | GPU time | at parity | eager end to end | lowest of the date | met |",
+        "|---|---|---|---|---|---|",
     ]
     for kernel in kernels:
-        gpu, eager = min(by[kernel, "gpu_time"]), min(by[kernel, "eager_sync"])
+        gpu, eager = by[kernel, "gpu_time"], by[kernel, "eager_sync"]
         parity = gpu >= GPU_PARITY
         if not parity:
             verdict = "not applicable"
         else:
             verdict = "yes" if eager >= EAGER_TARGET else f"no: {eager / EAGER_TARGET:.0%} of the target"
-        lines.append(f"| {kernel} | {gpu:.3f} | {'yes' if parity else 'no'} | {eager:.3f} | {verdict} |")
+        lines.append(
+            f"| {kernel} | {gpu:.3f} | {'yes' if parity else 'no'} | {eager:.3f} | {min(day[kernel]):.3f} | {verdict} |"
+        )
     return [*lines, ""]
 
 

@@ -105,10 +105,12 @@ def _close(out: torch.Tensor, ref: torch.Tensor, tol: float = 1e-2) -> None:
 )
 def test_matmul_each_variant(configs, context, variant, split):
     mm = _module("matmul")
-    problem = {"M": 37, "N": 301, "K": 515, "dtype": "bfloat16"}
+    # the space keeps the persistent grid for more tiles than SMs
+    m, n, k = (1000, 3001, 515) if variant == "persistent" else (37, 301, 515)
+    problem = {"M": m, "N": n, "K": k, "dtype": "bfloat16"}
     configs(mm.TEMPLATE, _pick(mm.TEMPLATE, problem, VARIANT=variant, SPLIT_K=split))
-    a = torch.randn(37, 515, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(515, 301, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     out = _in_context(context, lambda: tunesvc.kernels.matmul(a, b))
     torch.cuda.synchronize()
     _close(out, a.float() @ b.float())

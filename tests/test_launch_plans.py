@@ -226,6 +226,30 @@ def test_plans_are_dropped_when_another_runtime_answers():
     assert len(plans.plans) == 1 and plans._runtime is tunesvc.runtime._default
 
 
+def test_a_plan_keeps_neither_the_arguments_nor_the_results_of_the_call_it_recorded():
+    """A plan holds its kept workspaces, not the recorded call's tensors: a process that sees a
+    new shape per call would otherwise pin each first call's activations."""
+    import gc
+    import weakref
+
+    with torch.no_grad():
+        for fn, make_inputs, _ in FAMILIES.values():
+            inputs = make_inputs("cpu")
+            out = fn(*inputs)
+            outs = out if isinstance(out, tuple) else (out,)
+            held = [weakref.ref(t) for t in (*inputs, *outs) if isinstance(t, torch.Tensor)]
+            del inputs, out, outs
+            gc.collect()
+            assert not [ref for ref in held if ref() is not None], fn.__name__
+    plans = [
+        p
+        for name in tunesvc.kernels.__all__
+        if name != "dropout"
+        for p in getattr(tunesvc.kernels, name).plans.plans.values()
+    ]
+    assert plans and all(p is None or (p.arguments == () and p.allocations == {}) for p in plans)
+
+
 needs_guards = pytest.mark.skipif(
     getattr(launch._GUARDS, "TensorGuards", None) is None, reason="this torch has no compiled tensor guards"
 )

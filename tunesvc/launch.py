@@ -520,6 +520,9 @@ class LaunchPlan:
         plan.source += f"    return {result}\n"
         exec(compile(plan.source, "<tunesvc.launch plan>", "exec"), plan.namespace)
         plan.replay = plan.namespace["replay"]
+        # what the build read: the recorded call's arguments and buffers, which a plan kept for
+        # the process would pin (a new shape's activations each); kept workspaces are constants
+        plan.arguments, plan.allocations = (), {}
         return plan
 
     def _keep(self, buffer: torch.Tensor) -> bool:

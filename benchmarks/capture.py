@@ -415,6 +415,7 @@ def main() -> int:
         print("benchmarks/capture.py needs a CUDA GPU (or --smoke).", file=sys.stderr)
         return 1
 
+    started = datetime.datetime.now(datetime.UTC)  # the run's name, as _common.record stamps its rows
     work = Path(tempfile.mkdtemp(prefix="capture-bench-"))
     db = str(work / "tune.db")
     sides: dict[str, dict[str, dict[str, Any]]] = {}
@@ -429,10 +430,9 @@ def main() -> int:
         sides[side] = {r["case"]: r for r in map(json.loads, done.stdout.splitlines()) if r}
 
     device = tunesvc.current_device()
-    now = datetime.datetime.now(datetime.UTC)
     common = {
-        "date": now.strftime("%Y-%m-%d"),
-        "run": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "run": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "gpu": device.name,
         "driver": device.driver,
         "torch": torch.__version__,

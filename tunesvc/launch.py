@@ -698,9 +698,10 @@ def _plan_key_parts(
     return parts
 
 
-def _guarded_tensors(kinds: list[set[type]], names: list[str]) -> list[str]:
-    """The names of the arguments a plan's tensor guards check, in order: those that are always tensors."""
-    return [name for name, kind in zip(names, kinds) if kind == {torch.Tensor}]
+def _guarded_tensors(kinds: list[set[type]], args: list[Any] | tuple) -> list[Any]:
+    """The arguments (or their names) a plan's tensor guards check, in order: those of the
+    positions that are always tensors."""
+    return [arg for arg, kind in zip(args, kinds) if kind == {torch.Tensor}]
 
 
 def _hit_source(
@@ -957,7 +958,8 @@ class LaunchPlans:
         plan = recording.plan(args, output, budget) if not _hooked() else "a launch hook is set"
         if isinstance(plan, LaunchPlan):
             if self._rest_of is not None:
-                plan.guards = _tensor_guards([a for a in args if isinstance(a, torch.Tensor)])
+                assert self._kinds is not None  # set with _rest_of
+                plan.guards = _tensor_guards(_guarded_tensors(self._kinds, args))
                 plan.rest = (key[0], key[1], *self._rest_of(*args))
                 if plan.guards is not None:
                     self.last = plan

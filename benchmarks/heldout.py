@@ -101,13 +101,21 @@ SMALL = {
 }
 #: --size medium: more M and contexts, every family
 MEDIUM = {
+    # per M, two of the four models' projections, so that each model and each projection kind
+    # (fused QKV, output, fused gate/up, down) appears
     "matmul": [
         (1, 10240, 8192),
+        (1, 55296, 5120),
         (24, 8192, 28672),
+        (24, 28672, 4096),
         (200, 37888, 3584),
+        (200, 8192, 8192),
         (1000, 6144, 4096),
+        (1000, 3584, 18944),
         (3000, 5120, 27648),
+        (3000, 4096, 14336),
         (8192, 4608, 3584),
+        (8192, 5120, 5120),
     ],
     "decode": [(1, 64, 8, 12000, 128, False), (16, 28, 4, 1000, 128, False), (8, 40, 8, 32768, 128, False)],
     "attention": [(1, 28, 7000, 128, True), (2, 64, 3000, 128, False)],

@@ -233,6 +233,48 @@ def test_gpu_forward_and_backward_match_reference(dtype, D, causal):
             assert rel_error(got.cpu(), want) < TOL[dtype], (name, config)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_forward_256_query_rows_match_reference(D, causal):
+    # every 256-row config the space admits here, on 8 and 16 warps; S=1000 is ragged for every block
+    B, H, S, dtype = 2, 4, 1000, torch.bfloat16
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype) for _ in range(3))
+    ref_o, ref_lse = reference(q.cpu(), k.cpu(), v.cpu(), causal)
+    device = tunesvc.current_device()
+    problem = TEMPLATE.problem(B=B, H=H, S=S, D=D, causal=causal, dtype=str(dtype))
+    configs = [c for c in TEMPLATE.feasible(problem, device) if c["BLOCK_M"] == 256]
+    assert {c["num_warps"] for c in configs} == {8, 16}
+    for config in configs:
+        o, lse = launch_attention(q, k, v, config, causal=causal)
+        assert rel_error(o.cpu(), ref_o) < TOL[dtype], config
+        assert rel_error(lse.cpu(), ref_lse) < 1e-4, config
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_256_query_rows_matches_reference(causal):
+    # 256 query rows over 64-key blocks: the causal diagonal takes four inner steps, and S=300
+    # leaves the second query block 44 rows deep and the last key block ragged
+    q, k, v = qkv(1, 2, 300, 64, torch.float16)
+    o, lse = launch_attention(q, k, v, {"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 16, "num_stages": 3}, causal=causal)
+    ref_o, ref_lse = reference(q, k, v, causal)
+    assert rel_error(o, ref_o) < TOL[torch.float16]
+    assert rel_error(lse, ref_lse) < 1e-4
+
+
+def test_space_admits_256_query_rows_only_with_narrow_key_blocks(device):
+    h100 = dataclasses.replace(
+        device, kind="cuda", capability="9.0", sm_count=132, max_shared_memory=232448, max_num_regs=65536
+    )
+    problem = TEMPLATE.problem(B=2, H=64, S=3000, D=128, causal=False, dtype="bfloat16")
+    tall = [c for c in TEMPLATE.feasible(problem, h100) if c["BLOCK_M"] == 256]
+    assert tall and all(c["BLOCK_N"] <= 64 and c["num_warps"] in (8, 16) for c in tall)
+    assert all(c["BLOCK_M"] == 256 for c in TEMPLATE.feasible(problem, h100) if c["num_warps"] == 16)
+    # four 64-row warpgroups need 256 query rows; the tile may not outgrow a short sequence
+    short = TEMPLATE.problem(B=2, H=64, S=100, D=128, causal=False, dtype="bfloat16")
+    assert all(c["BLOCK_M"] < 256 for c in TEMPLATE.feasible(short, h100))
+
+
 # -- the Hopper variants: tensor descriptors (TMA) and the warp-specialised key loop (WS) ------
 
 # (causal, TMA, WS); TMA = WS = 0 is FWD above, and the space never pairs WS with causal

@@ -237,15 +237,19 @@ def test_gpu_forward_and_backward_match_reference(dtype, D, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
 def test_gpu_forward_256_query_rows_match_reference(D, causal):
-    # every 256-row config the space admits here, on 8 and 16 warps; S=1000 is ragged for every block
+    # the first 256-row config the space admits here per warp count and variant (pointers, TMA,
+    # TMA + WS); S=1000 is ragged for every block
     B, H, S, dtype = 2, 4, 1000, torch.bfloat16
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype) for _ in range(3))
     ref_o, ref_lse = reference(q.cpu(), k.cpu(), v.cpu(), causal)
     device = tunesvc.current_device()
     problem = TEMPLATE.problem(B=B, H=H, S=S, D=D, causal=causal, dtype=str(dtype))
-    configs = [c for c in TEMPLATE.feasible(problem, device) if c["BLOCK_M"] == 256]
-    assert {c["num_warps"] for c in configs} == {8, 16}
-    for config in configs:
+    configs: dict[tuple[int, int, int], dict] = {}
+    for config in TEMPLATE.feasible(problem, device):
+        if config["BLOCK_M"] == 256:
+            configs.setdefault((config["num_warps"], config["TMA"], config["WS"]), config)
+    assert {warps for warps, _, _ in configs} == {8, 16}
+    for config in configs.values():
         o, lse = launch_attention(q, k, v, config, causal=causal)
         assert rel_error(o.cpu(), ref_o) < TOL[dtype], config
         assert rel_error(lse.cpu(), ref_lse) < 1e-4, config
@@ -266,10 +270,11 @@ def test_space_admits_256_query_rows_only_with_narrow_key_blocks(device):
     h100 = dataclasses.replace(
         device, kind="cuda", capability="9.0", sm_count=132, max_shared_memory=232448, max_num_regs=65536
     )
-    problem = TEMPLATE.problem(B=2, H=64, S=3000, D=128, causal=False, dtype="bfloat16")
-    tall = [c for c in TEMPLATE.feasible(problem, h100) if c["BLOCK_M"] == 256]
-    assert tall and all(c["BLOCK_N"] <= 64 and c["num_warps"] in (8, 16) for c in tall)
-    assert all(c["BLOCK_M"] == 256 for c in TEMPLATE.feasible(problem, h100) if c["num_warps"] == 16)
+    for D in (64, 128):
+        problem = TEMPLATE.problem(B=2, H=64, S=3000, D=D, causal=False, dtype="bfloat16")
+        tall = [c for c in TEMPLATE.feasible(problem, h100) if c["BLOCK_M"] == 256]
+        assert tall and all(c["BLOCK_N"] <= 64 and c["num_warps"] in (8, 16) for c in tall)
+        assert all(c["BLOCK_M"] == 256 for c in TEMPLATE.feasible(problem, h100) if c["num_warps"] == 16)
     # four 64-row warpgroups need 256 query rows; the tile may not outgrow a short sequence
     short = TEMPLATE.problem(B=2, H=64, S=100, D=128, causal=False, dtype="bfloat16")
     assert all(c["BLOCK_M"] < 256 for c in TEMPLATE.feasible(short, h100))

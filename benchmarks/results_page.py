@@ -146,9 +146,9 @@ def _targets(results_dir: Path) -> list[str]:
             "Held-out shapes (`heldout.csv`, each kernel's latest run): tuned / peer and the runtime's untuned pick",
             "(the selector's where it predicts, else the nearest rule's) / tuned, in GPU time.",
             "",
-            "| kernel | run | shapes | tuned / peer: geomean (target) | lowest (target), at | pick within 5% of tuned"
-            f" (target {PICK_WITHIN:.0%}) | worst pick / tuned (target {PICK_FLOOR}), at |",
-            "|---|---|---|---|---|---|---|",
+            "| kernel | run | GPU | shapes | tuned / peer: geomean (target) | lowest (target), at | pick within 5% of"
+            f" tuned (target {PICK_WITHIN:.0%}) | worst pick / tuned (target {PICK_FLOOR}), at |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for kernel in sorted({k for k, _ in by}):
             shapes = {shape: roles for (k, shape), roles in by.items() if k == kernel and "tuned" in roles}
@@ -181,8 +181,9 @@ def _targets(results_dir: Path) -> list[str]:
                 for what, value, goal, where in checks
                 if value is not None and goal is not None and value < goal
             ]
+            gpus = sorted({r["gpu"] for roles in shapes.values() for r in roles.values()})
             lines.append(
-                f"| {kernel} | {_run_text(latest[kernel])} | {len(speed)} "
+                f"| {kernel} | {_run_text(latest[kernel])} | {' / '.join(gpus)} | {len(speed)} "
                 f"| {mean:.3f}x ({_goal(mean_target)}) "
                 f"| {speed[low_shape]:.3f}x ({_goal(low_target)}), {low_shape} "
                 f"| {'-' if within is None else f'{within:.0%}'} "

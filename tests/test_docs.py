@@ -179,15 +179,15 @@ def test_results_page_keeps_two_held_out_runs_of_one_date_apart(tmp_path):
         ("2030-01-03", "2030-01-02T23:59:00Z", "M=7,N=64,K=64", "1.0"),
     ):
         for role in ("tuned", "nearest"):
-            rows.append({**base, "date": date, "run": run, "kernel": f"matmul [{role}]", "shape": shape,
-                         "ours_ms": ours, "peer_ms": "1.0"})  # fmt: skip
+            rows.append({**base, "date": date, "run": run, "gpu": "GPU X", "kernel": f"matmul [{role}]",
+                         "shape": shape, "ours_ms": ours, "peer_ms": "1.0"})  # fmt: skip
     _write_rows(tmp_path / "heldout.csv", module.COLUMNS, rows)
     page = "\n".join(module._targets(tmp_path))
-    assert "| matmul | 2030-01-02T23:59:00Z | 2 | 1.000x (>= 1.0) | 1.000x (>= 0.9), M=1,N=64,K=64 |" in page
+    assert "| matmul | 2030-01-02T23:59:00Z | GPU X | 2 | 1.000x (>= 1.0) | 1.000x (>= 0.9), M=1,N=64,K=64 |" in page
     assert "M=3,N=64,K=64" not in page and "M=5,N=64,K=64" not in page
     # the row without a run alone: its date names the run
     _write_rows(tmp_path / "heldout.csv", module.COLUMNS, rows[:2])
-    assert "| matmul | 2030-01-02 | 1 | 0.250x (>= 1.0) |" in "\n".join(module._targets(tmp_path))
+    assert "| matmul | 2030-01-02 | GPU X | 1 | 0.250x (>= 1.0) |" in "\n".join(module._targets(tmp_path))
 
 
 def test_a_results_file_of_another_layout_is_refused_in_one_sentence(tmp_path):

@@ -1117,10 +1117,10 @@ class AttentionTemplate(_AttentionBase):
     kernel_sources = (_attn_fwd_step, _attn_fwd_inner, _attn_fwd_kernel, _tma_ready, launch_attention)
 
     # The fastest tiles of the pointer kernel in the H100 ground truth (benchmarks/data), both settings,
-    # and 256 query rows on 16 warps (the fastest of 42 configs in an H100 probe at B2 H64 S3000
-    # D128, 6% ahead of the best 128-row one), each in every variant (warp-specialised TMA, TMA,
-    # pointers), so that a short sweep measures all three; infeasible ones (WS when causal, TMA off
-    # Hopper) are skipped by the search.
+    # and 256 query rows on 16 warps (the fastest of the 41 configs an H100 probe tried at B2 H64
+    # S3000 D128, 6% ahead of the best of its five 128-row ones), each in every variant
+    # (warp-specialised TMA, TMA, pointers), so that a short sweep measures all three; infeasible
+    # ones (WS when causal, TMA off Hopper) are skipped by the search.
     known_good = tuple(
         {"BLOCK_M": m, "BLOCK_N": n, "TMA": tma, "WS": ws, "num_warps": w, "num_stages": s}
         for m, n, w, s in ((128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (128, 64, 4, 3), (256, 64, 16, 3))

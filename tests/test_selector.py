@@ -799,3 +799,75 @@ def test_without_scikit_learn_the_neighbours_model_is_fitted_alone(monkeypatch):
     assert sel.fitted_models() == ("neighbours",)
     chosen, scores = sel.choose(data)
     assert chosen is not None and chosen.model == "neighbours" and scores == sel.leave_one_out(data, "neighbours")
+
+
+def _projecting_set(template, device):
+    """A neighbours training set over matmul keys M=16, 32, 64 (N=45, K=29) whose first
+    candidate, 32 rows tall, ran fastest on every key, and a second one 16 rows tall."""
+    base = {"VARIANT": "grouped", "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "SPLIT_K": 1}
+    candidates = (
+        {**base, "BLOCK_M": 32, "num_warps": 4, "num_stages": 3},
+        {**base, "BLOCK_M": 16, "num_warps": 4, "num_stages": 2},
+    )
+    keys, features = [], []
+    for m in (16, 32, 64):
+        problem = template.problem(M=m, N=45, K=29)
+        keys.append(str(template.key(problem)))
+        features.append(template.selector_features(problem, device))
+    times = ((1.0, 2.0), (1.0, 2.0), (1.0, 2.0))
+    return sel.TrainingSet(
+        "matmul", template.version, device.hardware_id, candidates, tuple(keys), tuple(features), times, ()
+    )
+
+
+def test_a_projecting_selector_launches_the_feasible_config_nearest_its_first_pick(template, device):
+    data = _projecting_set(template, device)
+    walking = sel.fit_neighbours(data)
+    assert walking is not None and not walking.project
+    projecting = replace(walking, project=True)
+    problem = template.problem(M=9, N=45, K=29)  # no tile taller than 16 rows
+    first, second = data.candidates
+    assert projecting.ranked(template, problem, device)[0] == first
+    assert template.violations(first, problem, device) and not template.violations(second, problem, device)
+    assert walking.pick(template, problem, device) == second
+    # the first pick at 16 rows, all else kept
+    assert projecting.pick(template, problem, device) == {**first, "BLOCK_M": 16}
+    # where the first pick fits, both launch it
+    fits = template.problem(M=40, N=45, K=29)
+    assert projecting.pick(template, fits, device) == walking.pick(template, fits, device) == first
+    # kept in its JSON; one stored without the flag walks the ranking
+    stored = json.loads(json.dumps(projecting.to_dict()))
+    assert sel.Selector.from_dict(stored) == projecting
+    assert sel.PROJECT_LINE in projecting.describe()
+    del stored["project"]
+    assert not sel.Selector.from_dict(stored).project
+
+
+def test_choose_projects_only_where_the_stored_times_say_it_picks_faster():
+    # M=4 left out: the others' nearest winner (candidate 0) broke a constraint there, so
+    # without projecting the pick is candidate 1, the only one that ran there (1.0x)
+    data = _keyed([(None, 2.0), (1.0, 2.0), (1.0, 2.0), (2.0, 1.0)], [4, 8, 16, 32])
+    assert sel.choose(data)[0].project is False  # nothing known of a projection
+    faster = replace(data, projected=((1.0, None), (None, None), (None, None), (None, None)))
+    selector, (ours, _) = sel.choose(faster)
+    assert selector.project is True
+    # its projection ran M=4 in 1.0 ms, against 2.0 for candidate 1
+    assert ours == pytest.approx(sel.leave_one_out(faster, selector.model)[0] * 0.5 ** (1 / 4))
+    slower = replace(data, projected=((4.0, None), (None, None), (None, None), (None, None)))
+    assert sel.choose(slower)[0].project is False
+
+
+def test_training_set_knows_the_stored_time_of_each_projection(fitted_db, template, device):
+    store = Store(fitted_db, readonly=True)
+    try:
+        data = sel.training_set(store, template, device)
+        stored = store.trial_times(template.name, template.version, device.hardware_id)
+    finally:
+        store.close()
+    assert len(data.projected) == len(data.keys)
+    for key, times, projected in zip(data.keys, data.times, data.projected):
+        problem = template.problem_of_key(key)
+        for config, ms, projection in zip(data.candidates, times, projected):
+            broken = ms is None and template.violations(config, problem, device)
+            nearest = template.nearest_feasible(config, problem, device) if broken else None
+            assert projection == (stored[key].get(config_hash(nearest)) if nearest is not None else None)

@@ -336,6 +336,68 @@ def test_feasible_checks_each_constraint_once_its_names_are_set():
     assert never.feasible({"cap": 1}, {}) == []
 
 
+def _tiles() -> Space:
+    data = {
+        "params": {"VARIANT": ["plain", "split"], "BLOCK": [16, 32, 64, 128], "GROUP": [1, 8]},
+        "launch": {"num_warps": [2, 4, 8]},
+        # rows no more than the problem's; two warps per 8 rows at least; splitting needs a short problem
+        "constraints": {
+            "tile": "BLOCK <= max(16, M)",
+            "warps": "num_warps * 8 <= BLOCK",
+            "split": "VARIANT == 'plain' or M <= 32",
+        },
+    }
+    return Space.from_dict(data, problem_vars=("M",))
+
+
+def test_distance_counts_doublings_of_sizes_and_other_values_as_one():
+    space = _tiles()
+    a = {"VARIANT": "plain", "BLOCK": 128, "GROUP": 1, "num_warps": 8}
+    assert space.distance(a, a) == 0
+    assert space.distance(a, {**a, "BLOCK": 32}) == 2
+    assert space.distance(a, {**a, "GROUP": 8, "VARIANT": "split"}) == 3 + 1
+
+
+def test_nearest_changes_only_what_the_broken_constraints_name():
+    space = _tiles()
+    big = {"VARIANT": "split", "BLOCK": 128, "GROUP": 8, "num_warps": 8}
+    assert space.nearest(big, {"M": 32}, {}) == {**big, "BLOCK": 32, "num_warps": 4}  # tile, then warps, repaired
+    # splitting broken too (M > 32): the variant goes, the group stays
+    assert space.nearest(big, {"M": 64}, {}) == {**big, "VARIANT": "plain", "BLOCK": 64}
+    # a feasible config is its own nearest
+    fits = {"VARIANT": "plain", "BLOCK": 64, "GROUP": 8, "num_warps": 4}
+    assert space.nearest(fits, {"M": 500}, {}) == fits
+    # every answer is feasible, and no feasible config is nearer
+    for m in (1, 17, 30, 50, 100, 500):
+        feasible = space.feasible({"M": m}, {})
+        for config in space.enumerate():
+            found = space.nearest(config, {"M": m}, {}, within=math.inf)
+            assert found is not None and not space.violations(found, {"M": m}, {})
+            assert space.distance(config, found) == min(space.distance(config, c) for c in feasible)
+
+
+def test_nearest_gives_up_beyond_its_reach():
+    space = _tiles()
+    big = {"VARIANT": "plain", "BLOCK": 128, "GROUP": 1, "num_warps": 8}
+    # 16 rows on 2 warps is 3 + 2 doublings away
+    assert space.nearest(big, {"M": 5}, {}, within=4.0) is None
+    assert space.nearest(big, {"M": 5}, {}, within=5.0) == {**big, "BLOCK": 16, "num_warps": 2}
+    assert space.nearest(big, {"M": 5}, {}, limit=2) is None
+    # a config outside the space has no nearest
+    assert space.nearest({**big, "BLOCK": 48}, {"M": 5}, {}) is None
+
+
+def test_nearest_feasible_of_a_real_template_is_feasible_and_near(template, device):
+    problem = template.problem(M=24, N=300, K=77)
+    for config in template.feasible(template.problem(M=1000, N=300, K=77), device)[::7]:
+        found = template.nearest_feasible(config, problem, device)
+        if found is not None:
+            assert not template.violations(found, problem, device)
+            assert template.space.distance(config, found) <= 4.0
+            if not template.violations(config, problem, device):
+                assert found == config
+
+
 def test_missing_space_file(tmp_path):
     with pytest.raises(TunesvcError, match="space file not found") as info:
         Space.from_toml(tmp_path / "nope.toml")

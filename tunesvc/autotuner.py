@@ -133,6 +133,13 @@ class KernelTemplate(Template):
             return [] if config in self._configs else ["not in the listed configs"]
         return super().violations(config, problem, device)
 
+    def nearest_feasible(self, config: Config, problem: Problem, device: Device) -> Config | None:
+        if self._configs is not None:
+            # the listed configs are the feasible ones: the nearest of them, the first among equals
+            nearest = min(self._configs, key=lambda c: self.space.distance(config, c), default=None)
+            return None if nearest is None else dict(nearest)
+        return super().nearest_feasible(config, problem, device)
+
     def key(self, problem: Problem) -> ShapeKey:
         return ShapeKey.make({d: problem[d] for d in self.dims}, {"dtype": problem["dtype"]})
 

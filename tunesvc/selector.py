@@ -27,6 +27,11 @@ Either is kept as plain JSON (the neighbours' keys, slowdowns and wave fills; th
 (``tunesvc_selectors``, revision 0007) and in bundles. The runtime evaluates it with a few
 loops of arithmetic (:meth:`Selector.ranked`), never imports scikit-learn, and unpickles nothing.
 
+Where the first-ranked candidate breaks a constraint of the new shape (a 128-row tile for 24
+rows), the runtime takes the next-ranked one, or, for a selector fitted as ``project``ing
+(where, left out one key at a time, that picks faster on the stored times), the feasible config
+nearest the first (:meth:`~tunesvc.template.Template.nearest_feasible`).
+
 The runtime asks the selector after the exact key and before the nearest one:
 exact -> predicted -> nearest -> heuristic.
 """
@@ -88,6 +93,8 @@ NEIGHBOURS = 3
 SOFTENING = 1.0
 #: the models a selector may be; of two that pick equally well, the first (a tree is smaller)
 MODELS = ("tree", "neighbours")
+#: how ``tune selector`` says that a selector projects (Selector.project)
+PROJECT_LINE = "where the first-ranked candidate does not fit a shape: the feasible config nearest it"
 #: the strategy of the sweeps that :func:`cross_measure` stores its trials under
 CROSS_MEASURE = "cross"
 
@@ -128,6 +135,10 @@ class Selector:
     points: tuple[str, ...] = ()
     slowdowns: tuple[tuple[float | None, ...], ...] = ()
     fills: tuple[tuple[float, ...], ...] = ()
+    #: where its first-ranked candidate breaks a constraint of the new shape, launch the feasible
+    #: config nearest it (:meth:`~tunesvc.template.Template.nearest_feasible`) rather than the
+    #: next-ranked candidate
+    project: bool = False
 
     @functools.cached_property
     def _points(self) -> list[ShapeKey]:
@@ -201,10 +212,17 @@ class Selector:
         return all(lo - REACH <= v <= hi + REACH for v, lo, hi in zip(x, self.lo, self.hi))
 
     def pick(self, template: Template, problem: Problem, device: Device) -> Config | None:
-        """The first ranked candidate that fits ``problem`` on ``device`` (None: none does)."""
-        for config in self.ranked(template, problem, device):
+        """The first ranked candidate that fits ``problem`` on ``device`` (None: none does); with
+        ``project``, where the first does not fit, the feasible config nearest it, if one is near.
+
+        A GEMM tile of 128 rows ranked first for 24 rows breaks the rule that no tile is taller
+        than the problem: its nearest feasible config keeps the variant, width and depth at 32
+        rows, where the next-ranked candidate may be another kernel altogether."""
+        for rank, config in enumerate(self.ranked(template, problem, device)):
             if not template.violations(config, problem, device):
                 return config
+            if rank == 0 and self.project and (nearest := template.nearest_feasible(config, problem, device)):
+                return nearest
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -224,6 +242,7 @@ class Selector:
             },
             "keys": self.keys,
             "range": {"lo": list(self.lo), "hi": list(self.hi)},
+            "project": self.project,
             **(
                 {
                     "model": self.model,
@@ -293,6 +312,7 @@ class Selector:
             points=tuple(raw.points),
             slowdowns=tuple(tuple(row) for row in raw.slowdowns),
             fills=tuple(tuple(row) for row in raw.fills),
+            project=raw.project,
         )
 
     def describe(self) -> list[str]:
@@ -302,6 +322,7 @@ class Selector:
                 f"the candidate fastest at the {NEIGHBOURS} nearest of {len(self.points)} tuned keys (where it ran), "
                 "each time corrected by its wave fill there and here:",
                 *(f"  candidate {i}: {_short(c)}" for i, c in enumerate(self.candidates)),
+                *([PROJECT_LINE] if self.project else []),
             ]
         lines: list[str] = []
 
@@ -318,6 +339,8 @@ class Selector:
             walk(self.right[node], depth + 1)
 
         walk(0, 0)
+        if self.project:
+            lines.append(PROJECT_LINE)
         return lines
 
 
@@ -377,6 +400,7 @@ def _schema() -> Any:
             list[Annotated[list[Threshold | None], Field(max_length=1 << 12)]], Field(max_length=1 << 12)
         ] = []
         fills: Annotated[list[Annotated[list[Fill], Field(max_length=1 << 12)]], Field(max_length=1 << 12)] = []
+        project: bool = False
 
     return TypeAdapter(Schema)
 
@@ -400,6 +424,10 @@ class TrainingSet:
     fills: tuple[tuple[float, ...], ...] = ()
     #: how far apart two keys are (the template's key_distance; None: ShapeKey.distance)
     distance: Distance | None = field(default=None, compare=False)
+    #: per key, per candidate that breaks a constraint there: the stored ms of the feasible
+    #: config nearest it (what a projecting selector launches), None where it was not measured
+    #: or the candidate fits (empty: none known)
+    projected: tuple[tuple[float | None, ...], ...] = ()
 
     def key_distance(self, a: ShapeKey, b: ShapeKey) -> float:
         return a.distance(b) if self.distance is None else self.distance(a, b)
@@ -470,7 +498,7 @@ def training_set(
         winners, _runner_up_configs(store, template, device.hardware_id, winners, stored, measured=True)
     )
     hashes = [config_hash(c) for c in candidates]
-    keys, features, times, skipped, fills = [], [], [], [], []
+    keys, features, times, skipped, fills, projected = [], [], [], [], [], []
     for key in sorted(winners):
         measured = stored.get(key, {})
         coverage = sum(h in measured for h in hashes) / len(hashes)
@@ -490,6 +518,9 @@ def training_set(
         features.append(template.selector_features(problem, device))
         times.append(row)
         fills.append(tuple(template.wave_fill(c, problem, device) for c in candidates))
+        projected.append(
+            tuple(_projected_time(template, c, t, problem, device, measured) for c, t in zip(candidates, row))
+        )
     return TrainingSet(
         template.name,
         template.version,
@@ -501,7 +532,19 @@ def training_set(
         tuple(skipped),
         tuple(fills),
         template.key_distance,
+        tuple(projected),
     )
+
+
+def _projected_time(
+    template: Template, config: Config, ms: float | None, problem: Problem, device: Device, measured: dict
+) -> float | None:
+    """The stored ms (``measured``: config hash -> ms) of the feasible config nearest ``config``
+    where ``config`` (its own time ``ms``) breaks a constraint of ``problem``; else None."""
+    if ms is not None or not template.violations(config, problem, device):
+        return None
+    nearest = template.nearest_feasible(config, problem, device)
+    return None if nearest is None else measured.get(config_hash(nearest))
 
 
 def _slowdowns(times: tuple[float | None, ...]) -> list[float]:
@@ -650,13 +693,16 @@ def _near_best_at(slow: list[list[float]], rows: list[int]) -> set[int]:
     return {c for c, n in counts.items() if n >= RUNNER_UP_KEYS}
 
 
-def leave_one_out(data: TrainingSet, model: str = "tree") -> tuple[float, float] | None:
+def leave_one_out(data: TrainingSet, model: str = "tree", project: bool = False) -> tuple[float, float] | None:
     """Geometric-mean slowdown against each key's fastest candidate, over the keys of ``data``,
     of what a selector of ``model`` fitted on the other keys picks and of what the nearest rule
     picks (the fastest of the other keys' winners on the nearest other key): both read from the
     stored times, nothing is measured. As at run time, a fit without a key knows only the other
     keys' winners and runner-ups (near-best at ``RUNNER_UP_KEYS`` of the other keys), and a
     pick skips a candidate that did not run on the key (it broke a constraint there, or failed).
+    With ``project``, a first-ranked candidate that broke a constraint there is scored by the
+    stored time of the feasible config nearest it (``data.projected``); where that config was
+    never measured there, the pick skips it as without ``project``.
     None with too few keys to leave one out."""
     from tunesvc.template import ShapeKey
 
@@ -694,7 +740,11 @@ def leave_one_out(data: TrainingSet, model: str = "tree") -> tuple[float, float]
                 known[c] for c in selector.order(x, parsed[i], lambda: [here[c] for c in known], data.key_distance)
             ]
         pick = next((c for c in ranked if data.times[i][c] is not None), nearest)
-        ours += math.log(slow[i][pick])
+        projected = data.projected[i][ranked[0]] if project and ranked and data.projected else None
+        if projected is not None:
+            ours += math.log(projected / min(t for t in data.times[i] if t is not None))
+        else:
+            ours += math.log(slow[i][pick])
         theirs += math.log(slow[i][nearest])
         scored += 1
     if not scored:
@@ -709,16 +759,25 @@ def fitted_models() -> tuple[str, ...]:
 
 
 def choose(data: TrainingSet) -> tuple[Selector | None, tuple[float, float] | None]:
-    """Of the models fitted on ``data`` (:func:`fitted_models`), the one whose picks, each key left out in turn,
-    are fastest, with its and the nearest rule's scores (:func:`leave_one_out`); (None, None)
-    with too few keys to judge one."""
+    """Of the models fitted on ``data`` (:func:`fitted_models`), each with and without projecting
+    a first pick that does not fit (where the stored times can judge it), the one whose picks,
+    each key left out in turn, are fastest, with its and the nearest rule's scores
+    (:func:`leave_one_out`); (None, None) with too few keys to judge one. Of equals, the first
+    model, without projection."""
     if len(data.keys) < MIN_KEYS_KEPT:
         return None, None
-    judged = [(scores, model) for model in fitted_models() if (scores := leave_one_out(data, model)) is not None]
+    projections = (False, True) if any(t is not None for row in data.projected for t in row) else (False,)
+    judged = [
+        (scores, model, project)
+        for model in fitted_models()
+        for project in projections
+        if (scores := leave_one_out(data, model, project)) is not None
+    ]
     if not judged:
         return None, None
-    scores, model = min(judged, key=lambda item: (item[0][0], MODELS.index(item[1])))
-    return fit_model(data, model), scores
+    scores, model, project = min(judged, key=lambda item: (item[0][0], MODELS.index(item[1]), item[2]))
+    fitted = fit_model(data, model)
+    return (replace(fitted, project=project) if fitted is not None else None), scores
 
 
 def refit(store: Store, template: Template, device: Device, *, min_coverage: float = 1.0) -> Selector | None:

@@ -32,6 +32,7 @@ import ast
 import copy
 import functools
 import hashlib
+import heapq
 import itertools
 import json
 import math
@@ -61,6 +62,25 @@ def config_hash(config: Config) -> str:
     """Canonical hash of a config: the same names and values give the same hash in any order."""
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _ordered(choices: tuple[int, ...] | tuple[str, ...]) -> bool:
+    """Whether a parameter's choices are sizes (positive ints), compared by ratio."""
+    return all(type(c) is int and c > 0 for c in choices)
+
+
+def _steps(choices: tuple[int, ...] | tuple[str, ...]) -> list[list[tuple[int, float]]]:
+    """Per choice index, the (choice index, distance) one step away: the next smaller and
+    larger size where the choices are sizes, every other choice otherwise."""
+    if _ordered(choices):
+        by_size = sorted(range(len(choices)), key=lambda i: choices[i])
+        out: list[list[tuple[int, float]]] = [[] for _ in choices]
+        for lo, hi in itertools.pairwise(by_size):
+            cost = math.log2(cast(int, choices[hi]) / cast(int, choices[lo]))
+            out[lo].append((hi, cost))
+            out[hi].append((lo, cost))
+        return out
+    return [[(j, 1.0) for j in range(len(choices)) if j != i] for i in range(len(choices))]
 
 
 def _next_pow2(x: int) -> int:
@@ -359,6 +379,8 @@ class Space:
     source: str = "<memory>"
     #: (problem env, device env) -> its feasible configs; see feasible()
     _feasible: dict[tuple, list[Config]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: (config, problem env, device env, bounds) -> nearest(); a selector's fit asks each often
+    _nearest: dict[tuple, Config | None] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def names(self) -> list[str]:
@@ -472,7 +494,7 @@ class Space:
 
     def __getstate__(self) -> dict[str, Any]:
         # templates travel to compile and measuring workers with their space: not with this cache
-        return {**self.__dict__, "_feasible": {}}
+        return {**self.__dict__, "_feasible": {}, "_nearest": {}}
 
     def with_defaults(self, config: Config) -> Config:
         """The config with every parameter it lacks set to that parameter's first choice."""
@@ -553,6 +575,79 @@ class Space:
             if name is not None:
                 envs = [{**env, name: value} for env in envs for value in self.parameters[name].choices]
             envs = [env for env in envs if all(self._holds(cname, expr, env) for cname, expr in checks)]
+
+    def distance(self, a: Config, b: Config) -> float:
+        """How far apart two configs of this space are: per parameter, the doublings between
+        two sizes (|log2 a - log2 b|) where its choices are sizes, else 1 where they differ."""
+        a, b = self.with_defaults(a), self.with_defaults(b)
+        total = 0.0
+        for name, parameter in self.parameters.items():
+            if a[name] != b[name]:
+                ordered = _ordered(parameter.choices)
+                total += abs(math.log2(cast(int, a[name]) / cast(int, b[name]))) if ordered else 1.0
+        return total
+
+    def nearest(
+        self,
+        config: Config,
+        problem_env: dict[str, Any],
+        device_env: dict[str, Any],
+        *,
+        within: float = 4.0,
+        limit: int = 256,
+    ) -> Config | None:
+        """The feasible config nearest ``config`` (:meth:`distance`) that differs from it only
+        where a broken constraint asks: None where none is found within ``within`` doublings
+        (a 128-row tile may shrink to 16 rows and halve its width, no further) and ``limit``
+        configs tried.
+
+        A walk outward from ``config``, nearest first (Dijkstra's), that from each config tried
+        steps only along the parameters its broken constraints name: a GEMM tile taller than
+        the problem shrinks its rows and keeps its width, depth, variant and pipeline, where the
+        nearest config over every parameter may trade any of them. Of equally near ones, the
+        first reached in the space's choice order. A walk, not a scan of the space: the runtime
+        asks this on a shape's first lookup, where checking a whole GEMM space took 0.15 s.
+        """
+        key = (config_hash(config), *(tuple(sorted(e.items())) for e in (problem_env, device_env)), within, limit)
+        if key not in self._nearest:
+            if len(self._nearest) >= 4096:
+                self._nearest.clear()  # a bound for long-lived processes that see many shapes
+            self._nearest[key] = self._walk(config, problem_env, device_env, within, limit)
+        found = self._nearest[key]
+        return None if found is None else dict(found)
+
+    def _walk(
+        self, config: Config, problem_env: dict[str, Any], device_env: dict[str, Any], within: float, limit: int
+    ) -> Config | None:
+        names = self.names
+        full = self.with_defaults(config)
+        if any(full[n] not in self.parameters[n].choices for n in names):
+            return None
+        base = {**device_env, **problem_env}
+        steps = {n: _steps(self.parameters[n].choices) for n in names}
+        axis_of = {n: i for i, n in enumerate(names)}
+        start = tuple(self.parameters[n].choices.index(full[n]) for n in names)
+        queue: list[tuple[float, tuple[int, ...]]] = [(0.0, start)]
+        done: set[tuple[int, ...]] = set()
+        while queue and len(done) < limit:
+            distance, at = heapq.heappop(queue)
+            if distance > within:
+                break
+            if at in done:
+                continue
+            done.add(at)
+            candidate = {n: self.parameters[n].choices[i] for n, i in zip(names, at)}
+            env = {**base, **candidate}
+            broken = [expr for name, expr in self.constraints.items() if not self._holds(name, expr, env)]
+            if not broken:
+                return candidate
+            for n in sorted({n for expr in broken for n in expr.names if n in axis_of}, key=axis_of.__getitem__):
+                axis = axis_of[n]
+                for j, cost in steps[n][at[axis]]:
+                    after = (*at[:axis], j, *at[axis + 1 :])
+                    if after not in done:
+                        heapq.heappush(queue, (distance + cost, after))
+        return None
 
     def suggest(self, trial: optuna.Trial) -> Config:
         """Draw a config through an Optuna trial (one categorical per parameter)."""

@@ -330,6 +330,12 @@ class Template:
     def violations(self, config: Config, problem: Problem, device: Device) -> list[str]:
         return self.space.violations(config, self.problem_vars(problem), device.limits())
 
+    def nearest_feasible(self, config: Config, problem: Problem, device: Device) -> Config | None:
+        """The feasible config for ``problem`` on ``device`` nearest ``config`` (the space's
+        :meth:`~tunesvc.space.Space.distance`: a tile halved is one step, another variant one
+        step), or None where none is near: what a selector launches when its pick does not fit."""
+        return self.space.nearest(config, self.problem_vars(problem), device.limits())
+
 
 #: shipped template name -> module of tunesvc.kernels that defines it (as a module attribute
 #: named by the value after the colon)

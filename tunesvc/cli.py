@@ -1495,7 +1495,9 @@ def selector(
     console.print(
         f"Fitted on {fitted.keys} tuned keys, {len(fitted.candidates)} candidates"
         + (f" ({measured} trials measured first)" if cross_measure else "")
-        + f"; kept the {fitted.model} model; stored in {store.url}."
+        + f"; kept the {fitted.model} model"
+        + (", projecting a first pick that does not fit" if fitted.project else "")
+        + f"; stored in {store.url}."
     )
     if scores is not None:
         console.print(

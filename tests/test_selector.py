@@ -66,13 +66,18 @@ def _selector(path) -> sel.Selector:
     return found
 
 
-def test_cross_measure_covers_every_candidate_on_every_key(fitted_db, template, device):
-    store = Store(fitted_db, readonly=True)
+def _stored(path, template, device) -> tuple[sel.TrainingSet, dict]:
+    """The training set of ``path`` and its stored trial times (key -> config hash -> ms)."""
+    store = Store(path, readonly=True)
     try:
         data = sel.training_set(store, template, device)
-        times = store.trial_times(template.name, template.version, device.hardware_id)
+        return data, store.trial_times(template.name, template.version, device.hardware_id)
     finally:
         store.close()
+
+
+def test_cross_measure_covers_every_candidate_on_every_key(fitted_db, template, device):
+    data, times = _stored(fitted_db, template, device)
     assert len(data.keys) == len(SHAPES) and not data.skipped
     for key in data.keys:
         assert {config_hash(c) for c in data.candidates} <= set(times[key])
@@ -858,12 +863,7 @@ def test_choose_projects_only_where_the_stored_times_say_it_picks_faster():
 
 
 def test_training_set_knows_the_stored_time_of_each_projection(fitted_db, template, device):
-    store = Store(fitted_db, readonly=True)
-    try:
-        data = sel.training_set(store, template, device)
-        stored = store.trial_times(template.name, template.version, device.hardware_id)
-    finally:
-        store.close()
+    data, stored = _stored(fitted_db, template, device)
     assert len(data.projected) == len(data.keys)
     for key, times, projected in zip(data.keys, data.times, data.projected):
         problem = template.problem_of_key(key)

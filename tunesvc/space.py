@@ -609,11 +609,13 @@ class Space:
         asks this on a shape's first lookup, where checking a whole GEMM space took 0.15 s.
         """
         key = (config_hash(config), *(tuple(sorted(e.items())) for e in (problem_env, device_env)), within, limit)
-        if key not in self._nearest:
+        if key in self._nearest:
+            found = self._nearest.get(key)
+        else:
+            found = self._walk(config, problem_env, device_env, within, limit)
             if len(self._nearest) >= 4096:
                 self._nearest.clear()  # a bound for long-lived processes that see many shapes
-            self._nearest[key] = self._walk(config, problem_env, device_env, within, limit)
-        found = self._nearest[key]
+            self._nearest[key] = found
         return None if found is None else dict(found)
 
     def _walk(

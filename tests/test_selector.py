@@ -79,17 +79,8 @@ def _stored(path, template, device) -> tuple[sel.TrainingSet, dict]:
 def test_cross_measure_covers_every_candidate_on_every_key(fitted_db, template, device):
     data, times = _stored(fitted_db, template, device)
     assert len(data.keys) == len(SHAPES) and not data.skipped
-    projections = 0
     for key in data.keys:
         assert {config_hash(c) for c in data.candidates} <= set(times[key])
-        # and, where a candidate breaks a constraint of the key, the feasible config nearest it
-        problem = template.problem_of_key(key)
-        for config in data.candidates:
-            if template.violations(config, problem, device):
-                nearest = template.nearest_feasible(config, problem, device)
-                assert nearest is None or config_hash(nearest) in times[key]
-                projections += nearest is not None
-    assert projections  # the tiny keys' winners do not all fit one another
 
 
 def _half_measured(store, template, device):

@@ -97,8 +97,6 @@ MODELS = ("tree", "neighbours")
 PROJECT_LINE = "where the first-ranked candidate does not fit a shape: the feasible config nearest it"
 #: the strategy of the sweeps that :func:`cross_measure` stores its trials under
 CROSS_MEASURE = "cross"
-#: most rounds of :func:`cross_measure` (a config it measures may win a key, and need measuring everywhere)
-CROSS_ROUNDS = 4
 
 
 def _f32(x: float) -> float:
@@ -849,39 +847,13 @@ def cross_measure(
 ) -> int:
     """Measure every distinct winner and runner-up of ``template`` on every tuned key of
     ``device``'s model where it has no trial yet, through the sweeps' measurer, and store those
-    trials (and any new winner) like a sweep's. Where a candidate breaks a constraint of a key,
-    the feasible config nearest it (what a projecting selector launches there) is measured
-    too, so that the fit judges projecting on measured times. A config measured so may win a
-    key, and so become a candidate to measure everywhere: up to ``CROSS_ROUNDS`` rounds, until
-    one adds nothing. Returns the number of trials stored. ``on_key(key, n)`` is called before
-    a key's ``n`` configs are measured.
+    trials (and any new winner) like a sweep's. Returns the number of trials stored. ``on_key(key, n)`` is called
+    before a key's ``n`` candidates are measured.
 
     ``time_budget``: seconds after which no further key is started (the first key with gaps
     always is, so that calls in turn make progress); the keys left keep their gaps, which a
     later call fills, and :func:`training_set` skips them meanwhile.
     """
-    began, total, measured_keys = _now(), 0, 0
-    for _ in range(CROSS_ROUNDS):
-        added, measured_keys, finished = _cross_round(
-            store, template, device, on_key, time_budget, began, measured_keys
-        )
-        total += added
-        if not added or not finished:
-            break
-    return total
-
-
-def _cross_round(
-    store: Store,
-    template: Template,
-    device: Device,
-    on_key: Callable[[str, int], None] | None,
-    time_budget: float | None,
-    began: float,
-    measured_keys: int,
-) -> tuple[int, int, bool]:
-    """One round of :func:`cross_measure`: (trials stored, keys measured so far, whether every
-    key was reached within the time budget)."""
     from tunesvc.bench import measurer_for
 
     winners = tuned_winners(store, template, device.hardware_id)
@@ -890,19 +862,15 @@ def _cross_round(
         winners, _runner_up_configs(store, template, device.hardware_id, winners, stored, measured=False)
     )
     kv_id, device_id = store.kernel_version_id(template), store.device_id(device)
-    total = 0
+    total, began, measured_keys = 0, _now(), 0
     for key in sorted(winners):
-        problem = template.problem_of_key(key)
-        wanted = {config_hash(c): c for c in candidates}
-        for c in candidates:
-            if template.violations(c, problem, device) and (nearest := template.nearest_feasible(c, problem, device)):
-                wanted.setdefault(config_hash(nearest), nearest)
-        missing = [(c, h) for h, c in wanted.items() if h not in stored.get(key, {})]
+        missing = [(c, config_hash(c)) for c in candidates if config_hash(c) not in stored.get(key, {})]
         if not missing:
             continue
         if measured_keys and _spent(began, time_budget):
-            return total, measured_keys, False
+            break
         measured_keys += 1
+        problem = template.problem_of_key(key)
         if on_key is not None:
             on_key(key, len(missing))
         sweep_id = store.start_sweep(kv_id, device_id, key, problem, CROSS_MEASURE, None, 0)
@@ -912,7 +880,7 @@ def _cross_round(
         total += sum(i is not None for i in store.add_trials(sweep_id, kv_id, device_id, key, results))
         store.update_winner(kv_id, device_id, key)
         store.finish_sweep(sweep_id, _now() - started)
-    return total, measured_keys, True
+    return total
 
 
 def _now() -> float:

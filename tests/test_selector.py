@@ -848,6 +848,20 @@ def test_a_projecting_selector_launches_the_feasible_config_nearest_its_first_pi
     assert not sel.Selector.from_dict(stored).project
 
 
+def test_the_runtime_launches_a_stored_projecting_selectors_repair(template, device, tmp_db):
+    projecting = replace(sel.fit_neighbours(_projecting_set(template, device)), project=True)
+    store = Store(tmp_db)
+    try:
+        store.save_selector(template, device.hardware_id, projecting.to_dict(), projecting.keys)
+    finally:
+        store.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        found = Runtime(db=tmp_db).lookup("matmul", M=9, N=45, K=29)
+    assert found.source == "predicted"
+    assert found.config == {**projecting.candidates[0], "BLOCK_M": 16}
+
+
 def test_choose_projects_only_where_the_stored_times_say_it_picks_faster():
     # M=4 left out: the others' nearest winner (candidate 0) broke a constraint there, so
     # without projecting the pick is candidate 1, the only one that ran there (1.0x)

@@ -1447,7 +1447,7 @@ def selector(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Fit the kernel's selector on this device from the stored trials, store it, and print it (the model kept and its leave-one-out score beside the nearest rule's)."""
+    """Fit the kernel's selector on this device from the stored trials, store it, and print it (the model kept, whether it projects a first pick that does not fit the shape onto the nearest config that does, and its leave-one-out score beside the nearest rule's)."""
     from tunesvc import selector as selectors  # fitting (scikit-learn), measuring (torch, Triton)
     from tunesvc.device import current_device
     from tunesvc.store import Store

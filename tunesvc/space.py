@@ -69,14 +69,22 @@ def _ordered(choices: tuple[int, ...] | tuple[str, ...]) -> bool:
     return all(type(c) is int and c > 0 for c in choices)
 
 
+def _gap(choices: tuple[int, ...] | tuple[str, ...], a: int | str, b: int | str) -> float:
+    """How far apart two choices of one parameter are: the doublings between two sizes
+    (|log2 a - log2 b|) where its choices are sizes, else 1 where they differ."""
+    if a == b:
+        return 0.0
+    return abs(math.log2(cast(int, a) / cast(int, b))) if _ordered(choices) else 1.0
+
+
 def _steps(choices: tuple[int, ...] | tuple[str, ...]) -> list[list[tuple[int, float]]]:
-    """Per choice index, the (choice index, distance) one step away: the next smaller and
-    larger size where the choices are sizes, every other choice otherwise."""
+    """Per choice index, the (choice index, _gap) one step away: the next smaller and larger
+    size where the choices are sizes, every other choice otherwise."""
     if _ordered(choices):
         by_size = sorted(range(len(choices)), key=lambda i: choices[i])
         out: list[list[tuple[int, float]]] = [[] for _ in choices]
         for lo, hi in itertools.pairwise(by_size):
-            cost = math.log2(cast(int, choices[hi]) / cast(int, choices[lo]))
+            cost = _gap(choices, choices[lo], choices[hi])
             out[lo].append((hi, cost))
             out[hi].append((lo, cost))
         return out
@@ -577,15 +585,10 @@ class Space:
             envs = [env for env in envs if all(self._holds(cname, expr, env) for cname, expr in checks)]
 
     def distance(self, a: Config, b: Config) -> float:
-        """How far apart two configs of this space are: per parameter, the doublings between
-        two sizes (|log2 a - log2 b|) where its choices are sizes, else 1 where they differ."""
+        """How far apart two configs of this space are: the sum over parameters of :func:`_gap`
+        (the walk of :meth:`nearest` adds the same gaps one step at a time)."""
         a, b = self.with_defaults(a), self.with_defaults(b)
-        total = 0.0
-        for name, parameter in self.parameters.items():
-            if a[name] != b[name]:
-                ordered = _ordered(parameter.choices)
-                total += abs(math.log2(cast(int, a[name]) / cast(int, b[name]))) if ordered else 1.0
-        return total
+        return sum(_gap(p.choices, a[name], b[name]) for name, p in self.parameters.items())
 
     def nearest(
         self,

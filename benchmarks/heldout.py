@@ -25,14 +25,25 @@ benchmarks/results/heldout.csv, one per (shape, pick), with the pick in the kern
 (``matmul [selector]``). --ceiling N then adds random trials up to N per shape and times their
 best beside the others (``matmul [space best of N]``): whether a missed target is the short
 sweep's or the space's.
+
+--candidates times, per shape, the best of the selector's candidates there (``matmul [best
+candidate]``: a grid sweep of its candidates, each as the runtime could launch it, in a scratch
+database): whether a pick outside 5% of tuned is the model's choice or the candidates' reach.
+Beside heldout.csv, heldout_reasons.csv gets what may explain a missed target, timed in the same
+run: GEMMs with M rounded up to the tuned config's BLOCK_M (ours and cuBLAS; a tile of BLOCK_M rows
+computes its padding rows too), and attention's tuned config against each SDPA backend by name,
+with the kernel SDPA's default ran (from the profiler). --shapes and --run split one run over
+several processes (e.g. device calls with a time limit).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -219,6 +230,8 @@ def untuned_picks(db: str, problems: dict[str, list[dict[str, Any]]]) -> dict[tu
                 picked = fitted.pick(template, problem, device) if fitted is not None else None
                 if picked is not None:
                     entry["selector"] = picked
+                if fitted is not None:
+                    entry["candidates"] = list(fitted.candidates)
                 picks[(name, key)] = entry
                 print(f"{name} {key}: runtime answers {found.source}; nearest {matched or '-'}", flush=True)
     finally:
@@ -230,12 +243,18 @@ def untuned_picks(db: str, problems: dict[str, list[dict[str, Any]]]) -> dict[tu
 ROUNDS = 3
 
 
-def time_shape(template: Any, problem: dict[str, Any], configs: dict[str, Any]) -> tuple[str, dict[str, float | None]]:
-    """(peer name, label -> GPU ms) for each config (None where it is wrong or fails) and "peer",
-    on one set of inputs and its copies. Labels naming the same config share one timing; each
-    distinct config and the peer are timed in ``ROUNDS`` rounds, in turn (the order reversed
-    every other round), and keep their median: clocks and temperature drift between configs
-    timed one after another, and a 5 us kernel's ratio would carry that drift."""
+def time_shape(
+    template: Any,
+    problem: dict[str, Any],
+    configs: dict[str, Any],
+    other_peers: dict[str, Callable[[Any], Callable[[], Any]]] | None = None,
+) -> tuple[str, dict[str, float | None]]:
+    """(peer name, label -> GPU ms) for each config (None where it is wrong or fails), "peer"
+    and each of ``other_peers`` (name -> inputs -> a call) as "peer: <name>", on one set of
+    inputs and its copies. Labels naming the same config share one timing; each distinct config
+    and each peer are timed in ``ROUNDS`` rounds, in turn (the order reversed every other round),
+    and keep their median: clocks and temperature drift between configs timed one after another,
+    and a 5 us kernel's ratio would carry that drift."""
     from _common import bench_graph_ms
     from _common import copies
 
@@ -269,19 +288,149 @@ def time_shape(template: Any, problem: dict[str, Any], configs: dict[str, Any]) 
             calls["peer"] = peer_calls
         except Exception as exc:
             print(f"  peer {peer_name}: {type(exc).__name__}: {exc}", flush=True)
+    for name, make in (other_peers or {}).items():
+        try:
+            other = [make(s) for s in sets]
+            other[0]()
+            calls[f"peer: {name}"] = other
+        except Exception as exc:  # e.g. an SDPA backend that does not take this shape: no time
+            print(f"  peer {name}: {type(exc).__name__}: {exc}", flush=True)
     samples: dict[str, list[float]] = {h: [] for h in calls}
     for r in range(ROUNDS):
         for h in list(calls) if r % 2 == 0 else reversed(list(calls)):
             try:
                 samples[h].append(bench_graph_ms(calls[h]))
             except Exception as exc:  # a capture this one does not allow: no time
-                print(f"  {'peer' if h == 'peer' else _short(configs_by[h])}: {type(exc).__name__}: {exc}", flush=True)
+                print(
+                    f"  {h if h.startswith('peer') else _short(configs_by[h])}: {type(exc).__name__}: {exc}", flush=True
+                )
     median = {h: statistics.median(v) if v else None for h, v in samples.items()}
     times = {label: median.get(config_hash(config)) for label, config in configs.items()}
-    times["peer"] = median.get("peer")
+    for h in calls:
+        if h.startswith("peer"):
+            times[h] = median.get(h)
+            print(f"  {h}: {_fmt(times[h])} ms", flush=True)
+    times.setdefault("peer", None)
     for label, config in configs.items():
         print(f"  {label}: {_short(config)} {_fmt(times[label])} ms", flush=True)
     return peer_name, times
+
+
+def launchable(template: Any, problem: dict[str, Any], candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The selector's candidates as the runtime could launch them on ``problem``: each as it is,
+    or, where it breaks a constraint there, the feasible config nearest it (none near: left out);
+    each config once."""
+    from tunesvc.device import current_device
+    from tunesvc.space import config_hash
+
+    device = current_device()
+    out: dict[str, dict[str, Any]] = {}
+    for config in candidates:
+        if template.violations(config, problem, device):
+            config = template.nearest_feasible(config, problem, device)
+        if config is not None:
+            out.setdefault(config_hash(config), dict(config))
+    return list(out.values())
+
+
+def best_candidate(template: Any, problem: dict[str, Any], candidates: list[dict[str, Any]], db: str) -> Any:
+    """The fastest of ``candidates`` on ``problem``: a grid sweep of exactly them (finalists
+    re-timed, as every sweep's are) in the scratch database ``db``, apart from --db's trials."""
+    from tunesvc.store import Store
+    from tunesvc.sweep import run_sweep
+
+    store = Store(db)
+    try:
+        [result] = run_sweep(template, [problem], store, strategy="grid", candidates=candidates, refit_selector=False)
+    finally:
+        store.close()
+    return result.winner
+
+
+#: torch SDPA's backends by name, timed beside its default (attention's reasons)
+SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+
+
+def sdpa_backends(template: Any) -> dict[str, Callable[[Any], Callable[[], Any]]]:
+    """name -> inputs -> a call of SDPA held to that backend (``torch.nn.attention.sdpa_kernel``),
+    for attention; none for other kernels or a torch without the backend."""
+    if template.name != "attention":
+        return {}
+    from torch.nn.attention import SDPBackend
+    from torch.nn.attention import sdpa_kernel
+
+    def make(backend: Any) -> Callable[[Any], Callable[[], Any]]:
+        def on(inputs: Any) -> Callable[[], Any]:
+            default = template.peer(inputs)
+
+            def call() -> Any:
+                with sdpa_kernel(backend):
+                    return default()
+
+            return call
+
+        return on
+
+    names = [n for n in SDPA_BACKENDS if hasattr(SDPBackend, n)]
+    return {f"torch SDPA, {n} backend": make(getattr(SDPBackend, n)) for n in names}
+
+
+def busiest_kernel(call: Callable[[], Any]) -> str:
+    """The name of the GPU kernel that takes the most device time in one ``call`` (torch.profiler):
+    which kernel a library call dispatched to."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    device_time = lambda e: getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+    events = [e for e in prof.key_averages() if device_time(e) > 0]
+    return max(events, key=device_time).key if events else "-"
+
+
+def padded(template: Any, problem: dict[str, Any], config: dict[str, Any]) -> dict[str, Any] | None:
+    """For a GEMM whose M is not a multiple of ``config``'s BLOCK_M: the problem with M rounded up
+    to one (the rows its tiles compute, padding included); None otherwise."""
+    if template.name != "matmul" or problem["M"] % config["BLOCK_M"] == 0:
+        return None
+    rows = -(-problem["M"] // config["BLOCK_M"]) * config["BLOCK_M"]
+    return template.problem(**{**problem, "M": rows})
+
+
+def reasons(
+    template: Any, problem: dict[str, Any], tuned: dict[str, Any] | None, times: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """heldout_reasons.csv's rows for one held-out shape (see the module's docstring)."""
+    from _common import result_row
+
+    def row(at: dict[str, Any], peer: str, ours_ms: float, peer_ms: float, label: str = "tuned") -> dict[str, Any]:
+        found = result_row(template, at, peer=peer, ours_ms=ours_ms, peer_ms=peer_ms, timing_method="cuda_graph")
+        return {**found, "kernel": f"{template.name} [{label}]"}
+
+    ours = times.get("tuned")
+    if tuned is None or ours is None:
+        return []
+    rows = [
+        row(problem, label.removeprefix("peer: "), ours, ms)
+        for label, ms in times.items()
+        if label.startswith("peer: ") and ms is not None
+    ]
+    if sdpa_backends(template) and times.get("peer") is not None:
+        from tunesvc.device import current_device
+
+        name = busiest_kernel(template.peer(template.make_inputs(problem, current_device())))
+        print(f"  torch SDPA's default ran {name}", flush=True)
+        rows.append(row(problem, f"torch SDPA, default: {name[:80]}", ours, times["peer"]))
+    if (rounded := padded(template, problem, tuned)) is not None:
+        _, at = time_shape(template, rounded, {"tuned": tuned})
+        if at.get("tuned") is not None and at.get("peer") is not None:
+            label = f"tuned, M={problem['M']} rounded up to BLOCK_M"
+            rows.append(row(rounded, template.peer_name, at["tuned"], at["peer"], label))
+    return rows
 
 
 def _short(config: dict[str, Any]) -> str:
@@ -304,6 +453,15 @@ def main() -> int:
         help="after the sweep, random trials up to this many per shape; their best is timed as "
         "'space best of N' (what the space holds, beyond what the short sweep finds)",
     )
+    parser.add_argument(
+        "--candidates",
+        action="store_true",
+        help="also time the best of the selector's candidates at each shape ('best candidate')",
+    )
+    parser.add_argument(
+        "--shapes", default="", help="only these shapes, by their --list index: e.g. 0-5 or 0,3,7 (default: all)"
+    )
+    parser.add_argument("--run", default="", help="stamp the rows with this run (default: this process's start)")
     args = parser.parse_args()
     kernels = [k for k in args.kernels.split(",") if k]
     unknown = sorted(set(kernels) - set(SHAPES))
@@ -313,11 +471,16 @@ def main() -> int:
         parser.error("--budget must be between 1 and 32")
     problems = held_out(args.size, kernels)
     if args.list:
-        for name, shapes in problems.items():
-            for p in shapes:
-                print(name, ",".join(f"{k}={v}" for k, v in p.items()))
+        for i, (name, p) in enumerate((name, p) for name, shapes in problems.items() for p in shapes):
+            print(i, name, ",".join(f"{k}={v}" for k, v in p.items()))
         print(f"{sum(map(len, problems.values()))} shapes, disjoint from every preset's keys")
         return 0
+    if args.shapes:
+        try:
+            wanted = indices(args.shapes)
+        except ValueError:
+            parser.error(f"--shapes {args.shapes!r}: give --list indices, e.g. 0-5 or 0,3,7")
+        problems = subset(problems, wanted)
 
     from _common import geomean
     from _common import print_table
@@ -332,7 +495,12 @@ def main() -> int:
     from tunesvc.template import get_template
 
     require_gpu("benchmarks/heldout.py")
+    if args.run:
+        import _common
+
+        _common.RUN = args.run
     device = current_device()
+    scratch = tempfile.mkdtemp(prefix="heldout-candidates-")
     if args.fit:
         store = Store(args.db)
         try:
@@ -368,8 +536,13 @@ def main() -> int:
                         store.close()
                     if result.winner is not None:
                         configs[label] = result.winner
+            if args.candidates and pick.get("candidates"):
+                fits = launchable(template, problem, pick["candidates"])
+                best = best_candidate(template, problem, fits, f"{scratch}/candidates.db") if fits else None
+                if best is not None:
+                    configs["best candidate"] = best
             print(f"{name} {key}: timing {', '.join(configs)} and the peer", flush=True)
-            peer_name, times = time_shape(template, problem, configs)
+            peer_name, times = time_shape(template, problem, configs, sdpa_backends(template))
             peer_ms = times.get("peer")
             tuned_ms = times.get("tuned")
             rows = []
@@ -382,7 +555,11 @@ def main() -> int:
                     rows.append({**row, "kernel": f"{name} [{label}]"})
             if rows:
                 record("heldout", rows)  # per shape: a run stopped by a time limit keeps what it measured
-            entry = summary.setdefault(name, {"selector": [], "nearest": [], "tuned_vs_peer": []})
+            if explained := reasons(template, problem, configs.get("tuned"), times):
+                record("heldout_reasons", explained)
+            entry = summary.setdefault(name, {"selector": [], "nearest": [], "best candidate": [], "tuned_vs_peer": []})
+            if "best candidate" in configs and tuned_ms is not None and times.get("best candidate"):
+                entry["best candidate"].append(tuned_ms / times["best candidate"])
             for label in ("selector", "nearest"):
                 # the selector's column is what the runtime launches: its pick, else the nearest rule's
                 ms = times.get(label if label in configs else "nearest")
@@ -406,7 +583,7 @@ def main() -> int:
     )
     for name, entry in summary.items():
         line = [f"{name}:"]
-        for label in ("selector", "nearest"):
+        for label in ("selector", "nearest", "best candidate"):
             ratios = entry[label]
             if ratios:
                 within = sum(r >= 1 / 1.05 for r in ratios) / len(ratios)
@@ -415,7 +592,29 @@ def main() -> int:
         if vs:
             line.append(f"tuned / peer geometric mean {geomean(vs):.3f}x, lowest {min(vs):.2f}x")
         print(" ".join(line), flush=True)
+    shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def indices(text: str) -> set[int]:
+    """--shapes' indices: "0-5", "0,3,7" or both ("0-2,9"); ValueError on anything else."""
+    out: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
+def subset(problems: dict[str, list[dict[str, Any]]], wanted: set[int]) -> dict[str, list[dict[str, Any]]]:
+    """The shapes whose --list index is in ``wanted``, by kernel (kernels left with none dropped)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    i = 0
+    for name, shapes in problems.items():
+        for problem in shapes:
+            if i in wanted:
+                out.setdefault(name, []).append(problem)
+            i += 1
+    return out
 
 
 def _fmt(ms: float | None) -> str:

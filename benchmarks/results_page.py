@@ -142,6 +142,8 @@ def _targets(results_dir: Path) -> list[str]:
         by = {(kernel, shape): roles for (kernel, shape, run), roles in runs.items() if run == latest[kernel]}
         misses: list[str] = []
         ceiling = _ceiling_notes(rows)
+        reasons_path = results_dir / "heldout_reasons.csv"
+        reasons = read_rows(reasons_path) if reasons_path.exists() else []
         lines += [
             "Held-out shapes (`heldout.csv`, each kernel's latest run): tuned / peer and the runtime's untuned pick",
             "(the selector's where it predicts, else the nearest rule's) / tuned, in GPU time.",
@@ -165,15 +167,27 @@ def _targets(results_dir: Path) -> list[str]:
             worst_shape = min(pick, key=pick.__getitem__) if pick else None
             within = _share_within_5pct(pick.values()) if pick else None
             mean = statistics.geometric_mean(speed.values())
+            best = {
+                shape: float(r["tuned"]["ours_ms"]) / float(r["best candidate"]["ours_ms"])
+                for shape, r in shapes.items()
+                if "best candidate" in r
+            }
+            reach = (
+                f"; the fastest of the selector's candidates was within 5% of tuned on {_share_within_5pct(best.values()):.0%}"
+                f" of the {len(best)} shapes it was timed on (`heldout.py --candidates`)"
+                if best
+                else ""
+            )
+            why = _reasons(reasons, kernel, latest[kernel], low_shape)
             checks = [
-                ("tuned / peer geometric mean", mean, mean_target, ""),
+                ("tuned / peer geometric mean", mean, mean_target, why["mean"]),
                 (
                     "lowest tuned / peer",
                     speed[low_shape],
                     low_target,
-                    f" at {low_shape}{ceiling.get((kernel, low_shape), '')}",
+                    f" at {low_shape}{ceiling.get((kernel, low_shape), '')}{why['lowest']}",
                 ),
-                ("share of picks within 5% of tuned", within, PICK_WITHIN, ""),
+                ("share of picks within 5% of tuned", within, PICK_WITHIN, reach),
                 ("worst pick / tuned", pick[worst_shape] if worst_shape else None, PICK_FLOOR, f" at {worst_shape}"),
             ]
             misses += [
@@ -375,6 +389,42 @@ def _ceiling_notes(rows: list[dict[str, str]]) -> dict[tuple[str, str], str]:
         f"the short sweep's winner {tuned:.3f}x ({date})"
         for kernel, shape, date, trials, tuned, best in _ceiling_runs(rows)
     }
+
+
+def _reasons(rows: list[dict[str, str]], kernel: str, run: tuple[str, str], low_shape: str) -> dict[str, str]:
+    """Clauses from heldout_reasons.csv (rows of the held-out table's own run) for a missed
+    target: "mean", the tuned kernel against each named peer (e.g. each SDPA backend) as a
+    geometric mean over the run's shapes; "lowest", the tuned config and the peer at the lowest
+    shape's M rounded up to the config's BLOCK_M."""
+    mine = [r for r in rows if _run_of(r) == run and r["kernel"].partition(" [")[0] == kernel]
+    by_peer: dict[str, list[float]] = defaultdict(list)
+    ran: set[str] = set()
+    rounded = ""
+    for r in mine:
+        role = r["kernel"].partition(" [")[2].rstrip("]")
+        ratio = float(r["peer_ms"]) / float(r["ours_ms"])
+        if role == "tuned" and r["peer"].startswith("torch SDPA, default: "):
+            ran.add(r["peer"].removeprefix("torch SDPA, default: "))
+        elif role == "tuned":
+            by_peer[r["peer"]].append(ratio)
+        elif role.endswith("rounded up to BLOCK_M") and _rounded_of(r["shape"], low_shape, role):
+            rounded = (
+                f"; with M rounded up to the tuned config's BLOCK_M ({r['shape'].split(',')[0]}), the same"
+                f" config ran at {ratio:.3f}x the peer in that run: its tiles compute the padding rows"
+            )
+    mean = "; ".join(f"{peer} {statistics.geometric_mean(v):.3f}x" for peer, v in sorted(by_peer.items()))
+    if mean:
+        mean = f"; tuned / {mean} (geometric means, same run)"
+        if ran:
+            mean += f", SDPA's default ran {', '.join(sorted(ran))}"
+    return {"mean": mean, "lowest": rounded}
+
+
+def _rounded_of(shape: str, held_out: str, role: str) -> bool:
+    """Whether ``shape`` is ``held_out`` with only M rounded up, as the role's "M=<m> rounded up" says."""
+    first, _, rest = held_out.partition(",")
+    mine_first, _, mine_rest = shape.partition(",")
+    return rest == mine_rest and role.startswith(f"tuned, {first} ") and mine_first != first
 
 
 def _share_within_5pct(ratios: Collection[float]) -> float:

@@ -166,6 +166,49 @@ def test_results_page_says_which_held_out_target_is_missed_and_shows_the_latest_
     assert "run of 2030-01-02" in page and "| matmul | 1 | 100% | 1.000, M=1,N=64,K=64 | 0% | 0.900," in page
 
 
+def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_target(tmp_path):
+    module = _results_page()
+    base = dict.fromkeys(module.COLUMNS, "")
+    run, older = "2030-01-02T08:00:00Z", "2030-01-01T08:00:00Z"
+    rows = []
+    # matmul: the selector misses by 25% at M=3, the fastest candidate does not
+    for shape, tuned, pick, best in (("M=1,N=64,K=64", 1.0, 1.0, 1.0), ("M=3,N=64,K=64", 2.0, 2.5, 2.0)):
+        for role, ms in (("tuned", tuned), ("selector", pick), ("best candidate", best)):
+            rows.append({**base, "run": run, "kernel": f"matmul [{role}]", "shape": shape,
+                         "ours_ms": str(ms), "peer_ms": "1.0"})  # fmt: skip
+    rows.append({**base, "run": run, "kernel": "attention [tuned]", "shape": "S=9", "ours_ms": "1.0", "peer_ms": "0.8"})
+    _write_rows(tmp_path / "heldout.csv", module.COLUMNS, rows)
+    reasons = [
+        # this run: M=3 rounded up to a 16-row tile, where the peer takes 2.4 ms and ours 2.0
+        ("matmul [tuned, M=3 rounded up to BLOCK_M]", "M=16,N=64,K=64", "2.0", "cuBLAS", "2.4", run),
+        # the same shape's in another run, and another shape's, are not this one's
+        ("matmul [tuned, M=3 rounded up to BLOCK_M]", "M=16,N=64,K=64", "2.0", "cuBLAS", "9.9", older),
+        ("matmul [tuned, M=1 rounded up to BLOCK_M]", "M=16,N=64,K=64", "2.0", "cuBLAS", "7.7", run),
+        ("attention [tuned]", "S=9", "1.0", "torch SDPA, FLASH_ATTENTION backend", "1.2", run),
+        ("attention [tuned]", "S=9", "1.0", "torch SDPA, CUDNN_ATTENTION backend", "0.8", run),
+        ("attention [tuned]", "S=9", "1.0", "torch SDPA, default: cudnn_sdpa_kernel", "0.8", run),
+    ]
+    _write_rows(tmp_path / "heldout_reasons.csv", module.COLUMNS, [
+        {**base, "run": r, "kernel": k, "shape": sh, "ours_ms": o, "peer": pe, "peer_ms": pm}
+        for k, sh, o, pe, pm, r in reasons
+    ])  # fmt: skip
+    page = "\n".join(module._targets(tmp_path))
+    assert (
+        "- matmul, share of picks within 5% of tuned: 0.500, 56% of the target 0.9; the fastest of the selector's "
+        "candidates was within 5% of tuned on 100% of the 2 shapes" in page
+    )
+    assert (
+        "at M=3,N=64,K=64; with M rounded up to the tuned config's BLOCK_M (M=16), the same config ran at 1.200x"
+        in page
+    )
+    assert "9.9" not in page and "7.7" not in page and "3.850x" not in page
+    assert (
+        "- attention, tuned / peer geometric mean: 0.800, 89% of the target 0.9; tuned / torch SDPA, "
+        "CUDNN_ATTENTION backend 0.800x; torch SDPA, FLASH_ATTENTION backend 1.200x (geometric means, same run), "
+        "SDPA's default ran cudnn_sdpa_kernel" in page
+    )
+
+
 def test_results_page_keeps_two_held_out_runs_of_one_date_apart(tmp_path):
     module = _results_page()
     base = dict.fromkeys(module.COLUMNS, "")

@@ -885,3 +885,41 @@ def test_training_set_knows_the_stored_time_of_each_projection(fitted_db, templa
             broken = ms is None and template.violations(config, problem, device)
             nearest = template.nearest_feasible(config, problem, device) if broken else None
             assert projection == (stored[key].get(config_hash(nearest)) if nearest is not None else None)
+
+
+def _heldout():
+    """benchmarks/heldout.py as a module (benchmarks/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(benchmarks))  # its lazy `from _common import ...`
+    spec = importlib.util.spec_from_file_location("heldout", benchmarks / "heldout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_heldout_times_the_selectors_candidates_as_launched_and_only_them(tmp_path, device):
+    heldout = _heldout()
+    from tunesvc.template import get_template
+
+    matmul = get_template("matmul")
+    problem = matmul.problem(M=37, N=45, K=70, dtype="float32")
+    tall = {"VARIANT": "grouped", "BLOCK_M": 256, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "SPLIT_K": 1}
+    tall |= {"num_warps": 8, "num_stages": 2}
+    fits = {**tall, "BLOCK_M": 32, "num_warps": 4}
+    # a 256-row tile is taller than 37 rows: it is launched as its nearest feasible config, and
+    # a candidate listed twice is timed once
+    launched = heldout.launchable(matmul, problem, [tall, fits, dict(fits)])
+    assert all(not matmul.violations(c, problem, device) for c in launched)
+    assert launched[0] == matmul.nearest_feasible(tall, problem, device) and launched[0]["BLOCK_M"] < 256
+    assert len({config_hash(c) for c in launched}) == len(launched)
+    best = heldout.best_candidate(matmul, problem, launched, str(tmp_path / "scratch.db"))
+    assert config_hash(best) in {config_hash(c) for c in launched}
+    # the shape's tiles compute whole BLOCK_M rows: 37 rows of 32-row tiles are 64
+    assert heldout.padded(matmul, problem, fits)["M"] == 64
+    assert heldout.padded(matmul, matmul.problem(M=64, N=45, K=70), fits) is None
+    assert heldout.indices("0-2,9") == {0, 1, 2, 9}
+    with pytest.raises(ValueError):
+        heldout.indices("0-x")

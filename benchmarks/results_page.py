@@ -178,7 +178,16 @@ def _targets(results_dir: Path) -> list[str]:
                 if best
                 else ""
             )
-            why = _reasons(reasons, kernel, latest[kernel], low_shape)
+            low = shapes[low_shape]["tuned"]
+            why = _reasons(
+                reasons,
+                kernel,
+                latest[kernel],
+                speed,
+                low_shape,
+                (float(low["ours_ms"]), float(low["peer_ms"])),
+                low_target,
+            )
             checks = [
                 ("tuned / peer geometric mean", mean, mean_target, why["mean"]),
                 (
@@ -391,15 +400,27 @@ def _ceiling_notes(rows: list[dict[str, str]]) -> dict[tuple[str, str], str]:
     }
 
 
-def _reasons(rows: list[dict[str, str]], kernel: str, run: tuple[str, str], low_shape: str) -> dict[str, str]:
+def _reasons(
+    rows: list[dict[str, str]],
+    kernel: str,
+    run: tuple[str, str],
+    speed: dict[str, float],
+    low_shape: str,
+    low_ms: tuple[float, float],
+    low_target: float | None,
+) -> dict[str, str]:
     """Clauses from heldout_reasons.csv (rows of the held-out table's own run) for a missed
     target: "mean", the tuned kernel against each named peer (e.g. each SDPA backend) as a
-    geometric mean over the run's shapes; "lowest", the tuned config and the peer at the lowest
-    shape's M rounded up to the config's BLOCK_M."""
+    geometric mean over the run's shapes, and tuned / peer (``speed``, by shape) with each
+    shape's M rounded up to its tuned config's BLOCK_M where it was timed so; "lowest", the
+    tuned config and the peer at the lowest
+    shape's M rounded up to the config's BLOCK_M, against their times at the shape itself
+    (``low_ms``: ours, the peer's), and whether padding alone explains missing ``low_target``."""
     mine = [r for r in rows if _run_of(r) == run and r["kernel"].partition(" [")[0] == kernel]
     by_peer: dict[str, list[float]] = defaultdict(list)
     ran: set[str] = set()
     rounded = ""
+    padded_speed = dict(speed)
     for r in mine:
         role = r["kernel"].partition(" [")[2].rstrip("]")
         ratio = float(r["peer_ms"]) / float(r["ours_ms"])
@@ -407,16 +428,35 @@ def _reasons(rows: list[dict[str, str]], kernel: str, run: tuple[str, str], low_
             ran.add(r["peer"].removeprefix("torch SDPA, default: "))
         elif role == "tuned":
             by_peer[r["peer"]].append(ratio)
-        elif role.endswith("rounded up to BLOCK_M") and _rounded_of(r["shape"], low_shape, role):
+        if role.endswith("rounded up to BLOCK_M"):
+            for shape in speed:
+                if _rounded_of(r["shape"], shape, role):
+                    padded_speed[shape] = ratio
+        if role.endswith("rounded up to BLOCK_M") and _rounded_of(r["shape"], low_shape, role):
+            padded, own = r["shape"].split(",")[0], low_shape.split(",")[0]
+            slower = (float(r["ours_ms"]) / low_ms[0], float(r["peer_ms"]) / low_ms[1])
+            rest = (
+                "so the padding rows its tiles compute, which the peer's do not, account for the miss"
+                if low_target is None or ratio >= low_target
+                else f"so its tiles compute the padding rows, and below {low_target} at {padded} too, the rest"
+                " of the gap is the kernel's at that size"
+            )
             rounded = (
-                f"; with M rounded up to the tuned config's BLOCK_M ({r['shape'].split(',')[0]}), the same"
-                f" config ran at {ratio:.3f}x the peer in that run: its tiles compute the padding rows"
+                f"; with M rounded up to the tuned config's BLOCK_M ({padded}), the same config ran at"
+                f" {ratio:.3f}x the peer in that run, taking {slower[0]:.2f}x its time at {own} and the peer"
+                f" {slower[1]:.2f}x: {rest}"
             )
     mean = "; ".join(f"{peer} {statistics.geometric_mean(v):.3f}x" for peer, v in sorted(by_peer.items()))
     if mean:
         mean = f"; tuned / {mean} (geometric means, same run)"
         if ran:
             mean += f", SDPA's default ran {', '.join(sorted(ran))}"
+    if padded := sum(padded_speed[s] != speed[s] for s in speed):
+        mean += (
+            f"; with M rounded up to the tuned config's BLOCK_M ({padded} of the {len(speed)} shapes; the rest"
+            f" as they are), tuned / peer geometric mean {statistics.geometric_mean(padded_speed.values()):.3f}x"
+            " in that run: the peer gains on M that is not a multiple of a tile, ours computes the padding rows"
+        )
     return {"mean": mean, "lowest": rounded}
 
 

@@ -199,9 +199,27 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
     )
     assert (
         "at M=3,N=64,K=64; with M rounded up to the tuned config's BLOCK_M (M=16), the same config ran at 1.200x"
-        in page
+        " the peer in that run, taking 1.00x its time at M=3 and the peer 2.40x: so the padding rows its tiles"
+        " compute, which the peer's do not, account for the miss" in page
     )
     assert "9.9" not in page and "7.7" not in page and "3.850x" not in page
+    # the geometric mean with both shapes' M rounded up (3.85x and 1.2x), this run's rows alone
+    assert (
+        "- matmul, tuned / peer geometric mean: 0.707, 71% of the target 1.0; with M rounded up to the tuned"
+        " config's BLOCK_M (2 of the 2 shapes; the rest as they are), tuned / peer geometric mean 2.149x" in page
+    )
+    # where the rounded-up shape misses the target too, padding is not the whole reason
+    slow_peer = [(k, sh, o, pe, "1.6" if pm == "2.4" else pm, r) for k, sh, o, pe, pm, r in reasons]
+    _write_rows(tmp_path / "heldout_reasons.csv", module.COLUMNS, [
+        {**base, "run": r, "kernel": k, "shape": sh, "ours_ms": o, "peer": pe, "peer_ms": pm}
+        for k, sh, o, pe, pm, r in slow_peer
+    ])  # fmt: skip
+    page = "\n".join(module._targets(tmp_path))
+    assert (
+        "the same config ran at 0.800x the peer in that run, taking 1.00x its time at M=3 and the peer 1.60x: so its"
+        " tiles compute the padding rows, and below 0.9 at M=16 too, the rest of the gap is the kernel's at that size"
+        in page
+    )
     assert (
         "- attention, tuned / peer geometric mean: 0.800, 89% of the target 0.9; tuned / torch SDPA, "
         "CUDNN_ATTENTION backend 0.800x; torch SDPA, FLASH_ATTENTION backend 1.200x (geometric means, same run), "

@@ -31,6 +31,10 @@ from tunesvc.search.replay import efficiency
 from tunesvc.search.replay import read_ground_truth
 from tunesvc.search.replay import trials_to_reach
 from tunesvc.search.replay import write_ground_truth
+from tunesvc.selector import TrainingSet
+from tunesvc.selector import fit_neighbours
+from tunesvc.selector import stored_selector
+from tunesvc.selector import untuned_answer
 from tunesvc.store import Store
 from tunesvc.store import resolve_url
 from tunesvc.store._migrate import HEAD
@@ -501,13 +505,80 @@ def test_warm_start_from_nearest_shapes_and_other_devices(tmp_db, device):
         toy_sweep(store, other, n=1024, strategy="grid", candidates=[{**odd, "B": 2}])  # this key, elsewhere
         toy_sweep(store, device, n=4, strategy="grid", candidates=[{**odd, "A": 8}])  # farther away
         toy = Toy()
-        key = str(toy.key(toy.problem(N=1024, dtype="float32")))
+        problem = toy.problem(N=1024, dtype="float32")
+        key = str(toy.key(problem))
         assert stored_warm_start(store, toy, device, key) == [odd, {**odd, "A": 8}, {**odd, "B": 2}]
+        # with no selector stored, the runtime launches the nearest tuned shape's winner
+        assert untuned_answer(store, toy, problem, device) == ("nearest", odd)
         result = toy_sweep(store, device, n=1024, strategy="optuna", budget=3)
         rows = store.trials(store.kernel_version_id(toy), store.device_id(device), key)
-    # the heuristic, then the nearest tuned shape's winner, then the next nearest
-    assert [r.config for r in rows] == [toy.heuristic({}, device), odd, {**odd, "A": 8}]
+    # what the runtime launched untuned (the nearest tuned shape's winner), the heuristic, then
+    # the next nearest tuned shape's winner
+    assert [r.config for r in rows] == [odd, toy.heuristic({}, device), {**odd, "A": 8}]
     assert result.trials_new == 3
+
+
+def test_untuned_answer_of_an_empty_store_is_the_heuristic(tmp_db, device):
+    toy = Toy()
+    with closing(Store(tmp_db)) as store:
+        assert untuned_answer(store, toy, toy.problem(N=100, dtype="float32"), device) == (
+            "heuristic",
+            toy.heuristic({}, device),
+        )
+
+
+def _toy_selector(toy, device, first):
+    """A neighbours selector over toy keys N=256, 512 and 2048 whose first-ranked candidate,
+    ``first``, ran fastest on each of them."""
+    second = {**first, "B": 1}
+    problems = [toy.problem(N=n, dtype="float32") for n in (256, 512, 2048)]
+    data = TrainingSet(
+        "toy",
+        toy.version,
+        device.hardware_id,
+        (first, second),
+        tuple(str(toy.key(p)) for p in problems),
+        tuple(toy.selector_features(p, device) for p in problems),
+        ((1.0, 2.0),) * len(problems),
+        (),
+    )
+    fitted = fit_neighbours(data)
+    assert fitted is not None
+    return fitted
+
+
+def test_a_sweep_measures_the_selectors_pick_first_and_retimes_it_with_the_finalists(tmp_db, device):
+    """What the runtime launched before the sweep (here the selector's pick, the slowest config
+    of the space) is its first trial, and is re-timed beside the finalists, so the stored winner
+    has beaten it under the same clocks."""
+    toy = Toy()
+    slowest = {"A": 8, "B": 3, "num_warps": 8}
+    fitted = _toy_selector(toy, device, slowest)
+    problem = toy.problem(N=1024, dtype="float32")
+    with closing(Store(tmp_db)) as store:
+        store.save_selector(toy, device.hardware_id, fitted.to_dict(), fitted.keys)
+        assert untuned_answer(store, toy, problem, device) == ("predicted", slowest)
+        result = toy_sweep(store, device, n=1024, strategy="grid", budget=4, finalists=2)
+        rows = store.trials(store.kernel_version_id(toy), store.device_id(device), str(toy.key(problem)))
+    assert rows[0].config == slowest and rows[1].config == toy.heuristic({}, device)
+    reps = sorted((r.reps, config_hash(r.config) == config_hash(slowest)) for r in rows)
+    # the two fastest and the selector's pick: 3 first runs plus 3 rounds of 3; the fourth, 3
+    assert [n for n, _ in reps] == [3, 12, 12, 12] and (12, True) in reps
+    assert result.winner == toy.heuristic({}, device)
+
+
+def test_an_unreadable_stored_selector_is_passed_over_as_the_runtime_passes_it_over(tmp_db, device):
+    toy = Toy()
+    fitted = _toy_selector(toy, device, {"A": 8, "B": 3, "num_warps": 8})
+    broken = {**fitted.to_dict(), "candidates": "not a list"}
+    with closing(Store(tmp_db)) as store:
+        store.save_selector(toy, device.hardware_id, broken, fitted.keys)
+        with pytest.raises(TunesvcError):
+            stored_selector(store, toy, device.hardware_id)
+        assert untuned_answer(store, toy, toy.problem(N=1024, dtype="float32"), device) == (
+            "heuristic",
+            toy.heuristic({}, device),
+        )
 
 
 def test_optuna_study_lives_in_the_store_database_and_resumes(db_url, device, tmp_path):

@@ -957,6 +957,24 @@ def nearest_pick(
     return "heuristic", None, template.heuristic(problem, device)
 
 
+def untuned_answer(store: Store, template: Template, problem: Problem, device: Device) -> tuple[str, Config]:
+    """(source, config) the runtime launches for ``problem`` on ``device`` from ``store`` while
+    the problem's shape key has no winner: the stored selector's pick, else the nearest tuned
+    key's winner, else the heuristic (the runtime's chain less its exact step). A stored
+    selector that cannot be read is passed over, as the runtime passes over it."""
+    key = str(template.key(problem))
+    try:
+        fitted = stored_selector(store, template, device.hardware_id)
+    except TunesvcError:
+        fitted = None
+    picked = fitted.pick(template, problem, device) if fitted is not None else None
+    if picked is not None:
+        return "predicted", picked
+    winners = {k: c for k, c in tuned_winners(store, template, device.hardware_id).items() if k != key}
+    source, _, config = nearest_pick(winners, key, template, problem, device)
+    return source, config
+
+
 def evaluate(
     store: Store,
     template: Template,

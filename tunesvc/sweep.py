@@ -2,11 +2,15 @@
 
 Per problem: shape key -> the trials already stored for (kernel version, device, key) are
 replayed into the strategy (so a killed sweep resumes, and a repeated one costs nothing) ->
-warm start (the heuristic, the winners of the nearest tuned keys on this device and of this
-key on other devices, the template's known-good configs) -> ask/measure/store/tell until the
-trial budget, the time budget, the patience or the space runs out -> the finalists (the
-fastest few) are re-measured interleaved -> the fastest correct trial becomes the key's winner
--> the template's torch peer, if it has one, is timed once on the same inputs (sweeps.peer_ms).
+warm start (what the runtime launches for the key untuned: the selector's pick, else the
+nearest tuned key's winner, else the heuristic; then the heuristic, the winners of the nearest
+tuned keys on this device and of this key on other devices, the template's known-good configs)
+-> ask/measure/store/tell until the trial budget, the time budget, the patience or the space
+runs out -> the finalists (the fastest few, and the untuned answer) are re-measured
+interleaved -> the fastest correct trial becomes the key's winner -> the template's torch peer,
+if it has one, is timed once on the same inputs (sweeps.peer_ms). Measuring the untuned answer
+first, and against the finalists, keeps a sweep from storing a winner slower than what the
+runtime launched before it (up to the finalists' timing noise).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from tunesvc.search import OPTUNA_STRATEGIES
 from tunesvc.search import STRATEGIES
 from tunesvc.search import Strategy
 from tunesvc.search import make_strategy
+from tunesvc.selector import untuned_answer
 from tunesvc.space import config_hash
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
@@ -480,6 +485,7 @@ class _ProblemSweep:
             self.key = str(template.key(problem))
             candidates = self._candidates()
             self.heuristic = template.heuristic(problem, device)
+            _, self.untuned = untuned_answer(store, template, problem, device)
             grid_all = options.budget is None and options.strategy == "grid"
             limit = len(candidates) if grid_all else options.budget or DEFAULT_OPTUNA_BUDGET
             self.search = self._strategy(candidates)
@@ -513,7 +519,9 @@ class _ProblemSweep:
     def _strategy(self, candidates: list[Config]) -> Strategy:
         run, template, device = self.run, self.run.template, self.run.device
         warm = template.warm_start(self.problem, device)
-        initial = _unique([*warm[:1], *stored_warm_start(run.store, template, device, self.key), *warm[1:]])
+        initial = _unique(
+            [self.untuned, *warm[:1], *stored_warm_start(run.store, template, device, self.key), *warm[1:]]
+        )
         storage = study_storage(run.store) if run.options.strategy in OPTUNA_STRATEGIES else None
         return make_strategy(
             run.options.strategy,
@@ -641,7 +649,10 @@ class _ProblemSweep:
             measurer = self._measurer()
         with self.clock.phase("finalists"):
             rows = self.run.store.trials(self.kv_id, self.device_id, self.key)
-            self.run.store.replace_measurements(_remeasure_finalists(measurer, rows, k, self.run.options.rep_ms))
+            keep = {config_hash(self.untuned)}
+            self.run.store.replace_measurements(
+                _remeasure_finalists(measurer, rows, k, self.run.options.rep_ms, keep=keep)
+            )
 
     def _peer(self) -> float | None:
         # a sweep that measured nothing makes no inputs for the peer
@@ -718,8 +729,11 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
     return _unique(configs)
 
 
-def _remeasure_finalists(measurer: Measurer, rows: list[Trial], k: int, rep_ms: float) -> list[tuple[int, Measurement]]:
-    """Re-time the k fastest correct trials round-robin; each one's median of rounds, by trial id.
+def _remeasure_finalists(
+    measurer: Measurer, rows: list[Trial], k: int, rep_ms: float, keep: Iterable[str] = ()
+) -> list[tuple[int, Measurement]]:
+    """Re-time the k fastest correct trials, and those of the configs hashed in ``keep``,
+    round-robin; each one's median of rounds, by trial id.
 
     Interleaving puts every finalist under the same clocks and temperatures, so a config whose
     first measurement was lucky falls back before it can be declared the winner. A round times
@@ -727,8 +741,9 @@ def _remeasure_finalists(measurer: Measurer, rows: list[Trial], k: int, rep_ms: 
     and are interleaved more finely. A finalist that fails now (a crash, a timeout) keeps that
     status and cannot win.
     """
-    ok = [r for r in rows if r.status == "ok" and r.time_ms is not None]
-    finalists = sorted(ok, key=lambda r: r.time_ms or 0.0)[:k]
+    ok = sorted((r for r in rows if r.status == "ok" and r.time_ms is not None), key=lambda r: r.time_ms or 0.0)
+    keep = set(keep)
+    finalists = ok[:k] + [r for r in ok[k:] if r.config_hash in keep]
     if len(finalists) < 2:
         return []
     rounds: dict[int, list[Measurement]] = {r.id: [] for r in finalists}

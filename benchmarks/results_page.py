@@ -179,6 +179,11 @@ def _targets(results_dir: Path) -> list[str]:
                 else ""
             )
             low = shapes[low_shape]["tuned"]
+            worst = (
+                f"; the fastest of the selector's candidates ran at {best[worst_shape]:.3f} of tuned there"
+                if worst_shape in best
+                else ""
+            )
             why = _reasons(
                 reasons,
                 kernel,
@@ -197,7 +202,12 @@ def _targets(results_dir: Path) -> list[str]:
                     f" at {low_shape}{ceiling.get((kernel, low_shape), '')}{why['lowest']}",
                 ),
                 ("share of picks within 5% of tuned", within, PICK_WITHIN, reach),
-                ("worst pick / tuned", pick[worst_shape] if worst_shape else None, PICK_FLOOR, f" at {worst_shape}"),
+                (
+                    "worst pick / tuned",
+                    pick[worst_shape] if worst_shape else None,
+                    PICK_FLOOR,
+                    f" at {worst_shape}{worst}",
+                ),
             ]
             misses += [
                 f"- {kernel}, {what}: {value:.3f}, {value / goal:.0%} of the target {goal}{where}"

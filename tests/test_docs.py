@@ -198,6 +198,10 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
         "candidates was within 5% of tuned on 100% of the 2 shapes" in page
     )
     assert (
+        "- matmul, worst pick / tuned: 0.800, 94% of the target 0.85 at M=3,N=64,K=64; the fastest of the selector's"
+        " candidates ran at 1.000 of tuned there" in page
+    )
+    assert (
         "at M=3,N=64,K=64; with M rounded up to the tuned config's BLOCK_M (M=16), the same config ran at 1.200x"
         " the peer in that run, taking 1.00x its time at M=3 and the peer 2.40x: so the padding rows its tiles"
         " compute, which the peer's do not, account for the miss" in page

@@ -15,7 +15,8 @@ sizes. bf16 throughout.
 selector is first fitted there (every stored winner measured on every tuned key, then the tree).
 Then, before any held-out shape is tuned, what the runtime would launch for each is read: the
 selector's pick, the nearest tuned key's winner and the heuristic. Per shape, a sweep of
---budget trials (Optuna TPE, warm-started from the stored neighbours) then tunes it, and on
+--budget trials (Optuna TPE, warm-started from the runtime's untuned answer and the stored
+neighbours, see tunesvc.sweep) then tunes it, and on
 one set of random inputs the three untuned picks, the tuned winner and the torch peer (cuBLAS
 through torch.matmul, SDPA, torch.compile'd norms) are checked against the reference and timed
 from CUDA graphs over copies of the inputs that together exceed L2 twice (GPU time; see

@@ -188,11 +188,15 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
         ("attention [tuned]", "S=9", "1.0", "torch SDPA, CUDNN_ATTENTION backend", "0.8", run),
         ("attention [tuned]", "S=9", "1.0", "torch SDPA, default: cudnn_sdpa_kernel", "0.8", run),
     ]
-    _write_rows(tmp_path / "heldout_reasons.csv", module.COLUMNS, [
-        {**base, "run": r, "kernel": k, "shape": sh, "ours_ms": o, "peer": pe, "peer_ms": pm}
-        for k, sh, o, pe, pm, r in reasons
-    ])  # fmt: skip
-    page = "\n".join(module._targets(tmp_path))
+
+    def page_with(reasons):
+        _write_rows(tmp_path / "heldout_reasons.csv", module.COLUMNS, [
+            {**base, "run": r, "kernel": k, "shape": sh, "ours_ms": o, "peer": pe, "peer_ms": pm}
+            for k, sh, o, pe, pm, r in reasons
+        ])  # fmt: skip
+        return "\n".join(module._targets(tmp_path))
+
+    page = page_with(reasons)
     assert (
         "- matmul, share of picks within 5% of tuned: 0.500, 56% of the target 0.9; the fastest of the selector's "
         "candidates was within 5% of tuned on 100% of the 2 shapes" in page
@@ -214,15 +218,10 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
     )
     # where the rounded-up shape misses the target too, padding is not the whole reason
     slow_peer = [(k, sh, o, pe, "1.6" if pm == "2.4" else pm, r) for k, sh, o, pe, pm, r in reasons]
-    _write_rows(tmp_path / "heldout_reasons.csv", module.COLUMNS, [
-        {**base, "run": r, "kernel": k, "shape": sh, "ours_ms": o, "peer": pe, "peer_ms": pm}
-        for k, sh, o, pe, pm, r in slow_peer
-    ])  # fmt: skip
-    page = "\n".join(module._targets(tmp_path))
     assert (
         "the same config ran at 0.800x the peer in that run, taking 1.00x its time at M=3 and the peer 1.60x: so its"
         " tiles compute the padding rows, and below 0.9 at M=16 too, the rest of the gap is the kernel's at that size"
-        in page
+        in page_with(slow_peer)
     )
     assert (
         "- attention, tuned / peer geometric mean: 0.800, 89% of the target 0.9; tuned / torch SDPA, "

@@ -214,7 +214,8 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
     # the geometric mean with both shapes' M rounded up (3.85x and 1.2x), this run's rows alone
     assert (
         "- matmul, tuned / peer geometric mean: 0.707, 71% of the target 1.0; with M rounded up to the tuned"
-        " config's BLOCK_M (2 of the 2 shapes; the rest as they are), tuned / peer geometric mean 2.149x" in page
+        " config's BLOCK_M (2 of the 2 shapes; the rest as they are), tuned / peer geometric mean 2.149x in that run,"
+        " against 0.707x" in page
     )
     # where the rounded-up shape misses the target too, padding is not the whole reason
     slow_peer = [(k, sh, o, pe, "1.6" if pm == "2.4" else pm, r) for k, sh, o, pe, pm, r in reasons]

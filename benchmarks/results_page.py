@@ -233,13 +233,13 @@ def _targets(results_dir: Path) -> list[str]:
     for path in sorted((results_dir / "evaluate").glob("*.csv")) if (results_dir / "evaluate").is_dir() else []:
         with path.open(newline="") as f:  # `tune evaluate --csv`'s own layout
             rows = list(csv.DictReader(f))
-        run = max(r["timestamp"][:10] for r in rows)
+        last_date = max(r["timestamp"][:10] for r in rows)
         # the file keeps every run; the page shows the last date's, the last row per key (a key
         # measured twice that date, by two runs, counts once: as the later run measured it)
-        rows = list({(r["kernel"], r["shape_key"]): r for r in rows if r["timestamp"][:10] == run}.values())
+        rows = list({(r["kernel"], r["shape_key"]): r for r in rows if r["timestamp"][:10] == last_date}.values())
         lines += [
             f"Leave one tuned shape out (`evaluate/{path.name}`, `tune evaluate`, run of "
-            f"{run}): the held-out key's tuned best / the pick, measured.",
+            f"{last_date}): the held-out key's tuned best / the pick, measured.",
             "",
             "| kernel | held out | selector within 5% | selector worst, at | nearest within 5% | nearest worst, at |",
             "|---|---|---|---|---|---|",

@@ -18,6 +18,9 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/tsvc . || exit 1
 export PYTHONPATH=/tmp/tsvc:/tmp/site PYTHONUNBUFFERED=1 R=$PWD
+# the image may lack any of tunesvc's dependencies: one line naming them, before any step runs
+missing=$(python3 -c "import importlib.util as u; print(*[m for m in ('sqlalchemy', 'optuna', 'alembic', 'pydantic') if u.find_spec(m) is None])")
+[ -z "$missing" ] || { echo "missing on this machine: $missing; add their wheels to .whl (../shared/gpu/fetch-wheels NAME ..., pydantic with pydantic-core annotated-types typing-inspection)"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
 cd /tmp || exit 1  # run from outside the checkout, so the installed tunesvc (with its kernels) is the one imported
 [ -f "$R/.gpu/tune.db" ] && cp "$R/.gpu/tune.db" "$OUT/tune.db" && chmod u+w "$OUT/tune.db" \

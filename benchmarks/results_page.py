@@ -429,44 +429,43 @@ def _reasons(
     mine = [r for r in rows if _run_of(r) == run and r["kernel"].partition(" [")[0] == kernel]
     by_peer: dict[str, list[float]] = defaultdict(list)
     ran: set[str] = set()
-    rounded = ""
-    padded_speed = dict(speed)
-    rounded_up: set[str] = set()
+    rounded_up: dict[str, tuple[dict[str, str], float]] = {}  # held-out shape -> (row, ratio) at M rounded up
     for r in mine:
         role = r["kernel"].partition(" [")[2].rstrip("]")
-        ratio = float(r["peer_ms"]) / float(r["ours_ms"])
+        if (ratio := ratio_of(r)) is None:
+            continue
         if role == "tuned" and r["peer"].startswith("torch SDPA, default: "):
             ran.add(r["peer"].removeprefix("torch SDPA, default: "))
         elif role == "tuned":
             by_peer[r["peer"]].append(ratio)
-        if role.endswith("rounded up to BLOCK_M"):
-            for shape in speed:
-                if _rounded_of(r["shape"], shape, role):
-                    padded_speed[shape] = ratio
-                    rounded_up.add(shape)
-        if role.endswith("rounded up to BLOCK_M") and _rounded_of(r["shape"], low_shape, role):
-            padded, own = r["shape"].split(",")[0], low_shape.split(",")[0]
-            slower = (float(r["ours_ms"]) / low_ms[0], float(r["peer_ms"]) / low_ms[1])
-            rest = (
-                "so the padding rows its tiles compute, which the peer's do not, account for the miss"
-                if low_target is None or ratio >= low_target
-                else f"so its tiles compute the padding rows, and below {low_target} at {padded} too, the rest"
-                " of the gap is the kernel's at that size"
-            )
-            rounded = (
-                f"; with M rounded up to the tuned config's BLOCK_M ({padded}), the same config ran at"
-                f" {ratio:.3f}x the peer in that run, taking {slower[0]:.2f}x its time at {own} and the peer"
-                f" {slower[1]:.2f}x: {rest}"
-            )
+        elif role.endswith("rounded up to BLOCK_M"):
+            rounded_up.update((shape, (r, ratio)) for shape in speed if _rounded_of(r["shape"], shape, role))
+    rounded = ""
+    if low_shape in rounded_up:
+        r, ratio = rounded_up[low_shape]
+        padded, own = r["shape"].split(",")[0], low_shape.split(",")[0]
+        slower = (float(r["ours_ms"]) / low_ms[0], float(r["peer_ms"]) / low_ms[1])
+        rest = (
+            "so the padding rows its tiles compute, which the peer's do not, account for the miss"
+            if low_target is None or ratio >= low_target
+            else f"so its tiles compute the padding rows, and below {low_target} at {padded} too, the rest"
+            " of the gap is the kernel's at that size"
+        )
+        rounded = (
+            f"; with M rounded up to the tuned config's BLOCK_M ({padded}), the same config ran at"
+            f" {ratio:.3f}x the peer in that run, taking {slower[0]:.2f}x its time at {own} and the peer"
+            f" {slower[1]:.2f}x: {rest}"
+        )
     mean = "; ".join(f"{peer} {statistics.geometric_mean(v):.3f}x" for peer, v in sorted(by_peer.items()))
     if mean:
         mean = f"; tuned / {mean} (geometric means, same run)"
         if ran:
             mean += f", SDPA's default ran {', '.join(sorted(ran))}"
     if rounded_up:
+        padded_speed = [rounded_up[s][1] if s in rounded_up else v for s, v in speed.items()]
         mean += (
             f"; with M rounded up to the tuned config's BLOCK_M ({len(rounded_up)} of the {len(speed)} shapes; the"
-            f" rest as they are), tuned / peer geometric mean {statistics.geometric_mean(padded_speed.values()):.3f}x"
+            f" rest as they are), tuned / peer geometric mean {statistics.geometric_mean(padded_speed):.3f}x"
             f" in that run, against {statistics.geometric_mean(speed.values()):.3f}x: the difference is what"
             " computing the padding rows costs ours against the peer"
         )

@@ -567,6 +567,45 @@ def test_a_sweep_measures_the_selectors_pick_first_and_retimes_it_with_the_final
     assert result.winner == toy.heuristic({}, device)
 
 
+class Throttled(Toy):
+    """Toy whose every config runs 50 ms slower from its fifth call on (its check and first
+    timing are the first four): a GPU whose clock drops at its power cap over a finalist's
+    longer replays."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def launch(self, inputs, config):
+        h = config_hash(config)
+        self.calls[h] = self.calls.get(h, 0) + 1
+        if self.calls[h] > 4:
+            time.sleep(0.05)
+        return super().launch(inputs, config)
+
+
+def test_a_trial_whose_first_time_beats_the_retimed_finalists_is_retimed_before_it_can_win(tmp_db, device):
+    """The finalists' rounds run slower than first timings (as at a GPU's power cap): the trial
+    next after them, whose first time is now below theirs, is re-timed beside the fastest
+    finalist and loses to it, instead of winning on a first time taken another way."""
+    toy = Throttled()
+    fast, second, third, slow = ({"A": a, "B": b, "num_warps": 4} for a, b in ((1, 1), (2, 2), (4, 2), (8, 2)))
+    problem = toy.problem(N=64, dtype="float32")
+    with closing(Store(tmp_db)) as store:
+        [result] = run_sweep(
+            toy, [problem], store, strategy="grid", candidates=[fast, second, third, slow], finalists=2, device=device
+        )
+        rows = store.trials(store.kernel_version_id(toy), store.device_id(device), str(toy.key(problem)))
+    reps = {config_hash(r.config): r.reps for r in rows}
+    # first timings 20, 40, 60, 100 ms; the finalists' rounds 70 and 90: the third (60) is
+    # re-timed (110) beside the first, and the slowest (100) is not
+    assert reps[config_hash(third)] == 3 + 3 * 3 and reps[config_hash(slow)] == 3
+    assert reps[config_hash(fast)] == 3 + 2 * 3 * 3
+    assert result.winner == fast
+    times = {config_hash(r.config): r.time_ms for r in rows}
+    assert times[config_hash(third)] > times[config_hash(fast)] > 0.06
+
+
 def test_an_unreadable_stored_selector_is_passed_over_as_the_runtime_passes_it_over(tmp_db, device):
     toy = Toy()
     fitted = _toy_selector(toy, device, {"A": 8, "B": 3, "num_warps": 8})

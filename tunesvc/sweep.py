@@ -284,10 +284,12 @@ def run_sweep(
     Per problem, the search stops at ``budget`` trials, after ``time_budget`` seconds, or once
     ``patience`` trials in a row have not improved the best time by ``min_improvement`` (a
     fraction). The ``finalists`` fastest configs (default 3 on a GPU, none in the interpreter)
-    are then re-measured interleaved, ``FINALIST_ROUNDS`` times, and keep the median, so a
-    config that won by noise is not stored as the winner. With ``isolate`` (default: on a GPU)
-    every candidate is measured in a :class:`~tunesvc.bench.Worker` process, and one that
-    crashes it or runs past ``measure_timeout`` seconds is stored as ``crash`` or ``timeout``.
+    are then re-measured interleaved, ``FINALIST_ROUNDS`` times over longer graph replays, and
+    keep the median, with any trial whose first time beats the fastest of them (see
+    :func:`_remeasure_finalists`), so a config that won by noise is not stored as the winner.
+    With ``isolate`` (default: on a GPU) every candidate is measured in a
+    :class:`~tunesvc.bench.Worker` process, and one that crashes it or runs past
+    ``measure_timeout`` seconds is stored as ``crash`` or ``timeout``.
     Optuna strategies keep their study in the store's database (see ``study_storage``).
     ``compiler``: a compile pool the caller keeps across sweeps (see :func:`compile_pool`), used
     instead of starting one and left open; ``measurer`` likewise, a measuring process (see
@@ -736,33 +738,48 @@ def _remeasure_finalists(
     round-robin; each one's median of rounds, by trial id.
 
     Interleaving puts every finalist under the same clocks and temperatures, so a config whose
-    first measurement was lucky falls back before it can be declared the winner. A round times
-    for rep_ms / FINALIST_ROUNDS: a finalist's rounds take as long as its first measurement,
-    and are interleaved more finely. A finalist that fails now (a crash, a timeout) keeps that
-    status and cannot win.
+    first measurement was lucky falls back before it can be declared the winner. A finalist's
+    rounds are timed longer than a first measurement (``Measurer.time_only``), and a GPU at its
+    power cap runs a kernel slower over a long replay than over a short one: so a trial whose
+    first time is below the fastest finalist's new one is re-timed too, with that finalist, until
+    none is left, and the winner (the fastest correct trial) has been timed as every trial that
+    could beat it. A round times for rep_ms / FINALIST_ROUNDS. A finalist that fails now (a
+    crash, a timeout) keeps that status and cannot win.
     """
     ok = sorted((r for r in rows if r.status == "ok" and r.time_ms is not None), key=lambda r: r.time_ms or 0.0)
     keep = set(keep)
-    finalists = ok[:k] + [r for r in ok[k:] if r.config_hash in keep]
-    if len(finalists) < 2:
+    batch = ok[:k] + [r for r in ok[k:] if r.config_hash in keep]
+    if len(batch) < 2:
         return []
-    rounds: dict[int, list[Measurement]] = {r.id: [] for r in finalists}
-    for _ in range(FINALIST_ROUNDS):
-        for row in finalists:
-            rounds[row.id].append(measurer.time_only(dict(row.config), rep_ms / FINALIST_ROUNDS))
-    results = []
-    for row in finalists:
-        failed = next((m for m in rounds[row.id] if not m.ok), None)
-        if failed is not None:
-            results.append((row.id, Measurement(failed.status, message=f"as a finalist: {failed.message}")))
-            continue
-        times = sorted([row.time_ms or 0.0, *(m.time_ms or 0.0 for m in rounds[row.id])])
-        median = statistics.median(times)
-        reps = row.reps + sum(m.reps for m in rounds[row.id])
-        results.append(
-            (row.id, Measurement(Status.OK, time_ms=median, spread=(times[-1] - times[0]) / median, reps=reps))
-        )
-    return results
+    rounds: dict[int, list[Measurement]] = {}
+    results: dict[int, Measurement] = {}
+    while batch:
+        for row in batch:
+            rounds.setdefault(row.id, [])
+        for _ in range(FINALIST_ROUNDS):
+            for row in batch:
+                rounds[row.id].append(measurer.time_only(dict(row.config), rep_ms / FINALIST_ROUNDS))
+        for row in batch:
+            results[row.id] = _finalist_result(row, rounds[row.id])
+        timed = [(m.time_ms, i) for i, m in results.items() if m.ok and m.time_ms is not None]
+        if not timed:
+            break
+        best_ms, best_id = min(timed)
+        faster = [r for r in ok if r.id not in results and (r.time_ms or 0.0) < best_ms]
+        batch = [next(r for r in ok if r.id == best_id), *faster] if faster else []
+    return list(results.items())
+
+
+def _finalist_result(row: Trial, rounds: list[Measurement]) -> Measurement:
+    """A finalist's measurement from its rounds: the first failure, else their median (its
+    first measurement left out: it was timed over shorter replays)."""
+    failed = next((m for m in rounds if not m.ok), None)
+    if failed is not None:
+        return Measurement(failed.status, message=f"as a finalist: {failed.message}")
+    times = sorted(m.time_ms or 0.0 for m in rounds)
+    median = statistics.median(times)
+    reps = row.reps + sum(m.reps for m in rounds)
+    return Measurement(Status.OK, time_ms=median, spread=(times[-1] - times[0]) / median, reps=reps)
 
 
 def _unique(configs: list[Config]) -> list[Config]:

@@ -61,6 +61,13 @@ def _out_of_resources_types() -> tuple[type[BaseException], ...]:
 #: own compile workers can carry a fast candidate's event reading past a threshold set near the
 #: host's time, and that candidate would keep the host's time while slower ones are graph-timed.
 GRAPH_BELOW_MS = 1.0
+#: a candidate's first timing replays its CUDA graph ten times, each replay this share of rep_ms
+#: long (100 ms in all at the default rep_ms); a finalist's replays last rep_ms each (1 s in all).
+#: An H100 running GEMMs back to back sits at its 700 W power cap with its SM clock swinging
+#: between 1035 and 1830 MHz: one config's 10 ms replays ranged over 19% from one timing to the
+#: next (57.6-68.5 us at 200x8192x8192 bf16), its 100 ms replays over 3%. So the short replays
+#: sort the candidates, and the long ones decide the winner among the fastest.
+FIRST_GRAPH_SHARE = 0.1
 #: the input sets a graph replay cycles through hold at least this many times the L2 cache
 L2_MULTIPLE = 2
 #: most input sets a graph replay cycles through (tiny inputs: some L2 hits remain)
@@ -146,11 +153,14 @@ class Bench(Measurer):
     def _launcher(self, config: Config):
         return lambda inputs: lambda: self.template.launch(inputs, config)
 
-    def _timed(self, call_on, rel_error: float | None = None, rep_ms: float | None = None) -> Measurement:
+    def _timed(
+        self, call_on, rel_error: float | None = None, rep_ms: float | None = None, graph_ms: float | None = None
+    ) -> Measurement:
         """Time ``call_on(inputs)()`` into an OK measurement; one that raises while timed is an
         ERROR, not a crash."""
         try:
-            median, low, high, reps = self._time(call_on, rep_ms or self.rep_ms)
+            rep_ms = rep_ms or self.rep_ms
+            median, low, high, reps = self._time(call_on, rep_ms, graph_ms or rep_ms * FIRST_GRAPH_SHARE)
         except Exception as exc:
             return Measurement(Status.ERROR, rel_error=rel_error, message=f"{type(exc).__name__}: {one_line(exc)}")
         return Measurement(Status.OK, time_ms=median, spread=(high - low) / median, reps=reps, rel_error=rel_error)
@@ -160,9 +170,10 @@ class Bench(Measurer):
             torch.cuda.synchronize()
 
     def time_only(self, config: Config, rep_ms: float | None = None) -> Measurement:
-        """Time a config already checked by :meth:`measure` (a finalist's re-measurement), for
-        ``rep_ms`` (default: the Bench's)."""
-        return self._timed(self._launcher(config), rep_ms=rep_ms)
+        """Re-time a config already checked by :meth:`measure` (a finalist): events for ``rep_ms``
+        (default: the Bench's), and where it is timed from a CUDA graph, replays that each last
+        the Bench's rep_ms (see :data:`FIRST_GRAPH_SHARE`)."""
+        return self._timed(self._launcher(config), rep_ms=rep_ms, graph_ms=self.rep_ms)
 
     def time_peer(self) -> Measurement:
         """Time the template's torch peer (``Template.peer``) on these inputs, as a candidate is timed.
@@ -178,9 +189,12 @@ class Bench(Measurer):
             self._sync()
         except Exception as exc:  # a failing peer costs the report a number, never the sweep
             return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {one_line(exc)}")
-        return self._timed(lambda inputs: run if inputs is self.inputs else self.template.peer(inputs))
+        # timed as the finalists are, since a sweep's report divides the winner's time by it
+        return self._timed(
+            lambda inputs: run if inputs is self.inputs else self.template.peer(inputs), graph_ms=self.rep_ms
+        )
 
-    def _time(self, call_on, rep_ms: float) -> tuple[float, float, float, int]:
+    def _time(self, call_on, rep_ms: float, graph_ms: float) -> tuple[float, float, float, int]:
         fn = call_on(self.inputs)
         if self.device.is_gpu:
             median, low, high = triton.testing.do_bench(
@@ -189,9 +203,8 @@ class Bench(Measurer):
             if median < GRAPH_BELOW_MS:
                 try:
                     calls = [fn] + [call_on(inputs) for inputs in self.input_sets()[1:]]
-                    # the graph is replayed 10 times, each replay its rep: 10x rep_ms in all
-                    # (1 s a candidate at the default) unless divided
-                    median, low, high = graph_time(calls, rep_ms / 10, [0.5, 0.2, 0.8])
+                    # the graph is replayed 10 times, each replay graph_ms long
+                    median, low, high = graph_time(calls, graph_ms, [0.5, 0.2, 0.8])
                 except Exception:  # a launch that cannot be captured keeps its event timing
                     pass
             # do_bench sizes its repetitions to fill rep_ms; this is that count

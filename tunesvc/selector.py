@@ -1041,15 +1041,16 @@ def evaluate(
 
 
 def _measured(measurer: Any, configs: dict[str, Config]) -> dict[str, float | None]:
-    """Each config checked against the reference, then timed in interleaved rounds: the median
-    of its times, under the same clocks as the others; None where it failed."""
+    """Each config checked against the reference, then timed in interleaved rounds as a sweep's
+    finalists are (``Measurer.time_only``): the median of its rounds, under the same clocks as
+    the others; None where it failed."""
     import statistics
 
     checked = {h: measurer.measure(c) for h, c in configs.items()}
-    times = {h: [m.time_ms] for h, m in checked.items() if m.ok and m.time_ms is not None}
+    times: dict[str, list[float]] = {h: [] for h, m in checked.items() if m.ok and m.time_ms is not None}
     for _ in range(ROUNDS):
         for h in list(times):
-            m = measurer.time_only(configs[h])
+            m = measurer.time_only(configs[h], measurer.rep_ms / ROUNDS)
             if m.ok and m.time_ms is not None:
                 times[h].append(m.time_ms)
             else:

@@ -50,6 +50,7 @@ from tunesvc.bench import Measurement
 from tunesvc.bench import Status
 from tunesvc.bench import relative_error
 from tunesvc.bench._base import one_line as _one_line
+from tunesvc.bench._inprocess import FIRST_GRAPH_SHARE
 from tunesvc.bench._inprocess import _compile_error_types
 from tunesvc.bench._inprocess import _out_of_resources_types
 from tunesvc.errors import TunesvcError
@@ -92,6 +93,10 @@ LOOSE_TOLERANCE = 0.125
 
 #: rounds of the finalists' re-measurement on a GPU (tunesvc.sweep's interleaved rounds)
 FINALISTS = 3
+#: a captured key's finalists replay graphs as short as its first timings' at a third of rep_ms
+#: (3.3 ms at the default), not an offline sweep's 100 ms: the user's first call waits for them,
+#: and the long replays would cost it about 9 s a key (a first call tuned in 6-9 s on an H100)
+CAPTURE_FINALIST_GRAPH_SHARE = FIRST_GRAPH_SHARE / 3
 
 
 def stats() -> dict[str, int]:
@@ -932,7 +937,9 @@ def tune_key(
         store.add_trials(sweep_id, kv_id, device_id, text, results)
         if device.is_gpu:
             rows = store.trials(kv_id, device_id, text)
-            store.replace_measurements(_remeasure_finalists(bench, rows, FINALISTS, rep_ms))
+            store.replace_measurements(
+                _remeasure_finalists(bench, rows, FINALISTS, rep_ms, graph_ms=rep_ms * CAPTURE_FINALIST_GRAPH_SHARE)
+            )
     finally:
         bench.restore()  # the caller launches the winner on the inputs as they were given
     # what triton.autotune leaves for code that reads them (first measurements, as Triton's)

@@ -732,7 +732,12 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
 
 
 def _remeasure_finalists(
-    measurer: Measurer, rows: list[Trial], k: int, rep_ms: float, keep: Iterable[str] = ()
+    measurer: Measurer,
+    rows: list[Trial],
+    k: int,
+    rep_ms: float,
+    keep: Iterable[str] = (),
+    graph_ms: float | None = None,
 ) -> list[tuple[int, Measurement]]:
     """Re-time the k fastest correct trials, and those of the configs hashed in ``keep``,
     round-robin; each one's median of rounds, by trial id.
@@ -743,8 +748,9 @@ def _remeasure_finalists(
     power cap runs a kernel slower over a long replay than over a short one: so a trial whose
     first time is below the fastest finalist's new one is re-timed too, with that finalist, until
     none is left, and the winner (the fastest correct trial) has been timed as every trial that
-    could beat it. A round times for rep_ms / FINALIST_ROUNDS. A finalist that fails now (a
-    crash, a timeout) keeps that status and cannot win.
+    could beat it. A round times for rep_ms / FINALIST_ROUNDS, its graph replays ``graph_ms``
+    each (default: ``Measurer.time_only``'s). A finalist that fails now (a crash, a timeout)
+    keeps that status and cannot win.
     """
     ok = sorted((r for r in rows if r.status == "ok" and r.time_ms is not None), key=lambda r: r.time_ms or 0.0)
     keep = set(keep)
@@ -758,7 +764,7 @@ def _remeasure_finalists(
             rounds.setdefault(row.id, [])
         for _ in range(FINALIST_ROUNDS):
             for row in batch:
-                rounds[row.id].append(measurer.time_only(dict(row.config), rep_ms / FINALIST_ROUNDS))
+                rounds[row.id].append(measurer.time_only(dict(row.config), rep_ms / FINALIST_ROUNDS, graph_ms))
         for row in batch:
             results[row.id] = _finalist_result(row, rounds[row.id])
         timed = [(m.time_ms, i) for i, m in results.items() if m.ok and m.time_ms is not None]

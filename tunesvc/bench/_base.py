@@ -71,8 +71,10 @@ class Measurer(abc.ABC):
         """Check ``config`` against the reference, then time it."""
 
     @abc.abstractmethod
-    def time_only(self, config: Config, rep_ms: float | None = None) -> Measurement:
-        """Time a config already checked by :meth:`measure`, for ``rep_ms`` (default: the measurer's)."""
+    def time_only(self, config: Config, rep_ms: float | None = None, graph_ms: float | None = None) -> Measurement:
+        """Time a config already checked by :meth:`measure`, for ``rep_ms`` (default: the
+        measurer's); where it is timed from a CUDA graph, each of the ten replays lasts
+        ``graph_ms`` (default: the measurer's rep_ms, longer than a first timing's)."""
 
     @abc.abstractmethod
     def time_peer(self) -> Measurement:

@@ -169,11 +169,11 @@ class Bench(Measurer):
         if self.device.is_gpu:
             torch.cuda.synchronize()
 
-    def time_only(self, config: Config, rep_ms: float | None = None) -> Measurement:
+    def time_only(self, config: Config, rep_ms: float | None = None, graph_ms: float | None = None) -> Measurement:
         """Re-time a config already checked by :meth:`measure` (a finalist): events for ``rep_ms``
         (default: the Bench's), and where it is timed from a CUDA graph, replays that each last
-        the Bench's rep_ms (see :data:`FIRST_GRAPH_SHARE`)."""
-        return self._timed(self._launcher(config), rep_ms=rep_ms, graph_ms=self.rep_ms)
+        ``graph_ms`` (default: the Bench's rep_ms; see :data:`FIRST_GRAPH_SHARE`)."""
+        return self._timed(self._launcher(config), rep_ms=rep_ms, graph_ms=graph_ms or self.rep_ms)
 
     def time_peer(self) -> Measurement:
         """Time the template's torch peer (``Template.peer``) on these inputs, as a candidate is timed.

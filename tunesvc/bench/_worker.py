@@ -62,8 +62,8 @@ class Worker(Measurer):
     def measure(self, config: Config) -> Measurement:
         return self._request("measure", config)
 
-    def time_only(self, config: Config, rep_ms: float | None = None) -> Measurement:
-        return self._request("time", config, rep_ms)
+    def time_only(self, config: Config, rep_ms: float | None = None, graph_ms: float | None = None) -> Measurement:
+        return self._request("time", config, (rep_ms, graph_ms))
 
     def time_peer(self) -> Measurement:
         return self._request("peer", None)
@@ -91,7 +91,9 @@ class Worker(Measurer):
         if not self._ready:
             self._wait_ready()
 
-    def _request(self, kind: str, config: Config | None, rep_ms: float | None = None) -> Measurement:
+    def _request(
+        self, kind: str, config: Config | None, rep_ms: tuple[float | None, float | None] | None = None
+    ) -> Measurement:
         self.wait_ready()
         try:
             self._conn.send((kind, config, rep_ms))
@@ -156,8 +158,9 @@ class Worker(Measurer):
 
 
 def _worker_main(conn: Connection, payload: bytes) -> None:
-    """The child of a :class:`Worker`: a Bench answering (kind, config, rep_ms) requests until told
-    to stop, EOF, or the sweep's process exiting (kind: measure, time, or peer, which has no config)."""
+    """The child of a :class:`Worker`: a Bench answering (kind, config, times) requests until told
+    to stop, EOF, or the sweep's process exiting (kind: measure, time, or peer, which has no config;
+    times: a time request's (rep_ms, graph_ms))."""
     set_role("measurer")
     mark("measurer process started")
     template, problem, default_rep_ms = pickle.loads(payload)
@@ -182,7 +185,7 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
         elif kind == "peer":
             m = bench.time_peer()
         else:
-            m = bench.time_only(config, rep_ms)
+            m = bench.time_only(config, *rep_ms)
         if bench.device.is_gpu and not m.ok and context_lost(m.message):
             conn.send(Measurement(Status.CRASH, message=m.message))
             conn.close()

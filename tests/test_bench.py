@@ -374,6 +374,9 @@ def test_workers_are_forked_from_a_process_without_cuda_and_start_after_parallel
     worker = Worker(template, template.problem(M=20, N=33, K=20, dtype="float32"), current_device(), timeout_s=5.0)
     worker.wait_ready()  # TunesvcError if the child hung
     assert worker.measure(SMALL).status is Status.OK
+    # a finalist's re-timing, its replay length sent through the pipe with its rep_ms
+    retimed = worker.time_only(SMALL, 5.0, 1.0)
+    assert retimed.status is Status.OK and retimed.time_ms > 0 and worker._process is not None
     child = worker._process
     with Compiler(1) as compiler:  # forked after the measuring child: holds a copy of its pipe's parent end
         compiler._starting.join()

@@ -33,8 +33,10 @@ database): whether a pick outside 5% of tuned is the model's choice or the candi
 Beside heldout.csv, heldout_reasons.csv gets what may explain a missed target, timed in the same
 run: GEMMs with M rounded up to the tuned config's BLOCK_M (ours and cuBLAS; a tile of BLOCK_M rows
 computes its padding rows too), and attention's tuned config against each SDPA backend by name,
-with the kernel SDPA's default ran (from the profiler). --shapes and --run split one run over
-several processes (e.g. device calls with a time limit).
+with the kernel SDPA's default ran (from the profiler), and the tuned winner against the peer as
+its sweep timed them (``[tuned, as its sweep timed it]``, timing method ``sweep``): whether the
+sweep's own timing agreed with this one. --shapes and --run split one run over several processes
+(e.g. device calls with a time limit).
 """
 
 from __future__ import annotations
@@ -403,19 +405,30 @@ def padded(template: Any, problem: dict[str, Any], config: dict[str, Any]) -> di
 
 
 def reasons(
-    template: Any, problem: dict[str, Any], tuned: dict[str, Any] | None, times: dict[str, Any]
+    template: Any,
+    problem: dict[str, Any],
+    tuned: dict[str, Any] | None,
+    times: dict[str, Any],
+    swept: tuple[float | None, float | None] = (None, None),
 ) -> list[dict[str, Any]]:
-    """heldout_reasons.csv's rows for one held-out shape (see the module's docstring)."""
+    """heldout_reasons.csv's rows for one held-out shape (see the module's docstring); ``swept``:
+    the tuned winner's and the peer's times as the sweep stored them."""
     from _common import result_row
 
-    def row(at: dict[str, Any], peer: str, ours_ms: float, peer_ms: float, label: str = "tuned") -> dict[str, Any]:
-        found = result_row(template, at, peer=peer, ours_ms=ours_ms, peer_ms=peer_ms, timing_method="cuda_graph")
+    def row(
+        at: dict[str, Any], peer: str, ours_ms: float, peer_ms: float, label: str = "tuned", how: str = "cuda_graph"
+    ) -> dict[str, Any]:
+        found = result_row(template, at, peer=peer, ours_ms=ours_ms, peer_ms=peer_ms, timing_method=how)
         return {**found, "kernel": f"{template.name} [{label}]"}
 
     ours = times.get("tuned")
     if tuned is None or ours is None:
         return []
-    rows = [
+    rows = []
+    # the sweep times the template's own peer: comparable where this run times that one too
+    if None not in swept and peer_of(template)[0] == template.peer_name:
+        rows.append(row(problem, template.peer_name, swept[0], swept[1], "tuned, as its sweep timed it", "sweep"))
+    rows += [
         row(problem, label.removeprefix("peer: "), ours, ms)
         for label, ms in times.items()
         if label.startswith("peer: ") and ms is not None
@@ -525,6 +538,7 @@ def main() -> int:
             key = str(template.key(problem))
             pick = picks[(name, key)]
             configs = {label: pick[label] for label in ("selector", "nearest", "heuristic") if label in pick}
+            swept: tuple[float | None, float | None] = (None, None)
             if not args.no_sweep:
                 sweeps = [("tuned", "optuna", args.budget)]
                 if args.ceiling > args.budget:
@@ -537,6 +551,8 @@ def main() -> int:
                         store.close()
                     if result.winner is not None:
                         configs[label] = result.winner
+                        if label == "tuned":
+                            swept = (result.winner_ms, result.peer_ms)
             if args.candidates and pick.get("candidates"):
                 fits = launchable(template, problem, pick["candidates"])
                 best = best_candidate(template, problem, fits, f"{scratch}/candidates.db") if fits else None
@@ -556,7 +572,7 @@ def main() -> int:
                     rows.append({**row, "kernel": f"{name} [{label}]"})
             if rows:
                 record("heldout", rows)  # per shape: a run stopped by a time limit keeps what it measured
-            if explained := reasons(template, problem, configs.get("tuned"), times):
+            if explained := reasons(template, problem, configs.get("tuned"), times, swept):
                 record("heldout_reasons", explained)
             entry = summary.setdefault(name, {"selector": [], "nearest": [], "best candidate": [], "tuned_vs_peer": []})
             if "best candidate" in configs and tuned_ms is not None and times.get("best candidate"):

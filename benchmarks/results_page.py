@@ -425,16 +425,20 @@ def _reasons(
     shape's M rounded up to its tuned config's BLOCK_M where it was timed so; "lowest", the
     tuned config and the peer at the lowest shape's M rounded up to the config's BLOCK_M,
     against their times at the shape itself (``low_ms``: ours, the peer's), and whether padding
-    alone explains missing ``low_target``."""
+    alone explains missing ``low_target``; both also give tuned / peer as the sweeps timed them,
+    where they were recorded (whether the sweep's timing agreed with this run's)."""
     mine = [r for r in rows if _run_of(r) == run and r["kernel"].partition(" [")[0] == kernel]
     by_peer: dict[str, list[float]] = defaultdict(list)
     ran: set[str] = set()
     rounded_up: dict[str, tuple[dict[str, str], float]] = {}  # held-out shape -> (row, ratio) at M rounded up
+    swept: dict[str, float] = {}  # held-out shape -> tuned / peer as its sweep timed them
     for r in mine:
         role = r["kernel"].partition(" [")[2].rstrip("]")
         if (ratio := ratio_of(r)) is None:
             continue
-        if role == "tuned" and r["peer"].startswith("torch SDPA, default: "):
+        if role == "tuned, as its sweep timed it" and r["shape"] in speed:
+            swept[r["shape"]] = ratio
+        elif role == "tuned" and r["peer"].startswith("torch SDPA, default: "):
             ran.add(r["peer"].removeprefix("torch SDPA, default: "))
         elif role == "tuned":
             by_peer[r["peer"]].append(ratio)
@@ -456,6 +460,8 @@ def _reasons(
             f" {ratio:.3f}x the peer in that run, taking {slower[0]:.2f}x its time at {own} and the peer"
             f" {slower[1]:.2f}x: {rest}"
         )
+    if low_shape in swept:
+        rounded += f"; its sweep had timed the same config at {swept[low_shape]:.3f}x the peer"
     mean = "; ".join(f"{peer} {statistics.geometric_mean(v):.3f}x" for peer, v in sorted(by_peer.items()))
     if mean:
         mean = f"; tuned / {mean} (geometric means, same run)"
@@ -468,6 +474,12 @@ def _reasons(
             f" rest as they are), tuned / peer geometric mean {statistics.geometric_mean(padded_speed):.3f}x"
             f" in that run, against {statistics.geometric_mean(speed.values()):.3f}x: the difference is what"
             " computing the padding rows costs ours against the peer"
+        )
+    if swept:
+        mean += (
+            f"; as the sweeps timed them, tuned / peer geometric mean {statistics.geometric_mean(swept.values()):.3f}x"
+            f" over {len(swept)} of the {len(speed)} shapes, against"
+            f" {statistics.geometric_mean(speed[s] for s in swept):.3f}x timed here"
         )
     return {"mean": mean, "lowest": rounded}
 

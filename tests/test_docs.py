@@ -187,6 +187,10 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
         ("attention [tuned]", "S=9", "1.0", "torch SDPA, FLASH_ATTENTION backend", "1.2", run),
         ("attention [tuned]", "S=9", "1.0", "torch SDPA, CUDNN_ATTENTION backend", "0.8", run),
         ("attention [tuned]", "S=9", "1.0", "torch SDPA, default: cudnn_sdpa_kernel", "0.8", run),
+        # the tuned winners against cuBLAS as their sweeps timed them: 0.625x and 1.0x (another run's: not)
+        ("matmul [tuned, as its sweep timed it]", "M=3,N=64,K=64", "1.6", "cuBLAS", "1.0", run),
+        ("matmul [tuned, as its sweep timed it]", "M=1,N=64,K=64", "1.0", "cuBLAS", "1.0", run),
+        ("matmul [tuned, as its sweep timed it]", "M=3,N=64,K=64", "1.0", "cuBLAS", "5.5", older),
     ]
 
     def page_with(reasons):
@@ -210,7 +214,12 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
         " the peer in that run, taking 1.00x its time at M=3 and the peer 2.40x: so the padding rows its tiles"
         " compute, which the peer's do not, account for the miss" in page
     )
-    assert "9.9" not in page and "7.7" not in page and "3.850x" not in page
+    assert "9.9" not in page and "7.7" not in page and "3.850x" not in page and "5.500x" not in page
+    assert "account for the miss; its sweep had timed the same config at 0.625x the peer" in page
+    assert (
+        "; as the sweeps timed them, tuned / peer geometric mean 0.791x over 2 of the 2 shapes, against 0.707x"
+        " timed here" in page
+    )
     # the geometric mean with both shapes' M rounded up (3.85x and 1.2x), this run's rows alone
     assert (
         "- matmul, tuned / peer geometric mean: 0.707, 71% of the target 1.0; with M rounded up to the tuned"

@@ -923,3 +923,20 @@ def test_heldout_times_the_selectors_candidates_as_launched_and_only_them(tmp_pa
     assert heldout.indices("0-2,9") == {0, 1, 2, 9}
     with pytest.raises(ValueError):
         heldout.indices("0-x")
+
+
+def test_heldout_reasons_keep_the_tuned_winner_as_its_sweep_timed_it_where_the_peers_are_the_same(device):
+    heldout = _heldout()
+    from tunesvc.template import get_template
+
+    config = {"VARIANT": "grouped", "BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "SPLIT_K": 1}
+    config |= {"num_warps": 4, "num_stages": 2}
+    matmul, rmsnorm = get_template("matmul"), get_template("rmsnorm")
+    problem = matmul.problem(M=64, N=45, K=70, dtype="float32")  # whole 32-row tiles: no padded timing
+    [row] = heldout.reasons(matmul, problem, config, {"tuned": 0.5, "peer": 0.4}, swept=(0.3, 0.45))
+    assert row["kernel"] == "matmul [tuned, as its sweep timed it]" and row["timing_method"] == "sweep"
+    assert (float(row["ours_ms"]), float(row["peer_ms"]), row["peer"]) == (0.3, 0.45, matmul.peer_name)
+    assert heldout.reasons(matmul, problem, config, {"tuned": 0.5, "peer": 0.4}) == []  # no sweep: no row
+    # the norms' held-out peer is torch.compile, their sweeps' the eager op: not the same ratio
+    norm = rmsnorm.problem(M=64, N=512, dtype="float32")
+    assert heldout.reasons(rmsnorm, norm, {"BLOCK_N": 512}, {"tuned": 0.5, "peer": 0.4}, swept=(0.3, 0.45)) == []

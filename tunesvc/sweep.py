@@ -745,10 +745,10 @@ def _remeasure_finalists(
     Interleaving puts every finalist under the same clocks and temperatures, so a config whose
     first measurement was lucky falls back before it can be declared the winner. A finalist's
     rounds are timed longer than a first measurement (``Measurer.time_only``), and a GPU at its
-    power cap runs a kernel slower over a long replay than over a short one: so a trial whose
-    first time is below the fastest finalist's new one is re-timed too, with that finalist, until
-    none is left, and the winner (the fastest correct trial) has been timed as every trial that
-    could beat it. A round times for rep_ms / FINALIST_ROUNDS, its graph replays ``graph_ms``
+    power cap times a compute-bound kernel slower over a long replay than over a short one (see
+    ``tunesvc.bench._inprocess.FIRST_GRAPH_SHARE``): so a trial whose first time is below the
+    fastest finalist's new one is re-timed too, with that finalist, until none is left, and the
+    winner (the fastest correct trial) has been timed as every trial that could beat it. A round times for rep_ms / FINALIST_ROUNDS, its graph replays ``graph_ms``
     each (default: ``Measurer.time_only``'s). A finalist that fails now (a crash, a timeout)
     keeps that status and cannot win.
     """

@@ -65,8 +65,9 @@ GRAPH_BELOW_MS = 1.0
 #: long (100 ms in all at the default rep_ms); a finalist's replays last rep_ms each (1 s in all).
 #: An H100 running GEMMs back to back sits at its 700 W power cap with its SM clock swinging
 #: between 1035 and 1830 MHz: one config's 10 ms replays ranged over 19% from one timing to the
-#: next (57.6-68.5 us at 200x8192x8192 bf16), its 100 ms replays over 3%. So the short replays
-#: sort the candidates, and the long ones decide the winner among the fastest.
+#: next (57.6-68.5 us at 200x8192x8192 bf16), its 100 ms replays over 3%, and sweeps' winners of
+#: compute-bound GEMMs took 3-11% longer over 100 ms replays than their first timings said. So
+#: the short replays sort the candidates, and the long ones decide the winner among the fastest.
 FIRST_GRAPH_SHARE = 0.1
 #: the input sets a graph replay cycles through hold at least this many times the L2 cache
 L2_MULTIPLE = 2

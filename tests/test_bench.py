@@ -204,11 +204,13 @@ def test_finalists_are_remeasured_interleaved(tmp_db, template, problem, device)
         rows = store.trials(store.kernel_version_id(template), store.device_id(device), result.shape_key)
     finally:
         store.close()
-    by_reps = sorted(r.reps for r in rows)
-    # each of the two fastest: its 3 first runs plus 3 rounds of 3; the third keeps its 3
-    assert by_reps == [3, 12, 12]
+    # each of the two fastest: its 3 first runs plus at least 3 rounds of 3; the third keeps its
+    # 3 unless its first time beat the fastest finalist's new one (the interpreter's clock is
+    # noisy), and then it is re-timed too: no trial left with its first time alone is faster
+    retimed = [r for r in rows if r.reps >= 12]
+    assert len(retimed) >= 2 and all(r.reps in (3, 12, 21) for r in rows)
     fastest = min(rows, key=lambda r: r.time_ms)
-    assert result.winner == fastest.config and result.winner_ms == fastest.time_ms
+    assert result.winner == fastest.config and result.winner_ms == fastest.time_ms and fastest in retimed
     assert all(r.spread >= 0 for r in rows)
 
 

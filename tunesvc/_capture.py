@@ -93,9 +93,9 @@ LOOSE_TOLERANCE = 0.125
 
 #: rounds of the finalists' re-measurement on a GPU (tunesvc.sweep's interleaved rounds)
 FINALISTS = 3
-#: a captured key's finalists replay graphs as short as its first timings' at a third of rep_ms
-#: (3.3 ms at the default), not an offline sweep's 100 ms: the user's first call waits for them,
-#: and the long replays would cost it about 9 s a key (a first call tuned in 6-9 s on an H100)
+#: a captured key's finalists replay graphs of rep_ms / 30 (3.3 ms at the default), not an offline
+#: sweep's rep_ms (100 ms): the program's first call waits for them, and the long replays would add
+#: about 9 s a key to it (a first call tuned in 6-9 s on an H100, benchmarks/results/capture.csv)
 CAPTURE_FINALIST_GRAPH_SHARE = FIRST_GRAPH_SHARE / 3
 
 

@@ -92,11 +92,11 @@ class Worker(Measurer):
             self._wait_ready()
 
     def _request(
-        self, kind: str, config: Config | None, rep_ms: tuple[float | None, float | None] | None = None
+        self, kind: str, config: Config | None, times: tuple[float | None, float | None] | None = None
     ) -> Measurement:
         self.wait_ready()
         try:
-            self._conn.send((kind, config, rep_ms))
+            self._conn.send((kind, config, times))
             if self._conn.poll(self.timeout_s):
                 measurement = self._conn.recv()
                 if measurement.status is Status.CRASH:  # the child exits after saying so
@@ -169,7 +169,7 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
     conn.send("ready")
     while True:
         try:
-            kind, config, rep_ms = conn.recv()
+            kind, config, times = conn.recv()
         except EOFError:
             return
         if kind == "stop":
@@ -185,7 +185,7 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
         elif kind == "peer":
             m = bench.time_peer()
         else:
-            m = bench.time_only(config, *rep_ms)
+            m = bench.time_only(config, *times)
         if bench.device.is_gpu and not m.ok and context_lost(m.message):
             conn.send(Measurement(Status.CRASH, message=m.message))
             conn.close()

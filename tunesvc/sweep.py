@@ -748,9 +748,10 @@ def _remeasure_finalists(
     power cap times a compute-bound kernel slower over a long replay than over a short one (see
     ``tunesvc.bench._inprocess.FIRST_GRAPH_SHARE``): so a trial whose first time is below the
     fastest finalist's new one is re-timed too, with that finalist, until none is left, and the
-    winner (the fastest correct trial) has been timed as every trial that could beat it. A round times for rep_ms / FINALIST_ROUNDS, its graph replays ``graph_ms``
-    each (default: ``Measurer.time_only``'s). A finalist that fails now (a crash, a timeout)
-    keeps that status and cannot win.
+    winner (the fastest correct trial) has been timed as every trial that could beat it. A
+    round times for rep_ms / FINALIST_ROUNDS, its graph replays ``graph_ms`` each (default:
+    ``Measurer.time_only``'s). A finalist that fails now (a crash, a timeout) keeps that status
+    and cannot win.
     """
     ok = sorted((r for r in rows if r.status == "ok" and r.time_ms is not None), key=lambda r: r.time_ms or 0.0)
     keep = set(keep)

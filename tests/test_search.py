@@ -518,6 +518,53 @@ def test_warm_start_from_nearest_shapes_and_other_devices(tmp_db, device):
     assert result.trials_new == 3
 
 
+class ToyEdited(Toy):
+    """Toy after an edit to its kernel: the same name, another version."""
+
+    version = "e0e0e0e0e0e0"
+
+
+def test_a_key_retuned_after_a_kernel_edit_measures_its_old_winners_first(tmp_db, device):
+    """After an edit, the key's winner under the earlier version on this device comes first among
+    the stored ones (newest version first), before the nearest keys' winners of the new version;
+    one from another device or another key does not."""
+    other = dataclasses.replace(device, name="Other GPU", sm_count=7)
+    old, older, near = (
+        {"A": 2, "B": 3, "num_warps": 8},
+        {"A": 8, "B": 3, "num_warps": 8},
+        {"A": 4, "B": 1, "num_warps": 4},
+    )
+    older_toy = Toy()
+    older_toy.version = "a1a1a1a1a1a1"
+    with closing(Store(tmp_db)) as store:
+        run_sweep(
+            older_toy,
+            [older_toy.problem(N=1024, dtype="float32")],
+            store,
+            device=device,
+            strategy="grid",
+            candidates=[older],
+        )
+        time.sleep(0.01)  # the later version's winner is the newer one
+        toy_sweep(store, device, n=1024, strategy="grid", candidates=[old])  # this key, the version before the edit
+        toy_sweep(store, other, n=1024, strategy="grid", candidates=[{**old, "B": 1}])  # this key, another device
+        toy_sweep(store, device, n=64, strategy="grid", candidates=[{**old, "A": 1}])  # another key, old version
+        edited = ToyEdited()
+        run_sweep(
+            edited, [edited.problem(N=64, dtype="float32")], store, device=device, strategy="grid", candidates=[near]
+        )
+        key = str(edited.key(edited.problem(N=1024, dtype="float32")))
+        assert stored_warm_start(store, edited, device, key) == [old, older, near]
+        result = run_sweep(
+            edited, [edited.problem(N=1024, dtype="float32")], store, device=device, strategy="grid", budget=4
+        )[0]
+        rows = store.trials(store.kernel_version_id(edited), store.device_id(device), key)
+    # what the runtime launches untuned (the nearest tuned key's winner of this version), the
+    # heuristic, then the key's old winners
+    assert [r.config for r in rows] == [near, edited.heuristic({}, device), old, older]
+    assert result.trials_new == 4
+
+
 def test_untuned_answer_of_an_empty_store_is_the_heuristic(tmp_db, device):
     toy = Toy()
     with closing(Store(tmp_db)) as store:

@@ -3,8 +3,9 @@
 Per problem: shape key -> the trials already stored for (kernel version, device, key) are
 replayed into the strategy (so a killed sweep resumes, and a repeated one costs nothing) ->
 warm start (what the runtime launches for the key untuned: the selector's pick, else the
-nearest tuned key's winner, else the heuristic; then the heuristic, the winners of the nearest
-tuned keys on this device and of this key on other devices, the template's known-good configs)
+nearest tuned key's winner, else the heuristic; then the heuristic, this key's winners under
+earlier versions of the kernel on this device, the winners of the nearest tuned keys on this
+device and of this key on other devices, the template's known-good configs)
 -> ask/measure/store/tell until the trial budget, the time budget, the patience or the space
 runs out -> the finalists (the fastest few, and the untuned answer) are re-measured
 interleaved -> the fastest correct trial becomes the key's winner -> the template's torch peer,
@@ -715,8 +716,19 @@ def _time_peer(measurer: Measurer) -> float | None:
 
 
 def stored_warm_start(store: Store, template: Template, device: Device, shape_key: str) -> list[Config]:
-    """Winners worth measuring first for ``shape_key``: those of the ``NEIGHBOURS`` nearest tuned
-    keys of this kernel version on this device, then this key's on other devices."""
+    """Winners worth measuring first for ``shape_key``: this key's under earlier versions of the
+    kernel on this device (newest first: after an edit, the old winner is the likeliest new one),
+    those of the ``NEIGHBOURS`` nearest tuned keys of this kernel version on this device, then
+    this key's on other devices."""
+    earlier = sorted(
+        (
+            w
+            for w in store.winners(kernel=template.name, hardware_id=device.hardware_id)
+            if w.shape_key == shape_key and w.kernel_version != template.version
+        ),
+        key=lambda w: w.updated_at,
+        reverse=True,
+    )
     winners = store.winners(kernel=template.name, version=template.version)
     target = ShapeKey.parse(shape_key)
     near = sorted(
@@ -727,7 +739,8 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
         and (distance := template.key_distance(target, ShapeKey.parse(w.shape_key))) != float("inf")
     )
     elsewhere = [w.config for w in winners if w.shape_key == shape_key and w.hardware_id != device.hardware_id]
-    configs: list[Config] = [dict(config) for _, _, config in near[:NEIGHBOURS]] + [dict(c) for c in elsewhere]
+    configs: list[Config] = [dict(w.config) for w in earlier]
+    configs += [dict(config) for _, _, config in near[:NEIGHBOURS]] + [dict(c) for c in elsewhere]
     return _unique(configs)
 
 

@@ -610,7 +610,9 @@ def test_a_sweep_measures_the_selectors_pick_first_and_retimes_it_with_the_final
     assert rows[0].config == slowest and rows[1].config == toy.heuristic({}, device)
     reps = sorted((r.reps, config_hash(r.config) == config_hash(slowest)) for r in rows)
     # the two fastest and the selector's pick: 3 first runs plus 3 rounds of 3; the fourth, 3
-    assert [n for n, _ in reps] == [3, 12, 12, 12] and (12, True) in reps
+    # (or, on a machine so loaded that the fastest re-timed slower than the fourth's first
+    # time, the fourth re-timed too, beside the fastest: 12 and 21)
+    assert [n for n, _ in reps] in ([3, 12, 12, 12], [12, 12, 12, 21]) and (12, True) in reps
     assert result.winner == toy.heuristic({}, device)
 
 

@@ -95,8 +95,9 @@ LOOSE_TOLERANCE = 0.125
 FINALISTS = 3
 #: a captured key's finalists replay graphs of rep_ms / 30 (3.3 ms at the default), not an offline
 #: sweep's rep_ms (100 ms): the program's first call waits for them, and the long replays would add
-#: about 9 s a key to it (a captured GEMM's first call took 8.9-9.4 s on an H100, triton.autotune's
-#: 6.1-7.1 s: benchmarks/results/capture.csv)
+#: about 8 s a key to it (nine rounds at the 0.85 s a round and config a sweep's long replays took on
+#: an H100), where a captured GEMM's first call took 8.9-9.4 s, triton.autotune's 6.1-7.1 s
+#: (benchmarks/results/capture.csv)
 CAPTURE_FINALIST_GRAPH_SHARE = FIRST_GRAPH_SHARE / 3
 
 

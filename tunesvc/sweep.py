@@ -720,16 +720,17 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
     kernel on this device (newest first: after an edit, the old winner is the likeliest new one),
     those of the ``NEIGHBOURS`` nearest tuned keys of this kernel version on this device, then
     this key's on other devices."""
+    stored = store.winners(kernel=template.name)  # every version's: one read for both lists below
+    winners = [w for w in stored if w.kernel_version == template.version]
     earlier = sorted(
         (
             w
-            for w in store.winners(kernel=template.name, hardware_id=device.hardware_id)
-            if w.shape_key == shape_key and w.kernel_version != template.version
+            for w in stored
+            if w.kernel_version != template.version and w.hardware_id == device.hardware_id and w.shape_key == shape_key
         ),
         key=lambda w: w.updated_at,
         reverse=True,
     )
-    winners = store.winners(kernel=template.name, version=template.version)
     target = ShapeKey.parse(shape_key)
     near = sorted(
         (distance, w.shape_key, w.config)

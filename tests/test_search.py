@@ -32,6 +32,7 @@ from tunesvc.search.replay import read_ground_truth
 from tunesvc.search.replay import trials_to_reach
 from tunesvc.search.replay import write_ground_truth
 from tunesvc.selector import TrainingSet
+from tunesvc.selector import cross_measure
 from tunesvc.selector import fit_neighbours
 from tunesvc.selector import stored_selector
 from tunesvc.selector import untuned_answer
@@ -653,6 +654,32 @@ def test_a_trial_whose_first_time_beats_the_retimed_finalists_is_retimed_before_
     assert result.winner == fast
     times = {config_hash(r.config): r.time_ms for r in rows}
     assert times[config_hash(third)] > times[config_hash(fast)] > 0.06
+
+
+def test_cross_measure_retimes_a_candidate_that_beats_a_finalist_winner_before_it_takes_the_key(tmp_db, device):
+    """Cross-measuring gives a candidate a first timing at a key whose winner was timed as a
+    finalist, over the longer replays that a GPU at its power cap reads slower: the candidate
+    that reads faster is re-timed beside the winner, loses, and the key keeps its winner."""
+    winner, other, candidate = ({"A": a, "B": b, "num_warps": 4} for a, b in ((1, 1), (4, 2), (2, 2)))
+    tuned, elsewhere = Throttled().problem(N=128, dtype="float32"), Throttled().problem(N=64, dtype="float32")
+    with closing(Store(tmp_db)) as store:
+        toy = Throttled()
+        options = {"strategy": "grid", "device": device, "refit_selector": False}
+        run_sweep(toy, [tuned], store, candidates=[winner, other], finalists=2, **options)
+        run_sweep(toy, [elsewhere], store, candidates=[candidate], **options)  # the candidate's key
+        key, kv, dev = str(toy.key(tuned)), store.kernel_version_id(toy), store.device_id(device)
+        before = {config_hash(r.config): r.time_ms for r in store.trials(kv, dev, key)}
+        # a fresh process: the candidate's first timing there is unthrottled (40 ms), below the
+        # winner's finalist time (70 ms); its re-timing beside the winner is not (90 ms)
+        cross_measure(store, Throttled(), device)
+        rows = {config_hash(r.config): r for r in store.trials(kv, dev, key)}
+        winners = {w.shape_key: w.config for w in store.winners(kernel="toy")}
+    assert before[config_hash(winner)] > 0.06
+    assert (
+        rows[config_hash(candidate)].reps > 3
+        and rows[config_hash(candidate)].time_ms > rows[config_hash(winner)].time_ms
+    )
+    assert winners[key] == winner
 
 
 def test_an_unreadable_stored_selector_is_passed_over_as_the_runtime_passes_it_over(tmp_db, device):

@@ -918,7 +918,7 @@ def tune_key(
     Returns the winning triton.Config (the first candidate where none is correct: its launch
     then raises what triton.autotune would). The call's tensors are left as they were given.
     """
-    from tunesvc.sweep import _remeasure_finalists
+    from tunesvc.sweep import remeasure_finalists
 
     template = state.template
     kv_id = store.kernel_version_id(template)
@@ -940,7 +940,7 @@ def tune_key(
         if device.is_gpu:
             rows = store.trials(kv_id, device_id, text)
             store.replace_measurements(
-                _remeasure_finalists(bench, rows, FINALISTS, rep_ms, graph_ms=rep_ms * CAPTURE_FINALIST_GRAPH_SHARE)
+                remeasure_finalists(bench, rows, FINALISTS, rep_ms, graph_ms=rep_ms * CAPTURE_FINALIST_GRAPH_SHARE)
             )
     finally:
         bench.restore()  # the caller launches the winner on the inputs as they were given

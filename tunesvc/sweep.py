@@ -287,7 +287,7 @@ def run_sweep(
     fraction). The ``finalists`` fastest configs (default 3 on a GPU, none in the interpreter)
     are then re-measured interleaved, ``FINALIST_ROUNDS`` times over longer graph replays, and
     keep the median, with any trial whose first time beats the fastest of them (see
-    :func:`_remeasure_finalists`), so a config that won by noise is not stored as the winner.
+    :func:`remeasure_finalists`), so a config that won by noise is not stored as the winner.
     With ``isolate`` (default: on a GPU) every candidate is measured in a
     :class:`~tunesvc.bench.Worker` process, and one that crashes it or runs past
     ``measure_timeout`` seconds is stored as ``crash`` or ``timeout``.
@@ -654,7 +654,7 @@ class _ProblemSweep:
             rows = self.run.store.trials(self.kv_id, self.device_id, self.key)
             keep = {config_hash(self.untuned)}
             self.run.store.replace_measurements(
-                _remeasure_finalists(measurer, rows, k, self.run.options.rep_ms, keep=keep)
+                remeasure_finalists(measurer, rows, k, self.run.options.rep_ms, keep=keep)
             )
 
     def _peer(self) -> float | None:
@@ -745,7 +745,7 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
     return _unique(configs)
 
 
-def _remeasure_finalists(
+def remeasure_finalists(
     measurer: Measurer,
     rows: list[Trial],
     k: int,

@@ -14,7 +14,8 @@ sizes. bf16 throughout.
 --db should hold the presets' sweeps (a copy of tune.db.example): with --fit, each kernel's
 selector is first fitted there (every stored winner measured on every tuned key, then the tree).
 Then, before any held-out shape is tuned, what the runtime would launch for each is read: the
-selector's pick, the nearest tuned key's winner and the heuristic. Per shape, a sweep of
+selector's pick, the nearest tuned key's winner (none where no tuned key fits: the rule then falls
+back to the heuristic) and the heuristic. Per shape, a sweep of
 --budget trials (Optuna TPE, warm-started from the runtime's untuned answer and the stored
 neighbours, see tunesvc.sweep) then tunes it, and on
 one set of random inputs the three untuned picks, the tuned winner and the torch peer (cuBLAS
@@ -228,7 +229,9 @@ def untuned_picks(db: str, problems: dict[str, list[dict[str, Any]]]) -> dict[tu
                         "start from a fresh copy of tune.db.example."
                     )
                 source, matched, nearest = selectors.nearest_pick(winners, key, template, problem, device)
-                entry = {"runtime": found.source, "nearest": nearest, "nearest_source": source}
+                entry = {"runtime": found.source, "nearest_source": source}
+                if source == "nearest":  # else the rule fell back to the heuristic, timed as such
+                    entry["nearest"] = nearest
                 entry["heuristic"] = template.heuristic(problem, device)
                 picked = fitted.pick(template, problem, device) if fitted is not None else None
                 if picked is not None:
@@ -579,8 +582,9 @@ def main() -> int:
                 entry["best candidate"].append(tuned_ms / times["best candidate"])
             for label in ("selector", "nearest"):
                 # the selector's column is what the runtime launches: its pick, else the nearest rule's
-                ms = times.get(label if label in configs else "nearest")
-                if tuned_ms is not None:
+                picked = label if label in configs else "nearest"
+                if tuned_ms is not None and picked in configs:
+                    ms = times.get(picked)
                     entry[label].append(tuned_ms / ms if ms else 0.0)
             if tuned_ms is not None and peer_ms is not None:
                 entry["tuned_vs_peer"].append(peer_ms / tuned_ms)

@@ -136,24 +136,33 @@ def _targets(results_dir: Path) -> list[str]:
     if path.exists():
         rows = read_rows(path)
         runs = _by_run(rows)
-        latest: dict[str, tuple[str, str]] = {}  # per kernel, its latest run
-        for kernel, _, run in runs:
-            latest[kernel] = max(latest.get(kernel, run), run)
-        by = {(kernel, shape): roles for (kernel, shape, run), roles in runs.items() if run == latest[kernel]}
+        # per kernel and GPU model, its latest run there: tuned configs are per model, so an
+        # untuned pick on a model the database holds no key of is the heuristic's
+        gpu_of = {(kernel, run): next(iter(roles.values()))["gpu"] for (kernel, _, run), roles in runs.items()}
+        latest: dict[tuple[str, str], tuple[str, str]] = {}
+        for (kernel, run), gpu in gpu_of.items():
+            latest[kernel, gpu] = max(latest.get((kernel, gpu), run), run)
+        by = {
+            (kernel, gpu_of[kernel, run], shape): roles
+            for (kernel, shape, run), roles in runs.items()
+            if run == latest[kernel, gpu_of[kernel, run]]
+        }
         misses: list[str] = []
-        ceiling = _ceiling_notes(rows)
         reasons_path = results_dir / "heldout_reasons.csv"
         reasons = read_rows(reasons_path) if reasons_path.exists() else []
         lines += [
-            "Held-out shapes (`heldout.csv`, each kernel's latest run): tuned / peer and the runtime's untuned pick",
-            "(the selector's where it predicts, else the nearest rule's) / tuned, in GPU time.",
+            "Held-out shapes (`heldout.csv`, each kernel's latest run per GPU model): tuned / peer and the runtime's",
+            "untuned pick (the selector's where it predicts, else the nearest tuned key's winner; none on a GPU",
+            "model the database holds no tuned key of) / tuned, in GPU time.",
             "",
             "| kernel | run | GPU | shapes | tuned / peer: geomean (target) | lowest (target), at | pick within 5% of"
             f" tuned (target {PICK_WITHIN:.0%}) | worst pick / tuned (target {PICK_FLOOR}), at |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for kernel in sorted({k for k, _ in by}):
-            shapes = {shape: roles for (k, shape), roles in by.items() if k == kernel and "tuned" in roles}
+        for kernel, gpu in sorted(latest):
+            shapes = {
+                shape: roles for (k, g, shape), roles in by.items() if (k, g) == (kernel, gpu) and "tuned" in roles
+            }
             speed = {shape: float(r["tuned"]["peer_ms"]) / float(r["tuned"]["ours_ms"]) for shape, r in shapes.items()}
             pick = {
                 shape: float(r["tuned"]["ours_ms"]) / float((r.get("selector") or r["nearest"])["ours_ms"])
@@ -184,10 +193,11 @@ def _targets(results_dir: Path) -> list[str]:
                 if worst_shape in best
                 else ""
             )
+            ceiling = _ceiling_notes([r for r in rows if r["gpu"] == gpu])
             why = _reasons(
                 reasons,
                 kernel,
-                latest[kernel],
+                latest[kernel, gpu],
                 speed,
                 low_shape,
                 (float(low["ours_ms"]), float(low["peer_ms"])),
@@ -210,13 +220,12 @@ def _targets(results_dir: Path) -> list[str]:
                 ),
             ]
             misses += [
-                f"- {kernel}, {what}: {value:.3f}, {value / goal:.0%} of the target {goal}{where}"
+                f"- {kernel} ({gpu}), {what}: {value:.3f}, {value / goal:.0%} of the target {goal}{where}"
                 for what, value, goal, where in checks
                 if value is not None and goal is not None and value < goal
             ]
-            gpus = sorted({r["gpu"] for roles in shapes.values() for r in roles.values()})
             lines.append(
-                f"| {kernel} | {_run_text(latest[kernel])} | {' / '.join(gpus)} | {len(speed)} "
+                f"| {kernel} | {_run_text(latest[kernel, gpu])} | {gpu} | {len(speed)} "
                 f"| {mean:.3f}x ({_goal(mean_target)}) "
                 f"| {speed[low_shape]:.3f}x ({_goal(low_target)}), {low_shape} "
                 f"| {'-' if within is None else f'{within:.0%}'} "
@@ -367,16 +376,17 @@ def _by_run(rows: list[dict[str, str]]) -> dict[tuple[str, str, tuple[str, str]]
     return by
 
 
-def _ceiling_runs(rows: list[dict[str, str]]) -> list[tuple[str, str, str, str, float, float]]:
-    """(kernel, shape, run, trials, tuned / peer, space best / peer) of each 'space best of N'
-    row (heldout.py --ceiling) beside its run's tuned row, oldest first."""
+def _ceiling_runs(rows: list[dict[str, str]]) -> list[tuple[str, str, str, str, float, float, str]]:
+    """(kernel, shape, run, trials, tuned / peer, space best / peer, GPU) of each 'space best of
+    N' row (heldout.py --ceiling) beside its run's tuned row, oldest first."""
     runs = []
     for (kernel, shape, run), roles in sorted(_by_run(rows).items(), key=lambda item: (item[0][2], item[0][:2])):
         for role, r in roles.items():
             if role.startswith("space best of ") and "tuned" in roles:
                 tuned = float(roles["tuned"]["peer_ms"]) / float(roles["tuned"]["ours_ms"])
                 best = float(r["peer_ms"]) / float(r["ours_ms"])
-                runs.append((kernel, shape, _run_text(run), role.removeprefix("space best of "), tuned, best))
+                trials = role.removeprefix("space best of ")
+                runs.append((kernel, shape, _run_text(run), trials, tuned, best, r["gpu"]))
     return runs
 
 
@@ -384,8 +394,8 @@ def _ceilings(rows: list[dict[str, str]]) -> list[str]:
     """Shapes with a 'space best of N' row (heldout.py --ceiling), from any run: the short sweep's
     winner and the best of N trials of the space, each / the peer, in the same run."""
     lines = [
-        f"| {kernel} | {date} | {shape} | {tuned:.3f}x | {best:.3f}x | {trials} |"
-        for kernel, shape, date, trials, tuned, best in sorted(_ceiling_runs(rows))
+        f"| {kernel} | {date} | {gpu} | {shape} | {tuned:.3f}x | {best:.3f}x | {trials} |"
+        for kernel, shape, date, trials, tuned, best, gpu in sorted(_ceiling_runs(rows))
     ]
     if not lines:
         return []
@@ -393,20 +403,20 @@ def _ceilings(rows: list[dict[str, str]]) -> list[str]:
         "What the space holds (`heldout.py --ceiling`): the short sweep's winner and the best of a random",
         "sweep of many more trials of the same space, each / the peer, timed in the same run.",
         "",
-        "| kernel | run | shape | tuned / peer | space best / peer | trials |",
-        "|---|---|---|---|---|---|",
+        "| kernel | run | GPU | shape | tuned / peer | space best / peer | trials |",
+        "|---|---|---|---|---|---|---|",
         *lines,
         "",
     ]
 
 
 def _ceiling_notes(rows: list[dict[str, str]]) -> dict[tuple[str, str], str]:
-    """Per (kernel, shape) with a ceiling run (the latest): what the best of its many random
-    trials reached against the short sweep's winner, as a clause for a missed target."""
+    """Per (kernel, shape) with a ceiling run in ``rows`` (the latest): what the best of its many
+    random trials reached against the short sweep's winner, as a clause for a missed target."""
     return {
         (kernel, shape): f"; the best of {trials} random trials of the space reached {best:.3f}x there, "
         f"the short sweep's winner {tuned:.3f}x ({date})"
-        for kernel, shape, date, trials, tuned, best in _ceiling_runs(rows)
+        for kernel, shape, date, trials, tuned, best, _ in _ceiling_runs(rows)
     }
 
 

@@ -140,12 +140,15 @@ def test_version_flag():
 
 def test_results_page_says_which_held_out_target_is_missed_and_shows_the_latest_evaluation(tmp_path):
     module = _results_page()
-    base = dict.fromkeys(module.COLUMNS, "")
+    base = {**dict.fromkeys(module.COLUMNS, ""), "gpu": "GPU A"}
     rows = []
     for shape, tuned_ms, pick_ms in (("M=1,N=64,K=64", 1.0, 1.0), ("M=3,N=64,K=64", 2.0, 2.5)):
         for role, ms in (("tuned", tuned_ms), ("selector", pick_ms), ("space best of 50", tuned_ms * 0.99)):
             rows.append({**base, "date": "2030-01-02", "kernel": f"matmul [{role}]", "shape": shape,
                          "ours_ms": str(ms), "peer_ms": "1.0"})  # fmt: skip
+    # a later run on another GPU model, with no untuned pick there (nothing tuned on it): its own row
+    rows.append({**base, "gpu": "GPU B", "date": "2030-01-03", "kernel": "matmul [tuned]", "shape": "M=1,N=64,K=64",
+                 "ours_ms": "0.5", "peer_ms": "1.0"})  # fmt: skip
     _write_rows(tmp_path / "heldout.csv", module.COLUMNS, rows)
     (tmp_path / "evaluate").mkdir()
     fields = ["kernel", "shape_key", "selector_ratio", "nearest_ratio", "timestamp"]
@@ -158,17 +161,21 @@ def test_results_page_says_which_held_out_target_is_missed_and_shows_the_latest_
         writer.writerow(dict(zip(fields, ["matmul", "M=1,N=64,K=64", "1.0", "0.9", "2030-01-02T05:00:00"])))
     page = "\n".join(module._targets(tmp_path))
     # tuned / peer 1.0 and 0.5: geomean 0.707 of 1.0; the lowest 0.5 of 0.9, with its ceiling; picks 1.0 and 0.8
-    assert "- matmul, tuned / peer geometric mean: 0.707, 71% of the target 1.0" in page
-    assert "- matmul, lowest tuned / peer: 0.500, 56% of the target 0.9 at M=3,N=64,K=64; the best of 50" in page
-    assert "- matmul, share of picks within 5% of tuned: 0.500, 56% of the target 0.9" in page
-    assert "- matmul, worst pick / tuned: 0.800, 94% of the target 0.85 at M=3,N=64,K=64" in page
+    assert "- matmul (GPU A), tuned / peer geometric mean: 0.707, 71% of the target 1.0" in page
+    assert (
+        "- matmul (GPU A), lowest tuned / peer: 0.500, 56% of the target 0.9 at M=3,N=64,K=64; the best of 50" in page
+    )
+    assert "- matmul (GPU A), share of picks within 5% of tuned: 0.500, 56% of the target 0.9" in page
+    assert "- matmul (GPU A), worst pick / tuned: 0.800, 94% of the target 0.85 at M=3,N=64,K=64" in page
+    assert "| matmul | 2030-01-02 | GPU A | 2 | 0.707x (>= 1.0) |" in page
+    assert "| matmul | 2030-01-03 | GPU B | 1 | 2.000x (>= 1.0) | 2.000x (>= 0.9), M=1,N=64,K=64 | - | - |" in page
     # the evaluation file keeps every run; the page shows the last date's, the last row per key
     assert "run of 2030-01-02" in page and "| matmul | 1 | 100% | 1.000, M=1,N=64,K=64 | 0% | 0.900," in page
 
 
 def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_target(tmp_path):
     module = _results_page()
-    base = dict.fromkeys(module.COLUMNS, "")
+    base = {**dict.fromkeys(module.COLUMNS, ""), "gpu": "GPU A"}
     run, older = "2030-01-02T08:00:00Z", "2030-01-01T08:00:00Z"
     rows = []
     # matmul: the selector misses by 25% at M=3, the fastest candidate does not
@@ -202,11 +209,11 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
 
     page = page_with(reasons)
     assert (
-        "- matmul, share of picks within 5% of tuned: 0.500, 56% of the target 0.9; the fastest of the selector's "
+        "- matmul (GPU A), share of picks within 5% of tuned: 0.500, 56% of the target 0.9; the fastest of the selector's "
         "candidates was within 5% of tuned on 100% of the 2 shapes" in page
     )
     assert (
-        "- matmul, worst pick / tuned: 0.800, 94% of the target 0.85 at M=3,N=64,K=64; the fastest of the selector's"
+        "- matmul (GPU A), worst pick / tuned: 0.800, 94% of the target 0.85 at M=3,N=64,K=64; the fastest of the selector's"
         " candidates ran at 1.000 of tuned there" in page
     )
     assert (
@@ -222,7 +229,7 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
     )
     # the geometric mean with both shapes' M rounded up (3.85x and 1.2x), this run's rows alone
     assert (
-        "- matmul, tuned / peer geometric mean: 0.707, 71% of the target 1.0; with M rounded up to the tuned"
+        "- matmul (GPU A), tuned / peer geometric mean: 0.707, 71% of the target 1.0; with M rounded up to the tuned"
         " config's BLOCK_M (2 of the 2 shapes; the rest as they are), tuned / peer geometric mean 2.149x in that run,"
         " against 0.707x" in page
     )
@@ -234,7 +241,7 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
         in page_with(slow_peer)
     )
     assert (
-        "- attention, tuned / peer geometric mean: 0.800, 89% of the target 0.9; tuned / torch SDPA, "
+        "- attention (GPU A), tuned / peer geometric mean: 0.800, 89% of the target 0.9; tuned / torch SDPA, "
         "CUDNN_ATTENTION backend 0.800x; torch SDPA, FLASH_ATTENTION backend 1.200x (geometric means, same run), "
         "SDPA's default ran cudnn_sdpa_kernel" in page
     )

@@ -14,7 +14,8 @@
 # evaluate: on a copy of tune.db.example ($OUT/selector.db), per kernel of EVAL_KERNELS, measures
 # every winner on every tuned key, fits the selector and runs `tune evaluate` (rows: $OUT/evaluate.csv).
 # heldout: benchmarks/heldout.py on a fresh copy of $OUT/selector.db (else of tune.db.example),
-# HELDOUT_SIZE=small (default, ~8 min) | medium | full; HELDOUT_KERNELS limits the kernels.
+# HELDOUT_SIZE=small (default, ~8 min on one GPU) | medium | full; HELDOUT_KERNELS limits the kernels;
+# the shapes are spread over every GPU of the machine.
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/tsvc . || exit 1
 export PYTHONPATH=/tmp/tsvc:/tmp/site PYTHONUNBUFFERED=1 R=$PWD
@@ -56,7 +57,7 @@ for s in ${STEPS:-tests matmul}; do
     heldout) src="$OUT/selector.db"; [ -f "$src" ] || src="$R/tune.db.example"
       cp "$src" "$OUT/heldout.db" && chmod u+w "$OUT/heldout.db"
       step heldout 600 python3 "$R/benchmarks/heldout.py" --db "$OUT/heldout.db" --fit --size "${HELDOUT_SIZE:-small}" \
-        --kernels "${HELDOUT_KERNELS:-matmul,decode,attention,layernorm,rmsnorm}" ;;
+        --kernels "${HELDOUT_KERNELS:-matmul,decode,attention,layernorm,rmsnorm}" --gpus all ;;
     *) step "$s" 300 python3 "$R/benchmarks/$s.py" --db "$OUT/tune.db" --sweep ;;
   esac
 done

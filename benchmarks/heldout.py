@@ -2,6 +2,7 @@
 
     python benchmarks/heldout.py --db heldout.db --size small --fit     # a subset, ~8 min on an H100 (estimated)
     python benchmarks/heldout.py --db heldout.db --size full --fit      # every shape
+    python benchmarks/heldout.py --db heldout.db --size medium --gpus all   # the shapes spread over every GPU
     python benchmarks/heldout.py --list                                 # print the shapes; no GPU needed
 
 The shapes come from models, not from the presets, and none has a shape key that a preset of its
@@ -26,7 +27,9 @@ each distinct config and the peer are timed in three interleaved rounds (median)
 benchmarks/results/heldout.csv, one per (shape, pick), with the pick in the kernel column
 (``matmul [selector]``). --ceiling N then adds random trials up to N per shape and times their
 best beside the others (``matmul [space best of N]``): whether a missed target is the short
-sweep's or the space's.
+sweep's or the space's. --gpus N runs N processes, one per GPU, each on a copy of --db (after
+--fit, which runs once, first) and a share of the shapes dealt round-robin; their rows go to the
+same CSV files as one run.
 
 --candidates times, per shape, the best of the selector's candidates there (``matmul [best
 candidate]``: a grid sweep of its candidates, each as the runtime could launch it, in a scratch
@@ -479,6 +482,12 @@ def main() -> int:
         "--shapes", default="", help="only these shapes, by their --list index: e.g. 0-5 or 0,3,7 (default: all)"
     )
     parser.add_argument("--run", default="", help="stamp the rows with this run (default: this process's start)")
+    parser.add_argument(
+        "--gpus",
+        default="1",
+        help="spread the shapes over this many GPUs ('all': every visible one), one process each, "
+        "each on its own copy of --db (after --fit, which runs once, first)",
+    )
     args = parser.parse_args()
     kernels = [k for k in args.kernels.split(",") if k]
     unknown = sorted(set(kernels) - set(SHAPES))
@@ -512,12 +521,13 @@ def main() -> int:
     from tunesvc.template import get_template
 
     require_gpu("benchmarks/heldout.py")
-    if args.run:
-        import _common
+    import _common
+    import torch
 
+    if args.run:
         _common.RUN = args.run
+    gpus = visible_gpus(args.gpus, torch.cuda.device_count())
     device = current_device()
-    scratch = tempfile.mkdtemp(prefix="heldout-candidates-")
     if args.fit:
         store = Store(args.db)
         try:
@@ -532,6 +542,10 @@ def main() -> int:
                 print(f"{name}: {n} cross-measured trials; selector on {fitted.keys if fitted else 0} keys", flush=True)
         finally:
             store.close()
+    if len(gpus) > 1:
+        every = range(sum(map(len, held_out(args.size, kernels).values())))
+        return spread(args, sorted(indices(args.shapes)) if args.shapes else list(every), gpus, _common.RUN)
+    scratch = tempfile.mkdtemp(prefix="heldout-candidates-")
     picks = untuned_picks(args.db, problems)
 
     table, summary = [], {}
@@ -615,6 +629,58 @@ def main() -> int:
         print(" ".join(line), flush=True)
     shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def visible_gpus(text: str, torch_count: int) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries of --gpus N (the first N visible) or 'all'."""
+    import os
+
+    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g] or [
+        str(i) for i in range(torch_count)
+    ]
+    if text == "all":
+        return visible
+    if not text.isdigit() or not 1 <= int(text) <= len(visible):
+        raise SystemExit(f"--gpus {text!r}: give 'all' or a number from 1 to {len(visible)} (the GPUs visible here).")
+    return visible[: int(text)]
+
+
+def child_commands(
+    args: argparse.Namespace, shapes: list[int], gpus: list[str], run: str, dbs: list[str]
+) -> list[tuple[str, list[str]]]:
+    """(GPU, argv) of each process of a spread run: shapes dealt round-robin, so each GPU gets
+    GEMMs of every size; every flag passed on but --fit (done once, first), --gpus and --shapes."""
+    passed = ["--size", args.size, "--kernels", args.kernels, "--budget", str(args.budget), "--run", run]
+    passed += ["--ceiling", str(args.ceiling)] if args.ceiling else []
+    passed += [flag for flag, on in (("--candidates", args.candidates), ("--no-sweep", args.no_sweep)) if on]
+    return [
+        (gpu, [sys.executable, __file__, "--db", db, *passed, "--shapes", ",".join(map(str, shapes[i :: len(gpus)]))])
+        for i, (gpu, db) in enumerate(zip(gpus, dbs))
+        if shapes[i :: len(gpus)]
+    ]
+
+
+def spread(args: argparse.Namespace, shapes: list[int], gpus: list[str], run: str) -> int:
+    """Run the shapes on several GPUs at once, one process per GPU (a GPU's timings are its own:
+    each has its own clock and power cap), each on a copy of --db; the rows of all go to the same
+    CSV files, stamped with one run. Non-zero when any process failed."""
+    import os
+    import subprocess
+
+    folder = tempfile.mkdtemp(prefix="heldout-gpus-")
+    dbs = []
+    for gpu in gpus:
+        dbs.append(os.path.join(folder, f"gpu{gpu}.db"))
+        shutil.copyfile(args.db, dbs[-1])
+    children = [
+        (gpu, subprocess.Popen(argv, env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu}))
+        for gpu, argv in child_commands(args, shapes, gpus, run, dbs)
+    ]
+    failed = [gpu for gpu, child in children if child.wait() != 0]
+    shutil.rmtree(folder, ignore_errors=True)
+    if failed:
+        print(f"held-out run {run}: the processes on GPU {', '.join(failed)} failed (their logs are above)", flush=True)
+    return 1 if failed else 0
 
 
 def indices(text: str) -> set[int]:

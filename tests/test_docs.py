@@ -280,3 +280,27 @@ def test_a_results_file_of_another_layout_is_refused_in_one_sentence(tmp_path):
         module.read_rows(path)
     assert "\n" not in str(raised.value)
     assert path.read_text() == before
+
+
+_RECORDER = """
+import sys
+sys.path.insert(0, {benchmarks!r})
+import _common
+_common.RESULTS_DIR = __import__("pathlib").Path({folder!r})
+row = {{"kernel": "k [{who}]", "shape": "M=1", "ours_ms": "1.0", "peer": "p", "peer_ms": "1.0", "ratio": "1.0"}}
+for _ in range(40):
+    _common.record("shared", [dict(row) for _ in range(6)])
+"""
+
+
+def test_benchmark_processes_recording_at_once_append_whole_rows(tmp_path):
+    """heldout.py --gpus runs a process per GPU, all appending to the same CSV files."""
+    scripts = [_RECORDER.format(benchmarks=str(ROOT / "benchmarks"), folder=str(tmp_path), who=i) for i in range(3)]
+    children = [subprocess.Popen([sys.executable, "-c", s], stdout=subprocess.DEVNULL) for s in scripts]
+    assert [c.wait(timeout=300) for c in children] == [0, 0, 0]
+    module = _results_page()
+    rows = module.read_rows(tmp_path / "shared.csv")
+    assert len(rows) == 3 * 40 * 6
+    assert {r["kernel"] for r in rows} == {"k [0]", "k [1]", "k [2]"}
+    assert all(r["ratio"] == "1.0" and r["gpu"] for r in rows)
+    assert (tmp_path / "shared.csv").read_bytes().count(b"date,gpu") == 1

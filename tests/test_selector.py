@@ -940,3 +940,42 @@ def test_heldout_reasons_keep_the_tuned_winner_as_its_sweep_timed_it_where_the_p
     # the norms' held-out peer is torch.compile, their sweeps' the eager op: not the same ratio
     norm = rmsnorm.problem(M=64, N=512, dtype="float32")
     assert heldout.reasons(rmsnorm, norm, {"BLOCK_N": 512}, {"tuned": 0.5, "peer": 0.4}, swept=(0.3, 0.45)) == []
+
+
+def test_heldout_spreads_its_shapes_over_the_visible_gpus_round_robin(monkeypatch):
+    heldout = _heldout()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
+    assert heldout.visible_gpus("all", torch_count=3) == ["2", "5", "7"]
+    assert heldout.visible_gpus("2", torch_count=3) == ["2", "5"]
+    for wrong in ("4", "0", "two"):
+        with pytest.raises(SystemExit, match="--gpus .* give 'all' or a number from 1 to 3"):
+            heldout.visible_gpus(wrong, torch_count=3)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert heldout.visible_gpus("all", torch_count=2) == ["0", "1"]
+    args = heldout.argparse.Namespace(
+        size="medium", kernels="matmul", budget=16, ceiling=0, candidates=True, no_sweep=False, fit=True
+    )
+    commands = heldout.child_commands(args, [0, 3, 4, 7, 9], ["2", "5"], "RUN1", ["a.db", "b.db"])
+    assert [gpu for gpu, _ in commands] == ["2", "5"]
+    (_, first), (_, second) = commands
+    assert first[first.index("--shapes") + 1] == "0,4,9" and second[second.index("--shapes") + 1] == "3,7"
+    assert first[first.index("--db") + 1] == "a.db" and first[first.index("--run") + 1] == "RUN1"
+    assert "--candidates" in first and "--fit" not in first and "--gpus" not in first
+    # more GPUs than shapes: the idle ones start nothing
+    assert [gpu for gpu, _ in heldout.child_commands(args, [1], ["2", "5"], "RUN1", ["a.db", "b.db"])] == ["2"]
+
+
+def test_a_spread_heldout_run_fails_when_a_process_fails_and_names_its_gpu(tmp_path, capfd):
+    """Each process is heldout.py on one GPU and a copy of the database; here (no GPU) each
+    stops at once, and the run says which failed and exits non-zero."""
+    heldout = _heldout()
+    db = tmp_path / "h.db"
+    db.write_bytes(b"")
+    args = heldout.argparse.Namespace(
+        db=str(db), size="small", kernels="rmsnorm", budget=4, ceiling=0, candidates=False, no_sweep=True
+    )
+    assert heldout.spread(args, [0, 1, 2], ["0", "1"], "RUN1") == 1
+    out, err = capfd.readouterr()
+    assert "the processes on GPU 0, 1 failed" in out
+    assert err.count("benchmarks/heldout.py needs a CUDA GPU.") == 2
+    assert db.exists()  # the copies are the processes' own

@@ -918,7 +918,7 @@ def tune_key(
     Returns the winning triton.Config (the first candidate where none is correct: its launch
     then raises what triton.autotune would). The call's tensors are left as they were given.
     """
-    from tunesvc.sweep import remeasure_finalists
+    from tunesvc.bench import remeasure_finalists
 
     template = state.template
     kv_id = store.kernel_version_id(template)

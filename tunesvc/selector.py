@@ -855,7 +855,7 @@ def cross_measure(
     later call fills, and :func:`training_set` skips them meanwhile.
     """
     from tunesvc.bench import measurer_for
-    from tunesvc.sweep import remeasure_finalists
+    from tunesvc.bench import remeasure_finalists
 
     winners = tuned_winners(store, template, device.hardware_id)
     stored = store.trial_times(template.name, template.version, device.hardware_id)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import abc
 import os
-import statistics
 import time
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -36,6 +35,7 @@ from tunesvc.bench import Status
 from tunesvc.bench import Worker
 from tunesvc.bench import measurer_for
 from tunesvc.bench import picklable
+from tunesvc.bench import remeasure_finalists
 from tunesvc.device import Device
 from tunesvc.device import fork_safe_current_device
 from tunesvc.errors import TunesvcError
@@ -60,8 +60,6 @@ T = TypeVar("T")
 DEFAULT_OPTUNA_BUDGET = 50
 #: winners of this many nearest tuned shape keys (same kernel version and device) start a search
 NEIGHBOURS = 3
-#: rounds of the finalists' interleaved re-measurement
-FINALIST_ROUNDS = 3
 #: what ProblemResult.phases names, in the order a sweep meets them: the parent's waits, so that
 #: work overlapped in other processes (the compile pool and the measuring process starting,
 #: candidates compiling while earlier ones are timed) counts only where it holds the sweep up
@@ -743,64 +741,6 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
     configs: list[Config] = [dict(w.config) for w in earlier]
     configs += [dict(config) for _, _, config in near[:NEIGHBOURS]] + [dict(c) for c in elsewhere]
     return _unique(configs)
-
-
-def remeasure_finalists(
-    measurer: Measurer,
-    rows: list[Trial],
-    k: int,
-    rep_ms: float,
-    keep: Iterable[str] = (),
-    graph_ms: float | None = None,
-) -> list[tuple[int, Measurement]]:
-    """Re-time the k fastest correct trials, and those of the configs hashed in ``keep``,
-    round-robin; each one's median of rounds, by trial id.
-
-    Interleaving puts every finalist under the same clocks and temperatures, so a config whose
-    first measurement was lucky falls back before it can be declared the winner. A finalist's
-    rounds are timed longer than a first measurement (``Measurer.time_only``), and a GPU at its
-    power cap times a compute-bound kernel slower over a long replay than over a short one (see
-    ``tunesvc.bench._inprocess.FIRST_GRAPH_SHARE``): so a trial whose first time is below the
-    fastest finalist's new one is re-timed too, with that finalist, until none is left, and the
-    winner (the fastest correct trial) has been timed as every trial that could beat it. A
-    round times for rep_ms / FINALIST_ROUNDS, its graph replays ``graph_ms`` each (default:
-    ``Measurer.time_only``'s). A finalist that fails now (a crash, a timeout) keeps that status
-    and cannot win.
-    """
-    ok = sorted((r for r in rows if r.status == "ok" and r.time_ms is not None), key=lambda r: r.time_ms or 0.0)
-    keep = set(keep)
-    batch = ok[:k] + [r for r in ok[k:] if r.config_hash in keep]
-    if len(batch) < 2:
-        return []
-    rounds: dict[int, list[Measurement]] = {}
-    results: dict[int, Measurement] = {}
-    while batch:
-        for row in batch:
-            rounds.setdefault(row.id, [])
-        for _ in range(FINALIST_ROUNDS):
-            for row in batch:
-                rounds[row.id].append(measurer.time_only(dict(row.config), rep_ms / FINALIST_ROUNDS, graph_ms))
-        for row in batch:
-            results[row.id] = _finalist_result(row, rounds[row.id])
-        timed = [(m.time_ms, i) for i, m in results.items() if m.ok and m.time_ms is not None]
-        if not timed:
-            break
-        best_ms, best_id = min(timed)
-        faster = [r for r in ok if r.id not in results and (r.time_ms or 0.0) < best_ms]
-        batch = [next(r for r in ok if r.id == best_id), *faster] if faster else []
-    return list(results.items())
-
-
-def _finalist_result(row: Trial, rounds: list[Measurement]) -> Measurement:
-    """A finalist's measurement from its rounds: the first failure, else their median (its
-    first measurement left out: it was timed over shorter replays)."""
-    failed = next((m for m in rounds if not m.ok), None)
-    if failed is not None:
-        return Measurement(failed.status, message=f"as a finalist: {failed.message}")
-    times = sorted(m.time_ms or 0.0 for m in rounds)
-    median = statistics.median(times)
-    reps = row.reps + sum(m.reps for m in rounds)
-    return Measurement(Status.OK, time_ms=median, spread=(times[-1] - times[0]) / median, reps=reps)
 
 
 def _unique(configs: list[Config]) -> list[Config]:

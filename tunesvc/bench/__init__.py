@@ -18,6 +18,8 @@ from tunesvc.bench._base import relative_error
 from tunesvc.bench._choose import measurer_for
 from tunesvc.bench._choose import picklable
 from tunesvc.bench._compile import Compiler
+from tunesvc.bench._finalists import FINALIST_ROUNDS
+from tunesvc.bench._finalists import remeasure_finalists
 from tunesvc.bench._inprocess import DEFAULT_L2_BYTES
 from tunesvc.bench._inprocess import GRAPH_BELOW_MS
 from tunesvc.bench._inprocess import L2_MULTIPLE
@@ -33,6 +35,7 @@ from tunesvc.bench._worker import Worker
 __all__ = [
     "CONTEXT_LOST",
     "DEFAULT_L2_BYTES",
+    "FINALIST_ROUNDS",
     "GRAPH_BELOW_MS",
     "L2_MULTIPLE",
     "MAX_INPUT_SETS",
@@ -50,5 +53,6 @@ __all__ = [
     "measurer_for",
     "picklable",
     "relative_error",
+    "remeasure_finalists",
     "start_forkserver",
 ]

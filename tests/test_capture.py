@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -301,6 +302,26 @@ def test_environment_capture_of_an_unmodified_kernel_and_a_second_process_benchm
     assert len(trials(tmp_db)) == 6
     # without the variable, the hook does nothing and tunesvc is never imported
     assert _run(script, _env(TUNESVC_DB=tmp_db))["stats"] is None
+
+
+def test_a_database_file_with_no_tables_yet_is_tuned_into_not_given_up(script, tmp_path):
+    """Another process has created the file and not yet its tables: capture treats it as no
+    database (tunes the key, creating them), not as an unusable one (Triton's own autotuner)."""
+    db = tmp_path / "new.db"
+    sqlite3.connect(db).close()  # an empty SQLite file
+    assert db.exists() and db.stat().st_size == 0
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=script.parent,
+        env=_env(TUNESVC_CAPTURE="1", TUNESVC_DB=str(db)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "not a tunesvc database yet" not in done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["stats"] == {"tuned": 1, "benchmarks": 6}
+    assert len(trials(str(db))) == 6
 
 
 def test_processes_missing_one_key_at_once_tune_it_once(script, tmp_db):

@@ -162,12 +162,19 @@ class _Shared:
         """The stored winners of ``template`` on this device (bundle, else database; {}: none)."""
         from tunesvc.runtime import Runtime
         from tunesvc.runtime import _database_exists
+        from tunesvc.store import DatabaseNotCreated
 
         if self._runtime is None:
             s = self.settings
             if not s.bundle and not _database_exists(s.db_path):
                 return {}  # not cached: another process may create it before the next miss
-            self._runtime = Runtime(db=None if s.bundle else s.db_path, bundle=s.bundle, mode="lookup", strict=True)
+            runtime = Runtime(db=None if s.bundle else s.db_path, bundle=s.bundle, mode="lookup", strict=True)
+            try:
+                table = runtime._table(template)
+            except DatabaseNotCreated:
+                return {}  # the file, but no tables yet (another process creating them): as no file
+            self._runtime = runtime
+            return table
         return self._runtime._table(template)
 
     def store(self, create: bool) -> Store | None:

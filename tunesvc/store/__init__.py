@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tunesvc.store._migrate import head_revision
+from tunesvc.store._store import DatabaseNotCreated
 from tunesvc.store._store import DatabaseUnavailable
 from tunesvc.store._store import History
 from tunesvc.store._store import JobSpec
@@ -14,6 +15,7 @@ from tunesvc.store._store import resolve_url
 from tunesvc.store._store import upgrade
 
 __all__ = [
+    "DatabaseNotCreated",
     "DatabaseUnavailable",
     "History",
     "JobSpec",

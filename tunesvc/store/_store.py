@@ -146,6 +146,10 @@ class DatabaseUnavailable(TunesvcError):
     """The database server cannot be reached (restarting, network): worth retrying, unlike other errors."""
 
 
+class DatabaseNotCreated(TunesvcError):
+    """A file with no tables yet, opened read-only: empty, or another process is creating them."""
+
+
 class Store:
     """Database access for sweeps, the CLI and the runtime loader.
 
@@ -224,7 +228,7 @@ class Store:
             self.engine.dispose()  # the connection pooled above has no views
         self.revision_found, self.revision = found, found
         if found is None and self.readonly:
-            raise TunesvcError(
+            raise DatabaseNotCreated(
                 f"{self._where()} is not a tunesvc database yet; create its tables with `tune db init` (or `tune sweep`) first."
             )
         if found != _migrate.HEAD and not self.readonly:

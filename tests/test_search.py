@@ -772,3 +772,35 @@ def test_sweep_rejects_bad_budgets():
         check_sweep_arguments("optuna", None, time_budget=0)
     with pytest.raises(TunesvcError, match="--patience must be at least 1"):
         check_sweep_arguments("optuna", None, patience=0)
+
+
+def test_cross_measure_retime_times_every_candidate_once_per_key_in_a_finalist_round(tmp_db, device):
+    """With retime, each tuned key's candidates (the missing one first-timed, then all of them)
+    are timed again, once, in a finalist's round, and the key is marked: a second call re-times
+    nothing."""
+    fast, slow = {"A": 1, "B": 1, "num_warps": 4}, {"A": 2, "B": 2, "num_warps": 4}
+    toy = Toy()
+    problems = [toy.problem(N=n, dtype="float32") for n in (64, 128)]
+    with closing(Store(tmp_db)) as store:
+        options = {"strategy": "grid", "device": device, "refit_selector": False, "finalists": 0}
+        for problem, config in zip(problems, (fast, slow)):  # a winner per key: two candidates
+            run_sweep(toy, [problem], store, candidates=[config], **options)
+        kv, dev = store.kernel_version_id(toy), store.device_id(device)
+        keys = [str(toy.key(p)) for p in problems]
+
+        def reps():
+            return {k: {config_hash(r.config): r.reps for r in store.trials(kv, dev, k)} for k in keys}
+
+        swept = reps()
+        assert cross_measure(store, toy, device, retime=True) == 2  # each key's missing candidate
+        retimed = reps()
+        assert store.swept_keys(kv, dev, "cross-retime") == set(keys)
+        assert cross_measure(store, toy, device, retime=True) == 0
+        assert reps() == retimed  # every key marked: nothing timed again
+        winners = {w.shape_key: w.config for w in store.winners(kernel="toy")}
+    for k in keys:
+        assert set(retimed[k]) == {config_hash(fast), config_hash(slow)}
+        [first_timing] = swept[k].values()  # the sweep's one trial: a first timing's repetitions
+        # the sweep's winner and the missing candidate: a first timing, then a round each
+        assert all(n > first_timing for n in retimed[k].values())
+        assert winners[k] == fast  # 20 ms against 40 ms, both timed the same way: it wins both keys

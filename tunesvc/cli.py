@@ -1443,6 +1443,14 @@ def selector(
             "the keys left) \\[default: no limit]."
         ),
     ] = None,
+    retime: Annotated[
+        bool,
+        typer.Option(
+            "--retime",
+            help="With --cross-measure: also time every candidate on every tuned key once more, as a sweep's "
+            "finalists are timed (long graph replays), once per key (stored).",
+        ),
+    ] = False,
     min_coverage: MinCoverageOption = 1.0,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -1456,6 +1464,8 @@ def selector(
 
     if time_budget is not None and not cross_measure:
         raise TunesvcError("--time-budget limits --cross-measure; add --cross-measure, or drop --time-budget.")
+    if retime and not cross_measure:
+        raise TunesvcError("--retime is part of --cross-measure; add --cross-measure, or drop --retime.")
     check_time_budget(time_budget)
     template, device = get_template(kernel), current_device()
     store = Store(db)
@@ -1468,6 +1478,7 @@ def selector(
                 device,
                 on_key=lambda key, n: console.print(f"measuring {n} candidates on {key}"),
                 time_budget=time_budget,
+                retime=retime,
             )
         data = selectors.training_set(store, template, device, min_coverage=min_coverage)
         fitted, scores = selectors.keep(store, template, device, data)

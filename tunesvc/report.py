@@ -39,6 +39,7 @@ import numpy as np
 from tunesvc.device import Device
 from tunesvc.errors import TunesvcError
 from tunesvc.selector import CROSS_MEASURE
+from tunesvc.selector import CROSS_RETIME
 from tunesvc.space import config_hash
 from tunesvc.template import template_named_by_data
 
@@ -316,7 +317,7 @@ def _traces(rows: list[Any], sweeps: dict[int, Any]) -> dict[str, Trace]:
     for t in rows:
         sweep = sweeps.get(t.sweep_id)
         strategy = sweep.strategy if sweep is not None else "?"
-        if strategy == CROSS_MEASURE:
+        if strategy in (CROSS_MEASURE, CROSS_RETIME):
             continue
         trace = traces.setdefault(strategy, Trace(strategy))
         previous = current.get(strategy)

@@ -97,6 +97,8 @@ MODELS = ("tree", "neighbours")
 PROJECT_LINE = "where the first-ranked candidate does not fit a shape: the feasible config nearest it"
 #: the strategy of the sweeps that :func:`cross_measure` stores its trials under
 CROSS_MEASURE = "cross"
+#: the sweep that marks a tuned key whose candidates cross_measure(retime=True) re-timed
+CROSS_RETIME = "cross-retime"
 
 
 def _f32(x: float) -> float:
@@ -844,6 +846,7 @@ def cross_measure(
     *,
     on_key: Callable[[str, int], None] | None = None,
     time_budget: float | None = None,
+    retime: bool = False,
 ) -> int:
     """Measure every distinct winner and runner-up of ``template`` on every tuned key of
     ``device``'s model where it has no trial yet, through the sweeps' measurer, and store those
@@ -853,7 +856,15 @@ def cross_measure(
     ``time_budget``: seconds after which no further key is started (the first key with gaps
     always is, so that calls in turn make progress); the keys left keep their gaps, which a
     later call fills, and :func:`training_set` skips them meanwhile.
+
+    ``retime``: also, once per key (a ``cross-retime`` sweep marks it), time every candidate
+    there again in one of the finalists' rounds over long graph replays, interleaved, with any
+    trial that could then beat them: the selector then learns from times taken as the finalists
+    and the held-out benchmark take them, not from first timings (one short timing each, which
+    at a GPU's power cap reads some configs faster than others). About 0.85 s a candidate and key
+    on an H100.
     """
+    from tunesvc.bench import FINALIST_ROUNDS
     from tunesvc.bench import measurer_for
     from tunesvc.bench import remeasure_finalists
 
@@ -863,29 +874,36 @@ def cross_measure(
         winners, _runner_up_configs(store, template, device.hardware_id, winners, stored, measured=False)
     )
     kv_id, device_id = store.kernel_version_id(template), store.device_id(device)
+    retimed = store.swept_keys(kv_id, device_id, CROSS_RETIME) if retime else set()
+    hashes = {config_hash(c) for c in candidates}
     total, began, measured_keys = 0, _now(), 0
     for key in sorted(winners):
         missing = [(c, config_hash(c)) for c in candidates if config_hash(c) not in stored.get(key, {})]
-        if not missing:
+        again = retime and key not in retimed
+        if not missing and not again:
             continue
         if measured_keys and _spent(began, time_budget):
             break
         measured_keys += 1
         problem = template.problem_of_key(key)
         if on_key is not None:
-            on_key(key, len(missing))
-        sweep_id = store.start_sweep(kv_id, device_id, key, problem, CROSS_MEASURE, None, 0)
+            on_key(key, len(candidates) if again else len(missing))
+        sweep_id = store.start_sweep(kv_id, device_id, key, problem, CROSS_RETIME if again else CROSS_MEASURE, None, 0)
         started = _now()
         with measurer_for(template, problem, device) as measurer:
             results = [(c, h, measurer.measure(c)) for c, h in missing]
             total += sum(i is not None for i in store.add_trials(sweep_id, kv_id, device_id, key, results))
-            # these are first timings, the stored winner a finalist's longer one (which a GPU at
-            # its power cap reads slower): one that beats it is re-timed beside it, as a sweep's
-            # finalists are, before it can take the key on a time taken another way
-            rows = store.trials(kv_id, device_id, key)
-            store.replace_measurements(
-                remeasure_finalists(measurer, rows, 1, measurer.rep_ms, keep={config_hash(winners[key])})
-            )
+            rows, winner = store.trials(kv_id, device_id, key), config_hash(winners[key])
+            if again:  # every candidate, once, as a finalist's round times it
+                retimed_now = remeasure_finalists(
+                    measurer, rows, 0, measurer.rep_ms / FINALIST_ROUNDS, keep=hashes | {winner}, rounds=1
+                )
+            else:
+                # these are first timings, the stored winner a finalist's longer one (which a GPU
+                # at its power cap reads slower): one that beats it is re-timed beside it, as a
+                # sweep's finalists are, before it can take the key on a time taken another way
+                retimed_now = remeasure_finalists(measurer, rows, 1, measurer.rep_ms, keep={winner})
+            store.replace_measurements(retimed_now)
         store.update_winner(kv_id, device_id, key)
         store.finish_sweep(sweep_id, _now() - started)
     return total

@@ -25,6 +25,7 @@ def remeasure_finalists(
     rep_ms: float,
     keep: Iterable[str] = (),
     graph_ms: float | None = None,
+    rounds: int = FINALIST_ROUNDS,
 ) -> list[tuple[int, Measurement]]:
     """Re-time the k fastest correct trials, and those of the configs hashed in ``keep``,
     round-robin; each one's median of rounds, by trial id.
@@ -36,7 +37,7 @@ def remeasure_finalists(
     ``tunesvc.bench._inprocess.FIRST_GRAPH_SHARE``): so a trial whose first time is below the
     fastest finalist's new one is re-timed too, with that finalist, until none is left, and the
     winner (the fastest correct trial) has been timed as every trial that could beat it. A
-    round times for rep_ms / FINALIST_ROUNDS, its graph replays ``graph_ms`` each (default:
+    round times for rep_ms / ``rounds``, its graph replays ``graph_ms`` each (default:
     ``Measurer.time_only``'s). A finalist that fails now (a crash, a timeout) keeps that status
     and cannot win.
     """
@@ -45,16 +46,16 @@ def remeasure_finalists(
     batch = ok[:k] + [r for r in ok[k:] if r.config_hash in keep]
     if len(batch) < 2:
         return []
-    rounds: dict[int, list[Measurement]] = {}
+    timings: dict[int, list[Measurement]] = {}
     results: dict[int, Measurement] = {}
     while batch:
         for row in batch:
-            rounds.setdefault(row.id, [])
-        for _ in range(FINALIST_ROUNDS):
+            timings.setdefault(row.id, [])
+        for _ in range(rounds):
             for row in batch:
-                rounds[row.id].append(measurer.time_only(dict(row.config), rep_ms / FINALIST_ROUNDS, graph_ms))
+                timings[row.id].append(measurer.time_only(dict(row.config), rep_ms / rounds, graph_ms))
         for row in batch:
-            results[row.id] = _finalist_result(row, rounds[row.id])
+            results[row.id] = _finalist_result(row, timings[row.id])
         timed = [(m.time_ms, i) for i, m in results.items() if m.ok and m.time_ms is not None]
         if not timed:
             break

@@ -429,6 +429,17 @@ class Store:
                 .values(status="done", finished_at=utcnow(), wall_seconds=wall_seconds, peer_ms=peer_ms)
             )
 
+    def swept_keys(self, kv_id: int, device_id: int, strategy: str) -> set[str]:
+        """The shape keys with a finished sweep of ``strategy`` (e.g. cross-measure's re-timing)."""
+        with self.session() as session:
+            query = select(Sweep.shape_key).where(
+                Sweep.kernel_version_id == kv_id,
+                Sweep.device_id == device_id,
+                Sweep.strategy == strategy,
+                Sweep.status == "done",
+            )
+            return set(session.scalars(query))
+
     def trials(self, kv_id: int, device_id: int, shape_key: str) -> list[Trial]:
         with self.session() as session:
             query = (

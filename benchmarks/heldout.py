@@ -667,6 +667,8 @@ def spread(args: argparse.Namespace, shapes: list[int], gpus: list[str], run: st
     import os
     import subprocess
 
+    if not os.path.isfile(args.db):
+        raise SystemExit(f"--db {args.db}: no such file; give a copy of tune.db.example (the presets' sweeps).")
     folder = tempfile.mkdtemp(prefix="heldout-gpus-")
     dbs = []
     for gpu in gpus:

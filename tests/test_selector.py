@@ -979,3 +979,7 @@ def test_a_spread_heldout_run_fails_when_a_process_fails_and_names_its_gpu(tmp_p
     assert "the processes on GPU 0, 1 failed" in out
     assert err.count("benchmarks/heldout.py needs a CUDA GPU.") == 2
     assert db.exists()  # the copies are the processes' own
+    with pytest.raises(SystemExit, match="--db .*missing.db: no such file"):
+        heldout.spread(
+            heldout.argparse.Namespace(**{**vars(args), "db": str(tmp_path / "missing.db")}), [0], ["0"], "R"
+        )

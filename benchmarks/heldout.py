@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -543,8 +544,8 @@ def main() -> int:
         finally:
             store.close()
     if len(gpus) > 1:
-        every = range(sum(map(len, held_out(args.size, kernels).values())))
-        return spread(args, sorted(indices(args.shapes)) if args.shapes else list(every), gpus, _common.RUN)
+        every = range(sum(map(len, problems.values())))  # --list's indices when --shapes chose none
+        return spread(args, sorted(wanted) if args.shapes else list(every), gpus, _common.RUN)
     scratch = tempfile.mkdtemp(prefix="heldout-candidates-")
     picks = untuned_picks(args.db, problems)
 
@@ -633,8 +634,6 @@ def main() -> int:
 
 def visible_gpus(text: str, torch_count: int) -> list[str]:
     """The CUDA_VISIBLE_DEVICES entries of --gpus N (the first N visible) or 'all'."""
-    import os
-
     visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g] or [
         str(i) for i in range(torch_count)
     ]
@@ -664,7 +663,6 @@ def spread(args: argparse.Namespace, shapes: list[int], gpus: list[str], run: st
     """Run the shapes on several GPUs at once, one process per GPU (a GPU's timings are its own:
     each has its own clock and power cap), each on a copy of --db; the rows of all go to the same
     CSV files, stamped with one run. Non-zero when any process failed."""
-    import os
     import subprocess
 
     if not os.path.isfile(args.db):

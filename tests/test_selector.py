@@ -862,18 +862,25 @@ def test_the_runtime_launches_a_stored_projecting_selectors_repair(template, dev
     assert found.config == {**projecting.candidates[0], "BLOCK_M": 16}
 
 
-def test_choose_projects_only_where_the_stored_times_say_it_picks_faster():
+def test_choose_projects_unless_the_stored_times_say_it_picks_slower():
     # M=4 left out: the others' nearest winner (candidate 0) broke a constraint there, so
     # without projecting the pick is candidate 1, the only one that ran there (1.0x)
     data = _keyed([(None, 2.0), (1.0, 2.0), (1.0, 2.0), (2.0, 1.0)], [4, 8, 16, 32])
-    assert sel.choose(data)[0].project is False  # nothing known of a projection
+    assert sel.choose(data)[0].project is True  # nothing known of a projection: the default
     faster = replace(data, projected=((1.0, None), (None, None), (None, None), (None, None)))
     selector, (ours, _) = sel.choose(faster)
     assert selector.project is True
     # its projection ran M=4 in 1.0 ms, against 2.0 for candidate 1
     assert ours == pytest.approx(sel.leave_one_out(faster, selector.model)[0] * 0.5 ** (1 / 4))
+    # 1% slower on one of four keys: within NEAR_BEST of not projecting, so it still projects
+    close = replace(data, projected=((2.02, None), (None, None), (None, None), (None, None)))
+    selector, (ours, _) = sel.choose(close)
+    assert selector.project is True
+    assert ours == pytest.approx(sel.leave_one_out(close, selector.model, project=True)[0])
     slower = replace(data, projected=((4.0, None), (None, None), (None, None), (None, None)))
-    assert sel.choose(slower)[0].project is False
+    selector, (ours, _) = sel.choose(slower)
+    assert selector.project is False
+    assert ours == pytest.approx(sel.leave_one_out(slower, selector.model)[0])
 
 
 def test_training_set_knows_the_stored_time_of_each_projection(fitted_db, template, device):

@@ -761,23 +761,29 @@ def fitted_models() -> tuple[str, ...]:
 
 
 def choose(data: TrainingSet) -> tuple[Selector | None, tuple[float, float] | None]:
-    """Of the models fitted on ``data`` (:func:`fitted_models`), each with and without projecting
-    a first pick that does not fit (where the stored times can judge it), the one whose picks,
-    each key left out in turn, are fastest, with its and the nearest rule's scores
-    (:func:`leave_one_out`); (None, None) with too few keys to judge one. Of equals, the first
-    model, without projection."""
+    """Of the models fitted on ``data`` (:func:`fitted_models`), the one whose picks, each key
+    left out in turn, are fastest, with its and the nearest rule's scores
+    (:func:`leave_one_out`); (None, None) with too few keys to judge one. Of equals, the first.
+
+    Each projects a first pick that does not fit (the feasible config nearest it, as the space's
+    tile limits shrink a tile to the problem) unless, scored so, it picks slower by more than
+    ``NEAR_BEST`` than without. The stored times can score a projection only where the key
+    left out holds a trial of the projected config, one or two keys in forty on the H100's
+    GEMMs, so a small difference is one key's timing; shapes outside the tuned range, where a
+    first pick breaks a limit far more often, are what it is for."""
     if len(data.keys) < MIN_KEYS_KEPT:
         return None, None
-    projections = (False, True) if any(t is not None for row in data.projected for t in row) else (False,)
-    judged = [
-        (scores, model, project)
-        for model in fitted_models()
-        for project in projections
-        if (scores := leave_one_out(data, model, project)) is not None
-    ]
+    known = any(t is not None for row in data.projected for t in row)
+    judged = []
+    for model in fitted_models():
+        if (plain := leave_one_out(data, model)) is None:
+            continue
+        projecting = leave_one_out(data, model, project=True) if known else plain
+        project = projecting is not None and projecting[0] <= plain[0] * (1 + NEAR_BEST)
+        judged.append((projecting if project and projecting is not None else plain, model, project))
     if not judged:
         return None, None
-    scores, model, project = min(judged, key=lambda item: (item[0][0], MODELS.index(item[1]), item[2]))
+    scores, model, project = min(judged, key=lambda item: (item[0][0], MODELS.index(item[1])))
     fitted = fit_model(data, model)
     return (replace(fitted, project=project) if fitted is not None else None), scores
 

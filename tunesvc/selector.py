@@ -867,7 +867,7 @@ def cross_measure(
     there again in one of the finalists' rounds over long graph replays, interleaved, with any
     trial that could then beat them: the selector then learns from times taken as the finalists
     and the held-out benchmark take them, not from first timings (one short timing each, which
-    at a GPU's power cap reads some configs faster than others). About 0.85 s a candidate and key
+    at a GPU's power cap reads some configs faster than others). About 0.6 s a candidate and key
     on an H100.
     """
     from tunesvc.bench import FINALIST_ROUNDS

@@ -872,15 +872,24 @@ def test_choose_projects_unless_the_stored_times_say_it_picks_slower():
     assert selector.project is True
     # its projection ran M=4 in 1.0 ms, against 2.0 for candidate 1
     assert ours == pytest.approx(sel.leave_one_out(faster, selector.model)[0] * 0.5 ** (1 / 4))
-    # 1% slower on one of four keys: within NEAR_BEST of not projecting, so it still projects
+    # 1% slower on one of four keys: within NEAR_BEST, but it would put the selector, tied with
+    # the nearest rule without projecting, behind it, and cost it its place
     close = replace(data, projected=((2.02, None), (None, None), (None, None), (None, None)))
-    selector, (ours, _) = sel.choose(close)
-    assert selector.project is True
-    assert ours == pytest.approx(sel.leave_one_out(close, selector.model, project=True)[0])
+    selector, (ours, nearest) = sel.choose(close)
+    assert selector.project is False and ours <= nearest
     slower = replace(data, projected=((4.0, None), (None, None), (None, None), (None, None)))
     selector, (ours, _) = sel.choose(slower)
     assert selector.project is False
     assert ours == pytest.approx(sel.leave_one_out(slower, selector.model)[0])
+
+
+def test_a_model_projects_unless_that_picks_slower_or_puts_it_behind_the_nearest_rule():
+    # (selector, nearest rule) leave-one-out scores without and with projecting
+    assert sel.projects((1.0, 1.2), (0.9, 1.2))
+    assert sel.projects((1.0, 1.2), (1.0 + sel.NEAR_BEST, 1.2))  # slower within NEAR_BEST
+    assert not sel.projects((1.0, 1.2), (1.03, 1.2))  # slower beyond it
+    assert not sel.projects((1.0, 1.0), (1.01, 1.0))  # no slower than nearest before, behind it after
+    assert sel.projects((1.1, 1.0), (1.11, 1.0))  # behind the nearest rule either way
 
 
 def test_training_set_knows_the_stored_time_of_each_projection(fitted_db, template, device):

@@ -760,6 +760,14 @@ def fitted_models() -> tuple[str, ...]:
     return MODELS if importlib.util.find_spec("sklearn") is not None else ("neighbours",)
 
 
+def projects(plain: tuple[float, float], projecting: tuple[float, float]) -> bool:
+    """Whether a model projects, given its and the nearest rule's leave-one-out scores without
+    and with projecting: unless that picks more than ``NEAR_BEST`` slower, or puts a model that
+    was no slower than the nearest rule behind it (which would cost the selector its place)."""
+    ours, nearest = projecting
+    return ours <= plain[0] * (1 + NEAR_BEST) and (ours <= nearest or plain[0] > plain[1])
+
+
 def choose(data: TrainingSet) -> tuple[Selector | None, tuple[float, float] | None]:
     """Of the models fitted on ``data`` (:func:`fitted_models`), the one whose picks, each key
     left out in turn, are fastest, with its and the nearest rule's scores
@@ -767,7 +775,7 @@ def choose(data: TrainingSet) -> tuple[Selector | None, tuple[float, float] | No
 
     Each projects a first pick that does not fit (the feasible config nearest it, as the space's
     tile limits shrink a tile to the problem) unless, scored so, it picks slower by more than
-    ``NEAR_BEST`` than without. The stored times can score a projection only where the key
+    ``NEAR_BEST`` than without (:func:`projects`). The stored times can score a projection only where the key
     left out holds a trial of the projected config, one or two keys in forty on the H100's
     GEMMs, so a small difference is one key's timing; shapes outside the tuned range, where a
     first pick breaks a limit far more often, are what it is for."""
@@ -779,7 +787,7 @@ def choose(data: TrainingSet) -> tuple[Selector | None, tuple[float, float] | No
         if (plain := leave_one_out(data, model)) is None:
             continue
         projecting = leave_one_out(data, model, project=True) if known else plain
-        project = projecting is not None and projecting[0] <= plain[0] * (1 + NEAR_BEST)
+        project = projecting is not None and projects(plain, projecting)
         judged.append((projecting if project and projecting is not None else plain, model, project))
     if not judged:
         return None, None

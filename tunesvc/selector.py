@@ -1082,20 +1082,21 @@ def evaluate(
 
 def _measured(measurer: Any, configs: dict[str, Config]) -> dict[str, float | None]:
     """Each config checked against the reference, then timed in interleaved rounds as a sweep's
-    finalists are (``Measurer.time_only``): the median of its rounds, under the same clocks as
-    the others; None where it failed."""
+    finalists are (:func:`tunesvc.bench.timed_in_rounds`): the median of its rounds, under the
+    same clocks as the others; None where it failed, first or in any round."""
     import statistics
 
+    from tunesvc.bench import timed_in_rounds
+
     checked = {h: measurer.measure(c) for h, c in configs.items()}
-    times: dict[str, list[float]] = {h: [] for h, m in checked.items() if m.ok and m.time_ms is not None}
-    for _ in range(ROUNDS):
-        for h in list(times):
-            m = measurer.time_only(configs[h], measurer.rep_ms / ROUNDS)
-            if m.ok and m.time_ms is not None:
-                times[h].append(m.time_ms)
-            else:
-                del times[h]  # failed when re-timed: it cannot count as fast
-    return {h: statistics.median(times[h]) if h in times else None for h in configs}
+    ok = {h: configs[h] for h, m in checked.items() if m.ok and m.time_ms is not None}
+    rounds = timed_in_rounds(measurer, ok, measurer.rep_ms, ROUNDS)
+    return {
+        h: statistics.median(m.time_ms for m in rounds[h] if m.time_ms is not None)
+        if h in rounds and all(m.ok and m.time_ms is not None for m in rounds[h])
+        else None
+        for h in configs
+    }
 
 
 def summary(rows: list[HeldOut]) -> dict[str, dict[str, Any]]:

@@ -20,6 +20,7 @@ from tunesvc.bench._choose import picklable
 from tunesvc.bench._compile import Compiler
 from tunesvc.bench._finalists import FINALIST_ROUNDS
 from tunesvc.bench._finalists import remeasure_finalists
+from tunesvc.bench._finalists import timed_in_rounds
 from tunesvc.bench._inprocess import DEFAULT_L2_BYTES
 from tunesvc.bench._inprocess import GRAPH_BELOW_MS
 from tunesvc.bench._inprocess import L2_MULTIPLE
@@ -55,4 +56,5 @@ __all__ = [
     "relative_error",
     "remeasure_finalists",
     "start_forkserver",
+    "timed_in_rounds",
 ]

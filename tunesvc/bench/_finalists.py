@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
+from typing import Any
+from typing import TypeVar
 
 from tunesvc.bench._base import Measurement
 from tunesvc.bench._base import Measurer
@@ -16,6 +19,8 @@ if TYPE_CHECKING:
 
 #: rounds of the finalists' interleaved re-measurement
 FINALIST_ROUNDS = 3
+
+K = TypeVar("K")
 
 
 def remeasure_finalists(
@@ -49,11 +54,8 @@ def remeasure_finalists(
     timings: dict[int, list[Measurement]] = {}
     results: dict[int, Measurement] = {}
     while batch:
-        for row in batch:
-            timings.setdefault(row.id, [])
-        for _ in range(rounds):
-            for row in batch:
-                timings[row.id].append(measurer.time_only(dict(row.config), rep_ms / rounds, graph_ms))
+        for i, measured in timed_in_rounds(measurer, {r.id: r.config for r in batch}, rep_ms, rounds, graph_ms).items():
+            timings.setdefault(i, []).extend(measured)
         for row in batch:
             results[row.id] = _finalist_result(row, timings[row.id])
         timed = [(m.time_ms, i) for i, m in results.items() if m.ok and m.time_ms is not None]
@@ -63,6 +65,23 @@ def remeasure_finalists(
         faster = [r for r in ok if r.id not in results and (r.time_ms or 0.0) < best_ms]
         batch = [next(r for r in ok if r.id == best_id), *faster] if faster else []
     return list(results.items())
+
+
+def timed_in_rounds(
+    measurer: Measurer,
+    configs: Mapping[K, Mapping[str, Any]],
+    rep_ms: float,
+    rounds: int = FINALIST_ROUNDS,
+    graph_ms: float | None = None,
+) -> dict[K, list[Measurement]]:
+    """Each config timed ``rounds`` times, round-robin, each time for rep_ms / ``rounds``
+    (``Measurer.time_only``, graph replays of ``graph_ms``): every config under the same clocks
+    and temperatures as the others. No reference check: the configs were checked before."""
+    timings: dict[K, list[Measurement]] = {key: [] for key in configs}
+    for _ in range(rounds):
+        for key, config in configs.items():
+            timings[key].append(measurer.time_only(dict(config), rep_ms / rounds, graph_ms))
+    return timings
 
 
 def _finalist_result(row: Trial, rounds: list[Measurement]) -> Measurement:

@@ -786,9 +786,10 @@ def choose(data: TrainingSet) -> tuple[Selector | None, tuple[float, float] | No
     for model in fitted_models():
         if (plain := leave_one_out(data, model)) is None:
             continue
-        projecting = leave_one_out(data, model, project=True) if known else plain
-        project = projecting is not None and projects(plain, projecting)
-        judged.append((projecting if project and projecting is not None else plain, model, project))
+        # with no projection the stored times can score, projecting scores as ``plain``
+        projecting = (leave_one_out(data, model, project=True) if known else None) or plain
+        project = projects(plain, projecting)
+        judged.append((projecting if project else plain, model, project))
     if not judged:
         return None, None
     scores, model, project = min(judged, key=lambda item: (item[0][0], MODELS.index(item[1])))

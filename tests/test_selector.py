@@ -127,14 +127,34 @@ def test_cross_measure_within_a_time_budget_measures_one_key_and_a_rerun_the_res
         store.close()
 
 
+def test_cross_measure_shards_split_the_keys_between_them(tmp_db, template, device):
+    store = Store(tmp_db)
+    try:
+        _half_measured(store, template, device)
+        keys = sorted(sel.tuned_winners(store, template, device.hardware_id))
+        started: list[str] = []
+        for index in (1, 0):
+            assert (
+                sel.cross_measure(store, template, device, on_key=lambda k, n: started.append(k), shard=(index, 2)) == 1
+            )
+        assert started == [keys[1], keys[0]]  # each share its own key, once
+        assert sel.cross_measure(store, template, device) == 0
+        assert len(sel.training_set(store, template, device).keys) == 2
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
+        (["--shard", "0/2"], "--shard splits --cross-measure; add --cross-measure, or drop --shard."),
+        (["--cross-measure", "--shard", "2/2"], "--shard takes I/N with 0 <= I < N, such as 0/4, not '2/2'."),
+        (["--cross-measure", "--shard", "1"], "--shard takes I/N with 0 <= I < N, such as 0/4, not '1'."),
         (["--time-budget", "60"], "--time-budget limits --cross-measure; add --cross-measure, or drop --time-budget."),
         (["--cross-measure", "--time-budget", "0"], "--time-budget must be a positive number of seconds, got 0.0."),
     ],
 )
-def test_selector_time_budget_needs_cross_measure_and_seconds(tmp_path, extra, said):
+def test_selector_time_budget_and_shard_need_cross_measure_and_good_values(tmp_path, extra, said):
     from typer.testing import CliRunner
 
     from tunesvc.cli import app

@@ -1451,6 +1451,15 @@ def selector(
             "finalists are timed (long graph replays), once per key (stored).",
         ),
     ] = False,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            metavar="I/N",
+            help="With --cross-measure: measure only every N-th tuned key from the I-th (0-based) and fit "
+            "nothing, so that N processes, one per GPU (CUDA_VISIBLE_DEVICES), split the work on one "
+            "--db; then run `tune selector` once to fit.",
+        ),
+    ] = None,
     min_coverage: MinCoverageOption = 1.0,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -1466,6 +1475,7 @@ def selector(
         raise TunesvcError("--time-budget limits --cross-measure; add --cross-measure, or drop --time-budget.")
     if retime and not cross_measure:
         raise TunesvcError("--retime is part of --cross-measure; add --cross-measure, or drop --retime.")
+    share = _shard(shard, cross_measure)
     check_time_budget(time_budget)
     template, device = get_template(kernel), current_device()
     store = Store(db)
@@ -1479,7 +1489,13 @@ def selector(
                 on_key=lambda key, n: console.print(f"measuring {n} candidates on {key}"),
                 time_budget=time_budget,
                 retime=retime,
+                shard=share,
             )
+        if shard is not None:
+            if as_json:
+                return _print_json({"trials_measured": measured, "shard": list(share)})
+            console.print(f"Measured {measured} trials on share {shard} of the tuned keys; fit nothing.")
+            return
         data = selectors.training_set(store, template, device, min_coverage=min_coverage)
         fitted, scores = selectors.keep(store, template, device, data)
     finally:
@@ -1516,6 +1532,18 @@ def selector(
             f"the key's fastest candidate (geometric mean), the nearest rule's {scores[1]:.3f}x.",
             highlight=False,
         )
+
+
+def _shard(text: str | None, cross_measure: bool) -> tuple[int, int]:
+    """``--shard I/N`` as (I, N); (0, 1) without it."""
+    if text is None:
+        return 0, 1
+    if not cross_measure:
+        raise TunesvcError("--shard splits --cross-measure; add --cross-measure, or drop --shard.")
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise TunesvcError(f"--shard takes I/N with 0 <= I < N, such as 0/4, not {text!r}.")
+    return int(index), int(count)
 
 
 @app.command()

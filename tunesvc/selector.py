@@ -862,6 +862,7 @@ def cross_measure(
     on_key: Callable[[str, int], None] | None = None,
     time_budget: float | None = None,
     retime: bool = False,
+    shard: tuple[int, int] = (0, 1),
 ) -> int:
     """Measure every distinct winner and runner-up of ``template`` on every tuned key of
     ``device``'s model where it has no trial yet, through the sweeps' measurer, and store those
@@ -878,6 +879,9 @@ def cross_measure(
     and the held-out benchmark take them, not from first timings (one short timing each, which
     at a GPU's power cap reads some configs faster than others). About 0.6 s a candidate and key
     on an H100.
+
+    ``shard``: (i, n), this call's share of the keys, every n-th from the i-th in key order, so
+    that n processes (one per GPU) split the work on one database.
     """
     from tunesvc.bench import FINALIST_ROUNDS
     from tunesvc.bench import measurer_for
@@ -892,7 +896,8 @@ def cross_measure(
     retimed = store.swept_keys(kv_id, device_id, CROSS_RETIME) if retime else set()
     hashes = {config_hash(c) for c in candidates}
     total, began, measured_keys = 0, _now(), 0
-    for key in sorted(winners):
+    index, count = shard
+    for key in sorted(winners)[index::count]:
         missing = [(c, config_hash(c)) for c in candidates if config_hash(c) not in stored.get(key, {})]
         again = retime and key not in retimed
         if not missing and not again:

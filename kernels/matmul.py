@@ -1,4 +1,4 @@
-"""GEMM: C = A @ B, in six variants the search chooses between per shape (``VARIANT``).
+"""GEMM: C = A @ B, in five variants the search chooses between per shape (``VARIANT``).
 
 - ``grouped``: one program per BLOCK_M x BLOCK_N tile of C, walking K in BLOCK_K steps with a
   float32 accumulator. Programs are numbered so that GROUP_M consecutive tile-rows are swept
@@ -20,10 +20,6 @@
 - ``splittail``: the TMA kernel where the tiles leave a partial last wave (e.g. 192 tiles on
   132 SMs: two waves, the second half empty): the tiles of the last one or two waves run as
   slices of K, summed as split-K sums them, so that all programs end at about the same time.
-- ``allrows``: for M up to 256, one program per BLOCK_N columns covers every row, computed
-  transposed (C^T = B^T A^T) so that the rows are the tensor cores' N dimension, which comes in
-  steps of 16: M=100 computes 112 rows where a 128-row tile computes 128, and each B block is
-  read once for all rows. SPLIT_K > 1 splits K as split-K does, for few column blocks.
 
 Masks make any M, N, K valid. The pointer kernels (grouped, persistent, split-K) load a tile as
 pipelined vectors only where Triton can tell its rows are 16-element aligned: with M > 64, an
@@ -59,7 +55,7 @@ from tunesvc.template import ShapeKey
 from tunesvc.template import Template
 from tunesvc.template import pow2_bucket
 
-VARIANTS = ("grouped", "persistent", "tma", "splitk", "splittail", "allrows")
+VARIANTS = ("grouped", "persistent", "tma", "splitk", "splittail")
 
 
 @triton.jit
@@ -469,191 +465,6 @@ def _matmul_splittail_kernel(
                 _store_tile(c_ptr, c, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
-@triton.jit
-def _rows_part(
-    bt,
-    a_ptr,
-    row0,
-    k,
-    M,
-    K,
-    stride_am,
-    stride_ak,
-    acc,
-    PART: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-):
-    """acc + (B^T block) @ (A[row0 : row0 + PART, k : k + BLOCK_K])^T: one part's K step of
-    the allrows kernel. Rows past M wrap (modulo) so the loads need no row mask."""
-    rows = (row0 + tl.arange(0, PART)) % M
-    offs_k = k + tl.arange(0, BLOCK_K)
-    ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    if EVEN_K:
-        a = tl.load(ptrs)
-    else:
-        a = tl.load(ptrs, mask=offs_k[None, :] < K, other=0.0)
-    return _dot_step(bt, tl.trans(a), acc, DOT_IN_FP32)
-
-
-@triton.jit
-def _store_rows(c_ptr, acc, row0, pid_n, M, N, stride_cm, stride_cn, BLOCK_N: tl.constexpr, PART: tl.constexpr):
-    """C[row0 : row0 + PART, pid_n's columns] = acc^T (acc holds columns by rows)."""
-    rows = row0 + tl.arange(0, PART)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ptrs = c_ptr + cols[:, None] * stride_cn + rows[None, :] * stride_cm
-    tl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=(cols[:, None] < N) & (rows[None, :] < M))
-
-
-@triton.jit
-def _sum_rows(
-    c_ptr,
-    partial_ptr,
-    row0,
-    pid_n,
-    M,
-    N,
-    stride_cm,
-    stride_cn,
-    BLOCK_N: tl.constexpr,
-    PART: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-):
-    """C[row0 : row0 + PART, pid_n's columns] = the sum of the SPLIT_K partials there, in order
-    (read past L1, which is not coherent between SMs)."""
-    rows = row0 + tl.arange(0, PART)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs = rows[None, :] * N + cols[:, None]
-    mask = (cols[:, None] < N) & (rows[None, :] < M)
-    total = tl.zeros((BLOCK_N, PART), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        total += tl.load(partial_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    _store_rows(c_ptr, total, row0, pid_n, M, N, stride_cm, stride_cn, BLOCK_N, PART)
-
-
-@triton.jit
-def _matmul_allrows_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    partial_ptr,
-    arrivals_ptr,
-    M,
-    N,
-    K,
-    NB,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    PART0: tl.constexpr,
-    PART1: tl.constexpr,
-    PART2: tl.constexpr,
-    PART3: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    EVEN_K: tl.constexpr = False,
-):
-    """One program per BLOCK_N columns of C and every row of A, computed transposed
-    (C^T = B^T A^T) so that the rows are the tensor cores' N dimension, which can be 16 wide:
-    the rows are cut in up to four power-of-two parts (``row_parts``: M=200 as 128 + 64 + 16),
-    each with its own accumulator, and every K step loads the B block once for all of them.
-    With SPLIT_K > 1, program (columns, s) sums slice s of K and the slices meet as the split-K
-    kernel's do (a float32 partial each, the last to arrive adds them in order and writes C)."""
-    pid_n = tl.program_id(axis=0)
-    split = tl.program_id(axis=1)
-    # slices are whole BLOCK_K steps, so only the last slice meets the edge of K
-    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-    k_start = split * k_per_split
-    k_end = min(K, k_start + k_per_split)
-    offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % NB
-    offs_k = k_start + tl.arange(0, BLOCK_K)
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
-    acc0 = tl.zeros((BLOCK_N, PART0), dtype=tl.float32)
-    if PART1 > 0:
-        acc1 = tl.zeros((BLOCK_N, PART1), dtype=tl.float32)
-    if PART2 > 0:
-        acc2 = tl.zeros((BLOCK_N, PART2), dtype=tl.float32)
-    if PART3 > 0:
-        acc3 = tl.zeros((BLOCK_N, PART3), dtype=tl.float32)
-    for k in range(k_start, k_end, BLOCK_K):
-        if EVEN_K:
-            b = tl.load(b_ptrs)
-        else:
-            b = tl.load(b_ptrs, mask=(k - k_start + offs_k)[:, None] < K, other=0.0)
-        bt = tl.trans(b)
-        acc0 = _rows_part(bt, a_ptr, 0, k, M, K, stride_am, stride_ak, acc0, PART0, BLOCK_K, EVEN_K, DOT_IN_FP32)
-        if PART1 > 0:
-            acc1 = _rows_part(
-                bt, a_ptr, PART0, k, M, K, stride_am, stride_ak, acc1, PART1, BLOCK_K, EVEN_K, DOT_IN_FP32
-            )
-        if PART2 > 0:
-            acc2 = _rows_part(
-                bt, a_ptr, PART0 + PART1, k, M, K, stride_am, stride_ak, acc2, PART2, BLOCK_K, EVEN_K, DOT_IN_FP32
-            )
-        if PART3 > 0:
-            acc3 = _rows_part(
-                bt,
-                a_ptr,
-                PART0 + PART1 + PART2,
-                k,
-                M,
-                K,
-                stride_am,
-                stride_ak,
-                acc3,
-                PART3,
-                BLOCK_K,
-                EVEN_K,
-                DOT_IN_FP32,
-            )
-        b_ptrs += BLOCK_K * stride_bk
-    if SPLIT_K == 1:
-        _store_rows(c_ptr, acc0, 0, pid_n, M, N, stride_cm, stride_cn, BLOCK_N, PART0)
-        if PART1 > 0:
-            _store_rows(c_ptr, acc1, PART0, pid_n, M, N, stride_cm, stride_cn, BLOCK_N, PART1)
-        if PART2 > 0:
-            _store_rows(c_ptr, acc2, PART0 + PART1, pid_n, M, N, stride_cm, stride_cn, BLOCK_N, PART2)
-        if PART3 > 0:
-            _store_rows(c_ptr, acc3, PART0 + PART1 + PART2, pid_n, M, N, stride_cm, stride_cn, BLOCK_N, PART3)
-    else:
-        mine = partial_ptr + split * M * N
-        _store_rows(mine, acc0, 0, pid_n, M, N, N, 1, BLOCK_N, PART0)
-        if PART1 > 0:
-            _store_rows(mine, acc1, PART0, pid_n, M, N, N, 1, BLOCK_N, PART1)
-        if PART2 > 0:
-            _store_rows(mine, acc2, PART0 + PART1, pid_n, M, N, N, 1, BLOCK_N, PART2)
-        if PART3 > 0:
-            _store_rows(mine, acc3, PART0 + PART1 + PART2, pid_n, M, N, N, 1, BLOCK_N, PART3)
-        tl.debug_barrier()  # every thread's stores, before the one thread that counts the arrival
-        if tl.atomic_add(arrivals_ptr + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:
-            tl.store(arrivals_ptr + pid_n, 0)
-            _sum_rows(c_ptr, partial_ptr, 0, pid_n, M, N, stride_cm, stride_cn, BLOCK_N, PART0, SPLIT_K)
-            if PART1 > 0:
-                _sum_rows(c_ptr, partial_ptr, PART0, pid_n, M, N, stride_cm, stride_cn, BLOCK_N, PART1, SPLIT_K)
-            if PART2 > 0:
-                _sum_rows(c_ptr, partial_ptr, PART0 + PART1, pid_n, M, N, stride_cm, stride_cn, BLOCK_N, PART2, SPLIT_K)
-            if PART3 > 0:
-                _sum_rows(
-                    c_ptr,
-                    partial_ptr,
-                    PART0 + PART1 + PART2,
-                    pid_n,
-                    M,
-                    N,
-                    stride_cm,
-                    stride_cn,
-                    BLOCK_N,
-                    PART3,
-                    SPLIT_K,
-                )
-
-
 #: On-device tensor descriptors need global scratch memory, which Triton asks the host for, in
 #: every thread that launches (the autograd engine runs backwards on its own): see tunesvc.launch
 _use_torch_allocator = use_torch_allocator
@@ -741,21 +552,6 @@ def _pointer_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, t
     return a, b, nb, b_loadable and _loadable(a, 0)
 
 
-#: the most rows the allrows variant covers: four parts of at most 128, 64, 32 and 16 rows, or one of 256
-ALLROWS_MAX_M = 256
-
-
-def row_parts(m: int) -> tuple[int, int, int, int]:
-    """The allrows variant's row parts: M rounded up to a multiple of 16, as the powers of two
-    that sum to it, largest first (200 -> 128, 64, 16), 0 for parts absent; at most 15 rows
-    computed past M, where one tile of the next power of two computes up to M - 1."""
-    total = max(16, triton.cdiv(m, 16) * 16)
-    if total > ALLROWS_MAX_M:
-        raise TunesvcError(f"the allrows matmul covers at most {ALLROWS_MAX_M} rows, not M={m}; use another VARIANT.")
-    parts = [1 << bit for bit in range(8, 3, -1) if total & (1 << bit)] + [0, 0, 0]
-    return parts[0], parts[1], parts[2], parts[3]
-
-
 def tail_split(tiles: int, k_steps: int, block_k: int, sms: int) -> tuple[int, int]:
     """(whole tiles, slices) of the splittail variant: the tiles run whole, one per program,
     except the partial last wave's, or the last full wave's and the partial one's, which run
@@ -792,7 +588,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
     # split-K slices are whole BLOCK_K steps too, so K alone decides
     even_k = K % blocks["BLOCK_K"] == 0
     nb, tail_only = N, False
-    if variant in ("grouped", "persistent", "splitk", "allrows"):
+    if variant in ("grouped", "persistent", "splitk"):
         a, b, nb, tail_only = _pointer_operands(a, b)
     if variant == "grouped":
         _matmul_kernel[(tiles,)](
@@ -919,40 +715,6 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
             DOT_IN_FP32=dot_in_fp32,
             **options,
         )
-    elif variant == "allrows":
-        if M == 0 or N == 0:
-            return c  # nothing to compute (and the rows wrap modulo M)
-        parts = row_parts(M)
-        split_k = config.get("SPLIT_K", 1)
-        columns = triton.cdiv(N, blocks["BLOCK_N"])
-        partial = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32) if split_k > 1 else c
-        _matmul_allrows_kernel[(columns, split_k)](
-            a,
-            b,
-            c,
-            partial,
-            _arrivals(a.device, columns),
-            M,
-            N,
-            K,
-            nb,
-            a.stride(0),
-            a.stride(1),
-            b.stride(0),
-            b.stride(1),
-            c.stride(0),
-            c.stride(1),
-            BLOCK_N=blocks["BLOCK_N"],
-            BLOCK_K=blocks["BLOCK_K"],
-            PART0=parts[0],
-            PART1=parts[1],
-            PART2=parts[2],
-            PART3=parts[3],
-            SPLIT_K=split_k,
-            DOT_IN_FP32=dot_in_fp32,
-            EVEN_K=even_k,
-            **options,
-        )
     else:
         raise TunesvcError(f"matmul config has VARIANT={variant!r}; use one of {', '.join(VARIANTS)}.")
     return c
@@ -977,7 +739,6 @@ _matmul_persistent_kernel = direct_launch(_matmul_persistent_kernel)
 _matmul_tma_kernel = direct_launch(_matmul_tma_kernel)
 _matmul_splitk_kernel = direct_launch(_matmul_splitk_kernel)
 _matmul_splittail_kernel = direct_launch(_matmul_splittail_kernel)
-_matmul_allrows_kernel = direct_launch(_matmul_allrows_kernel)
 
 
 #: (N, K) of the projections (fused QKV, output, fused gate/up, down) of models other than
@@ -1007,11 +768,6 @@ class MatmulTemplate(Template):
         _matmul_tma_kernel,
         _matmul_splitk_kernel,
         _matmul_splittail_kernel,
-        _rows_part,
-        _store_rows,
-        _sum_rows,
-        _matmul_allrows_kernel,
-        row_parts,
         tail_split,
         _tma_ready,
         _aligned_copy,
@@ -1057,11 +813,6 @@ class MatmulTemplate(Template):
         _config("tma", 128, 256, 64, 8, 1, 8, 3),
         _config("tma", 128, 128, 64, 8, 1, 8, 4),
         _config("tma", 128, 128, 128, 8, 1, 8, 3),
-        # allrows, for M from 33 to 256 (each fits one range of M: BLOCK_M is M's power of two)
-        _config("allrows", 256, 64, 64, 1, 1, 4, 5),
-        _config("allrows", 128, 64, 64, 1, 1, 4, 5),
-        _config("allrows", 128, 64, 128, 1, 1, 4, 4),
-        _config("allrows", 64, 128, 64, 1, 1, 4, 3),
         _config("splittail", 128, 256, 64, 8, 1, 8, 3),
         _config("splittail", 128, 128, 64, 8, 1, 8, 4),
         _config("persistent", 128, 256, 64, 8, 1, 8, 3),

@@ -157,7 +157,7 @@ def test_kernels_work_when_current_device_is_called_first(tmp_path):
     assert proc.stdout.split()[0] == "ok", proc.stdout
 
 
-# -- variants: persistent, TMA (tensor descriptors), split-K, split tail, all rows -----------------------
+# -- variants: persistent, TMA (tensor descriptors), split-K, split tail -----------------------
 def variant(name: str, block_m=16, block_n=32, block_k=32, group=8, split=1, warps=4, stages=3) -> dict:
     return {
         "VARIANT": name,
@@ -179,7 +179,6 @@ VARIANT_CONFIGS = [
     variant("tma"),
     variant("splitk", group=1, split=4),
     variant("splittail"),
-    variant("allrows", block_m=64, group=1),
 ]
 
 # odd M and N; K=77 rows are not 16-byte aligned in any dtype, K=40 rows are in fp16/bf16;
@@ -293,54 +292,6 @@ def test_split_k_is_deterministic_and_matches(split):
     first = launch_matmul(a, b, config)
     assert rel_error(first, a, b) < TOL[torch.bfloat16]
     assert torch.equal(launch_matmul(a, b, config), first)
-
-
-def test_allrows_cuts_m_into_power_of_two_parts_of_16_or_more():
-    parts = matmul_module.row_parts
-    assert parts(1) == (16, 0, 0, 0)
-    assert parts(200) == (128, 64, 16, 0)  # 208 rows computed, where one 256-row tile computes 256
-    assert parts(240) == (128, 64, 32, 16)
-    assert parts(256) == (256, 0, 0, 0)
-    for m in range(1, 257):
-        cut = parts(m)
-        assert m <= sum(cut) < m + 16 and all(p == 0 or p & (p - 1) == 0 for p in cut)
-    with pytest.raises(TunesvcError, match="at most 256 rows, not M=257"):
-        parts(257)
-
-
-@pytest.mark.parametrize("split", [1, 2, 3])
-@pytest.mark.parametrize("m", [13, 100, 240])
-def test_allrows_every_part_matches_and_split_k_is_deterministic(m, split):
-    # 100 rows as 64 + 32 + 16, 240 as all four parts; K=300 in 32-steps: 10 steps, so three
-    # slices get 4, 4 and 2; columns ragged against BLOCK_N
-    N, K = 70, 300
-    a = torch.randn(m, K, dtype=torch.bfloat16)
-    b = torch.randn(K, N, dtype=torch.bfloat16)
-    config = variant("allrows", block_m=max(16, 1 << (m - 1).bit_length()), block_n=32, group=1, split=split)
-    first = launch_matmul(a, b, config)
-    assert rel_error(first, a, b) < TOL[torch.bfloat16]
-    assert torch.equal(launch_matmul(a, b, config), first)
-
-
-def test_allrows_only_for_m_up_to_256_with_its_power_of_two(device):
-    h100 = h100_like(device)
-    problem = TEMPLATE.problem(M=200, N=8192, K=8192, dtype="bfloat16")
-    rows = [c for c in TEMPLATE.feasible(problem, h100) if c["VARIANT"] == "allrows"]
-    assert rows and all(c["BLOCK_M"] == 256 and c["BLOCK_N"] >= 16 * c["num_warps"] for c in rows)
-    # K is split only where the column blocks leave SMs idle, into at most 3 waves of programs:
-    # 64 blocks of 128 columns in 2 or 4 slices, 128 of 64 in 2
-    assert {c["SPLIT_K"] for c in rows} == {1, 2, 4}
-    for c in rows:
-        if c["SPLIT_K"] > 1:
-            columns = 8192 // c["BLOCK_N"]
-            assert columns < 132 and columns * c["SPLIT_K"] <= 3 * 132, c
-    assert TEMPLATE.violations(variant("allrows", 128, 64, 64, group=1, stages=4), problem, h100) == ["allrows"]
-    big = TEMPLATE.problem(M=300, N=8192, K=8192, dtype="bfloat16")
-    assert "allrows" not in {c["VARIANT"] for c in TEMPLATE.feasible(big, h100)}
-    with pytest.raises(TunesvcError, match="at most 256 rows"):
-        launch_matmul(torch.randn(300, 16), torch.randn(16, 16), variant("allrows", 256, group=1))
-    empty = launch_matmul(torch.randn(0, 16), torch.randn(16, 24), variant("allrows", 16, group=1))
-    assert empty.shape == (0, 24)
 
 
 def test_split_k_leaves_its_counters_zeroed_for_the_next_call():
@@ -488,7 +439,7 @@ def test_split_k_only_for_skinny_problems(device):
     skinny = TEMPLATE.feasible(TEMPLATE.problem(M=16, N=4096, K=4096, dtype="bfloat16"), h100)
     split = [c for c in skinny if c["VARIANT"] == "splitk"]
     assert split and all(c["SPLIT_K"] > 1 and c["GROUP_M"] == 1 for c in split)
-    assert all(c["SPLIT_K"] == 1 for c in skinny if c["VARIANT"] not in ("splitk", "allrows"))
+    assert all(c["SPLIT_K"] == 1 for c in skinny if c["VARIANT"] != "splitk")
     # 4096 x 4096 fills 132 SMs with tiles already; K=96 has too few K steps to split
     for m, n, k in ((4096, 4096, 4096), (16, 4096, 96)):
         feasible = TEMPLATE.feasible(TEMPLATE.problem(M=m, N=n, K=k, dtype="bfloat16"), h100)

@@ -53,7 +53,11 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from typing import Any
+
+if TYPE_CHECKING:
+    from tunesvc.sweep import ProblemResult
 
 #: (model, hidden, intermediate, query heads, KV heads, head dim), from each model's config.json
 MODELS = (
@@ -458,6 +462,12 @@ def _short(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items())
 
 
+def ceiling_label(result: ProblemResult) -> str:
+    """The ceiling sweep's row label: how many trials its key holds, and 'all' where the random
+    sweep measured every feasible config (the space's best, not a sample's)."""
+    return f"space best of {'all ' if result.stopped == 'exhausted' else ''}{result.trials_stored}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="heldout.db", help="a database holding the presets' sweeps")
@@ -568,6 +578,8 @@ def main() -> int:
                     finally:
                         store.close()
                     if result.winner is not None:
+                        if strategy == "random":
+                            label = ceiling_label(result)
                         configs[label] = result.winner
                         if label == "tuned":
                             swept = (result.winner_ms, result.peer_ms)

@@ -1019,3 +1019,12 @@ def test_a_spread_heldout_run_fails_when_a_process_fails_and_names_its_gpu(tmp_p
         heldout.spread(
             heldout.argparse.Namespace(**{**vars(args), "db": str(tmp_path / "missing.db")}), [0], ["0"], "R"
         )
+
+
+def test_heldout_labels_a_ceiling_sweep_by_its_trials_and_an_exhausted_one_as_all():
+    from tunesvc.sweep import ProblemResult
+
+    heldout = _heldout()
+    result = ProblemResult({}, "k", {}, 1.0, {}, None, trials_new=57, trials_stored=89, failures=0, wall_seconds=1.0)
+    assert heldout.ceiling_label(result) == "space best of 89"  # stopped by its budget: a sample
+    assert heldout.ceiling_label(replace(result, stopped="exhausted")) == "space best of all 89"

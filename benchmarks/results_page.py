@@ -12,6 +12,7 @@ import argparse
 import csv
 import statistics
 import sys
+from collections import Counter
 from collections import defaultdict
 from collections.abc import Collection
 from pathlib import Path
@@ -136,12 +137,16 @@ def _targets(results_dir: Path) -> list[str]:
     if path.exists():
         rows = read_rows(path)
         runs = _by_run(rows)
-        # per kernel and GPU model, its latest run there: tuned configs are per model, so an
-        # untuned pick on a model the database holds no key of is the heuristic's
+        # per kernel and GPU model, its latest run there of those that tuned the most shapes (a
+        # run of a few shapes, e.g. a ceiling's, does not stand for the set): tuned configs are
+        # per model, so an untuned pick on a model the database holds no key of is the heuristic's
         gpu_of = {(kernel, run): next(iter(roles.values()))["gpu"] for (kernel, _, run), roles in runs.items()}
+        tuned = Counter((kernel, run) for (kernel, _, run), roles in runs.items() if "tuned" in roles)
         latest: dict[tuple[str, str], tuple[str, str]] = {}
         for (kernel, run), gpu in gpu_of.items():
-            latest[kernel, gpu] = max(latest.get((kernel, gpu), run), run)
+            held = latest.get((kernel, gpu))
+            if held is None or (tuned[kernel, run], run) > (tuned[kernel, held], held):
+                latest[kernel, gpu] = run
         by = {
             (kernel, gpu_of[kernel, run], shape): roles
             for (kernel, shape, run), roles in runs.items()

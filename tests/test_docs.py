@@ -146,6 +146,9 @@ def test_results_page_says_which_held_out_target_is_missed_and_shows_the_latest_
         for role, ms in (("tuned", tuned_ms), ("selector", pick_ms), ("space best of 50", tuned_ms * 0.99)):
             rows.append({**base, "date": "2030-01-02", "kernel": f"matmul [{role}]", "shape": shape,
                          "ours_ms": str(ms), "peer_ms": "1.0"})  # fmt: skip
+    # a later run of one of those shapes on the same GPU (a ceiling's): it does not stand for the set
+    rows.append({**base, "date": "2030-01-05", "kernel": "matmul [tuned]", "shape": "M=3,N=64,K=64",
+                 "ours_ms": "0.25", "peer_ms": "1.0"})  # fmt: skip
     # a later run on another GPU model, with no untuned pick there (nothing tuned on it): its own row
     rows.append({**base, "gpu": "GPU B", "date": "2030-01-03", "kernel": "matmul [tuned]", "shape": "M=1,N=64,K=64",
                  "ours_ms": "0.5", "peer_ms": "1.0"})  # fmt: skip

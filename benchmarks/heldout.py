@@ -538,6 +538,9 @@ def main() -> int:
     if args.run:
         _common.RUN = args.run
     gpus = visible_gpus(args.gpus, torch.cuda.device_count())
+    if len(gpus) > 1 and not os.path.isfile(args.db):
+        # before --fit, which would create it: the copies each GPU gets must hold the presets' sweeps
+        raise SystemExit(f"--db {args.db}: no such file; give a copy of tune.db.example (the presets' sweeps).")
     device = current_device()
     if args.fit:
         store = Store(args.db)
@@ -677,8 +680,6 @@ def spread(args: argparse.Namespace, shapes: list[int], gpus: list[str], run: st
     CSV files, stamped with one run. Non-zero when any process failed."""
     import subprocess
 
-    if not os.path.isfile(args.db):
-        raise SystemExit(f"--db {args.db}: no such file; give a copy of tune.db.example (the presets' sweeps).")
     folder = tempfile.mkdtemp(prefix="heldout-gpus-")
     dbs = []
     for gpu in gpus:

@@ -538,9 +538,8 @@ def main() -> int:
     if args.run:
         _common.RUN = args.run
     gpus = visible_gpus(args.gpus, torch.cuda.device_count())
-    if len(gpus) > 1 and not os.path.isfile(args.db):
-        # before --fit, which would create it: the copies each GPU gets must hold the presets' sweeps
-        raise SystemExit(f"--db {args.db}: no such file; give a copy of tune.db.example (the presets' sweeps).")
+    if len(gpus) > 1:
+        existing_db(args.db)  # before --fit, which would create it
     device = current_device()
     if args.fit:
         store = Store(args.db)
@@ -674,12 +673,19 @@ def child_commands(
     ]
 
 
+def existing_db(db: str) -> None:
+    """Refuse a --db that does not exist: the copies each GPU gets must hold the presets' sweeps."""
+    if not os.path.isfile(db):
+        raise SystemExit(f"--db {db}: no such file; give a copy of tune.db.example (the presets' sweeps).")
+
+
 def spread(args: argparse.Namespace, shapes: list[int], gpus: list[str], run: str) -> int:
     """Run the shapes on several GPUs at once, one process per GPU (a GPU's timings are its own:
     each has its own clock and power cap), each on a copy of --db; the rows of all go to the same
     CSV files, stamped with one run. Non-zero when any process failed."""
     import subprocess
 
+    existing_db(args.db)
     folder = tempfile.mkdtemp(prefix="heldout-gpus-")
     dbs = []
     for gpu in gpus:

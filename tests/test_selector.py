@@ -143,6 +143,8 @@ def test_cross_measure_shards_split_the_keys_between_them(tmp_db, template, devi
         assert first in ([], [keys[0]])
         assert sel.cross_measure(store, template, device) == 0
         assert len(sel.training_set(store, template, device).keys) == 2
+        with pytest.raises(TunesvcError, match=r"0 <= i < n, not \(2, 2\)"):
+            sel.cross_measure(store, template, device, shard=(2, 2))
     finally:
         store.close()
 

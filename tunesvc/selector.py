@@ -897,6 +897,8 @@ def cross_measure(
     hashes = {config_hash(c) for c in candidates}
     total, began, measured_keys = 0, _now(), 0
     index, count = shard
+    if not 0 <= index < count:
+        raise TunesvcError(f"A cross-measure share is (i, n) with 0 <= i < n, not {shard}.")
     for key in sorted(winners)[index::count]:
         missing = [(c, config_hash(c)) for c in candidates if config_hash(c) not in stored.get(key, {})]
         again = retime and key not in retimed

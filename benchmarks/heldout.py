@@ -26,10 +26,11 @@ tunesvc.bench.graph_time), in the same run: picks that are the same config share
 each distinct config and the peer are timed in three interleaved rounds (median). Rows go to
 benchmarks/results/heldout.csv, one per (shape, pick), with the pick in the kernel column
 (``matmul [selector]``). --ceiling N then adds random trials up to N per shape and times their
-best beside the others (``matmul [space best of N]``, N the trials its key then holds; ``of all N``
-where that is every feasible config): whether a missed target is the short sweep's or the space's. --gpus N runs N processes, one per GPU, each on a copy of --db (after
---fit, which runs once, first) and a share of the shapes dealt round-robin; their rows go to the
-same CSV files as one run.
+best beside the others (``matmul [space best of N]``, N the trials its key then holds; ``of all
+N`` where that is every feasible config): whether a missed target is the short sweep's or the
+space's. --gpus N runs N processes, one per GPU, each on a copy of --db (after --fit, which runs
+once, first) and a share of the shapes dealt round-robin; their rows go to the same CSV files as
+one run.
 
 --candidates times, per shape, the best of the selector's candidates there (``matmul [best
 candidate]``: a grid sweep of its candidates, each as the runtime could launch it, in a scratch

@@ -36,6 +36,8 @@ import warnings
 import weakref
 from collections import Counter
 from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
@@ -74,7 +76,8 @@ _TRITON_RUN: Callable[..., Any] = getattr(Autotuner.run, "__tunesvc_original__",
 
 #: what happened to the keys this process met, across kernels: ``stored`` (served from the
 #: database or bundle, nothing measured), ``tuned`` (measured here), ``benchmarks`` (candidates
-#: measured), ``fallback`` (mode lookup, no stored winner), ``untuned`` (one config survived pruning)
+#: measured), ``fallback`` (mode lookup, no stored winner), ``untuned`` (one config survived pruning),
+#: ``nested`` (met while tunesvc was measuring: stored winner or fallback, see :func:`_measuring`)
 STATS: Counter[str] = Counter()
 
 #: largest relative error (||out - ref|| / ||ref||) a candidate's output may show against the
@@ -431,10 +434,45 @@ def _triton_key(tuner: Autotuner, nargs: dict[str, Any]) -> tuple:
     )
 
 
+#: how deep this thread is in tunesvc's own measuring of a kernel (see :func:`_measuring`)
+_MEASURING = threading.local()
+
+
+@contextmanager
+def _measuring() -> Iterator[None]:
+    """Mark this thread as measuring: autotuned launches that the measuring itself causes tune
+    nothing. A library may have put autotuned kernels under torch's ops (FlagGems' ``use_gems``
+    and ``enable`` replace the CUDA kernels of norm, sub, copy and others), and tunesvc's checks
+    and timing call those ops: tuning such a key there would be a tuning inside a tuning, and
+    the same kernel's key again inside its own (its lock is held). Such a key gets its stored
+    winner or the fallback, and is not remembered: when the program launches it, it is tuned.
+    """
+    _MEASURING.depth = getattr(_MEASURING, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _MEASURING.depth -= 1
+
+
+def _nested() -> bool:
+    return getattr(_MEASURING, "depth", 0) > 0
+
+
+def _nested_config(state: _State, text: str) -> Any:
+    """A key met inside tunesvc's measuring: its stored winner, else the fallback (no tuning)."""
+    table = _shared_for(state.settings).table(state.template)
+    config = state.listed(table[text]) if text in table else None
+    STATS["nested"] += 1
+    return config if config is not None else _fallback(state, table, text)
+
+
 def _resolve(
     tuner: Autotuner, state: _State, key: tuple, nargs: dict[str, Any], args: tuple, kwargs: dict[str, Any]
 ) -> tuple[Any, dict[str, Any]]:
     """The config of a key this process has not met: stored, tuned now, or the fallback."""
+    if _nested():  # before the lock: the measuring may be this kernel's own, holding it
+        config = _nested_config(state, _key_text_of(tuner, _triton_key(tuner, nargs), nargs))
+        return config, config.all_kwargs()
     with state.lock:  # one thread resolves a key; the others then find it
         hit = state.chosen.get(key)
         if hit is not None:
@@ -519,6 +557,9 @@ class _StoreCache:
         assert state is not None
         args, kwargs = call
         nargs = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in state.arg_set}
+        if _nested():  # answered for this launch alone, as _resolve does
+            _MEASURING.answer = (self, key, _nested_config(state, _key_text_of(tuner, key, nargs)))
+            return True
         try:
             with state.lock:
                 if key not in answers:
@@ -529,6 +570,10 @@ class _StoreCache:
         return True
 
     def __getitem__(self, key: Any) -> Any:
+        nested = getattr(_MEASURING, "answer", None)
+        if nested is not None and nested[0] is self and nested[1] == key:
+            _MEASURING.answer = None
+            return nested[2]
         answers = self._answers()
         if answers is not None and key in answers:
             return answers[key]
@@ -935,22 +980,23 @@ def tune_key(
     call = call if call is not None else describe_call(tuner, args, kwargs)
     sweep_id = store.start_sweep(kv_id, device_id, text, call, "capture", len(candidates), 0)
     rep_ms = float(getattr(tuner, "num_reps", None) or 100.0)
-    bench = CaptureBench(
-        tuner, device, args, kwargs, rep_ms=rep_ms, tolerance=state.options.get("tolerance"), grids=grids
-    )
-    try:
-        results = []
-        for config in candidates:
-            results.append((config_dict(config), config_hash(config_dict(config)), bench.measure(config)))
-            STATS["benchmarks"] += 1
-        store.add_trials(sweep_id, kv_id, device_id, text, results)
-        if device.is_gpu:
-            rows = store.trials(kv_id, device_id, text)
-            store.replace_measurements(
-                remeasure_finalists(bench, rows, FINALISTS, rep_ms, graph_ms=rep_ms * CAPTURE_FINALIST_GRAPH_SHARE)
-            )
-    finally:
-        bench.restore()  # the caller launches the winner on the inputs as they were given
+    with _measuring():  # launches the checks and timing cause tune nothing
+        bench = CaptureBench(
+            tuner, device, args, kwargs, rep_ms=rep_ms, tolerance=state.options.get("tolerance"), grids=grids
+        )
+        try:
+            results = []
+            for config in candidates:
+                results.append((config_dict(config), config_hash(config_dict(config)), bench.measure(config)))
+                STATS["benchmarks"] += 1
+            store.add_trials(sweep_id, kv_id, device_id, text, results)
+            if device.is_gpu:
+                rows = store.trials(kv_id, device_id, text)
+                store.replace_measurements(
+                    remeasure_finalists(bench, rows, FINALISTS, rep_ms, graph_ms=rep_ms * CAPTURE_FINALIST_GRAPH_SHARE)
+                )
+        finally:
+            bench.restore()  # the caller launches the winner on the inputs as they were given
     # what triton.autotune leaves for code that reads them (first measurements, as Triton's)
     tuner.configs_timings = {
         c: [m.time_ms if m.ok and m.time_ms is not None else math.inf] * 3 for c, (_, _, m) in zip(candidates, results)
@@ -1234,16 +1280,17 @@ def measure_stored(
     if call is None:
         raise TunesvcError(f"No recorded call of {name} for {shape_key}; tune it again to re-measure it.")
     args, kwargs, grids = rebuild_call(tuner, call, device)
-    bench = CaptureBench(tuner, device, args, kwargs, grids=grids)
     state = _State(tuner, Settings(LOOKUP, store.url, None), name, {})
     out = []
-    try:
-        for stored in configs:
-            config = state.listed(stored)
-            if config is None:
-                out.append(Measurement(Status.INVALID, message="not in the kernel's config list any more"))
-            else:
-                out.append(bench.measure(config))
-    finally:
-        bench.restore()
+    with _measuring():
+        bench = CaptureBench(tuner, device, args, kwargs, grids=grids)
+        try:
+            for stored in configs:
+                config = state.listed(stored)
+                if config is None:
+                    out.append(Measurement(Status.INVALID, message="not in the kernel's config list any more"))
+                else:
+                    out.append(bench.measure(config))
+        finally:
+            bench.restore()
     return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -96,11 +97,31 @@ class Measurer(abc.ABC):
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64; a wrong shape, NaN or inf in the output gives inf."""
-    out64, ref64 = out.detach().double(), ref.detach().double()
-    if out64.shape != ref64.shape or not torch.isfinite(out64).all():
+    """||out - ref|| / ||ref|| in float64; a wrong shape, NaN or inf in the output gives inf.
+
+    Computed by torch on the tensors' device, or by numpy on the host where that raises: a
+    library may have put its own kernels under torch's device ops (FlagGems' ``use_gems`` and
+    ``enable`` replace the CUDA kernels of norm, sub and many others, and its norm refuses
+    float64), and numpy is outside torch's dispatcher.
+    """
+    if out.shape != ref.shape:
         return float("inf")
-    return ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
+    try:
+        out64, ref64 = out.detach().double(), ref.detach().double()
+        if not torch.isfinite(out64).all():
+            return float("inf")
+        return ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
+    except Exception:  # an op replaced by a library refused: the host's arithmetic is numpy's
+        return _host_relative_error(out, ref)
+
+
+def _host_relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    # the copy to the host is torch's own even under FlagGems (it hands device changes back)
+    out64 = out.detach().to("cpu", torch.float64).numpy()
+    ref64 = ref.detach().to("cpu", torch.float64).numpy()
+    if not np.isfinite(out64).all():
+        return float("inf")
+    return float(np.linalg.norm(out64 - ref64) / max(float(np.linalg.norm(ref64)), 1e-30))
 
 
 def one_line(exc: BaseException) -> str:

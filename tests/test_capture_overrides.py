@@ -16,7 +16,6 @@ import torch
 import triton
 import triton.language as tl
 from _capture import trials_by_kernel
-
 from triton.runtime.autotuner import Autotuner
 
 import tunesvc
@@ -148,7 +147,9 @@ def test_a_library_autotuner_with_its_own_run_searches_nothing_inside_the_measur
         assert lib_sum_squares.searches == 0 and not dict(lib_sum_squares.cache.inner)
         assert set(trials_by_kernel(tmp_db)) == {f"{__name__}:_scale"}
         assert math.isclose(
-            gems_norm(torch.ones(999, dtype=torch.float64), kernel=lib_sum_squares).item(), math.sqrt(999), rel_tol=1e-12
+            gems_norm(torch.ones(999, dtype=torch.float64), kernel=lib_sum_squares).item(),
+            math.sqrt(999),
+            rel_tol=1e-12,
         )
         assert STATS["tuned"] == 2 and lib_sum_squares.searches == 0
     assert trials_by_kernel(tmp_db)[f"{__name__}:_sum_squares"] == {"ok": len(CONFIGS)}

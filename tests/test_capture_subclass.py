@@ -10,6 +10,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from _capture import trials_by_kernel
 from triton.runtime.autotuner import Autotuner
 
 import tunesvc
@@ -136,3 +137,54 @@ def test_a_subclass_defined_while_capturing_is_routed_too(tmp_db):
         kernel = Later(_scale, _scale.arg_names, CONFIGS, ["n"], None, None)
         launch(kernel, 40)
     assert kernel.policy_calls == 0 and STATS["fallback"] == 1
+
+
+@triton.jit
+def _scale_rows(x_desc, out_desc, alpha, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WRONG: tl.constexpr):
+    """out = alpha * x through host-side tensor descriptors; WRONG adds one (a wrong config)."""
+    m, n = tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_N
+    y = alpha * x_desc.load([m, n])
+    if WRONG:
+        y += 1.0
+    out_desc.store([m, n], y)
+
+
+def _set_block_shapes(nargs):
+    """A config pre-hook as FlagGems' host-TMA GEMM has: descriptors' blocks from the config."""
+    for name in ("x_desc", "out_desc"):
+        nargs[name].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_N"]]
+
+
+class NargsTuner(BucketTuner):
+    """Sets ``self.nargs`` before its cache lookup and reads it after, for the config's
+    pre-hook, as FlagGems' LibTuner does."""
+
+    def run(self, *args, **kwargs):
+        self.nargs = dict(zip(self.arg_names, args))
+        key = (args[0].base.shape[0], args[0].base.shape[1], str(args[0].base.dtype))
+        if key not in self.cache:
+            self.policy_calls += 1
+            self.cache[key] = self.configs[0]
+        config = self.cache[key]
+        config.pre_hook({**self.nargs, **kwargs, **config.all_kwargs()})
+        return self.fn.run(*args, **kwargs, **config.all_kwargs())
+
+
+def test_host_descriptor_arguments_are_checked_and_the_subclass_nargs_kept(tmp_db):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    configs = [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "WRONG": int(wrong)}, pre_hook=_set_block_shapes)
+        for m, n, wrong in ((16, 16, False), (32, 16, False), (16, 32, True))
+    ]
+    kernel = NargsTuner(_scale_rows, _scale_rows.arg_names, configs, [], None, None)
+    x = torch.randn(40, 72)
+    out = torch.full_like(x, float("nan"))
+    x_desc, out_desc = (TensorDescriptor.from_tensor(t, [16, 16]) for t in (x, out))
+    with tunesvc.capture(mode="tune", db=tmp_db):
+        kernel[lambda m: (triton.cdiv(40, m["BLOCK_M"]), triton.cdiv(72, m["BLOCK_N"]))](x_desc, out_desc, 0.5)
+    torch.testing.assert_close(out, 0.5 * x)
+    assert kernel.policy_calls == 0 and STATS["tuned"] == 1
+    [(name, statuses)] = trials_by_kernel(tmp_db).items()
+    # the tensors under the descriptors were compared: the config that adds one is caught
+    assert name.endswith(":_scale_rows") and statuses == {"ok": 2, "wrong_result": 1}

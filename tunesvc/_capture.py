@@ -26,6 +26,7 @@ config) and the miss recorded for offline tuning; in mode ``off``, Triton's own 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import os
@@ -708,17 +709,25 @@ def _tune_locked(
         if claim.winner is not None:
             STATS["stored"] += 1
             return claim.winner
-        tuner.nargs = dict(zip(tuner.arg_names, args))
-        try:
-            pruned = tuner.prune_configs(kwargs)
-        finally:
-            tuner.nargs = None
+        pruned = _pruned(tuner, args, kwargs)
         if len(pruned) == 1:  # as triton.autotune: nothing to choose between, nothing measured
             STATS["untuned"] += 1
             return pruned[0]
         winner = tune_key(tuner, state, store, device, text, list(pruned), args, kwargs)
         STATS["tuned"] += 1
         return winner
+
+
+def _pruned(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+    """The configs Triton's pruning keeps for a call. ``prune_configs`` reads the call from
+    ``tuner.nargs``, which is put back as it was after: a subclass's own run (FlagGems' LibTuner)
+    sets it before its cache lookup, which lands here, and reads it again after."""
+    before = getattr(tuner, "nargs", None)
+    tuner.nargs = dict(zip(tuner.arg_names, args))
+    try:
+        return list(tuner.prune_configs(kwargs))
+    finally:
+        tuner.nargs = before
 
 
 #: how often a process waiting on another's claim of a key looks for its winner (seconds)
@@ -939,15 +948,32 @@ class CaptureBench(Bench):
 
 
 def _tensors_of(inputs: tuple[tuple, dict[str, Any]]) -> list[torch.Tensor]:
+    """The call's tensors: its tensor arguments and the tensors under its host-side tensor
+    descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``: FlagGems' host-TMA GEMM
+    takes A, B and C only so), each once."""
     args, kwargs = inputs
-    return [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+    found: dict[int, torch.Tensor] = {}
+    for v in (*args, *kwargs.values()):
+        tensor = v.base if _is_descriptor(v) else v
+        if isinstance(tensor, torch.Tensor):
+            found.setdefault(id(tensor), tensor)
+    return list(found.values())
+
+
+def _is_descriptor(value: Any) -> bool:
+    return type(value).__name__ == "TensorDescriptor" and hasattr(value, "block_shape")
 
 
 def _cloned(inputs: tuple[tuple, dict[str, Any]]) -> tuple[tuple, dict[str, Any]]:
     args, kwargs = inputs
 
     def copy(v: Any) -> Any:
-        return v.clone() if isinstance(v, torch.Tensor) else v
+        if isinstance(v, torch.Tensor):
+            return v.clone()
+        base = v.base if _is_descriptor(v) else None
+        if isinstance(base, torch.Tensor) and dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return dataclasses.replace(v, base=base.clone())  # a host-side descriptor over a copy
+        return v
 
     return tuple(copy(a) for a in args), {k: copy(v) for k, v in kwargs.items()}
 
@@ -1258,11 +1284,7 @@ def tune_recorded(store: Store, name: str, version: str, shape_key: str, call: d
         )
     device = current_device()
     args, kwargs, grids = rebuild_call(tuner, call, device)
-    tuner.nargs = dict(zip(tuner.arg_names, args))
-    try:
-        pruned = [c for c in tuner.prune_configs(kwargs) if config_hash(config_dict(c)) in grids]
-    finally:
-        tuner.nargs = None
+    pruned = [c for c in _pruned(tuner, args, kwargs) if config_hash(config_dict(c)) in grids]
     if not pruned:
         raise TunesvcError(f"No config of {name} has a recorded grid for {shape_key}.")
     winner = tune_key(tuner, state, store, device, shape_key, pruned, args, kwargs, grids=grids, call=call)

@@ -109,9 +109,13 @@ x = torch.randn(301, 1027, device="cuda", dtype=torch.float16)
 w = torch.randn(1027, 333, device="cuda", dtype=torch.float16)
 bias = torch.randn(333, device="cuda", dtype=torch.float16)
 g = torch.randn(1027, device="cuda", dtype=torch.float16)
+# 16-byte aligned rows: FlagGems' host-TMA GEMM on Hopper (configs with pre-hooks, descriptors)
+xa = torch.randn(231, 448, device="cuda", dtype=torch.bfloat16)
+wa = torch.randn(448, 1344, device="cuda", dtype=torch.bfloat16)
 f64 = lambda t: t.double()
 refs = {
     "mm": f64(x) @ f64(w),
+    "mm_aligned": f64(xa) @ f64(wa),
     "addmm": torch.addmm(f64(bias), f64(x), f64(w)),
     "softmax": torch.softmax(f64(x), -1),
     "layer_norm": torch.nn.functional.layer_norm(f64(x), (1027,), f64(g)),
@@ -120,6 +124,7 @@ refs = {
 with flag_gems.use_gems():
     outs = {
         "mm": torch.mm(x, w),
+        "mm_aligned": xa @ wa,
         "addmm": torch.addmm(bias, x, w),
         "softmax": torch.softmax(x, -1),
         "layer_norm": torch.nn.functional.layer_norm(x, (1027,), g),
@@ -132,7 +137,9 @@ print(json.dumps({"errors": errors, "stats": tunesvc.capture_stats()}))
 
 def test_flag_gems_replacing_torch_ops_under_capture(tmp_db, tmp_path):
     """With FlagGems' kernels under torch's own ops (use_gems), tunesvc's checks and timing call
-    them too (its norm refuses float64): the kernels are tuned, and read back by a second process."""
+    them too (its norm refuses float64), and its Hopper GEMM takes host-side tensor descriptors
+    and reads its tuner's nargs after the cache lookup: the kernels are tuned, checked and read
+    back by a second process."""
     pytest.importorskip("flag_gems")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")} | {
         "TUNESVC_DB": tmp_db,

@@ -188,3 +188,44 @@ def test_host_descriptor_arguments_are_checked_and_the_subclass_nargs_kept(tmp_d
     [(name, statuses)] = trials_by_kernel(tmp_db).items()
     # the tensors under the descriptors were compared: the config that adds one is caught
     assert name.endswith(":_scale_rows") and statuses == {"ok": 2, "wrong_result": 1}
+
+
+DESCRIPTOR_CONFIGS = [
+    triton.Config({"BLOCK_M": m, "BLOCK_N": n, "WRONG": int(wrong)}, pre_hook=_set_block_shapes)
+    for m, n, wrong in ((16, 16, False), (32, 16, False), (16, 32, True))
+]
+scale_rows = triton.autotune(configs=DESCRIPTOR_CONFIGS, key=[])(_scale_rows)
+
+
+def test_a_call_with_host_descriptors_is_recorded_and_tuned_offline(tmp_db):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    from typer.testing import CliRunner
+
+    from tunesvc.cli import app
+
+    x = torch.randn(40, 72)
+    out = torch.full_like(x, float("nan"))
+    x_desc, out_desc = (TensorDescriptor.from_tensor(t, [16, 16]) for t in (x, out))
+    with tunesvc.capture(mode="lookup", db=tmp_db):
+        scale_rows[lambda m: (triton.cdiv(40, m["BLOCK_M"]), triton.cdiv(72, m["BLOCK_N"]))](x_desc, out_desc, 0.5)
+    torch.testing.assert_close(out, 0.5 * x)  # the first listed config, served untuned
+    assert STATS == {"fallback": 1}
+    runner = CliRunner()
+    name = f"{__name__}:_scale_rows"
+    tuned = runner.invoke(app, ["misses", "--tune", "--kernel", name, "--db", tmp_db])
+    assert tuned.exit_code == 0 and "tuned: BM=" in tuned.output, tuned.output
+    # rebuilt over new tensors of the recorded shapes: the wrong config caught there too
+    assert trials_by_kernel(tmp_db) == {name: {"ok": 2, "wrong_result": 1}}
+
+
+def test_a_recorded_descriptor_that_is_not_valid_is_refused_in_one_sentence():
+    from tunesvc._capture import rebuild_call
+    from tunesvc.device import current_device
+    from tunesvc.errors import TunesvcError
+
+    tensor = {"tensor": {"shape": [40, 72], "stride": [72, 1], "dtype": "torch.float32"}}
+    bad = {"descriptor": {**tensor, "shape": [40, 72], "strides": [71, 1], "block_shape": [16, 16]}}
+    call = {"args": [bad, {"value": 0.5}], "kwargs": {}, "grids": [[3, 5]]}
+    with pytest.raises(TunesvcError, match=r"^The recorded call's tensor descriptor is not valid here \(") as caught:
+        rebuild_call(scale_rows, call, current_device())
+    assert "\n" not in str(caught.value)

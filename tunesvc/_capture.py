@@ -667,6 +667,14 @@ def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> dict
             return out
         if value is None or isinstance(value, (bool, int, float, str)):
             return {"value": value}
+        if _is_descriptor(value) and isinstance(value.base, torch.Tensor):
+            return {
+                "descriptor": {
+                    **arg(value.base),
+                    **{f: [int(x) for x in getattr(value, f)] for f in ("shape", "strides", "block_shape")},
+                    "padding": str(getattr(value, "padding", "zero")),
+                }
+            }
         return {"unsupported": type(value).__name__}
 
     grid = kwargs.get("grid")
@@ -1241,6 +1249,8 @@ def rebuild_call(
     def value(spec: dict[str, Any]) -> Any:
         if "value" in spec:
             return spec["value"]
+        if "descriptor" in spec:
+            return descriptor(spec["descriptor"])
         if "tensor" not in spec:
             raise TunesvcError(
                 f"The recorded call has an argument of type {spec.get('unsupported')}; it cannot be replayed."
@@ -1257,6 +1267,23 @@ def rebuild_call(
         else:
             out.zero_()
         return out
+
+    def descriptor(spec: dict[str, Any]) -> Any:
+        """A host-side tensor descriptor over a new tensor (FlagGems' host-TMA GEMM takes them)."""
+        try:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+        except ImportError:
+            raise TunesvcError(
+                "The recorded call has a tensor descriptor argument and this Triton has no host-side descriptors."
+            ) from None
+        base = value(spec)
+        try:
+            fields = {f: [int(x) for x in spec[f]] for f in ("shape", "strides", "block_shape")}
+            return TensorDescriptor(base, **fields, padding=str(spec.get("padding", "zero")))
+        except (AssertionError, KeyError, TypeError, ValueError) as exc:  # Triton checks with asserts
+            raise TunesvcError(
+                f"The recorded call's tensor descriptor is not valid here ({exc or 'a check failed'})."
+            ) from None
 
     args = tuple(value(a) for a in call.get("args", []))
     kwargs = {k: value(v) for k, v in call.get("kwargs", {}).items()}

@@ -969,6 +969,7 @@ def _tensors_of(inputs: tuple[tuple, dict[str, Any]]) -> list[torch.Tensor]:
 
 
 def _is_descriptor(value: Any) -> bool:
+    # by name: triton.tools.tensor_descriptor exists from Triton 3.4, and launches stay import-free
     return type(value).__name__ == "TensorDescriptor" and hasattr(value, "block_shape")
 
 

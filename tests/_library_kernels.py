@@ -1,4 +1,4 @@
-"""triton.autotune kernels of real libraries (fla-core, liger-kernel), launched unmodified.
+"""triton.autotune kernels of real libraries (fla-core, liger-kernel, torchao), launched unmodified.
 
 Each case calls a library's own launch function (or launches its jitted kernel exactly as the
 library does) on small random tensors of odd sizes (CPU, or the GPU when there is one), and returns the output beside a float64
@@ -126,6 +126,23 @@ def liger_gather_unweighted() -> tuple[Any, torch.Tensor, torch.Tensor]:
     return _token_gather_weighted_sum_kernel, out, _gather_reference(Y, None, reverse_scatter, T, K)
 
 
+def torchao_int8_mm() -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """torchao's scaled int8 GEMM (27 configs, two of them listed twice; keys M, N, K and two
+    strides; @triton.heuristics below the autotuner; a column-major B), by the function torchao
+    registers as the op's CUDA kernel."""
+    from torchao.prototype.quantized_training.int8_mm import _scaled_int8_mm_kernel
+    from torchao.prototype.quantized_training.int8_mm import scaled_int8_mm_cuda
+
+    gen = torch.Generator().manual_seed(6)
+    M, K, N = 37, 70, 45
+    A = torch.randint(-128, 128, (M, K), dtype=torch.int8, generator=gen)
+    B = torch.randint(-128, 128, (N, K), dtype=torch.int8, generator=gen)
+    row, col = torch.rand(M, generator=gen) + 0.5, torch.rand(N, generator=gen) + 0.5
+    ref = (A.double() @ B.double().T) * row.double()[:, None] * col.double()[None, :]
+    A, B, row, col = (t.to(DEVICE) for t in (A, B, row, col))
+    return _scaled_int8_mm_kernel, scaled_int8_mm_cuda(A, B.T, row, col), ref
+
+
 CASES: dict[str, Callable[[], tuple[Any, torch.Tensor, torch.Tensor]]] = {
     "fla_softmax": fla_softmax,
     "fla_softmax_f64": lambda: fla_softmax(torch.float64),
@@ -134,9 +151,10 @@ CASES: dict[str, Callable[[], tuple[Any, torch.Tensor, torch.Tensor]]] = {
     "fla_conv_update": fla_conv_update,
     "liger_gather": liger_gather,
     "liger_gather_unweighted": liger_gather_unweighted,
+    "torchao_int8_mm": torchao_int8_mm,
 }
 
-#: configs each case's kernel lists (all survive pruning: none of these kernels prunes)
+#: distinct configs each case's kernel lists (all survive pruning: none of these kernels prunes)
 CONFIGS = {
     "fla_softmax": 6,
     "fla_softmax_f64": 6,
@@ -145,6 +163,7 @@ CONFIGS = {
     "fla_conv_update": 24,
     "liger_gather": 40,
     "liger_gather_unweighted": 40,
+    "torchao_int8_mm": 25,
 }
 
 

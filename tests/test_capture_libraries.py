@@ -25,6 +25,7 @@ from _library_kernels import CONFIGS
 from _library_kernels import run
 
 import tunesvc
+from tunesvc._capture import STATS
 from tunesvc.store import Store
 
 SCRIPT = str(Path(__file__).with_name("_library_kernels.py"))
@@ -71,11 +72,14 @@ def test_library_kernels_under_capture_match_torch_and_are_tuned_once(tmp_db):
     a second round, then a second process started with TUNESVC_CAPTURE=1, measure nothing and
     launch the same configs; so does a process served by the exported bundle alone."""
     cases = list(CASES)
+    STATS.clear()
     with tunesvc.capture(db=tmp_db):
         first = [run(case) for case in cases]
     _check(first, cases)
     expected = _expected_trials(cases, first)
     assert trials_by_kernel(tmp_db) == expected
+    # each distinct config measured once (torchao lists two of its configs twice)
+    assert STATS["benchmarks"] == sum(CONFIGS[case] for case in cases)
     winners = _stored_winners(tmp_db)
     assert len(winners) == len(cases)  # one winner per key
 

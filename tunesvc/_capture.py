@@ -727,15 +727,20 @@ def _tune_locked(
 
 
 def _pruned(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-    """The configs Triton's pruning keeps for a call. ``prune_configs`` reads the call from
-    ``tuner.nargs``, which is put back as it was after: a subclass's own run (FlagGems' LibTuner)
-    sets it before its cache lookup, which lands here, and reads it again after."""
+    """The configs Triton's pruning keeps for a call, each once (a list may repeat one: torchao's
+    int8 GEMM lists two of its 27 twice). ``prune_configs`` reads the call from ``tuner.nargs``,
+    which is put back as it was after: a subclass's own run (FlagGems' LibTuner) sets it before
+    its cache lookup, which lands here, and reads it again after."""
     before = getattr(tuner, "nargs", None)
     tuner.nargs = dict(zip(tuner.arg_names, args))
     try:
-        return list(tuner.prune_configs(kwargs))
+        kept = tuner.prune_configs(kwargs)
     finally:
         tuner.nargs = before
+    unique: dict[str, Any] = {}
+    for config in kept:
+        unique.setdefault(config_hash(config_dict(config)), config)
+    return list(unique.values())
 
 
 #: how often a process waiting on another's claim of a key looks for its winner (seconds)

@@ -72,6 +72,18 @@ def _sometimes_wrong(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, x, mask=mask)
 
 
+@triton.jit
+def _log(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """out = log(x): -inf where x is 0, in every config alike; BLOCK 16 writes NaN everywhere
+    (a config that computes garbage)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    y = tl.log(tl.load(x_ptr + offs, mask=mask, other=1.0))
+    if BLOCK == 16:
+        y = y + float("nan")
+    tl.store(out_ptr + offs, y, mask=mask)
+
+
 def grid(n):
     return lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
 
@@ -164,6 +176,27 @@ def test_a_config_that_computes_a_wrong_answer_is_stored_as_such_and_never_wins(
     assert status == {16: "ok", 32: "wrong_result", 64: "ok"}
     assert kernel.best_config.kwargs["BLOCK"] != 32
     torch.testing.assert_close(out, x)
+
+
+def test_a_first_config_writing_nan_gives_way_to_one_that_writes_finite_values(tmp_db):
+    n = 301
+    x, out = torch.rand(n) + 0.5, torch.empty(n)
+    kernel = tunesvc.autotune(configs=[triton.Config({"BLOCK": b}) for b in (16, 32, 64)], key=["n"], db=tmp_db)(_log)
+    kernel[grid(n)](x, out, n)
+    torch.testing.assert_close(out, x.log())
+    status = {r.config["BLOCK"]: r.status for r in trials(tmp_db)}
+    assert status == {16: "wrong_result", 32: "ok", 64: "ok"} and kernel.best_config.kwargs["BLOCK"] != 16
+    assert STATS["benchmarks"] == 4  # the first config measured again, against the second
+
+
+def test_outputs_rightly_infinite_in_every_config_are_all_correct(tmp_db):
+    n = 301
+    x, out = torch.rand(n) + 0.5, torch.empty(n)
+    x[::7] = 0.0  # log(0) = -inf: the right answer there
+    kernel = tunesvc.autotune(configs=[triton.Config({"BLOCK": b}) for b in (32, 64, 128)], key=["n"], db=tmp_db)(_log)
+    kernel[grid(n)](x, out, n)
+    torch.testing.assert_close(out, x.log())
+    assert [r.status for r in trials(tmp_db)] == ["ok"] * 3
 
 
 def test_per_config_pre_hook_and_a_single_surviving_config(tmp_db):

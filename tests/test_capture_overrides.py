@@ -112,6 +112,9 @@ def test_relative_error_is_computed_on_the_host_where_the_device_op_is_refused(r
     assert math.isclose(relative_error(out, ref), expected, rel_tol=1e-12)
     assert relative_error(out, out) == 0.0
     assert relative_error(torch.full((3,), float("nan")), torch.ones(3)) == math.inf
+    rightly_infinite = torch.tensor([1.0, -math.inf, 2.0])
+    assert relative_error(rightly_infinite, rightly_infinite.clone()) == 0.0
+    assert relative_error(rightly_infinite, torch.tensor([1.0, 0.0, 2.0])) == math.inf
     assert relative_error(torch.ones(3), torch.ones(4)) == math.inf
 
 

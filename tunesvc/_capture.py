@@ -845,7 +845,8 @@ class CaptureBench(Bench):
     judged on what one call computes). A candidate's output is every tensor argument after its
     launch (before the post-hook, which may restore them), compared with the first valid
     config's: the tensors that config wrote by relative error within the dtype's tolerance,
-    the others exactly.
+    the others exactly. Where that config wrote NaN or inf and a later one writes none, the later
+    one is the reference from then on (a config that computes garbage may come first in a list).
     """
 
     def __init__(
@@ -872,6 +873,9 @@ class CaptureBench(Bench):
         self._pristine = [t.clone() for t in self._tensors]
         self.ref: list[torch.Tensor] | None = None
         self._written: list[bool] = []
+        #: set by the measure that made its config the reference in place of an earlier one
+        self.took_over = False
+        self.measurements = 0
 
     def restore(self) -> None:
         for t, saved in zip(self._tensors, self._pristine):
@@ -911,6 +915,7 @@ class CaptureBench(Bench):
         return outputs
 
     def measure(self, config: Any) -> Measurement:
+        self.measurements += 1
         self.restore()
         start = time.perf_counter()
         try:
@@ -928,6 +933,11 @@ class CaptureBench(Bench):
             self.ref = outputs
             self._written = [not torch.equal(out, saved) for out, saved in zip(outputs, self._pristine)]
             err = 0.0
+        elif not self._finite(self.ref) and self._finite(outputs):
+            # the reference wrote NaN or inf where this config writes none: this one takes over,
+            # and the configs measured before it are to be judged again (see _measured)
+            self.ref, self.took_over = outputs, True
+            err = 0.0
         else:
             err, message = self._error(outputs)
             if message:
@@ -935,6 +945,14 @@ class CaptureBench(Bench):
         if not self.device.is_gpu:  # the interpreter: its one run is its time
             return Measurement(Status.OK, time_ms=elapsed_ms, spread=0.0, reps=1, rel_error=err)
         return self._timed(self._launcher(config), rel_error=err)
+
+    def _finite(self, outputs: list[torch.Tensor]) -> bool:
+        """No NaN or inf in the floating tensors the reference config wrote."""
+        return all(
+            bool(torch.isfinite(out).all())
+            for out, written in zip(outputs, self._written)
+            if written and (out.is_floating_point() or out.is_complex())
+        )
 
     def _error(self, outputs: list[torch.Tensor]) -> tuple[float, str | None]:
         assert self.ref is not None
@@ -958,6 +976,19 @@ class CaptureBench(Bench):
         if isinstance(config, dict):  # a finalist, by its stored dict
             config = self._configs[config_hash(config)]
         return lambda inputs: lambda: self._launch(config, inputs)
+
+
+def _measured(bench: CaptureBench, configs: list[Any]) -> list[Measurement]:
+    """Each config measured by ``bench``; where one takes over as the reference, the configs
+    before it are measured again, against it."""
+    out: list[Measurement] = []
+    for config in configs:
+        measurement = bench.measure(config)
+        if bench.took_over:
+            bench.took_over = False
+            out = [bench.measure(earlier) for earlier in configs[: len(out)]]
+        out.append(measurement)
+    return out
 
 
 def _tensors_of(inputs: tuple[tuple, dict[str, Any]]) -> list[torch.Tensor]:
@@ -1025,10 +1056,9 @@ def tune_key(
             tuner, device, args, kwargs, rep_ms=rep_ms, tolerance=state.options.get("tolerance"), grids=grids
         )
         try:
-            results = []
-            for config in candidates:
-                results.append((config_dict(config), config_hash(config_dict(config)), bench.measure(config)))
-                STATS["benchmarks"] += 1
+            measured = _measured(bench, candidates)
+            STATS["benchmarks"] += bench.measurements
+            results = [(config_dict(c), config_hash(config_dict(c)), m) for c, m in zip(candidates, measured)]
             store.add_trials(sweep_id, kv_id, device_id, text, results)
             if device.is_gpu:
                 rows = store.trials(kv_id, device_id, text)
@@ -1336,16 +1366,12 @@ def measure_stored(
         raise TunesvcError(f"No recorded call of {name} for {shape_key}; tune it again to re-measure it.")
     args, kwargs, grids = rebuild_call(tuner, call, device)
     state = _State(tuner, Settings(LOOKUP, store.url, None), name, {})
-    out = []
     with _measuring():
         bench = CaptureBench(tuner, device, args, kwargs, grids=grids)
+        listed = [state.listed(stored) for stored in configs]
         try:
-            for stored in configs:
-                config = state.listed(stored)
-                if config is None:
-                    out.append(Measurement(Status.INVALID, message="not in the kernel's config list any more"))
-                else:
-                    out.append(bench.measure(config))
+            measured = iter(_measured(bench, [c for c in listed if c is not None]))
         finally:
             bench.restore()
-    return out
+    gone = Measurement(Status.INVALID, message="not in the kernel's config list any more")
+    return [gone if config is None else next(measured) for config in listed]

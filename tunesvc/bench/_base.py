@@ -97,7 +97,9 @@ class Measurer(abc.ABC):
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64; a wrong shape, NaN or inf in the output gives inf.
+    """||out - ref|| / ||ref|| in float64 over the finite values; inf for a wrong shape, or where
+    a NaN or inf in either is not the same value at the same place in the other (a row that is
+    all masked may rightly give -inf, in every config alike).
 
     Computed by torch on the tensors' device, or by numpy on the host where that raises: a
     library may have put its own kernels under torch's device ops (FlagGems' ``use_gems`` and
@@ -108,8 +110,12 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
         return float("inf")
     try:
         out64, ref64 = out.detach().double(), ref.detach().double()
-        if not torch.isfinite(out64).all():
-            return float("inf")
+        finite = torch.isfinite(out64)
+        if not bool(finite.all()) or not bool(torch.isfinite(ref64).all()):
+            same = (out64 == ref64) | (torch.isnan(out64) & torch.isnan(ref64))
+            if not torch.equal(finite, torch.isfinite(ref64)) or not bool(same[~finite].all()):
+                return float("inf")
+            out64, ref64 = out64[finite], ref64[finite]
         return ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
     except Exception:  # an op replaced by a library refused: the host's arithmetic is numpy's
         return _host_relative_error(out, ref)
@@ -119,8 +125,12 @@ def _host_relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     # the copy to the host is torch's own even under FlagGems (it hands device changes back)
     out64 = out.detach().to("cpu", torch.float64).numpy()
     ref64 = ref.detach().to("cpu", torch.float64).numpy()
-    if not np.isfinite(out64).all():
-        return float("inf")
+    finite = np.isfinite(out64)
+    if not finite.all() or not np.isfinite(ref64).all():
+        same = (out64 == ref64) | (np.isnan(out64) & np.isnan(ref64))
+        if not np.array_equal(finite, np.isfinite(ref64)) or not same[~finite].all():
+            return float("inf")
+        out64, ref64 = out64[finite], ref64[finite]
     return float(np.linalg.norm(out64 - ref64) / max(float(np.linalg.norm(ref64)), 1e-30))
 
 

@@ -1359,7 +1359,8 @@ def measure_stored(
     store: Store, name: str, shape_key: str, configs: list[dict[str, Any]], device: Device
 ) -> list[Measurement]:
     """Re-measure stored configs of a captured key on inputs rebuilt from the call its sweep
-    recorded (`tune verify`); each config after the first is checked against the first's output."""
+    recorded (`tune verify`); each config after the first is checked against the first's output
+    (or a later one's, where the first wrote NaN or inf: see :class:`CaptureBench`)."""
     tuner = find_autotuner(name)
     call = store.captured_call(name, shape_key, device.hardware_id)
     if call is None:

@@ -501,6 +501,31 @@ def test_misses_recorded_while_serving_are_tuned_offline(script, tmp_db, tmp_pat
     assert again["stats"] == {"stored": 1}
 
 
+def test_a_kernel_defined_inside_a_function_is_served_and_its_misses_say_where_to_tune(tmp_db):
+    nested = triton.autotune(configs=CONFIGS, key=["n"])(_nested_kernel())
+    n = 77
+    x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
+    with tunesvc.capture(mode="lookup", db=tmp_db):
+        nested[grid(n)](x, y, out, n, 2.0)
+    torch.testing.assert_close(out, 2.0 * x + y)
+    name = CAPTURE.kernel_name(nested.fn)
+    assert "<locals>" in name
+    result = CliRunner().invoke(app, ["misses", "--tune", "--kernel", name, "--db", tmp_db])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0 and "not tuned:" in said and "is defined inside a function" in said, said
+    assert trials(tmp_db) == []
+
+
+def _nested_kernel():
+    @triton.jit
+    def scale_add(x_ptr, y_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+    return scale_add
+
+
 @triton.jit
 def _masked_scale(x_ptr, out_ptr, BLOCK: tl.constexpr, n, scale, USE_SCALE: tl.constexpr, EVEN: tl.constexpr):
     """out = x * scale (or x); ``n`` comes after a tuned meta-parameter, so it is passed by name."""

@@ -1253,6 +1253,11 @@ def find_autotuner(name: str) -> Autotuner:
     module_name, _, qualname = name.partition(":")
     if module_name == "__main__":
         raise TunesvcError(f"{name} was defined in a script run as __main__; move it to a module to tune it offline.")
+    if "<locals>" in qualname.split("."):  # torchao builds its fp8 GEMMs inside a function, for one
+        raise TunesvcError(
+            f"{name} is defined inside a function, so no import reaches it; "
+            "tune it where the program launches it (mode tune) instead."
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:

@@ -75,9 +75,8 @@ print(json.dumps({"rel_error": ((out - ref).norm() / ref.norm()).item(), "stats"
 """
 
 
-def test_flag_gems_libtuner_kernels_are_captured(tmp_db, tmp_path):
-    """FlagGems' kernels run under its LibTuner (an Autotuner subclass with its own run and its
-    own database): captured, tuned once into tunesvc's store, read back by a second process."""
+def _flag_gems_twice(script: str, tmp_db: str, tmp_path: Path) -> tuple[dict, dict]:
+    """What ``script`` prints last, run in two processes one after the other on ``tmp_db``."""
     pytest.importorskip("flag_gems")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")} | {
         "TUNESVC_DB": tmp_db,
@@ -86,12 +85,18 @@ def test_flag_gems_libtuner_kernels_are_captured(tmp_db, tmp_path):
     results = []
     for seed in (1, 2):
         child = subprocess.run(
-            [sys.executable, "-c", FLAGGEMS, str(seed)], env=env, capture_output=True, text=True, timeout=600
+            [sys.executable, "-c", script, str(seed)], env=env, capture_output=True, text=True, timeout=600
         )
         assert child.returncode == 0, child.stderr[-3000:]
         results.append(json.loads(child.stdout.strip().splitlines()[-1]))
-    first, second = results
-    assert first["rel_error"] < 1e-2 and second["rel_error"] < 1e-2, results
+    return results[0], results[1]
+
+
+def test_flag_gems_libtuner_kernels_are_captured(tmp_db, tmp_path):
+    """FlagGems' kernels run under its LibTuner (an Autotuner subclass with its own run and its
+    own database): captured, tuned once into tunesvc's store, read back by a second process."""
+    first, second = _flag_gems_twice(FLAGGEMS, tmp_db, tmp_path)
+    assert first["rel_error"] < 1e-2 and second["rel_error"] < 1e-2, (first, second)
     assert first["stats"].get("tuned", 0) >= 1, first
     assert second["stats"].get("stored", 0) >= 1 and "tuned" not in second["stats"], second
     assert any(k.startswith("flag_gems.") for k in trials_by_kernel(tmp_db)), trials_by_kernel(tmp_db)
@@ -140,20 +145,8 @@ def test_flag_gems_replacing_torch_ops_under_capture(tmp_db, tmp_path):
     them too (its norm refuses float64), and its Hopper GEMM takes host-side tensor descriptors
     and reads its tuner's nargs after the cache lookup: the kernels are tuned, checked and read
     back by a second process."""
-    pytest.importorskip("flag_gems")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")} | {
-        "TUNESVC_DB": tmp_db,
-        "HOME": str(tmp_path),
-    }
-    results = []
-    for seed in (1, 2):
-        child = subprocess.run(
-            [sys.executable, "-c", GEMS_ENABLED, str(seed)], env=env, capture_output=True, text=True, timeout=600
-        )
-        assert child.returncode == 0, child.stderr[-3000:]
-        results.append(json.loads(child.stdout.strip().splitlines()[-1]))
-    first, second = results
-    for result in results:
+    first, second = _flag_gems_twice(GEMS_ENABLED, tmp_db, tmp_path)
+    for result in (first, second):
         assert all(err < 1e-2 for err in result["errors"].values()), result
     assert first["stats"].get("tuned", 0) >= 1, first
     assert second["stats"].get("stored", 0) >= 1 and "tuned" not in second["stats"], second

@@ -875,6 +875,7 @@ class CaptureBench(Bench):
         self._written: list[bool] = []
         #: set by the measure that made its config the reference in place of an earlier one
         self.took_over = False
+        self._ref_finite = True
         self.measurements = 0
 
     def restore(self) -> None:
@@ -932,11 +933,12 @@ class CaptureBench(Bench):
         if self.ref is None:  # the first valid config is the reference
             self.ref = outputs
             self._written = [not torch.equal(out, saved) for out, saved in zip(outputs, self._pristine)]
+            self._ref_finite = self._finite(outputs)
             err = 0.0
-        elif not self._finite(self.ref) and self._finite(outputs):
+        elif not self._ref_finite and self._finite(outputs):
             # the reference wrote NaN or inf where this config writes none: this one takes over,
             # and the configs measured before it are to be judged again (see _measured)
-            self.ref, self.took_over = outputs, True
+            self.ref, self._ref_finite, self.took_over = outputs, True, True
             err = 0.0
         else:
             err, message = self._error(outputs)

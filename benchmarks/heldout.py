@@ -37,11 +37,12 @@ candidate]``: a grid sweep of its candidates, each as the runtime could launch i
 database): whether a pick outside 5% of tuned is the model's choice or the candidates' reach.
 Beside heldout.csv, heldout_reasons.csv gets what may explain a missed target, timed in the same
 run: GEMMs with M rounded up to the tuned config's BLOCK_M (ours and cuBLAS; a tile of BLOCK_M rows
-computes its padding rows too), and attention's tuned config against each SDPA backend by name,
-with the kernel SDPA's default ran (from the profiler), and the tuned winner against the peer as
-its sweep timed them (``[tuned, as its sweep timed it]``, timing method ``sweep``): whether the
-sweep's own timing agreed with this one. --shapes and --run split one run over several processes
-(e.g. device calls with a time limit).
+computes its padding rows too), attention's tuned config against each SDPA backend by name,
+with the kernel SDPA's default ran (from the profiler), the tuned config against another
+library's Triton kernel for the same op where it is installed (TRITON_PEERS: FlagGems), and the
+tuned winner against the peer as its sweep timed them (``[tuned, as its sweep timed it]``, timing
+method ``sweep``): whether the sweep's own timing agreed with this one. --shapes and --run split
+one run over several processes (e.g. device calls with a time limit).
 """
 
 from __future__ import annotations
@@ -306,10 +307,15 @@ def time_shape(
     for name, make in (other_peers or {}).items():
         try:
             other = [make(s) for s in sets]
-            other[0]()
-            calls[f"peer: {name}"] = other
+            other[0]()  # first: a library's own autotuning runs outside the graph's capture
+            err = relative_error(make(inputs)(), reference)
         except Exception as exc:  # e.g. an SDPA backend that does not take this shape: no time
             print(f"  peer {name}: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        if not err <= template.tolerance(problem):
+            print(f"  peer {name}: relative error {err:.2e}: wrong, not timed", flush=True)
+            continue
+        calls[f"peer: {name}"] = other
     samples: dict[str, list[float]] = {h: [] for h in calls}
     for r in range(ROUNDS):
         for h in list(calls) if r % 2 == 0 else reversed(list(calls)):
@@ -388,6 +394,36 @@ def sdpa_backends(template: Any) -> dict[str, Callable[[Any], Callable[[], Any]]
 
     names = [n for n in SDPA_BACKENDS if hasattr(SDPBackend, n)]
     return {f"torch SDPA, {n} backend": make(getattr(SDPBackend, n)) for n in names}
+
+
+#: third-party Triton kernels timed beside ours where their library is installed (reasons):
+#: (template name, label, module, attribute, call); each call is checked against the reference
+TRITON_PEERS = (
+    ("attention", "FlagGems SDPA (Triton)", "flag_gems.ops", "scaled_dot_product_attention", "sdpa"),
+    ("matmul", "FlagGems mm (Triton)", "flag_gems.ops", "mm", "mm"),
+)
+
+
+def triton_peers(template: Any) -> dict[str, Callable[[Any], Callable[[], Any]]]:
+    """name -> inputs -> a call of another library's Triton kernel for ``template``'s op, for each
+    of TRITON_PEERS that imports here: what a Triton implementation other than ours reaches on
+    the same shapes, where the target is the peer's (cuBLAS, cuDNN)."""
+    import importlib
+
+    found: dict[str, Callable[[Any], Callable[[], Any]]] = {}
+    for kernel, label, module, attribute, kind in TRITON_PEERS:
+        if kernel != template.name:
+            continue
+        try:
+            fn = getattr(importlib.import_module(module), attribute)
+        except Exception as exc:  # not installed, or not importable with this torch: no row
+            print(f"  {label}: not timed ({type(exc).__name__}: {exc})", flush=True)
+            continue
+        if kind == "sdpa":
+            found[label] = lambda i, fn=fn: lambda: fn(i.q, i.k, i.v, is_causal=i.causal, scale=i.sm_scale)
+        else:
+            found[label] = lambda i, fn=fn: lambda: fn(*i)
+    return found
 
 
 def busiest_kernel(call: Callable[[], Any]) -> str:
@@ -592,7 +628,8 @@ def main() -> int:
                 if best is not None:
                     configs["best candidate"] = best
             print(f"{name} {key}: timing {', '.join(configs)} and the peer", flush=True)
-            peer_name, times = time_shape(template, problem, configs, sdpa_backends(template))
+            others = sdpa_backends(template) | triton_peers(template)
+            peer_name, times = time_shape(template, problem, configs, others)
             peer_ms = times.get("peer")
             tuned_ms = times.get("tuned")
             rows = []

@@ -13,6 +13,7 @@ import warnings
 from dataclasses import replace
 
 import pytest
+import torch
 from sklearn.tree import DecisionTreeClassifier
 
 import tunesvc
@@ -20,6 +21,7 @@ from tunesvc import TunesvcError
 from tunesvc import selector as sel
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
+from tunesvc.bench import relative_error
 from tunesvc.export import build_bundles
 from tunesvc.export import import_sources
 from tunesvc.export import read_bundle
@@ -981,6 +983,35 @@ def test_heldout_reasons_keep_the_tuned_winner_as_its_sweep_timed_it_where_the_p
     # the norms' held-out peer is torch.compile, their sweeps' the eager op: not the same ratio
     norm = rmsnorm.problem(M=64, N=512, dtype="float32")
     assert heldout.reasons(rmsnorm, norm, {"BLOCK_N": 512}, {"tuned": 0.5, "peer": 0.4}, swept=(0.3, 0.45)) == []
+
+
+def test_heldout_times_another_librarys_kernel_for_the_same_op_where_it_imports(monkeypatch, device):
+    heldout = _heldout()
+    from tunesvc.template import get_template
+
+    matmul, attention = get_template("matmul"), get_template("attention")
+    # torch's own ops stand in for a library's: the calls are built from (module, attribute)
+    monkeypatch.setattr(
+        heldout,
+        "TRITON_PEERS",
+        (
+            ("matmul", "torch mm", "torch", "mm", "mm"),
+            ("matmul", "absent", "no_such_library.ops", "mm", "mm"),
+            ("attention", "torch SDPA", "torch.nn.functional", "scaled_dot_product_attention", "sdpa"),
+        ),
+    )
+    peers = heldout.triton_peers(matmul)
+    assert list(peers) == ["torch mm"]  # one that does not import gives no row
+    a, b = matmul.make_inputs(matmul.problem(M=37, N=45, K=29, dtype="float32"), device)
+    assert torch.equal(peers["torch mm"]((a, b))(), a @ b)
+    problem = attention.problem(B=1, H=2, S=37, D=64, causal=True, dtype="float16")
+    inputs = attention.make_inputs(problem, device)
+    out = heldout.triton_peers(attention)["torch SDPA"](inputs)()
+    reference = attention.reference(inputs)
+    assert relative_error(out, reference) < 2e-3  # float16 rounding
+    unmasked = heldout.triton_peers(attention)["torch SDPA"](inputs._replace(causal=False))()
+    assert relative_error(unmasked, reference) > 0.1  # so causal reached the call
+    assert heldout.triton_peers(get_template("rmsnorm")) == {}
 
 
 def test_heldout_spreads_its_shapes_over_the_visible_gpus_round_robin(monkeypatch):

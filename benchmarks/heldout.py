@@ -396,11 +396,19 @@ def sdpa_backends(template: Any) -> dict[str, Callable[[Any], Callable[[], Any]]
     return {f"torch SDPA, {n} backend": make(getattr(SDPBackend, n)) for n in names}
 
 
+def _sdpa_call(fn: Callable[..., Any], inputs: Any) -> Callable[[], Any]:
+    return lambda: fn(inputs.q, inputs.k, inputs.v, is_causal=inputs.causal, scale=inputs.sm_scale)
+
+
+def _operands_call(fn: Callable[..., Any], inputs: Any) -> Callable[[], Any]:
+    return lambda: fn(*inputs)
+
+
 #: third-party Triton kernels timed beside ours where their library is installed (reasons):
-#: (template name, label, module, attribute, call); each call is checked against the reference
-TRITON_PEERS = (
-    ("attention", "FlagGems SDPA (Triton)", "flag_gems.ops", "scaled_dot_product_attention", "sdpa"),
-    ("matmul", "FlagGems mm (Triton)", "flag_gems.ops", "mm", "mm"),
+#: (template name, label, module, attribute, (function, inputs) -> a call of it on them)
+TRITON_PEERS: tuple[tuple[str, str, str, str, Callable[[Callable[..., Any], Any], Callable[[], Any]]], ...] = (
+    ("attention", "FlagGems SDPA (Triton)", "flag_gems.ops", "scaled_dot_product_attention", _sdpa_call),
+    ("matmul", "FlagGems mm (Triton)", "flag_gems.ops", "mm", _operands_call),
 )
 
 
@@ -411,7 +419,7 @@ def triton_peers(template: Any) -> dict[str, Callable[[Any], Callable[[], Any]]]
     import importlib
 
     found: dict[str, Callable[[Any], Callable[[], Any]]] = {}
-    for kernel, label, module, attribute, kind in TRITON_PEERS:
+    for kernel, label, module, attribute, call in TRITON_PEERS:
         if kernel != template.name:
             continue
         try:
@@ -419,10 +427,7 @@ def triton_peers(template: Any) -> dict[str, Callable[[Any], Callable[[], Any]]]
         except Exception as exc:  # not installed, or not importable with this torch: no row
             print(f"  {label}: not timed ({type(exc).__name__}: {exc})", flush=True)
             continue
-        if kind == "sdpa":
-            found[label] = lambda i, fn=fn: lambda: fn(i.q, i.k, i.v, is_causal=i.causal, scale=i.sm_scale)
-        else:
-            found[label] = lambda i, fn=fn: lambda: fn(*i)
+        found[label] = lambda inputs, fn=fn, call=call: call(fn, inputs)
     return found
 
 

@@ -995,9 +995,9 @@ def test_heldout_times_another_librarys_kernel_for_the_same_op_where_it_imports(
         heldout,
         "TRITON_PEERS",
         (
-            ("matmul", "torch mm", "torch", "mm", "mm"),
-            ("matmul", "absent", "no_such_library.ops", "mm", "mm"),
-            ("attention", "torch SDPA", "torch.nn.functional", "scaled_dot_product_attention", "sdpa"),
+            ("matmul", "torch mm", "torch", "mm", heldout._operands_call),
+            ("matmul", "absent", "no_such_library.ops", "mm", heldout._operands_call),
+            ("attention", "torch SDPA", "torch.nn.functional", "scaled_dot_product_attention", heldout._sdpa_call),
         ),
     )
     peers = heldout.triton_peers(matmul)

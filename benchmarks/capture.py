@@ -9,8 +9,10 @@ causal-conv1d decode step that updates its cache in place;
 liger-kernel: DyT, the MoE token gather-sum).
 
 Each side runs in its own child process with an empty Triton cache (TRITON_CACHE_DIR), so both
-compile everything: "tunesvc" under ``tunesvc.capture(db=...)`` (mode tune, an empty database),
-"triton" as the libraries ship them. Per case each child times the first call (wall clock,
+compile everything: "tunesvc" under ``tunesvc.capture(db=...)`` (mode tune, an empty database;
+worker processes compile the configs of a kernel that imports by name, so the libraries' and not
+this script's own GEMM, which runs as __main__; ``--compile-workers N`` sets their number,
+TUNESVC_COMPILE_WORKERS, 0 for none), "triton" as the libraries ship them. Per case each child times the first call (wall clock,
 synchronised: triton.autotune's benchmark of every config against tunesvc's check, timing and
 storing of every config) and prints the config its launch used (``best_config``). Then this process times the two
 winners' kernels, each launched with its config directly (no autotuner in the way), from CUDA
@@ -338,6 +340,7 @@ def child(side: str, db: str, names: list[str], smoke: bool) -> None:
             "first_ms": first_s * 1e3,
             "config": config_dict(autotuner_of(case.kernel).best_config),
             "rel_error": error,
+            "precompiled": tunesvc.capture_stats().get("precompiled", 0),
         }
         print(json.dumps(line), flush=True)
 
@@ -404,6 +407,12 @@ def main() -> int:
     parser.add_argument("--csv", type=Path, default=CSV)
     parser.add_argument("--only", nargs="+", choices=list(CASES), default=None)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument(
+        "--compile-workers",
+        type=int,
+        default=None,
+        help="the tunesvc side's TUNESVC_COMPILE_WORKERS (0: it compiles each config itself); default: its own choice",
+    )
     parser.add_argument("--child", choices=["tunesvc", "triton"], help=argparse.SUPPRESS)
     parser.add_argument("--db", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -422,6 +431,8 @@ def main() -> int:
     for side in ("tunesvc", "triton"):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")}
         env["TRITON_CACHE_DIR"] = str(work / f"triton-cache-{side}")  # both compile every config
+        if side == "tunesvc" and args.compile_workers is not None:
+            env["TUNESVC_COMPILE_WORKERS"] = str(args.compile_workers)
         command = [sys.executable, __file__, "--child", side, "--db", db, "--only", *names]
         done = subprocess.run(command + (["--smoke"] if args.smoke else []), env=env, capture_output=True, text=True)
         if done.returncode != 0:
@@ -463,7 +474,8 @@ def main() -> int:
                 "triton.autotune first call (tuning)",
                 ours["first_ms"],
                 peer["first_ms"],
-                "wall clock of the first call, synchronised; each side in a fresh process with an empty Triton cache",
+                "wall clock of the first call, synchronised; each side in a fresh process with an empty Triton cache"
+                + ("" if args.compile_workers is None else f"; TUNESVC_COMPILE_WORKERS={args.compile_workers}"),
             ),
             (
                 "triton.autotune winner (kernel time)",

@@ -78,7 +78,8 @@ _TRITON_RUN: Callable[..., Any] = getattr(Autotuner.run, "__tunesvc_original__",
 #: what happened to the keys this process met, across kernels: ``stored`` (served from the
 #: database or bundle, nothing measured), ``tuned`` (measured here), ``benchmarks`` (candidates
 #: measured), ``fallback`` (mode lookup, no stored winner), ``untuned`` (one config survived pruning),
-#: ``nested`` (met while tunesvc was measuring: stored winner or fallback, see :func:`_measuring`)
+#: ``nested`` (met while tunesvc was measuring: stored winner or fallback, see :func:`_measuring`),
+#: ``precompiled`` (candidates a compile worker compiled before their measurement)
 STATS: Counter[str] = Counter()
 
 #: largest relative error (||out - ref|| / ||ref||) a candidate's output may show against the
@@ -896,24 +897,12 @@ class CaptureBench(Bench):
         args, kwargs = inputs
         if self._grids is not None:
             kwargs = {**kwargs, "grid": self._grids[config_hash(config_dict(config))]}
-        launch = config.all_kwargs()
-        full = {**dict(zip(self.tuner.arg_names, args)), **kwargs, **launch}
-        if config.pre_hook:
-            config.pre_hook(full)
-        self.tuner.pre_hook(full)
-        outputs = None
-        try:
-            self.tuner.fn.run(*args, **kwargs, **launch)
-            if check:  # read before the post-hook, which may restore what the kernel wrote
-                self._sync()
-                outputs = [t.clone() for t in self._tensors]
-        except Exception as exc:
-            try:
-                self.tuner.post_hook(full, exception=exc)
-            finally:
-                raise
-        self.tuner.post_hook(full, exception=None)
-        return outputs
+
+        def outputs() -> list[torch.Tensor]:  # read before the post-hook, which may restore them
+            self._sync()
+            return [t.clone() for t in self._tensors]
+
+        return launch_listed(self.tuner, config, args, kwargs, outputs if check else None)
 
     def measure(self, config: Any) -> Measurement:
         self.measurements += 1
@@ -980,11 +969,35 @@ class CaptureBench(Bench):
         return lambda inputs: lambda: self._launch(config, inputs)
 
 
-def _measured(bench: CaptureBench, configs: list[Any]) -> list[Measurement]:
-    """Each config measured by ``bench``; where one takes over as the reference, the configs
-    before it are measured again, against it."""
+def launch_listed(
+    tuner: Autotuner, config: Any, args: tuple, kwargs: dict[str, Any], after: Callable[[], Any] | None = None
+) -> Any:
+    """Launch the kernel with one of its listed configs as its autotuner would: the config's and
+    the tuner's pre-hooks, the launch, ``after()`` (what it returns is returned), the post-hook."""
+    launch = config.all_kwargs()
+    full = {**dict(zip(tuner.arg_names, args)), **kwargs, **launch}
+    if config.pre_hook:
+        config.pre_hook(full)
+    tuner.pre_hook(full)
+    try:
+        tuner.fn.run(*args, **kwargs, **launch)
+        result = after() if after is not None else None
+    except Exception as exc:
+        try:
+            tuner.post_hook(full, exception=exc)
+        finally:
+            raise
+    tuner.post_hook(full, exception=None)
+    return result
+
+
+def _measured(bench: CaptureBench, configs: list[Any], ready: Callable[[int], None] | None = None) -> list[Measurement]:
+    """Each config measured by ``bench`` (once ``ready(i)`` returns, where given); where one takes
+    over as the reference, the configs before it are measured again, against it."""
     out: list[Measurement] = []
-    for config in configs:
+    for i, config in enumerate(configs):
+        if ready is not None:
+            ready(i)
         measurement = bench.measure(config)
         if bench.took_over:
             bench.took_over = False
@@ -1025,6 +1038,119 @@ def _cloned(inputs: tuple[tuple, dict[str, Any]]) -> tuple[tuple, dict[str, Any]
     return tuple(copy(a) for a in args), {k: copy(v) for k, v in kwargs.items()}
 
 
+#: compile workers a captured key's candidates get at most (see :func:`_precompiled`)
+MAX_COMPILE_WORKERS = 8
+#: GPU memory a compile worker takes beside its copy of the call's tensors: its CUDA context
+#: and Triton's (about 0.5 GB on an H100 with torch 2.11)
+WORKER_CONTEXT_BYTES = 600 << 20
+
+
+class RecordedKernel:
+    """A captured kernel as a compile worker rebuilds it: imported by ``module:qualname``, its
+    call rebuilt from the record (:func:`describe_call`), a listed config launched on it. What
+    :class:`tunesvc.bench.Compiler` asks of a template: ``make_inputs`` and ``launch``."""
+
+    def __init__(self, name: str, call: dict[str, Any]) -> None:
+        self.name = name
+        self.call = call
+
+    def make_inputs(self, problem: dict[str, Any], device: Device) -> tuple[Autotuner, tuple, dict, dict]:
+        tuner = find_autotuner(self.name)
+        args, kwargs, grids = rebuild_call(tuner, self.call, device)
+        return tuner, args, kwargs, grids
+
+    def launch(self, inputs: tuple[Autotuner, tuple, dict, dict], config: ConfigDict) -> None:
+        tuner, args, kwargs, grids = inputs
+        h = config_hash(config)
+        listed = next(c for c in tuner.configs if config_hash(config_dict(c)) == h)
+        launch_listed(tuner, listed, args, {**kwargs, "grid": grids[h]})
+
+
+def compile_workers(candidates: int, device: Device, call_bytes: int) -> int:
+    """How many worker processes compile a captured key's candidates while this process
+    measures them: $TUNESVC_COMPILE_WORKERS where set (0: none), else on a GPU half the CPU cores
+    up to MAX_COMPILE_WORKERS; never more than the candidates after the first (which this
+    process compiles meanwhile), nor more copies of the call than half the free GPU memory holds."""
+    text = os.environ.get("TUNESVC_COMPILE_WORKERS", "").strip()
+    if text:
+        try:
+            workers = int(text)
+        except ValueError:
+            warnings.warn(
+                f"tunesvc: TUNESVC_COMPILE_WORKERS={text!r} is not a number; give a count of processes "
+                "(0: compile in this process). Compiling in this process.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return 0
+    elif device.is_gpu:
+        workers = min(MAX_COMPILE_WORKERS, (os.cpu_count() or 1) // 2)
+    else:
+        return 0  # the interpreter compiles nothing
+    workers = min(workers, candidates - 1)
+    if workers > 0 and device.is_gpu:
+        free, _ = torch.cuda.mem_get_info()
+        workers = min(workers, int(free // 2 // (call_bytes + WORKER_CONTEXT_BYTES)))
+    return max(workers, 0)
+
+
+@contextmanager
+def _precompiled(
+    tuner: Autotuner,
+    state: _State,
+    device: Device,
+    candidates: list[Any],
+    call: dict[str, Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+) -> Iterator[Callable[[int], None] | None]:
+    """Yields ``ready(i)``, to call before measuring candidate ``i``, while worker processes
+    compile the candidates into Triton's on-disk cache, where this process's launch then finds
+    them; or None where no worker helps (see :func:`compile_workers`) or none can rebuild the
+    kernel (defined in a script or a function, or an argument of a type no record holds).
+
+    Triton holds the GIL while it compiles (two compiles on two threads took as long as one after
+    the other, Triton 3.9), hence processes. ``ready(i)`` waits for candidate ``i`` where a
+    worker has started it, and takes it back where none has: this process compiles it then, as
+    it would without workers, instead of waiting behind the others.
+    """
+    from tunesvc.bench import Compiler
+
+    describable = all("unsupported" not in spec for spec in [*call["args"], *call["kwargs"].values()])
+    call_bytes = sum(t.numel() * t.element_size() for t in _tensors_of((args, kwargs)))
+    workers = compile_workers(len(candidates), device, call_bytes) if describable else 0
+    if workers > 0:
+        try:
+            reachable = find_autotuner(state.name) is tuner
+        except TunesvcError:
+            reachable = False
+        workers = workers if reachable else 0
+    if workers <= 0:
+        yield None
+        return
+    kernel, problem = RecordedKernel(state.name, call), {"kernel": state.name}
+    compiler = Compiler(workers, template=kernel, problem=problem)
+    futures = []
+    try:
+        futures = compiler.submit(kernel, problem, [config_dict(c) for c in candidates])
+
+        def ready(i: int) -> None:
+            future = futures[i]
+            if future.cancel():
+                return
+            try:
+                if future.result(timeout=compiler.timeout_s) is None:
+                    STATS["precompiled"] += 1
+            except Exception:  # a worker's failure: this process compiles, measures and classifies it
+                pass
+
+        yield ready
+    finally:
+        for future in futures:
+            future.cancel()
+        compiler.close()
+
+
 def tune_key(
     tuner: Autotuner,
     state: _State,
@@ -1053,12 +1179,12 @@ def tune_key(
     call = call if call is not None else describe_call(tuner, args, kwargs)
     sweep_id = store.start_sweep(kv_id, device_id, text, call, "capture", len(candidates), 0)
     rep_ms = float(getattr(tuner, "num_reps", None) or 100.0)
-    with _measuring():  # launches the checks and timing cause tune nothing
+    with _measuring(), _precompiled(tuner, state, device, candidates, call, args, kwargs) as ready:
         bench = CaptureBench(
             tuner, device, args, kwargs, rep_ms=rep_ms, tolerance=state.options.get("tolerance"), grids=grids
         )
         try:
-            measured = _measured(bench, candidates)
+            measured = _measured(bench, candidates, ready)
             STATS["benchmarks"] += bench.measurements
             results = [(config_dict(c), config_hash(config_dict(c)), m) for c, m in zip(candidates, measured)]
             store.add_trials(sweep_id, kv_id, device_id, text, results)

@@ -7,11 +7,13 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import Future
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
 
 import torch
 
@@ -23,9 +25,18 @@ from tunesvc.timeline import mark
 from tunesvc.timeline import set_role
 
 if TYPE_CHECKING:
+    from tunesvc.device import Device
     from tunesvc.space import Config
     from tunesvc.template import Problem
-    from tunesvc.template import Template
+
+
+class Launchable(Protocol):
+    """What a compile worker needs of a kernel: a template, or a captured kernel rebuilt from its
+    recorded call (tunesvc._capture.RecordedKernel)."""
+
+    def make_inputs(self, problem: Problem, device: Device) -> Any: ...
+
+    def launch(self, inputs: Any, config: Config) -> Any: ...
 
 
 class Compiler:
@@ -47,7 +58,7 @@ class Compiler:
         workers: int,
         timeout_s: float = 120.0,
         *,
-        template: Template | None = None,
+        template: Launchable | None = None,
         problem: Problem | None = None,
     ) -> None:
         self.workers = workers
@@ -71,12 +82,12 @@ class Compiler:
         except RuntimeError:  # the pool broke (a candidate killed its worker) or closed: compile() reports it
             pass
 
-    def compile(self, template: Template, problem: Problem, configs: list[Config]) -> dict[int, str | None]:
+    def compile(self, template: Launchable, problem: Problem, configs: list[Config]) -> dict[int, str | None]:
         """Launch each config once in the pool; index -> None, or the error it raised."""
         return dict(self.compile_each(template, problem, configs))
 
     def compile_each(
-        self, template: Template, problem: Problem, configs: list[Config]
+        self, template: Launchable, problem: Problem, configs: list[Config]
     ) -> Iterator[tuple[int, str | None]]:
         """Launch each config once in the pool, yielding (index, outcome) as each is done, in the
         order they finish (outcome: None, or the error it raised); so the caller measures a
@@ -87,8 +98,12 @@ class Compiler:
         slot: either way the pool is replaced after the batch, so later batches still compile in
         parallel.
         """
+        return self._outcomes(self.submit(template, problem, configs))
+
+    def submit(self, template: Launchable, problem: Problem, configs: list[Config]) -> list[Future]:
+        """Launch each config once in the pool: a future per config, of None or the error it raised."""
         # submit() is thread-safe: the first candidates go to the first workers started
-        return self._outcomes([self._pool.submit(_compile_in_worker, template, problem, c) for c in configs])
+        return [self._pool.submit(_compile_in_worker, template, problem, c) for c in configs]
 
     def _outcomes(self, futures: list) -> Iterator[tuple[int, str | None]]:
         index = {future: i for i, future in enumerate(futures)}
@@ -142,7 +157,7 @@ class Compiler:
 _worker_inputs: dict[str, Any] = {}
 
 
-def _warm_worker(template: Template | None = None, problem: Problem | None = None) -> None:
+def _warm_worker(template: Launchable | None = None, problem: Problem | None = None) -> None:
     """A worker's first task: starting it, and unpickling the template, imports what the
     compiles need (the forkserver has preloaded tunesvc's kernels; a forked worker has the
     parent's modules)."""
@@ -152,7 +167,7 @@ def _warm_worker(template: Template | None = None, problem: Problem | None = Non
     mark("compile worker warm")
 
 
-def _inputs(template: Template, problem: Problem) -> Any:
+def _inputs(template: Launchable, problem: Problem) -> Any:
     """This worker's copy of the problem's inputs (one problem at a time: they can be large)."""
     key = repr(sorted(problem.items()))
     if key not in _worker_inputs:
@@ -161,7 +176,7 @@ def _inputs(template: Template, problem: Problem) -> Any:
     return _worker_inputs[key]
 
 
-def _compile_in_worker(template: Template, problem: Problem, config: Config) -> str | None:
+def _compile_in_worker(template: Launchable, problem: Problem, config: Config) -> str | None:
     device = current_device()
     inputs = _inputs(template, problem)
     try:

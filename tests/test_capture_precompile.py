@@ -3,6 +3,9 @@ the workers import the kernel by name and rebuild its call from the record."""
 
 from __future__ import annotations
 
+import sys
+import time
+
 import pytest
 import torch
 import triton
@@ -15,6 +18,7 @@ from tunesvc._capture import RecordedKernel
 from tunesvc._capture import compile_workers
 from tunesvc._capture import config_dict
 from tunesvc._capture import describe_call
+from tunesvc._processes import start_forkserver
 from tunesvc.device import current_device
 
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
@@ -47,10 +51,15 @@ def _fresh_stats():
     tunesvc.uncapture()
 
 
+CAPTURE = sys.modules["tunesvc._capture"]
+
+
 def test_candidates_compile_in_workers_and_every_one_is_still_measured_here(tmp_db, monkeypatch):
     monkeypatch.setenv("TUNESVC_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(CAPTURE, "PRECOMPILE_AFTER_S", 0.0)  # the interpreter's keys take seconds
+    start_forkserver(wait=True)  # so the workers start within them
     with tunesvc.capture(db=tmp_db):
-        x, y, out = _call(1001)
+        x, y, out = _call(20_001)  # seconds in the interpreter, time for the workers to start
     torch.testing.assert_close(out, 0.5 * x + y)
     assert STATS["tuned"] == 1 and STATS["benchmarks"] == len(CONFIGS), dict(STATS)
     # a config a worker has not started is compiled here; the rest are the workers' (in the
@@ -67,8 +76,20 @@ def test_candidates_compile_in_workers_and_every_one_is_still_measured_here(tmp_
     assert STATS["tuned"] == 2 and STATS["precompiled"] == precompiled, dict(STATS)
 
 
+def test_a_key_done_before_the_workers_would_start_starts_none(tmp_db, monkeypatch):
+    monkeypatch.setenv("TUNESVC_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(CAPTURE, "PRECOMPILE_AFTER_S", 60.0)
+    started = time.perf_counter()
+    with tunesvc.capture(db=tmp_db):
+        x, y, out = _call(1001)
+    torch.testing.assert_close(out, 0.5 * x + y)
+    assert STATS["tuned"] == 1 and STATS["precompiled"] == 0, dict(STATS)
+    assert time.perf_counter() - started < 30  # nothing waited for a pool
+
+
 def test_a_kernel_no_import_reaches_compiles_where_it_is_measured(tmp_db, monkeypatch):
     monkeypatch.setenv("TUNESVC_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(CAPTURE, "PRECOMPILE_AFTER_S", 0.0)
 
     def build():
         @triton.autotune(configs=CONFIGS, key=["n"])

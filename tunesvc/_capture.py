@@ -38,6 +38,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -1094,6 +1095,78 @@ def compile_workers(candidates: int, device: Device, call_bytes: int) -> int:
     return max(workers, 0)
 
 
+#: seconds a captured key's measuring runs alone before its compile workers start: a key done
+#: sooner never starts them (a pool's start, its server importing torch and Triton and each
+#: worker making its CUDA context, took about 10 s on an H100 machine, longer than many keys'
+#: whole tuning: benchmarks/results/capture.csv)
+PRECOMPILE_AFTER_S = 3.0
+
+
+class _Precompile:
+    """Compile workers for one key's candidates, started in the background after
+    PRECOMPILE_AFTER_S, which take the candidates this process has not reached yet (see
+    :func:`_precompiled`)."""
+
+    def __init__(self, workers: int, kernel: RecordedKernel, configs: list[ConfigDict]) -> None:
+        self._lock = threading.Lock()
+        self._futures: dict[int, Future] = {}
+        self._taken: set[int] = set()  # candidates this process compiles itself
+        self._stop = threading.Event()
+        self._compiler: Any = None
+        self._timeout_s = 120.0
+        self._thread = threading.Thread(target=self._start, args=(workers, kernel, configs), daemon=True)
+        self._thread.start()
+
+    def _start(self, workers: int, kernel: RecordedKernel, configs: list[ConfigDict]) -> None:
+        from tunesvc.bench import Compiler
+
+        if self._stop.wait(PRECOMPILE_AFTER_S):
+            return
+        problem = {"kernel": kernel.name}
+        # from the forkserver: this thread must not fork a process whose other threads run on
+        self._compiler = compiler = Compiler(workers, template=kernel, problem=problem, forkserver=True)
+        self._timeout_s = compiler.timeout_s
+        for i, config in enumerate(configs):
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                if i in self._taken:
+                    continue
+            future = compiler.submit(kernel, problem, [config])[0]  # blocks while the pool starts
+            with self._lock:
+                self._futures[i] = future
+                if i in self._taken or self._stop.is_set():
+                    future.cancel()
+
+    def ready(self, i: int) -> None:
+        """Before candidate ``i`` is measured: wait for a worker that has it, else take it back."""
+        with self._lock:
+            future = self._futures.get(i)
+            if future is None:
+                self._taken.add(i)
+                return
+        if future.cancel():  # queued, not started: this process compiles it without waiting
+            return
+        try:
+            if future.result(timeout=self._timeout_s) is None:
+                STATS["precompiled"] += 1
+        except Exception:  # a worker's failure: this process compiles, measures and classifies it
+            pass
+
+    def close(self) -> None:
+        """Stop, without waiting for a pool that is still starting."""
+        self._stop.set()
+        with self._lock:
+            for future in self._futures.values():
+                future.cancel()
+        threading.Thread(target=self._shut_down, daemon=True).start()
+
+    def _shut_down(self) -> None:
+        self._thread.join()
+        if self._compiler is not None:
+            self._compiler.close()
+
+
 @contextmanager
 def _precompiled(
     tuner: Autotuner,
@@ -1104,18 +1177,17 @@ def _precompiled(
     args: tuple,
     kwargs: dict[str, Any],
 ) -> Iterator[Callable[[int], None] | None]:
-    """Yields ``ready(i)``, to call before measuring candidate ``i``, while worker processes
-    compile the candidates into Triton's on-disk cache, where this process's launch then finds
-    them; or None where no worker helps (see :func:`compile_workers`) or none can rebuild the
-    kernel (defined in a script or a function, or an argument of a type no record holds).
+    """Yields ``ready(i)``, to call before measuring candidate ``i``: once the key has been
+    measured for PRECOMPILE_AFTER_S, worker processes compile the candidates this process has not
+    reached into Triton's on-disk cache, where its launch then finds them. None where no worker
+    helps (see :func:`compile_workers`) or none can rebuild the kernel (defined in a script or a
+    function, or an argument of a type no record holds).
 
     Triton holds the GIL while it compiles (two compiles on two threads took as long as one after
     the other, Triton 3.9), hence processes. ``ready(i)`` waits for candidate ``i`` where a
     worker has started it, and takes it back where none has: this process compiles it then, as
     it would without workers, instead of waiting behind the others.
     """
-    from tunesvc.bench import Compiler
-
     describable = all("unsupported" not in spec for spec in [*call["args"], *call["kwargs"].values()])
     call_bytes = sum(t.numel() * t.element_size() for t in _tensors_of((args, kwargs)))
     workers = compile_workers(len(candidates), device, call_bytes) if describable else 0
@@ -1128,27 +1200,11 @@ def _precompiled(
     if workers <= 0:
         yield None
         return
-    kernel, problem = RecordedKernel(state.name, call), {"kernel": state.name}
-    compiler = Compiler(workers, template=kernel, problem=problem)
-    futures = []
+    precompile = _Precompile(workers, RecordedKernel(state.name, call), [config_dict(c) for c in candidates])
     try:
-        futures = compiler.submit(kernel, problem, [config_dict(c) for c in candidates])
-
-        def ready(i: int) -> None:
-            future = futures[i]
-            if future.cancel():
-                return
-            try:
-                if future.result(timeout=compiler.timeout_s) is None:
-                    STATS["precompiled"] += 1
-            except Exception:  # a worker's failure: this process compiles, measures and classifies it
-                pass
-
-        yield ready
+        yield precompile.ready
     finally:
-        for future in futures:
-            future.cancel()
-        compiler.close()
+        precompile.close()
 
 
 def tune_key(

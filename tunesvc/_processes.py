@@ -183,9 +183,12 @@ def _answer(sender: Connection, fn: Callable[[], Any]) -> None:
 
 
 # -- workers ------------------------------------------------------------------------------------
-def worker_pool(size: int) -> ProcessPoolExecutor:
-    """A pool of ``size`` compile workers, started as :func:`start_worker` says."""
-    return ProcessPoolExecutor(size, mp_context=worker_context(), initializer=start_worker, initargs=(os.getpid(),))
+def worker_pool(size: int, forkserver: bool = False) -> ProcessPoolExecutor:
+    """A pool of ``size`` compile workers, started as :func:`start_worker` says; from the
+    forkserver where asked (a pool that a background thread fills must not fork this process,
+    whose other threads may hold locks the child would inherit held)."""
+    context = forkserver_context() if forkserver else worker_context()
+    return ProcessPoolExecutor(size, mp_context=context, initializer=start_worker, initargs=(os.getpid(),))
 
 
 def start_child(main: Callable[..., None], *args: Any) -> tuple[BaseProcess, Connection]:

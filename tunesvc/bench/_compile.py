@@ -60,8 +60,10 @@ class Compiler:
         *,
         template: Launchable | None = None,
         problem: Problem | None = None,
+        forkserver: bool = False,
     ) -> None:
         self.workers = workers
+        self._forkserver = forkserver  # workers from the forkserver even where this process could fork them
         self.timeout_s = timeout_s
         #: how many times the pool was replaced after a worker died or hung
         self.restarts = 0
@@ -69,7 +71,7 @@ class Compiler:
         self._pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        pool = worker_pool(self.workers)
+        pool = worker_pool(self.workers, self._forkserver)
         # submit() starts a worker process and blocks until it is forked (by this process or the forkserver)
         self._starting = threading.Thread(target=self._start_workers, args=(pool,), daemon=True)
         self._starting.start()

@@ -57,6 +57,7 @@ CAPTURE = sys.modules["tunesvc._capture"]
 def test_candidates_compile_in_workers_and_every_one_is_still_measured_here(tmp_db, monkeypatch):
     monkeypatch.setenv("TUNESVC_COMPILE_WORKERS", "2")
     monkeypatch.setattr(CAPTURE, "PRECOMPILE_AFTER_S", 0.0)  # the interpreter's keys take seconds
+    monkeypatch.setattr(CAPTURE, "PRECOMPILE_WORTH_S", 0.0)
     start_forkserver(wait=True)  # so the workers start within them
     with tunesvc.capture(db=tmp_db):
         x, y, out = _call(20_001)  # seconds in the interpreter, time for the workers to start
@@ -76,9 +77,11 @@ def test_candidates_compile_in_workers_and_every_one_is_still_measured_here(tmp_
     assert STATS["tuned"] == 2 and STATS["precompiled"] == precompiled, dict(STATS)
 
 
-def test_a_key_done_before_the_workers_would_start_starts_none(tmp_db, monkeypatch):
+@pytest.mark.parametrize("after_s, worth_s", [(60.0, 0.0), (0.0, 600.0)])
+def test_a_key_done_soon_or_with_little_left_starts_no_workers(tmp_db, monkeypatch, after_s, worth_s):
     monkeypatch.setenv("TUNESVC_COMPILE_WORKERS", "2")
-    monkeypatch.setattr(CAPTURE, "PRECOMPILE_AFTER_S", 60.0)
+    monkeypatch.setattr(CAPTURE, "PRECOMPILE_AFTER_S", after_s)
+    monkeypatch.setattr(CAPTURE, "PRECOMPILE_WORTH_S", worth_s)
     started = time.perf_counter()
     with tunesvc.capture(db=tmp_db):
         x, y, out = _call(1001)
@@ -90,6 +93,7 @@ def test_a_key_done_before_the_workers_would_start_starts_none(tmp_db, monkeypat
 def test_a_kernel_no_import_reaches_compiles_where_it_is_measured(tmp_db, monkeypatch):
     monkeypatch.setenv("TUNESVC_COMPILE_WORKERS", "2")
     monkeypatch.setattr(CAPTURE, "PRECOMPILE_AFTER_S", 0.0)
+    monkeypatch.setattr(CAPTURE, "PRECOMPILE_WORTH_S", 0.0)
 
     def build():
         @triton.autotune(configs=CONFIGS, key=["n"])
@@ -137,9 +141,14 @@ def test_how_many_workers(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_the_workers_compile_by_default(tmp_db, monkeypatch):
+def test_on_a_gpu_workers_of_the_default_count_compile_candidates(tmp_db, monkeypatch):
     monkeypatch.delenv("TUNESVC_COMPILE_WORKERS", raising=False)
+    monkeypatch.setattr(CAPTURE, "PRECOMPILE_AFTER_S", 0.0)  # a key of milliseconds on a GPU
+    monkeypatch.setattr(CAPTURE, "PRECOMPILE_WORTH_S", 0.0)
+    start_forkserver(wait=True)
     with tunesvc.capture(db=tmp_db):
         x, y, out = _call(100_003)
     torch.testing.assert_close(out, 0.5 * x + y)
     assert STATS["tuned"] == 1 and STATS["precompiled"] >= 1, dict(STATS)
+    [(_, statuses)] = trials_by_kernel(tmp_db).items()
+    assert statuses == {"ok": len(CONFIGS)}, statuses

@@ -1095,22 +1095,28 @@ def compile_workers(candidates: int, device: Device, call_bytes: int) -> int:
     return max(workers, 0)
 
 
-#: seconds a captured key's measuring runs alone before its compile workers start: a key done
-#: sooner never starts them (a pool's start, its server importing torch and Triton and each
-#: worker making its CUDA context, took about 10 s on an H100 machine, longer than many keys'
-#: whole tuning: benchmarks/results/capture.csv)
-PRECOMPILE_AFTER_S = 3.0
+#: seconds a captured key's measuring runs alone before its compile workers may start: a key
+#: done sooner never starts them
+PRECOMPILE_AFTER_S = 5.0
+#: ... and they start only where the candidates left would take this process longer than this,
+#: at the pace it has gone so far: a pool's start (its server importing torch and Triton, each
+#: worker making its CUDA context) took about 10 s on an H100 machine, and while it starts and
+#: runs, the GPU is shared with the measuring; on keys of 6-10 s alone (fla's chunked cumsum,
+#: Liger's DyT) starting it made them slower, on a key of 65 s (Liger's MoE gather) twice as
+#: fast (benchmarks/results/capture.csv)
+PRECOMPILE_WORTH_S = 20.0
 
 
 class _Precompile:
     """Compile workers for one key's candidates, started in the background after
-    PRECOMPILE_AFTER_S, which take the candidates this process has not reached yet (see
-    :func:`_precompiled`)."""
+    PRECOMPILE_AFTER_S where those left are worth it (PRECOMPILE_WORTH_S), which take the
+    candidates this process has not reached yet (see :func:`_precompiled`)."""
 
     def __init__(self, workers: int, kernel: RecordedKernel, configs: list[ConfigDict]) -> None:
         self._lock = threading.Lock()
         self._futures: dict[int, Future] = {}
         self._taken: set[int] = set()  # candidates this process compiles itself
+        self._reached = 0  # candidates this process has started measuring
         self._stop = threading.Event()
         self._compiler: Any = None
         self._timeout_s = 120.0
@@ -1120,7 +1126,13 @@ class _Precompile:
     def _start(self, workers: int, kernel: RecordedKernel, configs: list[ConfigDict]) -> None:
         from tunesvc.bench import Compiler
 
+        started = time.perf_counter()
         if self._stop.wait(PRECOMPILE_AFTER_S):
+            return
+        with self._lock:
+            reached = max(self._reached, 1)
+        left_s = (time.perf_counter() - started) / reached * (len(configs) - reached)
+        if left_s < PRECOMPILE_WORTH_S:
             return
         problem = {"kernel": kernel.name}
         # from the forkserver: this thread must not fork a process whose other threads run on
@@ -1141,6 +1153,7 @@ class _Precompile:
     def ready(self, i: int) -> None:
         """Before candidate ``i`` is measured: wait for a worker that has it, else take it back."""
         with self._lock:
+            self._reached = max(self._reached, i + 1)
             future = self._futures.get(i)
             if future is None:
                 self._taken.add(i)
@@ -1178,8 +1191,9 @@ def _precompiled(
     kwargs: dict[str, Any],
 ) -> Iterator[Callable[[int], None] | None]:
     """Yields ``ready(i)``, to call before measuring candidate ``i``: once the key has been
-    measured for PRECOMPILE_AFTER_S, worker processes compile the candidates this process has not
-    reached into Triton's on-disk cache, where its launch then finds them. None where no worker
+    measured for PRECOMPILE_AFTER_S, and where what is left would take longer than
+    PRECOMPILE_WORTH_S, worker processes compile the candidates this process has not reached
+    into Triton's on-disk cache, where its launch then finds them. None where no worker
     helps (see :func:`compile_workers`) or none can rebuild the kernel (defined in a script or a
     function, or an argument of a type no record holds).
 

@@ -340,7 +340,6 @@ def child(side: str, db: str, names: list[str], smoke: bool) -> None:
             "first_ms": first_s * 1e3,
             "config": config_dict(autotuner_of(case.kernel).best_config),
             "rel_error": error,
-            "precompiled": tunesvc.capture_stats().get("precompiled", 0),
         }
         print(json.dumps(line), flush=True)
 

@@ -1041,8 +1041,8 @@ def _cloned(inputs: tuple[tuple, dict[str, Any]]) -> tuple[tuple, dict[str, Any]
 
 #: compile workers a captured key's candidates get at most (see :func:`_precompiled`)
 MAX_COMPILE_WORKERS = 8
-#: GPU memory a compile worker takes beside its copy of the call's tensors: its CUDA context
-#: and Triton's (about 0.5 GB on an H100 with torch 2.11)
+#: GPU memory counted for a compile worker beside its copy of the call's tensors: a margin for
+#: its CUDA context with torch and Triton loaded (some hundreds of MB)
 WORKER_CONTEXT_BYTES = 600 << 20
 
 
@@ -1100,10 +1100,8 @@ def compile_workers(candidates: int, device: Device, call_bytes: int) -> int:
 PRECOMPILE_AFTER_S = 5.0
 #: ... and they start only where the candidates left would take this process longer than this,
 #: at the pace it has gone so far: a pool's start (its server importing torch and Triton, each
-#: worker making its CUDA context) took about 10 s on an H100 machine, and while it starts and
-#: runs, the GPU is shared with the measuring; on keys of 6-10 s alone (fla's chunked cumsum,
-#: Liger's DyT) starting it made them slower, on a key of 65 s (Liger's MoE gather) twice as
-#: fast (benchmarks/results/capture.csv)
+#: worker making its CUDA context) costs about 10 s of an H100 machine's CPU and GPU beside the
+#: measuring, more than it saves on a key whose candidates compile in less
 PRECOMPILE_WORTH_S = 20.0
 
 
@@ -1135,20 +1133,23 @@ class _Precompile:
         if left_s < PRECOMPILE_WORTH_S:
             return
         problem = {"kernel": kernel.name}
-        # from the forkserver: this thread must not fork a process whose other threads run on
-        self._compiler = compiler = Compiler(workers, template=kernel, problem=problem, forkserver=True)
-        self._timeout_s = compiler.timeout_s
-        for i, config in enumerate(configs):
-            with self._lock:
-                if self._stop.is_set():
-                    return
-                if i in self._taken:
-                    continue
-            future = compiler.submit(kernel, problem, [config])[0]  # blocks while the pool starts
-            with self._lock:
-                self._futures[i] = future
-                if i in self._taken or self._stop.is_set():
-                    future.cancel()
+        try:
+            # from the forkserver: this thread must not fork a process whose other threads run on
+            self._compiler = compiler = Compiler(workers, template=kernel, problem=problem, forkserver=True)
+            self._timeout_s = compiler.timeout_s
+            for i, config in enumerate(configs):
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    if i in self._taken:
+                        continue
+                future = compiler.submit(kernel, problem, [config])[0]  # blocks while the pool starts
+                with self._lock:
+                    self._futures[i] = future
+                    if i in self._taken or self._stop.is_set():
+                        future.cancel()
+        except Exception:  # no pool, or a broken one: the calling process compiles what is left
+            return
 
     def ready(self, i: int) -> None:
         """Before candidate ``i`` is measured: wait for a worker that has it, else take it back."""
@@ -1202,7 +1203,7 @@ def _precompiled(
     worker has started it, and takes it back where none has: this process compiles it then, as
     it would without workers, instead of waiting behind the others.
     """
-    describable = all("unsupported" not in spec for spec in [*call["args"], *call["kwargs"].values()])
+    describable = all("unsupported" not in spec for spec in [*call.get("args", []), *call.get("kwargs", {}).values()])
     call_bytes = sum(t.numel() * t.element_size() for t in _tensors_of((args, kwargs)))
     workers = compile_workers(len(candidates), device, call_bytes) if describable else 0
     if workers > 0:

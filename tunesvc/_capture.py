@@ -1071,7 +1071,9 @@ def compile_workers(candidates: int, device: Device, call_bytes: int) -> int:
     """How many worker processes compile a captured key's candidates while this process
     measures them: $TUNESVC_COMPILE_WORKERS where set (0: none), else on a GPU half the CPU cores
     up to MAX_COMPILE_WORKERS; never more than the candidates after the first (which this
-    process compiles meanwhile), nor more copies of the call than half the free GPU memory holds."""
+    process compiles meanwhile), nor more copies of the call than half the free GPU memory holds;
+    none where this process runs on a GPU other than the first visible one (a rank of a
+    multi-GPU process), since workers make their contexts on that one."""
     text = os.environ.get("TUNESVC_COMPILE_WORKERS", "").strip()
     if text:
         try:
@@ -1090,6 +1092,8 @@ def compile_workers(candidates: int, device: Device, call_bytes: int) -> int:
         return 0  # the interpreter compiles nothing
     workers = min(workers, candidates - 1)
     if workers > 0 and device.is_gpu:
+        if torch.cuda.current_device() != 0:
+            return 0  # workers make their CUDA context on the first visible GPU, not this process's
         free, _ = torch.cuda.mem_get_info()
         workers = min(workers, int(free // 2 // (call_bytes + WORKER_CONTEXT_BYTES)))
     return max(workers, 0)

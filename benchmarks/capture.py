@@ -12,17 +12,17 @@ Each side runs in its own child process with an empty Triton cache (TRITON_CACHE
 compile everything: "tunesvc" under ``tunesvc.capture(db=...)`` (mode tune, an empty database;
 worker processes compile the configs of a kernel that imports by name, so the libraries' and not
 this script's own GEMM, which runs as __main__; ``--compile-workers N`` sets their number,
-TUNESVC_COMPILE_WORKERS, 0 for none), "triton" as the libraries ship them. Per case each child times the first call (wall clock,
-synchronised: triton.autotune's benchmark of every config against tunesvc's check, timing and
-storing of every config) and prints the config its launch used (``best_config``). Then this process times the two
-winners' kernels, each launched with its config directly (no autotuner in the way), from CUDA
-graphs in interleaved rounds: tunesvc's winner must not be slower than triton.autotune's by
-more than 2% (the script says so and exits 1 when it is). Last, the hit path, both sides in
-this one process: host time per call over 200 calls with no synchronisation between them
-(fewer than the launch queue holds, so the host never waits on the GPU), a tunesvc hit (capture
-on, mode lookup) against a triton.autotune cache hit (capture off), median of 20 interleaved
-loops. Rows are appended to the CSV
-(ratio = peer_ms / ours_ms: above 1, tunesvc's side is faster or cheaper).
+TUNESVC_COMPILE_WORKERS, 0 for none), "triton" as the libraries ship them. Per case each child
+times the first call (wall clock, synchronised: triton.autotune's benchmark of every config
+against tunesvc's check, timing and storing of every config) and prints the config its launch used
+(``best_config``). Then this process times the two winners' kernels, each launched with its config
+directly (no autotuner in the way), from CUDA graphs in interleaved rounds: tunesvc's winner must
+not be slower than triton.autotune's by more than 2% (the script says so and exits 1 when it is).
+Last, the hit path, both sides in this one process: host time per call over 200 calls with no
+synchronisation between them (fewer than the launch queue holds, so the host never waits on the
+GPU), a tunesvc hit (capture on, mode lookup) against a triton.autotune cache hit (capture off),
+median of 20 interleaved loops. Rows are appended to the CSV (ratio = peer_ms / ours_ms: above 1,
+tunesvc's side is faster or cheaper).
 
 ``--smoke`` runs tiny shapes on whatever device there is (the CPU interpreter included: there
 Triton's autotuner is given a wall-clock benchmarker) to check the script, and writes no CSV.

@@ -307,8 +307,8 @@ def time_shape(
     for name, make in (other_peers or {}).items():
         try:
             other = [make(s) for s in sets]
-            other[0]()  # first: a library's own autotuning runs outside the graph's capture
-            err = relative_error(make(inputs)(), reference)
+            # first (on ``inputs``, sets[0]): a library's own autotuning runs outside the graph's capture
+            err = relative_error(other[0](), reference)
         except Exception as exc:  # e.g. an SDPA backend that does not take this shape: no time
             print(f"  peer {name}: {type(exc).__name__}: {exc}", flush=True)
             continue

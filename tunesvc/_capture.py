@@ -1120,8 +1120,7 @@ class _Precompile:
         self._taken: set[int] = set()  # candidates this process compiles itself
         self._reached = 0  # candidates this process has started measuring
         self._stop = threading.Event()
-        self._compiler: Any = None
-        self._timeout_s = 120.0
+        self._compiler: Any = None  # set before the first future
         self._thread = threading.Thread(target=self._start, args=(workers, kernel, configs), daemon=True)
         self._thread.start()
 
@@ -1140,7 +1139,6 @@ class _Precompile:
         try:
             # from the forkserver: this thread must not fork a process whose other threads run on
             self._compiler = compiler = Compiler(workers, template=kernel, problem=problem, forkserver=True)
-            self._timeout_s = compiler.timeout_s
             for i, config in enumerate(configs):
                 with self._lock:
                     if self._stop.is_set():
@@ -1166,7 +1164,7 @@ class _Precompile:
         if future.cancel():  # queued, not started: this process compiles it without waiting
             return
         try:
-            if future.result(timeout=self._timeout_s) is None:
+            if future.result(timeout=self._compiler.timeout_s) is None:
                 STATS["precompiled"] += 1
         except Exception:  # a worker's failure: this process compiles, measures and classifies it
             pass

@@ -408,6 +408,11 @@ def test_tune_run_captures_a_command_and_returns_its_exit_code(script, tmp_db, m
     assert failing.exit_code == 3
     serving = runner.invoke(app, ["run", "--mode", "lookup", "--db", tmp_db, "--", sys.executable, str(script)])
     assert serving.exit_code == 0, serving.output
+    # --compile-workers reaches the command as TUNESVC_COMPILE_WORKERS; a negative count is refused
+    echo = "import os; raise SystemExit(int(os.environ['TUNESVC_COMPILE_WORKERS']))"
+    assert runner.invoke(app, ["run", "--compile-workers", "5", "--", sys.executable, "-c", echo]).exit_code == 5
+    refused = runner.invoke(app, ["run", "--compile-workers", "-1", "--", sys.executable, "-c", "pass"])
+    assert refused.exit_code == 2 and "compile-workers" in refused.output
 
 
 def _elsewhere(tmp_path, monkeypatch):

@@ -1291,6 +1291,14 @@ def run(
             help="A kernel (module:qualname) whose misses --tune-misses tunes; imports its module. Repeatable."
         ),
     ] = None,
+    compile_workers: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Processes that compile a long-tuning key's configs ahead of their measurement; 0: none "
+            "\\[default: $TUNESVC_COMPILE_WORKERS, else on a GPU half the cores, at most 8].",
+        ),
+    ] = None,
 ) -> None:
     """Run COMMAND with every triton.autotune kernel captured by tunesvc; exit with its exit code."""
     import os
@@ -1305,7 +1313,12 @@ def run(
     code = 0
     if command:
         env = {**os.environ, "TUNESVC_CAPTURE": "1"}
-        for name, value in (("TUNESVC_MODE", mode), ("TUNESVC_DB", db), ("TUNESVC_BUNDLE", bundle)):
+        for name, value in (
+            ("TUNESVC_MODE", mode),
+            ("TUNESVC_DB", db),
+            ("TUNESVC_BUNDLE", bundle),
+            ("TUNESVC_COMPILE_WORKERS", compile_workers),
+        ):
             if value is not None:
                 env[name] = str(value)
         try:

@@ -39,6 +39,15 @@ def patch(module) -> None:
             from tunesvc._capture import capture_from_env
 
             capture_from_env()
+        except Exception as exc:  # capture fails open: tunesvc that cannot start leaves Triton be
+            import warnings
+
+            warnings.warn(
+                f"tunesvc: capture could not start ({type(exc).__name__}: {exc}); triton.autotune kernels run "
+                "as Triton's own. Check that tunesvc imports (python -c 'import tunesvc').",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         finally:
             if autotuner.run is run:  # tunesvc did not take over: Triton's own, for good
                 autotuner.run = original

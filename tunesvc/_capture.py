@@ -21,7 +21,16 @@ On a miss: the stored winner (database or bundle) if there is one; else, in mode
 every config that survives Triton's pruning is checked and timed on the call's own arguments
 (one process per key across processes: a file lock), every trial and the winner stored; in mode
 ``lookup`` a deterministic fallback (the nearest stored key's winner, else the first listed
-config) and the miss recorded for offline tuning; in mode ``off``, Triton's own autotuner.
+config) and the miss recorded for offline tuning; in mode ``heuristic`` the first config Triton's
+pruning keeps, nothing read; in mode ``off``, Triton's own autotuner (see :mod:`tunesvc.settings`).
+
+Capture fails open: whatever goes wrong inside tunesvc on a launch (a bug, an unusual config,
+dtype or hook, a damaged, locked or unreachable database, a kernel whose key changes on every
+call) is one warning line naming the kernel, the reason and what to do, and the launch, and every
+later launch of that kernel in the process, runs as Triton's own autotuner would. Tuning leaves
+no trace but the store: it measures on aliases of the call's tensors (``Tensor.data``: autograd
+version counters untouched), without autograd, with the RNG state, the current device and stream
+put back, and the tensors' contents restored (see :func:`_untraced`).
 """
 
 from __future__ import annotations
@@ -30,7 +39,6 @@ import dataclasses
 import inspect
 import math
 import os
-import re
 import threading
 import time
 import warnings
@@ -49,6 +57,7 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
+from tunesvc import settings
 from tunesvc.bench import Bench
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
@@ -59,6 +68,10 @@ from tunesvc.bench._inprocess import _compile_error_types
 from tunesvc.bench._inprocess import _out_of_resources_types
 from tunesvc.errors import TunesvcError
 from tunesvc.launch import DirectLaunch
+from tunesvc.settings import HEURISTIC
+from tunesvc.settings import LOOKUP
+from tunesvc.settings import OFF
+from tunesvc.settings import TUNE
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import config_hash
 from tunesvc.template import Template
@@ -70,18 +83,22 @@ if TYPE_CHECKING:
     from tunesvc.space import Config as ConfigDict
     from tunesvc.store import Store
 
-MODES = ("tune", "lookup", "off")
-TUNE, LOOKUP, OFF = MODES
 
 #: Triton's own Autotuner.run (the interpreter-start hook may have put a trampoline there first)
 _TRITON_RUN: Callable[..., Any] = getattr(Autotuner.run, "__tunesvc_original__", Autotuner.run)
 
-#: what happened to the keys this process met, across kernels: ``stored`` (served from the
-#: database or bundle, nothing measured), ``tuned`` (measured here), ``benchmarks`` (candidates
-#: measured), ``fallback`` (mode lookup, no stored winner), ``untuned`` (one config survived pruning),
-#: ``nested`` (met while tunesvc was measuring: stored winner or fallback, see :func:`_measuring`),
-#: ``precompiled`` (candidates a compile worker compiled before their measurement)
+#: what happened to the keys this process met, across kernels: ``stored`` (served from the database or bundle, nothing measured), ``tuned``
+#: (measured here), ``benchmarks`` (candidates measured), ``fallback`` (mode lookup, no stored
+#: winner), ``heuristic`` (mode heuristic), ``untuned`` (one config survived pruning), ``nested``
+#: (met while tunesvc was measuring: stored winner or fallback, see :func:`_measuring`),
+#: ``precompiled`` (candidates a compile worker compiled before their measurement), ``failed_open``
+#: (kernels left to Triton's own autotuner after a failure inside tunesvc)
 STATS: Counter[str] = Counter()
+#: seconds spent tuning keys (``tuned``), and why kernels were left to Triton's own autotuner
+TUNE_SECONDS = [0.0]
+FAILED_OPEN: Counter[str] = Counter()
+#: the names of the captured kernels this process launched
+KERNELS: set[str] = set()
 
 #: largest relative error (||out - ref|| / ||ref||) a candidate's output may show against the
 #: first valid config's, by dtype: reduction order and atomics differ between configs, a race
@@ -112,6 +129,57 @@ def stats() -> dict[str, int]:
     return dict(STATS)
 
 
+def summary_record() -> dict[str, Any]:
+    """What this process's capture did, as data (what `tune run` adds up over its processes)."""
+    return {
+        "kernels": len(KERNELS),
+        "stored": STATS["stored"],
+        "tuned": STATS["tuned"],
+        "tune_s": round(TUNE_SECONDS[0], 3),
+        "untuned": STATS["untuned"],
+        "fallback": STATS["fallback"] + STATS["heuristic"],
+        "failed_open": dict(FAILED_OPEN),
+    }
+
+
+def summary_line(records: list[dict[str, Any]]) -> str:
+    """One line over the records of one or more processes (see :func:`summary_record`)."""
+    total: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    seconds = 0.0
+    for r in records:
+        total.update({k: int(r.get(k, 0)) for k in ("kernels", "stored", "tuned", "untuned", "fallback")})
+        seconds += float(r.get("tune_s", 0.0))
+        reasons.update(r.get("failed_open", {}))
+    text = (
+        f"tunesvc: {total['kernels']} kernel{'s' * (total['kernels'] != 1)} captured; keys: "
+        f"{total['stored']} served from the store, {total['tuned']} tuned in {seconds:.1f} s, "
+        f"{total['untuned']} with one config, {total['fallback']} served untuned"
+    )
+    if reasons:
+        why = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
+        text += f"; left to Triton's autotuner: {why}"
+    return text + "."
+
+
+def _write_summary() -> None:
+    """At exit: the summary line on stderr ($TUNESVC_SUMMARY) and/or a JSON line for `tune run`."""
+    import json
+    import sys
+
+    if not KERNELS and not FAILED_OPEN:
+        return
+    try:
+        if settings.summary_requested():
+            print(summary_line([summary_record()]), file=sys.stderr)
+        path = settings.summary_file()
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps(summary_record()) + "\n")
+    except Exception:  # a summary must never change how the program ends
+        pass
+
+
 # -- settings ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Settings:
@@ -132,23 +200,24 @@ class Settings:
         """Explicit values, else ``base`` (the process's capture), else $TUNESVC_MODE/_DB/_BUNDLE.
 
         The default mode is ``tune``, as triton.autotune tunes every miss; with a bundle and no
-        database it is ``lookup`` (serving a shipped bundle never measures).
+        database it is ``lookup`` (serving a shipped bundle never measures). A mode given here
+        that is not one of :data:`MODES` is a TunesvcError (a program's own call); a bad
+        $TUNESVC_MODE is one warning and the default (see :mod:`tunesvc.settings`).
         """
+        wrong = None if mode is None else settings.check_mode(mode)
+        if wrong is not None:
+            raise TunesvcError(wrong)
         if base is not None:
             mode, db, bundle = mode or base.mode, db or base.db, bundle or base.bundle
-        db = str(db) if db is not None else os.environ.get("TUNESVC_DB") or None
-        bundle = str(bundle) if bundle is not None else os.environ.get("TUNESVC_BUNDLE") or None
-        mode = mode or os.environ.get("TUNESVC_MODE") or (LOOKUP if bundle and not db else TUNE)
-        if mode == "heuristic":  # the runtime's name for "never read winners"; closest here: Triton's own
-            mode = OFF
-        if mode not in MODES:
-            raise TunesvcError(f"Unknown capture mode '{mode}'; use one of {', '.join(MODES)}.")
+        db = str(db) if db is not None else settings.db()
+        bundle = str(bundle) if bundle is not None else settings.bundle()
+        mode = mode or settings.mode(LOOKUP if bundle and not db else TUNE)
         return cls(mode, db, bundle)
 
     @property
     def db_path(self) -> str:
         """The database misses are tuned into (and read from): given, else ./tune.db."""
-        return self.db or "tune.db"
+        return self.db or settings.DEFAULT_DB
 
 
 _settings_lock = threading.Lock()
@@ -206,19 +275,15 @@ def _shared_for(settings: Settings) -> _Shared:
 
 # -- identity -----------------------------------------------------------------------------------
 def config_dict(config: Any) -> ConfigDict:
-    """A triton.Config as the store keeps it: meta-parameters and the launch options that are set.
+    """A triton.Config as the store keeps it: meta-parameters and every launch option that is set
+    (``all_kwargs()``: whatever options the installed Triton's Config carries, ``ir_override`` too).
 
     Values other than whole numbers and text (bools, floats, None) are written as their text
     (``True``, ``0.5``): stored configs and bundles hold ints and strings only, and a stored
     config only names one of the listed configs (by :func:`~tunesvc.space.config_hash`), which
     is what launches, with its own values and pre_hook.
     """
-    out = {k: _stored_value(v) for k, v in config.kwargs.items()}
-    for option in LAUNCH_OPTIONS:
-        value = getattr(config, option, None)
-        if value is not None:
-            out[option] = _stored_value(value)
-    return out
+    return {k: _stored_value(v) for k, v in config.all_kwargs().items()}
 
 
 def _stored_value(value: Any) -> int | str:
@@ -292,7 +357,8 @@ def key_distance(a: str, b: str) -> float:
 
 class CapturedTemplate(Template):
     """A captured kernel as the store and the runtime see it: a name, a version, and a space that
-    is its config list (a stored config is accepted only if it is one of them)."""
+    is its config list (a stored config is accepted where it names only parameters the list sets:
+    which config it is, listed or built by the kernel's pruner for a call, is matched at launch)."""
 
     dims = ()
 
@@ -303,15 +369,19 @@ class CapturedTemplate(Template):
 
 
 class ListedConfigs:
-    """What the runtime asks of a captured kernel's space: whether a stored config is listed."""
+    """What the runtime asks of a captured kernel's space: whether a stored config may be one of
+    its configs (listed, or built by an ``early_config_prune`` or ``perf_model`` for some call)."""
 
     def __init__(self, configs: list[Any]) -> None:
         self.hashes = {config_hash(config_dict(c)) for c in configs}
+        self.names = {name for c in configs for name in config_dict(c)} | set(LAUNCH_OPTIONS)
 
     def stored_config(self, config: Any) -> ConfigDict | str:
-        if isinstance(config, dict) and config and config_hash(config) in self.hashes:
+        if not isinstance(config, dict) or not config:
+            return "not a config"
+        if config_hash(config) in self.hashes or config.keys() <= self.names:
             return config
-        return "not one of the kernel's listed configs"
+        return "names parameters the kernel's configs do not have"
 
 
 # -- per-kernel state -------------------------------------------------------------------------
@@ -322,6 +392,8 @@ class _State:
         self.settings = settings
         self.off = settings.mode == OFF or len(tuner.configs) <= 1
         self.name = name or kernel_name(tuner.fn)
+        #: distinct keys this process resolved (a kernel past settings.max_keys() is left to Triton)
+        self.keys_met = 0
         self.options = options
         #: Triton's key tuple -> (config, its launch keyword arguments): the hot path's one lookup
         self.chosen: dict[tuple, tuple[Any, dict[str, Any]]] = {}
@@ -349,6 +421,17 @@ class _State:
                 self._by_hash.setdefault(config_hash(config_dict(c)), c)
         return self._by_hash.get(config_hash(dict(stored)))
 
+    def match(self, stored: dict[str, Any] | None, candidates: Callable[[], list[Any]]) -> Any | None:
+        """The triton.Config a stored config names: a listed one, else one of ``candidates()`` (the
+        configs the kernel's pruner builds for this call; called only where none is listed)."""
+        if stored is None:
+            return None
+        config = self.listed(stored)
+        if config is None:
+            wanted = config_hash(dict(stored))
+            config = next((c for c in candidates() if config_hash(config_dict(c)) == wanted), None)
+        return config
+
 
 _STATES: weakref.WeakSet[Autotuner] = weakref.WeakSet()
 #: the process's capture, set by capture(); None: plain Autotuner instances run as Triton's
@@ -361,8 +444,14 @@ def _state_of(tuner: Autotuner) -> _State:
         with _settings_lock:
             state = tuner.__dict__.get("_tunesvc")
             if state is None:
-                settings = _process or Settings.resolve()
-                state = tuner.__dict__["_tunesvc"] = _State(tuner, settings, None, {})
+                try:
+                    state = _State(tuner, _process or Settings.resolve(), None, {})
+                except Exception as exc:  # fails open: the kernel runs as Triton's
+                    off = _Off(tuner)
+                    _give_up(off, exc, "setting up", stacklevel=4)
+                    state = off
+                KERNELS.add(state.name)
+                tuner.__dict__["_tunesvc"] = state
                 _STATES.add(tuner)
     return state
 
@@ -404,8 +493,10 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     if hit is None:
         try:
             hit = _resolve(self, state, key, nargs, args, kwargs)
-        except TunesvcError as exc:
-            _unusable(state, exc, "Triton's own", stacklevel=2)
+        except _LeftToTriton:
+            return _TRITON_RUN(self, *args, **kwargs)
+        except Exception as exc:  # capture fails open (see the module docstring)
+            _give_up(state, exc, _STAGE.get(), stacklevel=2)
             return _TRITON_RUN(self, *args, **kwargs)
     config, launch = hit
     self.best_config = config
@@ -419,15 +510,58 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     return self.fn.run(*args, **kwargs, **launch)
 
 
-def _unusable(state: _State, exc: TunesvcError, whose: str, *, stacklevel: int) -> None:
-    """An unusable database must not stop the program: the kernel runs with ``whose``
-    autotuner for the rest of the process, said once (``stacklevel`` as the caller's own)."""
+class _LeftToTriton(Exception):
+    """A key tunesvc leaves to Triton's own autotuner, already said (see :func:`_give_up`)."""
+
+
+class _Stage(threading.local):
+    """What this thread's capture is doing, for the warning of a failure (``look up``, ``claim``...)."""
+
+    name = "look up"
+
+    def get(self) -> str:
+        return self.name
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        outer, self.name = self.name, name
+        try:
+            yield
+        finally:
+            self.name = outer
+
+
+_STAGE = _Stage()
+
+
+def _give_up(state: Any, exc: BaseException | str, stage: str, *, stacklevel: int) -> None:
+    """Leave the kernel to Triton's own autotuner for the rest of the process, said in one line
+    naming the kernel, the reason and what to do (``stacklevel`` as the caller's own, so that the
+    line points at the user's launch). ``exc`` is an exception, or a reason of tunesvc's own."""
     state.off = True
+    if isinstance(exc, str):
+        category, reason, fix = stage, exc, "nothing is wrong with the program"
+    elif isinstance(exc, TunesvcError):
+        category, reason, fix = stage, str(exc).rstrip("."), "fix that and run again"
+    else:
+        category = f"{stage} failed"
+        reason = f"{category} with {type(exc).__name__}: {_one_line(exc)}"
+        fix = "set TUNESVC_MODE=off to leave it to Triton quietly, and report this tunesvc bug"
+    FAILED_OPEN[category] += 1
     warnings.warn(
-        f"tunesvc: {exc} {state.name} runs with {whose} autotuner in this process.",
+        f"tunesvc: {state.name}: {reason}; it runs with Triton's own autotuner in this process ({fix}).",
         RuntimeWarning,
         stacklevel=stacklevel + 1,
     )
+
+
+class _Off:
+    """The state of a kernel whose own state could not be made: Triton's own autotuner runs it."""
+
+    off = True
+
+    def __init__(self, tuner: Autotuner) -> None:
+        self.name = getattr(getattr(tuner, "base_fn", None), "__qualname__", type(tuner).__name__)
 
 
 def _triton_key(tuner: Autotuner, nargs: dict[str, Any]) -> tuple:
@@ -481,10 +615,29 @@ def _resolve(
         if hit is not None:
             return hit
         triton_key = _triton_key(tuner, nargs)
+        _check_key(tuner, state, triton_key, nargs)
         config = _config_for(tuner, state, _key_text_of(tuner, triton_key, nargs), args, kwargs)
         tuner.cache[triton_key] = config
         hit = state.chosen[key] = (config, config.all_kwargs())
+        state.keys_met += 1
         return hit
+
+
+def _check_key(tuner: Autotuner, state: _State, key: tuple, nargs: dict[str, Any]) -> None:
+    """Leave to Triton (:class:`_LeftToTriton`) a kernel whose key cannot name a stored winner: a
+    key argument that is not a number, text or dtype (a tensor: Triton keys it by identity, so
+    every call is a new key), or more distinct keys than settings.max_keys() in this process (a
+    key that changes on almost every call). Said once; the store gets no further rows of it."""
+    values = key[: len([k for k in tuner.keys if k in nargs])]
+    odd = next((v for v in values if v is not None and not isinstance(v, (bool, int, float, str, torch.dtype))), None)
+    if odd is not None:
+        reason = f"its key holds a {type(odd).__name__} argument, which is a new key on every call"
+    elif state.keys_met >= settings.max_keys():
+        reason = f"it met {state.keys_met} distinct keys, more than TUNESVC_MAX_KEYS allows; its key changes on almost every call"
+    else:
+        return
+    _give_up(state, reason, "a key that changes on every call", stacklevel=5)
+    raise _LeftToTriton
 
 
 def _key_text_of(tuner: Autotuner, key: tuple, nargs: dict[str, Any]) -> str:
@@ -498,23 +651,44 @@ def _key_text_of(tuner: Autotuner, key: tuple, nargs: dict[str, Any]) -> str:
 
 
 def _config_for(tuner: Autotuner, state: _State, text: str, args: tuple, kwargs: dict[str, Any]) -> Any:
-    """The listed config for a key's text: stored, else tuned now (mode tune) or the fallback."""
-    shared = _shared_for(state.settings)
-    table = shared.table(state.template)
-    config = state.listed(table[text]) if text in table else None
-    if config is not None:
-        STATS["stored"] += 1
-    elif state.settings.mode == LOOKUP:
-        config = _fallback(state, table, text)
-        _record_miss(shared, state, text, tuner, args, kwargs)
-        STATS["fallback"] += 1
+    """The config for a key's text: stored, else tuned now (mode tune) or the fallback (lookup);
+    in mode heuristic the first config the pruning keeps, nothing read."""
+    pruned = _Pruned(tuner, args, kwargs)
+    if state.settings.mode == HEURISTIC:
+        with _STAGE("prune"):
+            config = pruned()[0]
+        STATS["heuristic"] += 1
     else:
-        config = _tune_locked(tuner, state, shared, text, args, kwargs)
+        shared = _shared_for(state.settings)
+        with _STAGE("look up"):
+            table = shared.table(state.template)
+            config = state.match(table.get(text), pruned)
+        if config is not None:
+            STATS["stored"] += 1
+        elif state.settings.mode == LOOKUP:
+            config = _fallback(state, table, text)
+            _record_miss(shared, state, text, tuner, args, kwargs)
+            STATS["fallback"] += 1
+        else:
+            config = _tune_locked(tuner, state, shared, text, args, kwargs, pruned)
     if len(tuner.configs) > 1:
         # triton.autotune zeroes the reset_to_zero arguments after benchmarking a key, so the
         # launch that follows a key's first resolution starts from zero: so does this one
         tuner.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()}, reset_only=True)
     return config
+
+
+class _Pruned:
+    """The configs Triton's pruning keeps for one call (:func:`_pruned`), computed on first use."""
+
+    def __init__(self, tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> None:
+        self._call = (tuner, args, kwargs)
+        self._configs: list[Any] | None = None
+
+    def __call__(self) -> list[Any]:
+        if self._configs is None:
+            self._configs = _pruned(*self._call)
+        return self._configs
 
 
 # -- Autotuner subclasses with a run of their own (FlagGems' LibTuner, for one) ------------------
@@ -567,8 +741,10 @@ class _StoreCache:
             with state.lock:
                 if key not in answers:
                     answers[key] = _config_for(tuner, state, _key_text_of(tuner, key, nargs), args, kwargs)
-        except TunesvcError as exc:
-            _unusable(state, exc, "its own", stacklevel=3)
+        except _LeftToTriton:
+            return key in self.inner
+        except Exception as exc:  # capture fails open: the subclass searches as it would alone
+            _give_up(state, exc, _STAGE.get(), stacklevel=3)
             return key in self.inner
         return True
 
@@ -697,35 +873,82 @@ def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> dict
 
 # -- tuning a miss ------------------------------------------------------------------------------
 def _tune_locked(
-    tuner: Autotuner, state: _State, shared: _Shared, text: str, args: tuple, kwargs: dict[str, Any]
+    tuner: Autotuner,
+    state: _State,
+    shared: _Shared,
+    text: str,
+    args: tuple,
+    kwargs: dict[str, Any],
+    pruned: _Pruned,
 ) -> Any:
-    """Tune the key once across processes and hosts, the others wait and then read the winner.
-
-    Two locks: a file lock beside the database (the processes of one host wait on it without
-    touching the database), then a claim in the database's jobs table (hosts sharing a server
-    database: one claims the key, heartbeats while it tunes, and the others poll for its winner;
-    a claim whose heartbeat stops, its process killed, is taken over).
-    """
-    from filelock import FileLock
-
+    """Tune the key once across processes and hosts; the others wait and then read the winner
+    (the claim: :class:`tunesvc.claim.KeyClaim`)."""
+    from tunesvc.claim import KeyClaim
     from tunesvc.device import current_device
-    from tunesvc.runtime import _lock_path
 
-    store = shared.store(create=True)
-    assert store is not None
-    device = current_device()
-    lock_name = re.sub(r"[^A-Za-z0-9_.-]+", "_", state.name)[-80:]  # a file name; the digest keeps it unique
-    with FileLock(_lock_path(shared.settings.db_path, lock_name, text)), _KeyClaim(store, state, device, text) as claim:
+    with _STAGE("prune"):
+        candidates = pruned()
+    if len(candidates) == 1:  # as triton.autotune: nothing to choose between, nothing measured
+        STATS["untuned"] += 1
+        return candidates[0]
+    with _STAGE("open the database"):
+        store = shared.store(create=True)
+        assert store is not None
+        device = current_device()
+    template = state.template
+
+    def winner() -> Any:
+        rows = store.winners(kernel=state.name, hardware_id=device.hardware_id, version=template.version)
+        return state.match(next((w.config for w in rows if w.shape_key == text), None), pruned)
+
+    ident = f"{state.name}|{template.version}|{device.hardware_id}|{text}"
+    with _STAGE("claim"), KeyClaim(store, state.name, ident, text, winner) as claim:
         if claim.winner is not None:
             STATS["stored"] += 1
             return claim.winner
-        pruned = _pruned(tuner, args, kwargs)
-        if len(pruned) == 1:  # as triton.autotune: nothing to choose between, nothing measured
-            STATS["untuned"] += 1
-            return pruned[0]
-        winner = tune_key(tuner, state, store, device, text, list(pruned), args, kwargs)
+        started = time.perf_counter()
+        with _untraced(_tensors_of((args, kwargs))):
+            config = tune_key(tuner, state, store, device, text, list(candidates), _aliased(args), _aliased(kwargs))
+        TUNE_SECONDS[0] += time.perf_counter() - started
         STATS["tuned"] += 1
-        return winner
+        return config
+
+
+@contextmanager
+def _untraced(tensors: list[torch.Tensor]) -> Iterator[None]:
+    """Tuning leaves no trace but the store: no autograd graph (inference mode where the call's
+    tensors are inference tensors, which only it may write), the RNG states, the current CUDA
+    device and stream as they were."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    device = torch.cuda.current_device() if cuda else None
+    stream = torch.cuda.current_stream() if cuda else None
+    inference = any(t.is_inference() for t in tensors)
+    grad_off = torch.inference_mode() if inference else torch.no_grad()
+    try:
+        with torch.random.fork_rng(devices=[device] if device is not None else [], device_type="cuda"), grad_off:
+            yield
+    finally:
+        if device is not None:
+            torch.cuda.set_device(device)
+            torch.cuda.set_stream(stream)  # type: ignore[arg-type]
+
+
+def _aliased(values: Any) -> Any:
+    """The call's arguments with each tensor as ``Tensor.data``: the same memory under a version
+    counter of its own, so that restoring the inputs between candidates (and reset_to_zero,
+    restore_value) never bumps the version of a tensor autograd saved for backward."""
+
+    def alias(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.data
+        base = v.base if _is_descriptor(v) else None
+        if isinstance(base, torch.Tensor) and dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return dataclasses.replace(v, base=base.data)
+        return v
+
+    if isinstance(values, dict):
+        return {k: alias(v) for k, v in values.items()}
+    return tuple(alias(v) for v in values)
 
 
 def _pruned(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
@@ -743,100 +966,6 @@ def _pruned(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
     for config in kept:
         unique.setdefault(config_hash(config_dict(config)), config)
     return list(unique.values())
-
-
-#: how often a process waiting on another's claim of a key looks for its winner (seconds)
-CLAIM_POLL_S = 0.2
-
-
-class _KeyClaim:
-    """This process's claim on tuning one key, through the jobs table (see :mod:`tunesvc.jobs`).
-
-    ``winner`` is set instead when the key turns out to be tuned (before, or while waiting).
-    One job per (kernel, version, device, key), in a batch of its own.
-    """
-
-    def __init__(self, store: Store, state: _State, device: Device, text: str) -> None:
-        import hashlib
-        import socket
-
-        self.store, self.state, self.device, self.text = store, state, device, text
-        ident = f"{state.name}|{state.template.version}|{device.hardware_id}|{text}"
-        self.batch = "capture-" + hashlib.sha256(ident.encode()).hexdigest()[:16]
-        self.worker = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
-        self.winner: Any = None
-        self.job_id: int | None = None
-        self._stop = threading.Event()
-        self._beat: threading.Thread | None = None
-
-    def stored_winner(self) -> Any:
-        rows = self.store.winners(
-            kernel=self.state.name, hardware_id=self.device.hardware_id, version=self.state.template.version
-        )
-        return next((self.state.listed(w.config) for w in rows if w.shape_key == self.text), None)
-
-    def __enter__(self) -> _KeyClaim:
-        from sqlalchemy import select
-        from sqlalchemy.exc import IntegrityError
-
-        from tunesvc import jobs
-        from tunesvc.store.models import Job
-
-        while True:
-            self.winner = self.stored_winner()
-            if self.winner is not None:
-                return self
-            with self.store.session() as session:
-                job = session.scalar(select(Job).where(Job.batch == self.batch))
-                status = None if job is None else job.status
-            if status is None:
-                try:
-                    with self.store.session() as session:
-                        session.add(
-                            Job(
-                                batch=self.batch,
-                                kernel=self.state.name,
-                                shape_key=self.text,
-                                problem={},
-                                strategy="capture",
-                                budget=None,
-                                seed=0,
-                                status="pending",
-                                attempts=0,
-                            )
-                        )
-                except IntegrityError:  # another process added it first
-                    pass
-            elif status in ("done", "failed"):
-                # its tuner finished with no correct config stored: tune here, unclaimed
-                return self
-            jobs.release_stale(self.store, self.batch)
-            held = jobs.claim(self.store, self.batch, self.worker)
-            if held is not None:
-                self.job_id = held.id
-                self._beat = threading.Thread(target=self._heartbeat, name="tunesvc-claim", daemon=True)
-                self._beat.start()
-                self.winner = self.stored_winner()  # tuned between the look and the claim
-                return self
-            time.sleep(CLAIM_POLL_S)
-
-    def _heartbeat(self) -> None:
-        from tunesvc import jobs
-
-        while not self._stop.wait(jobs.HEARTBEAT_S):
-            try:
-                jobs.heartbeat(self.store, self.job_id, self.worker)  # type: ignore[arg-type]
-            except Exception:  # a missed beat only risks another process taking the key over
-                pass
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        from tunesvc import jobs
-
-        self._stop.set()
-        if self._beat is not None:
-            self._beat.join()
-        if self.job_id is not None:
-            jobs.finish(self.store, self.job_id, self.worker, "failed" if exc_type else "done")
 
 
 class CaptureBench(Bench):
@@ -861,6 +990,7 @@ class CaptureBench(Bench):
         rep_ms: float = 100.0,
         tolerance: float | None = None,
         grids: dict[str, Any] | None = None,
+        candidates: list[Any] = (),  # type: ignore[assignment]
     ) -> None:
         self.tuner = tuner
         self.device = device
@@ -870,7 +1000,8 @@ class CaptureBench(Bench):
         self._input_sets = None
         self._tolerance = tolerance
         self._grids = grids
-        self._configs = {config_hash(config_dict(c)): c for c in tuner.configs}
+        #: every config a finalist's stored dict may name: listed, or built by the pruner for this call
+        self._configs = {config_hash(config_dict(c)): c for c in (*tuner.configs, *candidates)}
         self._tensors = _tensors_of(self.inputs)
         self._pristine = [t.clone() for t in self._tensors]
         self.ref: list[torch.Tensor] | None = None
@@ -922,7 +1053,7 @@ class CaptureBench(Bench):
         assert outputs is not None
         if self.ref is None:  # the first valid config is the reference
             self.ref = outputs
-            self._written = [not torch.equal(out, saved) for out, saved in zip(outputs, self._pristine)]
+            self._written = [not _same(out, saved) for out, saved in zip(outputs, self._pristine)]
             self._ref_finite = self._finite(outputs)
             err = 0.0
         elif not self._ref_finite and self._finite(outputs):
@@ -941,7 +1072,7 @@ class CaptureBench(Bench):
     def _finite(self, outputs: list[torch.Tensor]) -> bool:
         """No NaN or inf in the floating tensors the reference config wrote."""
         return all(
-            bool(torch.isfinite(out).all())
+            bool(torch.isfinite(_widened(out)).all())
             for out, written in zip(outputs, self._written)
             if written and (out.is_floating_point() or out.is_complex())
         )
@@ -951,11 +1082,11 @@ class CaptureBench(Bench):
         worst = 0.0
         for i, (out, ref, written) in enumerate(zip(outputs, self.ref, self._written)):
             if not written or not (out.is_floating_point() or out.is_complex()):
-                if not torch.equal(out, ref):
+                if not _same(out, ref):
                     return math.inf, f"tensor argument {i} differs from the first valid config's"
                 continue
             tolerance = self._tolerance if self._tolerance is not None else TOLERANCE.get(out.dtype, LOOSE_TOLERANCE)
-            err = relative_error(out, ref)
+            err = relative_error(_widened(out), _widened(ref))
             if not err <= tolerance:
                 return (
                     err,
@@ -968,6 +1099,23 @@ class CaptureBench(Bench):
         if isinstance(config, dict):  # a finalist, by its stored dict
             config = self._configs[config_hash(config)]
         return lambda inputs: lambda: self._launch(config, inputs)
+
+
+def _widened(t: torch.Tensor) -> torch.Tensor:
+    """A float tensor of a dtype torch does little arithmetic on (float8 e4m3/e5m2: no ``abs`` on
+    CUDA, so no ``isfinite``) as float32, by value; other tensors as they are."""
+    if t.is_floating_point() and t.element_size() == 1:
+        return t.float()
+    return t
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal in shape and bits (float8 compared as bytes: torch has no ``eq`` for it everywhere)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point() and a.element_size() == 1:
+        return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    return torch.equal(a, b)
 
 
 def launch_listed(
@@ -1074,18 +1222,9 @@ def compile_workers(candidates: int, device: Device, call_bytes: int) -> int:
     process compiles meanwhile), nor more copies of the call than half the free GPU memory holds;
     none where this process runs on a GPU other than the first visible one (a rank of a
     multi-GPU process), since workers make their contexts on that one."""
-    text = os.environ.get("TUNESVC_COMPILE_WORKERS", "").strip()
-    if text:
-        try:
-            workers = int(text)
-        except ValueError:
-            warnings.warn(
-                f"tunesvc: TUNESVC_COMPILE_WORKERS={text!r} is not a number; give a count of processes "
-                "(0: compile in this process). Compiling in this process.",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            return 0
+    given = settings.compile_workers()
+    if given is not None:
+        workers = given
     elif device.is_gpu:
         workers = min(MAX_COMPILE_WORKERS, (os.cpu_count() or 1) // 2)
     else:
@@ -1245,22 +1384,35 @@ def tune_key(
     from tunesvc.bench import remeasure_finalists
 
     template = state.template
-    kv_id = store.kernel_version_id(template)
-    device_id = store.device_id(device)
-    started = time.perf_counter()
-    # the call as data: `tune verify` and offline tuning rebuild inputs of the same shapes from it
-    call = call if call is not None else describe_call(tuner, args, kwargs)
-    sweep_id = store.start_sweep(kv_id, device_id, text, call, "capture", len(candidates), 0)
+    with _STAGE("store"):
+        kv_id = store.kernel_version_id(template)
+        device_id = store.device_id(device)
+        started = time.perf_counter()
+        # the call as data: `tune verify` and offline tuning rebuild inputs of the same shapes from it
+        call = call if call is not None else describe_call(tuner, args, kwargs)
+        sweep_id = store.start_sweep(kv_id, device_id, text, call, "capture", len(candidates), 0)
     rep_ms = float(getattr(tuner, "num_reps", None) or 100.0)
-    with _measuring(), _precompiled(tuner, state, device, candidates, call, args, kwargs) as ready:
+    with (
+        _STAGE("measure"),
+        _measuring(),
+        _precompiled(tuner, state, device, candidates, call, args, kwargs) as ready,
+    ):
         bench = CaptureBench(
-            tuner, device, args, kwargs, rep_ms=rep_ms, tolerance=state.options.get("tolerance"), grids=grids
+            tuner,
+            device,
+            args,
+            kwargs,
+            rep_ms=rep_ms,
+            tolerance=state.options.get("tolerance"),
+            grids=grids,
+            candidates=candidates,
         )
         try:
             measured = _measured(bench, candidates, ready)
             STATS["benchmarks"] += bench.measurements
             results = [(config_dict(c), config_hash(config_dict(c)), m) for c, m in zip(candidates, measured)]
-            store.add_trials(sweep_id, kv_id, device_id, text, results)
+            with _STAGE("store"):
+                store.add_trials(sweep_id, kv_id, device_id, text, results)
             if device.is_gpu:
                 rows = store.trials(kv_id, device_id, text)
                 store.replace_measurements(
@@ -1273,11 +1425,12 @@ def tune_key(
         c: [m.time_ms if m.ok and m.time_ms is not None else math.inf] * 3 for c, (_, _, m) in zip(candidates, results)
     }
     tuner.bench_time = time.perf_counter() - started
-    winner = store.update_winner(kv_id, device_id, text)
-    store.finish_sweep(sweep_id, time.perf_counter() - started)
+    with _STAGE("store"):
+        winner = store.update_winner(kv_id, device_id, text)
+        store.finish_sweep(sweep_id, time.perf_counter() - started)
     if winner is None:
         return candidates[0]
-    return state.listed(winner.config) or candidates[0]
+    return state.match(winner.config, lambda: candidates) or candidates[0]
 
 
 # -- the drop-in and process-wide capture ----------------------------------------------------
@@ -1310,8 +1463,8 @@ class CapturedKernel(Autotuner):
             )
         super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **triton_options)
         self._explicit = (mode, db, bundle)
-        settings = Settings.resolve(mode, db, bundle, base=_process)
-        self.__dict__["_tunesvc"] = _State(self, settings, name, {"tolerance": tolerance})
+        chosen = Settings.resolve(mode, db, bundle, base=_process)
+        self.__dict__["_tunesvc"] = _State(self, chosen, name, {"tolerance": tolerance})
         _STATES.add(self)
 
     run = captured_run
@@ -1319,8 +1472,8 @@ class CapturedKernel(Autotuner):
     def _rebind(self) -> None:
         """New settings after capture()/configure(): explicit options keep winning."""
         old = self.__dict__["_tunesvc"]
-        settings = Settings.resolve(*self._explicit, base=_process)
-        self.__dict__["_tunesvc"] = _State(self, settings, old.name, old.options)
+        chosen = Settings.resolve(*self._explicit, base=_process)
+        self.__dict__["_tunesvc"] = _State(self, chosen, old.name, old.options)
 
 
 def autotune(
@@ -1408,8 +1561,7 @@ def capture(
     ``close`` gives Triton its own autotuner back.
     """
     previous = _process
-    settings = Settings.resolve(mode, db, bundle)
-    _apply(settings)
+    _apply(Settings.resolve(mode, db, bundle))
     return Capture(previous, True)
 
 
@@ -1418,13 +1570,21 @@ def uncapture() -> None:
     _apply(None)
 
 
-def _apply(settings: Settings | None) -> None:
-    global _process
+_summary_registered = False
+
+
+def _apply(chosen: Settings | None) -> None:
+    global _process, _summary_registered
     with _settings_lock:
-        _process = settings
-        Autotuner.run = captured_run if settings is not None else _TRITON_RUN
-        if settings is not None:
+        _process = chosen
+        Autotuner.run = captured_run if chosen is not None else _TRITON_RUN
+        if chosen is not None:
             _wrap_subclasses()
+            if not _summary_registered and (settings.summary_requested() or settings.summary_file()):
+                import atexit
+
+                atexit.register(_write_summary)
+                _summary_registered = True
     _forget_all()
     for tuner in list(_STATES):
         if isinstance(tuner, CapturedKernel):
@@ -1438,7 +1598,7 @@ def capturing() -> Settings | None:
 
 def capture_from_env() -> None:
     """What ``TUNESVC_CAPTURE=1`` does once Triton's autotuner is imported (see _tunesvc_capture)."""
-    if os.environ.get("TUNESVC_CAPTURE", "") not in ("", "0") and _process is None:
+    if settings.capture_requested() and _process is None:
         capture()
 
 

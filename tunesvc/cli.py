@@ -1304,7 +1304,7 @@ def run(
     import os
     import subprocess
 
-    from tunesvc._capture import MODES
+    from tunesvc.settings import MODES
 
     if mode is not None and mode not in MODES:
         raise TunesvcError(f"Unknown mode '{mode}'; use one of {', '.join(MODES)}.")

@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from tunesvc import settings
 from tunesvc.device import current_device
 from tunesvc.device import device_at
 from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
+from tunesvc.settings import MODES
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
 from tunesvc.template import get_template
@@ -62,9 +64,6 @@ class LookupResult:
         }
 
 
-MODES = ("lookup", "heuristic", "tune")
-
-
 class Runtime:
     """Tuned configs for one process.
 
@@ -95,13 +94,24 @@ class Runtime:
         if db is not None and bundle is not None:
             raise TunesvcError("Give a database or a bundle, not both.")
         if db is None and bundle is None:
-            bundle = os.environ.get("TUNESVC_BUNDLE") or None
-            db = os.environ.get("TUNESVC_DB") or None
-        mode = mode or os.environ.get("TUNESVC_MODE") or "lookup"
-        if mode not in MODES:
+            bundle = settings.bundle()
+            db = settings.db()
+        if mode is not None and settings.check_mode(mode) is not None:
             raise TunesvcError(f"Unknown runtime mode '{mode}'; use one of {', '.join(MODES)}.")
         if mode == "tune" and bundle is not None:
             raise TunesvcError("Mode 'tune' stores what it tunes in a database; give db, not a bundle.")
+        if mode is None:
+            mode = settings.mode("lookup")
+            if mode == "tune" and bundle is not None:  # from the environment: a warning, never an error
+                warnings.warn(
+                    "tunesvc: TUNESVC_MODE=tune with a bundle alone has no database to store in; serving it "
+                    "in mode lookup (set TUNESVC_DB to tune).",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                mode = "lookup"
+        if mode == "off":  # tunesvc steps aside: a shipped kernel has no autotuner but its heuristic
+            mode = "heuristic"
         self.db = db
         self.bundle = bundle
         self.mode = mode
@@ -480,14 +490,22 @@ def _database_exists(db: str | os.PathLike) -> bool:
 
 
 def _lock_path(db: str | os.PathLike, kernel: str, key: str) -> str:
-    """A lock file beside a SQLite file (or in the temp folder for a server database)."""
+    """A lock file in tunesvc's lock folder (settings.lock_dir(), never the working folder; the
+    temp folder where that cannot be made), named by the database's resolved path, kernel and key."""
     import hashlib
+    import re
     import tempfile
 
-    digest = hashlib.sha256(f"{db}|{kernel}|{key}".encode()).hexdigest()[:16]
     text = str(db)
-    folder = Path(text).resolve().parent if "://" not in text else Path(tempfile.gettempdir())
-    return str(folder / f".tunesvc-{kernel}-{digest}.lock")
+    where = str(Path(text).resolve()) if "://" not in text else text
+    digest = hashlib.sha256(f"{where}|{kernel}|{key}".encode()).hexdigest()[:16]
+    folder = settings.lock_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        folder = Path(tempfile.gettempdir())
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", kernel)[-80:]  # a file name; the digest keeps it unique
+    return str(folder / f"tunesvc-{name}-{digest}.lock")
 
 
 def load_bundle_table(

@@ -1,0 +1,163 @@
+"""Every ``TUNESVC_*`` environment variable, its default, and the one vocabulary of modes.
+
+Read here and nowhere else (``tests/test_settings.py`` fails when another module reads
+``os.environ`` for a ``TUNESVC_`` name). A value that does not parse is never an exception in
+the user's program: one warning line names the variable, what it holds and what is used instead
+(the default), as Helion's ``runtime/settings.py`` does with its ``_env_get_*`` readers.
+
+Modes, the same for the shipped kernels' runtime, captured ``triton.autotune`` kernels and
+``tune run``:
+
+- ``tune``: the stored winner; a miss is tuned now, stored, and used from then on;
+- ``lookup``: the stored winner, else the fallback chain (nearest stored key, heuristic);
+  nothing is measured, and a captured kernel's miss is recorded for offline tuning;
+- ``heuristic``: winners are never read; the kernel's heuristic config (for a captured kernel,
+  the first config its pruning keeps, as Triton launches a one-config autotuner);
+- ``off``: tunesvc steps aside: a captured kernel runs Triton's own autotuner, a shipped kernel
+  (which has no other autotuner) its heuristic config.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+MODES = ("tune", "lookup", "heuristic", "off")
+TUNE, LOOKUP, HEURISTIC, OFF = MODES
+
+#: the database where none is named: a SQLite file in the working folder
+DEFAULT_DB = "tune.db"
+
+#: the variables and what they hold (``tune run --help`` and docs/settings.md list them from here)
+VARIABLES = {
+    "TUNESVC_DB": "database URL or SQLite path [tune.db]",
+    "TUNESVC_BUNDLE": "a bundle (JSON from `tune export`) to serve winners from",
+    "TUNESVC_MODE": f"one of {', '.join(MODES)} [runtime: lookup; capture: tune, or lookup with a bundle alone]",
+    "TUNESVC_CAPTURE": "1: route every triton.autotune kernel of the process through tunesvc",
+    "TUNESVC_SUMMARY": "1: a captured process prints one summary line to stderr when it exits",
+    "TUNESVC_SUMMARY_FILE": "a file a captured process appends its summary to as a JSON line (set by `tune run`)",
+    "TUNESVC_COMPILE_WORKERS": "processes compiling a captured key's configs ahead [on a GPU: half the cores, at most 8]",
+    "TUNESVC_MAX_KEYS": "distinct keys one captured kernel may tune in a process before it is left to Triton [256]",
+    "TUNESVC_CLAIM_STALE_S": "seconds without a heartbeat after which another process's key claim is taken over [10]",
+    "TUNESVC_LOCK_DIR": "folder of tunesvc's lock files [$XDG_CACHE_HOME/tunesvc/locks]",
+    "TUNESVC_REPLAY": "0: shipped kernels skip their recorded launch plans",
+    "TUNESVC_TIMELINE": "a file the sweep's timeline events are appended to",
+    "TUNESVC_TIMELINE_ROLE": "the role a process's timeline events are written under",
+    "TUNESVC_JOB_KERNEL": "the kernel module path a sweep's workers may import (set by the sweep)",
+}
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn(name: str, value: str, fix: str, used: object) -> None:
+    if (name, value) not in _warned:  # once per variable and value, however often it is read
+        _warned.add((name, value))
+        warnings.warn(f"tunesvc: {name}={value!r} {fix}; using {used!r}.", RuntimeWarning, stacklevel=3)
+
+
+def text(name: str, default: str | None = None) -> str | None:
+    """The variable's value, stripped; ``default`` where it is unset or empty."""
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def flag(name: str) -> bool:
+    """Whether the variable is set to something other than empty or ``0``."""
+    return (text(name) or "0") != "0"
+
+
+def integer(name: str, default: int, minimum: int = 0) -> int:
+    value = text(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        _warn(name, value, "is not a whole number", default)
+        return default
+    if number < minimum:
+        _warn(name, value, f"is below {minimum}", default)
+        return default
+    return number
+
+
+def seconds(name: str, default: float) -> float:
+    value = text(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0 or number == float("inf"):
+        _warn(name, value, "is not a number of seconds", default)
+        return default
+    return number
+
+
+def check_mode(mode: str) -> str | None:
+    """One sentence saying what is wrong with ``mode``, or None where it is one of :data:`MODES`."""
+    if mode in MODES:
+        return None
+    return f"Unknown mode {mode!r}; use one of {', '.join(MODES)}."
+
+
+def mode(default: str) -> str:
+    """$TUNESVC_MODE, else ``default``; an unknown value is one warning and ``default``."""
+    value = text("TUNESVC_MODE")
+    if value is None:
+        return default
+    if check_mode(value) is not None:
+        _warn("TUNESVC_MODE", value, f"is not a mode (use one of {', '.join(MODES)})", default)
+        return default
+    return value
+
+
+def db() -> str | None:
+    """$TUNESVC_DB: a database URL or SQLite path, or None where unset."""
+    return text("TUNESVC_DB")
+
+
+def bundle() -> str | None:
+    return text("TUNESVC_BUNDLE")
+
+
+def capture_requested() -> bool:
+    return flag("TUNESVC_CAPTURE")
+
+
+def summary_requested() -> bool:
+    return flag("TUNESVC_SUMMARY")
+
+
+def summary_file() -> str | None:
+    return text("TUNESVC_SUMMARY_FILE")
+
+
+def compile_workers() -> int | None:
+    """$TUNESVC_COMPILE_WORKERS (0: none), or None where unset (the capture's own rule)."""
+    if text("TUNESVC_COMPILE_WORKERS") is None:
+        return None
+    return integer("TUNESVC_COMPILE_WORKERS", 0)
+
+
+def max_keys() -> int:
+    return integer("TUNESVC_MAX_KEYS", 256, minimum=1)
+
+
+def claim_stale_s() -> float:
+    return seconds("TUNESVC_CLAIM_STALE_S", 10.0)
+
+
+def lock_dir() -> Path:
+    """Where lock files go: never the user's working folder (a cache folder, else the temp folder)."""
+    given = text("TUNESVC_LOCK_DIR")
+    if given is not None:
+        return Path(given)
+    cache = text("XDG_CACHE_HOME")
+    return (Path(cache) if cache else Path.home() / ".cache") / "tunesvc" / "locks"
+
+
+def replay_enabled() -> bool:
+    return text("TUNESVC_REPLAY", "1") != "0"

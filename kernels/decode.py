@@ -55,40 +55,16 @@ PAGE_SIZE = 16
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    seq_lens_ptr,
-    block_table_ptr,
-    out_ptr,
-    mid_o_ptr,
-    mid_lse_ptr,
-    qk_scale,
-    HKV,
-    stride_qb,
-    stride_qh,
-    stride_qd,
-    stride_kb,
-    stride_kn,
-    stride_kh,
-    stride_kd,
-    stride_vb,
-    stride_vn,
-    stride_vh,
-    stride_vd,
-    stride_bt,
-    stride_ob,
-    stride_oh,
-    stride_od,
-    GROUP: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    PAGE: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, seq_lens_ptr, block_table_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
+    qk_scale, HKV,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_bt,  # the block table's rows (paged caches)
+    stride_ob, stride_oh, stride_od,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    PAGE: tl.constexpr, DOT_IN_FP32: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
     """One (sequence, kv head, split): online softmax over the split's chunk of the sequence.
 
     PAGE = 0: the cache is contiguous and stride_kb/stride_kn step sequences/tokens; PAGE > 0:
@@ -175,17 +151,10 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_combine_kernel(
-    mid_o_ptr,
-    mid_lse_ptr,
-    out_ptr,
-    HQ,
-    stride_ob,
-    stride_oh,
-    stride_od,
-    D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
+    mid_o_ptr, mid_lse_ptr, out_ptr, HQ,
+    stride_ob, stride_oh, stride_od,
+    D: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
     """One (sequence, query head): the splits' partial outputs weighted by 2^lse."""
     if USE_PDL:
         # launched early (programmatic dependent launch): wait until the split kernel's
@@ -235,51 +204,24 @@ def launch_decode(
     paged = block_table is not None
     pdl = num_splits > 1 and q.is_cuda and _pdl_available(q.device.index)
     _decode_split_kernel[(B * HKV, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        seq_lens,
-        block_table if paged else seq_lens,
-        out,
-        mid_o,
-        mid_lse,
-        scale,
-        HKV,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        *k_cache.stride(),
-        *v_cache.stride(),
+        q, k_cache, v_cache, seq_lens, block_table if paged else seq_lens, out, mid_o, mid_lse,
+        scale, HKV,
+        q.stride(0), q.stride(1), q.stride(2),
+        *k_cache.stride(), *v_cache.stride(),
         block_table.stride(0) if paged else 0,
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        GROUP=group,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
-        D=D,
-        BLOCK_N=meta["BLOCK_N"],
-        NUM_SPLITS=num_splits,
-        PAGE=k_cache.shape[1] if paged else 0,
-        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16,
-        USE_PDL=pdl,
-        **options,
-    )
+        out.stride(0), out.stride(1), out.stride(2),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_N=meta["BLOCK_N"],
+        NUM_SPLITS=num_splits, PAGE=k_cache.shape[1] if paged else 0,
+        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16, USE_PDL=pdl, **options,
+    )  # fmt: skip
     if num_splits > 1:
         # a tiny pass (NUM_SPLITS x D floats per program): the tuned launch options are the first kernel's
         _decode_combine_kernel[(B * HQ,)](
-            mid_o,
-            mid_lse,
-            out,
-            HQ,
-            out.stride(0),
-            out.stride(1),
-            out.stride(2),
-            D=D,
-            NUM_SPLITS=num_splits,
-            USE_PDL=pdl,
-            num_warps=4,
+            mid_o, mid_lse, out, HQ,
+            out.stride(0), out.stride(1), out.stride(2),
+            D=D, NUM_SPLITS=num_splits, USE_PDL=pdl, num_warps=4,
             **({"launch_pdl": True} if pdl else {}),
-        )
+        )  # fmt: skip
     return out
 
 

@@ -63,16 +63,10 @@ def _uniform_lanes(seed, start, BLOCK: tl.constexpr):
 
 @triton.jit
 def _dropout_kernel(
-    x_ptr,
-    y_ptr,
-    n_elements,
-    seed,
-    p,
-    scale,
-    BLOCK: tl.constexpr,
-    LANES_2D: tl.constexpr,
-    INT64_OFFSETS: tl.constexpr,
-):
+    x_ptr, y_ptr,
+    n_elements, seed, p, scale,
+    BLOCK: tl.constexpr, LANES_2D: tl.constexpr, INT64_OFFSETS: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(axis=0)
     if INT64_OFFSETS:
         start = pid.to(tl.int64) * BLOCK

@@ -51,20 +51,10 @@ _MODEL_TOKENS = (1, 64, 512, 4096, 16384, 8, 256, 2048)
 
 @triton.jit
 def _layernorm_fwd_kernel(
-    X,
-    Y,
-    W,
-    B,
-    Mean,
-    Rstd,
-    M,
-    N,
-    stride_x,
-    stride_y,
-    eps,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    X, Y, W, B, Mean, Rstd,
+    M, N, stride_x, stride_y, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)  # row offsets in 64 bits: M * N may pass 2**31 elements
     cols = tl.arange(0, BLOCK_N)
@@ -87,22 +77,10 @@ def _layernorm_fwd_kernel(
 
 @triton.jit
 def _layernorm_bwd_kernel(
-    X,
-    W,
-    DY,
-    DX,
-    Mean,
-    Rstd,
-    Partial,
-    M,
-    N,
-    stride_x,
-    stride_dy,
-    stride_dx,
-    rows_per_program,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    X, W, DY, DX, Mean, Rstd, Partial,
+    M, N, stride_x, stride_dy, stride_dx, rows_per_program,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -209,22 +187,10 @@ def launch_layernorm_bwd(
     programs = triton.cdiv(M, rows_per_program)
     partial = torch.empty((programs, 2 * N), device=x.device, dtype=torch.float32)
     _layernorm_bwd_kernel[(programs,)](
-        x,
-        w,
-        dy,
-        dx,
-        mean,
-        rstd,
-        partial,
-        M,
-        N,
-        x.stride(0),
-        dy.stride(0),
-        dx.stride(0),
-        rows_per_program,
-        **meta,
-        **options,
-    )
+        x, w, dy, dx, mean, rstd, partial,
+        M, N, x.stride(0), dy.stride(0), dx.stride(0), rows_per_program,
+        **meta, **options,
+    )  # fmt: skip
     launch_column_sum(partial, dwdb)
     return dx, dwdb[:N], dwdb[N:]
 

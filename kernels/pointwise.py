@@ -48,19 +48,11 @@ _FLOPS_PER_ELEMENT = {"gelu": 7, "silu": 5, "relu": 3}
 
 @triton.jit
 def _bias_act_residual_kernel(
-    x_ptr,
-    bias_ptr,
-    res_ptr,
-    y_ptr,
-    M,
-    N,
-    stride_xm,
-    stride_rm,
-    stride_ym,
-    ACT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    x_ptr, bias_ptr, res_ptr, y_ptr,
+    M, N,
+    stride_xm, stride_rm, stride_ym,
+    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     pid_m = tl.program_id(axis=0)
     pid_n = tl.program_id(axis=1)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -104,21 +96,11 @@ def launch_bias_act_residual(
 
 @triton.jit
 def _bias_act_residual_bwd_kernel(
-    x_ptr,
-    bias_ptr,
-    dy_ptr,
-    dx_ptr,
-    partial_ptr,
-    M,
-    N,
-    stride_xm,
-    stride_dym,
-    stride_dxm,
-    ACT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr,
-):
+    x_ptr, bias_ptr, dy_ptr, dx_ptr, partial_ptr,
+    M, N,
+    stride_xm, stride_dym, stride_dxm,
+    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
     pid_m = tl.program_id(axis=0)
     pid_n = tl.program_id(axis=1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -41,18 +41,10 @@ from tunesvc.template import Problem
 
 @triton.jit
 def _rmsnorm_fwd_kernel(
-    X,
-    Y,
-    W,
-    Rstd,
-    M,
-    N,
-    stride_x,
-    stride_y,
-    eps,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    X, Y, W, Rstd,
+    M, N, stride_x, stride_y, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)  # row offsets in 64 bits: M * N may pass 2**31 elements
     cols = tl.arange(0, BLOCK_N)
@@ -69,21 +61,10 @@ def _rmsnorm_fwd_kernel(
 
 @triton.jit
 def _rmsnorm_bwd_kernel(
-    X,
-    W,
-    DY,
-    DX,
-    Rstd,
-    Partial,
-    M,
-    N,
-    stride_x,
-    stride_dy,
-    stride_dx,
-    rows_per_program,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    X, W, DY, DX, Rstd, Partial,
+    M, N, stride_x, stride_dy, stride_dx, rows_per_program,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -143,21 +124,10 @@ def launch_rmsnorm_bwd(
     programs = triton.cdiv(M, rows_per_program)
     partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)
     _rmsnorm_bwd_kernel[(programs,)](
-        x,
-        w,
-        dy,
-        dx,
-        rstd,
-        partial,
-        M,
-        N,
-        x.stride(0),
-        dy.stride(0),
-        dx.stride(0),
-        rows_per_program,
-        **meta,
-        **options,
-    )
+        x, w, dy, dx, rstd, partial,
+        M, N, x.stride(0), dy.stride(0), dx.stride(0), rows_per_program,
+        **meta, **options,
+    )  # fmt: skip
     launch_column_sum(partial, dw)
     return dx, dw
 

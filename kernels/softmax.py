@@ -42,16 +42,11 @@ from tunesvc.template import pow2_bucket
 
 @triton.jit
 def _softmax_kernel(
-    x_ptr,
-    y_ptr,
-    M,
-    N,
-    stride_xm,
-    stride_ym,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    ONE_PASS: tl.constexpr,
-):
+    x_ptr, y_ptr,
+    M, N,
+    stride_xm, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(axis=0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     # rows past M wrap (modulo) so every loaded row holds real numbers; their stores are masked
@@ -102,18 +97,11 @@ def launch_softmax(x: torch.Tensor, config: Config, out: torch.Tensor | None = N
 
 @triton.jit
 def _softmax_bwd_kernel(
-    y_ptr,
-    dy_ptr,
-    dx_ptr,
-    M,
-    N,
-    stride_ym,
-    stride_dym,
-    stride_dxm,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    ONE_PASS: tl.constexpr,
-):
+    y_ptr, dy_ptr, dx_ptr,
+    M, N,
+    stride_ym, stride_dym, stride_dxm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(axis=0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     # rows past M wrap (modulo) so loads stay in bounds; their stores are masked

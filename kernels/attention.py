@@ -254,8 +254,9 @@ def _attn_fwd_kernel(
 
 
 def _split(config: Config) -> tuple[dict[str, int], dict[str, int]]:
-    meta = {k: v for k, v in config.items() if k not in LAUNCH_OPTIONS}
-    options = {k: v for k, v in config.items() if k in LAUNCH_OPTIONS}
+    # the attention spaces hold integers only
+    meta = {k: int(v) for k, v in config.items() if k not in LAUNCH_OPTIONS}
+    options = {k: int(v) for k, v in config.items() if k in LAUNCH_OPTIONS}
     return meta, options
 
 
@@ -726,7 +727,8 @@ class _AttentionBase(Template):
         dtype = getattr(torch, problem["dtype"])
         where = "cuda" if device.is_gpu else "cpu"
         shape = (problem["B"], problem["H"], problem["S"], problem["D"])
-        return tuple(torch.randn(shape, device=where, dtype=dtype) for _ in range(3))
+        q, k, v = (torch.randn(shape, device=where, dtype=dtype) for _ in range(3))
+        return q, k, v
 
     def _forward_flops(self, problem: Problem) -> float:
         flops = 4.0 * problem["B"] * problem["H"] * problem["S"] ** 2 * problem["D"]
@@ -773,7 +775,7 @@ class AttentionTemplate(_AttentionBase):
         # one warpgroup per 128 query rows for D=64; D=128's larger accumulator wants two
         warps = 4 if problem["D"] == 64 else 8
         # pointer loads run on every GPU (TMA and WS need Hopper and are left to a sweep)
-        config = {"BLOCK_M": 128, "BLOCK_N": 64, "TMA": 0, "WS": 0, "num_warps": warps, "num_stages": 3}
+        config: Config = {"BLOCK_M": 128, "BLOCK_N": 64, "TMA": 0, "WS": 0, "num_warps": warps, "num_stages": 3}
         if self.violations(config, problem, device):
             config = self.feasible(problem, device)[0]  # short sequences: the smallest tiles
         return config
@@ -791,18 +793,8 @@ class AttentionBwdTemplate(_AttentionBase):
     # H100 (64/128/128/64, 8 warps, 3 stages), with both kinds of loads
     known_good = (
         {"BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 32, "TMA": 0, "num_warps": 4, "num_stages": 5},
-        *(
-            {
-                "BLOCK_M1": 64,
-                "BLOCK_N1": 128,
-                "BLOCK_M2": 128,
-                "BLOCK_N2": 64,
-                "TMA": tma,
-                "num_warps": 8,
-                "num_stages": 3,
-            }
-            for tma in (1, 0)
-        ),
+        {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64, "TMA": 1, "num_warps": 8, "num_stages": 3},
+        {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64, "TMA": 0, "num_warps": 8, "num_stages": 3},
     )
 
     def make_inputs(self, problem: Problem, device: Device) -> AttentionBwdInputs:
@@ -831,12 +823,14 @@ class AttentionBwdTemplate(_AttentionBase):
         q, k, v, _, _, do, causal, sm_scale = inputs
         leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
         with torch.enable_grad():
-            out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=sm_scale)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                leaves[0], leaves[1], leaves[2], is_causal=causal, scale=sm_scale
+            )
         return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         warps = 4 if problem["D"] == 64 else 8
-        config = {
+        config: Config = {
             "BLOCK_M1": 32,
             "BLOCK_N1": 128,
             "BLOCK_M2": 128,

@@ -179,7 +179,7 @@ class DropoutTemplate(Template):
         return lambda: torch.nn.functional.dropout(x, p, training=True)
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
-        config = {"BLOCK": 4096, "LANES_2D": 0, "num_warps": 8}
+        config: Config = {"BLOCK": 4096, "LANES_2D": 0, "num_warps": 8}
         if self.violations(config, problem, device):
             config = self.feasible(problem, device)[0]
         return config

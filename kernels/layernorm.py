@@ -132,8 +132,9 @@ column_sum_kernel = direct_launch(column_sum_kernel)
 
 def split_config(config: Config) -> tuple[dict[str, int], dict[str, int]]:
     """A config as (kernel meta-parameters, launch options)."""
-    meta = {k: v for k, v in config.items() if k not in LAUNCH_OPTIONS}
-    options = {k: v for k, v in config.items() if k in LAUNCH_OPTIONS}
+    # the row-norm spaces hold integers only
+    meta = {k: int(v) for k, v in config.items() if k not in LAUNCH_OPTIONS}
+    options = {k: int(v) for k, v in config.items() if k in LAUNCH_OPTIONS}
     return meta, options
 
 
@@ -270,7 +271,8 @@ class LayerNormTemplate(RowNormTemplate):
         return x, w, b
 
     def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
-        return launch_layernorm(*inputs, 1e-5, config)[0]
+        x, w, b = inputs
+        return launch_layernorm(x, w, b, 1e-5, config)[0]
 
     def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         x, w, b = (t.float() for t in inputs)
@@ -317,8 +319,9 @@ class LayerNormBwdTemplate(RowNormTemplate):
         x.requires_grad_(True)
         w.requires_grad_(True)
         b.requires_grad_(True)
-        torch.nn.functional.layer_norm(x, (x.shape[1],), w, b, 1e-5).backward(dy)
-        return torch.cat([x.grad.flatten(), w.grad, b.grad])
+        y = torch.nn.functional.layer_norm(x, (x.shape[1],), w, b, 1e-5)
+        dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
+        return torch.cat([dx.flatten(), dw, db])
 
     peer_name = "torch F.layer_norm backward (autograd)"
 

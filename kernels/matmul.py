@@ -468,7 +468,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
     dot_in_fp32 = interpreting() and a.dtype == torch.bfloat16
     tiles = triton.cdiv(M, blocks["BLOCK_M"]) * triton.cdiv(N, blocks["BLOCK_N"])
     # split-K slices are whole BLOCK_K steps too, so K alone decides
-    even_k = K % blocks["BLOCK_K"] == 0
+    even_k = K % blocks["BLOCK_K"] == 0  # type: ignore[operator]
     nb, tail_only = N, False
     if variant in ("grouped", "persistent", "splitk"):
         a, b, nb, tail_only = _pointer_operands(a, b)
@@ -503,7 +503,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
         )  # fmt: skip
     elif variant == "splitk":
         split_k = config["SPLIT_K"]
-        partial = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)
+        partial = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)  # type: ignore[arg-type]
         arrivals = _arrivals(a.device, tiles)
         _matmul_splitk_kernel[(tiles, split_k)](
             a, b, c, partial, arrivals, M, N, K, nb,
@@ -518,10 +518,12 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
         a_tma = a if _tma_ready(a) else _aligned_copy(a)
         b_tma = b if _tma_ready(b) else _aligned_copy(b)
         num_sms = current_device().sm_count
-        whole, slices = tail_split(tiles, triton.cdiv(K, blocks["BLOCK_K"]), blocks["BLOCK_K"], num_sms)
+        whole, slices = tail_split(tiles, triton.cdiv(K, blocks["BLOCK_K"]), blocks["BLOCK_K"], num_sms)  # type: ignore[arg-type]
         split = tiles - whole
         partial = torch.empty(
-            (split * slices, blocks["BLOCK_M"] * blocks["BLOCK_N"]), device=a.device, dtype=torch.float32
+            (split * slices, blocks["BLOCK_M"] * blocks["BLOCK_N"]),  # type: ignore[arg-type, operator]
+            device=a.device,
+            dtype=torch.float32,
         )
         _matmul_splittail_kernel[(min(num_sms, max(whole, split * slices)),)](
             a_tma, b_tma, c, partial, _arrivals(a.device, split), M, N, K,
@@ -711,7 +713,7 @@ class MatmulTemplate(Template):
         if config.get("VARIANT") == "splittail":
             # the tiles' K steps over the SMs' span as tail_split models it (its slices' extra
             # steps counted); whole tiles alone where it does not cut, as the launch does
-            block_k = config["BLOCK_K"]
+            block_k = int(config["BLOCK_K"])
             k_steps = triton.cdiv(problem["K"], block_k)
             whole, slices = tail_split(tiles, k_steps, block_k, sms)
             if slices > 1:

@@ -148,7 +148,8 @@ class RMSNormTemplate(RowNormTemplate):
         return x, w
 
     def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
-        return launch_rmsnorm(*inputs, 1e-6, config)[0]
+        x, w = inputs
+        return launch_rmsnorm(x, w, 1e-6, config)[0]
 
     def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         x, w = (t.float() for t in inputs)
@@ -186,17 +187,17 @@ class RMSNormBwdTemplate(RowNormTemplate):
 
     def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
         """dx and dw back to back in one flat buffer, so that one relative error covers both."""
-        x = inputs[0]
+        x, w, dy, rstd = inputs
         out = torch.empty(x.numel() + x.shape[1], device=x.device, dtype=x.dtype)
-        launch_rmsnorm_bwd(*inputs, config, out=out)
+        launch_rmsnorm_bwd(x, w, dy, rstd, config, out=out)
         return out
 
     def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         x, w, dy = (t.double() for t in inputs[:3])
         x.requires_grad_(True)
         w.requires_grad_(True)
-        torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6).backward(dy)
-        return torch.cat([x.grad.flatten(), w.grad])
+        dx, dw = torch.autograd.grad(torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6), (x, w), dy)
+        return torch.cat([dx.flatten(), dw])
 
     peer_name = "torch F.rms_norm backward (autograd)"
 

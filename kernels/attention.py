@@ -64,23 +64,13 @@ _PRE_BLOCK = 64
 
 @triton.jit
 def _attn_fwd_step(
-    acc,
-    l_i,
-    m_i,
-    q,
-    k_src,
-    v_src,
-    stride_kn,
-    stride_vn,
-    start_n,
-    qk_scale,
-    S,
-    offs_m,
-    offs_n,
+    acc, l_i, m_i, q, k_src, v_src,
+    stride_kn, stride_vn,
+    start_n, qk_scale, S, offs_m, offs_n,
     MASK: tl.constexpr,  # 0: none, 1: causal (on-band block), 2: keys past S
     EVEN: tl.constexpr,  # every key of the block lies inside S: unmasked pointer loads
     TMA: tl.constexpr,  # k_src and v_src are tensor descriptors, else K^T and V pointer blocks
-):
+):  # fmt: skip
     """One BLOCK_N step of the online softmax over keys [start_n, start_n + BLOCK_N)."""
     if TMA:
         kT = k_src.load([start_n, 0]).T
@@ -120,107 +110,45 @@ def _attn_fwd_step(
 
 @triton.jit
 def _attn_fwd_inner(
-    acc,
-    l_i,
-    m_i,
-    q,
-    k_src,
-    v_src,
-    stride_kn,
-    stride_vn,
-    lo,
-    hi,
-    qk_scale,
-    S,
-    offs_m,
-    offs_n,
-    BLOCK_N: tl.constexpr,
-    MASK: tl.constexpr,
-    EVEN: tl.constexpr,
-    TMA: tl.constexpr,
+    acc, l_i, m_i, q, k_src, v_src,
+    stride_kn, stride_vn,
+    lo, hi, qk_scale, S, offs_m, offs_n,
+    BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
     WS: tl.constexpr,  # warp-specialise the loop: producer warps issue the TMA loads
-):
+):  # fmt: skip
     if WS:
         # only compiled where tl.range takes the flag (the space's has_ws)
         for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=True):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             acc, l_i, m_i = _attn_fwd_step(
-                acc,
-                l_i,
-                m_i,
-                q,
-                k_src,
-                v_src,
-                stride_kn,
-                stride_vn,
-                start_n,
-                qk_scale,
-                S,
-                offs_m,
-                offs_n,
-                MASK,
-                EVEN,
-                TMA,
-            )
+                acc, l_i, m_i, q, k_src, v_src,
+                stride_kn, stride_vn,
+                start_n, qk_scale, S, offs_m, offs_n,
+                MASK, EVEN, TMA,
+            )  # fmt: skip
     else:
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             acc, l_i, m_i = _attn_fwd_step(
-                acc,
-                l_i,
-                m_i,
-                q,
-                k_src,
-                v_src,
-                stride_kn,
-                stride_vn,
-                start_n,
-                qk_scale,
-                S,
-                offs_m,
-                offs_n,
-                MASK,
-                EVEN,
-                TMA,
-            )
+                acc, l_i, m_i, q, k_src, v_src,
+                stride_kn, stride_vn,
+                start_n, qk_scale, S, offs_m, offs_n,
+                MASK, EVEN, TMA,
+            )  # fmt: skip
     return acc, l_i, m_i
 
 
 @triton.jit
 def _attn_fwd_kernel(
-    Q,
-    K,
-    V,
-    O,
-    LSE,
-    sm_scale,
-    stride_qz,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kz,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vz,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_oz,
-    stride_oh,
-    stride_om,
-    stride_od,
-    H,
-    S,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_S: tl.constexpr,
-    TMA: tl.constexpr,
-    WS: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-):
+    Q, K, V, O, LSE, sm_scale,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_oz, stride_oh, stride_om, stride_od,
+    H, S,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, EVEN_S: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):  # fmt: skip
     start_m = tl.program_id(0)
     if CAUSAL:
         # later query blocks have the most keys to walk: start them first, for load balance
@@ -273,115 +201,40 @@ def _attn_fwd_kernel(
     if CAUSAL:
         # off-band: key blocks wholly left of the diagonal, all inside S, never masked
         acc, l_i, m_i = _attn_fwd_inner(
-            acc,
-            l_i,
-            m_i,
-            q,
-            k_src,
-            v_src,
-            stride_kn,
-            stride_vn,
-            0,
-            start_m * BLOCK_M,
-            qk_scale,
-            S,
-            offs_m,
-            offs_n,
-            BLOCK_N,
-            0,
-            True,
-            TMA,
-            WS,
-        )
+            acc, l_i, m_i, q, k_src, v_src,
+            stride_kn, stride_vn,
+            0, start_m * BLOCK_M, qk_scale, S, offs_m, offs_n,
+            BLOCK_N, 0, True, TMA, WS,
+        )  # fmt: skip
         # on-band: the diagonal block, causally masked
         acc, l_i, m_i = _attn_fwd_inner(
-            acc,
-            l_i,
-            m_i,
-            q,
-            k_src,
-            v_src,
-            stride_kn,
-            stride_vn,
-            start_m * BLOCK_M,
-            (start_m + 1) * BLOCK_M,
-            qk_scale,
-            S,
-            offs_m,
-            offs_n,
-            BLOCK_N,
-            1,
-            EVEN_S,
-            TMA,
-            False,
-        )
+            acc, l_i, m_i, q, k_src, v_src,
+            stride_kn, stride_vn,
+            start_m * BLOCK_M, (start_m + 1) * BLOCK_M, qk_scale, S, offs_m, offs_n,
+            BLOCK_N, 1, EVEN_S, TMA, False,
+        )  # fmt: skip
     elif EVEN_S:
         acc, l_i, m_i = _attn_fwd_inner(
-            acc,
-            l_i,
-            m_i,
-            q,
-            k_src,
-            v_src,
-            stride_kn,
-            stride_vn,
-            0,
-            S,
-            qk_scale,
-            S,
-            offs_m,
-            offs_n,
-            BLOCK_N,
-            0,
-            True,
-            TMA,
-            WS,
-        )
+            acc, l_i, m_i, q, k_src, v_src,
+            stride_kn, stride_vn,
+            0, S, qk_scale, S, offs_m, offs_n,
+            BLOCK_N, 0, True, TMA, WS,
+        )  # fmt: skip
     else:
         # whole key blocks unmasked, then the ragged last block (if any) with the key mask
         full = (S // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _attn_fwd_inner(
-            acc,
-            l_i,
-            m_i,
-            q,
-            k_src,
-            v_src,
-            stride_kn,
-            stride_vn,
-            0,
-            full,
-            qk_scale,
-            S,
-            offs_m,
-            offs_n,
-            BLOCK_N,
-            0,
-            True,
-            TMA,
-            WS,
-        )
+            acc, l_i, m_i, q, k_src, v_src,
+            stride_kn, stride_vn,
+            0, full, qk_scale, S, offs_m, offs_n,
+            BLOCK_N, 0, True, TMA, WS,
+        )  # fmt: skip
         acc, l_i, m_i = _attn_fwd_inner(
-            acc,
-            l_i,
-            m_i,
-            q,
-            k_src,
-            v_src,
-            stride_kn,
-            stride_vn,
-            full,
-            S,
-            qk_scale,
-            S,
-            offs_m,
-            offs_n,
-            BLOCK_N,
-            2,
-            False,
-            TMA,
-            False,
-        )
+            acc, l_i, m_i, q, k_src, v_src,
+            stride_kn, stride_vn,
+            full, S, qk_scale, S, offs_m, offs_n,
+            BLOCK_N, 2, False, TMA, False,
+        )  # fmt: skip
 
     m_i += tl.math.log2(l_i)
     acc = acc / l_i[:, None]
@@ -401,8 +254,9 @@ def _attn_fwd_kernel(
 
 
 def _split(config: Config) -> tuple[dict[str, int], dict[str, int]]:
-    meta = {k: v for k, v in config.items() if k not in LAUNCH_OPTIONS}
-    options = {k: v for k, v in config.items() if k in LAUNCH_OPTIONS}
+    # the attention spaces hold integers only
+    meta = {k: int(v) for k, v in config.items() if k not in LAUNCH_OPTIONS}
+    options = {k: int(v) for k, v in config.items() if k in LAUNCH_OPTIONS}
     return meta, options
 
 
@@ -441,46 +295,24 @@ def launch_attention(
     # all B * H heads' K and V (256 MiB at B=4, H=32) in flight, far past the 50 MB L2.
     grid = (triton.cdiv(S, meta["BLOCK_M"]), B * H)
     _attn_fwd_kernel[grid](
-        q,
-        k,
-        v,
-        o,
-        lse,
-        sm_scale,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *o.stride(),
-        H,
-        S,
-        HEAD_DIM=D,
-        **meta,
-        CAUSAL=causal,
+        q, k, v, o, lse, sm_scale,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        H, S,
+        HEAD_DIM=D, **meta, CAUSAL=causal,
         EVEN_S=S % max(meta["BLOCK_M"], meta["BLOCK_N"]) == 0,
-        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16,
-        **options,
-    )
+        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16, **options,
+    )  # fmt: skip
     return o, lse
 
 
 @triton.jit
 def _attn_bwd_preprocess(
-    O,
-    DO,
-    Delta,
-    stride_oz,
-    stride_oh,
-    stride_om,
-    stride_od,
-    stride_dz,
-    stride_dh,
-    stride_dm,
-    stride_dd,
-    H,
-    S,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
+    O, DO, Delta,
+    stride_oz, stride_oh, stride_om, stride_od,
+    stride_dz, stride_dh, stride_dm, stride_dd,
+    H, S,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
     off_hz = tl.program_id(1)
     off_z = (off_hz // H).to(tl.int64)
     off_h = (off_hz % H).to(tl.int64)
@@ -503,30 +335,15 @@ def _attn_bwd_preprocess(
 
 @triton.jit
 def _attn_bwd_dkdv(
-    dk,
-    dv,
-    k,
-    v,
-    Q,
-    DO,
-    LSE,
-    Delta,
-    stride_qm,
-    stride_qd,
-    stride_dm,
-    stride_dd,
-    S,
-    qk_scale,
-    start_n,
-    start_m,
-    num_steps,
-    BLOCK_M1: tl.constexpr,
-    BLOCK_N1: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
+    dk, dv, k, v, Q, DO, LSE, Delta,
+    stride_qm, stride_qd,
+    stride_dm, stride_dd,
+    S, qk_scale, start_n, start_m, num_steps,
+    BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, HEAD_DIM: tl.constexpr,
     MASK: tl.constexpr,  # causal mask (the diagonal blocks)
     EVEN: tl.constexpr,  # every query block lies inside S: unmasked loads
     TMA: tl.constexpr,  # Q and DO are tensor descriptors (rows past S read as zeros)
-):
+):  # fmt: skip
     offs_n = start_n + tl.arange(0, BLOCK_N1)
     offs_d = tl.arange(0, HEAD_DIM)
     curr_m = start_m
@@ -566,29 +383,15 @@ def _attn_bwd_dkdv(
 
 @triton.jit
 def _attn_bwd_dq(
-    dq,
-    q,
-    do,
-    lse2,
-    Di,
-    K,
-    V,
-    stride_kn,
-    stride_kd,
-    stride_vn,
-    stride_vd,
-    S,
-    qk_scale,
-    start_m,
-    start_n,
-    num_steps,
-    BLOCK_M2: tl.constexpr,
-    BLOCK_N2: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
+    dq, q, do, lse2, Di, K, V,
+    stride_kn, stride_kd,
+    stride_vn, stride_vd,
+    S, qk_scale, start_m, start_n, num_steps,
+    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, HEAD_DIM: tl.constexpr,
     MASK: tl.constexpr,  # 0: none, 1: causal (the diagonal blocks), 2: keys past S
     EVEN: tl.constexpr,  # every key block lies inside S: unmasked loads
     TMA: tl.constexpr,  # K and V are tensor descriptors (rows past S read as zeros)
-):
+):  # fmt: skip
     offs_m = start_m + tl.arange(0, BLOCK_M2)
     offs_d = tl.arange(0, HEAD_DIM)
     curr_n = start_n
@@ -624,48 +427,16 @@ def _attn_bwd_dq(
 
 @triton.jit
 def _attn_bwd_kernel(
-    Q,
-    K,
-    V,
-    DO,
-    DQ,
-    DK,
-    DV,
-    LSE,
-    Delta,
-    sm_scale,
-    stride_qz,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kz,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vz,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_dz,
-    stride_dh,
-    stride_dm,
-    stride_dd,
-    stride_gz,
-    stride_gh,
-    stride_gm,
-    stride_gd,  # dQ, dK and dV share one layout
-    H,
-    S,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M1: tl.constexpr,
-    BLOCK_N1: tl.constexpr,
-    BLOCK_M2: tl.constexpr,
-    BLOCK_N2: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_S: tl.constexpr,
-    TMA: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-):
+    Q, K, V, DO, DQ, DK, DV, LSE, Delta, sm_scale,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_dz, stride_dh, stride_dm, stride_dd,
+    stride_gz, stride_gh, stride_gm, stride_gd,  # dQ, dK and dV share one layout
+    H, S,
+    HEAD_DIM: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr,
+    BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr, EVEN_S: tl.constexpr, TMA: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_z = (off_hz // H).to(tl.int64)
@@ -714,82 +485,28 @@ def _attn_bwd_kernel(
         if CAUSAL:
             # queries before start_n see none of these keys; the diagonal blocks are masked
             dk, dv = _attn_bwd_dkdv(
-                dk,
-                dv,
-                k,
-                v,
-                q_src,
-                do_src,
-                LSE,
-                Delta,
-                stride_qm,
-                stride_qd,
-                stride_dm,
-                stride_dd,
-                S,
-                qk_scale,
-                start_n,
-                start_n,
-                BLOCK_N1 // BLOCK_M1,
-                BLOCK_M1,
-                BLOCK_N1,
-                HEAD_DIM,
-                True,
-                EVEN_S,
-                TMA,
-            )
+                dk, dv, k, v, q_src, do_src, LSE, Delta,
+                stride_qm, stride_qd,
+                stride_dm, stride_dd,
+                S, qk_scale, start_n, start_n, BLOCK_N1 // BLOCK_M1,
+                BLOCK_M1, BLOCK_N1, HEAD_DIM, True, EVEN_S, TMA,
+            )  # fmt: skip
             start_m = start_n + BLOCK_N1
             dk, dv = _attn_bwd_dkdv(
-                dk,
-                dv,
-                k,
-                v,
-                q_src,
-                do_src,
-                LSE,
-                Delta,
-                stride_qm,
-                stride_qd,
-                stride_dm,
-                stride_dd,
-                S,
-                qk_scale,
-                start_n,
-                start_m,
-                tl.cdiv(S - start_m, BLOCK_M1),
-                BLOCK_M1,
-                BLOCK_N1,
-                HEAD_DIM,
-                False,
-                EVEN_S,
-                TMA,
-            )
+                dk, dv, k, v, q_src, do_src, LSE, Delta,
+                stride_qm, stride_qd,
+                stride_dm, stride_dd,
+                S, qk_scale, start_n, start_m, tl.cdiv(S - start_m, BLOCK_M1),
+                BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S, TMA,
+            )  # fmt: skip
         else:
             dk, dv = _attn_bwd_dkdv(
-                dk,
-                dv,
-                k,
-                v,
-                q_src,
-                do_src,
-                LSE,
-                Delta,
-                stride_qm,
-                stride_qd,
-                stride_dm,
-                stride_dd,
-                S,
-                qk_scale,
-                start_n,
-                0,
-                tl.cdiv(S, BLOCK_M1),
-                BLOCK_M1,
-                BLOCK_N1,
-                HEAD_DIM,
-                False,
-                EVEN_S,
-                TMA,
-            )
+                dk, dv, k, v, q_src, do_src, LSE, Delta,
+                stride_qm, stride_qd,
+                stride_dm, stride_dd,
+                S, qk_scale, start_n, 0, tl.cdiv(S, BLOCK_M1),
+                BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S, TMA,
+            )  # fmt: skip
         dk *= sm_scale
         dk_ptrs = DK + grad_offset + offs_n[:, None] * stride_gm + offs_d[None, :] * stride_gd
         dv_ptrs = DV + grad_offset + offs_n[:, None] * stride_gm + offs_d[None, :] * stride_gd
@@ -834,104 +551,36 @@ def _attn_bwd_kernel(
         if CAUSAL:
             # the diagonal blocks, masked; then every key block left of them, unmasked
             dq = _attn_bwd_dq(
-                dq,
-                q,
-                do,
-                lse2,
-                Di,
-                k_src,
-                v_src,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                S,
-                qk_scale,
-                start_m,
-                start_m,
-                BLOCK_M2 // BLOCK_N2,
-                BLOCK_M2,
-                BLOCK_N2,
-                HEAD_DIM,
-                1,
-                EVEN_S,
-                TMA,
-            )
+                dq, q, do, lse2, Di, k_src, v_src,
+                stride_kn, stride_kd,
+                stride_vn, stride_vd,
+                S, qk_scale, start_m, start_m, BLOCK_M2 // BLOCK_N2,
+                BLOCK_M2, BLOCK_N2, HEAD_DIM, 1, EVEN_S, TMA,
+            )  # fmt: skip
             dq = _attn_bwd_dq(
-                dq,
-                q,
-                do,
-                lse2,
-                Di,
-                k_src,
-                v_src,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                S,
-                qk_scale,
-                start_m,
-                0,
-                start_m // BLOCK_N2,
-                BLOCK_M2,
-                BLOCK_N2,
-                HEAD_DIM,
-                0,
-                True,
-                TMA,
-            )
+                dq, q, do, lse2, Di, k_src, v_src,
+                stride_kn, stride_kd,
+                stride_vn, stride_vd,
+                S, qk_scale, start_m, 0, start_m // BLOCK_N2,
+                BLOCK_M2, BLOCK_N2, HEAD_DIM, 0, True, TMA,
+            )  # fmt: skip
         else:
             if EVEN_S:
                 dq = _attn_bwd_dq(
-                    dq,
-                    q,
-                    do,
-                    lse2,
-                    Di,
-                    k_src,
-                    v_src,
-                    stride_kn,
-                    stride_kd,
-                    stride_vn,
-                    stride_vd,
-                    S,
-                    qk_scale,
-                    start_m,
-                    0,
-                    tl.cdiv(S, BLOCK_N2),
-                    BLOCK_M2,
-                    BLOCK_N2,
-                    HEAD_DIM,
-                    0,
-                    True,
-                    TMA,
-                )
+                    dq, q, do, lse2, Di, k_src, v_src,
+                    stride_kn, stride_kd,
+                    stride_vn, stride_vd,
+                    S, qk_scale, start_m, 0, tl.cdiv(S, BLOCK_N2),
+                    BLOCK_M2, BLOCK_N2, HEAD_DIM, 0, True, TMA,
+                )  # fmt: skip
             else:
                 dq = _attn_bwd_dq(
-                    dq,
-                    q,
-                    do,
-                    lse2,
-                    Di,
-                    k_src,
-                    v_src,
-                    stride_kn,
-                    stride_kd,
-                    stride_vn,
-                    stride_vd,
-                    S,
-                    qk_scale,
-                    start_m,
-                    0,
-                    tl.cdiv(S, BLOCK_N2),
-                    BLOCK_M2,
-                    BLOCK_N2,
-                    HEAD_DIM,
-                    2,
-                    False,
-                    TMA,
-                )
+                    dq, q, do, lse2, Di, k_src, v_src,
+                    stride_kn, stride_kd,
+                    stride_vn, stride_vd,
+                    S, qk_scale, start_m, 0, tl.cdiv(S, BLOCK_N2),
+                    BLOCK_M2, BLOCK_N2, HEAD_DIM, 2, False, TMA,
+                )  # fmt: skip
         dq *= sm_scale
         dq_ptrs = DQ + grad_offset + offs_m[:, None] * stride_gm + offs_d[None, :] * stride_gd
         if EVEN_S:
@@ -963,16 +612,11 @@ def launch_attention_bwd(
     grads = torch.empty((3, B, H, S, D), device=q.device, dtype=q.dtype)
     delta = torch.empty_like(lse)
     _attn_bwd_preprocess[(triton.cdiv(S, _PRE_BLOCK), B * H)](
-        o,
-        do,
-        delta,
-        *o.stride(),
-        *do.stride(),
-        H,
-        S,
-        HEAD_DIM=D,
-        BLOCK_M=_PRE_BLOCK,
-    )
+        o, do, delta,
+        *o.stride(), *do.stride(),
+        H, S,
+        HEAD_DIM=D, BLOCK_M=_PRE_BLOCK,
+    )  # fmt: skip
     meta, options = _split(config)
     meta = {"TMA": 0, **meta}
     if meta["TMA"] and not all(_tma_ready(t) for t in (q, k, v, do)):
@@ -981,30 +625,13 @@ def launch_attention_bwd(
         _use_torch_allocator()
     grid = (triton.cdiv(S, meta["BLOCK_N1"]) + triton.cdiv(S, meta["BLOCK_M2"]), B * H)
     _attn_bwd_kernel[grid](
-        q,
-        k,
-        v,
-        do,
-        grads[0],
-        grads[1],
-        grads[2],
-        lse,
-        delta,
-        sm_scale,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *do.stride(),
-        *grads[0].stride(),
-        H,
-        S,
-        HEAD_DIM=D,
-        **meta,
-        CAUSAL=causal,
+        q, k, v, do, grads[0], grads[1], grads[2], lse, delta, sm_scale,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *grads[0].stride(),
+        H, S,
+        HEAD_DIM=D, **meta, CAUSAL=causal,
         EVEN_S=S % max(meta["BLOCK_N1"], meta["BLOCK_M2"]) == 0,
-        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16,
-        **options,
-    )
+        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16, **options,
+    )  # fmt: skip
     return grads
 
 
@@ -1100,7 +727,8 @@ class _AttentionBase(Template):
         dtype = getattr(torch, problem["dtype"])
         where = "cuda" if device.is_gpu else "cpu"
         shape = (problem["B"], problem["H"], problem["S"], problem["D"])
-        return tuple(torch.randn(shape, device=where, dtype=dtype) for _ in range(3))
+        q, k, v = (torch.randn(shape, device=where, dtype=dtype) for _ in range(3))
+        return q, k, v
 
     def _forward_flops(self, problem: Problem) -> float:
         flops = 4.0 * problem["B"] * problem["H"] * problem["S"] ** 2 * problem["D"]
@@ -1147,7 +775,7 @@ class AttentionTemplate(_AttentionBase):
         # one warpgroup per 128 query rows for D=64; D=128's larger accumulator wants two
         warps = 4 if problem["D"] == 64 else 8
         # pointer loads run on every GPU (TMA and WS need Hopper and are left to a sweep)
-        config = {"BLOCK_M": 128, "BLOCK_N": 64, "TMA": 0, "WS": 0, "num_warps": warps, "num_stages": 3}
+        config: Config = {"BLOCK_M": 128, "BLOCK_N": 64, "TMA": 0, "WS": 0, "num_warps": warps, "num_stages": 3}
         if self.violations(config, problem, device):
             config = self.feasible(problem, device)[0]  # short sequences: the smallest tiles
         return config
@@ -1165,18 +793,8 @@ class AttentionBwdTemplate(_AttentionBase):
     # H100 (64/128/128/64, 8 warps, 3 stages), with both kinds of loads
     known_good = (
         {"BLOCK_M1": 32, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 32, "TMA": 0, "num_warps": 4, "num_stages": 5},
-        *(
-            {
-                "BLOCK_M1": 64,
-                "BLOCK_N1": 128,
-                "BLOCK_M2": 128,
-                "BLOCK_N2": 64,
-                "TMA": tma,
-                "num_warps": 8,
-                "num_stages": 3,
-            }
-            for tma in (1, 0)
-        ),
+        {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64, "TMA": 1, "num_warps": 8, "num_stages": 3},
+        {"BLOCK_M1": 64, "BLOCK_N1": 128, "BLOCK_M2": 128, "BLOCK_N2": 64, "TMA": 0, "num_warps": 8, "num_stages": 3},
     )
 
     def make_inputs(self, problem: Problem, device: Device) -> AttentionBwdInputs:
@@ -1205,12 +823,14 @@ class AttentionBwdTemplate(_AttentionBase):
         q, k, v, _, _, do, causal, sm_scale = inputs
         leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
         with torch.enable_grad():
-            out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=sm_scale)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                leaves[0], leaves[1], leaves[2], is_causal=causal, scale=sm_scale
+            )
         return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         warps = 4 if problem["D"] == 64 else 8
-        config = {
+        config: Config = {
             "BLOCK_M1": 32,
             "BLOCK_N1": 128,
             "BLOCK_M2": 128,

@@ -55,40 +55,16 @@ PAGE_SIZE = 16
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    seq_lens_ptr,
-    block_table_ptr,
-    out_ptr,
-    mid_o_ptr,
-    mid_lse_ptr,
-    qk_scale,
-    HKV,
-    stride_qb,
-    stride_qh,
-    stride_qd,
-    stride_kb,
-    stride_kn,
-    stride_kh,
-    stride_kd,
-    stride_vb,
-    stride_vn,
-    stride_vh,
-    stride_vd,
-    stride_bt,
-    stride_ob,
-    stride_oh,
-    stride_od,
-    GROUP: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    PAGE: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, seq_lens_ptr, block_table_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
+    qk_scale, HKV,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_bt,  # the block table's rows (paged caches)
+    stride_ob, stride_oh, stride_od,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    PAGE: tl.constexpr, DOT_IN_FP32: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
     """One (sequence, kv head, split): online softmax over the split's chunk of the sequence.
 
     PAGE = 0: the cache is contiguous and stride_kb/stride_kn step sequences/tokens; PAGE > 0:
@@ -175,17 +151,10 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_combine_kernel(
-    mid_o_ptr,
-    mid_lse_ptr,
-    out_ptr,
-    HQ,
-    stride_ob,
-    stride_oh,
-    stride_od,
-    D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
+    mid_o_ptr, mid_lse_ptr, out_ptr, HQ,
+    stride_ob, stride_oh, stride_od,
+    D: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
     """One (sequence, query head): the splits' partial outputs weighted by 2^lse."""
     if USE_PDL:
         # launched early (programmatic dependent launch): wait until the split kernel's
@@ -227,59 +196,32 @@ def launch_decode(
     num_splits = meta["NUM_SPLITS"]
     scale = (1.0 / math.sqrt(D) if sm_scale is None else sm_scale) * math.log2(math.e)
     out = torch.empty_like(q) if out is None else out
-    if num_splits > 1:
-        mid_o = torch.empty((B * HQ, num_splits, D), device=q.device, dtype=torch.float32)
-        mid_lse = torch.empty((B * HQ, num_splits), device=q.device, dtype=torch.float32)
+    if num_splits > 1:  # type: ignore[operator]
+        mid_o = torch.empty((B * HQ, num_splits, D), device=q.device, dtype=torch.float32)  # type: ignore[arg-type]
+        mid_lse = torch.empty((B * HQ, num_splits), device=q.device, dtype=torch.float32)  # type: ignore[arg-type]
     else:
         mid_o = mid_lse = out  # never touched when the first kernel writes the output
     paged = block_table is not None
-    pdl = num_splits > 1 and q.is_cuda and _pdl_available(q.device.index)
+    pdl = num_splits > 1 and q.is_cuda and _pdl_available(q.device.index)  # type: ignore[operator]
     _decode_split_kernel[(B * HKV, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        seq_lens,
-        block_table if paged else seq_lens,
-        out,
-        mid_o,
-        mid_lse,
-        scale,
-        HKV,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        *k_cache.stride(),
-        *v_cache.stride(),
-        block_table.stride(0) if paged else 0,
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        GROUP=group,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
-        D=D,
-        BLOCK_N=meta["BLOCK_N"],
-        NUM_SPLITS=num_splits,
-        PAGE=k_cache.shape[1] if paged else 0,
-        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16,
-        USE_PDL=pdl,
-        **options,
-    )
-    if num_splits > 1:
+        q, k_cache, v_cache, seq_lens, block_table if paged else seq_lens, out, mid_o, mid_lse,
+        scale, HKV,
+        q.stride(0), q.stride(1), q.stride(2),
+        *k_cache.stride(), *v_cache.stride(),
+        block_table.stride(0) if paged else 0,  # type: ignore[union-attr]
+        out.stride(0), out.stride(1), out.stride(2),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_N=meta["BLOCK_N"],
+        NUM_SPLITS=num_splits, PAGE=k_cache.shape[1] if paged else 0,
+        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16, USE_PDL=pdl, **options,
+    )  # fmt: skip
+    if num_splits > 1:  # type: ignore[operator]
         # a tiny pass (NUM_SPLITS x D floats per program): the tuned launch options are the first kernel's
         _decode_combine_kernel[(B * HQ,)](
-            mid_o,
-            mid_lse,
-            out,
-            HQ,
-            out.stride(0),
-            out.stride(1),
-            out.stride(2),
-            D=D,
-            NUM_SPLITS=num_splits,
-            USE_PDL=pdl,
-            num_warps=4,
+            mid_o, mid_lse, out, HQ,
+            out.stride(0), out.stride(1), out.stride(2),
+            D=D, NUM_SPLITS=num_splits, USE_PDL=pdl, num_warps=4,
             **({"launch_pdl": True} if pdl else {}),
-        )
+        )  # fmt: skip
     return out
 
 
@@ -321,6 +263,10 @@ _MODEL_HEADS = (
 )
 #: (batch, context) pairs from one decoding sequence to a serving batch, at most 2^17 tokens of cache
 _MODEL_BATCHES = ((1, 512), (4, 2048), (16, 8192), (2, 32768), (64, 1024), (1, 16384), (8, 4096), (32, 512), (4, 30000))
+
+
+#: q, k_cache, v_cache, seq_lens and block_table (None for a contiguous cache)
+DecodeInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 class DecodeTemplate(Template):
@@ -374,7 +320,7 @@ class DecodeTemplate(Template):
             {"dtype": problem["dtype"], "paged": str(problem["paged"])},
         )
 
-    def make_inputs(self, problem: Problem, device: Device) -> tuple[torch.Tensor, ...]:
+    def make_inputs(self, problem: Problem, device: Device) -> DecodeInputs:
         """q, k_cache, v_cache, seq_lens (all S but one, random in [1, S], when B > 1), block_table or None.
 
         Paged caches get PAGE_SIZE-token pages handed out in a random order.
@@ -400,15 +346,15 @@ class DecodeTemplate(Template):
             block_table = None
         return q, k_cache, v_cache, seq_lens, block_table
 
-    def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
+    def launch(self, inputs: DecodeInputs, config: Config) -> torch.Tensor:
         return launch_decode(*inputs, config)
 
-    def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def reference(self, inputs: DecodeInputs) -> torch.Tensor:
         return decode_reference(*inputs)
 
     peer_name = "torch SDPA (enable_gqa, dense cache)"
 
-    def peer(self, inputs: tuple[torch.Tensor, ...]) -> Callable[[], torch.Tensor]:
+    def peer(self, inputs: DecodeInputs) -> Callable[[], torch.Tensor]:
         """SDPA of the one-token queries over a dense head-major (B, HKV, S, D) copy of the cache,
         made once here, as a torch user without a paged kernel would keep it. Unmasked: the one
         shorter sequence is attended in full, at most 1/B more work for the peer."""
@@ -434,7 +380,7 @@ class DecodeTemplate(Template):
         splits = 1
         while splits < 64 and programs * splits * 2 <= 2 * device.sm_count and splits * 2 * block_n <= problem["S"]:
             splits *= 2
-        config = {"BLOCK_N": block_n, "NUM_SPLITS": splits, "num_warps": 4, "num_stages": 3}
+        config: Config = {"BLOCK_N": block_n, "NUM_SPLITS": splits, "num_warps": 4, "num_stages": 3}
         if self.violations(config, problem, device):
             # small problems: the smallest feasible tiles
             config = self.feasible(problem, device)[0]
@@ -578,7 +524,7 @@ def _decode(
     if explicit is None:
         runtime = default_runtime()
         paged = block_table is not None
-        pages = block_table.shape[1] if paged else 0
+        pages = block_table.shape[1] if block_table is not None else 0
         key = (TEMPLATE, q.shape, k_cache.shape, pages, q.dtype, index := q.get_device())
         explicit = runtime.launch_configs.get(key)
         if explicit is None:

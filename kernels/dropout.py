@@ -63,16 +63,10 @@ def _uniform_lanes(seed, start, BLOCK: tl.constexpr):
 
 @triton.jit
 def _dropout_kernel(
-    x_ptr,
-    y_ptr,
-    n_elements,
-    seed,
-    p,
-    scale,
-    BLOCK: tl.constexpr,
-    LANES_2D: tl.constexpr,
-    INT64_OFFSETS: tl.constexpr,
-):
+    x_ptr, y_ptr,
+    n_elements, seed, p, scale,
+    BLOCK: tl.constexpr, LANES_2D: tl.constexpr, INT64_OFFSETS: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(axis=0)
     if INT64_OFFSETS:
         start = pid.to(tl.int64) * BLOCK
@@ -185,7 +179,7 @@ class DropoutTemplate(Template):
         return lambda: torch.nn.functional.dropout(x, p, training=True)
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
-        config = {"BLOCK": 4096, "LANES_2D": 0, "num_warps": 8}
+        config: Config = {"BLOCK": 4096, "LANES_2D": 0, "num_warps": 8}
         if self.violations(config, problem, device):
             config = self.feasible(problem, device)[0]
         return config

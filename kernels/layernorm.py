@@ -51,20 +51,10 @@ _MODEL_TOKENS = (1, 64, 512, 4096, 16384, 8, 256, 2048)
 
 @triton.jit
 def _layernorm_fwd_kernel(
-    X,
-    Y,
-    W,
-    B,
-    Mean,
-    Rstd,
-    M,
-    N,
-    stride_x,
-    stride_y,
-    eps,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    X, Y, W, B, Mean, Rstd,
+    M, N, stride_x, stride_y, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)  # row offsets in 64 bits: M * N may pass 2**31 elements
     cols = tl.arange(0, BLOCK_N)
@@ -87,22 +77,10 @@ def _layernorm_fwd_kernel(
 
 @triton.jit
 def _layernorm_bwd_kernel(
-    X,
-    W,
-    DY,
-    DX,
-    Mean,
-    Rstd,
-    Partial,
-    M,
-    N,
-    stride_x,
-    stride_dy,
-    stride_dx,
-    rows_per_program,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    X, W, DY, DX, Mean, Rstd, Partial,
+    M, N, stride_x, stride_dy, stride_dx, rows_per_program,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -154,8 +132,9 @@ column_sum_kernel = direct_launch(column_sum_kernel)
 
 def split_config(config: Config) -> tuple[dict[str, int], dict[str, int]]:
     """A config as (kernel meta-parameters, launch options)."""
-    meta = {k: v for k, v in config.items() if k not in LAUNCH_OPTIONS}
-    options = {k: v for k, v in config.items() if k in LAUNCH_OPTIONS}
+    # the row-norm spaces hold integers only
+    meta = {k: int(v) for k, v in config.items() if k not in LAUNCH_OPTIONS}
+    options = {k: int(v) for k, v in config.items() if k in LAUNCH_OPTIONS}
     return meta, options
 
 
@@ -209,22 +188,10 @@ def launch_layernorm_bwd(
     programs = triton.cdiv(M, rows_per_program)
     partial = torch.empty((programs, 2 * N), device=x.device, dtype=torch.float32)
     _layernorm_bwd_kernel[(programs,)](
-        x,
-        w,
-        dy,
-        dx,
-        mean,
-        rstd,
-        partial,
-        M,
-        N,
-        x.stride(0),
-        dy.stride(0),
-        dx.stride(0),
-        rows_per_program,
-        **meta,
-        **options,
-    )
+        x, w, dy, dx, mean, rstd, partial,
+        M, N, x.stride(0), dy.stride(0), dx.stride(0), rows_per_program,
+        **meta, **options,
+    )  # fmt: skip
     launch_column_sum(partial, dwdb)
     return dx, dwdb[:N], dwdb[N:]
 
@@ -304,7 +271,8 @@ class LayerNormTemplate(RowNormTemplate):
         return x, w, b
 
     def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
-        return launch_layernorm(*inputs, 1e-5, config)[0]
+        x, w, b = inputs
+        return launch_layernorm(x, w, b, 1e-5, config)[0]
 
     def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         x, w, b = (t.float() for t in inputs)
@@ -351,8 +319,9 @@ class LayerNormBwdTemplate(RowNormTemplate):
         x.requires_grad_(True)
         w.requires_grad_(True)
         b.requires_grad_(True)
-        torch.nn.functional.layer_norm(x, (x.shape[1],), w, b, 1e-5).backward(dy)
-        return torch.cat([x.grad.flatten(), w.grad, b.grad])
+        y = torch.nn.functional.layer_norm(x, (x.shape[1],), w, b, 1e-5)
+        dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
+        return torch.cat([dx.flatten(), dw, db])
 
     peer_name = "torch F.layer_norm backward (autograd)"
 

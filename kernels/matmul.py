@@ -82,25 +82,13 @@ def _dot_step(a, b, acc, DOT_IN_FP32: tl.constexpr):
 
 @triton.jit
 def _tile_dot(
-    a_ptr,
-    b_ptr,
-    pid_m,
-    pid_n,
-    M,
-    NB,
-    k_start,
-    k_end,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    TAIL_ONLY: tl.constexpr,
-):
+    a_ptr, b_ptr,
+    pid_m, pid_n, M, NB, k_start, k_end,
+    stride_am, stride_ak,
+    stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, TAIL_ONLY: tl.constexpr,
+):  # fmt: skip
     """float32 sum over k in [k_start, k_end) of A[tile rows, k] * B[k, tile columns].
 
     Tile loads are pipelined vector loads only where Triton can tell they are contiguous and
@@ -155,122 +143,58 @@ def _store_tile(c_ptr, c, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.
 
 @triton.jit
 def _matmul_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    M,
-    N,
-    K,
-    NB,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    EVEN_K: tl.constexpr = False,
-    TAIL_ONLY: tl.constexpr = False,
-):
+    a_ptr, b_ptr, c_ptr,
+    M, N, K, NB,
+    stride_am, stride_ak,
+    stride_bk, stride_bn,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, EVEN_K: tl.constexpr = False, TAIL_ONLY: tl.constexpr = False,
+):  # fmt: skip
     pid_m, pid_n = _tile_coords(tl.program_id(axis=0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     acc = _tile_dot(
-        a_ptr,
-        b_ptr,
-        pid_m,
-        pid_n,
-        M,
-        NB,
-        0,
-        K,
-        stride_am,
-        stride_ak,
-        stride_bk,
-        stride_bn,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-        EVEN_K,
-        DOT_IN_FP32,
-        TAIL_ONLY,
-    )
+        a_ptr, b_ptr,
+        pid_m, pid_n, M, NB, 0, K,
+        stride_am, stride_ak,
+        stride_bk, stride_bn,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DOT_IN_FP32, TAIL_ONLY,
+    )  # fmt: skip
     _store_tile(c_ptr, acc.to(c_ptr.dtype.element_ty), pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
 def _matmul_persistent_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    M,
-    N,
-    K,
-    NB,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    EVEN_K: tl.constexpr = False,
-    TAIL_ONLY: tl.constexpr = False,
-):
+    a_ptr, b_ptr, c_ptr,
+    M, N, K, NB,
+    stride_am, stride_ak,
+    stride_bk, stride_bn,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, EVEN_K: tl.constexpr = False, TAIL_ONLY: tl.constexpr = False,
+):  # fmt: skip
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     for tile_id in range(tl.program_id(axis=0), num_pid_m * num_pid_n, NUM_SMS):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         acc = _tile_dot(
-            a_ptr,
-            b_ptr,
-            pid_m,
-            pid_n,
-            M,
-            NB,
-            0,
-            K,
-            stride_am,
-            stride_ak,
-            stride_bk,
-            stride_bn,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            EVEN_K,
-            DOT_IN_FP32,
-            TAIL_ONLY,
-        )
+            a_ptr, b_ptr,
+            pid_m, pid_n, M, NB, 0, K,
+            stride_am, stride_ak,
+            stride_bk, stride_bn,
+            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DOT_IN_FP32, TAIL_ONLY,
+        )  # fmt: skip
         _store_tile(c_ptr, acc.to(c_ptr.dtype.element_ty), pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
 def _matmul_tma_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_bk,
-    stride_cm,
-    stride_cn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
-    C_DESCRIPTOR: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-):
+    a_ptr, b_ptr, c_ptr,
+    M, N, K,
+    stride_am, stride_bk,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
+    C_DESCRIPTOR: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):  # fmt: skip
     # Descriptors know the true extents: loads past M, N or K are zero-filled by the hardware
     # and stores past them are dropped, so no masks are needed.
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
@@ -300,30 +224,14 @@ def _matmul_tma_kernel(
 
 @triton.jit
 def _matmul_splitk_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    partial_ptr,
-    arrivals_ptr,
-    M,
-    N,
-    K,
-    NB,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    EVEN_K: tl.constexpr = False,
-    TAIL_ONLY: tl.constexpr = False,
-):
+    a_ptr, b_ptr, c_ptr, partial_ptr, arrivals_ptr,
+    M, N, K, NB,
+    stride_am, stride_ak,
+    stride_bk, stride_bn,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, EVEN_K: tl.constexpr = False, TAIL_ONLY: tl.constexpr = False,
+):  # fmt: skip
     """Program (tile, s) writes partial[s] = A[tile rows, slice s of K] @ B[slice s of K, tile
     columns]; the tile's last program to arrive writes C = sum over s of partial[s], in order.
 
@@ -342,25 +250,12 @@ def _matmul_splitk_kernel(
     k_start = split * k_per_split
     k_end = min(K, k_start + k_per_split)
     acc = _tile_dot(
-        a_ptr,
-        b_ptr,
-        pid_m,
-        pid_n,
-        M,
-        NB,
-        k_start,
-        k_end,
-        stride_am,
-        stride_ak,
-        stride_bk,
-        stride_bn,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-        EVEN_K,
-        DOT_IN_FP32,
-        TAIL_ONLY,
-    )
+        a_ptr, b_ptr,
+        pid_m, pid_n, M, NB, k_start, k_end,
+        stride_am, stride_ak,
+        stride_bk, stride_bn,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, DOT_IN_FP32, TAIL_ONLY,
+    )  # fmt: skip
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -377,27 +272,14 @@ def _matmul_splitk_kernel(
 
 @triton.jit
 def _matmul_splittail_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    partial_ptr,
-    arrivals_ptr,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_bk,
-    stride_cm,
-    stride_cn,
-    WHOLE_TILES,
-    SLICES,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    C_DESCRIPTOR: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-):
+    a_ptr, b_ptr, c_ptr, partial_ptr, arrivals_ptr,
+    M, N, K,
+    stride_am, stride_bk,
+    stride_cm, stride_cn,
+    WHOLE_TILES, SLICES,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    C_DESCRIPTOR: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):  # fmt: skip
     """The TMA kernel's first ``WHOLE_TILES`` tiles (grouped order), one per program in turn;
     then each remaining tile as ``SLICES`` slices of K, one per program in turn, summed as
     split-K sums its slices: each slice goes to the tile's slot in ``partial``, its arrival is
@@ -586,54 +468,27 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
     dot_in_fp32 = interpreting() and a.dtype == torch.bfloat16
     tiles = triton.cdiv(M, blocks["BLOCK_M"]) * triton.cdiv(N, blocks["BLOCK_N"])
     # split-K slices are whole BLOCK_K steps too, so K alone decides
-    even_k = K % blocks["BLOCK_K"] == 0
+    even_k = K % blocks["BLOCK_K"] == 0  # type: ignore[operator]
     nb, tail_only = N, False
     if variant in ("grouped", "persistent", "splitk"):
         a, b, nb, tail_only = _pointer_operands(a, b)
     if variant == "grouped":
         _matmul_kernel[(tiles,)](
-            a,
-            b,
-            c,
-            M,
-            N,
-            K,
-            nb,
-            a.stride(0),
-            a.stride(1),
-            b.stride(0),
-            b.stride(1),
-            c.stride(0),
-            c.stride(1),
-            **blocks,
-            DOT_IN_FP32=dot_in_fp32,
-            EVEN_K=even_k,
-            TAIL_ONLY=tail_only,
-            **options,
-        )
+            a, b, c, M, N, K, nb,
+            a.stride(0), a.stride(1),
+            b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1),
+            **blocks, DOT_IN_FP32=dot_in_fp32, EVEN_K=even_k, TAIL_ONLY=tail_only, **options,
+        )  # fmt: skip
     elif variant == "persistent":
         num_sms = current_device().sm_count
         _matmul_persistent_kernel[(min(num_sms, tiles),)](
-            a,
-            b,
-            c,
-            M,
-            N,
-            K,
-            nb,
-            a.stride(0),
-            a.stride(1),
-            b.stride(0),
-            b.stride(1),
-            c.stride(0),
-            c.stride(1),
-            **blocks,
-            NUM_SMS=num_sms,
-            DOT_IN_FP32=dot_in_fp32,
-            EVEN_K=even_k,
-            TAIL_ONLY=tail_only,
-            **options,
-        )
+            a, b, c, M, N, K, nb,
+            a.stride(0), a.stride(1),
+            b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1),
+            **blocks, NUM_SMS=num_sms, DOT_IN_FP32=dot_in_fp32, EVEN_K=even_k, TAIL_ONLY=tail_only, **options,
+        )  # fmt: skip
     elif variant == "tma":
         if a.is_cuda:
             _use_torch_allocator()
@@ -641,80 +496,42 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
         b_tma = b if _tma_ready(b) else _aligned_copy(b)
         num_sms = current_device().sm_count
         _matmul_tma_kernel[(min(num_sms, tiles),)](
-            a_tma,
-            b_tma,
-            c,
-            M,
-            N,
-            K,
-            a_tma.stride(0),
-            b_tma.stride(0),
-            c.stride(0),
-            c.stride(1),
-            **blocks,
-            NUM_SMS=num_sms,
-            C_DESCRIPTOR=_tma_ready(c),
-            DOT_IN_FP32=dot_in_fp32,
-            **options,
-        )
+            a_tma, b_tma, c, M, N, K,
+            a_tma.stride(0), b_tma.stride(0),
+            c.stride(0), c.stride(1),
+            **blocks, NUM_SMS=num_sms, C_DESCRIPTOR=_tma_ready(c), DOT_IN_FP32=dot_in_fp32, **options,
+        )  # fmt: skip
     elif variant == "splitk":
         split_k = config["SPLIT_K"]
-        partial = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)
+        partial = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)  # type: ignore[arg-type]
         arrivals = _arrivals(a.device, tiles)
         _matmul_splitk_kernel[(tiles, split_k)](
-            a,
-            b,
-            c,
-            partial,
-            arrivals,
-            M,
-            N,
-            K,
-            nb,
-            a.stride(0),
-            a.stride(1),
-            b.stride(0),
-            b.stride(1),
-            c.stride(0),
-            c.stride(1),
-            **blocks,
-            SPLIT_K=split_k,
-            DOT_IN_FP32=dot_in_fp32,
-            EVEN_K=even_k,
-            TAIL_ONLY=tail_only,
-            **options,
-        )
+            a, b, c, partial, arrivals, M, N, K, nb,
+            a.stride(0), a.stride(1),
+            b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1),
+            **blocks, SPLIT_K=split_k, DOT_IN_FP32=dot_in_fp32, EVEN_K=even_k, TAIL_ONLY=tail_only, **options,
+        )  # fmt: skip
     elif variant == "splittail":
         if a.is_cuda:
             _use_torch_allocator()
         a_tma = a if _tma_ready(a) else _aligned_copy(a)
         b_tma = b if _tma_ready(b) else _aligned_copy(b)
         num_sms = current_device().sm_count
-        whole, slices = tail_split(tiles, triton.cdiv(K, blocks["BLOCK_K"]), blocks["BLOCK_K"], num_sms)
+        whole, slices = tail_split(tiles, triton.cdiv(K, blocks["BLOCK_K"]), blocks["BLOCK_K"], num_sms)  # type: ignore[arg-type]
         split = tiles - whole
         partial = torch.empty(
-            (split * slices, blocks["BLOCK_M"] * blocks["BLOCK_N"]), device=a.device, dtype=torch.float32
+            (split * slices, blocks["BLOCK_M"] * blocks["BLOCK_N"]),  # type: ignore[arg-type, operator]
+            device=a.device,
+            dtype=torch.float32,
         )
         _matmul_splittail_kernel[(min(num_sms, max(whole, split * slices)),)](
-            a_tma,
-            b_tma,
-            c,
-            partial,
-            _arrivals(a.device, split),
-            M,
-            N,
-            K,
-            a_tma.stride(0),
-            b_tma.stride(0),
-            c.stride(0),
-            c.stride(1),
-            whole,
-            slices,
-            **blocks,
-            C_DESCRIPTOR=_tma_ready(c),
-            DOT_IN_FP32=dot_in_fp32,
-            **options,
-        )
+            a_tma, b_tma, c, partial, _arrivals(a.device, split), M, N, K,
+            a_tma.stride(0), b_tma.stride(0),
+            c.stride(0), c.stride(1),
+            whole, slices,
+            **blocks, C_DESCRIPTOR=_tma_ready(c), DOT_IN_FP32=dot_in_fp32, **options,
+        )  # fmt: skip
     else:
         raise TunesvcError(f"matmul config has VARIANT={variant!r}; use one of {', '.join(VARIANTS)}.")
     return c
@@ -759,24 +576,10 @@ class MatmulTemplate(Template):
     name = "matmul"
     dims = ("M", "N", "K")
     kernel_sources = (
-        _tile_coords,
-        _tile_dot,
-        _store_tile,
-        _dot_step,
-        _matmul_kernel,
-        _matmul_persistent_kernel,
-        _matmul_tma_kernel,
-        _matmul_splitk_kernel,
-        _matmul_splittail_kernel,
-        tail_split,
-        _tma_ready,
-        _aligned_copy,
-        _loadable,
-        _padded_copy,
-        _pointer_operands,
-        _arrivals,
-        launch_matmul,
-    )
+        _tile_coords, _tile_dot, _store_tile, _dot_step,
+        _matmul_kernel, _matmul_persistent_kernel, _matmul_tma_kernel, _matmul_splitk_kernel, _matmul_splittail_kernel,
+        tail_split, _tma_ready, _aligned_copy, _loadable, _padded_copy, _pointer_operands, _arrivals, launch_matmul,
+    )  # fmt: skip
     presets = {
         # LLM GEMMs: square, decode-sized M, an MLP projection, a long-K down projection, unaligned K
         "llm": [
@@ -910,7 +713,7 @@ class MatmulTemplate(Template):
         if config.get("VARIANT") == "splittail":
             # the tiles' K steps over the SMs' span as tail_split models it (its slices' extra
             # steps counted); whole tiles alone where it does not cut, as the launch does
-            block_k = config["BLOCK_K"]
+            block_k = int(config["BLOCK_K"])
             k_steps = triton.cdiv(problem["K"], block_k)
             whole, slices = tail_split(tiles, k_steps, block_k, sms)
             if slices > 1:

@@ -41,18 +41,10 @@ from tunesvc.template import Problem
 
 @triton.jit
 def _rmsnorm_fwd_kernel(
-    X,
-    Y,
-    W,
-    Rstd,
-    M,
-    N,
-    stride_x,
-    stride_y,
-    eps,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    X, Y, W, Rstd,
+    M, N, stride_x, stride_y, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)  # row offsets in 64 bits: M * N may pass 2**31 elements
     cols = tl.arange(0, BLOCK_N)
@@ -69,21 +61,10 @@ def _rmsnorm_fwd_kernel(
 
 @triton.jit
 def _rmsnorm_bwd_kernel(
-    X,
-    W,
-    DY,
-    DX,
-    Rstd,
-    Partial,
-    M,
-    N,
-    stride_x,
-    stride_dy,
-    stride_dx,
-    rows_per_program,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    X, W, DY, DX, Rstd, Partial,
+    M, N, stride_x, stride_dy, stride_dx, rows_per_program,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -143,21 +124,10 @@ def launch_rmsnorm_bwd(
     programs = triton.cdiv(M, rows_per_program)
     partial = torch.empty((programs, N), device=x.device, dtype=torch.float32)
     _rmsnorm_bwd_kernel[(programs,)](
-        x,
-        w,
-        dy,
-        dx,
-        rstd,
-        partial,
-        M,
-        N,
-        x.stride(0),
-        dy.stride(0),
-        dx.stride(0),
-        rows_per_program,
-        **meta,
-        **options,
-    )
+        x, w, dy, dx, rstd, partial,
+        M, N, x.stride(0), dy.stride(0), dx.stride(0), rows_per_program,
+        **meta, **options,
+    )  # fmt: skip
     launch_column_sum(partial, dw)
     return dx, dw
 
@@ -178,7 +148,8 @@ class RMSNormTemplate(RowNormTemplate):
         return x, w
 
     def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
-        return launch_rmsnorm(*inputs, 1e-6, config)[0]
+        x, w = inputs
+        return launch_rmsnorm(x, w, 1e-6, config)[0]
 
     def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         x, w = (t.float() for t in inputs)
@@ -216,17 +187,17 @@ class RMSNormBwdTemplate(RowNormTemplate):
 
     def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
         """dx and dw back to back in one flat buffer, so that one relative error covers both."""
-        x = inputs[0]
+        x, w, dy, rstd = inputs
         out = torch.empty(x.numel() + x.shape[1], device=x.device, dtype=x.dtype)
-        launch_rmsnorm_bwd(*inputs, config, out=out)
+        launch_rmsnorm_bwd(x, w, dy, rstd, config, out=out)
         return out
 
     def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         x, w, dy = (t.double() for t in inputs[:3])
         x.requires_grad_(True)
         w.requires_grad_(True)
-        torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6).backward(dy)
-        return torch.cat([x.grad.flatten(), w.grad])
+        dx, dw = torch.autograd.grad(torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6), (x, w), dy)
+        return torch.cat([dx.flatten(), dw])
 
     peer_name = "torch F.rms_norm backward (autograd)"
 

@@ -450,7 +450,8 @@ def _state_of(tuner: Autotuner) -> _State:
                     off = _Off(tuner)
                     _give_up(off, exc, "setting up", stacklevel=4)
                     state = off
-                KERNELS.add(state.name)
+                if not state.off:
+                    KERNELS.add(state.name)
                 tuner.__dict__["_tunesvc"] = state
                 _STATES.add(tuner)
     return state
@@ -546,13 +547,20 @@ def _give_up(state: Any, exc: BaseException | str, stage: str, *, stacklevel: in
     else:
         category = f"{stage} failed"
         reason = f"{category} with {type(exc).__name__}: {_one_line(exc)}"
-        fix = "set TUNESVC_MODE=off to leave it to Triton quietly, and report this tunesvc bug"
+        if stage in _DATABASE_STAGES or isinstance(exc, OSError) or "sqlalchemy" in type(exc).__module__:
+            fix = "check the database TUNESVC_DB names, or set TUNESVC_MODE=off to leave the kernels to Triton"
+        else:
+            fix = "set TUNESVC_MODE=off to leave it to Triton quietly, and report this tunesvc bug"
     FAILED_OPEN[category] += 1
     warnings.warn(
         f"tunesvc: {state.name}: {reason}; it runs with Triton's own autotuner in this process ({fix}).",
         RuntimeWarning,
         stacklevel=stacklevel + 1,
     )
+
+
+#: stages whose failures come from the database rather than from tunesvc's own code
+_DATABASE_STAGES = ("look up", "open the database", "claim", "store")
 
 
 class _Off:

@@ -1276,7 +1276,9 @@ def run(
     mode: Annotated[
         str | None,
         typer.Option(
-            help="tune (a miss is tuned and stored), lookup (serve; record misses) or off \\[default: $TUNESVC_MODE, else lookup with --bundle alone, else tune]."
+            help="tune (a miss is tuned and stored), lookup (serve; record misses), heuristic (the first config "
+            "pruning keeps; nothing read) or off (Triton's own autotuner) \\[default: $TUNESVC_MODE, else lookup with "
+            "--bundle alone, else tune]."
         ),
     ] = None,
     db: DbOption = None,
@@ -1300,10 +1302,17 @@ def run(
         ),
     ] = None,
 ) -> None:
-    """Run COMMAND with every triton.autotune kernel captured by tunesvc; exit with its exit code."""
+    """Run COMMAND with every triton.autotune kernel captured by tunesvc; exit with its exit code.
+
+    Ends with one line on stderr over all of COMMAND's processes: kernels captured, keys served
+    from the store, tuned (and their seconds), served untuned, and kernels left to Triton's own
+    autotuner and why."""
+    import json
     import os
     import subprocess
+    import tempfile
 
+    from tunesvc._capture import summary_line
     from tunesvc.settings import MODES
 
     if mode is not None and mode not in MODES:
@@ -1313,6 +1322,10 @@ def run(
     code = 0
     if command:
         env = {**os.environ, "TUNESVC_CAPTURE": "1"}
+        handle, summary = tempfile.mkstemp(prefix="tunesvc-summary-", suffix=".jsonl")
+        os.close(handle)
+        env["TUNESVC_SUMMARY_FILE"] = summary  # each captured process appends its record at exit
+        env.pop("TUNESVC_SUMMARY", None)  # one line for the whole command, not one per process
         for name, value in (
             ("TUNESVC_MODE", mode),
             ("TUNESVC_DB", db),
@@ -1325,6 +1338,11 @@ def run(
             code = subprocess.call(command, env=env)
         except OSError as exc:
             raise TunesvcError(f"Cannot run {command[0]}: {exc.strerror}.") from None
+        finally:
+            with open(summary) as f:
+                records = [json.loads(line) for line in f if line.strip()]
+            os.unlink(summary)
+        typer.echo(summary_line(records), err=True)
     if tune_misses:
         _tune_misses(db, kernel or [])
     raise typer.Exit(code)

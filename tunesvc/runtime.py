@@ -176,6 +176,16 @@ class Runtime:
                 raise
             self._warn_once(template.name, "load", f"tunesvc: {exc} Using heuristic configs for {template.name}.")
             return {}
+        except Exception as exc:  # the runtime fails open: a source that cannot be read is no source
+            if self.strict:
+                raise
+            self._warn_once(
+                template.name,
+                "load",
+                f"tunesvc: could not read winners of {template.name} ({type(exc).__name__}: {exc}); "
+                "using heuristic configs (check TUNESVC_DB / TUNESVC_BUNDLE).",
+            )
+            return {}
 
     def _in_space(self, template: Template, table: dict[str, Config]) -> dict[str, Config]:
         """The stored winners whose configs lie in the kernel's space, each with every parameter
@@ -313,8 +323,19 @@ class Runtime:
         table = self._table(template)
         if text in table:
             result = LookupResult(template.name, table[text], EXACT, text, text, 0.0)
-        elif self.mode == "tune":
-            result = self._tune_on_miss(template, normalized, text)
+        elif self.mode == "tune" and (template.name, "tune") not in self._warned:
+            try:
+                result = self._tune_on_miss(template, normalized, text)
+            except Exception as exc:  # fails open: the lookup chain answers, and the kernel is not tuned again
+                if self.strict:
+                    raise
+                self._warn_once(
+                    template.name,
+                    "tune",
+                    f"tunesvc: tuning {template.name} for {text} failed ({type(exc).__name__}: {exc}); "
+                    "using its lookup answers in this process.",
+                )
+                return self._resolve(template, problem)
         else:
             result = (
                 self._predicted(template, normalized, text)
@@ -481,11 +502,14 @@ def _device_index_reader(device: Device | None) -> Callable[[], int]:
 
 
 def _database_exists(db: str | os.PathLike) -> bool:
+    """Whether the database is there to read; False for a path the system cannot look up (a
+    name too long, a folder that is a file): no database, where the runtime falls back."""
     text = str(db)
-    if "://" not in text:
-        return Path(text).exists()
-    if text.startswith("sqlite:///"):
-        return Path(text.removeprefix("sqlite:///")).exists()
+    if "://" not in text or text.startswith("sqlite:///"):
+        try:
+            return Path(text.removeprefix("sqlite:///")).exists()
+        except OSError:
+            return False
     return True  # a server database: the store reports it if it is not there
 
 

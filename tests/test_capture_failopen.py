@@ -1,0 +1,596 @@
+"""Capture never breaks a program: a failure injected at every stage inside tunesvc leaves the
+launch to Triton's own autotuner with one warning; tuning leaves no trace but the store
+(autograd version counters, requires_grad, the RNG, the user's tensors), under no_grad,
+inference_mode, autocast and from a second thread; configs that a pruner builds are stored and
+served; outputs of every dtype are compared by value; keys that change on every call are left to
+Triton; a bad setting is a warning; claims of dead or stopped processes are taken over in seconds;
+and a captured run says what it did in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from _capture import trials_by_kernel
+
+import tunesvc
+from tunesvc import claim
+from tunesvc._capture import STATS
+from tunesvc.store import Store
+
+CAPTURE = sys.modules["tunesvc._capture"]
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
+N = 1001  # no block size divides it
+
+
+def cpu_bench(fn, quantiles):
+    """triton.autotune's do_bench for the interpreter (Triton's own needs a GPU driver)."""
+    start = time.perf_counter()
+    fn()
+    return [(time.perf_counter() - start) * 1e3] * len(quantiles)
+
+
+@triton.jit
+def _add_in_place(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """x += y: the user's tensor is both input and output."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _scale(x_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _cast(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """out = x in out's dtype (float8, integers, bool)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def grid(n):
+    return lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
+
+
+def autotuned(fn, **options):
+    options.setdefault("key", ["n"])
+    return triton.autotune(configs=CONFIGS, do_bench=cpu_bench, **options)(fn)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    STATS.clear()
+    yield
+    tunesvc.uncapture()
+
+
+def _tunesvc_warnings(caught):
+    return [str(w.message) for w in caught if str(w.message).startswith("tunesvc:")]
+
+
+# -- faults at every stage ------------------------------------------------------------------------
+def _boom(*args, **kwargs):
+    raise RuntimeError("injected fault")
+
+
+FAULTS = {
+    "look up": (CAPTURE._Shared, "table"),
+    "prune": (CAPTURE, "_pruned"),
+    "claim": (claim.KeyClaim, "__enter__"),
+    "compile": (CAPTURE, "_precompiled"),
+    "check": (CAPTURE, "relative_error"),
+    "time": (CAPTURE.CaptureBench, "measure"),
+    "store": (Store, "add_trials"),
+    "store winner": (Store, "update_winner"),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(FAULTS))
+def test_a_fault_at_any_stage_runs_the_launch_as_triton_autotune_with_one_warning(stage, tmp_db, monkeypatch):
+    """The in-place kernel's result is what Triton's own autotuner gives (x + y once, the
+    tensors restored after any partial measuring), the warning names the kernel and the stage,
+    and later launches run as Triton's with no further warning."""
+    x0, y = torch.randn(N), torch.randn(N)
+    expected = x0.clone()
+    plain = autotuned(_add_in_place, restore_value=["x_ptr"])
+    plain[grid(N)](expected, y, N)
+    target, name = FAULTS[stage]
+    monkeypatch.setattr(target, name, _boom)
+    kernel = autotuned(_add_in_place, restore_value=["x_ptr"])
+    x = x0.clone()
+    with tunesvc.capture(db=tmp_db), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernel[grid(N)](x, y, N)
+        torch.testing.assert_close(x, expected, rtol=0, atol=0)
+        kernel[grid(N)](x, y, N)  # Triton's own now: silently
+        kernel[grid(N + 10)](torch.randn(N + 10), torch.randn(N + 10), N + 10)
+    torch.testing.assert_close(x, x0 + y + y)
+    said = _tunesvc_warnings(caught)
+    assert len(said) == 1, said
+    assert "_add_in_place" in said[0] and "injected fault" in said[0] and "Triton's own autotuner" in said[0]
+    assert "\n" not in said[0]
+    assert not STATS["tuned"]
+
+
+def test_a_fault_in_a_subclass_autotuners_cache_lets_the_subclass_search_as_alone(tmp_db, monkeypatch):
+    """An Autotuner subclass with a run of its own (FlagGems' LibTuner's shape) goes through
+    tunesvc's cache; a fault there leaves its own search to answer."""
+    from triton.runtime.autotuner import Autotuner
+
+    class OwnRun(Autotuner):
+        def run(self, *args, **kwargs):
+            key = (args[2],)
+            if key not in self.cache:
+                self.cache[key] = self.configs[-1]
+            config = self.cache[key]
+            self.best_config = config
+            return self.fn.run(*args, **kwargs, **config.all_kwargs())
+
+    tuner = OwnRun(_scale, _scale.arg_names, CONFIGS, ["n"], None, None, do_bench=cpu_bench)
+    monkeypatch.setattr(CAPTURE._Shared, "table", _boom)
+    x, out = torch.randn(N), torch.empty(N)
+    with tunesvc.capture(db=tmp_db), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tuner.run(x, out, N, 3.0, grid=grid(N), warmup=False)
+    torch.testing.assert_close(out, 3.0 * x)
+    assert tuner.best_config is CONFIGS[-1]
+    assert len(_tunesvc_warnings(caught)) == 1
+
+
+# -- no trace -------------------------------------------------------------------------------------
+class _Double(torch.autograd.Function):
+    """y = 2x by a captured kernel; backward by another; x and y saved for backward, so that a
+    bumped version counter of either fails the backward."""
+
+    forward_kernel = None
+    backward_kernel = None
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.empty_like(x)
+        _Double.forward_kernel[grid(x.numel())](x, y, x.numel(), 2.0)
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        _x, _y = ctx.saved_tensors  # unpacking checks their versions
+        gx = torch.empty_like(g)
+        _Double.backward_kernel[grid(g.numel())](g.contiguous(), gx, g.numel(), 2.0)
+        return gx
+
+
+def test_tuning_inside_an_autograd_function_keeps_version_counters_and_the_backward(tmp_db):
+    _Double.forward_kernel = autotuned(_scale)
+    _Double.backward_kernel = autotuned(_scale, key=["n", "alpha"])  # a key of its own
+    x = torch.randn(N, requires_grad=True)
+    with tunesvc.capture(db=tmp_db), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = _Double.apply(x)
+        assert x._version == 0 and y._version == 0
+        y.sum().backward()
+    assert not _tunesvc_warnings(caught)
+    assert STATS["tuned"] == 2  # forward and backward, each measured
+    torch.testing.assert_close(x.grad, torch.full((N,), 2.0))
+    torch.testing.assert_close(y.detach(), 2.0 * x.detach())
+    assert x.requires_grad and y.requires_grad and y.grad_fn is not None
+
+
+def _rng_hook(nargs, reset_only=False):
+    if not reset_only:  # a tuner-level hook drawing random numbers: only the benchmarking calls it so
+        torch.rand(3)
+
+
+def _check_untraced(run_in, tmp_db, make=torch.randn):
+    """Tune a key inside ``run_in``; the output is right, the RNG as before, versions unchanged."""
+    kernel = autotuned(_add_in_place, pre_hook=_rng_hook)
+    result = {}
+
+    def body():
+        x, y = make(N), make(N)
+        x0 = x.clone()
+        versions = None if x.is_inference() else (x._version, y._version)
+        rng = torch.get_rng_state()
+        kernel[grid(N)](x, y, N)
+        result["rng_kept"] = torch.equal(rng, torch.get_rng_state())
+        result["right"] = torch.equal(x, x0 + y)
+        result["versions"] = versions == (None if x.is_inference() else (x._version, y._version))
+
+    with tunesvc.capture(db=tmp_db):
+        run_in(body)
+    assert result == {"rng_kept": True, "right": True, "versions": True}
+    assert STATS["tuned"] == 1
+
+
+def test_tuning_under_no_grad_leaves_no_trace(tmp_db):
+    def run_in(body):
+        with torch.no_grad():
+            body()
+
+    _check_untraced(run_in, tmp_db)
+
+
+def test_tuning_under_inference_mode_on_inference_tensors_leaves_no_trace(tmp_db):
+    def run_in(body):
+        with torch.inference_mode():
+            body()
+
+    _check_untraced(run_in, tmp_db)
+
+
+def test_tuning_of_inference_tensors_outside_inference_mode_leaves_no_trace(tmp_db):
+    def make(n):
+        with torch.inference_mode():
+            return torch.randn(n)
+
+    _check_untraced(lambda body: body(), tmp_db, make=make)
+
+
+def test_tuning_under_autocast_leaves_no_trace(tmp_db):
+    def run_in(body):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            body()
+
+    _check_untraced(run_in, tmp_db)
+
+
+def test_tuning_from_a_second_thread_leaves_no_trace(tmp_db):
+    def run_in(body):
+        errors = []
+
+        def target():
+            try:
+                body()
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join()
+        assert not errors
+
+    _check_untraced(run_in, tmp_db)
+
+
+def test_a_kernel_launched_from_a_torch_library_op_is_tuned_without_trace(tmp_db):
+    """A library's custom op (torch.library) whose implementation launches a captured kernel."""
+    kernel = autotuned(_scale)
+
+    @torch.library.custom_op("tunesvc_test::triple", mutates_args=())
+    def triple(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        kernel[grid(x.numel())](x, out, x.numel(), 3.0)
+        return out
+
+    x = torch.randn(N)
+    with tunesvc.capture(db=tmp_db):
+        out = triple(x)
+    torch.testing.assert_close(out, 3.0 * x)
+    assert x._version == 0 and STATS["tuned"] == 1
+
+
+# -- every config triton.autotune could launch --------------------------------------------------
+def _built_by_pruner(configs, nargs, **kwargs):
+    """New triton.Config objects, not members of the list: a block size adapted to the call and
+    num_stages added (as a library's early_config_prune builds them)."""
+    small = max(16, min(64, triton.next_power_of_2(nargs["n"]) // 16))
+    return [triton.Config({"BLOCK": small}, num_warps=w, num_stages=2) for w in (1, 2, 4)]
+
+
+@pytest.mark.parametrize(
+    "prune",
+    [
+        {"early_config_prune": _built_by_pruner},
+        {"perf_model": lambda **kw: kw["BLOCK"] * kw["num_warps"], "top_k": 3},
+    ],
+    ids=["early_config_prune", "perf_model"],
+)
+def test_configs_a_pruner_keeps_or_builds_are_stored_and_served_without_measuring_again(prune, tmp_db):
+    x, out = torch.randn(N), torch.empty(N)
+    with tunesvc.capture(db=tmp_db), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        autotuned(_scale, prune_configs_by=prune)[grid(N)](x, out, N, 2.0)
+    assert not _tunesvc_warnings(caught)
+    torch.testing.assert_close(out, 2.0 * x)
+    assert STATS["tuned"] == 1 and STATS["benchmarks"] == 3
+    stored = trials_by_kernel(tmp_db)
+    STATS.clear()
+    kernel = autotuned(_scale, prune_configs_by=prune)  # a new process's kernel object
+    out.zero_()
+    with tunesvc.capture(db=tmp_db):
+        kernel[grid(N)](x, out, N, 2.0)
+    torch.testing.assert_close(out, 2.0 * x)
+    assert dict(STATS) == {"stored": 1}
+    assert trials_by_kernel(tmp_db) == stored
+    if "early_config_prune" in prune:
+        assert kernel.best_config.num_stages == 2  # one the pruner built, served from the store
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float8_e5m2, torch.float8_e4m3fn, torch.int32, torch.int8, torch.bool, torch.bfloat16]
+)
+def test_outputs_of_every_dtype_are_compared_by_value(dtype, tmp_db):
+    """Every config writes the same values: all trials are ok, the output is Triton's."""
+    x = torch.randn(N) * 4
+    expected = torch.empty(N, dtype=dtype)
+    autotuned(_cast)[grid(N)](x, expected, N)
+    out = torch.empty(N, dtype=dtype)
+    with tunesvc.capture(db=tmp_db), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        autotuned(_cast)[grid(N)](x, out, N)
+    assert not _tunesvc_warnings(caught)
+    assert (
+        torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
+        if dtype.itemsize == 1
+        else torch.equal(out, expected)
+    )
+    assert sum(trials_by_kernel(tmp_db).values(), start=__import__("collections").Counter()) == {"ok": len(CONFIGS)}
+
+
+@triton.jit
+def _wrong_when_32(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    if BLOCK == 32:
+        x = x + 1.0
+    tl.store(out_ptr + offs, x.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def test_a_float8_config_that_writes_other_values_is_found_wrong(tmp_db):
+    x = torch.randn(N)
+    out = torch.empty(N, dtype=torch.float8_e5m2)
+    with tunesvc.capture(db=tmp_db):
+        autotuned(_wrong_when_32)[grid(N)](x, out, N)
+    counts = sum(trials_by_kernel(tmp_db).values(), start=__import__("collections").Counter())
+    assert counts == {"ok": 4, "wrong_result": 2}
+
+
+# -- keys -------------------------------------------------------------------------------------------
+def test_a_key_naming_a_tensor_is_left_to_triton_with_one_warning_and_no_rows(tmp_db):
+    kernel = autotuned(_scale, key=["x_ptr", "n"])
+    with tunesvc.capture(db=tmp_db), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            x, out = torch.randn(N), torch.empty(N)
+            kernel[grid(N)](x, out, N, 2.0)
+            torch.testing.assert_close(out, 2.0 * x)
+    said = _tunesvc_warnings(caught)
+    assert len(said) == 1 and "Tensor" in said[0], said
+    assert not os.path.exists(tmp_db) or not trials_by_kernel(tmp_db)
+
+
+def test_a_kernel_past_max_keys_is_left_to_triton_and_stores_nothing_more(tmp_db, monkeypatch):
+    monkeypatch.setenv("TUNESVC_MAX_KEYS", "2")
+    kernel = autotuned(_scale)
+    with tunesvc.capture(db=tmp_db), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (100, 200, 300, 400, 500):
+            x, out = torch.randn(n), torch.empty(n)
+            kernel[grid(n)](x, out, n, 2.0)
+            torch.testing.assert_close(out, 2.0 * x)
+    said = _tunesvc_warnings(caught)
+    assert len(said) == 1 and "TUNESVC_MAX_KEYS" in said[0], said
+    assert STATS["tuned"] == 2
+    assert sum(trials_by_kernel(tmp_db).values(), start=__import__("collections").Counter()) == {"ok": 2 * len(CONFIGS)}
+
+
+# -- modes and settings ---------------------------------------------------------------------------
+def test_heuristic_mode_launches_the_first_pruned_config_and_reads_nothing(tmp_db):
+    x, out = torch.randn(N), torch.empty(N)
+    kernel = autotuned(_scale)
+    with tunesvc.capture(mode="heuristic", db=tmp_db):
+        kernel[grid(N)](x, out, N, 2.0)
+    torch.testing.assert_close(out, 2.0 * x)
+    assert kernel.best_config is CONFIGS[0] and dict(STATS) == {"heuristic": 1}
+    assert not os.path.exists(tmp_db)
+
+
+APP = """
+import sys, warnings
+import torch, triton
+import tunesvc
+import appkernels
+
+n = 333
+x, out = torch.randn(n), torch.empty(n)
+appkernels.scale[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, out, n, 2.0)
+torch.testing.assert_close(out, 2.0 * x)
+from tunesvc.kernels import softmax
+a = torch.randn(5, 37)
+torch.testing.assert_close(softmax(a), torch.softmax(a, -1))
+print("source", tunesvc.lookup("matmul", M=16, N=32, K=32, dtype="float16").source)
+print("ok")
+"""
+
+APP_KERNELS = """
+import time
+import triton
+import triton.language as tl
+
+def slow_bench(fn, quantiles):
+    fn()
+    return [1.0] * len(quantiles)
+
+def nap(nargs, reset_only=False):
+    time.sleep(float(__import__("os").environ.get("APP_NAP", "0")))
+
+@triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)],
+                 key=["n"], do_bench=slow_bench, pre_hook=nap)
+@triton.jit
+def scale(x_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
+"""
+
+
+@pytest.fixture
+def app(tmp_path):
+    (tmp_path / "appkernels.py").write_text(textwrap.dedent(APP_KERNELS))
+    path = tmp_path / "app.py"
+    path.write_text(textwrap.dedent(APP))
+    return path
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")}
+    return {**env, "TRITON_INTERPRET": "1", "TUNESVC_LOCK_DIR": str(Path(extra.pop("_locks", "/tmp")))} | extra
+
+
+def _tune(*args, env, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "tunesvc", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize("mode", ["off", "heuristic", "lookup", "tune"])
+def test_every_mode_means_the_same_to_tune_run_shipped_kernels_and_lookups(mode, app, tmp_path):
+    """`tune run --mode M`: the captured kernel, a shipped kernel and tunesvc.lookup all accept
+    M (TUNESVC_MODE=off once made every shipped kernel raise), and the run ends with its summary."""
+    done = _tune(
+        "run", "--mode", mode, "--", sys.executable, str(app), env=_env(_locks=tmp_path / "locks"), cwd=app.parent
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "ok"
+    summary = done.stderr.strip().splitlines()[-1]
+    assert summary.startswith("tunesvc: ") and summary.endswith("."), done.stderr
+    tuned = "1 tuned in" in summary
+    assert tuned == (mode == "tune"), summary
+    assert ("0 kernels captured" in summary) == (mode == "off"), summary
+    assert not [p.name for p in app.parent.iterdir() if p.name.endswith(".lock")]
+
+
+@pytest.mark.parametrize(
+    "variable, value",
+    [("TUNESVC_MODE", "tuen"), ("TUNESVC_DB", "/tmp/" + "x" * 300 + ".db"), ("TUNESVC_COMPILE_WORKERS", "many")],
+)
+def test_a_bad_setting_is_one_warning_and_the_program_runs(variable, value, app):
+    env = _env(TUNESVC_CAPTURE="1", **{variable: value})
+    done = subprocess.run(
+        [sys.executable, str(app)], env=env, cwd=app.parent, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "ok"
+    said = [line for line in done.stderr.splitlines() if "tunesvc:" in line and "no tuned config" not in line]
+    assert said and all(variable in line for line in said), done.stderr  # each line names what to fix
+    assert len([line for line in said if "appkernels:scale" in line]) <= 1
+    assert "Traceback" not in done.stderr
+
+
+def test_summary_line_of_a_captured_program_where_asked(app, tmp_path):
+    env = _env(TUNESVC_CAPTURE="1", TUNESVC_SUMMARY="1", TUNESVC_DB=str(tmp_path / "s.db"))
+    first = subprocess.run([sys.executable, str(app)], env=env, cwd=app.parent, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert (
+        first.stderr.strip()
+        .splitlines()[-1]
+        .startswith("tunesvc: 1 kernel captured; keys: 0 served from the store, 1 tuned in")
+    )
+    again = subprocess.run([sys.executable, str(app)], env=env, cwd=app.parent, capture_output=True, text=True)
+    assert (
+        again.stderr.strip()
+        .splitlines()[-1]
+        .startswith("tunesvc: 1 kernel captured; keys: 1 served from the store, 0 tuned in")
+    )
+
+
+def test_lock_files_live_in_the_lock_folder_not_the_working_folder(tmp_path, monkeypatch):
+    from tunesvc.runtime import _lock_path
+
+    monkeypatch.setenv("TUNESVC_LOCK_DIR", str(tmp_path / "locks"))
+    path = Path(_lock_path("tune.db", "mod:kernel<locals>", "M=1"))
+    assert path.parent == tmp_path / "locks" and path.parent.is_dir()
+    assert Path(_lock_path(str(Path.cwd() / "tune.db"), "mod:kernel<locals>", "M=1")) == path
+
+
+# -- claims of dead and stopped processes -----------------------------------------------------------
+def _running_claim(db: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(db):
+            try:
+                with sqlite3.connect(db) as connection:
+                    if connection.execute("SELECT count(*) FROM tunesvc_jobs WHERE status = 'running'").fetchone()[0]:
+                        return
+            except sqlite3.OperationalError:  # tables not made yet
+                pass
+        time.sleep(0.1)
+    raise AssertionError("the first process never claimed the key")
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_claim_of_a_killed_or_stopped_process_is_taken_over_in_seconds(how, app, tmp_path):
+    """The holder dies (kill -9) or stops (SIGSTOP) while tuning; the next process takes the
+    claim over in seconds (not the minute a stale heartbeat took), says that it waited, and
+    tunes the key."""
+    db = str(tmp_path / "claims.db")
+    env = _env(TUNESVC_CAPTURE="1", TUNESVC_DB=db, TUNESVC_CLAIM_STALE_S="8")  # a wait past claim.NOTICE_S: said
+    holder = subprocess.Popen(
+        [sys.executable, str(app)],
+        env=env | {"APP_NAP": "30"},
+        cwd=app.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _running_claim(db)
+        holder.send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, str(app)], env=env, cwd=app.parent, capture_output=True, text=True, timeout=120
+        )
+        took = time.monotonic() - started
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "ok"
+    assert took < 40, took
+    if how == "stopped":  # alive, its heartbeat stopped: a wait, said, then taken over
+        assert "tunesvc: waiting for" in done.stderr and "tunesvc: waited" in done.stderr, done.stderr
+    store = Store(db)
+    try:
+        assert [w.shape_key for w in store.winners()] and store.winners()[0].kernel == "appkernels:scale"
+    finally:
+        store.close()
+
+
+def test_the_summary_record_adds_up_over_processes():
+    line = CAPTURE.summary_line(
+        [
+            {"kernels": 2, "stored": 3, "tuned": 1, "tune_s": 1.25, "untuned": 0, "fallback": 1, "failed_open": {}},
+            {
+                "kernels": 1,
+                "stored": 0,
+                "tuned": 2,
+                "tune_s": 2.0,
+                "untuned": 1,
+                "fallback": 0,
+                "failed_open": {"claim failed": 1},
+            },
+        ]
+    )
+    assert line == (
+        "tunesvc: 3 kernels captured; keys: 3 served from the store, 3 tuned in 3.2 s, 1 with one config, "
+        "1 served untuned; left to Triton's autotuner: 1 claim failed."
+    )
+    assert json.loads(json.dumps(CAPTURE.summary_record()))["kernels"] >= 0

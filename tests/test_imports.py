@@ -1,9 +1,19 @@
-"""tunesvc's modules import each other without a cycle, counting the imports inside functions.
+"""tunesvc's modules import each other without a cycle, counting the imports inside functions,
+and each layer imports only what it may (DESIGN.md, "The house").
 
 The graph is read from the source (no module is imported): an edge for every ``import`` of a
 tunesvc module, at the top of a module or inside a function (those run too, later), except under
-``if TYPE_CHECKING:``. ``from package import name`` is an edge to ``package.name`` where that is
-a module, else to the package.
+``if TYPE_CHECKING:`` (counted only where a rule says so). ``from package import name`` is an
+edge to ``package.name`` where that is a module, else to the package.
+
+The rules:
+
+- serving (tunesvc.runtime, tunesvc.launch, tunesvc.ops, tunesvc.serving.*, the shipped kernels)
+  imports no tuning (the sweep, search strategies, measurers, selector fitting), no capture and
+  no fleet; mode 'tune' reaches the sweep through the policy the package root registers;
+- the store imports no measurer nor anything above it, its type annotations included (it keeps
+  the records of tunesvc.records);
+- tunesvc.records imports nothing of tunesvc's.
 """
 
 from __future__ import annotations
@@ -30,13 +40,13 @@ def _modules() -> dict[str, Path]:
     return modules
 
 
-def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+def _imports(module: str, path: Path, modules: dict[str, Path], *, typing: bool = False) -> set[str]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     named: list[str] = []
 
     def visit(nodes: list[ast.stmt]) -> None:
         for node in nodes:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) and not typing:
                 visit(node.orelse)
                 continue
             if isinstance(node, ast.Import):
@@ -60,6 +70,97 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
         if name and name != module:
             found.add(name)
     return found
+
+
+def _graph(*, typing: bool = False) -> dict[str, set[str]]:
+    modules = _modules()
+    return {module: _imports(module, path, modules, typing=typing) for module, path in modules.items()}
+
+
+def _chains(graph: dict[str, set[str]], starts: list[str]) -> dict[str, list[str]]:
+    """Every module reachable from ``starts``, with one import chain that reaches it."""
+    chains = {start: [start] for start in starts}
+    todo = list(starts)
+    while todo:
+        module = todo.pop()
+        for imported in sorted(graph[module]):
+            if imported not in chains:
+                chains[imported] = [*chains[module], imported]
+                todo.append(imported)
+    return chains
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(f"{p}.") for p in packages)
+
+
+#: serving's modules: the runtime with its winner sources and chain, launch, ops, the selector's
+#: model, and the shipped kernels, which run on them
+SERVING = ("tunesvc.runtime", "tunesvc.launch", "tunesvc.ops", "tunesvc.serving", "tunesvc.kernels")
+#: what serving may not import: tuning (tunesvc.selector re-exports the selector's fitting),
+#: capture, the fleet, and the CLI and reports on top
+NOT_SERVING = (
+    *("tunesvc.sweep", "tunesvc.search", "tunesvc.bench", "tunesvc.tuning", "tunesvc.selector", "tunesvc.verify"),
+    *("tunesvc._capture", "tunesvc.autotuner"),
+    *("tunesvc.jobs", "tunesvc.cluster"),
+    *("tunesvc.cli", "tunesvc.report", "tunesvc.completion"),
+)
+
+
+def test_serving_imports_no_tuning_capture_or_fleet():
+    graph = _graph()
+    starts = sorted(m for m in graph if _within(m, SERVING))
+    assert {"tunesvc.runtime", "tunesvc.serving.selector", "tunesvc.kernels.matmul"} <= set(starts)
+    chains = _chains(graph, starts)
+    assert "tunesvc.store" in chains and "tunesvc.export" in chains  # its winner sources are read
+    broken = sorted(" -> ".join(chain) for module, chain in chains.items() if _within(module, NOT_SERVING))
+    assert not broken, "serving imports what it may not:\n" + "\n".join(broken)
+
+
+def test_serving_loads_no_tuning_capture_or_fleet_at_run_time(tmp_path):
+    """What the graph cannot see (a module imported by name): a process that looks configs up
+    through the whole chain, exact, predicted (a stored selector) and nearest, from the example
+    database, and from no database, loads none of it, nor scikit-learn or Optuna."""
+    db = tmp_path / "example.db"
+    db.write_bytes((ROOT / "tune.db.example").read_bytes())
+    code = f"""
+import dataclasses, sys, warnings
+warnings.simplefilter("ignore")
+import tunesvc.kernels
+from tunesvc.device import Device
+from tunesvc.runtime import Runtime
+from tunesvc.store import Store
+store = Store(sys.argv[1], readonly=True)
+stored = store.devices()[-1]
+store.close()
+h100 = Device(**{{f.name: getattr(stored, f.name) for f in dataclasses.fields(Device)}})
+runtime = Runtime(db=sys.argv[1], device=h100)
+for m in (1000, 4096, 3):
+    runtime.lookup("matmul", M=m, N=3000, K=777, dtype="bfloat16")
+Runtime().lookup("softmax", M=3, N=5, dtype="float32")
+print(sorted(runtime.stats()["matmul"]))
+banned = {NOT_SERVING!r} + ("sklearn", "optuna")
+print(sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in banned)))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(db)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    sources, loaded = done.stdout.strip().splitlines()
+    assert sources == "['exact', 'nearest', 'predicted']" and loaded == "[]", done.stdout
+
+
+def test_the_store_imports_no_measurer_nor_anything_above_it():
+    graph = _graph(typing=True)  # its annotations too: it keeps records, not a measurer's types
+    starts = sorted(m for m in graph if _within(m, ("tunesvc.store",)))
+    chains = _chains(graph, starts)
+    above = ("tunesvc.runtime", "tunesvc.launch", "tunesvc.ops", "tunesvc.serving", "tunesvc.export", *NOT_SERVING)
+    broken = sorted(" -> ".join(chain) for module, chain in chains.items() if _within(module, above))
+    assert not broken, "the store imports what it may not:\n" + "\n".join(broken)
+
+
+def test_records_import_nothing_of_tunesvc():
+    assert _graph(typing=True)["tunesvc.records"] == set()
 
 
 def test_no_import_cycle_among_tunesvc_modules():

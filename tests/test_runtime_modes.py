@@ -91,3 +91,28 @@ def test_concurrent_misses_from_several_processes_tune_the_key_once(tmp_path):
     assert _count(db, "select count(*) from tunesvc_sweeps") == 1  # one process tuned, the others waited
     assert _count(db, "select count(*) from tunesvc_trials") == 3
     assert _count(db, "select count(*) from tunesvc_winners") == 1
+
+
+def test_a_miss_in_mode_tune_goes_to_the_registered_policy(tmp_db, template, device):
+    """The runtime hands a miss to the policy the tuning side registered (tunesvc.serving.on_miss)
+    and serves what it returns; a key the policy could not tune gets the heuristic config."""
+    from tunesvc.serving import on_miss
+
+    tuned = template.heuristic(template.problem(**SHAPE), device)
+    seen = []
+
+    def policy(miss):
+        seen.append(miss)
+        return {miss.key: tuned} if miss.problem["M"] == SHAPE["M"] else {}
+
+    previous = on_miss.register(policy)
+    try:
+        runtime = Runtime(db=tmp_db, mode="tune", budget=5, device=device)
+        first = runtime.lookup("matmul", **SHAPE)
+        other = runtime.lookup("matmul", **{**SHAPE, "M": 7})
+    finally:
+        on_miss.register(previous)
+    assert (first.source, first.config) == ("tuned", tuned)
+    assert other.source == "heuristic"
+    assert [(m.db, m.template.name, m.budget, m.strategy) for m in seen] == [(tmp_db, "matmul", 5, "grid")] * 2
+    assert previous is not None and on_miss.policy() is previous  # the tuning side's, back again

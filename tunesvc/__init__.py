@@ -18,6 +18,19 @@ from tunesvc._processes import use_interpreter_without_gpu  # noqa: E402
 
 use_interpreter_without_gpu()
 
+from tunesvc.serving import on_miss as _on_miss  # noqa: E402
+
+
+def _tune_on_miss(miss: _on_miss.MissedKey) -> dict[str, Any]:
+    """Mode 'tune''s policy: the tuning side's, handed to serving here (which never imports
+    tuning) and imported on the first miss, so that ``import tunesvc`` stays light."""
+    from tunesvc.tuning.on_miss import tune_on_miss
+
+    return tune_on_miss(miss)
+
+
+_on_miss.register(_tune_on_miss)
+
 if TYPE_CHECKING:
     from tunesvc._capture import capture
     from tunesvc._capture import stats as capture_stats

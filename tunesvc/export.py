@@ -192,7 +192,7 @@ def read_bundle(path: str | os.PathLike, *, check_kernels: bool = True) -> dict[
             kernel_configs(path, data, name)
             if section.get("selector") is not None:
                 # checked here, not in kernel_configs: the runtime drops a damaged selector alone
-                from tunesvc.selector import Selector
+                from tunesvc.serving.selector import Selector
 
                 Selector.from_dict(section["selector"], f"{path}: kernels.{name}.selector")
     return data
@@ -387,7 +387,7 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
 def _checked_selectors(found: list[tuple[str, str, str, Any, str]]) -> list[Any]:
     """(kernel, version, hardware id, JSON, where) of a source's selectors, each checked
     (tunesvc.selector.Selector) and naming its own kernel version and device."""
-    from tunesvc.selector import Selector
+    from tunesvc.serving.selector import Selector
 
     selectors = []
     for kernel, version, hardware_id, data, where in found:

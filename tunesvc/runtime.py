@@ -4,11 +4,12 @@ The winners of the current device (matched by hardware id: GPU model, capability
 and the current kernel version are loaded once per kernel, from a database or from an
 exported bundle. Each lookup then walks the fallback chain
 
-    exact shape key  ->  predicted (the kernel's selector, see tunesvc.selector)
+    exact shape key  ->  predicted (the kernel's selector, see tunesvc.serving.selector)
                      ->  nearest tuned key (log2 distance over dims, same dtype)  ->  heuristic
 
 and says which step answered. Bundles are read with :mod:`json` only: a deployment that
-ships a bundle never imports SQLAlchemy.
+ships a bundle never imports SQLAlchemy. In mode 'tune' a miss goes to the policy that the
+tuning side registers (:mod:`tunesvc.serving.on_miss`): this module imports no tuning.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tunesvc.device import current_device
 from tunesvc.device import device_at
 from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
+from tunesvc.serving import on_miss
 from tunesvc.settings import MODES
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
@@ -38,7 +40,7 @@ from tunesvc.template import get_template
 
 if TYPE_CHECKING:
     from tunesvc.device import Device
-    from tunesvc.selector import Selector
+    from tunesvc.serving.selector import Selector
     from tunesvc.space import Config
 
 EXACT, PREDICTED, NEAREST, HEURISTIC, TUNED = "exact", "predicted", "nearest", "heuristic", "tuned"
@@ -255,19 +257,7 @@ class Runtime:
         db = self._db_path()
         if db is None or (self.mode == "tune" and not _database_exists(db)):
             return {}
-        return self._winners_from(db, template, readonly=True)
-
-    def _winners_from(self, db: str | os.PathLike, template: Template, *, readonly: bool) -> dict[str, Config]:
-        from tunesvc.store import Store  # the database path only: bundles never import SQLAlchemy
-
-        store = Store(db, readonly=readonly)
-        try:
-            entries = store.winners(kernel=template.name, hardware_id=self.device.hardware_id, version=template.version)
-        finally:
-            store.close()
-        # the newest measurement wins when several software stacks tuned the same key
-        table: dict[str, Config] = {e.shape_key: {**e.config} for e in sorted(entries, key=lambda e: e.updated_at)}
-        return table
+        return stored_winners(db, template, self.device, readonly=True)
 
     def _warn_once(self, kernel: str, what: str, message: str) -> None:
         if (kernel, what) not in self._warned:
@@ -376,7 +366,7 @@ class Runtime:
         return selector
 
     def _load_selector(self, template: Template) -> Selector | None:
-        from tunesvc.selector import Selector
+        from tunesvc.serving.selector import Selector
 
         if self.bundle is not None:
             from tunesvc.export import bundle_selector
@@ -419,27 +409,11 @@ class Runtime:
         return LookupResult(template.name, config, NEAREST, str(key), matched, distance)
 
     def _tune_on_miss(self, template: Template, problem: dict, text: str) -> LookupResult:
-        """Sweep this one key now and persist it; one process per key does the work."""
-        from filelock import FileLock
-
-        from tunesvc.store import Store
-        from tunesvc.sweep import run_sweep
-
+        """Hand this miss to mode 'tune''s policy (the tuning side's: it sweeps the key and stores
+        it, one process per key), then serve the winner it stored."""
         db = self.db if self.db is not None else "tune.db"  # what _db_path() gives in mode 'tune'
-        lock = FileLock(_lock_path(db, template.name, text))
-        with lock:
-            # another process may have tuned it while this one waited for the lock
-            table = self._winners_from(db, template, readonly=False)
-            if text not in table:
-                store = Store(db)
-                try:
-                    run_sweep(
-                        template, [problem], store, strategy=self.strategy, budget=self.budget, device=self.device
-                    )
-                finally:
-                    store.close()
-                table = self._winners_from(db, template, readonly=True)
-        table = self._in_space(template, table)
+        miss = on_miss.MissedKey(db, template, problem, text, self.device, self.strategy, self.budget)
+        table = self._in_space(template, on_miss.policy()(miss))
         with self._lock:
             self._tables[template.name].update(table)
             self._keys.pop(template.name, None)
@@ -511,6 +485,20 @@ def _database_exists(db: str | os.PathLike) -> bool:
         except OSError:
             return False
     return True  # a server database: the store reports it if it is not there
+
+
+def stored_winners(db: str | os.PathLike, template: Template, device: Device, *, readonly: bool) -> dict[str, Config]:
+    """The winners of ``template`` (its current version) on ``device``'s model in a database,
+    shape key -> config; ``readonly=False`` creates the database if it does not exist."""
+    from tunesvc.store import Store  # the database path only: bundles never import SQLAlchemy
+
+    store = Store(db, readonly=readonly)
+    try:
+        entries = store.winners(kernel=template.name, hardware_id=device.hardware_id, version=template.version)
+    finally:
+        store.close()
+    # the newest measurement wins when several software stacks tuned the same key
+    return {e.shape_key: {**e.config} for e in sorted(entries, key=lambda e: e.updated_at)}
 
 
 def _lock_path(db: str | os.PathLike, kernel: str, key: str) -> str:

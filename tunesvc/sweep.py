@@ -43,11 +43,11 @@ from tunesvc.search import OPTUNA_STRATEGIES
 from tunesvc.search import STRATEGIES
 from tunesvc.search import Strategy
 from tunesvc.search import make_strategy
-from tunesvc.selector import untuned_answer
 from tunesvc.space import config_hash
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
 from tunesvc.timeline import mark
+from tunesvc.tuning.selector_fit import untuned_answer
 
 if TYPE_CHECKING:
     from tunesvc.space import Config
@@ -294,7 +294,7 @@ def run_sweep(
     instead of starting one and left open; ``measurer`` likewise, a measuring process (see
     :func:`measuring_process`) into which each problem loads its inputs in turn (with ``isolate``).
     ``refit_selector``: once a winner is stored, refit the kernel's selector on this device from
-    the store (see :mod:`tunesvc.selector`).
+    the store (see :mod:`tunesvc.tuning.selector_fit`).
     """
     check_sweep_arguments(strategy, budget, time_budget, patience)
     clock = Clock()
@@ -333,7 +333,7 @@ def run_sweep(
         if own and compiler is not None:
             compiler.close()
     if refit_selector and any(r.winner is not None for r in results):
-        from tunesvc.selector import refit_after_sweep
+        from tunesvc.tuning.selector_fit import refit_after_sweep
 
         refit_after_sweep(store, template, device)
     return results

@@ -1,44 +1,21 @@
-"""The measuring protocol: :class:`Measurer`, and the :class:`Measurement` it returns."""
+"""The measuring protocol: :class:`Measurer`, and the :class:`~tunesvc.records.Measurement` it returns."""
 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+from tunesvc.records import Measurement as Measurement
+from tunesvc.records import Status as Status
 
 if TYPE_CHECKING:
     from tunesvc.device import Device
     from tunesvc.space import Config
     from tunesvc.template import Problem
     from tunesvc.template import Template
-
-
-class Status(StrEnum):
-    OK = "ok"
-    INVALID = "invalid"  # breaks a space constraint or does not fit the device
-    COMPILE_ERROR = "compile_error"
-    WRONG_RESULT = "wrong_result"
-    ERROR = "error"  # raised while running
-    CRASH = "crash"  # killed its measuring process (illegal memory access, a corrupted CUDA context)
-    TIMEOUT = "timeout"  # did not finish within the measuring timeout
-
-
-@dataclass
-class Measurement:
-    status: Status
-    time_ms: float | None = None
-    spread: float | None = None
-    reps: int = 0
-    rel_error: float | None = None
-    message: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status is Status.OK
 
 
 class Measurer(abc.ABC):

@@ -100,7 +100,9 @@ def revision_of(connection: Connection, where: str) -> tuple[str | None, str | N
     one line that says so.
     """
     tables = set(sa_inspect(connection).get_table_names())
-    if not tables or _only_optuna(tables):
+    # tunesvc_meta first: a tunesvc database that shares its file with Optuna's study tables is
+    # read without importing Optuna (a runtime that only serves winners never needs it)
+    if not tables or ("tunesvc_meta" not in tables and _only_optuna(tables)):
         return None, None
     if "tunesvc_meta" not in tables:
         raise TunesvcError(f"{where} holds other tables, not a tunesvc database; pass another --db.")

@@ -64,7 +64,7 @@ from tunesvc.store.models import Winner
 from tunesvc.store.models import utcnow
 
 if TYPE_CHECKING:
-    from tunesvc.bench import Measurement
+    from tunesvc.records import Measurement
     from tunesvc.space import Config
     from tunesvc.template import Template
 

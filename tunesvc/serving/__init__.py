@@ -1,0 +1,12 @@
+"""Serving: the config to launch a kernel with, here and now, from winners tuned before.
+
+The layer is :mod:`tunesvc.runtime` (its winner sources, a database or a bundle, and the one
+fallback chain, exact -> predicted -> nearest -> heuristic, for shipped and captured kernels
+alike), :mod:`tunesvc.serving.selector` (the selector's model: its JSON and its pick),
+:mod:`tunesvc.serving.on_miss` (where mode 'tune' hands a miss to the tuning side),
+:mod:`tunesvc.launch` and :mod:`tunesvc.ops`.
+
+It imports no tuning (the sweep, search strategies, measurers, selector fitting), no capture
+and no fleet (jobs, cluster): tests/test_imports.py asserts it. What happens on a miss in mode
+'tune' is a policy the tuning side hands over (:mod:`tunesvc.serving.on_miss`).
+"""

@@ -995,7 +995,7 @@ class CaptureBench(Bench):
         args: tuple,
         kwargs: dict[str, Any],
         *,
-        rep_ms: float = 100.0,
+        rep_ms: float = settings.REP_MS,
         tolerance: float | None = None,
         grids: dict[str, Any] | None = None,
         candidates: list[Any] = (),  # type: ignore[assignment]
@@ -1399,7 +1399,7 @@ def tune_key(
         # the call as data: `tune verify` and offline tuning rebuild inputs of the same shapes from it
         call = call if call is not None else describe_call(tuner, args, kwargs)
         sweep_id = store.start_sweep(kv_id, device_id, text, call, "capture", len(candidates), 0)
-    rep_ms = float(getattr(tuner, "num_reps", None) or 100.0)
+    rep_ms = float(getattr(tuner, "num_reps", None) or settings.REP_MS)
     with (
         _STAGE("measure"),
         _measuring(),

@@ -32,6 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tunesvc import __version__
+from tunesvc import settings
 from tunesvc.errors import TunesvcError
 from tunesvc.timeline import mark
 
@@ -781,7 +782,7 @@ def _removed_if_new_and_failing(db: str | None, uses_db: bool):
     files) is removed if it did not exist before, the command failed, and it holds no trial."""
     path = None
     if uses_db:
-        url = db if db is not None and "://" in db else f"sqlite:///{db or os.environ.get('TUNESVC_DB') or 'tune.db'}"
+        url = settings.db_url(db)
         if url.startswith("sqlite:///") and "?" not in url and url != "sqlite:///":
             path = Path(url.removeprefix("sqlite:///"))
     existed = path is None or path.exists()
@@ -1321,7 +1322,7 @@ def run(
         raise TunesvcError("Give the command to run after --, e.g. `tune run -- python serve.py`.")
     code = 0
     if command:
-        env = {**os.environ, "TUNESVC_CAPTURE": "1"}
+        env = {**settings.environment(), "TUNESVC_CAPTURE": "1"}
         handle, summary = tempfile.mkstemp(prefix="tunesvc-summary-", suffix=".jsonl")
         os.close(handle)
         env["TUNESVC_SUMMARY_FILE"] = summary  # each captured process appends its record at exit

@@ -19,6 +19,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from tunesvc import settings
 from tunesvc.errors import TunesvcError
 from tunesvc.jobs import HEARTBEAT_S
 from tunesvc.jobs import STALE_S
@@ -83,7 +84,7 @@ def run_on_ray(
     ray = _ray()
     count, resources = placement()
     task = ray.remote(max_retries=0, scheduling_strategy="SPREAD", **resources)(_worker_task)
-    timeline = os.environ.get(TIMELINE_ENV)
+    timeline = settings.timeline_file()
     refs = [
         task.remote(db, batch, i, stale_s, heartbeat_s, time_budget, patience, compile_workers, timeline, kernel)
         for i in range(count)
@@ -134,7 +135,7 @@ def _worker_task(
     context = ray.get_runtime_context()
     node = context.get_node_id()
     gpus_here = next((n["Resources"].get("GPU", 0) for n in ray.nodes() if n["NodeID"] == node), 0)
-    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "-") if gpus_here else "-"
+    gpu = settings.raw("CUDA_VISIBLE_DEVICES", "-") if gpus_here else "-"
     from tunesvc.device import fork_safe_current_device
 
     finished = jobs.work(

@@ -16,6 +16,7 @@ import platform
 from dataclasses import asdict
 from dataclasses import dataclass
 
+from tunesvc import settings
 from tunesvc._processes import call_in_forked_child
 from tunesvc._processes import can_fork_gpu_children
 from tunesvc._processes import use_interpreter_without_gpu
@@ -105,7 +106,7 @@ class Device:
 
 def interpreting() -> bool:
     """True when Triton kernels run in the CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return settings.interpreting()
 
 
 _current: Device | None = None

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import TextIO
 
+from tunesvc import settings
 from tunesvc.errors import TunesvcError
 from tunesvc.store import DatabaseUnavailable
 from tunesvc.store import JobSpec
@@ -236,7 +237,7 @@ def work(
     A job whose sweep raises a TunesvcError (no feasible config, ...) is marked failed with its
     message; an unreachable database is retried with backoff (1, 2, 4 ... 30 s) for ``retry_s``.
     """
-    worker = worker or f"{socket.gethostname()}:{os.getpid()}:gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '-')}"
+    worker = worker or f"{socket.gethostname()}:{os.getpid()}:gpu{settings.raw('CUDA_VISIBLE_DEVICES', '-')}"
     runner = _JobRunner(
         db,
         batch,
@@ -341,7 +342,7 @@ class _JobRunner:
 
     def _run(self, store: Store, held: JobSpec) -> None:
         # the job row's name: shipped, an entry point, or the kernel this sweep's command named
-        template = template_named_by_data(held.kernel, (os.environ.get(JOB_KERNEL_ENV),))
+        template = template_named_by_data(held.kernel, (settings.job_kernel(),))
         problem = template.problem(**held.problem)
         try:
             with _Heartbeat(store, held.id, self.worker, self.heartbeat_s):
@@ -418,7 +419,7 @@ class _Warm:
         if self.started:
             return
         # a job row's name (peeked from the queue) loads as the job's own does (see _JobRunner._run)
-        template = template_named_by_data(job.kernel, (os.environ.get(JOB_KERNEL_ENV),))
+        template = template_named_by_data(job.kernel, (settings.job_kernel(),))
         problem = template.problem(**job.problem)
         self.started = True
         self.measurer = measuring_process(template, problem, isolate=self.isolate)
@@ -534,7 +535,7 @@ class WorkerProcess:
         else:
             self._popen = subprocess.Popen(
                 [sys.executable, "-m", "tunesvc.jobs", "--batch", "-", *argv],
-                env={**os.environ, **env},
+                env={**settings.environment(), **env},
                 stdin=read_end,
             )
             self.pid = self._popen.pid
@@ -632,7 +633,7 @@ def _main(argv: list[str] | None = None, start: TextIO | None = None, first_job:
     """
     mark("worker imports done")
     parser = argparse.ArgumentParser(prog="python -m tunesvc.jobs", description="Run a shared sweep's jobs.")
-    parser.add_argument("--db", default=os.environ.get("TUNESVC_DB"), help="[default: $TUNESVC_DB]")
+    parser.add_argument("--db", default=settings.db(), help="[default: $TUNESVC_DB]")
     parser.add_argument("--batch", required=True, help="the batch's name, or - to read it from stdin")
     parser.add_argument("--stale-s", type=float, default=STALE_S)
     parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S)

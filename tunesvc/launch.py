@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import _pop_mode_temporarily
 from triton import knobs
 
 from tunesvc import runtime as _runtime_module
+from tunesvc import settings
 
 _allocator_set: contextvars.ContextVar[bool] = contextvars.ContextVar("tunesvc_allocator_set", default=False)
 
@@ -848,7 +849,7 @@ class LaunchPlans:
     #: each plan's own, so a replay allocates only its outputs; beyond it workspaces are allocated per call
     workspace = 64 << 20
     #: False (or TUNESVC_REPLAY=0): every call runs the function, nothing is recorded or replayed
-    active = os.environ.get("TUNESVC_REPLAY", "1") != "0"
+    active = settings.replay_enabled()
 
     def __init__(self, fn: Callable[..., Any], entry: bool = False, kinds: list[set[type]] | None = None) -> None:
         self.fn = fn

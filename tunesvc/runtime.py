@@ -245,7 +245,8 @@ class Runtime:
     def _db_path(self) -> str | os.PathLike | None:
         if self.db is not None:
             return self.db
-        return "tune.db" if Path("tune.db").exists() or self.mode == "tune" else None
+        default = settings.DEFAULT_DB
+        return default if Path(default).exists() or self.mode == "tune" else None
 
     def _load(self, template: Template) -> dict[str, Config]:
         if self.bundle is not None:
@@ -411,7 +412,7 @@ class Runtime:
     def _tune_on_miss(self, template: Template, problem: dict, text: str) -> LookupResult:
         """Hand this miss to mode 'tune''s policy (the tuning side's: it sweeps the key and stores
         it, one process per key), then serve the winner it stored."""
-        db = self.db if self.db is not None else "tune.db"  # what _db_path() gives in mode 'tune'
+        db = self.db if self.db is not None else settings.DEFAULT_DB  # what _db_path() gives in mode 'tune'
         miss = on_miss.MissedKey(db, template, problem, text, self.device, self.strategy, self.budget)
         table = self._in_space(template, on_miss.policy()(miss))
         with self._lock:

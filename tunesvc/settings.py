@@ -28,6 +28,8 @@ TUNE, LOOKUP, HEURISTIC, OFF = MODES
 
 #: the database where none is named: a SQLite file in the working folder
 DEFAULT_DB = "tune.db"
+#: milliseconds of replay a measurement's timing aims at (sweeps, captured keys, re-measures)
+REP_MS = 100.0
 
 #: the variables and what they hold (``tune run --help`` and docs/settings.md list them from here)
 VARIABLES = {
@@ -54,6 +56,22 @@ def _warn(name: str, value: str, fix: str, used: object) -> None:
     if (name, value) not in _warned:  # once per variable and value, however often it is read
         _warned.add((name, value))
         warnings.warn(f"tunesvc: {name}={value!r} {fix}; using {used!r}.", RuntimeWarning, stacklevel=3)
+
+
+def raw(name: str, default: str | None = None) -> str | None:
+    """The variable as it is set (empty text included), or ``default`` where it is unset: for
+    variables of other programs (CUDA_VISIBLE_DEVICES, where empty means "no GPU")."""
+    return os.environ.get(name, default)
+
+
+def environment() -> dict[str, str]:
+    """A copy of this process's environment, for the environment of a child process."""
+    return dict(os.environ)
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET)."""
+    return flag("TRITON_INTERPRET")
 
 
 def text(name: str, default: str | None = None) -> str | None:
@@ -161,3 +179,21 @@ def lock_dir() -> Path:
 
 def replay_enabled() -> bool:
     return text("TUNESVC_REPLAY", "1") != "0"
+
+
+def db_url(db: str | os.PathLike | None = None) -> str:
+    """``db``, else $TUNESVC_DB, else ./tune.db, as a URL (a plain path names a SQLite file)."""
+    chosen = str(db) if db is not None else (text("TUNESVC_DB") or DEFAULT_DB)
+    return chosen if "://" in chosen else f"sqlite:///{chosen}"
+
+
+def timeline_file() -> str | None:
+    return text("TUNESVC_TIMELINE")
+
+
+def timeline_role() -> str:
+    return text("TUNESVC_TIMELINE_ROLE", "command") or "command"
+
+
+def job_kernel() -> str | None:
+    return text("TUNESVC_JOB_KERNEL")

@@ -28,6 +28,7 @@ from dataclasses import field
 from typing import TYPE_CHECKING
 from typing import TypeVar
 
+from tunesvc import settings
 from tunesvc.bench import Compiler
 from tunesvc.bench import Measurement
 from tunesvc.bench import Measurer
@@ -265,7 +266,7 @@ def run_sweep(
     finalists: int | None = None,
     isolate: bool | None = None,
     measure_timeout: float = 60.0,
-    rep_ms: float = 100.0,
+    rep_ms: float = settings.REP_MS,
     compiler: Compiler | None = None,
     measurer: Worker | None = None,
     refit_selector: bool = True,
@@ -370,7 +371,7 @@ def measuring_process(
     device: Device | None = None,
     isolate: bool | None = None,
     measure_timeout: float = 60.0,
-    rep_ms: float = 100.0,
+    rep_ms: float = settings.REP_MS,
 ) -> Worker | None:
     """The measuring process :func:`run_sweep` would start for ``problem``, started now (its child
     makes the inputs and reference while the caller goes on), for a caller that passes it to

@@ -18,10 +18,12 @@ import json
 import os
 import time
 
+from tunesvc import settings
+
 ENV = "TUNESVC_TIMELINE"
 
 #: set by whatever starts a process in a new interpreter (a sweep worker); forked children call set_role
-_role = os.environ.get("TUNESVC_TIMELINE_ROLE", "command")
+_role = settings.timeline_role()
 _seen: set[str] = set()
 
 
@@ -34,7 +36,7 @@ def set_role(role: str) -> None:
 
 def mark(event: str, *, once: bool = True, **detail: object) -> None:
     """Append ``event`` at the current time; with ``once``, only its first occurrence in this process."""
-    path = os.environ.get(ENV)
+    path = settings.timeline_file()
     if not path or (once and event in _seen):
         return
     _seen.add(event)

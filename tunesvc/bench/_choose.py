@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from typing import TYPE_CHECKING
 
+from tunesvc import settings
 from tunesvc.bench._inprocess import Bench
 from tunesvc.bench._worker import Worker
 
@@ -30,7 +31,7 @@ def measurer_for(
     *,
     isolate: bool | None = None,
     timeout_s: float = 60.0,
-    rep_ms: float = 100.0,
+    rep_ms: float = settings.REP_MS,
 ) -> Measurer:
     """A :class:`Worker` (default on a GPU: a crashing or hanging candidate cannot take the caller
     down), else a :class:`Bench` in this process.

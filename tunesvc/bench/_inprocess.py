@@ -22,6 +22,7 @@ import triton
 import triton.testing
 from torch.utils._pytree import tree_leaves
 
+from tunesvc import settings
 from tunesvc.bench._base import Measurement
 from tunesvc.bench._base import Measurer
 from tunesvc.bench._base import Status
@@ -112,7 +113,9 @@ class Bench(Measurer):
     computed once from them.
     """
 
-    def __init__(self, template: Template, problem: Problem, device: Device, *, rep_ms: float = 100.0) -> None:
+    def __init__(
+        self, template: Template, problem: Problem, device: Device, *, rep_ms: float = settings.REP_MS
+    ) -> None:
         self.template = template
         self.problem = problem
         self.device = device

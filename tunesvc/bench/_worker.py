@@ -12,6 +12,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
+from tunesvc import settings
 from tunesvc._processes import start_child
 from tunesvc.bench._base import Measurement
 from tunesvc.bench._base import Measurer
@@ -45,7 +46,13 @@ class Worker(Measurer):
     """
 
     def __init__(
-        self, template: Template, problem: Problem, device: Device, *, timeout_s: float = 60.0, rep_ms: float = 100.0
+        self,
+        template: Template,
+        problem: Problem,
+        device: Device,
+        *,
+        timeout_s: float = 60.0,
+        rep_ms: float = settings.REP_MS,
     ) -> None:
         self.template = template
         self.problem = problem

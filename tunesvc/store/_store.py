@@ -49,6 +49,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import aliased
 from sqlalchemy.orm import sessionmaker
 
+from tunesvc import settings
 from tunesvc.device import Device
 from tunesvc.errors import TunesvcError
 from tunesvc.space import config_hash
@@ -68,15 +69,14 @@ if TYPE_CHECKING:
     from tunesvc.space import Config
     from tunesvc.template import Template
 
-DEFAULT_DB = "tune.db"
+DEFAULT_DB = settings.DEFAULT_DB
 #: how long a SQLite writer waits for another one's lock before it fails
 BUSY_TIMEOUT_S = 30
 
 
 def resolve_url(db: str | os.PathLike | None = None) -> str:
     """--db value, else $TUNESVC_DB, else ./tune.db; a plain path means a SQLite file."""
-    db = str(db) if db is not None else os.environ.get("TUNESVC_DB", DEFAULT_DB)
-    return db if "://" in db else f"sqlite:///{db}"
+    return settings.db_url(db)
 
 
 def database_name(db: str | os.PathLike | None = None) -> str:

@@ -44,8 +44,6 @@ from pathlib import Path
 from typing import Any
 from typing import TypeVar
 
-from tunesvc import settings
-
 T = TypeVar("T")
 
 #: what a forkserver imports once, so that each worker it forks starts with them loaded; tunesvc
@@ -61,7 +59,7 @@ def use_interpreter_without_gpu() -> None:
     decide now if torch or triton is already imported, else just before triton is first
     imported. A ``TRITON_INTERPRET`` already set is left as it is.
     """
-    if settings.raw("TRITON_INTERPRET") is not None:
+    if "TRITON_INTERPRET" in os.environ:
         return
     if not _may_have_gpu():
         os.environ["TRITON_INTERPRET"] = "1"
@@ -75,7 +73,7 @@ def _may_have_gpu() -> bool:
     """False where torch certainly finds no GPU: CUDA_VISIBLE_DEVICES hides every one, or no GPU
     device node exists (NVIDIA's driver, ROCm and WSL's GPU each show one in /dev; macOS has no
     CUDA). True where that cannot be told without the driver (Windows)."""
-    visible = settings.raw("CUDA_VISIBLE_DEVICES")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
         return False
     if sys.platform == "darwin":

@@ -806,7 +806,6 @@ def test_cross_measure_retime_times_every_candidate_once_per_key_in_a_finalist_r
         assert winners[k] == fast  # 20 ms against 40 ms, both timed the same way: it wins both keys
 
 
-
 def test_gp_samples_past_its_startup_beside_results_it_did_not_propose(space, candidates):
     # a stored result (or an untried config measured after MAX_MISSES_PER_ASK repeated
     # proposals) is told to GP as a trial it did not propose; such a trial once carried a

@@ -82,7 +82,8 @@ class _App(typer.Typer):
 app = _App(
     cls=_Group,
     name="tune",
-    help="Tune Triton kernels once per GPU and shape, keep the results, look them up at run time.",
+    help="Tune Triton kernels once per GPU and shape, keep the results, look them up at run time. "
+    "Installed as `tune` and as `tunesvc`, a name no other package claims (Ray installs a `tune` of its own).",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,

@@ -375,3 +375,15 @@ def test_the_readme_installs_tunesvc_after_its_extras():
     command = readme[readme.index("<!-- test-command -->") + 2]
     installs = [part.strip() for part in command.split("&&") if "pip install" in part]
     assert "'.[test]'" in installs[0] and installs[-1].endswith("pip install -q --no-deps -e ."), installs
+
+
+def test_hints_in_backquotes_name_the_program_and_other_words_stay(monkeypatch):
+    from tunesvc.cli import named
+    from tunesvc.cli import program
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/tunesvc", "show"])
+    assert program() == "tunesvc"
+    text = "run `tune sweep` first, or tune it in mode 'tune'; `tune db upgrade` migrates it"
+    assert named(text) == "run `tunesvc sweep` first, or tune it in mode 'tune'; `tunesvc db upgrade` migrates it"
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/tune", "show"])
+    assert named(text) == text

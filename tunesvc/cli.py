@@ -118,9 +118,10 @@ def program() -> str:
 
 
 def named(text: str) -> str:
-    """``text`` with its hints (`` `tune show` ``, ``Resume with: tune sweep``) naming :func:`program`."""
+    """``text`` with its hints (`` `tune show` ``, in backquotes) naming :func:`program`; words such
+    as "tune it" are left alone."""
     name = program()
-    return text if name == "tune" else re.sub(r"(?<![\w-])tune(?= [a-z-]|`)", name, text)
+    return text if name == "tune" else re.sub(r"(?<=`)tune(?=[ `])", name, text)
 
 
 def _check_db(value: str | None) -> str | None:

@@ -156,8 +156,9 @@ def test_show_json(db, device, template):
     assert winner["hardware_id"] == device.hardware_id
     assert winner["kernel_version"] == template.version
     assert data["trials"] == {"ok": 2}
-    empty = json.loads(invoke("show", "--db", db, "--kernel", "conv", "--json").stdout)
-    assert empty == {"winners": [], "trials": {}}
+    # a filter that matches nothing is an error, with --json too (stdout stays empty for a script)
+    empty = invoke("show", "--db", db, "--kernel", "conv", "--json")
+    assert empty.exit_code == 1 and empty.stdout == "" and "--kernel 'conv'" in empty.output
 
 
 def test_show_does_not_change_the_database(db):
@@ -244,7 +245,7 @@ BAD = {
     "no_shape": (["sweep", "matmul"], "--shape"),
     "zero_budget": (["sweep", "matmul", "--shape", SHAPE, "--budget", "0"], "--budget must be at least 1"),
     "malformed_pair": (["sweep", "matmul", "--shape", "M=37,N45,K=29", "--budget", "2"], "N45"),
-    "export_nothing": (["export", "--kernel", "conv"], "Nothing to export"),
+    "export_nothing": (["export", "--kernel", "conv"], "No winners"),
 }
 
 
@@ -335,14 +336,15 @@ def test_show_filters_by_device_and_shape(db, device):
     ):
         assert shown(*args) == everything, args  # substrings, any case
     for args in (("--device", "no such gpu"), ("--shape", "float32"), ("--shape", "M=6_"), ("--shape", "%")):
-        assert shown(*args) == {"winners": [], "trials": {}}, args  # LIKE wildcards are plain text
+        result = invoke("show", "--db", db, "--json", *args)  # LIKE wildcards are plain text: no match
+        assert result.exit_code == 1 and result.stdout == "" and f"{args[0]} '{args[1]}'" in result.output, args
     assert shown("--device", device.name, "--shape", "N=45")["trials"] == {"ok": 2}
 
     table = invoke("show", "--db", db, "--shape", "M=64")
     assert table.exit_code == 0, table.output
     assert "matmul" in table.stdout and "1 winner; 2 trials, 0 failed or invalid, in" in table.stdout
     none = invoke("show", "--db", db, "--device", "no such gpu")
-    assert none.exit_code == 0 and "0 winners; 0 trials, 0 failed or invalid, in" in none.stdout
+    assert_one_line_error(none, "No winners in", "match --device 'no such gpu'", "it holds winners of matmul")
 
 
 def test_sweep_quiet_has_no_progress_bar(db):

@@ -804,3 +804,19 @@ def test_cross_measure_retime_times_every_candidate_once_per_key_in_a_finalist_r
         # the sweep's winner and the missing candidate: a first timing, then a round each
         assert all(n > first_timing for n in retimed[k].values())
         assert winners[k] == fast  # 20 ms against 40 ms, both timed the same way: it wins both keys
+
+
+def test_gp_samples_past_its_startup_beside_results_it_did_not_propose(space, candidates):
+    # a stored result (or an untried config measured after MAX_MISSES_PER_ASK repeated
+    # proposals) is told to GP as a trial it did not propose; such a trial once carried a
+    # constraint that GP's own trials lack, and GPSampler stopped the sweep past its startup
+    # trials ("The number of constraints must be the same for all trials")
+    strategy = make_strategy("gp", space, candidates, seed=0)
+    strategy.tell(candidates[5], ok(fake_time(candidates[5])))
+    proposed = []
+    for _ in range(startup_count(len(candidates)) + 3):
+        config = strategy.ask()
+        assert config is not None
+        strategy.tell(config, ok(fake_time(config)))
+        proposed.append(config)
+    assert len(set(hashes(proposed + [candidates[5]]))) == len(proposed) + 1

@@ -13,6 +13,7 @@ import functools
 import inspect
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from rich.text import Text
 from tunesvc import __version__
 from tunesvc import settings
 from tunesvc.errors import TunesvcError
+from tunesvc.text import visible
 from tunesvc.timeline import mark
 
 
@@ -81,12 +83,46 @@ class _App(typer.Typer):
 app = _App(
     cls=_Group,
     name="tune",
-    help="Tune Triton kernels once per GPU and shape, keep the results, look them up at run time.",
+    help="Tune Triton kernels once per GPU and shape, keep the results, look them up at run time. "
+    "Installed as `tune` and as `tunesvc`, a name no other package claims (Ray installs a `tune` of its own).",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
 )
-console = Console()
+
+
+class TextConsole(Console):
+    """A rich Console that prints every string as text: no markup (a stored ``[/x]`` is shown,
+    not parsed), no emoji codes, control characters escaped (:func:`visible`). Table cells and
+    titles given as strings go through :meth:`render_str` too; a :class:`~rich.text.Text` made
+    by hand is the caller's to build with :func:`visible`."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        kwargs.update(markup=False, emoji=False)
+        return super().render_str(visible(text), **kwargs)
+
+
+console = TextConsole()
+
+
+def program() -> str:
+    """The command that runs this CLI, as hints name it: the script the user typed (`tune` or
+    `tunesvc`), `python -m tunesvc`, else `tune`. Ray installs a `tune` command of its own, and
+    whichever of the two distributions pip installed last owns that name: a hint names the
+    command that reached tunesvc, which surely is tunesvc's."""
+    invoked = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("tune")
+    if invoked.stem in ("tune", "tunesvc"):
+        return invoked.stem
+    if invoked.name == "__main__.py" and invoked.parent.name == "tunesvc":
+        return "python -m tunesvc"
+    return "tune"
+
+
+def named(text: str) -> str:
+    """``text`` with its hints (`` `tune show` ``, in backquotes) naming :func:`program`; words such
+    as "tune it" are left alone."""
+    name = program()
+    return text if name == "tune" else re.sub(r"(?<=`)tune(?=[ `])", name, text)
 
 
 def _check_db(value: str | None) -> str | None:
@@ -176,11 +212,27 @@ def user_errors(fn: Callable) -> Callable:
             if _DEBUG:
                 raise
             # the message is text, never markup: it may quote a user's input such as --shape '[/x]'
-            message = Text("Error: ", style="bold red") + Text(str(exc))
-            Console(stderr=True).print(message, highlight=False, soft_wrap=True)
+            _error(str(exc))
+            raise typer.Exit(1) from None
+        except OSError as exc:  # a path the system refuses (a name too long, a folder not allowed)
+            if _DEBUG:
+                raise
+            where = f" {_short(str(exc.filename))}" if exc.filename else ""
+            _error(f"Cannot use{where}: {exc.strerror or exc}; check the paths given.")
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _error(message: str) -> None:
+    """One line on stderr: "Error: " and ``message`` as text, its hints naming :func:`program`."""
+    line = Text("Error: ", style="bold red") + Text(visible(named(message)))
+    TextConsole(stderr=True).print(line, highlight=False, soft_wrap=True)
+
+
+def _short(text: str, most: int = 80) -> str:
+    """A long path or name cut to ``most`` characters for a message (a 300-character --out)."""
+    return text if len(text) <= most else f"{text[: most - 20]}...{text[-17:]}"
 
 
 @contextlib.contextmanager
@@ -191,9 +243,22 @@ def _warnings_as_lines():
         try:
             yield
         finally:
-            stderr = Console(stderr=True)
+            stderr = TextConsole(stderr=True)
             for message in dict.fromkeys(str(w.message) for w in caught):
-                stderr.print(Text("Warning: ", style="yellow") + Text(message), highlight=False, soft_wrap=True)
+                line = Text("Warning: ", style="yellow") + Text(visible(named(message)))
+                stderr.print(line, highlight=False, soft_wrap=True)
+
+
+#: the most trials a --budget or --patience counts: what every store's integer column holds
+MAX_COUNT = 2**31 - 1
+#: the most compiling processes of --workers
+MAX_WORKERS = 1024
+
+
+def _check_count(option: str, value: int | None) -> None:
+    """A count of trials that a store can keep (its columns are 32-bit on PostgreSQL)."""
+    if value is not None and value > MAX_COUNT:
+        raise TunesvcError(f"{option} must be at most {MAX_COUNT:,} trials, got {_short(str(value), 30)}.")
 
 
 def _print_json(data: Any) -> None:
@@ -262,7 +327,10 @@ def kernels(as_json: JsonOption = False) -> None:
 def space(
     kernel: Annotated[
         str,
-        typer.Argument(help="Kernel name (see `tune kernels`) or module:attribute.", autocompletion=_complete_kernel),
+        typer.Argument(
+            help="Kernel name (see `tune kernels`; the library's names, such as layer_norm, too) or module:attribute.",
+            autocompletion=_complete_kernel,
+        ),
     ],
     shape: Annotated[
         str | None, typer.Option(help="Count feasible configs for this shape, e.g. 4096x4096x4096.")
@@ -320,7 +388,10 @@ def sweep(
     ctx: typer.Context,
     kernel: Annotated[
         str,
-        typer.Argument(help="Kernel name (see `tune kernels`) or module:attribute.", autocompletion=_complete_kernel),
+        typer.Argument(
+            help="Kernel name (see `tune kernels`; the library's names, such as layer_norm, too) or module:attribute.",
+            autocompletion=_complete_kernel,
+        ),
     ],
     shape: Annotated[
         list[str] | None, typer.Option("--shape", "-s", help="A problem shape, e.g. 4096x4096x4096 (repeatable).")
@@ -386,17 +457,24 @@ def sweep(
 
     from tunesvc.device import fork_safe_current_device
     from tunesvc.jobs import trials_stored
+    from tunesvc.search import STRATEGIES
     from tunesvc.store import Store
     from tunesvc.sweep import check_sweep_arguments
     from tunesvc.sweep import run_sweep
+    from tunesvc.template import did_you_mean
     from tunesvc.template import get_template
 
     mark("command parsed")
     template = get_template(kernel)
     problems = _problems(template, shape or [], preset, dtype)
+    if strategy not in STRATEGIES:
+        hint = did_you_mean(strategy, STRATEGIES)
+        raise TunesvcError(f"Unknown strategy '{strategy}'{hint}; use one of {', '.join(STRATEGIES)}.")
+    _check_count("--budget", budget)
+    _check_count("--patience", patience)
     check_sweep_arguments(strategy, budget, time_budget, patience)  # before Store(): a rejected sweep creates no file
-    if workers is not None and workers < 0:
-        raise TunesvcError(f"--workers must be 0 or more, got {workers}.")
+    if workers is not None and not 0 <= workers <= MAX_WORKERS:
+        raise TunesvcError(f"--workers must be from 0 to {MAX_WORKERS}, got {workers}.")
     if not 0 <= seed < 2**32:
         raise TunesvcError(f"--seed must be from 0 to 2**32 - 1 (what the samplers take), got {seed}.")
     mark("kernel imported")
@@ -426,13 +504,13 @@ def sweep(
     keys = list(dict.fromkeys(str(template.key(p)) for p in problems))
     before = trials_stored(store, template, device.hardware_id, keys)
     progress = Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         TextColumn("[dim]{task.fields[phase]}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[best]}"),
         TimeElapsedColumn(),
-        console=Console(stderr=True),
+        console=TextConsole(stderr=True),
         disable=as_json or quiet,
     )
     tasks: dict[str, Any] = {}
@@ -497,7 +575,7 @@ def sweep(
 def _command_line(ctx: typer.Context, db: str | None) -> str:
     """The command as a user types it again, rebuilt from its parsed options; a database named
     by default (./tune.db, $TUNESVC_DB) is named explicitly, so that it resumes from any folder."""
-    words = ["tune", ctx.info_name or "sweep"]
+    words = [*program().split(), ctx.info_name or "sweep"]
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
         if value is None or value == param.default or value == [] or param.name == "ctx":
@@ -523,7 +601,7 @@ def _interrupted(store, template, hardware_id: str, keys: list[str], before: dic
 
     now = trials_stored(store, template, hardware_id, keys)
     new = sum(now.values()) - sum(before.values())
-    Console(stderr=True).print(
+    TextConsole(stderr=True).print(
         f"Interrupted: {_count(new, 'trial')} stored by this run ({sum(now.values())} in all for "
         f"{_count(len(keys), 'shape key')}) in {store.url}; a trial in flight is lost. Resume with: {command}",
         highlight=False,
@@ -606,7 +684,7 @@ def _sweep_on_workers(
         before = jobs.trials_stored(store, template, device.hardware_id, keys)  # before any worker begins
         for p in processes:
             p.begin(batch)
-        Console(stderr=True).print(
+        TextConsole(stderr=True).print(
             f"sweep {batch}: {added} new of {_count(len(problems), 'job')}, {_count(count, 'worker')}{where}",
             highlight=False,
         )
@@ -706,12 +784,12 @@ def _jobs_progress(
         wanted = feasible if budget is None and strategy == "grid" else budget or DEFAULT_OPTUNA_BUDGET
         limits[str(template.key(problem))] = min(wanted, feasible)
     progress = Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         TextColumn("[dim]{task.fields[phase]}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=Console(stderr=True),
+        console=TextConsole(stderr=True),
         disable=quiet,
     )
     tasks = {key: progress.add_task(key, total=limits[key], phase="pending") for key in keys}
@@ -822,7 +900,12 @@ def _ray_shutdown() -> None:
 @app.command()
 @user_errors
 def show(
-    kernel: Annotated[str | None, typer.Option(help="Only this kernel.", autocompletion=_complete_kernel)] = None,
+    kernel: Annotated[
+        str | None,
+        typer.Option(
+            help="Only this kernel (a filter that matches nothing is an error).", autocompletion=_complete_kernel
+        ),
+    ] = None,
     device: Annotated[
         str | None, typer.Option(help="Only devices whose name or hardware id contains this text.")
     ] = None,
@@ -838,13 +921,16 @@ def show(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show the stored winners of each kernel's current version, one table per device and kernel."""
+    """Show the stored winners of each kernel's current version, one table per device and kernel; filters that match nothing exit with an error."""
     from tunesvc.store import Store  # SQLAlchemy
 
+    kernel = _kernel_filter(kernel)
     store = Store(db, readonly=True)
     try:
         winners = store.winners(kernel=kernel, device=device, shape=shape)
         counts = store.trial_counts(kernel=kernel, device=device, shape=shape)
+        if not winners and (kernel or device or shape):
+            raise _nothing_matches(store, "winners", kernel=kernel, device=device, shape=shape)
     finally:
         store.close()
     current = _current_versions(winners)
@@ -859,7 +945,7 @@ def show(
         )
     for hardware_id in sorted({w.hardware_id for w in shown}):
         on_device = [w for w in shown if w.hardware_id == hardware_id]
-        console.print(Text(f"Winners on {hardware_id}", style="bold"), highlight=False, soft_wrap=True)
+        console.print(Text(visible(f"Winners on {hardware_id}"), style="bold"), highlight=False, soft_wrap=True)
         for name in sorted({w.kernel for w in on_device}):
             newest: dict[str, float] = {}  # version -> its newest winner's time
             for w in on_device:
@@ -890,6 +976,41 @@ def show(
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _kernel_filter(kernel: str | None) -> str | None:
+    """A --kernel filter as stored: the library's name of a shipped kernel (``layer_norm``) is
+    its template's (``layernorm``)."""
+    from tunesvc.template import canonical_name
+
+    return canonical_name(kernel) if kernel is not None else None
+
+
+def _nothing_matches(
+    store: Any, what: str, *, kernel: str | None = None, device: str | None = None, shape: str | None = None
+) -> TunesvcError:
+    """The error of filters that match nothing stored: which filters, the nearest stored kernel or
+    device name to a misspelt one, and what to run instead."""
+    from tunesvc.template import SHIPPED
+    from tunesvc.template import did_you_mean
+
+    stored = store.winners()
+    given = [
+        f"--{name} '{value}'" for name, value in (("kernel", kernel), ("device", device), ("shape", shape)) if value
+    ]
+    hint = ""
+    kernels = sorted({w.kernel for w in stored})
+    if kernel is not None and kernel not in kernels and kernel not in SHIPPED:  # misspelt, not only untuned
+        hint = did_you_mean(kernel, [*kernels, *SHIPPED])
+    elif device is not None and not any(device.lower() in f"{w.device}\n{w.hardware_id}".lower() for w in stored):
+        hint = did_you_mean(device, sorted({w.device for w in stored}))
+    if not stored:
+        held = "it holds no winners; `tune sweep` makes some"
+    elif len(kernels) <= 4:
+        held = f"it holds winners of {', '.join(kernels)}, which `tune show` lists"
+    else:
+        held = f"it holds winners of {len(kernels)} kernels, which `tune show` lists"
+    return TunesvcError(f"No {what} in {store.url} match {' and '.join(given)}{hint}; {held}.")
 
 
 def _current_versions(winners: list) -> dict[str, tuple[str, bool]]:
@@ -941,14 +1062,20 @@ def _keyed_table(
     stacked.add_column(f"{columns[0]}; {', '.join(columns[1:])}", overflow="fold")
     for first, *rest in rows:
         details = " · ".join(f"{column} {value}" for column, value in zip(columns[1:], rest, strict=True))
-        stacked.add_row(Group(Text(first), Padding(Text(details, style="dim"), (0, 0, 0, 2))))
+        stacked.add_row(Group(Text(visible(first)), Padding(Text(visible(details), style="dim"), (0, 0, 0, 2))))
     return stacked
 
 
 @app.command()
 @user_errors
 def lookup(
-    kernel: Annotated[str, typer.Argument(help="Kernel name or module:attribute.", autocompletion=_complete_kernel)],
+    kernel: Annotated[
+        str,
+        typer.Argument(
+            help="Kernel name (the library's, such as layer_norm, too) or module:attribute.",
+            autocompletion=_complete_kernel,
+        ),
+    ],
     shape: Annotated[str, typer.Option("--shape", "-s", help="The problem, e.g. 1000x3000x777.")],
     dtype: Annotated[str, typer.Option(help="float16, bfloat16 or float32.")] = "float16",
     db: DbOption = None,
@@ -1078,10 +1205,18 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
 @app.command()
 @user_errors
 def export(
-    out: Annotated[Path, typer.Option(help="A .json file (one device) or a folder (one file per device).")] = Path(
-        "tunesvc-bundles"
-    ),
-    kernel: Annotated[str | None, typer.Option(help="Only this kernel.", autocompletion=_complete_kernel)] = None,
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="A .json file (one device) or a folder (one file per device). A file is replaced only when it is a tunesvc bundle (in a folder: of the same device); links and other files are refused."
+        ),
+    ] = Path("tunesvc-bundles"),
+    kernel: Annotated[
+        str | None,
+        typer.Option(
+            help="Only this kernel (a filter that matches nothing is an error).", autocompletion=_complete_kernel
+        ),
+    ] = None,
     device: Annotated[str | None, typer.Option(help="Only this device hardware id (see `tune show --json`).")] = None,
     db: DbOption = None,
 ) -> None:
@@ -1091,9 +1226,14 @@ def export(
     from tunesvc.export import write_bundles
     from tunesvc.store import Store
 
+    kernel = _kernel_filter(kernel)
     store = Store(db, readonly=True)
-    bundles = build_bundles(store, kernel=kernel, hardware_id=device)
-    store.close()
+    try:
+        bundles = build_bundles(store, kernel=kernel, hardware_id=device)
+        if not bundles and (kernel or device):
+            raise _nothing_matches(store, "winners", kernel=kernel, device=device)
+    finally:
+        store.close()
     for path in write_bundles(bundles, out):
         console.print(f"wrote {path}")
 
@@ -1126,7 +1266,9 @@ def import_(
     # one table per source, device and kernel version: what repeats goes in the heading and title
     groups = [(c.source, c.hardware_id) for c in changes] + [(c.source, c.hardware_id) for c in imported.selectors]
     for source, hardware_id in dict.fromkeys(groups):
-        console.print(Text(f"From {source}, winners of {hardware_id}", style="bold"), highlight=False, soft_wrap=True)
+        console.print(
+            Text(visible(f"From {source}, winners of {hardware_id}"), style="bold"), highlight=False, soft_wrap=True
+        )
         group = [c for c in changes if (c.source, c.hardware_id) == (source, hardware_id)]
         for kernel, version in dict.fromkeys((c.kernel, c.version) for c in group):
             table = _keyed_table(
@@ -1142,7 +1284,7 @@ def import_(
         # selectors under their source's and device's heading: "matmul 5276d6e89cd5 added, ..."
         selectors = [c for c in imported.selectors if (c.source, c.hardware_id) == (source, hardware_id)]
         if selectors:
-            kept = " (a stored selector is kept: `tune selector --cross-measure` refits it)"
+            kept = named(" (a stored selector is kept: `tune selector --cross-measure` refits it)")
             console.print(
                 "Selectors: "
                 + ", ".join(f"{c.kernel} {c.version} {c.action}" for c in selectors)
@@ -1162,7 +1304,12 @@ def import_(
 @app.command()
 @user_errors
 def verify(
-    kernel: Annotated[str | None, typer.Option(help="Only this kernel.", autocompletion=_complete_kernel)] = None,
+    kernel: Annotated[
+        str | None,
+        typer.Option(
+            help="Only this kernel (a filter that matches nothing is an error).", autocompletion=_complete_kernel
+        ),
+    ] = None,
     margin: Annotated[
         float, typer.Option(help="Flag a winner when the heuristic is faster by more than this fraction.")
     ] = 0.05,
@@ -1183,10 +1330,14 @@ def verify(
     from tunesvc.store import Store
     from tunesvc.verify import verify as verify_winners
 
+    _check_count("--budget", budget)
+    kernel = _kernel_filter(kernel)
     store = Store(db, readonly=not retune)
     try:
         verdicts = verify_winners(store, kernel=kernel, margin=margin, retune=retune, budget=budget)
         stored_on = sorted({w.device for w in store.winners(kernel=kernel)}) if not verdicts else []
+        if kernel is not None and not verdicts and not stored_on:
+            raise _nothing_matches(store, "winners", kernel=kernel)
     finally:
         store.close()
     if as_json:
@@ -1196,13 +1347,17 @@ def verify(
         which = f"{kernel} winners" if kernel else "winners"
         elsewhere = f": it holds {', '.join(stored_on)} {which} only" if stored_on else ""
         console.print(
-            f"No {which} of {here.name} in {store.url} to verify{elsewhere} "
-            "(verify on that GPU, or sweep this one with `tune sweep`).",
+            named(
+                f"No {which} of {here.name} in {store.url} to verify{elsewhere} "
+                "(verify on that GPU, or sweep this one with `tune sweep`)."
+            ),
             highlight=False,
             soft_wrap=True,
         )
         return
-    console.print(Text(f"Winners of {here.name} in {store.url}", style="bold"), highlight=False, soft_wrap=True)
+    console.print(
+        Text(visible(f"Winners of {here.name} in {store.url}"), style="bold"), highlight=False, soft_wrap=True
+    )
     columns = ["shape key", "stored ms", "now ms", "heuristic ms", "flags", *(["retuned ms"] if retune else [])]
     for name, version in dict.fromkeys((v.kernel, v.version) for v in verdicts):
         rows = []
@@ -1232,8 +1387,18 @@ def verify(
 @user_errors
 def report(
     db: DbOption = None,
-    kernel: Annotated[str | None, typer.Option(help="Only this kernel.", autocompletion=_complete_kernel)] = None,
-    out: Annotated[Path, typer.Option(help="Folder for report.html (figures embedded).")] = Path("tunesvc-report"),
+    kernel: Annotated[
+        str | None,
+        typer.Option(
+            help="Only this kernel (a filter that matches nothing is an error).", autocompletion=_complete_kernel
+        ),
+    ] = None,
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Folder for report.html (figures embedded); an existing report.html is replaced only when it is a tunesvc report (a link or another file is refused)."
+        ),
+    ] = Path("tunesvc-report"),
     all_versions: Annotated[
         bool, typer.Option("--all-versions", help="Also the kernel versions lookups no longer use.")
     ] = False,
@@ -1249,10 +1414,11 @@ def report(
     from tunesvc.report import write_report
     from tunesvc.store import Store
 
+    kernel = _kernel_filter(kernel)
     store = Store(db, readonly=True)
     progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=Console(stderr=True), transient=True,
+        TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=TextConsole(stderr=True), transient=True,
     )  # fmt: skip
     tasks: dict[str, Any] = {}
 
@@ -1371,9 +1537,21 @@ def misses(
 
     store = Store(db, readonly=True)
     try:
-        rows = [m for m in store.misses() if not kernel or m.kernel in kernel]
+        stored = store.misses()
     finally:
         store.close()
+    rows = [m for m in stored if not kernel or m.kernel in kernel]
+    if kernel and not rows:
+        from tunesvc.template import did_you_mean
+
+        names = sorted({m.kernel for m in stored})
+        hint = did_you_mean(kernel[0], names) if len(kernel) == 1 else ""
+        held = (
+            f"it holds misses of {_count(len(names), 'kernel')}, which `tune misses` lists"
+            if names
+            else "it holds no misses"
+        )
+        raise TunesvcError(f"No misses in {store.url} of --kernel {', '.join(kernel)}{hint}; {held}.")
     if as_json:
         return _print_json(
             [
@@ -1390,7 +1568,9 @@ def misses(
             ]
         )
     for hardware_id in dict.fromkeys(m.hardware_id for m in rows):
-        console.print(Text(f"Misses of {hardware_id} in {store.url}", style="bold"), highlight=False, soft_wrap=True)
+        console.print(
+            Text(visible(f"Misses of {hardware_id} in {store.url}"), style="bold"), highlight=False, soft_wrap=True
+        )
         for name in dict.fromkeys(m.kernel for m in rows if m.hardware_id == hardware_id):
             table = _keyed_table(
                 name,
@@ -1404,7 +1584,7 @@ def misses(
             console.print(table)
     console.print(
         f"{_count(len(rows), 'miss', 'misses')}, {sum(m.status == 'open' for m in rows)} open. "
-        "Tune a kernel's with `tune misses --tune --kernel module:qualname`."
+        + named("Tune a kernel's with `tune misses --tune --kernel module:qualname`.")
     )
 
 
@@ -1460,7 +1640,13 @@ MinCoverageOption = Annotated[
 @app.command()
 @user_errors
 def selector(
-    kernel: Annotated[str, typer.Argument(help="Kernel name (see `tune kernels`).", autocompletion=_complete_kernel)],
+    kernel: Annotated[
+        str,
+        typer.Argument(
+            help="Kernel name (see `tune kernels`; the library's names, such as layer_norm, too).",
+            autocompletion=_complete_kernel,
+        ),
+    ],
     cross_measure: Annotated[
         bool,
         typer.Option(
@@ -1581,7 +1767,13 @@ def _shard(text: str | None, cross_measure: bool) -> tuple[int, int]:
 @app.command()
 @user_errors
 def evaluate(
-    kernel: Annotated[str, typer.Argument(help="Kernel name (see `tune kernels`).", autocompletion=_complete_kernel)],
+    kernel: Annotated[
+        str,
+        typer.Argument(
+            help="Kernel name (see `tune kernels`; the library's names, such as layer_norm, too).",
+            autocompletion=_complete_kernel,
+        ),
+    ],
     min_coverage: MinCoverageOption = 1.0,
     csv: Annotated[
         Path | None,
@@ -1714,7 +1906,9 @@ def db_current(db: DbOption = None, as_json: JsonOption = False) -> None:
     revision, head = current_revision(db), head_revision()
     if as_json:
         return _print_json({"db": _db_name(db), "revision": revision, "head": head, "up_to_date": revision == head})
-    state = "the newest" if revision == head else f"older than this tunesvc's {head}; `tune db upgrade` migrates it"
+    state = (
+        "the newest" if revision == head else named(f"older than this tunesvc's {head}; `tune db upgrade` migrates it")
+    )
     console.print(f"{_db_name(db)}: schema revision {revision} ({state}).", soft_wrap=True)
 
 

@@ -13,6 +13,7 @@ import functools
 import importlib.util
 from pathlib import Path
 
+from tunesvc.template import ALIASES
 from tunesvc.template import SHIPPED
 
 #: the package of shipped kernel modules (found, never imported here: its __init__ imports torch)
@@ -37,6 +38,7 @@ def strategy_names() -> tuple[str, ...]:
 def preset_names(kernel: str) -> list[str]:
     """A shipped kernel's preset names, in the order its template declares them; none for others
     (an entry point's or a module:attribute's presets are known only by importing its code)."""
+    kernel = ALIASES.get(kernel, kernel)  # the library's name of a shipped kernel (layer_norm)
     if kernel not in SHIPPED:
         return []
     module, _, attr = SHIPPED[kernel].partition(":")

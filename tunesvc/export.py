@@ -105,12 +105,68 @@ def bundle_selector(bundle: dict[str, Any], template: Any, device: Any) -> dict[
     return section.get("selector")
 
 
+#: the most characters of a hardware id a bundle's file name keeps (file names end at 255 bytes)
+MAX_NAME = 120
+
+
 def bundle_filename(hardware_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", hardware_id).strip("_") + ".json"
+    """The file a device's bundle gets in an --out folder: its hardware id with every character
+    but letters, digits, ``_``, ``.`` and ``-`` made ``_``
+    (``NVIDIA H100 80GB HBM3|sm_90|132SM`` -> ``NVIDIA_H100_80GB_HBM3_sm_90_132SM.json``); a
+    long or empty one gets a short hash of the id (see :func:`bundle_filenames`)."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", hardware_id).strip("_.")
+    if not stem or len(stem) > MAX_NAME:
+        return _hashed_filename(hardware_id)
+    return stem + ".json"
+
+
+def _hashed_filename(hardware_id: str) -> str:
+    """``bundle_filename`` with a short hash of the real id: ``GPU_a_b-3f2a9c1d.json``."""
+    import hashlib
+
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", hardware_id).strip("_.")[:MAX_NAME] or "device"
+    return f"{stem}-{hashlib.sha256(hardware_id.encode()).hexdigest()[:8]}.json"
+
+
+def bundle_filenames(hardware_ids: list[str]) -> dict[str, str]:
+    """A distinct file name per device: where two ids give one name (``GPU a/b`` and ``GPU a_b``;
+    ``GPU A`` and ``GPU a`` on a file system that ignores case), each gets a hash of its id."""
+    plain = {hw: bundle_filename(hw) for hw in hardware_ids}
+    counts: dict[str, int] = {}
+    for name in plain.values():
+        counts[name.casefold()] = counts.get(name.casefold(), 0) + 1
+    return {hw: name if counts[name.casefold()] == 1 else _hashed_filename(hw) for hw, name in plain.items()}
+
+
+def bundle_device(path: Path) -> str | None:
+    """The hardware id of the tunesvc bundle at ``path``; None when it is not one."""
+    try:
+        with path.open("rb") as handle:
+            data = json.loads(handle.read(MAX_BUNDLE_BYTES + 1), parse_constant=_refuse_constant)
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("device"), dict):
+        return None
+    hardware_id = data["device"].get("hardware_id")
+    return hardware_id if isinstance(hardware_id, str) else None
+
+
+def _holds_bundle_of(hardware_id: str, path: Path) -> bool:
+    return bundle_device(path) == hardware_id
 
 
 def write_bundles(bundles: dict[str, dict[str, Any]], out: str | os.PathLike) -> list[Path]:
-    """Write to ``out``: a .json file for one device, else a folder with one file per device."""
+    """Write to ``out``: a .json file for one device, else a folder with one file per device.
+
+    A file is written whole (:func:`tunesvc.files.write_atomically`) and replaces only a tunesvc
+    bundle: in a folder, the bundle of the same device (a bundle of another device whose id
+    gives the same file name is kept, and the new one is named with a hash of its id); a .json
+    file named by --out, any bundle (a link named by --out is followed: the user named it). A
+    link, a folder or another file at a target is refused, and nothing is written.
+    """
+    from tunesvc.files import check_replaceable
+    from tunesvc.files import write_atomically
+
     out = Path(out)
     if not bundles:
         raise TunesvcError(
@@ -123,30 +179,33 @@ def write_bundles(bundles: dict[str, dict[str, Any]], out: str | os.PathLike) ->
             )
         if out.is_dir():
             raise TunesvcError(f"{out} is a folder; give --out a .json file name, or a folder without .json.")
-        if not out.parent.is_dir():
+        named = Path(os.path.realpath(out))  # a link the user names is written through, to its target
+        if not named.parent.is_dir():
             raise TunesvcError(f"Cannot write {out}: folder {out.parent} does not exist.")
-        targets = {out: next(iter(bundles.values()))}
+        check_replaceable(named, lambda p: bundle_device(p) is not None, "tunesvc bundle")
+        targets = {named: next(iter(bundles.values()))}
+        shown = {named: out}
     else:
         if out.exists() and not out.is_dir():
             raise TunesvcError(f"{out} is a file, not a folder; give --out a folder, or a name ending in .json.")
-        targets = {out / bundle_filename(hw): b for hw, b in bundles.items()}
-        folders = [t for t in targets if t.is_dir()]
-        if folders:
-            raise TunesvcError(f"{folders[0]} is a folder; move it, or give --out another folder.")
-    partial = None
+        names = bundle_filenames(list(bundles))
+        targets = {}
+        for hardware_id, bundle in bundles.items():
+            path = out / names[hardware_id]
+            held = bundle_device(path) if path.is_file() and not path.is_symlink() else None
+            if held is not None and held != hardware_id:  # another device's bundle of the same file name
+                path = out / _hashed_filename(hardware_id)
+            check_replaceable(path, functools.partial(_holds_bundle_of, hardware_id), f"bundle of {hardware_id}")
+            targets[path] = bundle
+        shown = {path: path for path in targets}
     try:
         if out.suffix != ".json":
             out.mkdir(parents=True, exist_ok=True)
         for path, bundle in targets.items():
-            # written beside, then renamed over: a failed write never leaves half a bundle
-            partial = path.with_name(f".{path.name}.partial")
-            partial.write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n")
-            partial.replace(path)
+            write_atomically(path, json.dumps(bundle, indent=2, sort_keys=True) + "\n")
     except OSError as exc:
-        if partial is not None:
-            partial.unlink(missing_ok=True)
         raise TunesvcError(f"Cannot write the bundle to {out} ({exc.strerror or exc}); check --out.") from None
-    return list(targets)
+    return [shown[path] for path in targets]
 
 
 #: bundles are JSON files of a few MB (10,000 winners: about 2 MB); anything far larger is not one

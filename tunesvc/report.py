@@ -42,6 +42,7 @@ from tunesvc.selector import CROSS_MEASURE
 from tunesvc.selector import CROSS_RETIME
 from tunesvc.space import config_hash
 from tunesvc.template import template_named_by_data
+from tunesvc.text import figure_text
 
 if TYPE_CHECKING:
     from tunesvc.store import Store
@@ -177,21 +178,30 @@ def write_report(
 ) -> Path:
     """Write ``report.html`` into ``out_dir``; returns its path. ``all_versions`` adds the kernel
     versions lookups no longer use; ``progress`` is told each step (reading, each figure)."""
+    from tunesvc.files import check_replaceable
+    from tunesvc.files import write_atomically
+
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise TunesvcError(f"{out} is a file; pass a folder to --out.")
+    try:
+        if out.exists() and not out.is_dir():
+            raise TunesvcError(f"{out} is a file; pass a folder to --out.")
+    except OSError as exc:  # a name too long, a folder that may not be looked into
+        raise TunesvcError(f"Cannot use --out {_cut(str(out))}: {exc.strerror}; pass another folder.") from None
     tell = progress or (lambda what, step, total: None)
     tell("reading the database", 0, 1)
     found = collect(store, kernel=kernel)
     tell("reading the database", 1, 1)
     sections = [s for s in found if all_versions or s.current]
     if not found:
-        what = f" of kernel '{kernel}'" if kernel else ""
+        what = f" of kernel '{kernel}'{_did_you_mean(store, kernel)}" if kernel else ""
         raise TunesvcError(f"Nothing to report: {store.where} holds no trials{what}; run `tune sweep` first.")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise TunesvcError(f"Cannot create {out}: {exc.strerror}.") from None
+        raise TunesvcError(f"Cannot create {_cut(str(out))}: {exc.strerror}.") from None
+    path = out / REPORT_FILE
+    # before the figures are drawn: a planted link or a file of someone else's is refused at once
+    check_replaceable(path, _is_report, "tunesvc report")
     figures: dict[str, dict[str, str]] = {}
     draw = {
         "convergence": lambda section: convergence_figure(section, by="trial"),
@@ -207,14 +217,37 @@ def write_report(
                 figures[section.slug][kind] = base64.b64encode(_png(figure)).decode("ascii")
             step += 1
             tell("drawing figures", step, total)
-    path = out / REPORT_FILE
     try:
-        path.write_text(_html(store, sections, figures, kernel, left_out=_left_out(found, sections)), encoding="utf-8")
+        write_atomically(path, _html(store, sections, figures, kernel, left_out=_left_out(found, sections)))
     except OSError as exc:  # a read-only or full --out: say so
         raise TunesvcError(
             f"Cannot write the report into {out}: {exc.strerror}; pass a writable folder to --out."
         ) from None
     return path
+
+
+def _is_report(path: Path) -> bool:
+    """Whether ``path`` is a page this module wrote (which a new report replaces)."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return False
+    return head.startswith(b"<!DOCTYPE html>") and b"<title>tunesvc report: " in head
+
+
+def _cut(text: str, most: int = 80) -> str:
+    """A long path cut for a message."""
+    return text if len(text) <= most else f"{text[: most - 20]}...{text[-17:]}"
+
+
+def _did_you_mean(store: Store, kernel: str) -> str:
+    from tunesvc.template import SHIPPED
+    from tunesvc.template import did_you_mean
+
+    if kernel in SHIPPED:  # a kernel known here, only not swept
+        return ""
+    return did_you_mean(kernel, [*sorted({w.kernel for w in store.winners()}), *SHIPPED])
 
 
 def _left_out(found: list[Section], shown: list[Section]) -> dict[str, int]:
@@ -479,13 +512,13 @@ def convergence_figure(section: Section, by: str = "trial"):
                 continue
             color = colors[strategy]
             ax.scatter(*zip(*dots), s=11, color=color, alpha=0.4, linewidths=0, zorder=2)
-            ax.step(*zip(*line), where="post", color=color, linewidth=1.8, label=strategy, zorder=3)
+            ax.step(*zip(*line), where="post", color=color, linewidth=1.8, label=figure_text(strategy), zorder=3)
         times = key.ok_times
         if max(times) / min(times) > 4:
             ax.set_yscale("log")
             _plain_log_ticks(ax.yaxis)
         _lowest_tick_at_or_below(ax, min(times))
-        ax.set_title(f"{_short_key(key.shape_key)}: best {min(times):.4g} ms", fontsize=9)
+        ax.set_title(figure_text(f"{_short_key(key.shape_key)}: best {min(times):.4g} ms"), fontsize=9)
         ax.set_xlabel("trial" if by == "trial" else "seconds since the sweep started", fontsize=8)
         if by == "trial":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -499,7 +532,7 @@ def convergence_figure(section: Section, by: str = "trial"):
             ax.legend(fontsize=7, loc="upper right", title="best so far", title_fontsize=7)
     what = "trial" if by == "trial" else "seconds of sweeping"
     title = f"Convergence: best-so-far time by {what} ({section.kernel} on {section.device.name})"
-    figure.suptitle(_title(title, width), fontsize=10)
+    figure.suptitle(_title(figure_text(title), width), fontsize=10)
     return figure
 
 
@@ -525,7 +558,7 @@ def _spread_figure(section: Section):
         ax.set_xscale("log")
         _plain_log_ticks(ax.xaxis)
     ax.set_xlim(0.97, largest * 1.1 if largest > 3 else largest + 0.05 * (largest - 0.97) + 0.01)
-    ax.set_yticks(range(len(keys)), [_short_key(k.shape_key) for k in keys], fontsize=8)
+    ax.set_yticks(range(len(keys)), [figure_text(_short_key(k.shape_key)) for k in keys], fontsize=8)
     ax.set_ylim(len(keys) - 0.5, -0.5)
     ax.axvline(1.0, color="#27ae60", linewidth=1, linestyle="--")
     scale = "log scale; " if largest > 3 else ""
@@ -533,7 +566,7 @@ def _spread_figure(section: Section):
     ax.tick_params(axis="x", which="both", labelsize=8)
     ax.grid(True, axis="x", which="both", alpha=0.3, linewidth=0.5)
     title = f"Spread of correct trials relative to the winner ({section.kernel} on {section.device.name})"
-    ax.set_title(_title(title, 9.5), fontsize=10)
+    ax.set_title(_title(figure_text(title), 9.5), fontsize=10)
     return figure
 
 

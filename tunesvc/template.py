@@ -31,6 +31,7 @@ import math
 import re
 import textwrap
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -355,6 +356,29 @@ SHIPPED = {
     "rmsnorm_bwd": "rmsnorm:BWD_TEMPLATE",
 }
 
+#: the names of the library's functions (``tunesvc.kernels.layer_norm``) for the shipped templates
+#: named otherwise, accepted wherever a kernel is named; stored data keeps the template's name
+ALIASES = {
+    "layer_norm": "layernorm",
+    "layer_norm_bwd": "layernorm_bwd",
+    "rms_norm": "rmsnorm",
+    "rms_norm_bwd": "rmsnorm_bwd",
+    "decode_attention": "decode",
+}
+
+
+def canonical_name(name: str) -> str:
+    """The template name a kernel is stored under: ``layer_norm`` -> ``layernorm``; others as given."""
+    return ALIASES.get(name, name)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """ " (did you mean 'layernorm'?)" for the closest of ``known`` names, or "" when none is close."""
+    import difflib  # here: only a miss needs it
+
+    close = difflib.get_close_matches(name, list(dict.fromkeys(known)), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
 
 def get_template(name: str) -> Template:
     """A template by shipped name, entry point name, or ``package.module:attribute``.
@@ -371,16 +395,19 @@ def get_template(name: str) -> Template:
         except (ImportError, AttributeError, ValueError, TypeError) as exc:
             raise TunesvcError(f"Cannot load template '{name}' ({exc}); check the module path.") from None
         return _instantiate(obj, name)
+    name = canonical_name(name)
     if name in SHIPPED:
         module_name, _, attr = SHIPPED[name].partition(":")
         return _instantiate(getattr(importlib.import_module(f"tunesvc.kernels.{module_name}"), attr), name)
     from importlib.metadata import entry_points  # here, not at the top: every `tune` start would pay for it
 
-    for ep in entry_points(group="tunesvc.templates"):
+    points = list(entry_points(group="tunesvc.templates"))
+    for ep in points:
         if ep.name == name:
             return _instantiate(ep.load(), name)
+    hint = did_you_mean(name, [*SHIPPED, *ALIASES, *(ep.name for ep in points)])
     raise TunesvcError(
-        f"Unknown kernel '{name}'; run `tune kernels` to list them, or pass a template as module:attribute."
+        f"Unknown kernel '{name}'{hint}; run `tune kernels` to list them, or pass a template as module:attribute."
     )
 
 

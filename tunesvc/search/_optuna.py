@@ -407,7 +407,9 @@ class OptunaStrategy(Strategy):
             ok = measurement.ok
             status = {STATUS: str(measurement.status)}
             if ok or self.constrained:
-                fields = _constraint_fields(0.0 if ok else 1.0)
+                # constraints only for TPE: GP requires every trial to have the same constraints,
+                # and its own trials have none (a stored one with a constraint stopped its sweep)
+                fields = _constraint_fields(0.0 if ok else 1.0) if self.constrained else {}
                 fields["user_attrs"] = {**fields.get("user_attrs", {}), **status}
                 self.study.add_trial(
                     optuna.trial.create_trial(

@@ -1,0 +1,63 @@
+"""Files that `tune export` and `tune report` write: whole or not at all, and never through a link.
+
+An output folder may be shared (a team's `--out`, /tmp): anyone who can write there can plant a
+symbolic link under the name a command is about to write, or under the name of its temporary
+file. So the text goes to a temporary file of an unpredictable name made in the target's own
+folder (:func:`tempfile.mkstemp`: created, never opened if it exists), which then replaces the
+target by a rename (:func:`os.replace`): the rename replaces a name, never the file a link at
+that name points to. Before that, :func:`check_replaceable` refuses to replace what the user did
+not ask to replace: a link, a folder, or a file that is not one the command itself wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from tunesvc.errors import TunesvcError
+
+
+def check_replaceable(path: Path, ours: Callable[[Path], bool], what: str) -> None:
+    """Raise unless writing ``path`` creates it or replaces a regular file that ``ours`` recognises
+    (``what``, such as "tunesvc bundle", names it in the error)."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(info.st_mode):
+        raise TunesvcError(
+            f"{path} is a symbolic link, which tunesvc does not write through or replace; remove it, or pass another --out."
+        )
+    if stat.S_ISDIR(info.st_mode):
+        raise TunesvcError(f"{path} is a folder; move it, or pass another --out.")
+    if not stat.S_ISREG(info.st_mode) or not ours(path):
+        raise TunesvcError(f"{path} exists and is not a {what}, so it is kept; move it, or pass another --out.")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file of an unpredictable name in the
+    same folder, renamed over ``path``: readers see the old file or the new one, never half of
+    one, and a failure leaves no temporary file. The new file gets the mode of the file it
+    replaces, else the mode a new file gets under the process's umask."""
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(temporary, _mode_of(path))
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _mode_of(path: Path) -> int:
+    with contextlib.suppress(OSError):
+        return stat.S_IMODE(path.lstat().st_mode)
+    umask = os.umask(0)  # read by setting it: the one way there is
+    os.umask(umask)
+    return 0o666 & ~umask

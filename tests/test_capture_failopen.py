@@ -27,9 +27,9 @@ import triton.language as tl
 from _capture import trials_by_kernel
 
 import tunesvc
-from tunesvc import claim
 from tunesvc._capture import STATS
 from tunesvc.store import Store
+from tunesvc.tuning import claim
 
 CAPTURE = sys.modules["tunesvc._capture"]
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
@@ -453,7 +453,7 @@ def app(tmp_path):
 
 def _env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")}
-    return {**env, "TRITON_INTERPRET": "1", "TUNESVC_LOCK_DIR": str(Path(extra.pop("_locks", "/tmp")))} | extra
+    return {**env, "TRITON_INTERPRET": "1"} | extra
 
 
 def _tune(*args, env, cwd):
@@ -466,9 +466,7 @@ def _tune(*args, env, cwd):
 def test_every_mode_means_the_same_to_tune_run_shipped_kernels_and_lookups(mode, app, tmp_path):
     """`tune run --mode M`: the captured kernel, a shipped kernel and tunesvc.lookup all accept
     M (TUNESVC_MODE=off once made every shipped kernel raise), and the run ends with its summary."""
-    done = _tune(
-        "run", "--mode", mode, "--", sys.executable, str(app), env=_env(_locks=tmp_path / "locks"), cwd=app.parent
-    )
+    done = _tune("run", "--mode", mode, "--", sys.executable, str(app), env=_env(), cwd=app.parent)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "ok"
     summary = done.stderr.strip().splitlines()[-1]
@@ -513,13 +511,26 @@ def test_summary_line_of_a_captured_program_where_asked(app, tmp_path):
     )
 
 
-def test_lock_files_live_in_the_lock_folder_not_the_working_folder(tmp_path, monkeypatch):
-    from tunesvc.runtime import _lock_path
+def test_shipped_and_captured_kernels_tune_a_miss_under_the_one_key_claim(tmp_db, monkeypatch):
+    """Mode 'tune' of a shipped kernel and a captured kernel's miss both go through KeyClaim
+    (no lock file anywhere): each claims its key once, and a second lookup claims nothing."""
+    entered = []
+    original = claim.KeyClaim.__enter__
 
-    monkeypatch.setenv("TUNESVC_LOCK_DIR", str(tmp_path / "locks"))
-    path = Path(_lock_path("tune.db", "mod:kernel<locals>", "M=1"))
-    assert path.parent == tmp_path / "locks" and path.parent.is_dir()
-    assert Path(_lock_path(str(Path.cwd() / "tune.db"), "mod:kernel<locals>", "M=1")) == path
+    def counting(self):
+        entered.append(self.kernel)
+        return original(self)
+
+    monkeypatch.setattr(claim.KeyClaim, "__enter__", counting)
+    runtime = tunesvc.Runtime(db=tmp_db, mode="tune", budget=2)
+    assert runtime.lookup("softmax", M=5, N=37, dtype="float32").source == "tuned"
+    assert runtime.lookup("softmax", M=5, N=37, dtype="float32").source == "tuned"  # memoised
+    kernel = autotuned(_scale)
+    x, out = torch.randn(N), torch.empty(N)
+    with tunesvc.capture(db=tmp_db):
+        kernel[grid(N)](x, out, N, 2.0)
+    assert entered == ["softmax", CAPTURE.kernel_name(kernel.fn)]
+    assert not list(Path(tmp_db).parent.glob("*.lock"))
 
 
 # -- claims of dead and stopped processes -----------------------------------------------------------

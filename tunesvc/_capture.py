@@ -890,9 +890,9 @@ def _tune_locked(
     pruned: _Pruned,
 ) -> Any:
     """Tune the key once across processes and hosts; the others wait and then read the winner
-    (the claim: :class:`tunesvc.claim.KeyClaim`)."""
-    from tunesvc.claim import KeyClaim
+    (the one key claim: :class:`tunesvc.tuning.claim.KeyClaim`)."""
     from tunesvc.device import current_device
+    from tunesvc.tuning.claim import KeyClaim
 
     with _STAGE("prune"):
         candidates = pruned()

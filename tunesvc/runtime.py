@@ -502,25 +502,6 @@ def stored_winners(db: str | os.PathLike, template: Template, device: Device, *,
     return {e.shape_key: {**e.config} for e in sorted(entries, key=lambda e: e.updated_at)}
 
 
-def _lock_path(db: str | os.PathLike, kernel: str, key: str) -> str:
-    """A lock file in tunesvc's lock folder (settings.lock_dir(), never the working folder; the
-    temp folder where that cannot be made), named by the database's resolved path, kernel and key."""
-    import hashlib
-    import re
-    import tempfile
-
-    text = str(db)
-    where = str(Path(text).resolve()) if "://" not in text else text
-    digest = hashlib.sha256(f"{where}|{kernel}|{key}".encode()).hexdigest()[:16]
-    folder = settings.lock_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        folder = Path(tempfile.gettempdir())
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", kernel)[-80:]  # a file name; the digest keeps it unique
-    return str(folder / f"tunesvc-{name}-{digest}.lock")
-
-
 def load_bundle_table(
     path: str | os.PathLike, bundle: dict[str, Any], template: Template, device: Device
 ) -> dict[str, Config]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from pathlib import Path
 
 MODES = ("tune", "lookup", "heuristic", "off")
 TUNE, LOOKUP, HEURISTIC, OFF = MODES
@@ -42,7 +41,6 @@ VARIABLES = {
     "TUNESVC_COMPILE_WORKERS": "processes compiling a captured key's configs ahead [on a GPU: half the cores, at most 8]",
     "TUNESVC_MAX_KEYS": "distinct keys one captured kernel may tune in a process before it is left to Triton [256]",
     "TUNESVC_CLAIM_STALE_S": "seconds without a heartbeat after which another process's key claim is taken over [10]",
-    "TUNESVC_LOCK_DIR": "folder of tunesvc's lock files [$XDG_CACHE_HOME/tunesvc/locks]",
     "TUNESVC_REPLAY": "0: shipped kernels skip their recorded launch plans",
     "TUNESVC_TIMELINE": "a file the sweep's timeline events are appended to",
     "TUNESVC_TIMELINE_ROLE": "the role a process's timeline events are written under",
@@ -166,15 +164,6 @@ def max_keys() -> int:
 
 def claim_stale_s() -> float:
     return seconds("TUNESVC_CLAIM_STALE_S", 10.0)
-
-
-def lock_dir() -> Path:
-    """Where lock files go: never the user's working folder (a cache folder, else the temp folder)."""
-    given = text("TUNESVC_LOCK_DIR")
-    if given is not None:
-        return Path(given)
-    cache = text("XDG_CACHE_HOME")
-    return (Path(cache) if cache else Path.home() / ".cache") / "tunesvc" / "locks"
 
 
 def replay_enabled() -> bool:

@@ -3,7 +3,7 @@
 The runtime never imports the sweep. On a miss in mode 'tune' it calls the policy registered
 here with a :class:`MissedKey` and serves the winner the policy stored. tunesvc's package root
 registers the tuning side's, :func:`tunesvc.tuning.on_miss.tune_on_miss` (sweep the key under
-a file lock, store it), imported on the first miss; :func:`register` hands over another (one
+the one key claim, store it), imported on the first miss; :func:`register` hands over another (one
 that records misses for an offline sweep, a test's).
 """
 

@@ -1,4 +1,5 @@
-"""One process tunes a key; the others wait for its winner, and say that they wait.
+"""The one key claim: one process tunes a key, shipped or captured; the others wait for its
+winner, and say that they wait.
 
 A claim is a job row in the store's jobs table (one per kernel, version, device and key, in a
 batch of its own), held by a worker named ``host:pid:thread`` that refreshes its heartbeat from
@@ -86,7 +87,10 @@ class KeyClaim:
                 self.store.add_job(self.batch, self.kernel, self.key, {}, "capture", None, 0)
                 job = next(iter(self.store.jobs(self.batch)), None)
                 if job is not None and job.status in ("done", "failed"):
-                    return self  # its tuner finished with no correct config stored: tune here, unclaimed
+                    # finished since the look above (its winner is stored before its job ends), or
+                    # with no correct config stored: then tune here, unclaimed
+                    self.winner = self.winner_of()
+                    return self
                 if job is not None and job.status == "running":
                     holder = job.worker
                     stale = 0.0 if not _alive(holder) else self._stale_s

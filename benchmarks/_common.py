@@ -124,11 +124,6 @@ def tuned_runtime(db: str) -> Runtime:
     return Runtime(db=db)
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
 def print_table(title: str, header: list[str], rows: list[list[Any]]) -> None:
     """One markdown table, headed by the device, software and date."""
     device = current_device()

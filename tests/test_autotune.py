@@ -14,6 +14,7 @@ import triton.language as tl
 import tunesvc
 from tunesvc import Runtime
 from tunesvc import TunesvcError
+from tunesvc.bench import relative_error as _rel
 from tunesvc.kernels import matmul
 from tunesvc.store import Store
 
@@ -40,10 +41,6 @@ def _grid(n):
 
 def _inputs(n, dtype=torch.float32):
     return torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype), torch.full((n,), float("nan"), dtype=dtype)
-
-
-def _rel(out, ref):
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def _reference(x, y, z, n, alpha):

@@ -28,6 +28,7 @@ from _capture import trials_by_kernel
 from _capture import wall_clock_bench
 
 import tunesvc
+from tunesvc.bench import relative_error as _rel
 
 #: triton.autotune's own benchmarker on a GPU; a wall-clock one in the interpreter (no driver)
 BENCH = None if torch.cuda.is_available() else wall_clock_bench
@@ -230,10 +231,6 @@ def references() -> dict[str, torch.Tensor]:
     refs["row_sums"] = torch.randn(5, 41, generator=gen).double().sum(1)
     refs["one_config"] = torch.randn(45, generator=gen).double() + 1
     return refs
-
-
-def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def _assert_close(outs: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], tol: float) -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tunesvc
+from tunesvc.bench import relative_error as rel_error
 from tunesvc.device import Device
 from tunesvc.kernels.attention import BWD_TEMPLATE
 from tunesvc.kernels.attention import TEMPLATE
@@ -38,11 +39,6 @@ H100 = Device(
     torch="",
     triton="",
 )
-
-
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm()).item()
 
 
 def reference(q, k, v, causal, sm_scale=None, do=None):

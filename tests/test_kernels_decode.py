@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import tunesvc
 import tunesvc.kernels
+from tunesvc.bench import relative_error as rel_error
 from tunesvc.errors import TunesvcError
 from tunesvc.kernels.decode import TEMPLATE
 from tunesvc.kernels.decode import launch_decode
@@ -62,10 +63,6 @@ def sdpa_reference(q, k, v, seq_lens, block_table=None, sm_scale=None):
         vb = v[b, :n].double().transpose(0, 1).repeat_interleave(group, 0)
         outs.append(F.scaled_dot_product_attention(q[b, :, None].double(), kb, vb, scale=sm_scale)[:, 0])
     return torch.stack(outs)
-
-
-def rel_error(out, ref):
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def case_id(case):

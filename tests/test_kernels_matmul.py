@@ -16,6 +16,7 @@ import tunesvc.kernels
 from tunesvc import Space
 from tunesvc import TunesvcError
 from tunesvc import config_hash
+from tunesvc.bench import relative_error
 from tunesvc.kernels.matmul import TEMPLATE
 from tunesvc.kernels.matmul import VARIANTS
 from tunesvc.kernels.matmul import launch_matmul
@@ -40,7 +41,7 @@ CONFIGS = [
 
 def rel_error(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
     ref = a.double() @ b.double()
-    return ((out.double() - ref).norm() / ref.norm()).item()
+    return relative_error(out, ref)
 
 
 def config_id(c: dict) -> str:

@@ -13,6 +13,7 @@ import tunesvc
 import tunesvc.kernels
 import tunesvc.runtime
 from tunesvc import TunesvcError
+from tunesvc.bench import relative_error as rel_error
 from tunesvc.kernels import layernorm
 from tunesvc.kernels import rmsnorm
 from tunesvc.kernels.layernorm import launch_layernorm
@@ -28,10 +29,6 @@ TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}
 SHAPES = [(37, 45), (5, 130)]
 
 TEMPLATES = [layernorm.TEMPLATE, layernorm.BWD_TEMPLATE, rmsnorm.TEMPLATE, rmsnorm.BWD_TEMPLATE]
-
-
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def make(M: int, N: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

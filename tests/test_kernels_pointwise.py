@@ -12,6 +12,7 @@ import torch
 import tunesvc
 import tunesvc.kernels
 from tunesvc import TunesvcError
+from tunesvc.bench import relative_error
 from tunesvc.kernels.pointwise import BWD_TEMPLATE
 from tunesvc.kernels.pointwise import TEMPLATE
 from tunesvc.kernels.pointwise import launch_bias_act_residual
@@ -40,7 +41,7 @@ def inputs(dtype: torch.dtype, m: int = 37, n: int = 45) -> tuple[torch.Tensor, 
 
 def rel_error(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, act: str) -> float:
     ref = TORCH_ACT[act](x.double() + bias.double()) + residual.double()
-    return ((out.double() - ref).norm() / ref.norm()).item()
+    return relative_error(out, ref)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"BM{c['BLOCK_M']}-BN{c['BLOCK_N']}")

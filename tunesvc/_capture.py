@@ -100,19 +100,10 @@ FAILED_OPEN: Counter[str] = Counter()
 #: the names of the captured kernels this process launched
 KERNELS: set[str] = set()
 
-#: largest relative error (||out - ref|| / ||ref||) a candidate's output may show against the
-#: first valid config's, by dtype: reduction order and atomics differ between configs, a race
-#: or a wrong mask gives errors of order one. float64 is not held to float64 rounding: library
-#: kernels often compute in float32 whatever the input (fla's softmax: 7.6e-8 between its configs
-#: on an H100)
-TOLERANCE = {
-    torch.float64: 1e-5,
-    torch.float32: 1e-4,
-    torch.float16: 1e-2,
-    torch.bfloat16: 5e-2,
-}
-#: dtypes not listed (float8 variants) get this; integer and bool outputs must match exactly
-LOOSE_TOLERANCE = 0.125
+#: a candidate's largest relative error against the first valid config's output, by dtype
+#: (settings.CONFIG_TOLERANCE: the one table, by name)
+TOLERANCE = {getattr(torch, name): tolerance for name, tolerance in settings.CONFIG_TOLERANCE.items()}
+LOOSE_TOLERANCE = settings.CONFIG_TOLERANCE_OTHER
 
 #: rounds of the finalists' re-measurement on a GPU (tunesvc.sweep's interleaved rounds)
 FINALISTS = 3

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from tunesvc import runtime as _runtime
+from tunesvc import settings
 from tunesvc.errors import TunesvcError
 from tunesvc.launch import DirectLaunch
 from tunesvc.space import LAUNCH_OPTIONS
@@ -154,7 +155,7 @@ class KernelTemplate(Template):
     def tolerance(self, problem: Problem) -> float:
         if self._tolerance is not None:
             return self._tolerance
-        return {"float16": 5e-3, "bfloat16": 2e-2}.get(problem["dtype"], 1e-2)
+        return settings.REFERENCE_TOLERANCE.get(problem["dtype"], settings.REFERENCE_TOLERANCE_OTHER)
 
     def make_inputs(self, problem: Problem, device: Device) -> tuple[Any, tuple, dict[str, Any]]:
         if self._call is None or self._call[3] != problem:

@@ -30,6 +30,20 @@ DEFAULT_DB = "tune.db"
 #: milliseconds of replay a measurement's timing aims at (sweeps, captured keys, re-measures)
 REP_MS = 100.0
 
+#: The tolerance tables, by dtype name: the largest relative error ||out - ref|| / ||ref||.
+#: Against a float32/float64 torch reference (a shipped template's or a space= kernel's check):
+REFERENCE_TOLERANCE = {"float16": 5e-3, "bfloat16": 2e-2, "float32": 1e-2}
+#: ... of a dtype that table does not list
+REFERENCE_TOLERANCE_OTHER = 1e-2
+#: Between two configs of one captured kernel (a candidate against the first valid config's
+#: output): reduction order and atomics differ between configs, a race or a wrong mask gives
+#: errors of order one. float64 is not held to float64 rounding: library kernels often compute
+#: in float32 whatever the input (fla's softmax: 7.6e-8 between its configs on an H100)
+CONFIG_TOLERANCE = {"float64": 1e-5, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+#: ... of a float dtype that table does not list (float8 variants); integer and bool outputs
+#: must match exactly
+CONFIG_TOLERANCE_OTHER = 0.125
+
 #: the variables and what they hold (``tune run --help`` and docs/settings.md list them from here)
 VARIABLES = {
     "TUNESVC_DB": "database URL or SQLite path [tune.db]",

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import ClassVar
 
+from tunesvc import settings
 from tunesvc.errors import TunesvcError
 from tunesvc.space import Config
 from tunesvc.space import Space
@@ -316,7 +317,7 @@ class Template:
 
     def tolerance(self, problem: Problem) -> float:
         """Largest accepted ||out - ref|| / ||ref|| for this problem's dtype."""
-        return {"float16": 5e-3, "bfloat16": 2e-2, "float32": 1e-2}[problem["dtype"]]
+        return settings.REFERENCE_TOLERANCE[problem["dtype"]]
 
     #: configs known to do well elsewhere (e.g. a tutorial's autotune list), tried first
     known_good: ClassVar[tuple[Config, ...]] = ()

@@ -172,9 +172,11 @@ LIBRARIES = [
         # the tests' shared helpers and conftest, without test/resources (27 MB of data sets)
         ("test/__init__.py", "test/conftest.py", "test/utils.py", "test/transformers/"),
         ("test/transformers/test_fused_moe.py",),
-        "an autograd Function (LigerFusedMoEFunction) around a 40-config token gather-sum autotuned on "
-        "H_dim, K_dim and a bool, launched with weights and without (a None pointer)",
-        select="test_single_token or test_K_equals_E or test_all_tokens_to_one_expert",
+        "an autograd Function (LigerFusedMoEFunction): forward through a 40-config token gather-sum "
+        "autotuned on H_dim, K_dim and a bool, backward through kernels that accumulate with atomic adds "
+        "into outputs they reset_to_zero",
+        # float32 only: the bfloat16 case fails under the interpreter with capture off as well
+        select="test_single_token or (test_correctness and dtype0 and 7-4-64-32-2)",
         cpu=True,
     ),
     Library(
@@ -470,8 +472,11 @@ def conform(
     timed_out = [name for name, run in runs.items() if run.returncode is None]
     if timed_out:
         status = f"timed out after {timeout:.0f} s: {', '.join(timed_out)}"
-    elif not runs["plain"].outcomes:
-        status = f"no test ran (exit {runs['plain'].returncode}; see {lib.name}.plain.log)"
+    elif "passed" not in runs["plain"].outcomes.values():
+        # a selection that fails to collect fails alike three times: the same outcome, tested nothing
+        status = f"no test passed without capture (exit {runs['plain'].returncode}; see {lib.name}.plain.log)"
+    elif counts[0][0] == 0:
+        status = "run (b) stored no trial: the selection launched no autotuned kernel under capture"
     return Conformance(lib, runs, (counts[0][0], counts[1][0]), (counts[0][1], counts[1][1]), status)
 
 

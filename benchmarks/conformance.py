@@ -115,7 +115,8 @@ LIBRARIES = [
         ("tests/test_mm.py", "tests/test_w8a8_block_fp8_matmul.py"),
         "host TMA descriptors (its Hopper mm builds TensorDescriptors and a config pre_hook sets their "
         "block shape); FlagGems' LibTuner, an Autotuner subclass with its own pruning; an fp8 block GEMM",
-        select="(test_mm and 15-160-1024 and not self_transpose) or (w8a8 and (128-256-512 or 64-128-128))",
+        # float16 (dtype0) only, one shape per test: each key compiles every config twice (runs a and b)
+        select="(test_mm and dtype0-15-160-1024 and not self_transpose) or (w8a8 and (128-256-512 or 64-128-128))",
     ),
     Library(
         "gemlite",
@@ -137,7 +138,9 @@ LIBRARIES = [
         ("test/prototype/blockwise_fp8_training/test_blockwise_kernels.py",),
         "fp8 outputs (blockwise float8_e4m3fn quantisation of activations, 45 configs keyed on K) and "
         "fp8 GEMMs autotuned on N and K",
-        select="act_quant_lhs or act_quant_rhs or 1x128_128x128",
+        # one block size and two shapes: the quantisation kernels list 45 configs, compiled per key
+        select="act_quant_lhs[128 or act_quant_rhs[128 or 1x128_128x128[dtype0-2-512-128 "
+        "or 1x128_128x128[dtype0-3-2048-2048",
     ),
     Library(
         "cut-cross-entropy",

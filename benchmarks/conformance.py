@@ -582,34 +582,41 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
     deadline = None if args.budget is None else time.monotonic() + args.budget
+
+    def record(row: dict[str, Any]) -> None:
+        # each library's row as soon as it is known: a run stopped from outside keeps the rows so far
+        rows.append(row)
+        if not args.no_csv:
+            append_rows(args.csv, [row])
+
     for lib in libs:
         print(f"{lib.name} {lib.version}: {lib.covers}", flush=True)
         if deadline is not None and deadline - time.monotonic() < 30:
             print(f"  not run: the --budget of {args.budget:.0f} s is spent", flush=True)
-            rows.append(row_of(None, lib, common, f"not run: the --budget of {args.budget:.0f} s was spent"))
+            record(row_of(None, lib, common, f"not run: the --budget of {args.budget:.0f} s was spent"))
             failures.append(f"{lib.name}: not run (budget)")
             continue
         try:
             fetch(lib, args.cache, args.mirror)
         except FetchError as exc:
             print(f"  {exc}", flush=True)
-            rows.append(row_of(None, lib, common, f"test files not fetched: {exc}"))
+            record(row_of(None, lib, common, f"test files not fetched: {exc}"))
             failures.append(f"{lib.name}: test files not fetched")
             continue
         why = installed(lib, base_env(interpreter))
         if why is not None:
             print(f"  {why}", flush=True)
-            rows.append(row_of(None, lib, common, why))
+            record(row_of(None, lib, common, why))
             failures.append(f"{lib.name}: {why}")
             continue
         try:
             result = conform(lib, work, args.timeout, interpreter, args.cache, deadline)
         except Exception as exc:  # this script's own failure on one library must not lose the others' rows
             print(f"  {lib.name}: the benchmark failed: {type(exc).__name__}: {exc}", flush=True)
-            rows.append(row_of(None, lib, common, f"benchmark error: {type(exc).__name__}: {exc}"))
+            record(row_of(None, lib, common, f"benchmark error: {type(exc).__name__}: {exc}"))
             failures.append(f"{lib.name}: benchmark error")
             continue
-        rows.append(row_of(result, lib, common))
+        record(row_of(result, lib, common))
         verdicts = [
             f"same outcome {'yes' if result.same_outcome else 'NO'}",
             f"nothing measured in run (c) {'yes' if result.nothing_measured_again else 'NO'}",
@@ -631,7 +638,6 @@ def main() -> int:
             f"| {row['trials_second_new']} |" + (f" {row['status']}" if row["status"] != "ok" else "")
         )
     if not args.no_csv:
-        append_rows(args.csv, rows)
         print(f"{len(rows)} rows appended to {args.csv}")
     for line in failures:
         print(f"FAILED {line}")

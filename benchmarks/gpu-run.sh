@@ -7,12 +7,16 @@
 #
 #   STEPS="tests matmul attention" bash benchmarks/gpu-run.sh
 #
-# Steps: tests launch capture matmul64 matmulgrid matmul attention decode norms pointwise runtime sva stability groundtruth multigpu startup
+# Steps: tests launch capture conformance matmul64 matmulgrid matmul attention decode norms pointwise runtime sva stability groundtruth multigpu startup
 # evaluate heldout
 # (each is benchmarks/<name>.py with --sweep where it takes one; LIMIT_<step>=seconds overrides
 # the time limit, ARGS_<step>="..." adds arguments).
 # evaluate: on a copy of tune.db.example ($OUT/selector.db), per kernel of EVAL_KERNELS, measures
 # every winner on every tuned key, fits the selector and runs `tune evaluate` (rows: $OUT/evaluate.csv).
+# conformance: benchmarks/conformance.py, libraries' own test suites without and twice with capture
+# (needs .conformance carried: `python benchmarks/conformance.py fetch --wheels` here first; its
+# wheels install into /tmp/conformance, ahead of .whl's); logs in $OUT/conformance, rows in
+# $OUT/conformance.csv (append them to benchmarks/data/conformance.csv, then run results_page.py).
 # heldout: benchmarks/heldout.py on a fresh copy of $OUT/selector.db (else of tune.db.example),
 # HELDOUT_SIZE=small (default, ~8 min on one GPU) | medium | full; HELDOUT_KERNELS limits the kernels;
 # the shapes are spread over every GPU of the machine.
@@ -50,6 +54,11 @@ for s in ${STEPS:-tests matmul}; do
     startup) step startup 240 python3 "$R/benchmarks/startup.py" ;;
     sva) step sva 300 python3 "$R/benchmarks/sweep_vs_autotune.py" ;;
     capture) step capture 540 python3 "$R/benchmarks/capture.py" --csv "$OUT/capture.csv" ;;
+    conformance) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/conformance \
+        "$R"/.conformance/wheels/*.whl || { echo "no wheels in .conformance/wheels: fetch them and carry .conformance"; continue; }
+      (export PYTHONPATH=/tmp/conformance:$PYTHONPATH
+       step conformance 510 python3 "$R/benchmarks/conformance.py" --out "$OUT/conformance" --csv "$OUT/conformance.csv" \
+         --timeout 120 --budget 420) ;;
     stability) step stability 300 python3 "$R/benchmarks/sweep_stability.py" --db "$OUT/stability.db" ;;
     groundtruth) step groundtruth 540 python3 "$R/benchmarks/ground_truth.py" --db "$OUT/ground_truth.db" --out "$OUT/ground_truth.csv" ;;
     evaluate) [ -f "$OUT/selector.db" ] || { cp "$R/tune.db.example" "$OUT/selector.db" && chmod u+w "$OUT/selector.db"; }

@@ -19,6 +19,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
+#: benchmarks/conformance.py's rows: its own layout (per library and run, not per kernel and shape)
+CONFORMANCE_CSV = HERE / "data" / "conformance.csv"
 PAGE = HERE / "RESULTS.md"
 COMMAND = "python benchmarks/results_page.py"
 
@@ -516,7 +518,55 @@ def _goal(target: float | None) -> str:
     return "-" if target is None else f">= {target}"
 
 
-def render(results_dir: Path = RESULTS_DIR) -> str:
+def _conformance(path: Path) -> list[str]:
+    """Per library and device, the latest run of its own test suite: plain, under capture on a
+    fresh database, and again on it (benchmarks/conformance.py)."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    latest: dict[tuple[str, str], dict[str, str]] = {}
+    for row in rows:
+        held = latest.get((row["library"], row["device"]))
+        if held is None or row["timestamp"] >= held["timestamp"]:
+            latest[row["library"], row["device"]] = row
+    lines = [
+        "Each library's own tests (a selection, at the release its pinned version was built from), run",
+        "three times: without capture, with `TUNESVC_CAPTURE=1` on a fresh database, and again on that",
+        "database (`benchmarks/conformance.py`, `benchmarks/data/conformance.csv`; the latest run per",
+        "library and device). Conforming: the same outcome for every test in the three runs, and no",
+        "trial stored by the third. Wall times of the whole pytest process; in parentheses, / the",
+        "run without capture (the first run under capture should take no longer).",
+        "",
+        "| library | version | device | date | tests: passed / failed / skipped | same outcome | without s"
+        " | first capture s | second capture s | trials stored by the first | new in the second | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def seconds(row: dict[str, str], column: str) -> str:
+        if not row[column]:
+            return ""
+        plain = float(row["run_plain_s"])
+        share = f" ({float(row[column]) / plain:.2f})" if plain > 0 and column != "run_plain_s" else ""
+        return f"{float(row[column]):.1f}{share}"
+
+    for (library, device), r in sorted(latest.items()):
+        counts = f"{r['tests']}: {r['passed']} / {r['failed']} / {r['skipped']}" if r["tests"] else ""
+        same = {"True": "yes", "False": "**no**"}.get(r["same_outcome"], "")
+        new = r["trials_second_new"]
+        lines.append(
+            f"| {library} | {r['version']} | {device} | {r['timestamp'][:10]} | {counts} | {same} "
+            f"| {seconds(r, 'run_plain_s')} | {seconds(r, 'run_capture_first_s')} | {seconds(r, 'run_capture_second_s')} "
+            f"| {r['trials_first']} | {new if new in ('', '0') else f'**{new}**'} | {r['status']} |"
+        )
+    differing = [(r["library"], r["device"], r["differing"]) for r in latest.values() if r["differing"]]
+    if differing:
+        lines += ["", "Tests whose outcome differed between the runs:", ""]
+        lines += [f"- {library} ({device}): {tests}" for library, device, tests in sorted(differing)]
+    return lines
+
+
+def render(results_dir: Path = RESULTS_DIR, conformance_csv: Path = CONFORMANCE_CSV) -> str:
     files = {path.stem: read_rows(path) for path in sorted(results_dir.glob("*.csv"))}
     lines = [
         "# Benchmark results",
@@ -545,6 +595,9 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
     launch = _launch_targets(results_dir)
     if launch:
         lines += ["", "## Launch cost targets", "", *launch]
+    conformance = _conformance(conformance_csv)
+    if conformance:
+        lines += ["", "## Libraries' own test suites under capture", "", *conformance]
     for name, rows in files.items():
         lines += ["", f"## {name}", "", f"`benchmarks/{name}.py`, `benchmarks/results/{name}.csv`:", "", *_table(rows)]
     return "\n".join(lines) + "\n"

@@ -440,7 +440,7 @@ class Runtime:
         problem on this device (see tunesvc.serving.transfer); None when transfer is off."""
         if not self.transfer or self.mode == "heuristic" or not self.device.is_gpu:
             return None
-        sibling = self._sibling_table(template)
+        sibling = self._transfer_table(template)
         if sibling is None:
             return None
         table, parsed = sibling
@@ -451,11 +451,11 @@ class Runtime:
             template.name, found.config, TRANSFERRED, str(key), found.matched_key, found.distance, found.sibling
         )
 
-    def _sibling_table(self, template: Template) -> tuple[transfers.SiblingTable, list[tuple[ShapeKey, str]]] | None:
+    def _transfer_table(self, template: Template) -> tuple[transfers.SiblingTable, list[tuple[ShapeKey, str]]] | None:
         if template.name in self._siblings:
             return self._siblings[template.name]
         try:
-            table = self._load_sibling(template)
+            table = self._load_transfer_table(template)
         except Exception as exc:  # fails open, as a winner source that cannot be read does
             if self.strict:
                 raise
@@ -474,7 +474,7 @@ class Runtime:
             self._siblings[template.name] = entry
         return entry
 
-    def _load_sibling(self, template: Template) -> transfers.SiblingTable | None:
+    def _load_transfer_table(self, template: Template) -> transfers.SiblingTable | None:
         """The sibling's winners of ``template`` in this runtime's source: a bundle of a sibling
         model, or the store's sibling rows (the model with the most keys of the kernel)."""
         if self.bundle is not None:

@@ -8,7 +8,7 @@
 #   STEPS="tests matmul attention" bash benchmarks/gpu-run.sh
 #
 # Steps: tests launch capture conformance matmul64 matmulgrid matmul attention decode norms pointwise runtime sva stability groundtruth multigpu startup
-# evaluate heldout
+# evaluate heldout transfer
 # (each is benchmarks/<name>.py with --sweep where it takes one; LIMIT_<step>=seconds overrides
 # the time limit, ARGS_<step>="..." adds arguments).
 # evaluate: on a copy of tune.db.example ($OUT/selector.db), per kernel of EVAL_KERNELS, measures
@@ -20,6 +20,8 @@
 # heldout: benchmarks/heldout.py on a fresh copy of $OUT/selector.db (else of tune.db.example),
 # HELDOUT_SIZE=small (default, ~8 min on one GPU) | medium | full; HELDOUT_KERNELS limits the kernels;
 # the shapes are spread over every GPU of the machine.
+# transfer: benchmarks/transfer.py on a copy of tune.db.example (H100 SXM winners) on a sibling GPU model
+# (an H200): transferred configs against configs tuned there and cuBLAS (~7 min; ARGS_transfer=--quick ~4).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/tsvc . || exit 1
 export PYTHONPATH=/tmp/tsvc:/tmp/site PYTHONUNBUFFERED=1 R=$PWD
@@ -69,6 +71,7 @@ for s in ${STEPS:-tests matmul}; do
       cp "$src" "$OUT/heldout.db" && chmod u+w "$OUT/heldout.db"
       step heldout 600 python3 "$R/benchmarks/heldout.py" --db "$OUT/heldout.db" --fit --size "${HELDOUT_SIZE:-small}" \
         --kernels "${HELDOUT_KERNELS:-matmul,decode,attention,layernorm,rmsnorm}" --gpus all ;;
+    transfer) step transfer 540 python3 "$R/benchmarks/transfer.py" ;;
     *) step "$s" 300 python3 "$R/benchmarks/$s.py" --db "$OUT/tune.db" --sweep ;;
   esac
 done

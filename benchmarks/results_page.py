@@ -275,6 +275,91 @@ def _targets(results_dir: Path) -> list[str]:
     return lines
 
 
+#: transferred configs (benchmarks/transfer.py): within 5% of the config tuned on the GPU itself on
+#: this share of the held-out shapes, never below this fraction of it
+TRANSFER_WITHIN, TRANSFER_FLOOR = 0.8, 0.85
+
+
+def _transfer_targets(results_dir: Path) -> list[str]:
+    """transfer.csv's latest run per GPU model: the transferred config, this GPU's own nearest
+    answer and the heuristic against the config tuned there, and each against cuBLAS; the
+    targets and by how much each is missed; and how often the transferred config beat the
+    nearest one, the measurement that places the tier after or before this GPU's own answers."""
+    path = results_dir / "transfer.csv"
+    if not path.exists():
+        return []
+    runs = _by_run(read_rows(path))
+    latest: dict[str, tuple[str, str]] = {}
+    for (_, _, run), roles in runs.items():
+        gpu = next(iter(roles.values()))["gpu"]
+        latest[gpu] = max(latest.get(gpu, run), run)
+    lines = [
+        "A sibling GPU model's winners on a new one (`transfer.csv`, `benchmarks/transfer.py`, each GPU model's latest",
+        "run): per held-out GEMM, the time of the config a short sweep tuned on that GPU / the config's time",
+        "(1: as fast as tuned), and cuBLAS's time / the config's (geometric means). Targets: transferred within 5% of",
+        f"tuned on {TRANSFER_WITHIN:.0%} of the shapes, never below {TRANSFER_FLOOR}.",
+        "",
+        "| GPU | run | shapes | config | within 5% of tuned | worst / tuned, at | geomean / tuned | geomean vs cuBLAS |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    misses, order = [], []
+    for gpu, run in sorted(latest.items()):
+        shapes = {
+            shape: roles
+            for (_, shape, r), roles in runs.items()
+            if r == run and "tuned" in roles and next(iter(roles.values()))["gpu"] == gpu
+        }
+        for role in ("transferred", "nearest tuned here", "heuristic", "tuned"):
+            mine = {shape: roles for shape, roles in shapes.items() if role in roles}
+            if not mine:
+                continue
+            ms = {shape: float(roles[role]["ours_ms"]) for shape, roles in mine.items()}
+            vs_tuned = {shape: float(roles["tuned"]["ours_ms"]) / ms[shape] for shape, roles in mine.items()}
+            vs_peer = [float(roles[role]["peer_ms"]) / ms[shape] for shape, roles in mine.items()]
+            worst = min(vs_tuned, key=vs_tuned.__getitem__)
+            within = _share_within_5pct(vs_tuned.values())
+            lines.append(
+                f"| {gpu} | {_run_text(run)} | {len(mine)} | {role} "
+                f"| {'-' if role == 'tuned' else f'{within:.0%}'} "
+                f"| {'-' if role == 'tuned' else f'{vs_tuned[worst]:.3f}, {worst}'} "
+                f"| {statistics.geometric_mean(vs_tuned.values()):.3f}x "
+                f"| {statistics.geometric_mean(vs_peer):.3f}x |"
+            )
+            if role == "transferred":
+                if within < TRANSFER_WITHIN:
+                    misses.append(
+                        f"- {gpu}, transferred within 5% of tuned: {within:.0%} of the shapes, "
+                        f"{within / TRANSFER_WITHIN:.0%} of the target {TRANSFER_WITHIN:.0%}"
+                    )
+                if vs_tuned[worst] < TRANSFER_FLOOR:
+                    misses.append(
+                        f"- {gpu}, worst transferred / tuned: {vs_tuned[worst]:.3f} at {worst}, "
+                        f"{vs_tuned[worst] / TRANSFER_FLOOR:.0%} of the target {TRANSFER_FLOOR}"
+                    )
+        both = [roles for roles in shapes.values() if "transferred" in roles and "nearest tuned here" in roles]
+        if both:
+            faster = sum(
+                float(r["transferred"]["ours_ms"]) < float(r["nearest tuned here"]["ours_ms"]) / 1.02 for r in both
+            )
+            slower = sum(
+                float(r["nearest tuned here"]["ours_ms"]) < float(r["transferred"]["ours_ms"]) / 1.02 for r in both
+            )
+            ratio = statistics.geometric_mean(
+                float(r["nearest tuned here"]["ours_ms"]) / float(r["transferred"]["ours_ms"]) for r in both
+            )
+            order.append(
+                f"- {gpu}: of {len(both)} shapes with both, the transferred config ran more than 2% faster than "
+                f"this GPU's own nearest answer on {faster} and more than 2% slower on {slower} (nearest / "
+                f"transferred time, geometric mean {ratio:.3f}); the runtime asks its own nearest key first"
+            )
+    lines.append("")
+    if misses:
+        lines += ["Missed, and by how much:", "", *misses, ""]
+    if order:
+        lines += ["Transferred against this GPU's own nearest answer (the order of the two tiers):", "", *order, ""]
+    return lines
+
+
 #: launch cost: a shipped kernel's host time per eager call at most 1.2x its torch peer's, a
 #: @tunesvc.autotune hit at most 1.0x a bare kernel[grid] launch (ratio = peer / ours)
 LAUNCH_TARGETS = {"@tunesvc.autotune hit": 1.0, "@tunesvc.autotune(space=) hit": 1.0}
@@ -592,6 +677,9 @@ def render(results_dir: Path = RESULTS_DIR, conformance_csv: Path = CONFORMANCE_
     targets = _targets(results_dir)
     if targets:
         lines += ["", "## Targets on shapes outside the presets", "", *targets]
+    transfer = _transfer_targets(results_dir)
+    if transfer:
+        lines += ["", "## Targets of transferred configs", "", *transfer]
     launch = _launch_targets(results_dir)
     if launch:
         lines += ["", "## Launch cost targets", "", *launch]

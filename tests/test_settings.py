@@ -4,6 +4,7 @@ value that does not parse is one warning and the default, never an exception."""
 from __future__ import annotations
 
 import ast
+import sys
 import warnings
 from pathlib import Path
 
@@ -78,5 +79,9 @@ def test_every_variable_read_is_documented():
     source = (ROOT / "tunesvc" / "settings.py").read_text()
     named = {n for n in __import__("re").findall(r'"(TUNESVC_[A-Z_]+)"', source)}
     assert named <= set(settings.VARIABLES), named - set(settings.VARIABLES)
+    sys.path.insert(0, str(ROOT / "docs"))
+    from settings_reference import reference
+
     docs = (ROOT / "docs" / "settings.md").read_text()
+    assert docs == reference(), "docs/settings.md is stale: python docs/settings_reference.py docs/settings.md"
     assert all(f"`{name}`" in docs for name in settings.VARIABLES)

@@ -1118,6 +1118,16 @@ def lookup(
             f": tuned key {result.matched_key}, {result.distance:.2f} doublings away "
             "(the distance between the keys' dims on a log2 scale)"
         )
+    elif result.source == "transferred" and result.distance is not None:
+        which = (
+            "the same key"
+            if result.distance == 0
+            else f"tuned key {result.matched_key}, {result.distance:.2f} doublings away"
+        )
+        detail = (
+            f": {result.transferred_from}'s winner of {which} (a sibling GPU model: same compute capability "
+            "and SM count; TUNESVC_TRANSFER=0 turns this off)"
+        )
     where = runtime.where()
     read = f"read from {where}" if where.startswith(("database", "bundle")) else where
     console.print(f"answer  {result.source} for {runtime.device.name}{detail}; {read}", highlight=False, soft_wrap=True)

@@ -5,9 +5,13 @@ and the current kernel version are loaded once per kernel, from a database or fr
 exported bundle. Each lookup then walks the fallback chain
 
     exact shape key  ->  predicted (the kernel's selector, see tunesvc.serving.selector)
-                     ->  nearest tuned key (log2 distance over dims, same dtype)  ->  heuristic
+                     ->  nearest tuned key (log2 distance over dims, same dtype)
+                     ->  transferred (a sibling GPU model's winner: same capability and SM count,
+                         see tunesvc.serving.transfer)  ->  heuristic
 
-and says which step answered. Bundles are read with :mod:`json` only: a deployment that
+and says which step answered. Transferred comes after this model's own answers: a measurement on
+this model, even of a neighbouring key, is preferred to one of the same key on another model
+(benchmarks/transfer.py times both against a config tuned here). Bundles are read with :mod:`json` only: a deployment that
 ships a bundle never imports SQLAlchemy. In mode 'tune' a miss goes to the policy that the
 tuning side registers (:mod:`tunesvc.serving.on_miss`): this module imports no tuning.
 """
@@ -33,6 +37,7 @@ from tunesvc.device import device_at
 from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
 from tunesvc.serving import on_miss
+from tunesvc.serving import transfer as transfers
 from tunesvc.settings import MODES
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
@@ -43,17 +48,26 @@ if TYPE_CHECKING:
     from tunesvc.serving.selector import Selector
     from tunesvc.space import Config
 
-EXACT, PREDICTED, NEAREST, HEURISTIC, TUNED = "exact", "predicted", "nearest", "heuristic", "tuned"
+EXACT, PREDICTED, NEAREST, TRANSFERRED, HEURISTIC, TUNED = (
+    "exact",
+    "predicted",
+    "nearest",
+    "transferred",
+    "heuristic",
+    "tuned",
+)
 
 
 @dataclass(frozen=True)
 class LookupResult:
     kernel: str
     config: Config
-    source: str  # exact | predicted | nearest | heuristic | tuned (tuned on this miss)
+    source: str  # exact | predicted | nearest | transferred | heuristic | tuned (tuned on this miss)
     key: str
     matched_key: str | None = None
     distance: float | None = None
+    #: the sibling GPU model whose winner a transferred answer is (its name); None otherwise
+    transferred_from: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +77,7 @@ class LookupResult:
             "key": self.key,
             "matched_key": self.matched_key,
             "distance": self.distance,
+            "transferred_from": self.transferred_from,
         }
 
 
@@ -72,7 +87,7 @@ class Runtime:
     Where winners come from: ``db`` or ``bundle`` (a JSON file from `tune export`); neither:
     $TUNESVC_BUNDLE, else $TUNESVC_DB, else ./tune.db if it exists, else heuristics only.
 
-    ``mode`` (or $TUNESVC_MODE): ``lookup`` (tuned, else nearest tuned, else heuristic),
+    ``mode`` (or $TUNESVC_MODE): ``lookup`` (tuned, else the fallback chain above),
     ``heuristic`` (never read winners), ``tune`` (a miss is tuned now with a ``budget``-trial
     sweep, stored in the database and used from then on; processes that miss the same key at
     once take a file lock, so it is tuned once).
@@ -80,6 +95,9 @@ class Runtime:
     A winner source that cannot be read (corrupt bundle, unreachable database) does not stop
     the program: the runtime warns once and uses heuristics, unless ``strict`` (the CLI) asks
     for the error.
+
+    ``transfer`` (default: on unless $TUNESVC_TRANSFER=0): whether a key this GPU model has no
+    answer of its own for is served a sibling model's winner (same capability and SM count).
     """
 
     def __init__(
@@ -92,6 +110,7 @@ class Runtime:
         budget: int = 8,
         strategy: str = "grid",
         strict: bool = False,
+        transfer: bool | None = None,
     ) -> None:
         if db is not None and bundle is not None:
             raise TunesvcError("Give a database or a bundle, not both.")
@@ -120,11 +139,15 @@ class Runtime:
         self.budget = budget
         self.strategy = strategy
         self.strict = strict
+        self.transfer = settings.transfer_enabled() if transfer is None else transfer
         self._device = device
         self._bundle_data: dict[str, Any] | None = None
         self._tables: dict[str, dict[str, Config]] = {}
         self._keys: dict[str, list[tuple[ShapeKey, str]]] = {}
         self._selectors: dict[str, Selector | None] = {}
+        #: the sibling model's winners per kernel (None: none), read on the kernel's first miss
+        #: that reaches the transferred step, with their parsed keys
+        self._siblings: dict[str, tuple[transfers.SiblingTable, list[tuple[ShapeKey, str]]] | None] = {}
         self._lock = threading.Lock()
         self._warned: set[tuple[str, str]] = set()
         #: problems resolved per (kernel, source); a problem seen again is served from a memo
@@ -302,6 +325,7 @@ class Runtime:
             budget=self.budget,
             strategy=self.strategy,
             strict=self.strict,
+            transfer=self.transfer,
         )
         runtime._bundle_data = self._bundle_data
         return runtime
@@ -331,15 +355,18 @@ class Runtime:
             result = (
                 self._predicted(template, normalized, text)
                 or self._nearest(template, normalized, key)
+                or self._transferred(template, normalized, key)
                 or LookupResult(template.name, template.heuristic(normalized, self.device), HEURISTIC, text)
             )
         self.counters[(template.name, result.source)] += 1
-        if result.source in (PREDICTED, NEAREST, HEURISTIC) and self.mode != "heuristic":
+        if result.source in (PREDICTED, NEAREST, TRANSFERRED, HEURISTIC) and self.mode != "heuristic":
+            which = f"one, from {result.transferred_from}" if result.source == TRANSFERRED else "one"
             self._warn_once(
                 template.name,
                 result.source,
                 f"tunesvc: no tuned config of {template.name} for {text} on {self.device.name} ({self.where()}); "
-                f"using the {result.source} one (tune it with `tune sweep`, or run in mode 'tune'). Warned once per kernel.",
+                f"using the {result.source} {which} (tune it with `tune sweep`, or run in mode 'tune'). "
+                "Warned once per kernel.",
             )
         return result
 
@@ -408,6 +435,78 @@ class Runtime:
         if template.violations(config, problem, self.device):  # e.g. a tile taller than this M
             return None
         return LookupResult(template.name, config, NEAREST, str(key), matched, distance)
+
+    def _transferred(self, template: Template, problem: dict, key: ShapeKey) -> LookupResult | None:
+        """A sibling GPU model's winner of this key, else of its nearest key, that fits this
+        problem on this device (see tunesvc.serving.transfer); None when transfer is off."""
+        if not self.transfer or self.mode == "heuristic" or not self.device.is_gpu:
+            return None
+        sibling = self._transfer_table(template)
+        if sibling is None:
+            return None
+        table, parsed = sibling
+        found = transfers.transferred(template, problem, key, table, parsed, self.device)
+        if found is None:
+            return None
+        return LookupResult(
+            template.name, found.config, TRANSFERRED, str(key), found.matched_key, found.distance, found.sibling
+        )
+
+    def _transfer_table(self, template: Template) -> tuple[transfers.SiblingTable, list[tuple[ShapeKey, str]]] | None:
+        if template.name in self._siblings:
+            return self._siblings[template.name]
+        try:
+            table = self._load_transfer_table(template)
+        except Exception as exc:  # fails open, as a winner source that cannot be read does
+            if self.strict:
+                raise
+            self._warn_once(
+                template.name,
+                "transfer",
+                f"tunesvc: could not read a sibling GPU model's winners of {template.name} "
+                f"({type(exc).__name__}: {exc}); not transferring them.",
+            )
+            table = None
+        if table is not None:
+            winners = self._in_space(template, table.winners)
+            table = transfers.SiblingTable(table.name, table.hardware_id, winners) if winners else None
+        entry = None if table is None else (table, table.parsed())
+        with self._lock:
+            self._siblings[template.name] = entry
+        return entry
+
+    def _load_transfer_table(self, template: Template) -> transfers.SiblingTable | None:
+        """The sibling's winners of ``template`` in this runtime's source: a bundle of a sibling
+        model, or the store's sibling rows (the model with the most keys of the kernel)."""
+        if self.bundle is not None:
+            self._table(template)  # reads the bundle, if no lookup has yet
+            data = self._bundle_data or {}
+            info = data.get("device", {})
+            section = data.get("kernels", {}).get(template.name)
+            if (
+                not transfers.is_sibling(
+                    self.device, info.get("capability", ""), info.get("sm_count", 0), info.get("hardware_id", "")
+                )
+                or not isinstance(section, dict)
+                or section.get("version") != template.version
+            ):
+                return None
+            from tunesvc.export import kernel_configs
+
+            winners = kernel_configs(self.bundle, data, template.name)
+            name = info.get("name") or info["hardware_id"]
+            return transfers.SiblingTable(name, info["hardware_id"], dict(winners))
+        db = self._db_path()
+        if db is None or not _database_exists(db):
+            return None
+        from tunesvc.store import Store
+
+        store = Store(db, readonly=True)
+        try:
+            entries = store.sibling_winners(template.name, template.version, self.device)
+        finally:
+            store.close()
+        return transfers.pick_sibling(entries)
 
     def _tune_on_miss(self, template: Template, problem: dict, text: str) -> LookupResult:
         """Hand this miss to mode 'tune''s policy (the tuning side's: it sweeps the key and stores

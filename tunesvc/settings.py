@@ -9,7 +9,8 @@ Modes, the same for the shipped kernels' runtime, captured ``triton.autotune`` k
 ``tune run``:
 
 - ``tune``: the stored winner; a miss is tuned now, stored, and used from then on;
-- ``lookup``: the stored winner, else the fallback chain (nearest stored key, heuristic);
+- ``lookup``: the stored winner, else the fallback chain (predicted, nearest stored key, a
+  sibling GPU model's winner, heuristic);
   nothing is measured, and a captured kernel's miss is recorded for offline tuning;
 - ``heuristic``: winners are never read; the kernel's heuristic config (for a captured kernel,
   the first config its pruning keeps, as Triton launches a one-config autotuner);
@@ -56,6 +57,7 @@ VARIABLES = {
     "TUNESVC_MAX_KEYS": "distinct keys one captured kernel may tune in a process before it is left to Triton [256]",
     "TUNESVC_CLAIM_STALE_S": "seconds without a heartbeat after which another process's key claim is taken over [10]",
     "TUNESVC_REPLAY": "0: shipped kernels skip their recorded launch plans",
+    "TUNESVC_TRANSFER": "0: the runtime never serves a sibling GPU model's winners (same capability and SM count) [1]",
     "TUNESVC_TIMELINE": "a file the sweep's timeline events are appended to",
     "TUNESVC_TIMELINE_ROLE": "the role a process's timeline events are written under",
     "TUNESVC_JOB_KERNEL": "the kernel module path a sweep's workers may import (set by the sweep)",
@@ -200,3 +202,9 @@ def timeline_role() -> str:
 
 def job_kernel() -> str | None:
     return text("TUNESVC_JOB_KERNEL")
+
+
+def transfer_enabled() -> bool:
+    """Whether a GPU model with no winner of its own for a key may be served a sibling model's
+    (same compute capability and SM count, e.g. H100 SXM -> H200): on unless $TUNESVC_TRANSFER=0."""
+    return text("TUNESVC_TRANSFER", "1") != "0"

@@ -3,7 +3,8 @@
 Per problem: shape key -> the trials already stored for (kernel version, device, key) are
 replayed into the strategy (so a killed sweep resumes, and a repeated one costs nothing) ->
 warm start (what the runtime launches for the key untuned: the selector's pick, else the
-nearest tuned key's winner, else the heuristic; then the heuristic, this key's winners under
+nearest tuned key's winner, else a sibling GPU model's winner, else the heuristic; then this key's
+winners on sibling models (same capability and SM count), the heuristic, this key's winners under
 earlier versions of the kernel on this device, the winners of the nearest tuned keys on this
 device and of this key on other devices, the template's known-good configs)
 -> ask/measure/store/tell until the trial budget, the time budget, the patience or the space
@@ -44,6 +45,7 @@ from tunesvc.search import OPTUNA_STRATEGIES
 from tunesvc.search import STRATEGIES
 from tunesvc.search import Strategy
 from tunesvc.search import make_strategy
+from tunesvc.serving import transfer as transfers
 from tunesvc.space import config_hash
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
@@ -521,9 +523,9 @@ class _ProblemSweep:
     def _strategy(self, candidates: list[Config]) -> Strategy:
         run, template, device = self.run, self.run.template, self.run.device
         warm = template.warm_start(self.problem, device)
-        initial = _unique(
-            [self.untuned, *warm[:1], *stored_warm_start(run.store, template, device, self.key), *warm[1:]]
-        )
+        siblings = sibling_warm_start(run.store, template, device, self.key)
+        stored = stored_warm_start(run.store, template, device, self.key)
+        initial = _unique([self.untuned, *siblings, *warm[:1], *stored, *warm[1:]])
         storage = study_storage(run.store) if run.options.strategy in OPTUNA_STRATEGIES else None
         return make_strategy(
             run.options.strategy,
@@ -742,6 +744,19 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
     configs: list[Config] = [dict(w.config) for w in earlier]
     configs += [dict(config) for _, _, config in near[:NEIGHBOURS]] + [dict(c) for c in elsewhere]
     return _unique(configs)
+
+
+def sibling_warm_start(store: Store, template: Template, device: Device, shape_key: str) -> list[Config]:
+    """This key's winners on ``device``'s sibling GPU models (same capability and SM count, see
+    tunesvc.serving.transfer), the sibling the runtime would transfer from first: on a new model,
+    the likeliest winner before any measurement of its own. Measured, never copied: a sweep on
+    ``device`` stores only what it timed there."""
+    entries = store.sibling_winners(template.name, template.version, device)
+    first = transfers.pick_sibling(entries)
+    newest = {e.hardware_id: e.config for e in entries if e.shape_key == shape_key}  # oldest first: the newest wins
+    ordered = sorted(newest, key=lambda h: (first is None or h != first.hardware_id, h))
+    checked = [template.space.stored_config(newest[h]) for h in ordered]  # a parameter added since: its first choice
+    return [c for c in checked if not isinstance(c, str)]
 
 
 def _unique(configs: list[Config]) -> list[Config]:

@@ -23,7 +23,7 @@ rows), the runtime takes the next-ranked one, or, for a selector fitted as ``pro
 the feasible config nearest the first (:meth:`~tunesvc.template.Template.nearest_feasible`).
 
 The runtime asks the selector after the exact key and before the nearest one:
-exact -> predicted -> nearest -> heuristic. Fitting, cross-measuring and the held-out
+exact -> predicted -> nearest -> transferred -> heuristic. Fitting, cross-measuring and the held-out
 evaluation are the tuning side's (:mod:`tunesvc.tuning.selector_fit`,
 :mod:`tunesvc.tuning.selector_measure`); this module imports neither.
 """

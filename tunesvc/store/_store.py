@@ -679,6 +679,44 @@ class Store:
                 for w in session.scalars(query).unique()
             ]
 
+    def sibling_winners(self, kernel: str, version: str, device: Device) -> list[WinnerEntry]:
+        """The winners of ``kernel`` at ``version`` on the GPU models that share ``device``'s compute
+        capability and SM count but not its hardware id (an H100 SXM's for an H200), oldest first.
+
+        Only GPUs have siblings: the interpreter's timings are its host's own. Nothing is written:
+        the runtime serves these as transferred, never as this device's winners.
+        """
+        if not device.is_gpu:
+            return []
+        with self.session() as session:
+            query = (
+                select(Winner)
+                .join(Winner.kernel_version)
+                .join(Winner.device)
+                .where(
+                    KernelVersion.kernel == kernel,
+                    KernelVersion.version == version,
+                    StoredDevice.kind == device.kind,
+                    StoredDevice.capability == device.capability,
+                    StoredDevice.sm_count == device.sm_count,
+                    StoredDevice.hardware_id != device.hardware_id,
+                )
+                .order_by(Winner.updated_at, Winner.id)
+            )
+            return [
+                WinnerEntry(
+                    kernel=w.kernel_version.kernel,
+                    kernel_version=w.kernel_version.version,
+                    device=w.device.name,
+                    hardware_id=w.device.hardware_id,
+                    shape_key=w.shape_key,
+                    config=dict(w.config),
+                    time_ms=w.time_ms,
+                    updated_at=w.updated_at,
+                )
+                for w in session.scalars(query).unique()
+            ]
+
     def devices(self) -> list[StoredDevice]:
         with self.session() as session:
             return list(session.scalars(select(StoredDevice).order_by(StoredDevice.id)))

@@ -32,7 +32,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 from typing import Any
 
+from tunesvc import settings
 from tunesvc.errors import TunesvcError
+from tunesvc.serving import transfer as transfers
 from tunesvc.serving.selector import Distance
 from tunesvc.serving.selector import Selector
 from tunesvc.serving.selector import stored_selector
@@ -496,11 +498,14 @@ def nearest_pick(
     return "heuristic", None, template.heuristic(problem, device)
 
 
-def untuned_answer(store: Store, template: Template, problem: Problem, device: Device) -> tuple[str, Config]:
+def untuned_answer(
+    store: Store, template: Template, problem: Problem, device: Device, *, transfer: bool | None = None
+) -> tuple[str, Config]:
     """(source, config) the runtime launches for ``problem`` on ``device`` from ``store`` while
     the problem's shape key has no winner: the stored selector's pick, else the nearest tuned
-    key's winner, else the heuristic (the runtime's chain less its exact step). A stored
-    selector that cannot be read is passed over, as the runtime passes over it."""
+    key's winner, else a sibling GPU model's winner (``transfer``, default: settings), else the
+    heuristic (the runtime's chain less its exact step). A stored selector that cannot be read is
+    passed over, as the runtime passes over it."""
     key = str(template.key(problem))
     try:
         fitted = stored_selector(store, template, device.hardware_id)
@@ -511,4 +516,13 @@ def untuned_answer(store: Store, template: Template, problem: Problem, device: D
         return "predicted", picked
     winners = {k: c for k, c in tuned_winners(store, template, device.hardware_id).items() if k != key}
     source, _, config = nearest_pick(winners, key, template, problem, device)
+    if source == "heuristic" and (settings.transfer_enabled() if transfer is None else transfer):
+        sibling = transfers.pick_sibling(store.sibling_winners(template.name, template.version, device))
+        if sibling is not None:
+            checked = {k: template.space.stored_config(c) for k, c in sibling.winners.items()}
+            fits = {k: c for k, c in checked.items() if not isinstance(c, str)}  # in the space, as the runtime keeps
+            table = transfers.SiblingTable(sibling.name, sibling.hardware_id, fits)
+            found = transfers.transferred(template, problem, template.key(problem), table, table.parsed(), device)
+            if found is not None:
+                return "transferred", found.config
     return source, config

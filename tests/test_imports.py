@@ -196,3 +196,18 @@ def test_the_cli_has_a_name_no_other_package_claims():
     script = Path(sys.executable).with_name("tunesvc")
     done = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("tunesvc"), done.stdout + done.stderr
+
+
+def test_every_package_of_tunesvc_is_installed():
+    """pyproject.toml lists packages by name: a package folder missing there is missing from
+    every non-editable install (the wheel, `pip install --target`), though editable ones work."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(p.parent.relative_to(root).parts)
+        for p in (root / "tunesvc").rglob("__init__.py")
+        if "__pycache__" not in p.parts
+    }
+    assert folders <= listed, sorted(folders - listed)

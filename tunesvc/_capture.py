@@ -107,6 +107,12 @@ LOOSE_TOLERANCE = settings.CONFIG_TOLERANCE_OTHER
 
 #: rounds of the finalists' re-measurement on a GPU (tunesvc.sweep's interleaved rounds)
 FINALISTS = 3
+#: each candidate's first timing of a captured key is this share of the replay length (rep:
+#: triton.autotune's ``rep``, else settings.REP_MS); the finalists are then re-timed over the
+#: whole of it, with any candidate whose first time beats theirs. triton.autotune spends its whole
+#: rep on every config, and the program waits for capture's tuning as for Triton's: the short
+#: first pass is what keeps a captured first run no slower than one without capture
+FIRST_PASS_SHARE = 0.25
 #: a captured key's finalists replay graphs of rep_ms / 30 (3.3 ms at the default), not an offline
 #: sweep's rep_ms (100 ms): the program's first call waits for them, and the long replays would add
 #: about 8 s a key to it (nine rounds at the 0.85 s a round and config a sweep's long replays took on
@@ -1401,7 +1407,7 @@ def tune_key(
             device,
             args,
             kwargs,
-            rep_ms=rep_ms,
+            rep_ms=rep_ms * FIRST_PASS_SHARE,
             tolerance=state.options.get("tolerance"),
             grids=grids,
             candidates=candidates,

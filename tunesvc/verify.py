@@ -124,7 +124,11 @@ def verify(
         verdict = Verdict(name, key, entry.kernel_version, entry.config, entry.time_ms, tuned_on.triton)
         verdicts.append(verdict)
         if template is None:
-            if ":" in name:  # a captured triton.autotune kernel, by module:qualname
+            if ":" in name and entry.kernel != kernel and not _captured(store, name):
+                # module:qualname with no call recorded here (a bundle's or another database's)
+                verdict.flags.append(UNKNOWN)
+                verdict.detail = "kernel not found here, and no call of it recorded in this database to re-measure"
+            elif ":" in name:  # a captured triton.autotune kernel, by module:qualname
                 now, fresh = _verify_captured(verdict, store, device, margin, named=entry.kernel == kernel)
                 if retune and verdict.retunable and now is not None:
                     kv_id = _retune_captured(verdict, store, device, now)

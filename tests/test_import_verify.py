@@ -192,3 +192,34 @@ def test_verify_flags_stale_entries_and_retunes_them(source_db, tmp_db, template
 def test_verify_rejects_bad_options(source_db):
     result = CliRunner().invoke(app, ["verify", "--db", source_db, "--margin", "-1"])
     assert result.exit_code == 1 and "--margin must be at least 0" in result.output
+
+
+def test_retune_never_keeps_a_winner_it_measured_slower_than_the_heuristic(
+    source_db, tmp_db, monkeypatch, template, device
+):
+    """The stored winner's trial is older and faster than it measures now: the retune's sweep
+    alone would keep it; this run's measurements of it and the heuristic decide instead."""
+    shutil.copy(source_db, tmp_db)
+    heuristic = template.heuristic(template.problem(**PROBLEM), device)
+    other = {**heuristic, "num_warps": 8 if heuristic["num_warps"] == 4 else 4}
+    with sqlite3.connect(tmp_db) as db:
+        db.execute(
+            "UPDATE tunesvc_trials SET config = ?, config_hash = ?, time_ms = 0.001",
+            (json.dumps(other), config_hash(other)),
+        )
+        db.execute(
+            "UPDATE tunesvc_winners SET config = ?, config_hash = ?, time_ms = 0.001",
+            (json.dumps(other), config_hash(other)),
+        )
+    monkeypatch.setattr(
+        Bench, "measure", lambda self, c: Measurement(Status.OK, time_ms=1.0 if c == heuristic else 2.0, reps=1)
+    )
+    store = Store(tmp_db)
+    try:
+        [verdict] = verify(store, retune=True, budget=1)
+        [winner] = store.winners()
+    finally:
+        store.close()
+    assert verdict.flags == ["slower"] and (verdict.measured_ms, verdict.heuristic_ms) == (2.0, 1.0)
+    assert verdict.retuned_config == heuristic and verdict.retuned_ms == 1.0
+    assert (winner.config, winner.time_ms) == (heuristic, 1.0)

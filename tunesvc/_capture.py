@@ -1417,7 +1417,12 @@ def tune_key(
             STATS["benchmarks"] += bench.measurements
             results = [(config_dict(c), config_hash(config_dict(c)), m) for c, m in zip(candidates, measured)]
             with _STAGE("store"):
-                store.add_trials(sweep_id, kv_id, device_id, text, results)
+                new = store.add_trials(sweep_id, kv_id, device_id, text, results)
+                if None in new:  # measured before (`tune verify --retune`): the stored trials take the new measurements
+                    stored = {r.config_hash: r.id for r in store.trials(kv_id, device_id, text)}
+                    store.replace_measurements(
+                        [(stored[h], m) for (_, h, m), i in zip(results, new) if i is None and h in stored]
+                    )
             if device.is_gpu:
                 rows = store.trials(kv_id, device_id, text)
                 store.replace_measurements(
@@ -1644,13 +1649,65 @@ def find_autotuner(name: str) -> Autotuner:
     raise TunesvcError(f"Module {module_name} has no autotuned kernel {qualname}; was it renamed?")
 
 
+def _host_memory() -> int:
+    """This machine's memory in bytes (the interpreter's device memory)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf: 16 GiB
+        return 16 << 30
+
+
+def _constexprs(tuner: Autotuner) -> set[str]:
+    """The names of the kernel's ``tl.constexpr`` parameters (its JITFunction's, under any wrappers)."""
+    fn: Any = tuner.fn
+    for _ in range(8):
+        if hasattr(fn, "params"):
+            return {p.name for p in fn.params if getattr(p, "is_constexpr", False)}
+        fn = getattr(fn, "fn", None)
+    return set()
+
+
+def check_call(tuner: Autotuner, call: Any, device: Device, shape_key: str | None = None) -> None:
+    """Refuse (:class:`tunesvc.recorded_check.RefusedCall`, one sentence) a recorded call that
+    cannot be replayed safely on ``device`` (see :mod:`tunesvc.recorded_check`), or whose key
+    arguments and dtypes disagree with ``shape_key``, the key it is stored under."""
+    from tunesvc.recorded_check import RefusedCall
+    from tunesvc.recorded_check import check_recorded_call
+
+    check_recorded_call(
+        call,
+        arg_names=list(tuner.arg_names),
+        key_names=list(tuner.keys),
+        constexprs=_constexprs(tuner),
+        listed=len(tuner.configs),
+        memory_bytes=device.memory_bytes or _host_memory(),
+    )
+    if shape_key is None:
+        return
+    stored = dict(part.partition("=")[::2] for part in shape_key.split(","))
+    for name, spec in [*zip(tuner.arg_names, call.get("args", [])), *call.get("kwargs", {}).items()]:
+        if name in tuner.keys and "value" in spec:
+            field, recorded = name, _value_text(spec["value"])
+        elif "tensor" in spec:
+            field, recorded = f"{name}.dtype", str(spec["tensor"]["dtype"]).removeprefix("torch.")
+        else:
+            continue
+        if field in stored and stored[field] != recorded:
+            raise RefusedCall(
+                f"The recorded call is refused, never launched: its {field} is {recorded}, "
+                f"and the key it is stored under says {stored[field]}."
+            )
+
+
 def rebuild_call(
-    tuner: Autotuner, call: dict[str, Any], device: Device
+    tuner: Autotuner, call: dict[str, Any], device: Device, shape_key: str | None = None
 ) -> tuple[tuple, dict[str, Any], dict[str, Any]]:
     """Arguments of a recorded call (random floats, recorded small integer tensors), and the grid
-    of each listed config by its hash. TunesvcError when the record cannot be replayed."""
+    of each listed config by its hash. TunesvcError when the record cannot be replayed, or not
+    safely (:func:`check_call`, before anything is allocated)."""
     from tunesvc.device import torch_device
 
+    check_call(tuner, call, device, shape_key)
     where = torch_device()
 
     def value(spec: dict[str, Any]) -> Any:
@@ -1717,11 +1774,21 @@ def tune_recorded(store: Store, name: str, version: str, shape_key: str, call: d
             "run the program again to record it anew."
         )
     device = current_device()
-    args, kwargs, grids = rebuild_call(tuner, call, device)
+    args, kwargs, grids = rebuild_call(tuner, call, device, shape_key)
     pruned = [c for c in _pruned(tuner, args, kwargs) if config_hash(config_dict(c)) in grids]
     if not pruned:
         raise TunesvcError(f"No config of {name} has a recorded grid for {shape_key}.")
     winner = tune_key(tuner, state, store, device, shape_key, pruned, args, kwargs, grids=grids, call=call)
+    rows = store.trials(store.kernel_version_id(state.template), store.device_id(device), shape_key)
+    if not any(r.status == Status.OK.value for r in rows):  # every candidate failed: no winner, not tuned
+        statuses = Counter(r.status for r in rows)
+        said = next((r.message for r in rows if r.message), None)
+        raise TunesvcError(
+            f"Every candidate of {name} failed on {shape_key} ("
+            + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+            + (f", the first saying {said}" if said else "")
+            + "), so it has no winner."
+        )
     STATS["tuned"] += 1
     return config_dict(winner)
 
@@ -1736,7 +1803,7 @@ def measure_stored(
     call = store.captured_call(name, shape_key, device.hardware_id)
     if call is None:
         raise TunesvcError(f"No recorded call of {name} for {shape_key}; tune it again to re-measure it.")
-    args, kwargs, grids = rebuild_call(tuner, call, device)
+    args, kwargs, grids = rebuild_call(tuner, call, device, shape_key)
     state = _State(tuner, Settings(LOOKUP, store.url, None), name, {})
     with _measuring():
         bench = CaptureBench(tuner, device, args, kwargs, grids=grids)

@@ -1386,10 +1386,13 @@ def verify(
                 ]
             )
         console.print(_keyed_table(f"{name} {version}", columns, rows))
-    flagged = sum(bool(v.flags) for v in verdicts)
+    flagged = sum(v.retunable for v in verdicts)
+    unjudged = len(verdicts) - sum(v.measured for v in verdicts)
     console.print(
-        f"{_count(len(verdicts), 'winner')} checked, {flagged} flagged."
-        + ("" if retune or not flagged else " Run with --retune to sweep them again.")
+        f"{_count(len(verdicts), 'winner')} checked, {flagged} flagged"
+        + (f", {unjudged} not measured (see their flags)" if unjudged else "")
+        + "."
+        + ("" if retune or not flagged else " Run with --retune to sweep the flagged ones again.")
     )
 
 
@@ -1520,8 +1523,8 @@ def run(
                 records = [json.loads(line) for line in f if line.strip()]
             os.unlink(summary)
         typer.echo(summary_line(records), err=True)
-    if tune_misses:
-        _tune_misses(db, kernel or [])
+    if tune_misses and _tune_misses(db, kernel or []):
+        code = code or 1  # a key not tuned (said, one line each)
     raise typer.Exit(code)
 
 
@@ -1542,7 +1545,9 @@ def misses(
 ) -> None:
     """List the shape keys captured kernels met with no stored winner in mode lookup (or tune them)."""
     if tune:
-        return _tune_misses(db, kernel or [])
+        if _tune_misses(db, kernel or []):
+            raise typer.Exit(1)  # a key not tuned (said, one line each)
+        return
     from tunesvc.store import Store
 
     store = Store(db, readonly=True)
@@ -1598,9 +1603,11 @@ def misses(
     )
 
 
-def _tune_misses(db: str | None, kernels: list[str]) -> None:
+def _tune_misses(db: str | None, kernels: list[str]) -> int:
     """Tune the open misses of ``kernels``: named on the command line, since tuning imports each
-    one's module and stored data never chooses a module to import."""
+    one's module and stored data never chooses a module to import. Returns how many were not
+    tuned (each said in one line, and left open): a recorded call refused as unsafe to replay, a
+    key whose every candidate failed, a module that does not import."""
     from tunesvc._capture import tune_recorded
     from tunesvc.device import current_device
     from tunesvc.store import Store
@@ -1611,6 +1618,7 @@ def _tune_misses(db: str | None, kernels: list[str]) -> None:
             "module, which stored data never chooses; `tune misses` lists them."
         )
     store = Store(db)
+    untuned = 0
     try:
         device = current_device()
         todo = [m for m in store.misses(hardware_id=device.hardware_id, status="open") if m.kernel in kernels]
@@ -1621,12 +1629,14 @@ def _tune_misses(db: str | None, kernels: list[str]) -> None:
             try:
                 winner = tune_recorded(store, m.kernel, m.version, m.shape_key, m.call)
             except TunesvcError as exc:
-                console.print(f"  not tuned: {exc}")
+                console.print(f"  not tuned: {exc}", markup=False, highlight=False, soft_wrap=True)
+                untuned += 1
                 continue
             store.set_miss_status(m.id, "tuned")
             console.print(f"  tuned: {_config_text(winner)}")
     finally:
         store.close()
+    return untuned
 
 
 # -- tune selector / tune evaluate: configs for shapes nobody tuned (tunesvc/selector.py) ----------

@@ -9,10 +9,19 @@ winner is checked:
 - ``wrong``: its config no longer runs or no longer matches the reference;
 - ``slower``: the heuristic config, measured now beside it, is faster by more than ``margin``.
 
-``retune`` sweeps the flagged keys again (``budget`` new trials each): under the new kernel
-version or software stack a sweep starts afresh; otherwise it extends the stored search. A
-captured triton.autotune kernel (named with ``kernel``, so that its module is imported) is tuned
-again over its whole config list, as its current version, on the call its sweep recorded.
+A captured triton.autotune kernel is re-measured on inputs rebuilt from the call its sweep
+recorded, beside its first listed config (its heuristic), when ``kernel`` names it: its module is
+imported then, and stored data never chooses a module to import. Where it is not named, or its
+recorded call is missing or cannot be replayed safely (:mod:`tunesvc.recorded_check`), it is
+``not-measured``, with the reason; a module that does not import here is ``unknown-kernel``.
+Neither is a flag that ``retune`` can clear.
+
+``retune`` sweeps the keys flagged stale, wrong or slower again (``budget`` new trials each):
+under the new kernel version or software stack a sweep starts afresh; otherwise it extends the
+stored search. A captured kernel is tuned again over its whole config list, as its current
+version, on its recorded call (its stored trials take the new measurements). A retune never
+keeps a winner this run measured wrong or slower than the heuristic: where the sweep would keep
+it, this run's measurements of the two are stored as theirs, and the winner follows them.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from tunesvc.bench import Bench
 from tunesvc.device import Device
 from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
+from tunesvc.space import config_hash
 from tunesvc.sweep import run_sweep
 from tunesvc.template import template_named_by_data
 
@@ -38,6 +48,9 @@ if TYPE_CHECKING:
     from tunesvc.template import Template
 
 STALE_KERNEL, STALE_TRITON, WRONG, SLOWER, UNKNOWN = "stale-kernel", "stale-triton", "wrong", "slower", "unknown-kernel"
+NOT_MEASURED = "not-measured"
+#: the flags a retune can clear (the others say why a winner could not be judged)
+RETUNABLE = (STALE_KERNEL, STALE_TRITON, WRONG, SLOWER)
 
 
 @dataclass
@@ -57,6 +70,16 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def retunable(self) -> bool:
+        """Flagged stale, wrong or slower: what ``retune`` can act on."""
+        return any(f in RETUNABLE for f in self.flags)
+
+    @property
+    def measured(self) -> bool:
+        """Judged here: not flagged ``not-measured`` nor ``unknown-kernel``."""
+        return not any(f in (NOT_MEASURED, UNKNOWN) for f in self.flags)
 
 
 def verify(
@@ -97,13 +120,20 @@ def verify(
     verdicts = []
     for (name, key), (entry, tuned_on, current) in sorted(newest.items()):
         template = templates[name]
+        fresh: list[tuple[Config, Measurement]] = []  # this run's measurements of the winner and the heuristic
         verdict = Verdict(name, key, entry.kernel_version, entry.config, entry.time_ms, tuned_on.triton)
         verdicts.append(verdict)
         if template is None:
-            if ":" in name:  # a captured triton.autotune kernel, by module:qualname
-                now = _verify_captured(verdict, store, device, margin, named=entry.kernel == kernel)
-                if retune and verdict.flags and now is not None:
-                    _retune_captured(verdict, store, device, now)
+            if ":" in name and entry.kernel != kernel and not _captured(store, name):
+                # module:qualname with no call recorded here (a bundle's or another database's)
+                verdict.flags.append(UNKNOWN)
+                verdict.detail = "kernel not found here, and no call of it recorded in this database to re-measure"
+            elif ":" in name:  # a captured triton.autotune kernel, by module:qualname
+                now, fresh = _verify_captured(verdict, store, device, margin, named=entry.kernel == kernel)
+                if retune and verdict.retunable and now is not None:
+                    kv_id = _retune_captured(verdict, store, device, now)
+                    if kv_id is not None:
+                        _overrule(verdict, store, device, kv_id, fresh)
             else:
                 verdict.flags.append(UNKNOWN)
                 verdict.detail = "kernel not found here; cannot measure it"
@@ -116,13 +146,45 @@ def verify(
             if tuned_on.triton != device.triton:
                 verdict.flags.append(STALE_TRITON)
                 verdict.detail = f"tuned with Triton {tuned_on.triton}, now {device.triton}"
-            _measure(verdict, template, problem, device, margin)
-        if retune and verdict.flags:
+            fresh = _measure(verdict, template, problem, device, margin)
+        if retune and verdict.retunable:
             _retune(verdict, template, problem, store, device, budget, strategy)
+            _overrule(verdict, store, device, store.kernel_version_id(template), fresh, problem=dict(problem))
     return verdicts
 
 
-def _measure(verdict: Verdict, template: Template, problem: Problem, device: Device, margin: float) -> None:
+def _overrule(
+    verdict: Verdict,
+    store: Store,
+    device: Device,
+    kv_id: int,
+    fresh: list[tuple[Config, Measurement]],
+    problem: dict[str, Any] | None = None,
+) -> None:
+    """After retuning a key flagged wrong or slower: store this run's measurements of the winner
+    and the heuristic (``fresh``) as those configs' trials of this device, in place of older
+    times, and let the winner follow the trials; so no winner this run measured wrong, or slower
+    than the heuristic, is kept (the sweep alone would keep one whose stored time is older)."""
+    if not fresh or not (WRONG in verdict.flags or SLOWER in verdict.flags):
+        return
+    device_id = store.device_id(device)
+    stored = {r.config_hash: r.id for r in store.trials(kv_id, device_id, verdict.shape_key)}
+    measured = {config_hash(dict(c)): (dict(c), m) for c, m in fresh}
+    store.replace_measurements([(stored[h], m) for h, (_, m) in measured.items() if h in stored])
+    new = [(c, h, m) for h, (c, m) in measured.items() if h not in stored]
+    if new:
+        sweep_id = store.start_sweep(kv_id, device_id, verdict.shape_key, problem or {}, "verify", len(new), 0)
+        store.add_trials(sweep_id, kv_id, device_id, verdict.shape_key, new)
+        store.finish_sweep(sweep_id, 0.0)
+    winner = store.update_winner(kv_id, device_id, verdict.shape_key)
+    verdict.retuned_config = dict(winner.config) if winner is not None else None
+    verdict.retuned_ms = winner.time_ms if winner is not None else None
+
+
+def _measure(
+    verdict: Verdict, template: Template, problem: Problem, device: Device, margin: float
+) -> list[tuple[Config, Measurement]]:
+    """Measure the winner and the heuristic now; flag ``wrong`` or ``slower``. Returns both measurements."""
     bench = Bench(template, problem, device)
     winner = bench.measure(verdict.config)
     heuristic = template.heuristic(problem, device)
@@ -140,6 +202,7 @@ def _measure(verdict: Verdict, template: Template, problem: Problem, device: Dev
     ):
         verdict.flags.append(SLOWER)
         verdict.detail = verdict.detail or f"heuristic {theirs.time_ms:.4g} ms < winner {winner.time_ms:.4g} ms"
+    return [(verdict.config, winner), (heuristic, theirs)]
 
 
 def _retune(
@@ -150,9 +213,12 @@ def _retune(
     verdict.retuned_ms, verdict.retuned_config = result.winner_ms, result.winner
 
 
-def _retune_captured(verdict: Verdict, store: Store, device: Device, version: str) -> None:
+def _retune_captured(verdict: Verdict, store: Store, device: Device, version: str) -> int | None:
     """Tune a flagged captured key again, as the kernel's current ``version`` over every listed
-    config, on inputs rebuilt from the call its sweep recorded."""
+    config, on inputs rebuilt from the call its sweep recorded. Returns the id of that kernel
+    version (None: not retuned, and the detail says why)."""
+    from tunesvc._capture import CapturedTemplate
+    from tunesvc._capture import find_autotuner
     from tunesvc._capture import tune_recorded
 
     call = store.captured_call(verdict.kernel, verdict.shape_key, device.hardware_id)
@@ -162,11 +228,12 @@ def _retune_captured(verdict: Verdict, store: Store, device: Device, version: st
         config = tune_recorded(store, verdict.kernel, version, verdict.shape_key, call)
     except TunesvcError as exc:
         verdict.detail = f"{verdict.detail}; not retuned: {exc}"
-        return
+        return None
     stored = store.winners(kernel=verdict.kernel, hardware_id=device.hardware_id, version=version)
     times = [w.time_ms for w in stored if w.shape_key == verdict.shape_key]
     verdict.retuned_config = config
     verdict.retuned_ms = times[0] if times else None
+    return store.kernel_version_id(CapturedTemplate(verdict.kernel, version, find_autotuner(verdict.kernel).configs))
 
 
 def _captured(store: Store, kernel: str) -> bool:
@@ -174,41 +241,45 @@ def _captured(store: Store, kernel: str) -> bool:
     return ":" in kernel and bool(store.captured_kernels(kernel))
 
 
-def _verify_captured(verdict: Verdict, store: Store, device: Device, margin: float, *, named: bool) -> str | None:
+def _verify_captured(
+    verdict: Verdict, store: Store, device: Device, margin: float, *, named: bool
+) -> tuple[str | None, list[tuple[Config, Measurement]]]:
     """Re-measure a captured kernel's winner beside its first listed config, on inputs rebuilt
     from the recorded call; when its module is not named on the command line (``named``: stored
-    data never chooses a module to import) or does not import here, say so instead.
+    data never chooses a module to import), its recorded call is missing or not safe to replay
+    (not-measured), or its module does not import here (unknown-kernel), say so instead.
 
-    Returns the kernel's current version, or None where it could not be judged (unknown-kernel)."""
+    Returns the kernel's current version (None where it could not be judged) and this run's
+    measurements of the winner and the first listed config."""
     from tunesvc._capture import config_dict
     from tunesvc._capture import find_autotuner
     from tunesvc._capture import kernel_version
     from tunesvc._capture import measure_stored
 
     if not named:
-        verdict.flags.append(UNKNOWN)
-        verdict.detail = f"not re-measured: its module is imported only when named, --kernel {verdict.kernel}"
-        return None
+        verdict.flags.append(NOT_MEASURED)
+        verdict.detail = f"a captured kernel, re-measured on its recorded call when named: --kernel {verdict.kernel}"
+        return None, []
     try:
         tuner = find_autotuner(verdict.kernel)
     except TunesvcError as exc:
         verdict.flags.append(UNKNOWN)
         verdict.detail = f"not re-measured: {exc}"
-        return None
+        return None, []
     current = kernel_version(tuner.fn, tuner.configs)
     if verdict.version != current:
         verdict.flags.append(STALE_KERNEL)
         verdict.detail = (
             f"tuned for kernel version {verdict.version}, now {current} (source, configs or Triton changed)"
         )
-        return current
+        return current, []
     first = config_dict(tuner.configs[0])
     try:
         measured = measure_stored(store, verdict.kernel, verdict.shape_key, [verdict.config, first], device)
     except TunesvcError as exc:
-        verdict.flags.append(UNKNOWN)
+        verdict.flags.append(NOT_MEASURED)
         verdict.detail = f"not re-measured: {exc}"
-        return None
+        return None, []
     winner, theirs = measured
     verdict.measured_ms = winner.time_ms
     verdict.heuristic_ms = theirs.time_ms if theirs.ok else None
@@ -218,4 +289,4 @@ def _verify_captured(verdict: Verdict, store: Store, device: Device, margin: flo
     elif theirs.time_ms is not None and winner.time_ms is not None and theirs.time_ms < winner.time_ms * (1 - margin):
         verdict.flags.append(SLOWER)
         verdict.detail = f"first listed config {theirs.time_ms:.4g} ms < winner {winner.time_ms:.4g} ms"
-    return current
+    return current, [(verdict.config, winner), (first, theirs)]

@@ -553,7 +553,8 @@ class Store:
     def replace_measurements(self, measured: Sequence[tuple[int, Measurement]]) -> None:
         """Re-measurements of stored trials (finalists), in one transaction.
 
-        An OK measurement replaces the trial's time, spread and repetitions; a failed one its
+        An OK measurement replaces the trial's time, spread and repetitions (and makes a trial
+        that had failed an OK one: a re-measured key, `tune verify --retune`); a failed one its
         status and message, and drops its time, so that it can no longer win.
         """
         with self.session() as session:
@@ -563,6 +564,8 @@ class Store:
                     continue
                 if m.ok:
                     trial.time_ms, trial.spread, trial.reps = m.time_ms, m.spread, m.reps
+                    if trial.status != m.status.value:
+                        trial.status, trial.message = m.status.value, m.message
                 else:
                     trial.status, trial.time_ms, trial.message = m.status.value, None, m.message
 

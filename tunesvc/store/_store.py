@@ -1484,10 +1484,8 @@ def _check_regular_file(path: Path) -> None:
     FIFO waits for a writer forever, and a device or a socket is no database."""
     try:
         mode = path.stat().st_mode
-    except FileNotFoundError:
+    except OSError:  # not there, or a path the system refuses (a name too long): said where it is opened
         return
-    except OSError as exc:  # a name too long, a folder in the path that is a file, no permission
-        raise TunesvcError(f"Cannot read {path} ({exc.strerror or exc}); check the --db path.") from None
     if stat.S_ISDIR(mode):
         raise TunesvcError(f"{path} is a directory; pass a database file to --db.")
     if not stat.S_ISREG(mode):

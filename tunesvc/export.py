@@ -323,18 +323,12 @@ def _schemas() -> dict[str, Any]:
     from pydantic import StringConstraints
     from pydantic import TypeAdapter
 
-    from tunesvc.space import MAX_CHOICE_VALUE
-    from tunesvc.space import MAX_TEXT_CHOICE
+    # a config, a shape key and a time as the store's rows are checked (tunesvc.checks)
+    from tunesvc.schemas import Config
+    from tunesvc.schemas import Key
+    from tunesvc.schemas import Time
 
     Text = Annotated[str, StringConstraints(max_length=256)]
-    Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=64)]
-    Value = (
-        Annotated[int, Field(strict=True, ge=-MAX_CHOICE_VALUE, le=MAX_CHOICE_VALUE)]
-        | Annotated[str, StringConstraints(strict=True, max_length=MAX_TEXT_CHOICE)]
-    )
-    Config = Annotated[dict[Name, Value], Field(min_length=1)]
-    Key = Annotated[str, StringConstraints(min_length=1, max_length=512)]
-    Time = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
     class Strict(BaseModel):
         model_config = ConfigDict(strict=True, extra="ignore")

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from tunesvc.bench import Compiler
     from tunesvc.bench import Worker as MeasuringProcess
     from tunesvc.device import Device
-    from tunesvc.store.models import Job
+    from tunesvc.records import JobRecord
     from tunesvc.template import Problem
     from tunesvc.template import Template
 
@@ -149,35 +149,14 @@ def finish(store: Store, job_id: int, worker: str, status: str = "done", message
     return store.finish_job(job_id, worker, status, message)
 
 
-def jobs(store: Store, batch: str) -> list[Job]:
+def jobs(store: Store, batch: str) -> list[JobRecord]:
     return store.jobs(batch)
 
 
 def trials_stored(store: Store, template: Template, hardware_id: str, keys: list[str]) -> dict[str, int]:
     """Trials stored per shape key of ``keys`` for the template's current version on GPUs of
     ``hardware_id``: what a sweep's progress and its Ctrl-C summary count."""
-    from sqlalchemy import func
-    from sqlalchemy import select
-
-    from tunesvc.store.models import KernelVersion
-    from tunesvc.store.models import StoredDevice
-    from tunesvc.store.models import Trial
-
-    query = (
-        select(Trial.shape_key, func.count())
-        .join(KernelVersion, Trial.kernel_version_id == KernelVersion.id)
-        .join(StoredDevice, Trial.device_id == StoredDevice.id)
-        .where(
-            KernelVersion.kernel == template.name,
-            KernelVersion.version == template.version,
-            StoredDevice.hardware_id == hardware_id,
-            Trial.shape_key.in_(keys),
-        )
-        .group_by(Trial.shape_key)
-    )
-    with store.session() as session:
-        counts = {key: n for key, n in session.execute(query).all()}
-    return {key: counts.get(key, 0) for key in keys}
+    return store.trials_per_key(template.name, template.version, hardware_id, keys)
 
 
 class _Heartbeat:

@@ -1,12 +1,15 @@
 """Values that cross layers: a measurement and its status, made by the measurers
 (:mod:`tunesvc.bench`) and kept by the store (:mod:`tunesvc.store`), which does not import the
-measurers. Imports nothing of tunesvc's.
+measurers; and the records the store returns (rows as frozen values, as Optuna's storages
+return ``FrozenTrial``). Imports nothing of tunesvc's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 
 class Status(StrEnum):
@@ -31,3 +34,102 @@ class Measurement:
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
+
+
+# -- what the store returns (tunesvc.store): frozen values, never ORM rows ---------------------
+# Each has the field names of its table's columns (tunesvc.store.models), so code that read a row
+# reads its record unchanged; none is bound to a database session, and none can write one back.
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """A stored device: its fingerprint's fields (tunesvc.device.Device) and when it was first seen."""
+
+    id: int
+    fingerprint: str
+    hardware_id: str
+    kind: str
+    name: str
+    capability: str
+    sm_count: int
+    memory_bytes: int
+    max_shared_memory: int
+    max_num_regs: int
+    driver: str
+    cuda: str
+    torch: str
+    triton: str
+    first_seen: datetime
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One measured config of a key: its status, and its time where it ran correctly."""
+
+    id: int
+    sweep_id: int
+    kernel_version_id: int
+    device_id: int
+    shape_key: str
+    config: dict[str, Any]
+    config_hash: str
+    status: str
+    time_ms: float | None
+    spread: float | None = None
+    reps: int = 0
+    rel_error: float | None = None
+    message: str | None = None
+    #: None in the record :meth:`~tunesvc.store.BaseStore.add_trial` returns (the database sets it)
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class WinnerRecord:
+    """The fastest correct trial of one (kernel version, device, shape key), as the winners table keeps it."""
+
+    id: int
+    kernel_version_id: int
+    device_id: int
+    shape_key: str
+    config: dict[str, Any]
+    config_hash: str
+    time_ms: float
+    trial_id: int
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One (kernel, shape) of a sweep shared by several workers, and where it stands."""
+
+    id: int
+    batch: str
+    kernel: str
+    shape_key: str
+    problem: dict[str, Any]
+    strategy: str
+    budget: int | None
+    seed: int
+    status: str
+    worker: str | None
+    heartbeat: float | None
+    attempts: int
+    message: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class MissRecord:
+    """A shape key a captured kernel met untuned in mode lookup, with its first call's description."""
+
+    id: int
+    kernel: str
+    version: str
+    hardware_id: str
+    shape_key: str
+    call: dict[str, Any]
+    count: int
+    status: str
+    first_seen: datetime
+    last_seen: datetime

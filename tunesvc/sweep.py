@@ -53,9 +53,9 @@ from tunesvc.timeline import mark
 from tunesvc.tuning.selector_fit import untuned_answer
 
 if TYPE_CHECKING:
+    from tunesvc.records import TrialRecord as Trial
     from tunesvc.space import Config
     from tunesvc.store import Store
-    from tunesvc.store.models import Trial
     from tunesvc.template import Problem
 
 T = TypeVar("T")

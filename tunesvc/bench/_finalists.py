@@ -15,7 +15,7 @@ from tunesvc.bench._base import Measurer
 from tunesvc.bench._base import Status
 
 if TYPE_CHECKING:
-    from tunesvc.store.models import Trial
+    from tunesvc.records import TrialRecord as Trial
 
 #: rounds of the finalists' interleaved re-measurement
 FINALIST_ROUNDS = 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tunesvc.store._base import BaseStore
 from tunesvc.store._migrate import head_revision
 from tunesvc.store._store import DatabaseNotCreated
 from tunesvc.store._store import DatabaseUnavailable
@@ -15,6 +16,7 @@ from tunesvc.store._store import resolve_url
 from tunesvc.store._store import upgrade
 
 __all__ = [
+    "BaseStore",
     "DatabaseNotCreated",
     "DatabaseUnavailable",
     "History",

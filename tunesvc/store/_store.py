@@ -12,13 +12,16 @@ import re
 import shlex
 import shutil
 import socket
+import stat
 import time
+import warnings
 import zlib
 from collections.abc import Iterator
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from dataclasses import dataclass
+from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,15 +48,25 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.exc import InterfaceError
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import aliased
 from sqlalchemy.orm import sessionmaker
 
 from tunesvc import settings
+from tunesvc.checks import json_problem
+from tunesvc.checks import key_problem
+from tunesvc.checks import load_json
 from tunesvc.device import Device
 from tunesvc.errors import TunesvcError
+from tunesvc.records import DeviceRecord
+from tunesvc.records import JobRecord
+from tunesvc.records import MissRecord
+from tunesvc.records import TrialRecord
+from tunesvc.records import WinnerRecord
 from tunesvc.space import config_hash
 from tunesvc.store import _migrate
+from tunesvc.store._base import BaseStore
 from tunesvc.store.models import Job
 from tunesvc.store.models import KernelVersion
 from tunesvc.store.models import Miss
@@ -63,6 +76,7 @@ from tunesvc.store.models import Sweep
 from tunesvc.store.models import Trial
 from tunesvc.store.models import Winner
 from tunesvc.store.models import utcnow
+from tunesvc.text import visible
 
 if TYPE_CHECKING:
     from tunesvc.records import Measurement
@@ -150,8 +164,8 @@ class DatabaseNotCreated(TunesvcError):
     """A file with no tables yet, opened read-only: empty, or another process is creating them."""
 
 
-class Store:
-    """Database access for sweeps, the CLI and the runtime loader.
+class Store(BaseStore):
+    """The store over SQLAlchemy (the rules: :class:`BaseStore`), for sweeps, the CLI and the runtime loader.
 
     ``readonly=True`` opens a SQLite file without changing it in any way (not even its journal
     mode) and refuses a path with no database: inspection must never create or alter files.
@@ -183,10 +197,9 @@ class Store:
         self.readonly = readonly
         if self.is_sqlite and self.path not in (None, "", ":memory:"):
             path = Path(self.path)
+            _check_regular_file(path)  # before anything opens it: opening a FIFO waits for a writer
             if readonly and not path.exists():
                 raise TunesvcError(f"No database at {path}; run `tune sweep` first or pass --db.")
-            if path.is_dir():
-                raise TunesvcError(f"{path} is a directory; pass a database file to --db.")
             if not readonly and not path.parent.exists():
                 raise TunesvcError(f"Cannot create {path}: folder {path.parent} does not exist.")
             if path.exists():
@@ -196,12 +209,15 @@ class Store:
         try:
             # no pool_pre_ping (a round trip per transaction): a connection that died with its server
             # fails once, SQLAlchemy then drops the whole pool, and callers retry (tunesvc.jobs)
-            self.engine = create_engine(url)
+            # every JSON column decoded by load_json: a value nested too deep or too long reads as
+            # Unreadable (the row's check skips it) instead of raising while the query fetches
+            self.engine = create_engine(url, json_deserializer=load_json)
         except Exception as exc:  # a missing DBAPI driver, a malformed URL
             raise TunesvcError(f"Cannot use database '{self.url}': {exc}.") from None
         if self.is_sqlite:
             event.listen(self.engine, "connect", self._sqlite_pragmas)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._skipped: set[tuple[str, str, str]] = set()  # rows already warned about
         with self._errors():
             self._prepare_schema(upgrade)
         self._insert_new_trials = _insert_new_trials(
@@ -305,6 +321,20 @@ class Store:
         """The database as messages name it: a SQLite file's path, else its URL without the password."""
         return self._where()
 
+    def _skip(self, what: str, kernel: str, key: str, why: str) -> None:
+        """One warning for a row that fails its check (:mod:`tunesvc.checks`), which is then left
+        out of what a reader returns: a damaged row never breaks a query, nor a user's program."""
+        if (what, kernel, key) in self._skipped:
+            return
+        self._skipped.add((what, kernel, key))
+        shown = visible(key if len(key) <= 120 else key[:120] + "...")
+        warnings.warn(
+            f"tunesvc: skipped {what} of {visible(kernel)[:200]} for key '{shown}' in {self._where()}: "
+            f"{why}; re-tune the key or restore the database from a copy.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
     @contextmanager
     def _errors(self) -> Iterator[None]:
         """Turn the database's own failures into one line that says what to do."""
@@ -344,6 +374,12 @@ class Store:
             if "disk I/O error" in text:
                 raise TunesvcError(
                     f"Reading or writing {where} failed (disk I/O error); check the disk and its free space."
+                ) from None
+            missing = _missing_schema(exc, text)
+            if missing is not None:
+                raise TunesvcError(
+                    f"{where} lacks {missing} that tunesvc needs (tables renamed or dropped by hand?); "
+                    "restore it from a copy, or pass another --db."
                 ) from None
             if self.is_sqlite and not isinstance(exc, IntegrityError):
                 raise TunesvcError(
@@ -440,14 +476,22 @@ class Store:
             )
             return set(session.scalars(query))
 
-    def trials(self, kv_id: int, device_id: int, shape_key: str) -> list[Trial]:
+    def trials(self, kv_id: int, device_id: int, shape_key: str) -> list[TrialRecord]:
         with self.session() as session:
             query = (
                 select(Trial)
                 .where(Trial.kernel_version_id == kv_id, Trial.device_id == device_id, Trial.shape_key == shape_key)
                 .order_by(Trial.id)
             )
-            return list(session.scalars(query))
+            rows = list(session.scalars(query))
+        out = []
+        for row in rows:
+            why = key_problem(row.shape_key) or _config_problem(row.config)
+            if why is not None:
+                self._skip(f"trial {row.id}", f"kernel version {kv_id}", row.shape_key, why)
+                continue
+            out.append(_record(TrialRecord, row))
+        return out
 
     def add_trial(
         self,
@@ -458,18 +502,18 @@ class Store:
         config: Config,
         config_hash: str,
         m: Measurement,
-    ) -> Trial | None:
+    ) -> TrialRecord | None:
         """Store one measurement; None if another writer stored the same config first."""
         [new] = self.add_trials(sweep_id, kv_id, device_id, shape_key, [(config, config_hash, m)])
         if new is None:
             return None
-        return Trial(
+        return TrialRecord(
             id=new,
             sweep_id=sweep_id,
             kernel_version_id=kv_id,
             device_id=device_id,
             shape_key=shape_key,
-            config=config,
+            config=dict(config),
             config_hash=config_hash,
             status=m.status.value,
             time_ms=m.time_ms,
@@ -545,6 +589,15 @@ class Store:
             .where(Trial.kernel_version_id == kv_id, Trial.device_id == device_id, Trial.shape_key == shape_key)
         )
 
+    def trials_per_key(self, kernel: str, version: str, hardware_id: str, keys: Sequence[str]) -> dict[str, int]:
+        """Trials stored per shape key of ``keys`` (0 for none) of one kernel version on every
+        software stack of one device model: what a shared sweep's progress counts."""
+        query = self._trials_of(kernel, version, hardware_id, Trial.shape_key, func.count())
+        query = query.where(Trial.shape_key.in_(list(keys))).group_by(Trial.shape_key)
+        with self.session() as session:
+            counts = {key: n for key, n in session.execute(query).all()}
+        return {key: counts.get(key, 0) for key in keys}
+
     def trial_count(self, kv_id: int, device_id: int, shape_key: str) -> int:
         """Trials stored for one key, by every writer (what a sweep's budget counts)."""
         with self._errors(), self.engine.connect() as connection:
@@ -569,7 +622,7 @@ class Store:
                 else:
                     trial.status, trial.time_ms, trial.message = m.status.value, None, m.message
 
-    def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> Winner | None:
+    def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> WinnerRecord | None:
         """Make the fastest correct trial of this key the winner (or none, if none is correct).
 
         One INSERT ... SELECT ... ON CONFLICT DO UPDATE (SQLite, PostgreSQL): choosing the best
@@ -605,13 +658,14 @@ class Store:
         with self.session() as session:
             session.execute(_winner_upsert(statement, replace_own_trial=True))
         with self.session() as session:
-            return session.scalar(
+            row = session.scalar(
                 select(Winner).where(
                     Winner.kernel_version_id == kv_id, Winner.device_id == device_id, Winner.shape_key == shape_key
                 )
             )
+            return _record(WinnerRecord, row) if row is not None else None
 
-    def _update_winner_by_select(self, kv_id: int, device_id: int, shape_key: str) -> Winner | None:
+    def _update_winner_by_select(self, kv_id: int, device_id: int, shape_key: str) -> WinnerRecord | None:
         """update_winner for a dialect without ON CONFLICT: select, then insert or update."""
         with self.session() as session:
             best = session.scalar(
@@ -638,7 +692,7 @@ class Store:
             winner.config, winner.config_hash = best.config, best.config_hash
             winner.time_ms, winner.trial_id = best.time_ms, best.id
             session.flush()
-            return winner
+            return _record(WinnerRecord, winner)
 
     # -- reading ------------------------------------------------------------------------
     def winners(
@@ -668,19 +722,7 @@ class Store:
             if shape is not None:
                 query = query.where(func.lower(Winner.shape_key).contains(shape.lower(), autoescape=True))
             query = query.order_by(KernelVersion.kernel, StoredDevice.name, Winner.shape_key, Winner.updated_at)
-            return [
-                WinnerEntry(
-                    kernel=w.kernel_version.kernel,
-                    kernel_version=w.kernel_version.version,
-                    device=w.device.name,
-                    hardware_id=w.device.hardware_id,
-                    shape_key=w.shape_key,
-                    config=dict(w.config),
-                    time_ms=w.time_ms,
-                    updated_at=w.updated_at,
-                )
-                for w in session.scalars(query).unique()
-            ]
+            return [_winner_entry(w) for w in session.scalars(query).unique() if self._usable_winner(w)]
 
     def sibling_winners(self, kernel: str, version: str, device: Device) -> list[WinnerEntry]:
         """The winners of ``kernel`` at ``version`` on the GPU models that share ``device``'s compute
@@ -718,11 +760,19 @@ class Store:
                     updated_at=w.updated_at,
                 )
                 for w in session.scalars(query).unique()
+                if self._usable_winner(w)
             ]
 
-    def devices(self) -> list[StoredDevice]:
+    def _usable_winner(self, w: Winner) -> bool:
+        why = _winner_problem(w.shape_key, w.config, w.time_ms)
+        if why is not None:
+            self._skip("the winner", w.kernel_version.kernel, w.shape_key, why)
+        return why is None
+
+    def devices(self) -> list[DeviceRecord]:
+        """Every stored device, oldest first (a hardware id's later rows are newer software stacks)."""
         with self.session() as session:
-            return list(session.scalars(select(StoredDevice).order_by(StoredDevice.id)))
+            return [_record(DeviceRecord, d) for d in session.scalars(select(StoredDevice).order_by(StoredDevice.id))]
 
     def find_device(self, text: str) -> Device:
         """The newest stored device whose hardware id or name is ``text``."""
@@ -787,16 +837,39 @@ class Store:
                 Sweep.started_at,
                 Sweep.peer_ms if has_peer else null().label("peer_ms"),
             ).order_by(Sweep.id)
-            return History(
-                kernel_versions={
-                    kv.id: kv
-                    for kv in session.execute(select(KernelVersion.id, KernelVersion.kernel, KernelVersion.version))
-                },
-                devices={d.id: d for d in session.execute(select(*device_columns))},
-                trials=list(session.execute(trials).all()),
-                winners={(w.kernel_version_id, w.device_id, w.shape_key): w for w in session.execute(winners)},
-                sweeps=list(session.execute(sweeps).all()),
-            )
+            kernel_versions = {
+                kv.id: kv
+                for kv in session.execute(select(KernelVersion.id, KernelVersion.kernel, KernelVersion.version))
+            }
+            devices = {d.id: d for d in session.execute(select(*device_columns))}
+            trial_rows = session.execute(trials).all()
+            winner_rows = session.execute(winners).all()
+            sweep_rows = session.execute(sweeps).all()
+
+        def kernel_of(row: Any) -> str:
+            kv = kernel_versions.get(row.kernel_version_id)
+            return kv.kernel if kv is not None else f"kernel version {row.kernel_version_id}"
+
+        def usable(what: str, row: Any, why: str | None) -> bool:
+            if why is not None:
+                self._skip(what, kernel_of(row), row.shape_key, why)
+            return why is None
+
+        return History(
+            kernel_versions=kernel_versions,
+            devices=devices,
+            trials=[t for t in trial_rows if usable("trials", t, key_problem(t.shape_key))],
+            winners={
+                (w.kernel_version_id, w.device_id, w.shape_key): w
+                for w in winner_rows
+                if usable("the winner", w, _winner_problem(w.shape_key, w.config, w.time_ms))
+            },
+            sweeps=[
+                s
+                for s in sweep_rows
+                if usable("a sweep", s, key_problem(s.shape_key) or json_problem(s.problem, "recorded problem"))
+            ],
+        )
 
     # -- merging winners measured elsewhere (`tune import`) and re-checking them (`tune verify`) --
     def winners_with_devices(
@@ -811,20 +884,9 @@ class Store:
                 query = query.where(StoredDevice.hardware_id == hardware_id)
             query = query.order_by(KernelVersion.kernel, Winner.shape_key, Winner.updated_at)
             return [
-                (
-                    WinnerEntry(
-                        kernel=w.kernel_version.kernel,
-                        kernel_version=w.kernel_version.version,
-                        device=w.device.name,
-                        hardware_id=w.device.hardware_id,
-                        shape_key=w.shape_key,
-                        config=dict(w.config),
-                        time_ms=w.time_ms,
-                        updated_at=w.updated_at,
-                    ),
-                    Device(**{f: getattr(w.device, f) for f in Device.__dataclass_fields__}),
-                )
+                (_winner_entry(w), Device(**{f: getattr(w.device, f) for f in Device.__dataclass_fields__}))
                 for w in session.scalars(query).unique()
+                if self._usable_winner(w)
             ]
 
     def merge_winner(
@@ -995,18 +1057,27 @@ class Store:
             .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders no locking clause
             .scalar_subquery()
         )
-        with self.session() as session:
-            claimed = session.execute(
-                update(Job)
-                .where(Job.id == pending, Job.status == "pending")
-                .values(status="running", worker=worker, heartbeat=time.time(), attempts=Job.attempts + 1)
-                .execution_options(synchronize_session=False)
-            ).rowcount  # type: ignore[attr-defined]
-            if not claimed:
-                return None
-            job = session.scalar(select(Job).where(Job.batch == batch, Job.worker == worker, Job.status == "running"))
-            assert job is not None  # the row this transaction has just claimed
-            return JobSpec(job.id, job.kernel, job.shape_key, dict(job.problem), job.strategy, job.budget, job.seed)
+        while True:
+            with self.session() as session:
+                claimed = session.execute(
+                    update(Job)
+                    .where(Job.id == pending, Job.status == "pending")
+                    .values(status="running", worker=worker, heartbeat=time.time(), attempts=Job.attempts + 1)
+                    .execution_options(synchronize_session=False)
+                ).rowcount  # type: ignore[attr-defined]
+                if not claimed:
+                    return None
+                job = session.scalar(
+                    select(Job).where(Job.batch == batch, Job.worker == worker, Job.status == "running")
+                )
+                assert job is not None  # the row this transaction has just claimed
+                why = key_problem(job.shape_key) or json_problem(job.problem, "problem")
+                if why is None:
+                    return JobSpec(
+                        job.id, job.kernel, job.shape_key, dict(job.problem), job.strategy, job.budget, job.seed
+                    )
+                job.status, job.message, job.finished_at = "failed", f"unreadable job: {why}"[:1024], utcnow()
+            self._skip("the job", job.kernel, job.shape_key, why)  # failed, and the next one claimed
 
     def peek_job(self, batch: str, offset: int = 0) -> JobSpec | None:
         """The batch's pending job ``offset`` places down the queue (the last one if fewer are
@@ -1016,8 +1087,8 @@ class Store:
             job = session.scalar(pending.order_by(Job.id).offset(offset).limit(1)) or session.scalar(
                 pending.order_by(Job.id.desc()).limit(1)
             )
-            if job is None:
-                return None
+            if job is None or key_problem(job.shape_key) or json_problem(job.problem, "problem"):
+                return None  # a damaged job: claim_job fails it, saying why
             return JobSpec(job.id, job.kernel, job.shape_key, dict(job.problem), job.strategy, job.budget, job.seed)
 
     def job_heartbeat(self, job_id: int, worker: str) -> bool:
@@ -1041,10 +1112,18 @@ class Store:
             )
             return result.rowcount == 1  # type: ignore[attr-defined]
 
-    def jobs(self, batch: str) -> list[Job]:
-        """The batch's jobs, in the order they were queued."""
+    def jobs(self, batch: str) -> list[JobRecord]:
+        """The batch's jobs, in the order they were queued (a damaged one left out, with a warning)."""
         with self.session() as session:
-            return list(session.scalars(select(Job).where(Job.batch == batch).order_by(Job.id)))
+            rows = list(session.scalars(select(Job).where(Job.batch == batch).order_by(Job.id)))
+        out = []
+        for row in rows:
+            why = key_problem(row.shape_key) or json_problem(row.problem, "problem")
+            if why is not None:
+                self._skip("the job", row.kernel, row.shape_key, why)
+                continue
+            out.append(_record(JobRecord, row))
+        return out
 
     # -- keys that captured kernels met untuned in mode lookup (tunesvc.capture) -------------
     def record_miss(self, template: Template, device: Device, shape_key: str, call: dict[str, Any]) -> None:
@@ -1080,8 +1159,8 @@ class Store:
 
     def misses(
         self, kernel: str | None = None, hardware_id: str | None = None, status: str | None = None
-    ) -> list[Miss]:
-        """Recorded misses (detached rows), most frequent first."""
+    ) -> list[MissRecord]:
+        """Recorded misses, most frequent first."""
         with self.session() as session:
             query = select(Miss)
             if kernel is not None:
@@ -1090,7 +1169,15 @@ class Store:
                 query = query.where(Miss.hardware_id == hardware_id)
             if status is not None:
                 query = query.where(Miss.status == status)
-            return list(session.scalars(query.order_by(Miss.count.desc(), Miss.kernel, Miss.shape_key)))
+            rows = list(session.scalars(query.order_by(Miss.count.desc(), Miss.kernel, Miss.shape_key)))
+        out = []
+        for row in rows:
+            why = key_problem(row.shape_key) or json_problem(row.call, "recorded call")
+            if why is not None:
+                self._skip("the miss", row.kernel, row.shape_key, why)
+                continue
+            out.append(_record(MissRecord, row))
+        return out
 
     def captured_call(self, kernel: str, shape_key: str, hardware_id: str) -> dict[str, Any] | None:
         """The call description a captured kernel's newest sweep of this key recorded (None: none)."""
@@ -1108,7 +1195,11 @@ class Store:
                 .order_by(Sweep.id.desc())
                 .limit(1)
             )
-            return dict(row) if row and row.get("grids") else None
+        why = json_problem(row, "recorded call") if row is not None else None
+        if why is not None:
+            self._skip("the recorded call", kernel, shape_key, why)
+            return None
+        return dict(row) if row and row.get("grids") else None
 
     def captured_kernels(self, kernel: str | None = None) -> list[str]:
         """Names (module:qualname) of kernels that tunesvc.capture tuned into this database."""
@@ -1140,6 +1231,10 @@ class Store:
         out: dict[str, dict[str, float | None]] = {}
         with self.session() as session:
             for key, digest, status, time_ms in session.execute(query):
+                why = key_problem(key)
+                if why is not None:
+                    self._skip("trials", kernel, key, why)
+                    continue
                 out.setdefault(key, {})[digest] = time_ms if status == "ok" else None
         return out
 
@@ -1148,8 +1243,16 @@ class Store:
         this device model stored."""
         query = self._trials_of(kernel, version, hardware_id, Trial.config_hash, Trial.config)
         query = query.where(Trial.config_hash.in_(sorted(hashes)))
+        query = query.add_columns(Trial.shape_key)
+        out = {}
         with self.session() as session:
-            return {digest: dict(config) for digest, config in session.execute(query)}
+            for digest, config, key in session.execute(query):
+                why = _config_problem(config)
+                if why is not None:
+                    self._skip("a trial", kernel, key, why)
+                    continue
+                out[digest] = dict(config)
+        return out
 
     @staticmethod
     def _trials_of(kernel: str, version: str, hardware_id: str, *columns: Any) -> Any:
@@ -1224,10 +1327,50 @@ class Store:
                     StoredSelector.hardware_id == hardware_id,
                 )
             )
-            return dict(found) if found is not None else None
+        if found is None:
+            return None
+        why = json_problem(found, "selector")
+        if why is not None:
+            self._skip("the selector", kernel, f"{version} on {hardware_id}", why)
+            return None
+        return dict(found)
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _winner_problem(key: Any, config: Any, time_ms: Any) -> str | None:
+    from tunesvc.schemas import winner_problem  # pydantic, imported once a row is checked
+
+    return winner_problem(key, config, time_ms)
+
+
+def _config_problem(config: Any) -> str | None:
+    from tunesvc.schemas import config_problem
+
+    return config_problem(config)
+
+
+def _record(cls: Any, row: Any) -> Any:
+    """``row`` (an ORM row) as the record ``cls``, field by field; its JSON copied, never shared."""
+    values = {f.name: getattr(row, f.name) for f in fields(cls)}
+    for name in ("config", "problem", "call"):
+        if isinstance(values.get(name), dict):
+            values[name] = dict(values[name])
+    return cls(**values)
+
+
+def _winner_entry(w: Winner) -> WinnerEntry:
+    return WinnerEntry(
+        kernel=w.kernel_version.kernel,
+        kernel_version=w.kernel_version.version,
+        device=w.device.name,
+        hardware_id=w.device.hardware_id,
+        shape_key=w.shape_key,
+        config=dict(w.config),
+        time_ms=w.time_ms,
+        updated_at=w.updated_at,
+    )
 
 
 def _dialect_insert(dialect):
@@ -1368,6 +1511,51 @@ def _check_sqlite_file(path: Path) -> None:
             f"{path} is damaged (truncated: {size} bytes, its header records {pages} pages of {page_size}); "
             "restore it from a copy or pass another --db."
         )
+
+
+_FILE_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _check_regular_file(path: Path) -> None:
+    """Refuse a path that is there but is not a regular file (a link to one is one): opening a
+    FIFO waits for a writer forever, and a device or a socket is no database."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # not there, or a path the system refuses (a name too long): said where it is opened
+        return
+    if stat.S_ISDIR(mode):
+        raise TunesvcError(f"{path} is a directory; pass a database file to --db.")
+    if not stat.S_ISREG(mode):
+        kind = _FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise TunesvcError(f"{path} is {kind}, not a database file; pass a database file to --db.")
+
+
+_UNDEFINED = re.compile(
+    r'no such (table|column): (\S+)|relation "([^"]+)" does not exist|column "?([^" ]+)"? (?:of relation "([^"]+)" )?does not exist'
+)
+
+
+def _missing_schema(exc: DBAPIError, text: str) -> str | None:
+    """The table or column (``table X``, ``column Y``) that a statement names and the database
+    lacks (SQLite's OperationalError, PostgreSQL's ProgrammingError of SQLSTATE 42P01 or 42703)."""
+    if not isinstance(exc, (OperationalError, ProgrammingError)):
+        return None
+    code = getattr(exc.orig, "sqlstate", None)
+    if code is not None and code not in ("42P01", "42703"):
+        return None
+    found = _UNDEFINED.search(text)
+    if found is None:
+        return None
+    if found.group(1):
+        return f"{found.group(1)} {found.group(2)}"
+    if found.group(3):
+        return f"table {found.group(3)}"
+    return f"column {found.group(5) + '.' if found.group(5) else ''}{found.group(4)}"
 
 
 def _hide_password(url: str) -> str:

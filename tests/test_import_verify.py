@@ -192,3 +192,30 @@ def test_verify_flags_stale_entries_and_retunes_them(source_db, tmp_db, template
 def test_verify_rejects_bad_options(source_db):
     result = CliRunner().invoke(app, ["verify", "--db", source_db, "--margin", "-1"])
     assert result.exit_code == 1 and "--margin must be at least 0" in result.output
+
+
+def test_reimporting_the_examples_own_bundle_replaces_nothing(tmp_path):
+    """A bundle keeps times to 6 decimals: the example's winners exported and imported back are
+    the same winners, kept, not "replaced" by their own rounded times."""
+    from pathlib import Path
+
+    db = tmp_path / "example.db"
+    shutil.copy(Path(__file__).parents[1] / "tune.db.example", db)
+    out = tmp_path / "bundles"
+    assert CliRunner().invoke(app, ["export", "--db", str(db), "--out", str(out)]).exit_code == 0
+    [bundle] = sorted(out.glob("*.json"))
+    before = _winners(str(db))
+    result = CliRunner().invoke(app, ["import", str(bundle), "--db", str(db), "--json"])
+    assert result.exit_code == 0, result.output
+    actions = [c["action"] for c in json.loads(result.output)["winners"]]
+    assert len(actions) > 50 and set(actions) == {"kept"}
+    assert _winners(str(db)) == before
+    # a time faster than the stored one at a bundle's precision still replaces it
+    data = json.loads(bundle.read_text())
+    section = data["kernels"]["matmul"]
+    key = sorted(section["winners"])[0]
+    section["winners"][key]["time_ms"] = round(section["winners"][key]["time_ms"] - 1e-6, 6)
+    bundle.write_text(json.dumps(data))
+    result = CliRunner().invoke(app, ["import", str(bundle), "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "0 added, 1 replaced," in result.output

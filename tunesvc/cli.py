@@ -436,7 +436,7 @@ def sweep(
     gpus: Annotated[
         str | None,
         typer.Option(
-            help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index); each worker applies --budget, --time-budget, --patience and --workers to every shape it takes. The same command on other hosts with the same --db joins the sweep."
+            help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index, at most one per CPU core), never more workers than shape keys; each worker applies --budget, --time-budget, --patience and --workers to every shape it takes. The same command on other hosts with the same --db joins the sweep."
         ),
     ] = None,
     ray: Annotated[
@@ -653,7 +653,8 @@ def _sweep_on_workers(
     connected = False
     if ray_address is None:
         # device_count() asks NVML: CUDA stays uninitialised here, so the workers are forked from this process
-        slots = jobs.worker_slots(gpus or "all", torch.cuda.device_count())
+        shape_keys = len(dict.fromkeys(str(template.key(p)) for p in problems))  # one job per key
+        slots = jobs.worker_slots(gpus or "all", torch.cuda.device_count(), jobs=shape_keys)
         # started first: they read their devices while this process opens the database and queues the jobs
         processes = jobs.spawn_workers(
             resolve_url(db),

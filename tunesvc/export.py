@@ -443,9 +443,9 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
     for source, winners, selectors in incoming:
         for kernel, version, device, key, config, time_ms in winners:
             where = (kernel, version, device.hardware_id, key)
-            stored = best.get(where)
-            if stored is not None and not time_ms < round(stored, TIME_DECIMALS):
-                action, stored_ms = "kept", stored  # as fast as stored, at the precision a bundle keeps
+            stored_ms: float | None = best.get(where)
+            if stored_ms is not None and not time_ms < round(stored_ms, TIME_DECIMALS):
+                action = "kept"  # as fast as stored, at the precision a bundle keeps
             else:
                 action, stored_ms = store.merge_winner(kernel, version, device, key, config, time_ms, source)
                 if action != "kept":

@@ -13,15 +13,12 @@ Minimum bytes = 2 * numel * element size (x read once, y written once).
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from tunesvc.device import Device
 from tunesvc.launch import direct_launch
 from tunesvc.ops import config_arg
 from tunesvc.ops import config_of
@@ -29,15 +26,13 @@ from tunesvc.ops import kernel_op
 from tunesvc.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
-from tunesvc.template import Cost
-from tunesvc.template import Problem
-from tunesvc.template import ShapeKey
-from tunesvc.template import Template
-from tunesvc.template import pow2_bucket
+
+# the template (torch-free, in tunesvc.templates) and its names, importable from here as before
+from tunesvc.templates.dropout import SWEEP_P as SWEEP_P
+from tunesvc.templates.dropout import TEMPLATE as TEMPLATE
+from tunesvc.templates.dropout import DropoutTemplate as DropoutTemplate
 
 #: the drop probability that sweeps measure with; speed does not depend on it
-SWEEP_P = 0.1
-
 #: largest block the space offers: offsets switch to int64 before a block could overflow int32
 _MAX_BLOCK = 1 << 16
 
@@ -130,66 +125,6 @@ def keep_mask(numel: int, p: float, seed: int, device: torch.device | str) -> to
     grid = (triton.cdiv(numel, block),)
     _keep_mask_kernel[grid](keep, numel, seed, p, BLOCK=block, INT64_OFFSETS=_int64_offsets(numel))
     return keep.bool()
-
-
-class DropoutTemplate(Template):
-    """Dropout over a flattened tensor; the backward is this same kernel applied to the gradient
-    (the mask regenerated from the seed), so it shares this template and its tuned configs."""
-
-    name = "dropout"
-    dims = ("numel",)
-    kernel_sources = (_uniform, _uniform_lanes, _dropout_kernel, launch_dropout)
-    presets = {
-        # the row-wise kernels' LLM activation shapes (4096x4096, 16384x8192, 32768x1024), flattened
-        "llm": [{"numel": 4096 * 4096}, {"numel": 16384 * 8192}, {"numel": 32768 * 1024}],
-        # small and odd on purpose: runs in the CPU interpreter in seconds
-        "tiny": [{"numel": 37 * 45}, {"numel": 999}],
-    }
-
-    # Triton tutorial 04's block (1024 elements, default 4 warps), and the heuristic's block in
-    # the other layout, so that a short search measures both layouts
-    known_good = (
-        {"BLOCK": 1024, "LANES_2D": 0, "num_warps": 4},
-        {"BLOCK": 4096, "LANES_2D": 1, "num_warps": 8},
-    )
-
-    def key(self, problem: Problem) -> ShapeKey:
-        # the element count varies with batch and tokens; powers of two share configs
-        return ShapeKey.make({"numel": pow2_bucket(problem["numel"])}, {"dtype": problem["dtype"]})
-
-    def make_inputs(self, problem: Problem, device: Device) -> tuple[torch.Tensor, float, int]:
-        where = "cuda" if device.is_gpu else "cpu"
-        x = torch.randn(problem["numel"], device=where, dtype=getattr(torch, problem["dtype"]))
-        return x, SWEEP_P, random.randrange(2**31)
-
-    def launch(self, inputs: tuple[torch.Tensor, float, int], config: Config) -> torch.Tensor:
-        return launch_dropout(*inputs, config)
-
-    def reference(self, inputs: tuple[torch.Tensor, float, int]) -> torch.Tensor:
-        # Philox's stream cannot be drawn in torch; the mask comes from a separate fixed-config
-        # kernel, so a config that skips, repeats or shifts elements still fails the check
-        x, p, seed = inputs
-        keep = keep_mask(x.numel(), p, seed, x.device).view(x.shape)
-        return torch.where(keep, x.double() / (1.0 - p), 0.0)
-
-    peer_name = "torch F.dropout"
-
-    def peer(self, inputs: tuple[torch.Tensor, float, int]) -> Callable[[], torch.Tensor]:
-        x, p, _ = inputs
-        return lambda: torch.nn.functional.dropout(x, p, training=True)
-
-    def heuristic(self, problem: Problem, device: Device) -> Config:
-        config: Config = {"BLOCK": 4096, "LANES_2D": 0, "num_warps": 8}
-        if self.violations(config, problem, device):
-            config = self.feasible(problem, device)[0]
-        return config
-
-    def cost(self, problem: Problem) -> Cost:
-        size = getattr(torch, problem["dtype"]).itemsize
-        return Cost(flops=float(problem["numel"]), bytes=float(2 * problem["numel"] * size))
-
-
-TEMPLATE = DropoutTemplate()
 
 
 def _dropout(x: torch.Tensor, p: float, seed: int, config: str) -> torch.Tensor:

@@ -16,18 +16,15 @@ w, dw and rstd).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from tunesvc.device import Device
-from tunesvc.kernels.layernorm import RowNormTemplate
 from tunesvc.kernels.layernorm import as_rows
 from tunesvc.kernels.layernorm import check_norm_args
-from tunesvc.kernels.layernorm import column_sum_kernel
+from tunesvc.kernels.layernorm import column_sum_kernel as column_sum_kernel  # hashed in rmsnorm_bwd's version
 from tunesvc.kernels.layernorm import launch_column_sum
 from tunesvc.kernels.layernorm import split_config
 from tunesvc.launch import direct_launch
@@ -35,8 +32,12 @@ from tunesvc.ops import kernel_op
 from tunesvc.ops import replayed
 from tunesvc.runtime import default_runtime
 from tunesvc.space import Config
-from tunesvc.template import Cost
-from tunesvc.template import Problem
+
+# the template (torch-free, in tunesvc.templates) and its names, importable from here as before
+from tunesvc.templates.rmsnorm import BWD_TEMPLATE as BWD_TEMPLATE
+from tunesvc.templates.rmsnorm import TEMPLATE as TEMPLATE
+from tunesvc.templates.rmsnorm import RMSNormBwdTemplate as RMSNormBwdTemplate
+from tunesvc.templates.rmsnorm import RMSNormTemplate as RMSNormTemplate
 
 
 @triton.jit
@@ -135,93 +136,6 @@ def launch_rmsnorm_bwd(
 # a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
 _rmsnorm_fwd_kernel = direct_launch(_rmsnorm_fwd_kernel)
 _rmsnorm_bwd_kernel = direct_launch(_rmsnorm_bwd_kernel)
-
-
-class RMSNormTemplate(RowNormTemplate):
-    name = "rmsnorm"
-    kernel_sources = (_rmsnorm_fwd_kernel, launch_rmsnorm)
-
-    def make_inputs(self, problem: Problem, device: Device) -> tuple[torch.Tensor, ...]:
-        M, N = problem["M"], problem["N"]
-        x = self._tensor(problem, device, M, N, scale=2.0, shift=0.5)
-        w = self._tensor(problem, device, N, shift=1.0)
-        return x, w
-
-    def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
-        x, w = inputs
-        return launch_rmsnorm(x, w, 1e-6, config)[0]
-
-    def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        x, w = (t.float() for t in inputs)
-        return torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6)
-
-    peer_name = "torch F.rms_norm"
-
-    def peer(self, inputs: tuple[torch.Tensor, ...]) -> Callable[[], torch.Tensor] | None:
-        if not hasattr(torch.nn.functional, "rms_norm"):  # torch < 2.4 has no fused eager op to compare with
-            return None
-        x, w = inputs
-        return lambda: torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6)
-
-    def heuristic(self, problem: Problem, device: Device) -> Config:
-        return self.forward_heuristic(problem, device)
-
-    def cost(self, problem: Problem) -> Cost:
-        M, N = problem["M"], problem["N"]
-        elem = getattr(torch, problem["dtype"]).itemsize
-        return Cost(flops=4.0 * M * N, bytes=float((2 * M * N + N) * elem))
-
-
-class RMSNormBwdTemplate(RowNormTemplate):
-    name = "rmsnorm_bwd"
-    kernel_sources = (_rmsnorm_bwd_kernel, column_sum_kernel, launch_rmsnorm_bwd, launch_column_sum)
-
-    def make_inputs(self, problem: Problem, device: Device) -> tuple[torch.Tensor, ...]:
-        M, N = problem["M"], problem["N"]
-        x = self._tensor(problem, device, M, N, scale=2.0, shift=0.5)
-        w = self._tensor(problem, device, N, shift=1.0)
-        dy = self._tensor(problem, device, M, N)
-        # the statistic the forward would have saved, from the same (rounded) x
-        rstd = torch.rsqrt(x.float().square().mean(dim=1) + 1e-6)
-        return x, w, dy, rstd
-
-    def launch(self, inputs: tuple[torch.Tensor, ...], config: Config) -> torch.Tensor:
-        """dx and dw back to back in one flat buffer, so that one relative error covers both."""
-        x, w, dy, rstd = inputs
-        out = torch.empty(x.numel() + x.shape[1], device=x.device, dtype=x.dtype)
-        launch_rmsnorm_bwd(x, w, dy, rstd, config, out=out)
-        return out
-
-    def reference(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        x, w, dy = (t.double() for t in inputs[:3])
-        x.requires_grad_(True)
-        w.requires_grad_(True)
-        dx, dw = torch.autograd.grad(torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6), (x, w), dy)
-        return torch.cat([dx.flatten(), dw])
-
-    peer_name = "torch F.rms_norm backward (autograd)"
-
-    def peer(self, inputs: tuple[torch.Tensor, ...]) -> Callable[[], tuple[torch.Tensor, ...]] | None:
-        """dx, dw by autograd, the forward run once here: only the backward is timed."""
-        if not hasattr(torch.nn.functional, "rms_norm"):  # torch < 2.4
-            return None
-        x, w, dy = inputs[:3]
-        leaves = tuple(t.detach().requires_grad_() for t in (x, w))
-        with torch.enable_grad():
-            y = torch.nn.functional.rms_norm(leaves[0], (x.shape[1],), leaves[1], 1e-6)
-        return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)
-
-    def heuristic(self, problem: Problem, device: Device) -> Config:
-        return self.backward_heuristic(problem, device)
-
-    def cost(self, problem: Problem) -> Cost:
-        M, N = problem["M"], problem["N"]
-        elem = getattr(torch, problem["dtype"]).itemsize
-        return Cost(flops=9.0 * M * N, bytes=float((3 * M * N + 2 * N) * elem + 4 * M))
-
-
-TEMPLATE = RMSNormTemplate()
-BWD_TEMPLATE = RMSNormBwdTemplate()
 
 
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -435,6 +435,13 @@ def test_the_tools_see_captured_kernels_and_a_bundle_serves_them_without_a_datab
     assert json.loads(exact.output)["source"] == "exact"
     near = runner.invoke(app, ["lookup", "mykernels:scale_add", "--shape", key.replace("333", "300"), "--db", tmp_db])
     assert near.exit_code == 0 and "nearest" in near.output
+    partial = runner.invoke(app, ["lookup", "mykernels:scale_add", "--shape", "n=333", "--db", tmp_db])
+    assert partial.exit_code == 1 and "config  -" not in partial.output
+    assert "is not a whole key of mykernels:scale_add: its stored keys name n, x_ptr.dtype," in partial.output
+    other = runner.invoke(
+        app, ["lookup", "mykernels:scale_add", "--shape", key.replace("float32", "float16"), "--db", tmp_db]
+    )
+    assert other.exit_code == 0 and "config  -" not in other.output and "first config" in other.output
     # verify says when the module does not import, and re-measures once it does
     _elsewhere(tmp_path, monkeypatch)
     unnamed = runner.invoke(app, ["verify", "--db", tmp_db, "--json"])

@@ -103,6 +103,32 @@ def test_show_keeps_every_current_shape_key_whole(width):
     assert f"{len(current) + len(older)} winners;" in every.stdout
 
 
+def test_show_orders_shape_keys_by_their_numbers():
+    """M=1, 16, 128, 1024 (by value), not M=1, 1024, 128, 16 (as text)."""
+    result = invoke("show", "--db", str(EXAMPLE), "--kernel", "matmul", "--shape", "N=4096,K=4096,", width=200)
+    assert result.exit_code == 0, result.output
+    ms = [int(m) for m in re.findall(r"│ M=(\d+),N=4096,K=4096,", result.stdout)]
+    assert len(ms) >= 4 and len(set(ms)) == len(ms), result.stdout
+    assert ms == sorted(ms)
+
+
+def test_a_lookup_says_when_it_ignores_tuned_keys_of_another_dtype():
+    """The example is tuned in bfloat16: a lookup without --dtype (float16) answers with the
+    heuristic and says which keys it could not use, and how to use them."""
+    args = ["lookup", "matmul", "--shape", "3000x3000x777", "--db", str(EXAMPLE), "--device", "NVIDIA H100 80GB HBM3"]
+    result = invoke(*args, width=200)
+    assert result.exit_code == 0, result.output
+    assert "answer  heuristic for NVIDIA H100 80GB HBM3" in result.stdout
+    found = re.search(r"note    matmul is tuned on NVIDIA H100 80GB HBM3 for (\d+) keys in bfloat16, which a float16 "
+                      r"lookup does not use; pass --dtype bfloat16", result.stdout)  # fmt: skip
+    assert found, result.stdout
+    stored = [w for w in _example_winners()[0] if w.kernel == "matmul" and "dtype=bfloat16" in w.shape_key]
+    assert int(found.group(1)) == len(stored)
+    assert json.loads(invoke(*args, "--json").stdout)["other_dtypes"] == {"bfloat16": len(stored)}
+    exact = invoke(*args[:3], "1000x3000x777", "--dtype", "bfloat16", *args[4:], width=200)
+    assert "answer  exact" in exact.stdout and "note" not in exact.stdout
+
+
 def test_show_json_marks_the_current_versions():
     current, older = _example_winners()
     data = json.loads(invoke("show", "--db", str(EXAMPLE), "--json").stdout)

@@ -315,3 +315,22 @@ def test_benchmark_processes_recording_at_once_append_whole_rows(tmp_path):
     assert {r["kernel"] for r in rows} == {"k [0]", "k [1]", "k [2]"}
     assert all(r["ratio"] == "1.0" and r["gpu"] for r in rows)
     assert (tmp_path / "shared.csv").read_bytes().count(b"date,gpu") == 1
+
+
+def test_readme_tour_lookup_prints_what_the_readme_says(monkeypatch):
+    """The tour's `tune lookup` on tune.db.example prints the README's lines (the database's path
+    aside, which is the reader's own)."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    tour = README[README.index("## A tour of `tune.db.example`") :]
+    command, *printed = tour[tour.index("$ tune lookup") :].split("\n$ ")[0].strip().splitlines()
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(app, shlex.split(command)[2:], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+
+    def path_aside(line: str) -> str:
+        return re.sub(r"read from database \S+", "read from database tune.db.example", line)
+
+    assert [path_aside(line) for line in result.stdout.splitlines()] == [path_aside(line) for line in printed]

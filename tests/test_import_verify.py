@@ -223,3 +223,30 @@ def test_retune_never_keeps_a_winner_it_measured_slower_than_the_heuristic(
     assert verdict.flags == ["slower"] and (verdict.measured_ms, verdict.heuristic_ms) == (2.0, 1.0)
     assert verdict.retuned_config == heuristic and verdict.retuned_ms == 1.0
     assert (winner.config, winner.time_ms) == (heuristic, 1.0)
+
+
+def test_reimporting_the_examples_own_bundle_replaces_nothing(tmp_path):
+    """A bundle keeps times to 6 decimals: the example's winners exported and imported back are
+    the same winners, kept, not "replaced" by their own rounded times."""
+    from pathlib import Path
+
+    db = tmp_path / "example.db"
+    shutil.copy(Path(__file__).parents[1] / "tune.db.example", db)
+    out = tmp_path / "bundles"
+    assert CliRunner().invoke(app, ["export", "--db", str(db), "--out", str(out)]).exit_code == 0
+    [bundle] = sorted(out.glob("*.json"))
+    before = _winners(str(db))
+    result = CliRunner().invoke(app, ["import", str(bundle), "--db", str(db), "--json"])
+    assert result.exit_code == 0, result.output
+    actions = [c["action"] for c in json.loads(result.output)["winners"]]
+    assert len(actions) > 50 and set(actions) == {"kept"}
+    assert _winners(str(db)) == before
+    # a time faster than the stored one at a bundle's precision still replaces it
+    data = json.loads(bundle.read_text())
+    section = data["kernels"]["matmul"]
+    key = sorted(section["winners"])[0]
+    section["winners"][key]["time_ms"] = round(section["winners"][key]["time_ms"] - 1e-6, 6)
+    bundle.write_text(json.dumps(data))
+    result = CliRunner().invoke(app, ["import", str(bundle), "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "0 added, 1 replaced," in result.output

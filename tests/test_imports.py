@@ -95,8 +95,10 @@ def _within(module: str, packages: tuple[str, ...]) -> bool:
 
 
 #: serving's modules: the runtime with its winner sources and chain, launch, ops, the selector's
-#: model, and the shipped kernels, which run on them
-SERVING = ("tunesvc.runtime", "tunesvc.launch", "tunesvc.ops", "tunesvc.serving", "tunesvc.kernels")
+#: model, and the shipped kernels and their templates, which run on them
+SERVING = (
+    *("tunesvc.runtime", "tunesvc.launch", "tunesvc.ops", "tunesvc.serving", "tunesvc.kernels", "tunesvc.templates"),
+)
 #: what serving may not import: tuning (tunesvc.selector re-exports the selector's fitting),
 #: capture, the fleet, and the CLI and reports on top
 NOT_SERVING = (

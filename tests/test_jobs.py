@@ -47,7 +47,12 @@ def test_worker_slots():
     assert jobs.worker_slots("1", 2) == ["1"]
     assert jobs.worker_slots(" 0, 1 ", 4) == ["0", "1"]
     assert jobs.worker_slots("all", 0) == [None]
-    assert jobs.worker_slots("0,1,2", 0) == [None, None, None]  # no GPU: interpreter workers
+    assert jobs.worker_slots("0,1", 0) == [None, None]  # no GPU: interpreter workers
+    # never more workers than jobs, nor interpreter workers than cores: each imports torch first
+    assert jobs.worker_slots("0,1,2,3", 4, jobs=2) == ["0", "1"]
+    assert jobs.worker_slots("all", 8, jobs=0) == ["0"]
+    many = ",".join(str(i) for i in range(64))
+    assert jobs.worker_slots(many, 0) == [None] * min(64, os.cpu_count() or 1)
     for bad in ("", "x", "0,0", "-1", "1.5"):
         with pytest.raises(TunesvcError, match="--gpus takes 'all' or distinct GPU indices"):
             jobs.worker_slots(bad, 2)

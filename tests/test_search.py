@@ -269,6 +269,22 @@ def test_tpe_is_told_infeasible_and_failed_trials_as_constrained_and_without_a_v
     assert {t.user_attrs["status"] for t in constrained} == {"wrong_result", "infeasible"}
     assert all(t.value is None for t in constrained) and set(violations(constrained)) == {1.0}
     assert all(t.user_attrs.get("unmeasured") for t in trials if t.state.name == "FAIL")
+    assert all(t.user_attrs["status"] in ("repeat", "moved") for t in trials if t.state.name == "FAIL")
+
+
+@pytest.mark.parametrize("name", ["gp", "cmaes"])
+def test_index_encoded_trials_carry_their_config_values_for_optunas_readers(name, space, candidates):
+    """CMA-ES and GP sample indices among the sorted values (A=2 is A=4): each trial names its
+    config's values too, and an unmeasured proposal says why it was not measured."""
+    pytest.importorskip("scipy" if name == "gp" else "cmaes")
+    strategy = make_strategy(name, space, candidates, seed=1)
+    while (config := strategy.ask()) is not None:
+        strategy.tell(config, ok(fake_time(config)))
+    trials = strategy.study.get_trials()
+    for trial in trials:
+        assert trial.user_attrs["config"] == strategy.decode(trial.params)
+    assert {t.user_attrs["status"] for t in trials if t.state.name == "FAIL"} <= {"repeat", "infeasible"}
+    assert any(t.user_attrs["config"]["A"] == 4 for t in trials if t.state.name == "COMPLETE")
 
 
 def test_a_repeated_proposal_is_not_told_twice_but_replaced_by_its_nearest_untried(space, candidates):

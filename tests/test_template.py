@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import textwrap
@@ -343,47 +344,47 @@ def test_source_version_ignores_layout_comments_and_docstrings_but_not_code():
     assert source_version("def f(y):\n    return y + 1\n") != base
 
 
-@pytest.mark.parametrize("name", sorted(tunesvc.template.SHIPPED))
-def test_shipped_version_read_from_the_source_is_the_imported_templates(name):
-    assert tunesvc.template.shipped_version(name) == tunesvc.get_template(name).version
+def test_shipped_versions_read_from_the_sources_are_the_hashes_of_the_imported_kernel_functions():
+    """A shipped template names its kernel functions; the version read from their files is the
+    hash of what inspect gives for the imported functions (as for a user's template of objects).
+    In a fresh interpreter: a test that wraps a kernel function must not change what is compared."""
+    import subprocess
+    import sys
+
+    code = """
+import importlib, inspect, json
+import tunesvc
+from tunesvc.template import SHIPPED, get_template, source_version
+out = {}
+for name in SHIPPED:
+    template = get_template(name)
+    module = importlib.import_module(f"tunesvc.kernels.{template.kernel_module}")
+    objects = [getattr(module, source) for source in template.kernel_sources]
+    out[name] = [template.version, source_version(*(inspect.getsource(getattr(o, "fn", o)) for o in objects))]
+print(json.dumps(out))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    versions = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(versions) == sorted(tunesvc.template.SHIPPED)
+    for name, (static, imported) in versions.items():
+        assert static == imported == tunesvc.template.shipped_version(name), name
 
 
-def test_static_version_follows_bases_and_imports_and_declines_what_it_cannot_read(tmp_path):
-    from tunesvc.template import _static_version
+def test_named_sources_version_follows_imports_and_refuses_a_missing_name(tmp_path, monkeypatch):
+    from tunesvc import template as templates
+    from tunesvc.template import named_sources_version
     from tunesvc.template import source_version
 
     (tmp_path / "base.py").write_text("@deco\ndef k(x):\n    return x\n")
     (tmp_path / "mod.py").write_text(
-        textwrap.dedent(
-            """
-            from tunesvc.kernels.base import k
-
-            def launch(x):
-                return k(x)
-
-            class A(Template):
-                kernel_sources = (k, launch)
-
-            class B(A):
-                name = "b"
-
-            class C(A):
-                kernel_sources = (wrap(k),)
-
-            class D(Template):
-                pass
-
-            TB = B()
-            TC = C()
-            TD = D()
-            """
-        )
+        "from tunesvc.kernels.base import k as k\n\ndef launch(x):\n    return k(x)\n\nlaunch = wrap(launch)\n"
     )
+    monkeypatch.setattr(templates, "_kernels_folder", lambda: tmp_path)
     launch = "def launch(x):\n    return k(x)\n"
-    assert _static_version(tmp_path, "mod", "TB") == source_version("@deco\ndef k(x):\n    return x\n", launch)
-    assert _static_version(tmp_path, "mod", "TC") is None  # not a tuple of names: the caller imports
-    assert _static_version(tmp_path, "mod", "TD") == source_version((tmp_path / "mod.py").read_text())
-    assert _static_version(tmp_path, "mod", "MISSING") is None
+    assert named_sources_version("mod", ["k", "launch"]) == source_version("@deco\ndef k(x):\n    return x\n", launch)
+    with pytest.raises(TunesvcError, match="'other', which tunesvc.kernels.mod does not define"):
+        named_sources_version("mod", ["other"])
     assert tunesvc.template.shipped_version("not-shipped") is None
 
 

@@ -35,6 +35,7 @@ from rich.text import Text
 from tunesvc import __version__
 from tunesvc import settings
 from tunesvc.errors import TunesvcError
+from tunesvc.text import natural_order
 from tunesvc.text import visible
 from tunesvc.timeline import mark
 
@@ -296,7 +297,7 @@ def _problems(template, shapes: list[str], preset: str | None, dtype: str) -> li
 @user_errors
 def kernels(as_json: JsonOption = False) -> None:
     """List the kernel templates, their dims, version and space size."""
-    from tunesvc.template import list_templates  # the kernels' modules: torch and Triton
+    from tunesvc.template import list_templates  # shipped templates: no torch; users' own may import it
 
     rows: list[dict[str, Any]] = [
         {
@@ -339,7 +340,7 @@ def space(
     as_json: JsonOption = False,
 ) -> None:
     """Show a kernel's config space: parameters, constraints, and feasible configs for a shape."""
-    # the kernel's module (torch, Triton); the device (torch, Triton)
+    # the template (a shipped one imports neither torch nor Triton); the device (torch on a GPU machine)
     from tunesvc.device import current_device
     from tunesvc.template import get_template
 
@@ -435,7 +436,7 @@ def sweep(
     gpus: Annotated[
         str | None,
         typer.Option(
-            help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index); each worker applies --budget, --time-budget, --patience and --workers to every shape it takes. The same command on other hosts with the same --db joins the sweep."
+            help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index, at most one per CPU core), never more workers than shape keys; each worker applies --budget, --time-budget, --patience and --workers to every shape it takes. The same command on other hosts with the same --db joins the sweep."
         ),
     ] = None,
     ray: Annotated[
@@ -652,7 +653,8 @@ def _sweep_on_workers(
     connected = False
     if ray_address is None:
         # device_count() asks NVML: CUDA stays uninitialised here, so the workers are forked from this process
-        slots = jobs.worker_slots(gpus or "all", torch.cuda.device_count())
+        shape_keys = len(dict.fromkeys(str(template.key(p)) for p in problems))  # one job per key
+        slots = jobs.worker_slots(gpus or "all", torch.cuda.device_count(), jobs=shape_keys)
         # started first: they read their devices while this process opens the database and queues the jobs
         processes = jobs.spawn_workers(
             resolve_url(db),
@@ -954,7 +956,10 @@ def show(
             # the current version first, then the newest
             versions = sorted(newest, key=lambda v: (v != current[name][0], -newest[v]))
             for version in versions:
-                rows = [w for w in on_device if w.kernel == name and w.kernel_version == version]
+                rows = sorted(
+                    (w for w in on_device if w.kernel == name and w.kernel_version == version),
+                    key=lambda w: natural_order(w.shape_key),
+                )
                 if version != current[name][0]:
                     which = "older version, not used by lookups"
                 elif current[name][1]:
@@ -1020,14 +1025,12 @@ def _current_versions(winners: list) -> dict[str, tuple[str, bool]]:
     template named by module path is not imported for a listing (stored names never choose a
     module to import): its newest stored version stands for it, as in lookups of captured kernels.
     """
-    from tunesvc.template import shipped_version
-    from tunesvc.template import template_named_by_data  # imports shipped kernels: torch, Triton
+    from tunesvc.template import template_named_by_data  # a registered template's module may import torch
 
     out: dict[str, tuple[str, bool]] = {}
     for name in {w.kernel for w in winners}:
         try:
-            # a shipped kernel's version from its source (no torch import), else from its template
-            out[name] = (shipped_version(name) or template_named_by_data(name).version, True)
+            out[name] = (template_named_by_data(name).version, True)
         except (TunesvcError, ImportError, AttributeError):  # a registered template that does not load here
             newest = max((w for w in winners if w.kernel == name), key=lambda w: w.updated_at)
             out[name] = (newest.kernel_version, False)
@@ -1086,24 +1089,38 @@ def lookup(
     as_json: JsonOption = False,
 ) -> None:
     """The config the runtime would launch with on this device, and how it was found."""
-    # the kernel's module and the device (torch, Triton); the database (SQLAlchemy)
+    # the runtime reads the database (SQLAlchemy) where there is one; a shipped template imports
+    # neither torch nor Triton, and the interpreter's device is read without them
     from tunesvc.runtime import Runtime
-    from tunesvc.store import Store
+    from tunesvc.template import ShapeKey
     from tunesvc.template import get_template
 
     if ":" in kernel and _captured_lookup(kernel, shape, db, bundle, as_json):
         return
     template = get_template(kernel)
     problem = template.parse_shape(shape, dtype)
-    target = Store(db, readonly=True).find_device(device) if device is not None else None
+    target = None
+    if device is not None:
+        from tunesvc.store import Store  # SQLAlchemy: only a database names other devices
+
+        target = Store(db, readonly=True).find_device(device)
     # no --db: like the runtime, use ./tune.db if there is one, else the heuristic
     runtime = Runtime(db=db, bundle=bundle, device=target, strict=True)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="tunesvc: no tuned config")  # the answer below says so
         result = runtime.lookup(template, **problem)
     bucketed = _bucketing(problem, result.key)
+    # tuned keys of another dtype that this lookup cannot use: a lookup without --dtype is float16's
+    other_dtypes: dict[str, int] = {}
+    if result.source != "exact":
+        for stored in runtime.tuned_keys(template):
+            other = dict(ShapeKey.parse(stored).fields).get("dtype")
+            if other is not None and other != problem["dtype"]:
+                other_dtypes[other] = other_dtypes.get(other, 0) + 1
     if as_json:
-        return _print_json({**result.to_dict(), "read": runtime.where(), "bucketed": bucketed})
+        return _print_json(
+            {**result.to_dict(), "read": runtime.where(), "bucketed": bucketed, "other_dtypes": other_dtypes}
+        )
     rounded = [
         f"{dim}={given} rounded up to the power of two {to} (every {dim} from {to // 2 + 1} to {to} shares it)"
         if to & (to - 1) == 0 and given < to
@@ -1132,6 +1149,15 @@ def lookup(
     read = f"read from {where}" if where.startswith(("database", "bundle")) else where
     console.print(f"answer  {result.source} for {runtime.device.name}{detail}; {read}", highlight=False, soft_wrap=True)
     console.print(f"config  {_config_text(result.config)}", highlight=False, soft_wrap=True)
+    if other_dtypes:
+        held = ", ".join(f"{_count(n, 'key')} in {dtype}" for dtype, n in sorted(other_dtypes.items()))
+        first = sorted(other_dtypes, key=lambda d: -other_dtypes[d])[0]
+        console.print(
+            f"note    {template.name} is tuned on {runtime.device.name} for {held}, which a {problem['dtype']} "
+            f"lookup does not use; pass --dtype {first} to look one of those up.",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _absolute(db: str | None) -> str:
@@ -1181,6 +1207,16 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
         finally:
             store.close()
         table = {e.shape_key: e.config for e in entries}  # the newest version's winner of each key
+
+    def names(text: str) -> list[str]:
+        return [part.partition("=")[0] for part in text.split(",")]
+
+    if key not in table and table and all(names(key) != names(k) for k in table):
+        example = min(table, key=natural_order)
+        raise TunesvcError(
+            f"--shape '{_short(key)}' is not a whole key of {kernel}: its stored keys name "
+            f"{', '.join(names(example))} (such as {_short(example)}); give every one."
+        )
     ranked = sorted((key_distance(key, k), k) for k in table)
     if key in table:
         source, matched, distance = "exact", key, 0.0
@@ -1206,9 +1242,12 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
     console.print(f"key     {key}", highlight=False, soft_wrap=True)
     console.print(f"answer  {source} for {device.name}{detail}; read from {where}", highlight=False, soft_wrap=True)
     config = result["config"]
-    console.print(
-        f"config  {_config_text(config if isinstance(config, dict) else None)}", highlight=False, soft_wrap=True
+    shown = (
+        _config_text(config)
+        if isinstance(config, dict)
+        else "the kernel's first config that its pruning keeps (not read here: that needs its module imported)"
     )
+    console.print(f"config  {shown}", highlight=False, soft_wrap=True)
     return True
 
 

@@ -3,7 +3,8 @@
 A shell calls `tune` on every TAB press, so nothing here imports torch or Triton (1.5 s and
 more): kernel names come from :data:`tunesvc.template.SHIPPED` and the ``tunesvc.templates``
 entry points (their names, not their code), and a shipped kernel's presets are read from its
-module's source as a syntax tree, which is data, instead of importing the module.
+template module's source (:mod:`tunesvc.templates`) as a syntax tree, which is data, instead of
+importing it (light as it is, a TAB press pays for the space files it would read).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from pathlib import Path
 from tunesvc.template import ALIASES
 from tunesvc.template import SHIPPED
 
-#: the package of shipped kernel modules (found, never imported here: its __init__ imports torch)
-_KERNELS_PACKAGE = "tunesvc.kernels"
+#: the package of the shipped templates (found, never imported here)
+_KERNELS_PACKAGE = "tunesvc.templates"
 
 
 def kernel_names() -> list[str]:
@@ -82,7 +83,7 @@ def _class_presets(module: str, class_name: str) -> list[str]:
 
 
 def _imported_from(tree: ast.Module, name: str) -> str | None:
-    """The shipped kernel module that ``from tunesvc.kernels.<module> import name`` names."""
+    """The shipped template module that ``from tunesvc.templates.<module> import name`` names."""
     for node in tree.body:
         if (
             isinstance(node, ast.ImportFrom)
@@ -95,7 +96,7 @@ def _imported_from(tree: ast.Module, name: str) -> str | None:
 
 @functools.cache
 def _module_tree(module: str) -> ast.Module:
-    spec = importlib.util.find_spec(_KERNELS_PACKAGE)  # imports tunesvc (light), not the kernels
+    spec = importlib.util.find_spec(_KERNELS_PACKAGE)  # imports tunesvc (light), not the templates
     if spec is None or not spec.submodule_search_locations:
         raise OSError(f"{_KERNELS_PACKAGE} is not installed")
     path = Path(next(iter(spec.submodule_search_locations))) / f"{module}.py"

@@ -9,10 +9,13 @@ so a software upgrade is visible in the store without hiding the tuned configs f
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.metadata
 import inspect
 import json
 import os
 import platform
+import sys
 from dataclasses import asdict
 from dataclasses import dataclass
 
@@ -149,27 +152,33 @@ def fork_safe_current_device() -> Device:
 
 
 def _read_device(index: int | None = None) -> Device:
+    if interpreting():
+        return _interpreter()
     # torch and triton are heavy: a Device is made and read without them (the store, bundles)
     import torch
     import triton
 
-    if torch.cuda.is_available() and not interpreting():
-        index = torch.cuda.current_device() if index is None else index
-        props = torch.cuda.get_device_properties(index)
-        limits = triton.runtime.driver.active.utils.get_device_properties(index)
-        return Device(
-            kind="cuda",
-            name=props.name,
-            capability=f"{props.major}.{props.minor}",
-            sm_count=props.multi_processor_count,
-            memory_bytes=props.total_memory,
-            max_shared_memory=int(limits["max_shared_mem"]),
-            max_num_regs=int(limits["max_num_regs"]),
-            driver=_nvidia_driver(),
-            cuda=str(torch.version.cuda),
-            torch=torch.__version__,
-            triton=triton.__version__,
-        )
+    if not torch.cuda.is_available():
+        return _interpreter()
+    index = torch.cuda.current_device() if index is None else index
+    props = torch.cuda.get_device_properties(index)
+    limits = triton.runtime.driver.active.utils.get_device_properties(index)
+    return Device(
+        kind="cuda",
+        name=props.name,
+        capability=f"{props.major}.{props.minor}",
+        sm_count=props.multi_processor_count,
+        memory_bytes=props.total_memory,
+        max_shared_memory=int(limits["max_shared_mem"]),
+        max_num_regs=int(limits["max_num_regs"]),
+        driver=_nvidia_driver(),
+        cuda=str(torch.version.cuda),
+        torch=torch.__version__,
+        triton=triton.__version__,
+    )
+
+
+def _interpreter() -> Device:
     # The interpreter has no shared memory or register file: its limits never prune a config,
     # and its timings are its own, stored under this device and never mixed with a GPU's.
     return Device(
@@ -182,9 +191,21 @@ def _read_device(index: int | None = None) -> Device:
         max_num_regs=1 << 30,
         driver="",
         cuda="",
-        torch=torch.__version__,
-        triton=triton.__version__,
+        torch=_version("torch"),
+        triton=_version("triton"),
     )
+
+
+def _version(module: str) -> str:
+    """The version of torch or triton: the imported module's, else the installed package's (the
+    same text), so that the interpreter's device is read without importing them (seconds)."""
+    loaded = sys.modules.get(module)
+    if loaded is None:
+        try:
+            return importlib.metadata.version(module)
+        except importlib.metadata.PackageNotFoundError:  # installed under another name (pytorch-triton)
+            loaded = importlib.import_module(module)
+    return str(loaded.__version__)
 
 
 def _nvidia_driver() -> str:

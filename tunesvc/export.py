@@ -85,7 +85,7 @@ def build_bundles(store: Store, kernel: str | None = None, hardware_id: str | No
         )
         digest = config_hash(entry.config)
         section["configs"][digest] = entry.config
-        section["winners"][entry.shape_key] = {"config": digest, "time_ms": round(entry.time_ms, 6)}
+        section["winners"][entry.shape_key] = {"config": digest, "time_ms": round(entry.time_ms, TIME_DECIMALS)}
     for hardware_id, bundle in bundles.items():
         for name, section in bundle["kernels"].items():
             selector = store.selector(name, section["version"], hardware_id)
@@ -409,11 +409,17 @@ class Imported:
     selectors: list[SelectorChange]
 
 
+#: the decimals of a winner's time (ms) in a bundle: 1 ns, below any timing's noise
+TIME_DECIMALS = 6
+
+
 def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
     """Merge bundles (``*.json``) and databases (paths or URLs) into ``store``, in order.
 
     Conflict rule (see :meth:`tunesvc.store.Store.merge_winner`): for one kernel version,
     device hardware id and shape key, the faster measured time wins; a tie keeps the stored one.
+    Times are compared as a bundle keeps them (:data:`TIME_DECIMALS`): a winner exported and
+    imported again is kept, not "replaced" by its own rounded time.
     A selector is taken where the target has none for its kernel version and device model
     (:meth:`tunesvc.store.Store.merge_selector`). Every source is read and checked before
     anything is written.
@@ -422,9 +428,22 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
     for source, winners, selectors in incoming:
         _check_spaces(source, winners, selectors)
     changes, taken = [], []
+    # the best stored time of each (kernel, version, hardware id, key) that an import may meet
+    best: dict[tuple[str, str, str, str], float] = {}
+    for kernel, version in {(w[0], w[1]) for _, winners, _ in incoming for w in winners}:
+        for w in store.winners(kernel=kernel, version=version):
+            where = (kernel, version, w.hardware_id, w.shape_key)
+            best[where] = min(best.get(where, w.time_ms), w.time_ms)
     for source, winners, selectors in incoming:
         for kernel, version, device, key, config, time_ms in winners:
-            action, stored_ms = store.merge_winner(kernel, version, device, key, config, time_ms, source)
+            where = (kernel, version, device.hardware_id, key)
+            stored_ms: float | None = best.get(where)
+            if stored_ms is not None and not time_ms < round(stored_ms, TIME_DECIMALS):
+                action = "kept"  # as fast as stored, at the precision a bundle keeps
+            else:
+                action, stored_ms = store.merge_winner(kernel, version, device, key, config, time_ms, source)
+                if action != "kept":
+                    best[where] = time_ms
             changes.append(
                 ImportChange(source, kernel, version, device.hardware_id, key, action, time_ms, stored_ms, config)
             )

@@ -416,12 +416,21 @@ class _Warm:
             self.measurer.close()
 
 
-def worker_slots(gpus: str, gpu_count: int) -> list[str | None]:
+def worker_slots(gpus: str, gpu_count: int, jobs: int | None = None) -> list[str | None]:
     """``--gpus`` as one CUDA_VISIBLE_DEVICES value per worker ("all", or indices such as "0,1").
 
     Without a GPU each listed index is one interpreter worker (None: no CUDA_VISIBLE_DEVICES), so
-    the same multi-worker path runs, and is tested, on a CPU-only machine; "all" is then one.
+    the same multi-worker path runs, and is tested, on a CPU-only machine; "all" is then one, and
+    there are never more than the CPU cores. Never more workers than ``jobs``: each one starts
+    by importing torch (seconds of a core), and one without a job would only exit.
     """
+    slots = _listed_slots(gpus, gpu_count)
+    if not gpu_count:
+        slots = slots[: os.cpu_count() or 1]
+    return slots[: max(jobs, 1)] if jobs is not None else slots
+
+
+def _listed_slots(gpus: str, gpu_count: int) -> list[str | None]:
     text = gpus.strip().lower()
     if text == "all":
         return [str(i) for i in range(gpu_count)] if gpu_count else [None]

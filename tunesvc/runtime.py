@@ -185,6 +185,10 @@ class Runtime:
                     self._tables[template.name] = table
         return table
 
+    def tuned_keys(self, kernel: str | Template) -> list[str]:
+        """The shape keys this runtime holds a winner for, of the kernel's current version on its device."""
+        return list(self._table(kernel if isinstance(kernel, Template) else get_template(kernel)))
+
     def _parsed_keys(self, name: str) -> list[tuple[ShapeKey, str]]:
         """Tuned keys parsed for the nearest-key search, built on the first miss only."""
         keys = self._keys.get(name)

@@ -32,7 +32,6 @@ import re
 import textwrap
 from collections.abc import Callable
 from collections.abc import Iterable
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -51,6 +50,8 @@ if TYPE_CHECKING:
 Problem = dict[str, Any]
 
 DTYPES = ("float16", "bfloat16", "float32")
+#: bytes per element of each dtype a problem may name (torch's ``itemsize``, known without importing torch)
+ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,20 @@ class ShapeKey:
 def pow2_bucket(x: int) -> int:
     """Round up to a power of two: dims that vary at run time (batch, tokens) share configs."""
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+def element_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (a torch dtype's name): from :data:`ELEMENT_BYTES`, else torch's."""
+    if dtype in ELEMENT_BYTES:
+        return ELEMENT_BYTES[dtype]
+    import torch  # a dtype outside the table (a user's template): torch knows it
+
+    return getattr(torch, dtype).itemsize
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` of integers, as ``triton.cdiv`` (which a template's shape logic need not import)."""
+    return -(-a // b)
 
 
 def source_version(*sources: str) -> str:
@@ -160,12 +175,19 @@ class Template:
 
     #: what decides the kernel's speed: its @triton.jit functions and launch code; empty means
     #: the template's whole module. Heuristics, presets and docs may change without re-tuning.
+    #: Names (strings) instead of objects: functions of ``kernel_module``, hashed from its file.
     kernel_sources: ClassVar[tuple[Any, ...]] = ()
+    #: the module of :mod:`tunesvc.kernels` whose functions ``kernel_sources`` names as strings:
+    #: the version is read from its source without importing it, for it imports torch and Triton
+    #: (seconds), which `tune kernels`, `tune space` and `tune lookup` do without
+    kernel_module: ClassVar[str] = ""
 
     # -- identity -----------------------------------------------------------------------
     @cached_property
     def version(self) -> str:
         """Hash of the kernel's source: an edited kernel never reuses the old one's configs."""
+        if self.kernel_module:
+            return named_sources_version(self.kernel_module, self.kernel_sources)
         objects = self.kernel_sources or (inspect.getmodule(type(self)),)
         # a JITFunction keeps the Python function it wraps in .fn; its source is the file's text
         return source_version(*(inspect.getsource(getattr(obj, "fn", obj)) for obj in objects))
@@ -243,12 +265,10 @@ class Template:
 
     def problem_vars(self, problem: Problem) -> dict[str, Any]:
         """The names a space constraint may use about the problem (options as ints where bool)."""
-        import torch
-
         return {
             **{d: problem[d] for d in self.dims},
             **{o: int(v) if isinstance(v, bool) else v for o, v in ((o, problem[o]) for o in self.options)},
-            "elem_bytes": getattr(torch, problem["dtype"]).itemsize,
+            "elem_bytes": element_bytes(problem["dtype"]),
         }
 
     # -- the protocol each template implements ------------------------------------------
@@ -339,8 +359,8 @@ class Template:
         return self.space.nearest(config, self.problem_vars(problem), device.limits())
 
 
-#: shipped template name -> module of tunesvc.kernels that defines it (as a module attribute
-#: named by the value after the colon)
+#: shipped template name -> module of tunesvc.templates that defines it (as a module attribute
+#: named by the value after the colon); its Triton code is in the tunesvc.kernels module of that name
 SHIPPED = {
     "matmul": "matmul:TEMPLATE",
     "attention": "attention:TEMPLATE",
@@ -399,7 +419,7 @@ def get_template(name: str) -> Template:
     name = canonical_name(name)
     if name in SHIPPED:
         module_name, _, attr = SHIPPED[name].partition(":")
-        return _instantiate(getattr(importlib.import_module(f"tunesvc.kernels.{module_name}"), attr), name)
+        return _instantiate(getattr(importlib.import_module(f"tunesvc.templates.{module_name}"), attr), name)
     from importlib.metadata import entry_points  # here, not at the top: every `tune` start would pay for it
 
     points = list(entry_points(group="tunesvc.templates"))
@@ -413,82 +433,40 @@ def get_template(name: str) -> Template:
 
 
 def shipped_version(name: str) -> str | None:
-    """A shipped template's version read from its module's source without importing it.
-
-    Importing a kernel module imports torch and Triton (seconds); a listing such as `tune show`
-    needs only the hash. This reads what ``Template.version`` hashes straight from the syntax
-    tree: ``ATTR = Class()``, the class's (or a base's) ``kernel_sources = (name, ...)``, and each
-    name's ``def`` in that module or the shipped module it is imported from. None where the source
-    does not say it that plainly: the caller imports the template.
-    """
-    import importlib.util
-
-    if name not in SHIPPED:
-        return None
-    spec = importlib.util.find_spec("tunesvc.kernels")  # finds the package without running it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    module, _, attr = SHIPPED[name].partition(":")
-    try:
-        return _static_version(folder, module, attr)
-    except (OSError, SyntaxError, ValueError):
-        return None
+    """A shipped template's version (None for another name). Its template module imports neither
+    torch nor Triton, and the version is read from its kernel module's source (:func:`named_sources_version`)."""
+    return get_template(name).version if canonical_name(name) in SHIPPED else None
 
 
-def _static_version(folder: Path, module: str, attr: str) -> str | None:
-    text, tree = _parsed(folder / f"{module}.py")
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    made = [
-        n.value.func.id
-        for n in tree.body
-        if isinstance(n, ast.Assign)
-        and [t.id for t in n.targets if isinstance(t, ast.Name)] == [attr]
-        and isinstance(n.value, ast.Call)
-        and isinstance(n.value.func, ast.Name)
-    ]
-    if len(made) != 1:
-        return None
-    sources = _kernel_sources(classes, made[0])
-    if sources is None:
-        return None
-    if not sources:  # the template's whole module
-        return source_version(text)
+def named_sources_version(module: str, names: Iterable[str]) -> str:
+    """The version of the functions ``names`` of ``tunesvc.kernels.<module>``, read from the source
+    files without importing them: the text ``inspect.getsource`` gives for each (its decorators
+    included), following ``from tunesvc.kernels.X import name`` and ``from tunesvc.templates.X
+    import name`` to the module that defines it, hashed as :attr:`Template.version` hashes it."""
     segments = []
-    for source in sources:
-        segment = _def_source(folder, module, source)
+    for name in names:
+        segment = _def_source(_kernels_folder() / f"{module}.py", name)
         if segment is None:
-            return None
+            raise TunesvcError(f"kernel_sources names {name!r}, which tunesvc.kernels.{module} does not define.")
         segments.append(segment)
     return source_version(*segments)
 
 
-def _kernel_sources(classes: Mapping[str, ast.ClassDef], cls: str) -> list[str] | None:
-    """The names in ``kernel_sources`` of class ``cls`` or its nearest base in the module that
-    sets it ([] where the chain reaches ``Template``); None where it is not a tuple of names."""
-    node = classes.get(cls)
-    if node is None:
-        return [] if cls == "Template" else None
-    for statement in node.body:
-        targets: list[ast.expr] = []
-        value: ast.expr | None = None
-        if isinstance(statement, ast.Assign):
-            targets, value = statement.targets, statement.value
-        elif isinstance(statement, ast.AnnAssign):
-            targets, value = [statement.target], statement.value
-        if any(isinstance(t, ast.Name) and t.id == "kernel_sources" for t in targets):
-            if isinstance(value, ast.Tuple) and all(isinstance(e, ast.Name) for e in value.elts):
-                return [e.id for e in value.elts if isinstance(e, ast.Name)]
-            return None
-    if len(node.bases) != 1 or not isinstance(node.bases[0], ast.Name):
-        return None
-    return _kernel_sources(classes, node.bases[0].id)
+@functools.cache
+def _kernels_folder() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("tunesvc.kernels")  # finds the package without running it (torch)
+    if spec is None or not spec.submodule_search_locations:
+        raise TunesvcError("tunesvc.kernels is not installed; reinstall tunesvc.")
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _def_source(folder: Path, module: str, name: str) -> str | None:
-    """The source ``inspect.getsource`` gives for the function ``name`` of a shipped module (its
-    decorators included), following ``from tunesvc.kernels.<module> import name``."""
-    text, tree = _parsed(folder / f"{module}.py")
+def _def_source(path: Path, name: str) -> str | None:
+    """The source ``inspect.getsource`` gives for the function ``name`` of a module file (its
+    decorators included), following ``from tunesvc.kernels.<module> import name`` (and
+    ``tunesvc.templates``) to the file that defines it."""
+    text, tree = _parsed(path)
     for node in reversed(tree.body):
         if isinstance(node, ast.FunctionDef) and node.name == name:
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
@@ -496,10 +474,12 @@ def _def_source(folder: Path, module: str, name: str) -> str | None:
         if (
             isinstance(node, ast.ImportFrom)
             and node.module is not None
-            and node.module.startswith("tunesvc.kernels.")
-            and any(alias.name == name and alias.asname is None for alias in node.names)
+            and node.module.startswith(("tunesvc.kernels.", "tunesvc.templates."))
+            and any(alias.name == name and alias.asname in (None, name) for alias in node.names)
         ):
-            return _def_source(folder, node.module.rpartition(".")[2], name)
+            package, _, module = node.module.rpartition(".")
+            folder = _kernels_folder() if package == "tunesvc.kernels" else Path(__file__).parent / "templates"
+            return _def_source(folder / f"{module}.py", name)
     return None
 
 

@@ -24,3 +24,12 @@ def figure_text(text: str) -> str:
     """``text`` for a matplotlib label or title: :func:`visible`, and every ``$`` a literal one
     (``\\$``), so that no part of it is read as mathtext."""
     return visible(text).replace("$", r"\$")
+
+
+_NUMBERS = re.compile(r"(\d+)")
+
+
+def natural_order(text: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key that orders the numbers inside ``text`` by value: ``M=16`` before ``M=128``
+    before ``M=1024`` (as text, 1024 comes first), the rest by its characters."""
+    return tuple((1, int(part)) if part.isdigit() else (0, part) for part in _NUMBERS.split(text) if part)

@@ -65,9 +65,13 @@ METRIC = "time_ms"
 #: TPE takes pruned trials into its densities and files any trial with a violated constraint
 #: among the bad ones before looking at its state or value; FAIL would hide it from TPE.
 UNTIMED = TrialState.PRUNED
-#: user attribute of a trial: the tunesvc status of its measurement, or "infeasible" for a
-#: proposal outside the feasible set (never measured)
+#: user attribute of a trial: the tunesvc status of its measurement; of a proposal not measured,
+#: why: "infeasible" (outside the feasible set), "repeat" (already measured), or "moved" (a
+#: local move near it was measured instead)
 STATUS = "status"
+#: user attribute of a trial: its config as launched (parameter values, where the study's own
+#: parameters of CMA-ES and GP are indices among the sorted values), for optuna-dashboard's readers
+CONFIG = "config"
 #: attempts at opening Optuna's storage (see rdb_storage)
 STORAGE_ATTEMPTS = 5
 #: most startup trials before a model samples: Optuna's default of 10, fewer on a small space
@@ -284,6 +288,7 @@ class OptunaStrategy(Strategy):
                     self.study.enqueue_trial(self.encode(move))
             trial = self.study.ask(self._distributions)
             config = self.decode(trial.params)
+            trial.set_user_attr(CONFIG, config)
             key = config_hash(config)
             if key in self._feasible and not self._tried(key):
                 self._pending[key] = trial
@@ -294,6 +299,7 @@ class OptunaStrategy(Strategy):
                 if key in self.told and key in self._feasible:
                     self._tell_study(trial, self.told[key])
                 else:
+                    trial.set_user_attr(STATUS, "repeat" if key in self._feasible else "infeasible")
                     self.study.tell(trial, state=TrialState.FAIL)
                 if misses < MAX_MISSES_PER_ASK:
                     continue
@@ -313,6 +319,7 @@ class OptunaStrategy(Strategy):
                 # onto it, until TPE only repeats itself. It is told as FAIL, which TPE ignores,
                 # and the untried config nearest to it is measured instead.
                 trial.set_user_attr(UNMEASURED, True)
+                trial.set_user_attr(STATUS, "repeat")
                 self.study.tell(trial, state=TrialState.FAIL)
             nearest = self._nearest_untried(config)
             if nearest is None:
@@ -347,7 +354,9 @@ class OptunaStrategy(Strategy):
             return None
         trial = self.study.ask(self._distributions)
         proposal = self.decode(trial.params)
+        trial.set_user_attr(CONFIG, proposal)
         trial.set_user_attr(UNMEASURED, True)
+        trial.set_user_attr(STATUS, "moved")  # a local move near it is measured instead
         self.study.tell(trial, state=TrialState.FAIL)
         return self._nearest(proposal, moves)
 
@@ -405,7 +414,7 @@ class OptunaStrategy(Strategy):
             self._tell_study(trial, measurement)
         elif key in self._feasible and key not in self._in_study:  # a stored result: teach the sampler
             ok = measurement.ok
-            status = {STATUS: str(measurement.status)}
+            status = {STATUS: str(measurement.status), CONFIG: config}
             if ok or self.constrained:
                 # constraints only for TPE: GP requires every trial to have the same constraints,
                 # and its own trials have none (a stored one with a constraint stopped its sweep)

@@ -4,10 +4,13 @@ chain as library code does, and the config a triton.autotune kernel last launche
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from collections import Counter
 from typing import Any
 
+import triton
+import triton.language as tl
 from sqlalchemy import func
 from sqlalchemy import select
 
@@ -75,3 +78,25 @@ def wall_clock_bench(kernel_call: Any, quantiles: Any = None, **_: Any) -> Any:
     kernel_call()
     ms = (time.perf_counter() - start) * 1e3
     return [ms] * len(quantiles) if quantiles else ms
+
+
+def interpreter_env(**extra: str) -> dict[str, str]:
+    """This environment for a child process on Triton's interpreter, without any TUNESVC_ variable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")}
+    return {**env, "TRITON_INTERPRET": "1", **extra}
+
+
+@triton.jit
+def scale(x_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+    """out = alpha * x."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def cast(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """out = x in out's dtype (float8, integers, bool)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask).to(out_ptr.dtype.element_ty), mask=mask)

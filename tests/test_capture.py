@@ -4,7 +4,6 @@ process routed through the store (tunesvc.capture, TUNESVC_CAPTURE=1, `tune run`
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 from _backends import pg_database
+from _capture import interpreter_env
 from triton.runtime.autotuner import Autotuner
 from typer.testing import CliRunner
 
@@ -312,9 +312,7 @@ def script(tmp_path):
     return path
 
 
-def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")}
-    return {**env, "TRITON_INTERPRET": "1", **extra}
+_env = interpreter_env
 
 
 def _run(script, env):

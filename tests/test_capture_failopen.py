@@ -24,6 +24,9 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from _capture import cast as _cast
+from _capture import interpreter_env
+from _capture import scale as _scale
 from _capture import trials_by_kernel
 
 import tunesvc
@@ -49,21 +52,6 @@ def _add_in_place(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
-
-
-@triton.jit
-def _scale(x_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
-
-
-@triton.jit
-def _cast(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    """out = x in out's dtype (float8, integers, bool)."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def grid(n):
@@ -451,9 +439,7 @@ def app(tmp_path):
     return path
 
 
-def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")}
-    return {**env, "TRITON_INTERPRET": "1"} | extra
+_env = interpreter_env
 
 
 def _tune(*args, env, cwd):

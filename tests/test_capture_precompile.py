@@ -136,7 +136,7 @@ def test_how_many_workers(monkeypatch):
     assert compile_workers(3, device, 1 << 10) == 2  # never more than the candidates after the first
     assert compile_workers(1, device, 1 << 10) == 0
     monkeypatch.setenv("TUNESVC_COMPILE_WORKERS", "many")
-    with pytest.warns(RuntimeWarning, match="TUNESVC_COMPILE_WORKERS='many' is not a number"):
+    with pytest.warns(RuntimeWarning, match="TUNESVC_COMPILE_WORKERS='many' is not a whole number"):
         assert compile_workers(6, device, 1 << 10) == 0
 
 

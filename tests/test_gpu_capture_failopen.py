@@ -12,7 +12,8 @@ from collections import Counter
 import pytest
 import torch
 import triton
-import triton.language as tl
+from _capture import cast as _cast
+from _capture import scale as _scale
 from _capture import trials_by_kernel
 
 import tunesvc
@@ -23,20 +24,6 @@ pytestmark = pytest.mark.gpu
 CAPTURE = sys.modules["tunesvc._capture"]
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (128, 256, 512) for w in (2, 4)]
 N = 100_003  # no block size divides it
-
-
-@triton.jit
-def _scale(x_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
-
-
-@triton.jit
-def _cast(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def grid(n):

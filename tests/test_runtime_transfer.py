@@ -12,6 +12,8 @@ import json
 import sqlite3
 
 import pytest
+from _devices import H100
+from _devices import H200
 from typer.testing import CliRunner
 
 import tunesvc
@@ -28,20 +30,6 @@ from tunesvc.sweep import sibling_warm_start
 
 pytestmark = pytest.mark.filterwarnings("ignore:tunesvc. no tuned config:RuntimeWarning")
 
-H100 = Device(
-    kind="cuda",
-    name="NVIDIA H100 80GB HBM3",
-    capability="9.0",
-    sm_count=132,
-    memory_bytes=80 << 30,
-    max_shared_memory=232448,
-    max_num_regs=65536,
-    driver="580.00",
-    cuda="13.0",
-    torch="2.11.0",
-    triton="3.6.0",
-)
-H200 = dataclasses.replace(H100, name="NVIDIA H200", memory_bytes=141 << 30)
 #: the same name's sibling rule cuts both ways: another SM count or architecture is no sibling
 H100_PCIE = dataclasses.replace(H100, name="NVIDIA H100 PCIe", sm_count=114)
 OTHER_ARCH = dataclasses.replace(H100, name="NVIDIA L40S", capability="8.9")

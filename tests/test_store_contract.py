@@ -460,22 +460,9 @@ def test_every_table_of_the_schema_is_read_by_the_suite():
 def test_sibling_winners_are_those_of_gpu_models_of_the_same_capability_and_sm_count(store, template):
     import dataclasses
 
-    from tunesvc.device import Device
+    from _devices import H100 as h100
+    from _devices import H200 as h200
 
-    h100 = Device(
-        kind="cuda",
-        name="NVIDIA H100 80GB HBM3",
-        capability="9.0",
-        sm_count=132,
-        memory_bytes=80 << 30,
-        max_shared_memory=232448,
-        max_num_regs=65536,
-        driver="580.00",
-        cuda="13.0",
-        torch="2.11.0",
-        triton="3.6.0",
-    )
-    h200 = dataclasses.replace(h100, name="NVIDIA H200", memory_bytes=141 << 30)
     pcie = dataclasses.replace(h100, name="NVIDIA H100 PCIe", sm_count=114)
     for device, bm in ((h100, 32), (pcie, 64)):
         store.merge_winner(template.name, template.version, device, KEY, cfg(bm), 0.1, "test")

@@ -321,6 +321,18 @@ class Store(BaseStore):
         """The database as messages name it: a SQLite file's path, else its URL without the password."""
         return self._where()
 
+    def _checked_records(self, rows: list[Any], record: type, what: str, field: str, label: str) -> list[Any]:
+        """The records of the rows whose shape key and JSON ``field`` pass their checks; the
+        others left out, each with one warning (see :meth:`_skip`)."""
+        out = []
+        for row in rows:
+            why = key_problem(row.shape_key) or json_problem(getattr(row, field), label)
+            if why is not None:
+                self._skip(what, row.kernel, row.shape_key, why)
+                continue
+            out.append(_record(record, row))
+        return out
+
     def _skip(self, what: str, kernel: str, key: str, why: str) -> None:
         """One warning for a row that fails its check (:mod:`tunesvc.checks`), which is then left
         out of what a reader returns: a damaged row never breaks a query, nor a user's program."""
@@ -1116,14 +1128,7 @@ class Store(BaseStore):
         """The batch's jobs, in the order they were queued (a damaged one left out, with a warning)."""
         with self.session() as session:
             rows = list(session.scalars(select(Job).where(Job.batch == batch).order_by(Job.id)))
-        out = []
-        for row in rows:
-            why = key_problem(row.shape_key) or json_problem(row.problem, "problem")
-            if why is not None:
-                self._skip("the job", row.kernel, row.shape_key, why)
-                continue
-            out.append(_record(JobRecord, row))
-        return out
+        return self._checked_records(rows, JobRecord, "the job", "problem", "problem")
 
     # -- keys that captured kernels met untuned in mode lookup (tunesvc.capture) -------------
     def record_miss(self, template: Template, device: Device, shape_key: str, call: dict[str, Any]) -> None:
@@ -1170,14 +1175,7 @@ class Store(BaseStore):
             if status is not None:
                 query = query.where(Miss.status == status)
             rows = list(session.scalars(query.order_by(Miss.count.desc(), Miss.kernel, Miss.shape_key)))
-        out = []
-        for row in rows:
-            why = key_problem(row.shape_key) or json_problem(row.call, "recorded call")
-            if why is not None:
-                self._skip("the miss", row.kernel, row.shape_key, why)
-                continue
-            out.append(_record(MissRecord, row))
-        return out
+        return self._checked_records(rows, MissRecord, "the miss", "call", "recorded call")
 
     def captured_call(self, kernel: str, shape_key: str, hardware_id: str) -> dict[str, Any] | None:
         """The call description a captured kernel's newest sweep of this key recorded (None: none)."""

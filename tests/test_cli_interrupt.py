@@ -55,9 +55,9 @@ def _interrupted(args: list[str], cwd, db, at_least: int, group: bool) -> subpro
 def _resumed(err: str, cwd) -> subprocess.CompletedProcess:
     command = err.split("Resume with: ", 1)[1].strip()
     words = shlex.split(command)
-    assert words[:2] == ["tune", "sweep"]
+    assert words[:4] == ["python", "-m", "tunesvc", "sweep"]  # the hint names the command that ran
     return subprocess.run(
-        [sys.executable, "-m", "tunesvc", *words[1:], "--quiet"], cwd=cwd, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "tunesvc", *words[3:], "--quiet"], cwd=cwd, capture_output=True, text=True, timeout=600
     )
 
 
@@ -78,7 +78,7 @@ def test_ctrl_c_says_what_is_stored_and_how_to_resume(tmp_path, gpus, group):
     lines = [line for line in done.stderr.splitlines() if line.startswith("Interrupted: ")]
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"Interrupted: {stored} trials stored by this run ({stored} in all for 2 shape keys)")
-    expected = "tune sweep matmul --shape 37x45x29 --shape 100x45x29 --dtype float32 --budget 12"
+    expected = "python -m tunesvc sweep matmul --shape 37x45x29 --shape 100x45x29 --dtype float32 --budget 12"
     expected += f" --gpus {gpus}" if gpus else ""
     assert lines[0].endswith(f"Resume with: {expected} --db {db}")
     if gpus:  # the workers gave their jobs back: none is left running

@@ -280,3 +280,42 @@ def test_eight_writers_of_one_key_respect_its_budget(db_url, template, device):
 
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__, "-q"])
+
+
+def test_a_write_that_waits_for_another_processs_lock_says_so_and_for_how_long(tmp_path):
+    """SQLite's busy timeout waits silently: a transaction still open after LOCK_NOTICE_S is said,
+    then its end with the seconds; the write lands once the other process lets go."""
+    import sqlite3
+    import subprocess
+    import sys
+    import warnings
+
+    from tunesvc.store import Store
+
+    db = str(tmp_path / "locked.db")
+    Store(db).close()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(7); c.execute('COMMIT')",
+            db,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    store = Store(db)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            store.add_job("b", "k", "M=1", {}, "grid", None, 0)
+    finally:
+        store.close()
+        holder.wait()
+    said = [str(w.message) for w in caught if "transaction on" in str(w.message)]
+    assert len(said) == 2 and "still open after 5 s" in said[0] and said[1].endswith(" s."), said
+    assert float(said[1].split(" took ")[1].split(" s")[0]) >= 5.0
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT count(*) FROM tunesvc_jobs").fetchone()[0] == 1

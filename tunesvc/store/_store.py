@@ -13,6 +13,7 @@ import shlex
 import shutil
 import socket
 import stat
+import threading
 import time
 import warnings
 import zlib
@@ -86,6 +87,8 @@ if TYPE_CHECKING:
 DEFAULT_DB = settings.DEFAULT_DB
 #: how long a SQLite writer waits for another one's lock before it fails
 BUSY_TIMEOUT_S = 30
+#: a transaction open this long is said to be waiting (see Store._said_if_waiting)
+LOCK_NOTICE_S = 5.0
 
 
 def resolve_url(db: str | os.PathLike | None = None) -> str:
@@ -410,8 +413,44 @@ class Store(BaseStore):
     @contextmanager
     def session(self) -> Iterator[Session]:
         """One transaction: committed on success, rolled back on any error."""
-        with self._errors(), self._sessions() as session, session.begin():
+        with self._errors(), self._said_if_waiting(), self._sessions() as session, session.begin():
             yield session
+
+    @contextmanager
+    def _said_if_waiting(self) -> Iterator[None]:
+        """A SQLite transaction still open after LOCK_NOTICE_S is said in one warning, and its end
+        with the seconds: SQLite's busy timeout waits for another process's write lock silently,
+        for up to BUSY_TIMEOUT_S. A timer thread, as sqlite3 offers no busy callback; it cannot
+        tell such a wait from a transaction that works on much data, so the warning names both."""
+        if not self.is_sqlite:
+            yield
+            return
+        started = time.monotonic()
+        where = self._where()
+        said = threading.Event()
+
+        def notice() -> None:
+            said.set()
+            warnings.warn(
+                f"tunesvc: a transaction on {where} is still open after {LOCK_NOTICE_S:g} s: it waits for "
+                f"another process's write lock (up to {BUSY_TIMEOUT_S} s), or works on much data.",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+
+        timer = threading.Timer(LOCK_NOTICE_S, notice)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            if said.is_set():
+                warnings.warn(
+                    f"tunesvc: the transaction on {where} took {time.monotonic() - started:.1f} s.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
 
     # -- identities ---------------------------------------------------------------------
     def device_id(self, device: Device) -> int:

@@ -591,3 +591,17 @@ def test_the_summary_record_adds_up_over_processes():
         "1 served untuned; left to Triton's autotuner: 1 claim failed."
     )
     assert json.loads(json.dumps(CAPTURE.summary_record()))["kernels"] >= 0
+
+
+def test_finalists_are_the_candidates_within_the_window_of_the_fastest():
+    from tunesvc.records import Measurement
+    from tunesvc.records import Status
+
+    def ok(ms):
+        return Measurement(Status.OK, time_ms=ms, spread=0.0, reps=1)
+
+    wrong = Measurement(Status.WRONG_RESULT, time_ms=0.5, rel_error=1.0)
+    assert CAPTURE._contenders([ok(1.0), ok(1.2), wrong]) == 1  # ahead by more than the window
+    assert CAPTURE._contenders([ok(1.03), ok(1.0), ok(1.2)]) == 2
+    assert CAPTURE._contenders([ok(1.0)] * 5) == CAPTURE.FINALISTS
+    assert CAPTURE._contenders([wrong]) == 0

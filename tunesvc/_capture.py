@@ -107,6 +107,9 @@ LOOSE_TOLERANCE = settings.CONFIG_TOLERANCE_OTHER
 
 #: rounds of the finalists' re-measurement on a GPU (tunesvc.sweep's interleaved rounds)
 FINALISTS = 3
+#: candidates whose first time is within this fraction of the fastest's are re-timed as finalists
+#: (see :func:`_contenders`)
+FINALIST_WINDOW = 0.05
 #: each candidate's first timing of a captured key is this share of the replay length (rep:
 #: triton.autotune's ``rep``, else settings.REP_MS); the finalists are then re-timed over the
 #: whole of it, with any candidate whose first time beats theirs. triton.autotune spends its whole
@@ -1106,6 +1109,17 @@ class CaptureBench(Bench):
         return lambda inputs: lambda: self._launch(config, inputs)
 
 
+def _contenders(measured: list[Measurement]) -> int:
+    """How many of a key's fastest correct candidates the finalists' re-timing takes: those whose
+    first time is within FINALIST_WINDOW of the fastest, at most FINALISTS. Long replays are spent
+    only where they can change the answer: a fastest candidate ahead of every other by more
+    than the window wins on its first time (one contender: no re-timing)."""
+    times = sorted(m.time_ms for m in measured if m.ok and m.time_ms is not None)
+    if not times:
+        return 0
+    return min(FINALISTS, sum(1 for t in times if t <= times[0] * (1 + FINALIST_WINDOW)))
+
+
 def _widened(t: torch.Tensor) -> torch.Tensor:
     """A float tensor of a dtype torch does little arithmetic on (float8 e4m3/e5m2: no ``abs`` on
     CUDA, so no ``isfinite``) as float32, by value; other tensors as they are."""
@@ -1423,10 +1437,11 @@ def tune_key(
                     store.replace_measurements(
                         [(stored[h], m) for (_, h, m), i in zip(results, new) if i is None and h in stored]
                     )
-            if device.is_gpu:
+            contenders = _contenders(measured)
+            if device.is_gpu and contenders > 1:
                 rows = store.trials(kv_id, device_id, text)
                 store.replace_measurements(
-                    remeasure_finalists(bench, rows, FINALISTS, rep_ms, graph_ms=rep_ms * CAPTURE_FINALIST_GRAPH_SHARE)
+                    remeasure_finalists(bench, rows, contenders, rep_ms, graph_ms=rep_ms * CAPTURE_FINALIST_GRAPH_SHARE)
                 )
         finally:
             bench.restore()  # the caller launches the winner on the inputs as they were given

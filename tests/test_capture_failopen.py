@@ -605,3 +605,9 @@ def test_finalists_are_the_candidates_within_the_window_of_the_fastest():
     assert CAPTURE._contenders([ok(1.03), ok(1.0), ok(1.2)]) == 2
     assert CAPTURE._contenders([ok(1.0)] * 5) == CAPTURE.FINALISTS
     assert CAPTURE._contenders([wrong]) == 0
+
+
+def test_only_keys_hashed_by_identity_are_left_to_triton():
+    assert CAPTURE._by_identity(torch.zeros(1)) and CAPTURE._by_identity((1, torch.zeros(1)))
+    assert CAPTURE._by_identity(object())
+    assert not any(CAPTURE._by_identity(v) for v in (None, 3, 2.5, True, "x", torch.float16, (1, 2), tl.float16))

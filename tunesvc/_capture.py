@@ -631,13 +631,24 @@ def _resolve(
         return hit
 
 
+def _by_identity(value: Any) -> bool:
+    """Whether a key value is hashed by its identity (a tensor, or an object that keeps object's
+    own hash): then an equal value in the next call is another key, to Triton and to the store."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, tuple):
+        return any(_by_identity(v) for v in value)
+    # None and torch's dtypes are singletons: hashed by identity, and the same in every call
+    return value is not None and not isinstance(value, torch.dtype) and type(value).__hash__ is object.__hash__
+
+
 def _check_key(tuner: Autotuner, state: _State, key: tuple, nargs: dict[str, Any]) -> None:
     """Leave to Triton (:class:`_LeftToTriton`) a kernel whose key cannot name a stored winner: a
-    key argument that is not a number, text or dtype (a tensor: Triton keys it by identity, so
-    every call is a new key), or more distinct keys than settings.max_keys() in this process (a
+    key argument hashed by its identity (a tensor: Triton keys it so, and every call is a new
+    key), or more distinct keys than settings.max_keys() in this process (a
     key that changes on almost every call). Said once; the store gets no further rows of it."""
     values = key[: len([k for k in tuner.keys if k in nargs])]
-    odd = next((v for v in values if v is not None and not isinstance(v, (bool, int, float, str, torch.dtype))), None)
+    odd = next((v for v in values if _by_identity(v)), None)
     if odd is not None:
         reason = f"its key holds a {type(odd).__name__} argument, which is a new key on every call"
     elif state.keys_met >= settings.max_keys():

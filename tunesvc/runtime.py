@@ -90,7 +90,7 @@ class Runtime:
     ``mode`` (or $TUNESVC_MODE): ``lookup`` (tuned, else the fallback chain above),
     ``heuristic`` (never read winners), ``tune`` (a miss is tuned now with a ``budget``-trial
     sweep, stored in the database and used from then on; processes that miss the same key at
-    once take a file lock, so it is tuned once).
+    once go through the one key claim (tunesvc.tuning.claim), so it is tuned once).
 
     A winner source that cannot be read (corrupt bundle, unreachable database) does not stop
     the program: the runtime warns once and uses heuristics, unless ``strict`` (the CLI) asks

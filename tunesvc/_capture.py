@@ -1114,6 +1114,10 @@ class CaptureBench(Bench):
             worst = max(worst, err)
         return worst, None
 
+    def time_peer(self) -> Measurement:
+        """INVALID: a captured kernel has no template, so no torch peer (Bench's would raise on it)."""
+        return Measurement(Status.INVALID, message="a captured kernel has no torch peer")
+
     def _launcher(self, config: Any):
         if isinstance(config, dict):  # a finalist, by its stored dict
             config = self._configs[config_hash(config)]

@@ -34,9 +34,26 @@ class Measurer(abc.ABC):
     * :meth:`time_peer` times the template's torch peer on the same inputs.
 
     :meth:`close` releases what the measurer holds (a child process); a measurer is also a
-    context manager. Implementations: :class:`~tunesvc.bench.Bench` (in this process) and
+    context manager. Implementations: :class:`~tunesvc.bench.Bench` (in this process),
     :class:`~tunesvc.bench.Worker` (in a child process that a crashing or hanging candidate
-    cannot take down with the sweep).
+    cannot take down with the sweep) and capture's ``CaptureBench`` (a captured
+    ``triton.autotune`` kernel's listed configs on one call's own arguments, its reference the
+    first valid config's output).
+
+    The rules every measurer keeps (``tests/test_measurer_contract.py`` runs them over each one):
+
+    * **Failures are statuses**: a candidate that breaks a constraint, does not compile, raises
+      or crashes is a Measurement (INVALID, COMPILE_ERROR, ERROR, CRASH, TIMEOUT) with a
+      one-line message and no time; only the measurer's own set-up may raise (TunesvcError).
+    * **Checked, then timed**: OK carries ``time_ms`` > 0, ``reps`` >= 1, ``spread`` >= 0 and the
+      ``rel_error`` it passed with; an output off the reference by more than the tolerance is
+      WRONG_RESULT with that ``rel_error`` and no time.
+    * **Same inputs for every candidate**: what one candidate writes into its inputs is undone
+      before the next (a captured call's tensors are restored before each); measuring a config
+      again gives the same status, whatever was measured between.
+    * **Goes on after a failure**: a failing candidate does not change how the next is measured.
+    * **Peer**: :meth:`time_peer` is INVALID where there is no torch peer, never an exception.
+    * **Close**: :meth:`close` may be called more than once.
     """
 
     template: Template

@@ -31,6 +31,24 @@ if TYPE_CHECKING:
 
 
 class Strategy(abc.ABC):
+    """Proposes configs of one feasible set, one :meth:`ask` at a time, and learns from :meth:`tell`.
+
+    The rules every strategy keeps (``tests/test_strategy_contract.py`` runs them over each one
+    in :data:`~tunesvc.search.STRATEGIES`):
+
+    * **Inside the feasible set**: :meth:`ask` returns one of ``candidates`` (so never a config
+      outside the space or breaking its constraints), or None.
+    * **No repeats**: never a config already told, nor one asked and not yet told.
+    * **Exhaustion**: once every candidate is told (:attr:`exhausted`), or asked and pending,
+      :meth:`ask` returns None; a sweep's budget below the set's size is the sweep's to keep
+      (it stops asking), and a strategy asked again after any number of tells goes on proposing.
+    * **Warm start**: the feasible ``initial`` configs are proposed before any other.
+    * **Failures are data**: a measurement that is not OK (wrong result, compile error, crash)
+      is told like any other; the config is not proposed again and the search goes on.
+    * **Determinism**: the same space, candidates, seed and sequence of tells give the same
+      proposals (grid: whatever the seed).
+    """
+
     name: str
 
     def __init__(

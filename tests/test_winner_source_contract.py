@@ -1,0 +1,214 @@
+"""The runtime's winner sources' contract: a database (``Runtime(db=...)``) and the bundle
+exported from it (``tune export``, then ``Runtime(bundle=...)``) answer every lookup alike.
+
+Run over both sources from one database: the same config and source (exact, nearest, heuristic)
+for tuned keys, keys between them and keys only another device or another kernel version tuned;
+winners of other devices and other kernel versions are never served; a damaged entry is skipped
+with one warning (an unreadable source: every key falls back), never raised in lookup mode.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+from _devices import H100
+from sqlalchemy import text
+from typer.testing import CliRunner
+
+from tunesvc import Runtime
+from tunesvc import Status
+from tunesvc import config_hash
+from tunesvc.bench import Measurement
+from tunesvc.cli import app
+from tunesvc.export import bundle_filename
+from tunesvc.store import Store
+
+BASE = {
+    "VARIANT": "grouped",
+    "BLOCK_M": 16,
+    "BLOCK_N": 32,
+    "BLOCK_K": 32,
+    "GROUP_M": 1,
+    "SPLIT_K": 1,
+    "num_warps": 4,
+    "num_stages": 2,
+}
+#: this device's winners, problem -> config
+TUNED = [
+    ({"M": 16, "N": 32, "K": 32, "dtype": "float16"}, {**BASE}),
+    ({"M": 64, "N": 64, "K": 64, "dtype": "float16"}, {**BASE, "BLOCK_M": 32, "num_warps": 8}),
+    ({"M": 256, "N": 128, "K": 64, "dtype": "float16"}, {**BASE, "BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 3}),
+    ({"M": 16, "N": 32, "K": 32, "dtype": "float32"}, {**BASE, "BLOCK_K": 64}),
+]
+#: tuned only on another device (an H100), or only by another version of the kernel
+OTHER_DEVICE = ({"M": 1024, "N": 1024, "K": 1024, "dtype": "float16"}, {**BASE, "BLOCK_M": 128})
+OTHER_VERSION = ({"M": 512, "N": 512, "K": 512, "dtype": "float16"}, {**BASE, "BLOCK_M": 256})
+OLD_VERSION = "000000000000"
+#: problems looked up: the tuned ones, others in their buckets, between them, and the ones only others tuned
+LOOKUPS = [
+    *(problem for problem, _ in TUNED),
+    {"M": 9, "N": 32, "K": 32, "dtype": "float16"},
+    {"M": 100, "N": 64, "K": 64, "dtype": "float16"},
+    {"M": 3000, "N": 128, "K": 64, "dtype": "float16"},
+    {"M": 16, "N": 32, "K": 32, "dtype": "bfloat16"},
+    OTHER_DEVICE[0],
+    OTHER_VERSION[0],
+]
+SOURCES = ("db", "bundle")
+
+
+def store_winner(store: Store, kv: int, dev: int, key: str, problem: dict, config: dict, ms: float = 1.0) -> None:
+    sweep = store.start_sweep(kv, dev, key, problem, "grid", 1, 0)
+    ok = Measurement(Status.OK, time_ms=ms, spread=0.01, reps=3, rel_error=0.0)
+    store.add_trials(sweep, kv, dev, key, [(config, config_hash(config), ok)])
+    store.update_winner(kv, dev, key)
+    store.finish_sweep(sweep, 0.1)
+
+
+def key_of(template, problem: dict) -> str:
+    return str(template.key(template.problem(**problem)))
+
+
+def build(db: str, template, device, extra: list[tuple[dict, dict]] = ()) -> None:  # type: ignore[assignment]
+    """This device's winners (and ``extra``), an H100's, and an older kernel version's, stored first."""
+    store = Store(db)
+    try:
+        old = store._kernel_version_id(template.name, OLD_VERSION)
+        kv, dev, h100 = store.kernel_version_id(template), store.device_id(device), store.device_id(H100)
+        problem, config = OTHER_VERSION
+        store_winner(store, old, dev, key_of(template, problem), problem, config)
+        for problem, config in [*TUNED, *extra]:
+            store_winner(store, kv, dev, key_of(template, problem), problem, config)
+        problem, config = OTHER_DEVICE
+        store_winner(store, kv, h100, key_of(template, problem), problem, config)
+    finally:
+        store.close()
+
+
+def export(db: str, out: Path, device) -> Path:
+    """The bundle of ``device``, written by the CLI's export into folder ``out``."""
+    result = CliRunner().invoke(app, ["export", "--out", str(out), "--db", db])
+    assert result.exit_code == 0, result.output
+    return out / bundle_filename(device.hardware_id)
+
+
+def runtimes(db: str, bundle: Path) -> dict[str, Runtime]:
+    return {"db": Runtime(db=db), "bundle": Runtime(bundle=bundle)}
+
+
+def answers(runtime: Runtime) -> list[dict]:
+    return [runtime.lookup("matmul", **problem).to_dict() for problem in LOOKUPS]
+
+
+def quiet_answers(runtime: Runtime) -> tuple[list[dict], list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = answers(runtime)
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    return result, [m for m in said if "no tuned config" not in m]  # a miss's own note is not about the source
+
+
+@pytest.fixture
+def sources(tmp_path, template, device) -> dict[str, Runtime]:
+    db = str(tmp_path / "tuned.db")
+    build(db, template, device)
+    return runtimes(db, export(db, tmp_path / "bundles", device))
+
+
+# -- the same answers -------------------------------------------------------------------------
+def test_database_and_its_bundle_give_the_same_answers(sources, template):
+    by_source = {name: answers(runtime) for name, runtime in sources.items()}
+    assert by_source["db"] == by_source["bundle"]
+    for (problem, config), answer in zip(TUNED, by_source["db"]):
+        assert answer["source"] == "exact" and answer["config"] == template.space.with_defaults(config), problem
+    assert {a["source"] for a in by_source["db"]} >= {"exact", "nearest"}
+    assert sorted(sources["db"].tuned_keys("matmul")) == sorted(sources["bundle"].tuned_keys("matmul"))
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_other_devices_and_kernel_versions_are_never_served(sources, source, template):
+    runtime = sources[source]
+    tuned = {key_of(template, problem) for problem, _ in TUNED}
+    assert set(runtime.tuned_keys("matmul")) == tuned
+    for problem, config in (OTHER_DEVICE, OTHER_VERSION):
+        result = runtime.lookup("matmul", **problem)
+        assert result.source != "exact" and result.matched_key != key_of(template, problem)
+        assert result.config != template.space.with_defaults(config)
+
+
+def test_a_source_of_another_device_only_serves_heuristics(tmp_path, template, device):
+    """The H100's bundle and the database read on this device: neither holds a winner for it."""
+    db = str(tmp_path / "h100.db")
+    store = Store(db)
+    try:
+        kv, h100 = store.kernel_version_id(template), store.device_id(H100)
+        for problem, config in TUNED:
+            store_winner(store, kv, h100, key_of(template, problem), problem, config)
+    finally:
+        store.close()
+    bundle = export(db, tmp_path / "bundles", H100)
+    for name, runtime in runtimes(db, bundle).items():
+        assert runtime.tuned_keys("matmul") == [], name
+        assert {a["source"] for a in answers(runtime)} == {"heuristic"}, name
+
+
+# -- damaged entries --------------------------------------------------------------------------
+def test_a_winner_outside_the_space_is_skipped_alike_with_one_warning(tmp_path, template, device):
+    problem = {"M": 32, "N": 32, "K": 32, "dtype": "float16"}
+    outside = {**BASE, "BLOCK_M": 24}  # not one of BLOCK_M's choices
+    db = str(tmp_path / "damaged.db")
+    build(db, template, device, extra=[(problem, outside)])
+    by_source = {}
+    for name, runtime in runtimes(db, export(db, tmp_path / "bundles", device)).items():
+        by_source[name], messages = quiet_answers(runtime)
+        assert len(messages) == 1 and "outside its space" in messages[0], (name, messages)
+        assert key_of(template, problem) not in runtime.tuned_keys("matmul")
+        assert runtime.lookup("matmul", **problem).config != template.space.with_defaults(outside)
+    assert by_source["db"] == by_source["bundle"]
+    assert [a["source"] for a in by_source["db"][: len(TUNED)]] == ["exact"] * len(TUNED)  # the rest still served
+
+
+def test_a_damaged_database_row_is_skipped_with_a_warning(tmp_path, template, device):
+    db = str(tmp_path / "damaged.db")
+    build(db, template, device)
+    bundle = export(db, tmp_path / "bundles", device)  # exported before the damage
+    store = Store(db)
+    try:
+        with store.session() as session:
+            session.execute(
+                text("UPDATE tunesvc_winners SET config = '[1, 2' WHERE shape_key = :key"),
+                {"key": key_of(template, TUNED[0][0])},
+            )
+    finally:
+        store.close()
+    got, messages = quiet_answers(Runtime(db=db))
+    assert messages, "a damaged row is said"
+    assert got[0]["source"] != "exact"  # the damaged key falls back
+    assert [a["source"] for a in got[1 : len(TUNED)]] == ["exact"] * (len(TUNED) - 1)  # the rest still served
+    assert answers(Runtime(bundle=bundle))[0]["source"] == "exact"
+
+
+def test_a_damaged_bundle_serves_heuristics_with_one_warning(tmp_path, template, device):
+    db = str(tmp_path / "tuned.db")
+    build(db, template, device)
+    bundle = export(db, tmp_path / "bundles", device)
+    data = json.loads(bundle.read_text())
+    first = next(iter(data["kernels"]["matmul"]["winners"].values()))
+    first["config"] = "0" * 32  # names a config the bundle lacks
+    bundle.write_text(json.dumps(data))
+    got, messages = quiet_answers(Runtime(bundle=bundle))
+    assert len(messages) == 1 and "damaged bundle" in messages[0], messages
+    assert {a["source"] for a in got} == {"heuristic"}
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_an_unreadable_source_is_a_warning_in_lookup_mode(tmp_path, source):
+    path = tmp_path / ("garbage.db" if source == "db" else "garbage.json")
+    path.write_bytes(b"\x00not a database nor a bundle\xff" * 10)
+    runtime = Runtime(**{source: str(path)})
+    got, messages = quiet_answers(runtime)
+    assert messages and all(str(path) in m for m in messages), messages  # the winners' and the selector's
+    assert {a["source"] for a in got} == {"heuristic"}

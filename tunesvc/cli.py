@@ -105,6 +105,19 @@ class TextConsole(Console):
 
 console = TextConsole()
 
+#: the width of a sweep's output to a pipe or a file where $COLUMNS sets none: no terminal to fit,
+#: and at rich's 80 columns its progress lines are cut and its table folds into one column
+PIPE_WIDTH = 200
+
+
+def wide_when_piped(target: Console) -> Console:
+    """``target`` as wide as :data:`PIPE_WIDTH` where it writes to a pipe or a file and $COLUMNS
+    sets no width (a terminal's width, or $COLUMNS, is kept): `tune sweep ... | cat` prints a line
+    per key, whole, and the table's columns side by side."""
+    if not target.is_terminal and not os.environ.get("COLUMNS"):
+        target.width = PIPE_WIDTH
+    return target
+
 
 def program() -> str:
     """The command that runs this CLI, as hints name it: the script the user typed (`tune` or
@@ -511,7 +524,7 @@ def sweep(
         MofNCompleteColumn(),
         TextColumn("{task.fields[best]}"),
         TimeElapsedColumn(),
-        console=TextConsole(stderr=True),
+        console=wide_when_piped(TextConsole(stderr=True)),
         disable=as_json or quiet,
     )
     tasks: dict[str, Any] = {}
@@ -563,12 +576,14 @@ def sweep(
         ]
         for r in results
     ]
-    console.print(
+    out = wide_when_piped(TextConsole())
+    out.print(
         _keyed_table(
             f"{template.name} on {device.name} ({store.url})",
             ["shape key", "winner", "ms", "heuristic ms", "speed-up", "trials", "new", "failed", "s"],
             rows,
             caption=SWEEP_LEGEND,
+            target=out,
         )
     )
 
@@ -742,6 +757,7 @@ def _sweep_on_workers(
             ]
         )
     else:
+        out = wide_when_piped(TextConsole())
         table = _keyed_table(
             f"{template.name} on {device.name}, {_count(count, 'worker')}{where} ({store.url})",
             ["shape key", "job", "winner", "ms", "attempts"],
@@ -755,8 +771,9 @@ def _sweep_on_workers(
                 ]
                 for j in rows
             ],
+            target=out,
         )
-        console.print(table)
+        out.print(table)
     unfinished = [j for j in rows if j.status != "done"]
     if unfinished:
         first = next((j.message for j in unfinished if j.message), f"workers exited with {codes}")
@@ -791,7 +808,7 @@ def _jobs_progress(
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=TextConsole(stderr=True),
+        console=wide_when_piped(TextConsole(stderr=True)),
         disable=quiet,
     )
     tasks = {key: progress.add_task(key, total=limits[key], phase="pending") for key in keys}
@@ -1043,11 +1060,16 @@ def _count(n: int, noun: str, plural: str | None = None) -> str:
 
 
 def _keyed_table(
-    title: str, columns: list[str], rows: list[list[str]], caption: str | None = None, **options: Any
+    title: str,
+    columns: list[str],
+    rows: list[list[str]],
+    caption: str | None = None,
+    target: Console | None = None,
+    **options: Any,
 ) -> Table:
     """A table whose first column (shape keys, kernel names) is never cut nor broken inside.
 
-    rich shrinks and wraps columns to fit the terminal (80 columns in a pipe): the first column
+    rich shrinks and wraps columns to fit ``target``'s width (the terminal's): the first column
     keeps its whole width, the others wrap at spaces. Where even that does not fit (a 56-character
     decode key beside five numbers at 80 columns), each row stacks: the key on its line, the other
     columns' values below it, so that nothing is cut.
@@ -1058,8 +1080,9 @@ def _keyed_table(
         wide.add_column(column, overflow="fold")
     for row in rows:
         wide.add_row(*row)
-    unbounded = console.options.update_width(10_000)
-    if Measurement.get(console, unbounded, wide).minimum <= console.width:
+    target = target or console  # the console that prints it, whose width it must fit
+    unbounded = target.options.update_width(10_000)
+    if Measurement.get(target, unbounded, wide).minimum <= target.width:
         return wide
     stacked = Table(title=title, caption=caption, caption_justify="left", **options)
     stacked.add_column(f"{columns[0]}; {', '.join(columns[1:])}", overflow="fold")

@@ -721,18 +721,19 @@ def _sweep_on_workers(
                         log=lambda line: progress.console.print(line, highlight=False),
                         tick=update,
                     )
-                    update()
+                    update(final=True)
         except KeyboardInterrupt:  # the summary says what is stored and how to resume; exits 130
             _interrupted(store, template, device.hardware_id, keys, before, resume)
         mark("workers done")
-        rows = jobs.jobs(store, batch)
+        # the workers' results, read again while the database is unreachable (a server restarted
+        # during the sweep, which the workers rode out): finished work is not reported as an error
+        said = TextConsole(stderr=True)
+        log = functools.partial(said.print, highlight=False, soft_wrap=True)
+        rows = jobs.retrying(lambda: jobs.jobs(store, batch), log)
         # Ray's workers may hold other GPUs than this host (a head node without one)
         hardware = {c[1] for c in codes if isinstance(c, tuple)} or {device.hardware_id}
-        winners = {
-            w.shape_key: w
-            for w in store.winners(kernel=template.name, version=template.version)
-            if w.hardware_id in hardware
-        }
+        stored = jobs.retrying(lambda: store.winners(kernel=template.name, version=template.version), log)
+        winners = {w.shape_key: w for w in stored if w.hardware_id in hardware}
     finally:
         for p in processes:  # a failure before the jobs were queued: the workers exit quietly
             p.abandon()
@@ -784,7 +785,7 @@ def _sweep_on_workers(
 
 def _jobs_progress(
     store, batch: str, template, problems: list[dict], device, strategy: str, budget: int | None, quiet: bool
-) -> tuple[Any, Callable[[], None]]:
+) -> tuple[Any, Callable[..., None]]:
     """A progress display of a queued batch (a bar per job: its status and stored trials of its
     budget) and the function that redraws it from the database, where the workers report."""
     from rich.progress import BarColumn
@@ -793,7 +794,9 @@ def _jobs_progress(
     from rich.progress import TextColumn
     from rich.progress import TimeElapsedColumn
 
+    from tunesvc.jobs import retrying
     from tunesvc.jobs import trials_stored
+    from tunesvc.store import DatabaseUnavailable
     from tunesvc.sweep import DEFAULT_OPTUNA_BUDGET
 
     keys = list(dict.fromkeys(str(template.key(p)) for p in problems))
@@ -813,7 +816,7 @@ def _jobs_progress(
     )
     tasks = {key: progress.add_task(key, total=limits[key], phase="pending") for key in keys}
 
-    def update() -> None:
+    def read() -> None:
         stored = trials_stored(store, template, device.hardware_id, keys)
         for job in store.jobs(batch):
             if job.shape_key in tasks:
@@ -824,10 +827,21 @@ def _jobs_progress(
                     completed=limits[job.shape_key] if done else min(stored[job.shape_key], limits[job.shape_key]),
                 )
 
+    def update(final: bool = False) -> None:
+        """Redraw from the database; while it is unreachable (a server restart, which the workers
+        retry through), a redraw is skipped, and the final one waits for it as the workers do."""
+        if final:
+            retrying(read, lambda line: progress.console.print(line, highlight=False, soft_wrap=True))
+            return
+        try:
+            read()
+        except DatabaseUnavailable:
+            pass
+
     return progress, update
 
 
-def _wait_showing_progress(processes: list, progress: Any, update: Callable[[], None]) -> list[int]:
+def _wait_showing_progress(processes: list, progress: Any, update: Callable[..., None]) -> list[int]:
     """Wait for this host's workers, drawing the batch's progress (:func:`_jobs_progress`).
 
     On Ctrl-C (SIGINT, which a terminal sends to the workers too) the workers give their running
@@ -839,7 +853,7 @@ def _wait_showing_progress(processes: list, progress: Any, update: Callable[[], 
             while any(p.poll() is None for p in processes):
                 update()
                 time.sleep(0.5)
-            update()
+            update(final=True)
         return [p.wait() for p in processes]
     except KeyboardInterrupt:
         # a terminal's Ctrl-C reached the workers too, and they are giving their jobs back: a

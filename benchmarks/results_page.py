@@ -1,7 +1,7 @@
 """Writes benchmarks/RESULTS.md from the CSV files in benchmarks/results/ (one per benchmark script).
 
-    python benchmarks/results_page.py            # rewrite RESULTS.md
-    python benchmarks/results_page.py --check    # exit 1 when RESULTS.md differs from the CSVs
+    python benchmarks/results_page.py            # rewrite RESULTS.md and the README's performance table
+    python benchmarks/results_page.py --check    # exit 1 when either differs from the CSVs
 
 Reads the CSVs with the standard library only, so it runs anywhere (no torch, no GPU).
 """
@@ -22,6 +22,7 @@ RESULTS_DIR = HERE / "results"
 #: benchmarks/conformance.py's rows: its own layout (per library and run, not per kernel and shape)
 CONFORMANCE_CSV = HERE / "data" / "conformance.csv"
 PAGE = HERE / "RESULTS.md"
+README = HERE.parent / "README.md"
 COMMAND = "python benchmarks/results_page.py"
 
 #: one row per (kernel, shape, peer, timing method) measured in one run; ratio = peer_ms / ours_ms
@@ -691,17 +692,112 @@ def render(results_dir: Path = RESULTS_DIR, conformance_csv: Path = CONFORMANCE_
     return "\n".join(lines) + "\n"
 
 
+#: the README's performance table: per row, its kernel ("{shapes}": the shape count), the peer as the
+#: README names it, and the (CSV kernel, CSV peer, timing_method) groups it quotes, " / " between them;
+#: each group's lowest-highest ratio over the shapes of its most recent date, as the Summary above
+README_ROWS: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
+    ("`matmul` ({shapes} shapes)", "cuBLAS", (("matmul", "cuBLAS (torch.matmul)", "cuda_graph"),)),
+    (
+        "`attention` forward / backward",
+        "SDPA",
+        (("attention", "torch SDPA", "do_bench"), ("attention_bwd", "torch SDPA", "do_bench")),
+    ),
+    ("`decode_attention`", "SDPA", (("decode", "torch SDPA", "cuda_graph"),)),
+    (
+        "`layer_norm` forward / backward",
+        "torch.compile / eager",
+        (("layernorm", "torch.compile", "do_bench"), ("layernorm_bwd", "torch eager (autograd.grad)", "do_bench")),
+    ),
+    (
+        "`rms_norm` forward / backward",
+        "torch.compile / eager",
+        (("rmsnorm", "torch.compile", "do_bench"), ("rmsnorm_bwd", "torch eager (autograd.grad)", "do_bench")),
+    ),
+    (
+        "`softmax` forward / backward",
+        "torch.compile",
+        (("softmax", "torch.compile", "do_bench"), ("softmax_bwd", "torch.compile", "do_bench")),
+    ),
+    (
+        "`bias_act_residual` forward / backward",
+        "torch.compile / eager",
+        (
+            ("bias_act_residual", "torch.compile", "do_bench"),
+            ("bias_act_residual_bwd", "torch eager (autograd.grad)", "do_bench"),
+        ),
+    ),
+    ("`dropout`", "torch.compile", (("dropout", "torch.compile", "do_bench"),)),
+)
+#: how the README's table names a timing method
+README_TIMING = {"cuda_graph": "CUDA graph", "do_bench": "do_bench"}
+README_HEADER = "| kernel | peer | ratio | timing | GPU | date |"
+
+
+def readme_table(results_dir: Path = RESULTS_DIR) -> list[str]:
+    """The README's performance table, computed from the CSVs as the Summary of RESULTS.md is."""
+    rows = [row for path in sorted(results_dir.glob("*.csv")) for row in read_rows(path)]
+    lines = [README_HEADER, "|---|---|---|---|---|---|"]
+    for label, peer, groups in README_ROWS:
+        spreads, shapes, methods, gpus, dates = [], set(), [], set(), set()
+        for kernel, csv_peer, method in groups:
+            matching = [r for r in rows if (r["kernel"], r["peer"], r["timing_method"]) == (kernel, csv_peer, method)]
+            if not matching:
+                raise SystemExit(f"README_ROWS: no {kernel} / {csv_peer} / {method} rows in {results_dir}.")
+            latest = max(r["date"] for r in matching)
+            recent = [r for r in matching if r["date"] == latest and ratio_of(r) is not None]
+            ratios = [v for v in (ratio_of(r) for r in recent) if v is not None]
+            spreads.append(f"{min(ratios):.2f}-{max(ratios):.2f}x")
+            shapes |= {r["shape"] for r in recent}
+            methods.append(README_TIMING.get(method, method))
+            gpus |= {_gpu_short(r["gpu"]) for r in recent}
+            dates.add(latest)
+        timing = " / ".join(dict.fromkeys(methods))
+        lines.append(
+            f"| {label.format(shapes=len(shapes))} | {peer} | {' / '.join(spreads)} | {timing} "
+            f"| {', '.join(sorted(gpus))} | {max(dates)} |"
+        )
+    return lines
+
+
+def _gpu_short(name: str) -> str:
+    """ "NVIDIA H100 80GB HBM3" as the README writes it: H100."""
+    return next((word for word in name.split() if word[:1] in "HABL" and word[1:].isdigit()), name)
+
+
+def readme_with_table(readme: str, results_dir: Path = RESULTS_DIR) -> str:
+    """``readme`` with its performance table (the lines from its header to the first line that is
+    not a table row) replaced by :func:`readme_table`."""
+    lines = readme.split("\n")
+    start = lines.index(README_HEADER)
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return "\n".join([*lines[:start], *readme_table(results_dir), *lines[end:]])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when RESULTS.md is stale; write nothing")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when RESULTS.md or the README's table is stale; write nothing"
+    )
     args = parser.parse_args()
     page = render()
+    readme = README.read_text()
+    table = readme_with_table(readme)
     if args.check:
-        if not PAGE.exists() or PAGE.read_text() != page:
-            print(f"benchmarks/RESULTS.md is stale; regenerate it with `{COMMAND}`.", file=sys.stderr)
-            return 1
-        return 0
+        stale = [
+            name
+            for name, ok in (
+                ("benchmarks/RESULTS.md", PAGE.exists() and PAGE.read_text() == page),
+                ("README.md's performance table", readme == table),
+            )
+            if not ok
+        ]
+        for name in stale:
+            print(f"{name} is stale; regenerate it with `{COMMAND}`.", file=sys.stderr)
+        return 1 if stale else 0
     PAGE.write_text(page)
+    README.write_text(table)
     return 0
 
 

@@ -283,3 +283,20 @@ def test_sweep_gpus_shows_a_progress_bar_per_job(tmp_path):
         assert " done " in bar and " 2/2 " in bar, bar  # the job's status and its trials of the budget
     quiet = invoke(*args, "--db", str(tmp_path / "q.db"), "--quiet")
     assert quiet.exit_code == 0 and "━" not in quiet.stderr
+
+
+# -- tune sweep into a pipe ------------------------------------------------------------------------
+def test_sweep_into_a_pipe_prints_whole_lines_and_the_table_side_by_side(tmp_path):
+    """Without a terminal and without $COLUMNS (`tune sweep ... | cat`), rich's 80 columns would cut
+    the progress lines and fold the table into one column: each key's bar and row is one whole line."""
+    args = ("sweep", "matmul", "--shape", "37x45x29", "--shape", "100x70x50", "--budget", "2")
+    result = CliRunner().invoke(app, [*args, "--db", str(tmp_path / "t.db")], env={"COLUMNS": None})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    [header] = [line for line in lines if "shape key" in line]
+    assert all(f" {column} " in header for column in ("winner", "ms", "heuristic ms", "speed-up", "failed")), header
+    for key in ("M=64,N=45,K=29,dtype=float16", "M=128,N=70,K=50,dtype=float16"):
+        [bar] = [line for line in result.stderr.splitlines() if line.startswith(key + " ")]
+        assert " done " in bar and " 2/2 " in bar and re.search(r" best [0-9.]+ ms +\d+:\d\d:\d\d$", bar), bar
+        [row] = [line for line in lines if f" {key} " in line]
+        assert "VARIANT=" in row and "stages=" in row and row.rstrip().endswith("│"), row

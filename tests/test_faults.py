@@ -303,3 +303,35 @@ def _wait_for_server(url: str) -> None:
             time.sleep(0.2)
         finally:
             engine.dispose()
+
+
+# -- the command's own reads after its workers finished ---------------------------------------------
+def test_sweep_gpus_whose_workers_finished_succeeds_through_a_lost_connection(tmp_path, monkeypatch):
+    """A server restart during `tune sweep --gpus`: the workers retry and finish every job; the
+    command's reads of their results (jobs, winners) that meet the lost connection are retried too,
+    so the command says so and succeeds rather than ending 'Lost the connection' with exit 1."""
+    from tunesvc.store import DatabaseUnavailable
+
+    command = os.getpid()  # the workers are forked from this process: only its own reads fail
+    failed: list[str] = []
+
+    def lost_once(name: str, read):
+        def wrapper(*args, **kwargs):
+            if os.getpid() == command and name not in failed:
+                failed.append(name)
+                raise DatabaseUnavailable("Lost the connection to postgresql://db/tune: server closed the connection")
+            return read(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(jobs, "jobs", lost_once("jobs", jobs.jobs))
+    monkeypatch.setattr(Store, "winners", lost_once("winners", Store.winners))
+    db = tmp_path / "t.db"
+    args = ["sweep", "matmul", "--shape", "37x45x29", "--budget", "2", "--gpus", "0", "--db", str(db)]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert failed == ["jobs", "winners"]
+    retries = [line for line in result.stderr.splitlines() if line.startswith("Lost the connection")]
+    assert len(retries) == 2 and all("retrying in 1 s" in line for line in retries), result.stderr
+    [row] = [line for line in result.stdout.splitlines() if "M=64,N=45,K=29,dtype=float16" in line]
+    assert " done " in row and "VARIANT=" in row, row

@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from tunesvc import TunesvcError
 from tunesvc.cli import app
 from tunesvc.report import FIGURES
+from tunesvc.report import SWEEP_FIGURES_NOTE
 from tunesvc.report import _short_key
 from tunesvc.report import _spread_figure
 from tunesvc.report import collect
@@ -43,8 +44,8 @@ from tunesvc.template import get_template
 
 EXAMPLE = Path(__file__).parent.parent / "tune.db.example"
 #: the most bytes the example database's report may take: it holds every kernel's H100 sweeps
-#: (1.57 MB at 192 tuned keys), and the convergence figures draw two panels per key, ~5 KB each
-EXAMPLE_REPORT_BYTES = 2_000_000
+#: (1.35 MB at 192 tuned keys, figures at 90 dpi), and the convergence figures draw two panels per key, ~4 KB each
+EXAMPLE_REPORT_BYTES = 1_500_000
 #: browser widths the report must fit: a small laptop and a desktop window
 WIDTHS = (1024, 1400)
 H100 = "NVIDIA H100 80GB HBM3"
@@ -404,14 +405,20 @@ def test_report_of_the_h100_example(example_report, template):
         cells = re.findall(r"<td([^>]*)>(.*?)</td>", row)
         ratios = [k.peer_speedup for k in section.keys if k.peer_speedup is not None]
         assert cells[3][1] == str(len(ratios))
+        # the peer the sweeps timed, named: the page's figures are the sweeps' own, not the benchmarks'
+        peer = (
+            f'<br><span class="sub">peer: {html_module.escape(section.peer_name)}</span>' if section.peer_name else ""
+        )
+        assert cells[0][1].endswith(f"</a>{peer}"), row
         if not ratios:
-            assert [c for _, c in cells[4:]] == ["-"] * 3
+            assert [c for _, c in cells[4:7]] == ["-"] * 3
             continue
         geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        for (css, text), value in zip(cells[4:], (geomean, max(ratios), min(ratios))):
+        for (css, text), value in zip(cells[4:7], (geomean, max(ratios), min(ratios)), strict=True):
             assert float(text.split("x")[0]) == pytest.approx(value, rel=5e-3), row
             assert css == (' class="slow"' if value < 1 else ' class="fast"'), row
     assert 'class="slow"' in summary  # attention on the H100 is slower than torch's SDPA (FlashAttention)
+    assert html_module.escape(SWEEP_FIGURES_NOTE) in summary and "benchmarks/RESULTS.md" in summary
     # no panel title ends in a bare flag
     assert _short_key("B=4,H=32,S=4096,D=128,causal=True,dtype=bfloat16") == "4x32x4096x128 causal bfloat16"
     assert _short_key("B=8,HQ=32,HKV=8,S=4096,D=128,dtype=bfloat16,paged=False").endswith("bfloat16 not paged")

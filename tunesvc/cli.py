@@ -105,6 +105,19 @@ class TextConsole(Console):
 
 console = TextConsole()
 
+#: the width of a sweep's output to a pipe or a file where $COLUMNS sets none: no terminal to fit,
+#: and at rich's 80 columns its progress lines are cut and its table folds into one column
+PIPE_WIDTH = 200
+
+
+def wide_when_piped(target: Console) -> Console:
+    """``target`` as wide as :data:`PIPE_WIDTH` where it writes to a pipe or a file and $COLUMNS
+    sets no width (a terminal's width, or $COLUMNS, is kept): `tune sweep ... | cat` prints a line
+    per key, whole, and the table's columns side by side."""
+    if not target.is_terminal and not os.environ.get("COLUMNS"):
+        target.width = PIPE_WIDTH
+    return target
+
 
 def program() -> str:
     """The command that runs this CLI, as hints name it: the script the user typed (`tune` or
@@ -511,7 +524,7 @@ def sweep(
         MofNCompleteColumn(),
         TextColumn("{task.fields[best]}"),
         TimeElapsedColumn(),
-        console=TextConsole(stderr=True),
+        console=wide_when_piped(TextConsole(stderr=True)),
         disable=as_json or quiet,
     )
     tasks: dict[str, Any] = {}
@@ -563,12 +576,14 @@ def sweep(
         ]
         for r in results
     ]
-    console.print(
+    out = wide_when_piped(TextConsole())
+    out.print(
         _keyed_table(
             f"{template.name} on {device.name} ({store.url})",
             ["shape key", "winner", "ms", "heuristic ms", "speed-up", "trials", "new", "failed", "s"],
             rows,
             caption=SWEEP_LEGEND,
+            target=out,
         )
     )
 
@@ -706,18 +721,19 @@ def _sweep_on_workers(
                         log=lambda line: progress.console.print(line, highlight=False),
                         tick=update,
                     )
-                    update()
+                    update(final=True)
         except KeyboardInterrupt:  # the summary says what is stored and how to resume; exits 130
             _interrupted(store, template, device.hardware_id, keys, before, resume)
         mark("workers done")
-        rows = jobs.jobs(store, batch)
+        # the workers' results, read again while the database is unreachable (a server restarted
+        # during the sweep, which the workers rode out): finished work is not reported as an error
+        said = TextConsole(stderr=True)
+        log = functools.partial(said.print, highlight=False, soft_wrap=True)
+        rows = jobs.retrying(lambda: jobs.jobs(store, batch), log)
         # Ray's workers may hold other GPUs than this host (a head node without one)
         hardware = {c[1] for c in codes if isinstance(c, tuple)} or {device.hardware_id}
-        winners = {
-            w.shape_key: w
-            for w in store.winners(kernel=template.name, version=template.version)
-            if w.hardware_id in hardware
-        }
+        stored = jobs.retrying(lambda: store.winners(kernel=template.name, version=template.version), log)
+        winners = {w.shape_key: w for w in stored if w.hardware_id in hardware}
     finally:
         for p in processes:  # a failure before the jobs were queued: the workers exit quietly
             p.abandon()
@@ -742,6 +758,7 @@ def _sweep_on_workers(
             ]
         )
     else:
+        out = wide_when_piped(TextConsole())
         table = _keyed_table(
             f"{template.name} on {device.name}, {_count(count, 'worker')}{where} ({store.url})",
             ["shape key", "job", "winner", "ms", "attempts"],
@@ -755,8 +772,9 @@ def _sweep_on_workers(
                 ]
                 for j in rows
             ],
+            target=out,
         )
-        console.print(table)
+        out.print(table)
     unfinished = [j for j in rows if j.status != "done"]
     if unfinished:
         first = next((j.message for j in unfinished if j.message), f"workers exited with {codes}")
@@ -767,7 +785,7 @@ def _sweep_on_workers(
 
 def _jobs_progress(
     store, batch: str, template, problems: list[dict], device, strategy: str, budget: int | None, quiet: bool
-) -> tuple[Any, Callable[[], None]]:
+) -> tuple[Any, Callable[..., None]]:
     """A progress display of a queued batch (a bar per job: its status and stored trials of its
     budget) and the function that redraws it from the database, where the workers report."""
     from rich.progress import BarColumn
@@ -776,7 +794,9 @@ def _jobs_progress(
     from rich.progress import TextColumn
     from rich.progress import TimeElapsedColumn
 
+    from tunesvc.jobs import retrying
     from tunesvc.jobs import trials_stored
+    from tunesvc.store import DatabaseUnavailable
     from tunesvc.sweep import DEFAULT_OPTUNA_BUDGET
 
     keys = list(dict.fromkeys(str(template.key(p)) for p in problems))
@@ -791,12 +811,12 @@ def _jobs_progress(
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=TextConsole(stderr=True),
+        console=wide_when_piped(TextConsole(stderr=True)),
         disable=quiet,
     )
     tasks = {key: progress.add_task(key, total=limits[key], phase="pending") for key in keys}
 
-    def update() -> None:
+    def read() -> None:
         stored = trials_stored(store, template, device.hardware_id, keys)
         for job in store.jobs(batch):
             if job.shape_key in tasks:
@@ -807,10 +827,21 @@ def _jobs_progress(
                     completed=limits[job.shape_key] if done else min(stored[job.shape_key], limits[job.shape_key]),
                 )
 
+    def update(final: bool = False) -> None:
+        """Redraw from the database; while it is unreachable (a server restart, which the workers
+        retry through), a redraw is skipped, and the final one waits for it as the workers do."""
+        if final:
+            retrying(read, lambda line: progress.console.print(line, highlight=False, soft_wrap=True))
+            return
+        try:
+            read()
+        except DatabaseUnavailable:
+            pass
+
     return progress, update
 
 
-def _wait_showing_progress(processes: list, progress: Any, update: Callable[[], None]) -> list[int]:
+def _wait_showing_progress(processes: list, progress: Any, update: Callable[..., None]) -> list[int]:
     """Wait for this host's workers, drawing the batch's progress (:func:`_jobs_progress`).
 
     On Ctrl-C (SIGINT, which a terminal sends to the workers too) the workers give their running
@@ -822,7 +853,7 @@ def _wait_showing_progress(processes: list, progress: Any, update: Callable[[], 
             while any(p.poll() is None for p in processes):
                 update()
                 time.sleep(0.5)
-            update()
+            update(final=True)
         return [p.wait() for p in processes]
     except KeyboardInterrupt:
         # a terminal's Ctrl-C reached the workers too, and they are giving their jobs back: a
@@ -1043,11 +1074,16 @@ def _count(n: int, noun: str, plural: str | None = None) -> str:
 
 
 def _keyed_table(
-    title: str, columns: list[str], rows: list[list[str]], caption: str | None = None, **options: Any
+    title: str,
+    columns: list[str],
+    rows: list[list[str]],
+    caption: str | None = None,
+    target: Console | None = None,
+    **options: Any,
 ) -> Table:
     """A table whose first column (shape keys, kernel names) is never cut nor broken inside.
 
-    rich shrinks and wraps columns to fit the terminal (80 columns in a pipe): the first column
+    rich shrinks and wraps columns to fit ``target``'s width (the terminal's): the first column
     keeps its whole width, the others wrap at spaces. Where even that does not fit (a 56-character
     decode key beside five numbers at 80 columns), each row stacks: the key on its line, the other
     columns' values below it, so that nothing is cut.
@@ -1058,8 +1094,9 @@ def _keyed_table(
         wide.add_column(column, overflow="fold")
     for row in rows:
         wide.add_row(*row)
-    unbounded = console.options.update_width(10_000)
-    if Measurement.get(console, unbounded, wide).minimum <= console.width:
+    target = target or console  # the console that prints it, whose width it must fit
+    unbounded = target.options.update_width(10_000)
+    if Measurement.get(target, unbounded, wide).minimum <= target.width:
         return wide
     stacked = Table(title=title, caption=caption, caption_justify="left", **options)
     stacked.add_column(f"{columns[0]}; {', '.join(columns[1:])}", overflow="fold")

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import TextIO
+from typing import TypeVar
 
 from tunesvc import settings
 from tunesvc.errors import TunesvcError
@@ -249,6 +250,22 @@ def work(
                 raise
     finally:
         runner.close()
+
+
+T = TypeVar("T")
+
+
+def retrying(read: Callable[[], T], log: Callable[[str], None], retry_s: float = RETRY_S) -> T:
+    """``read()``, tried again while the database is unreachable (a server restart, which the
+    workers ride out the same way): 1, 2, 4 ... 30 s apart, each retry said to ``log``, giving up
+    after ``retry_s``. A command whose workers finished reads their results through this, so that
+    a connection lost meanwhile does not turn finished work into an error."""
+    backoff = _Backoff(retry_s, log)
+    while True:
+        try:
+            return read()
+        except DatabaseUnavailable as exc:
+            backoff.wait(exc)
 
 
 class _Backoff:

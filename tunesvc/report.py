@@ -71,8 +71,9 @@ LISTED_PEAKS: dict[str, Peak] = {
 }
 
 REPORT_FILE = "report.html"
-#: figures' resolution: 1140 px for three panels side by side, the page's widest column
-DPI = 100
+#: figures' resolution: 1026 px for three panels side by side, within the page's widest column; 90, not 100:
+#: the example database's report stays under 1.5 MB (its figures are most of it)
+DPI = 90
 #: the figures of each section, in page order: kind -> caption
 FIGURES = {
     "convergence": "Convergence by trial: every correct trial's time (dots) and the best so far (line), by trial "
@@ -632,6 +633,17 @@ SPEEDUP_NOTE = (
 )
 
 
+#: where the page's speed-ups come from, and what they are not
+SWEEP_FIGURES_NOTE = (
+    "These are the sweeps' own figures, read from this database: each key's peer (the template's, named under its "
+    "kernel) timed once by the sweep that tuned the key, in the same way as its candidates, on every key the database "
+    "holds. "
+    "They are not the benchmark scripts' figures (benchmarks/RESULTS.md, and the README's performance table made "
+    "from its CSVs), which time the presets' shapes only, with CUDA graphs or do_bench, against the peers named "
+    "there (torch.compile for the norms): the two differ in shapes, peers and timing."
+)
+
+
 def _html(
     store: Store,
     sections: list[Section],
@@ -697,7 +709,9 @@ def _summary_html(sections: list[Section], left_out: dict[str, int]) -> list[str
     for section in sections:
         ratios = section.peer_speedups
         row = [
-            f'<td class="l"><a href="#{e(section.slug)}">{e(section.kernel)}</a></td>',
+            f'<td class="l"><a href="#{e(section.slug)}">{e(section.kernel)}</a>'
+            + (f'<br><span class="sub">peer: {e(section.peer_name)}</span>' if section.peer_name else "")
+            + "</td>",
             f'<td class="l">{e(section.device.name)}</td>',
             f"<td>{len(section.keys)}</td>",
             f"<td>{len(ratios)}</td>",
@@ -717,7 +731,7 @@ def _summary_html(sections: list[Section], left_out: dict[str, int]) -> list[str
             f"{_count(left_out[name], 'section')} of older versions (<code>--all-versions</code>)</td></tr>"
         )
     out.append("</tbody></table></div>")
-    note = SPEEDUP_NOTE + ' "-": no sweep of that kernel timed its peer.'
+    note = SPEEDUP_NOTE + ' "-": no sweep of that kernel timed its peer. ' + html.escape(SWEEP_FIGURES_NOTE)
     if left_out:
         older = ", ".join(f"{k} ({n})" for k, n in sorted(left_out.items()))
         note += (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import textwrap
 
 import pytest
@@ -405,3 +406,24 @@ def test_tune_show_does_not_import_torch():
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip().splitlines()[-1] == "False"
     assert "current version, used by lookups" in result.stdout
+
+
+def test_a_space_with_no_config_for_a_shape_is_one_sentence(tmp_path, monkeypatch):
+    """Every config breaks a constraint at this shape: `tune space --shape` says so (a template's
+    heuristic would have nothing to pick from)."""
+    from typer.testing import CliRunner
+
+    from tunesvc.cli import app
+
+    (tmp_path / "tight_templates.py").write_text(
+        textwrap.dedent(USER_MODULE).replace("scale_space.toml", "tight_space.toml")
+    )
+    (tmp_path / "tight_space.toml").write_text('[params]\nBLOCK = [32, 64]\n\n[constraints]\nfit = "BLOCK <= N"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        result = CliRunner().invoke(app, ["space", "tight_templates:Scale", "--shape", "8"])
+    finally:
+        sys.modules.pop("tight_templates", None)
+    assert result.exit_code == 1
+    assert "every one breaks a constraint" in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1

@@ -369,10 +369,16 @@ def space(
     if shape is not None:
         problem = template.parse_shape(shape, dtype)
         device = current_device()
+        feasible = len(template.feasible(problem, device))
+        if not feasible:  # a template's heuristic has nothing to pick from (an IndexError, for one)
+            raise TunesvcError(
+                f"No config of {template.name}'s space fits {template.key(problem)} on {device.name}: every one "
+                "breaks a constraint; widen the space or give another shape."
+            )
         data.update(
             shape_key=str(template.key(problem)),
             device=device.name,
-            feasible=len(template.feasible(problem, device)),
+            feasible=feasible,
             heuristic=template.heuristic(problem, device),
         )
     if as_json:

@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
+from _devices import H100
 
 import tunesvc
 from tunesvc.bench import relative_error as rel_error
-from tunesvc.device import Device
 from tunesvc.kernels.attention import BWD_TEMPLATE
 from tunesvc.kernels.attention import TEMPLATE
 from tunesvc.kernels.attention import attention
@@ -25,20 +25,6 @@ TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2}
 FWD = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
 # BLOCK_N1 > BLOCK_M1 and BLOCK_M2 > BLOCK_N2: the causal diagonal takes several inner steps
 BWD = {"BLOCK_M1": 16, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 16, "num_warps": 4, "num_stages": 2}
-
-H100 = Device(
-    kind="cuda",
-    name="NVIDIA H100 80GB HBM3",
-    capability="9.0",
-    sm_count=132,
-    memory_bytes=80 << 30,
-    max_shared_memory=232448,
-    max_num_regs=65536,
-    driver="",
-    cuda="",
-    torch="",
-    triton="",
-)
 
 
 def reference(q, k, v, causal, sm_scale=None, do=None):

@@ -19,6 +19,7 @@ import optuna
 import pytest
 from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
 from _backends import pg_database
+from _devices import H100
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -881,19 +882,7 @@ def test_postgresql_head_schema_is_the_models_and_an_older_database_upgrades_kee
             store = Store(url)  # revision 0003 widened devices.memory_bytes: an 80 GiB GPU now fits
             try:
                 assert store.find_device(store.find_device("Tesla V100").name).memory_bytes == 2147483647
-                h100 = tunesvc.Device(
-                    kind="cuda",
-                    name="NVIDIA H100 80GB HBM3",
-                    capability="9.0",
-                    sm_count=132,
-                    memory_bytes=80 << 30,
-                    max_shared_memory=232448,
-                    max_num_regs=65536,
-                    driver="550",
-                    cuda="12.4",
-                    torch="2.4",
-                    triton="3.0",
-                )
+                h100 = H100
                 # the renamed sequences still hand out ids after the rows that were there
                 assert store.device_id(h100) == 2
                 assert store.find_device("NVIDIA H100 80GB HBM3").memory_bytes == 80 << 30

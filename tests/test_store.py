@@ -9,6 +9,7 @@ import pytest
 from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
 from _backends import pg_admin_url
 from _backends import pg_database
+from _devices import H100
 from sqlalchemy import create_engine
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -358,19 +359,7 @@ def test_readonly_store_cannot_write(tmp_db, file_ids, file_store):
 
 
 def _other_device() -> tunesvc.Device:
-    return tunesvc.Device(
-        kind="cuda",
-        name="NVIDIA H100 80GB HBM3",
-        capability="9.0",
-        sm_count=132,
-        memory_bytes=80 << 30,
-        max_shared_memory=232448,
-        max_num_regs=65536,
-        driver="550",
-        cuda="12.4",
-        torch="2.4",
-        triton="3.0",
-    )
+    return H100
 
 
 @pytest.mark.parametrize("readonly", [True, False])

@@ -114,7 +114,7 @@ def wide_when_piped(target: Console) -> Console:
     """``target`` as wide as :data:`PIPE_WIDTH` where it writes to a pipe or a file and $COLUMNS
     sets no width (a terminal's width, or $COLUMNS, is kept): `tune sweep ... | cat` prints a line
     per key, whole, and the table's columns side by side."""
-    if not target.is_terminal and not os.environ.get("COLUMNS"):
+    if not target.is_terminal and not settings.text("COLUMNS"):
         target.width = PIPE_WIDTH
     return target
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -40,8 +41,10 @@ def _alive(worker: str | None) -> bool:
     """Whether the process a worker name points to may still run (False only where it surely does not)."""
     host, _, rest = (worker or "").partition(":")
     pid_text = rest.partition(":")[0]
-    if host != _HOST or not pid_text.isdigit():
-        return True  # another host's process: its heartbeat decides
+    if host != _HOST or not pid_text.isdigit() or sys.platform == "win32":
+        # another host's process: its heartbeat decides (and on Windows os.kill(pid, 0) would
+        # send a Ctrl-C event, not ask whether the process exists)
+        return True
     try:
         os.kill(int(pid_text), 0)
     except ProcessLookupError:

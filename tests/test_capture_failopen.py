@@ -79,15 +79,16 @@ def _boom(*args, **kwargs):
     raise RuntimeError("injected fault")
 
 
+#: stage -> (where the fault is injected, the stage the warning names)
 FAULTS = {
-    "look up": (CAPTURE._Shared, "table"),
-    "prune": (CAPTURE, "_pruned"),
-    "claim": (claim.KeyClaim, "__enter__"),
-    "compile": (CAPTURE, "_precompiled"),
-    "check": (CAPTURE, "relative_error"),
-    "time": (CAPTURE.CaptureBench, "measure"),
-    "store": (Store, "add_trials"),
-    "store winner": (Store, "update_winner"),
+    "look up": (CAPTURE._Shared, "table", "look up"),
+    "prune": (CAPTURE, "_pruned", "prune"),
+    "claim": (claim.KeyClaim, "__enter__", "claim"),
+    "compile": (CAPTURE, "_precompiled", "measure"),
+    "check": (CAPTURE, "relative_error", "measure"),
+    "time": (CAPTURE.CaptureBench, "measure", "measure"),
+    "store": (Store, "add_trials", "store"),
+    "store winner": (Store, "update_winner", "store"),
 }
 
 
@@ -100,7 +101,7 @@ def test_a_fault_at_any_stage_runs_the_launch_as_triton_autotune_with_one_warnin
     expected = x0.clone()
     plain = autotuned(_add_in_place, restore_value=["x_ptr"])
     plain[grid(N)](expected, y, N)
-    target, name = FAULTS[stage]
+    target, name, named = FAULTS[stage]
     monkeypatch.setattr(target, name, _boom)
     kernel = autotuned(_add_in_place, restore_value=["x_ptr"])
     x = x0.clone()
@@ -114,6 +115,7 @@ def test_a_fault_at_any_stage_runs_the_launch_as_triton_autotune_with_one_warnin
     said = _tunesvc_warnings(caught)
     assert len(said) == 1, said
     assert "_add_in_place" in said[0] and "injected fault" in said[0] and "Triton's own autotuner" in said[0]
+    assert f": {named} failed with RuntimeError" in said[0], said[0]
     assert "\n" not in said[0]
     assert not STATS["tuned"]
 

@@ -497,7 +497,7 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         except _LeftToTriton:
             return _TRITON_RUN(self, *args, **kwargs)
         except Exception as exc:  # capture fails open (see the module docstring)
-            _give_up(state, exc, _STAGE.get(), stacklevel=2)
+            _give_up(state, exc, _STAGE.of(exc), stacklevel=2)
             return _TRITON_RUN(self, *args, **kwargs)
     config, launch = hit
     self.best_config = config
@@ -520,16 +520,24 @@ class _Stage(threading.local):
 
     name = "look up"
 
-    def get(self) -> str:
-        return self.name
-
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         outer, self.name = self.name, name
         try:
             yield
+        except Exception as exc:  # the innermost stage names the failure: the outer ones are restored
+            if not hasattr(exc, "_tunesvc_stage"):
+                try:
+                    exc._tunesvc_stage = name  # type: ignore[attr-defined]
+                except Exception:  # an exception type that takes no attributes: the outer stage
+                    pass
+            raise
         finally:
             self.name = outer
+
+    def of(self, exc: BaseException) -> str:
+        """The stage ``exc`` was raised in."""
+        return getattr(exc, "_tunesvc_stage", self.name)
 
 
 _STAGE = _Stage()
@@ -763,7 +771,7 @@ class _StoreCache:
         except _LeftToTriton:
             return key in self.inner
         except Exception as exc:  # capture fails open: the subclass searches as it would alone
-            _give_up(state, exc, _STAGE.get(), stacklevel=3)
+            _give_up(state, exc, _STAGE.of(exc), stacklevel=3)
             return key in self.inner
         return True
 

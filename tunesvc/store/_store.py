@@ -87,6 +87,8 @@ if TYPE_CHECKING:
 DEFAULT_DB = settings.DEFAULT_DB
 #: how long a SQLite writer waits for another one's lock before it fails
 BUSY_TIMEOUT_S = 30
+#: how long the damage check reads again while another process writes the file (seconds)
+WRITER_WAIT_S = 5.0
 #: a transaction open this long is said to be waiting (see Store._said_if_waiting)
 LOCK_NOTICE_S = 5.0
 
@@ -270,8 +272,9 @@ class Store(BaseStore):
         import sqlite3
 
         path = Path(str(self.path))
-        for attempt in range(2):
-            wal = Path(f"{path}-wal").exists()
+        deadline = time.monotonic() + WRITER_WAIT_S
+        while True:
+            before = _file_state(path)
             try:
                 connection = sqlite3.connect(_readonly_uri(path), uri=True, timeout=BUSY_TIMEOUT_S)
                 try:
@@ -280,9 +283,15 @@ class Store(BaseStore):
                     connection.close()
             except sqlite3.DatabaseError as exc:
                 problems = [str(exc)]
-            # an immutable read that a writer started during: check again through its side files
-            if problems == ["ok"] or wal or not Path(f"{path}-wal").exists() or attempt:
+            # an immutable read races a writer (another process creating the file, in rollback
+            # journal mode until it switches to WAL, or one that opened it meanwhile): while the
+            # file changes under the read, or a rollback journal says a write is under way, read
+            # again; a file at rest that fails is damaged
+            after = _file_state(path)
+            at_rest = before == after and not after[3]
+            if problems == ["ok"] or at_rest or time.monotonic() > deadline:
                 break
+            time.sleep(0.05)
         if problems != ["ok"]:
             if "file is not a database" in str(problems[0]):
                 raise TunesvcError(f"{self._where()} is not a SQLite database; pass another --db path.")
@@ -1598,6 +1607,15 @@ def _missing_schema(exc: DBAPIError, text: str) -> str | None:
 def _hide_password(url: str) -> str:
     """A URL that SQLAlchemy cannot parse, with any password between ':' and '@' masked."""
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def _file_state(path: Path) -> tuple[int, int, bool, bool]:
+    """A SQLite file's size and modification time, and whether its -wal and -journal side files exist."""
+    try:
+        info = path.stat()
+    except OSError:
+        return (-1, -1, False, False)
+    return (info.st_size, info.st_mtime_ns, Path(f"{path}-wal").exists(), Path(f"{path}-journal").exists())
 
 
 def _readonly_uri(path: Path) -> str:

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 import tunesvc
 from tunesvc._capture import STATS
-from tunesvc._capture import key_distance
+from tunesvc._capture import CapturedKey
+from tunesvc._capture import CapturedTemplate
 from tunesvc.cli import app
 from tunesvc.store import Store
 
@@ -248,6 +249,11 @@ def test_lookup_mode_never_benchmarks_records_the_miss_and_takes_the_nearest_win
 
 
 def test_key_text_distance():
+    distance = CapturedTemplate("k", "v", []).key_distance
+
+    def key_distance(a: str, b: str) -> float:
+        return distance(CapturedKey.of(a), CapturedKey.of(b))
+
     assert key_distance("n=1000,flag=True", "n=1000,flag=True") == 0
     assert key_distance("n=1000,flag=True", "n=1000,flag=False") == float("inf")
     assert 0 < key_distance("n=0,x.dtype=float16", "n=3,x.dtype=float16") < float("inf")

@@ -258,3 +258,37 @@ def test_a_sweep_on_the_new_model_measures_the_siblings_winner_first(sibling_db,
         store.close()
     assert [t.config for t in trials] == [fits]
     assert result.winner == fits
+
+
+def test_a_captured_kernel_walks_the_same_chain(tmp_db):
+    """A captured kernel (its problem a key's text, its space its config list) is answered by the
+    one chain as a shipped kernel is: exact, nearest, then a sibling model's winner, then its
+    first listed config; the sibling's winner is never this model's own."""
+    import triton
+
+    from tunesvc._capture import CapturedTemplate
+    from tunesvc._capture import config_dict
+
+    configs = [triton.Config({"BLOCK": 32}, num_warps=4), triton.Config({"BLOCK": 128}, num_warps=8)]
+    captured = CapturedTemplate("lib.ops:_scale", "v1", configs)
+    first, second = (config_dict(c) for c in configs)
+    h100_key, h200_key = "n=1000,x.dtype=float16", "n=64,x.dtype=float16"
+    _add(tmp_db, H100, h100_key, second, captured)
+    _add(tmp_db, H200, h200_key, first, captured)
+
+    def answer(key: str, device=H200, **kwargs):
+        return Runtime(db=tmp_db, device=device, mode="lookup", **kwargs).answer(captured, {"key": key}, said=False)
+
+    assert (answer(h200_key).source, answer(h200_key).config) == ("exact", first)
+    near = answer("n=100,x.dtype=float16")  # this model's own neighbour first
+    assert (near.source, near.matched_key, near.config) == ("nearest", h200_key, first)
+    moved = answer("n=1000,x.dtype=bfloat16")  # no key of this dtype here: the sibling has none either
+    assert (moved.source, moved.config) == ("heuristic", first)
+    _add(tmp_db, H100, "n=1000,x.dtype=bfloat16", second, captured)
+    moved = answer("n=1000,x.dtype=bfloat16")
+    assert (moved.source, moved.config, moved.transferred_from) == ("transferred", second, H100.name)
+    assert answer("n=1000,x.dtype=bfloat16", transfer=False).source == "heuristic"
+    # the H100's winner was read, never stored as the H200's
+    assert Runtime(db=tmp_db, device=H200).tuned_keys(captured) == [h200_key]
+    # a key whose fields are not the stored keys' is no neighbour of them
+    assert answer("n=1000,flag=True,x.dtype=float16").source == "heuristic"

@@ -74,6 +74,7 @@ from tunesvc.settings import OFF
 from tunesvc.settings import TUNE
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import config_hash
+from tunesvc.template import ShapeKey
 from tunesvc.template import Template
 from tunesvc.template import source_version
 
@@ -235,22 +236,45 @@ class _Shared:
 
     def table(self, template: Template) -> dict[str, ConfigDict]:
         """The stored winners of ``template`` on this device (bundle, else database; {}: none)."""
-        from tunesvc.runtime import Runtime
-        from tunesvc.runtime import _database_exists
         from tunesvc.store import DatabaseNotCreated
 
-        if self._runtime is None:
-            s = self.settings
-            if not s.bundle and not _database_exists(s.db_path):
-                return {}  # not cached: another process may create it before the next miss
-            runtime = Runtime(db=None if s.bundle else s.db_path, bundle=s.bundle, mode="lookup", strict=True)
-            try:
-                table = runtime._table(template)
-            except DatabaseNotCreated:
-                return {}  # the file, but no tables yet (another process creating them): as no file
-            self._runtime = runtime
-            return table
-        return self._runtime._table(template)
+        runtime = self._runtime or self._open()
+        if runtime is None:
+            return {}
+        try:
+            table = runtime._table(template)
+        except DatabaseNotCreated:
+            return {}  # the file, but no tables yet (another process creating them): as no file
+        self._runtime = runtime
+        return table
+
+    def _open(self) -> Runtime | None:
+        """A runtime (mode lookup, strict: a source that cannot be read is capture's failure to
+        say) over these settings' winner source; None while there is no database (not kept:
+        another process may create it before the next miss)."""
+        from tunesvc.runtime import Runtime
+        from tunesvc.runtime import _database_exists
+
+        s = self.settings
+        if not s.bundle and not _database_exists(s.db_path):
+            return None
+        return Runtime(db=None if s.bundle else s.db_path, bundle=s.bundle, mode="lookup", strict=True)
+
+    def answer(
+        self, state: _State, text: str, pruned: Callable[[], list[Any]], *, said: bool = True
+    ) -> tuple[Any, str]:
+        """The config, and its source, that the runtime's one chain gives a key not tuned here:
+        its stored winner, else predicted, nearest, transferred (as one of the kernel's configs),
+        else the first config Triton's pruning keeps for the call (the heuristic, as in mode
+        heuristic). ``said``: the runtime says once per kernel that the answer is not tuned."""
+        self.table(state.template)  # opens the source, where there is one
+        if self._runtime is not None:
+            result = self._runtime.answer(state.template, {"key": text}, said=said)
+            if result.source != "heuristic":
+                config = state.match(result.config, pruned)
+                if config is not None:
+                    return config, result.source
+        return pruned()[0], "heuristic"
 
     def store(self, create: bool) -> Store | None:
         """The writable store (created if ``create``), or None where there is no database."""
@@ -334,31 +358,15 @@ def key_text(names: list[str], key: tuple, dtype_names: list[str]) -> str:
     return ",".join(parts)
 
 
-def _parse_key(text: str) -> tuple[tuple, dict[str, int]]:
-    """(the key's non-integer fields, its integer fields) for the nearest-key fallback."""
-    fields, numbers = [], {}
-    for part in text.split(","):
-        name, _, value = part.partition("=")
-        try:
-            numbers[name] = int(value)
-        except ValueError:
-            fields.append((name, value))
-    return tuple(fields), numbers
-
-
-def key_distance(a: str, b: str) -> float:
-    """Distance in log2 space over the integer fields; infinite when any other field differs."""
-    fa, na = _parse_key(a)
-    fb, nb = _parse_key(b)
-    if fa != fb or na.keys() != nb.keys():
-        return math.inf
-    return math.sqrt(sum((math.log2(abs(na[k]) + 1) - math.log2(abs(nb[k]) + 1)) ** 2 for k in na))
-
-
 class CapturedTemplate(Template):
     """A captured kernel as the store and the runtime see it: a name, a version, and a space that
     is its config list (a stored config is accepted where it names only parameters the list sets:
-    which config it is, listed or built by the kernel's pruner for a call, is matched at launch)."""
+    which config it is, listed or built by the kernel's pruner for a call, is matched at launch).
+
+    Its problem is a shape key's text (``{"key": "n=1000,x.dtype=float16"}``), so the runtime's
+    one chain (exact, predicted, nearest, transferred, heuristic) answers a captured kernel as it
+    does a shipped one; its heuristic is its first listed config (capture launches the first
+    config Triton's pruning keeps for the call where the chain ends there)."""
 
     dims = ()
 
@@ -366,6 +374,45 @@ class CapturedTemplate(Template):
         self.name = name  # type: ignore[misc]
         self.__dict__["version"] = version  # shadows Template's cached_properties
         self.__dict__["space"] = ListedConfigs(configs)
+        self._first: ConfigDict = config_dict(configs[0]) if configs else {}
+        self.tune_hint = f"tune it with `tune misses --tune --kernel {name}`, or run in mode '{TUNE}'"
+
+    def problem(self, **kwargs: Any) -> dict[str, Any]:
+        return {"key": str(kwargs["key"])}
+
+    def key(self, problem: dict[str, Any]) -> ShapeKey:
+        return CapturedKey.of(problem["key"])
+
+    def heuristic(self, problem: dict[str, Any], device: Device) -> ConfigDict:
+        return dict(self._first)
+
+    def violations(self, config: Any, problem: dict[str, Any], device: Device) -> list[str]:
+        return []  # whether a stored config fits the call is Triton's pruning's to say, at launch
+
+    def key_distance(self, a: ShapeKey, b: ShapeKey) -> float:
+        """Distance in log2 space over the integer fields (|n| + 1: a key value may be 0);
+        infinite when any other field differs."""
+        if not a.comparable(b):
+            return math.inf
+        return math.sqrt(
+            sum((math.log2(abs(x) + 1) - math.log2(abs(y) + 1)) ** 2 for (_, x), (_, y) in zip(a.dims, b.dims))
+        )
+
+
+@dataclass(frozen=True)
+class CapturedKey(ShapeKey):
+    """A captured kernel's shape key: parsed like any (integer dims, other fields), written as
+    Triton's key text exactly as stored (its fields in the kernel's own order)."""
+
+    text: str = ""
+
+    @classmethod
+    def of(cls, text: str) -> CapturedKey:
+        parsed = ShapeKey.parse(text)
+        return cls(parsed.dims, parsed.fields, text)
+
+    def __str__(self) -> str:
+        return self.text
 
 
 class ListedConfigs:
@@ -611,12 +658,10 @@ def _nested() -> bool:
     return getattr(_MEASURING, "depth", 0) > 0
 
 
-def _nested_config(state: _State, text: str) -> Any:
-    """A key met inside tunesvc's measuring: its stored winner, else the fallback (no tuning)."""
-    table = _shared_for(state.settings).table(state.template)
-    config = state.listed(table[text]) if text in table else None
+def _nested_config(state: _State, text: str, pruned: Callable[[], list[Any]]) -> Any:
+    """A key met inside tunesvc's measuring: the one chain's answer (no tuning, nothing said)."""
     STATS["nested"] += 1
-    return config if config is not None else _fallback(state, table, text)
+    return _shared_for(state.settings).answer(state, text, pruned, said=False)[0]
 
 
 def _resolve(
@@ -624,7 +669,9 @@ def _resolve(
 ) -> tuple[Any, dict[str, Any]]:
     """The config of a key this process has not met: stored, tuned now, or the fallback."""
     if _nested():  # before the lock: the measuring may be this kernel's own, holding it
-        config = _nested_config(state, _key_text_of(tuner, _triton_key(tuner, nargs), nargs))
+        config = _nested_config(
+            state, _key_text_of(tuner, _triton_key(tuner, nargs), nargs), _Pruned(tuner, args, kwargs)
+        )
         return config, config.all_kwargs()
     with state.lock:  # one thread resolves a key; the others then find it
         hit = state.chosen.get(key)
@@ -693,7 +740,8 @@ def _config_for(tuner: Autotuner, state: _State, text: str, args: tuple, kwargs:
         if config is not None:
             STATS["stored"] += 1
         elif state.settings.mode == LOOKUP:
-            config = _fallback(state, table, text)
+            with _STAGE("look up"):
+                config, _ = shared.answer(state, text, pruned)
             _record_miss(shared, state, text, tuner, args, kwargs)
             STATS["fallback"] += 1
         else:
@@ -762,7 +810,11 @@ class _StoreCache:
         args, kwargs = call
         nargs = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in state.arg_set}
         if _nested():  # answered for this launch alone, as _resolve does
-            _MEASURING.answer = (self, key, _nested_config(state, _key_text_of(tuner, key, nargs)))
+            _MEASURING.answer = (
+                self,
+                key,
+                _nested_config(state, _key_text_of(tuner, key, nargs), _Pruned(tuner, args, kwargs)),
+            )
             return True
         try:
             with state.lock:
@@ -830,18 +882,6 @@ def _wrap_subclasses() -> None:
         todo.extend(cls.__subclasses__())
     if "__init_subclass__" not in Autotuner.__dict__:
         Autotuner.__init_subclass__ = classmethod(lambda cls, **_: _wrap_run(cls))
-
-
-def _fallback(state: _State, table: dict[str, ConfigDict], text: str) -> Any:
-    """The winner of the nearest stored key (ties by key text), else the first listed config."""
-    ranked = sorted((key_distance(text, k), k) for k in table)
-    for distance, k in ranked:
-        if distance == math.inf:
-            break
-        config = state.listed(table[k])
-        if config is not None:
-            return config
-    return state._configs[0]
 
 
 def _record_miss(shared: _Shared, state: _State, text: str, tuner: Autotuner, args: tuple, kwargs: dict) -> None:

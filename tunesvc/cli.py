@@ -1227,8 +1227,10 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
     """`tune lookup module:qualname --shape KEY` of a captured kernel: its stored winner for that
     key text (``n=1000,x_ptr.dtype=float16``), else the nearest stored key's, read without
     importing the kernel. False when ``kernel`` is not a captured kernel of --db / --bundle."""
-    from tunesvc._capture import key_distance
+    from tunesvc._capture import CapturedKey
+    from tunesvc._capture import CapturedTemplate
     from tunesvc.device import current_device
+    from tunesvc.serving import chain
 
     device = current_device()
     if bundle is not None:
@@ -1250,6 +1252,7 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
         finally:
             store.close()
         table = {e.shape_key: e.config for e in entries}  # the newest version's winner of each key
+    parsed = [(CapturedKey.of(k), k) for k in table]
 
     def names(text: str) -> list[str]:
         return [part.partition("=")[0] for part in text.split(",")]
@@ -1260,12 +1263,11 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
             f"--shape '{_short(key)}' is not a whole key of {kernel}: its stored keys name "
             f"{', '.join(names(example))} (such as {_short(example)}); give every one."
         )
-    ranked = sorted((key_distance(key, k), k) for k in table)
-    if key in table:
-        source, matched, distance = "exact", key, 0.0
-    elif ranked and ranked[0][0] != float("inf"):
-        source, (distance, matched) = "nearest", ranked[0]
-    else:
+    # the one chain's exact and nearest steps (its config list, and so its heuristic, is the module's)
+    template = CapturedTemplate(kernel, "", [])
+    found = chain.answer(template, {"key": key}, template.key({"key": key}), device, table, lambda: parsed)
+    source, matched, distance = found.source, found.matched_key, found.distance
+    if source == chain.HEURISTIC:
         source, matched, distance = "first listed config", None, None
     result = {
         "kernel": kernel,

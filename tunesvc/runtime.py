@@ -2,17 +2,9 @@
 
 The winners of the current device (matched by hardware id: GPU model, capability, SM count)
 and the current kernel version are loaded once per kernel, from a database or from an
-exported bundle. Each lookup then walks the fallback chain
-
-    exact shape key  ->  predicted (the kernel's selector, see tunesvc.serving.selector)
-                     ->  nearest tuned key (log2 distance over dims, same dtype)
-                     ->  transferred (a sibling GPU model's winner: same capability and SM count,
-                         see tunesvc.serving.transfer)  ->  heuristic
-
-and says which step answered. Transferred comes after this model's own answers: a measurement on
-this model, even of a neighbouring key, is preferred to one of the same key on another model
-(benchmarks/transfer.py times both against a config tuned here). Bundles are read with :mod:`json` only: a deployment that
-ships a bundle never imports SQLAlchemy. In mode 'tune' a miss goes to the policy that the
+exported bundle. Each lookup then walks the one chain of :mod:`tunesvc.serving.chain` (exact,
+predicted, nearest, transferred, heuristic) and says which step answered. Bundles are read
+with :mod:`json` only: a deployment that ships a bundle never imports SQLAlchemy. In mode 'tune' a miss goes to the policy that the
 tuning side registers (:mod:`tunesvc.serving.on_miss`): this module imports no tuning.
 """
 
@@ -20,13 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -36,8 +26,16 @@ from tunesvc.device import current_device
 from tunesvc.device import device_at
 from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
+from tunesvc.serving import chain
 from tunesvc.serving import on_miss
 from tunesvc.serving import transfer as transfers
+from tunesvc.serving.chain import EXACT as EXACT
+from tunesvc.serving.chain import HEURISTIC as HEURISTIC
+from tunesvc.serving.chain import NEAREST as NEAREST
+from tunesvc.serving.chain import PREDICTED as PREDICTED
+from tunesvc.serving.chain import TRANSFERRED as TRANSFERRED
+from tunesvc.serving.chain import TUNED as TUNED
+from tunesvc.serving.chain import LookupResult as LookupResult
 from tunesvc.settings import MODES
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
@@ -47,38 +45,6 @@ if TYPE_CHECKING:
     from tunesvc.device import Device
     from tunesvc.serving.selector import Selector
     from tunesvc.space import Config
-
-EXACT, PREDICTED, NEAREST, TRANSFERRED, HEURISTIC, TUNED = (
-    "exact",
-    "predicted",
-    "nearest",
-    "transferred",
-    "heuristic",
-    "tuned",
-)
-
-
-@dataclass(frozen=True)
-class LookupResult:
-    kernel: str
-    config: Config
-    source: str  # exact | predicted | nearest | transferred | heuristic | tuned (tuned on this miss)
-    key: str
-    matched_key: str | None = None
-    distance: float | None = None
-    #: the sibling GPU model whose winner a transferred answer is (its name); None otherwise
-    transferred_from: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kernel": self.kernel,
-            "config": self.config,
-            "source": self.source,
-            "key": self.key,
-            "matched_key": self.matched_key,
-            "distance": self.distance,
-            "transferred_from": self.transferred_from,
-        }
 
 
 class Runtime:
@@ -287,10 +253,10 @@ class Runtime:
             return {}
         return stored_winners(db, template, self.device, readonly=True)
 
-    def _warn_once(self, kernel: str, what: str, message: str) -> None:
+    def _warn_once(self, kernel: str, what: str, message: str, stacklevel: int = 4) -> None:
         if (kernel, what) not in self._warned:
             self._warned.add((kernel, what))
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
+            warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
     def lookup(self, kernel: str | Template, /, **problem: Any) -> LookupResult:
         """The config for this problem on the current CUDA device and how it was found; a
@@ -337,47 +303,53 @@ class Runtime:
     def _resolve(self, kernel: str | Template, problem: dict[str, Any]) -> LookupResult:
         template = kernel if isinstance(kernel, Template) else get_template(kernel)
         normalized = template.problem(**problem)
-        key = template.key(normalized)
+        if self.mode == "tune" and (template.name, "tune") not in self._warned:
+            text = str(template.key(normalized))
+            if text not in self._table(template):
+                try:
+                    result = self._tune_on_miss(template, normalized, text)
+                except Exception as exc:  # fails open: the lookup chain answers, and the kernel is not tuned again
+                    if self.strict:
+                        raise
+                    self._warn_once(
+                        template.name,
+                        "tune",
+                        f"tunesvc: tuning {template.name} for {text} failed ({type(exc).__name__}: {exc}); "
+                        "using its lookup answers in this process.",
+                    )
+                    return self._resolve(template, problem)
+                self.counters[(template.name, result.source)] += 1
+                return result
+        return self.answer(template, normalized)
+
+    def answer(self, template: Template, problem: dict[str, Any], *, said: bool = True) -> LookupResult:
+        """The one chain's answer for a normalised problem of ``template``, shipped or captured:
+        its exact winner, else predicted, nearest, transferred, heuristic; never tuning, not
+        memoised (:meth:`lookup` is), counted in :meth:`stats`. Where the answer is not exact it
+        is said once per kernel (``said=False``: not, for a key that is about to be tuned)."""
+        key = template.key(problem)
         text = str(key)
-        table = self._table(template)
-        if text in table:
-            result = LookupResult(template.name, table[text], EXACT, text, text, 0.0)
-        elif self.mode == "tune" and (template.name, "tune") not in self._warned:
-            try:
-                result = self._tune_on_miss(template, normalized, text)
-            except Exception as exc:  # fails open: the lookup chain answers, and the kernel is not tuned again
-                if self.strict:
-                    raise
-                self._warn_once(
-                    template.name,
-                    "tune",
-                    f"tunesvc: tuning {template.name} for {text} failed ({type(exc).__name__}: {exc}); "
-                    "using its lookup answers in this process.",
-                )
-                return self._resolve(template, problem)
-        else:
-            result = (
-                self._predicted(template, normalized, text)
-                or self._nearest(template, normalized, key)
-                or self._transferred(template, normalized, key)
-                or LookupResult(template.name, template.heuristic(normalized, self.device), HEURISTIC, text)
-            )
+        result = chain.answer(
+            template,
+            problem,
+            key,
+            self.device,
+            self._table(template),
+            lambda: self._parsed_keys(template.name),
+            lambda: self._selector(template),
+            lambda: self._transfer_table(template),
+        )
         self.counters[(template.name, result.source)] += 1
-        if result.source in (PREDICTED, NEAREST, TRANSFERRED, HEURISTIC) and self.mode != "heuristic":
+        if said and result.source in (PREDICTED, NEAREST, TRANSFERRED, HEURISTIC) and self.mode != "heuristic":
             which = f"one, from {result.transferred_from}" if result.source == TRANSFERRED else "one"
             self._warn_once(
                 template.name,
                 result.source,
                 f"tunesvc: no tuned config of {template.name} for {text} on {self.device.name} ({self.where()}); "
-                f"using the {result.source} {which} (tune it with `tune sweep`, or run in mode 'tune'). "
-                "Warned once per kernel.",
+                f"using the {result.source} {which} ({template.tune_hint}). Warned once per kernel.",
+                stacklevel=5,
             )
         return result
-
-    def _predicted(self, template: Template, problem: dict, text: str) -> LookupResult | None:
-        selector = self._selector(template)
-        config = selector.pick(template, problem, self.device) if selector is not None else None
-        return None if config is None else LookupResult(template.name, config, PREDICTED, text)
 
     def _selector(self, template: Template) -> Selector | None:
         """The kernel's selector for this device, loaded on its first miss (None: none, or mode
@@ -429,34 +401,12 @@ class Runtime:
                 raise TunesvcError(f"{where} has a candidate outside the space ({why}); refit it with `tune selector`.")
         return selector
 
-    def _nearest(self, template: Template, problem: dict, key: ShapeKey) -> LookupResult | None:
-        distance, matched = min(
-            ((template.key_distance(key, k), s) for k, s in self._parsed_keys(template.name)), default=(math.inf, None)
-        )
-        if matched is None or distance == math.inf:
-            return None
-        config = self._tables[template.name][matched]
-        if template.violations(config, problem, self.device):  # e.g. a tile taller than this M
-            return None
-        return LookupResult(template.name, config, NEAREST, str(key), matched, distance)
-
-    def _transferred(self, template: Template, problem: dict, key: ShapeKey) -> LookupResult | None:
-        """A sibling GPU model's winner of this key, else of its nearest key, that fits this
-        problem on this device (see tunesvc.serving.transfer); None when transfer is off."""
+    def _transfer_table(self, template: Template) -> chain.Sibling | None:
+        """A sibling GPU model's winners of ``template`` that fit its space, read on the kernel's
+        first miss that reaches the transferred step; None when transfer is off (see
+        tunesvc.serving.transfer)."""
         if not self.transfer or self.mode == "heuristic" or not self.device.is_gpu:
             return None
-        sibling = self._transfer_table(template)
-        if sibling is None:
-            return None
-        table, parsed = sibling
-        found = transfers.transferred(template, problem, key, table, parsed, self.device)
-        if found is None:
-            return None
-        return LookupResult(
-            template.name, found.config, TRANSFERRED, str(key), found.matched_key, found.distance, found.sibling
-        )
-
-    def _transfer_table(self, template: Template) -> tuple[transfers.SiblingTable, list[tuple[ShapeKey, str]]] | None:
         if template.name in self._siblings:
             return self._siblings[template.name]
         try:

@@ -339,6 +339,9 @@ class Template:
         """Largest accepted ||out - ref|| / ||ref|| for this problem's dtype."""
         return settings.REFERENCE_TOLERANCE[problem["dtype"]]
 
+    #: how a key the runtime has no winner for gets one, as its warning says
+    tune_hint: str = "tune it with `tune sweep`, or run in mode 'tune'"
+
     #: configs known to do well elsewhere (e.g. a tutorial's autotune list), tried first
     known_good: ClassVar[tuple[Config, ...]] = ()
 

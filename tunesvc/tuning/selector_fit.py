@@ -34,6 +34,7 @@ from typing import Any
 
 from tunesvc import settings
 from tunesvc.errors import TunesvcError
+from tunesvc.serving import chain
 from tunesvc.serving import transfer as transfers
 from tunesvc.serving.selector import Distance
 from tunesvc.serving.selector import Selector
@@ -485,44 +486,47 @@ def refit_after_sweep(store: Store, template: Template, device: Device) -> None:
 def nearest_pick(
     winners: dict[str, Config], key: str, template: Template, problem: Problem, device: Device
 ) -> tuple[str, str | None, Config]:
-    """(source, matched key, config) of the runtime's nearest rule over ``winners``: the winner of
-    the nearest key (the template's key distance) if it fits ``problem``, else the heuristic."""
+    """(source, matched key, config) of the one chain's nearest step over ``winners`` (see
+    :func:`tunesvc.serving.chain.nearest`): the winner of the nearest key if it fits ``problem``,
+    else the heuristic."""
     from tunesvc.template import ShapeKey
 
-    target = ShapeKey.parse(key)
-    distance, matched = min(
-        ((template.key_distance(target, ShapeKey.parse(k)), k) for k in winners), default=(math.inf, None)
-    )
-    if matched is not None and distance != math.inf and not template.violations(winners[matched], problem, device):
-        return "nearest", matched, winners[matched]
-    return "heuristic", None, template.heuristic(problem, device)
+    parsed = [(ShapeKey.parse(k), k) for k in winners]
+    found = chain.nearest(template, problem, ShapeKey.parse(key), device, winners, parsed)
+    if found is not None:
+        return found.source, found.matched_key, found.config
+    return chain.HEURISTIC, None, template.heuristic(problem, device)
 
 
 def untuned_answer(
     store: Store, template: Template, problem: Problem, device: Device, *, transfer: bool | None = None
 ) -> tuple[str, Config]:
     """(source, config) the runtime launches for ``problem`` on ``device`` from ``store`` while
-    the problem's shape key has no winner: the stored selector's pick, else the nearest tuned
-    key's winner, else a sibling GPU model's winner (``transfer``, default: settings), else the
-    heuristic (the runtime's chain less its exact step). A stored selector that cannot be read is
-    passed over, as the runtime passes over it."""
-    key = str(template.key(problem))
-    try:
-        fitted = stored_selector(store, template, device.hardware_id)
-    except TunesvcError:
-        fitted = None
-    picked = fitted.pick(template, problem, device) if fitted is not None else None
-    if picked is not None:
-        return "predicted", picked
-    winners = {k: c for k, c in tuned_winners(store, template, device.hardware_id).items() if k != key}
-    source, _, config = nearest_pick(winners, key, template, problem, device)
-    if source == "heuristic" and (settings.transfer_enabled() if transfer is None else transfer):
-        sibling = transfers.pick_sibling(store.sibling_winners(template.name, template.version, device))
-        if sibling is not None:
-            checked = {k: template.space.stored_config(c) for k, c in sibling.winners.items()}
-            fits = {k: c for k, c in checked.items() if not isinstance(c, str)}  # in the space, as the runtime keeps
-            table = transfers.SiblingTable(sibling.name, sibling.hardware_id, fits)
-            found = transfers.transferred(template, problem, template.key(problem), table, table.parsed(), device)
-            if found is not None:
-                return "transferred", found.config
-    return source, config
+    the problem's shape key has no winner: the one chain (:mod:`tunesvc.serving.chain`) less its
+    exact step, over the store's winners, its selector (passed over where it cannot be read, as
+    the runtime passes over it) and a sibling GPU model's winners (``transfer``, default: settings)."""
+    from tunesvc.template import ShapeKey
+
+    key = template.key(problem)
+    winners = {k: c for k, c in tuned_winners(store, template, device.hardware_id).items() if k != str(key)}
+
+    def selector() -> Selector | None:
+        try:
+            return stored_selector(store, template, device.hardware_id)
+        except TunesvcError:
+            return None
+
+    def sibling() -> chain.Sibling | None:
+        if not (settings.transfer_enabled() if transfer is None else transfer):
+            return None
+        found = transfers.pick_sibling(store.sibling_winners(template.name, template.version, device))
+        if found is None:
+            return None
+        checked = {k: template.space.stored_config(c) for k, c in found.winners.items()}
+        fits = {k: c for k, c in checked.items() if not isinstance(c, str)}  # in the space, as the runtime keeps
+        table = transfers.SiblingTable(found.name, found.hardware_id, fits)
+        return table, table.parsed()
+
+    parsed = [(ShapeKey.parse(k), k) for k in winners]
+    result = chain.answer(template, problem, key, device, winners, lambda: parsed, selector, sibling)
+    return result.source, result.config

@@ -33,9 +33,9 @@ import torch
 import triton
 
 import tunesvc
+from tunesvc.bundle import FORMAT
+from tunesvc.bundle import FORMAT_VERSION
 from tunesvc.device import current_device
-from tunesvc.export import FORMAT
-from tunesvc.export import FORMAT_VERSION
 from tunesvc.runtime import Runtime
 from tunesvc.runtime import default_runtime
 from tunesvc.space import config_hash

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tunesvc.bundle import bundle_filename
+from tunesvc.bundle import bundle_filenames
 from tunesvc.cli import app
-from tunesvc.export import bundle_filename
-from tunesvc.export import bundle_filenames
 from tunesvc.text import visible
 
 SEED = 20261130

@@ -25,8 +25,8 @@ from _backends import set_connections_allowed
 from typer.testing import CliRunner
 
 import tunesvc
-from tunesvc import jobs
 from tunesvc.cli import app
+from tunesvc.fleet import jobs
 from tunesvc.store import Store
 from tunesvc.store import _store
 from tunesvc.sweep import run_sweep

@@ -755,7 +755,7 @@ def test_winner_time_bounds(good_bundle):
         path = good_bundle.parent / "time.json"
         path.write_text(mutated)
         with pytest.raises(TunesvcError) as info:
-            tunesvc.export.read_bundle(path)
+            tunesvc.bundle.read_bundle(path)
         assert "time_ms" in one_line(str(info.value)) or bad in ("Infinity", "NaN"), (bad, str(info.value))
     assert math.isfinite(1.0)
 

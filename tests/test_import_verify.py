@@ -15,10 +15,10 @@ from tunesvc import TunesvcError
 from tunesvc.bench import Bench
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
+from tunesvc.bundle import build_bundles
+from tunesvc.bundle import import_sources
+from tunesvc.bundle import write_bundles
 from tunesvc.cli import app
-from tunesvc.export import build_bundles
-from tunesvc.export import import_sources
-from tunesvc.export import write_bundles
 from tunesvc.space import config_hash
 from tunesvc.store import Store
 from tunesvc.sweep import run_sweep

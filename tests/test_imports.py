@@ -10,7 +10,8 @@ The rules:
 
 - serving (tunesvc.runtime, tunesvc.launch, tunesvc.ops, tunesvc.serving.*, the shipped kernels)
   imports no tuning (the sweep, search strategies, measurers, selector fitting), no capture and
-  no fleet; mode 'tune' reaches the sweep through the policy the package root registers;
+  no fleet (tunesvc.fleet); mode 'tune' reaches the sweep through the policy the package root
+  registers;
 - the store imports no measurer nor anything above it, its type annotations included (it keeps
   the records of tunesvc.records);
 - tunesvc.records imports nothing of tunesvc's.
@@ -100,11 +101,12 @@ SERVING = (
     *("tunesvc.runtime", "tunesvc.launch", "tunesvc.ops", "tunesvc.serving", "tunesvc.kernels", "tunesvc.templates"),
 )
 #: what serving may not import: tuning (tunesvc.selector re-exports the selector's fitting),
-#: capture, the fleet, and the CLI and reports on top
+#: capture, the fleet (tunesvc.fleet: the batch queue and worker placement), and the CLI and
+#: reports on top
 NOT_SERVING = (
     *("tunesvc.sweep", "tunesvc.search", "tunesvc.bench", "tunesvc.tuning", "tunesvc.selector", "tunesvc.verify"),
     *("tunesvc._capture", "tunesvc.autotuner"),
-    *("tunesvc.jobs", "tunesvc.cluster"),
+    "tunesvc.fleet",
     *("tunesvc.cli", "tunesvc.report", "tunesvc.completion"),
 )
 
@@ -114,7 +116,7 @@ def test_serving_imports_no_tuning_capture_or_fleet():
     starts = sorted(m for m in graph if _within(m, SERVING))
     assert {"tunesvc.runtime", "tunesvc.serving.selector", "tunesvc.kernels.matmul"} <= set(starts)
     chains = _chains(graph, starts)
-    assert "tunesvc.store" in chains and "tunesvc.export" in chains  # its winner sources are read
+    assert "tunesvc.store" in chains and "tunesvc.bundle" in chains  # its winner sources are read
     broken = sorted(" -> ".join(chain) for module, chain in chains.items() if _within(module, NOT_SERVING))
     assert not broken, "serving imports what it may not:\n" + "\n".join(broken)
 
@@ -156,7 +158,7 @@ def test_the_store_imports_no_measurer_nor_anything_above_it():
     graph = _graph(typing=True)  # its annotations too: it keeps records, not a measurer's types
     starts = sorted(m for m in graph if _within(m, ("tunesvc.store",)))
     chains = _chains(graph, starts)
-    above = ("tunesvc.runtime", "tunesvc.launch", "tunesvc.ops", "tunesvc.serving", "tunesvc.export", *NOT_SERVING)
+    above = ("tunesvc.runtime", "tunesvc.launch", "tunesvc.ops", "tunesvc.serving", "tunesvc.bundle", *NOT_SERVING)
     broken = sorted(" -> ".join(chain) for module, chain in chains.items() if _within(module, above))
     assert not broken, "the store imports what it may not:\n" + "\n".join(broken)
 

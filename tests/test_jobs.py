@@ -1,7 +1,7 @@
-"""Shared sweeps (tunesvc.jobs): atomic claims, stale jobs released, done jobs never run again.
+"""Shared sweeps (tunesvc.fleet.jobs): atomic claims, stale jobs released, done jobs never run again.
 
 Claims race in threads with a store each, on both backends; the worker processes are real
-(`python -m tunesvc.jobs`, the interpreter standing in for GPUs), on the matmul 'tiny' problems.
+(`python -m tunesvc.fleet.jobs`, the interpreter standing in for GPUs), on the matmul 'tiny' problems.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 from tunesvc import Status
 from tunesvc import TunesvcError
 from tunesvc import config_hash
-from tunesvc import jobs
 from tunesvc.bench import Measurement
 from tunesvc.cli import app
+from tunesvc.fleet import jobs
 from tunesvc.store import Store
 from tunesvc.store.models import Job
 from tunesvc.store.models import Trial
@@ -167,7 +167,7 @@ def _trials_per_key(store: Store) -> dict[str, tuple[int, int]]:
         return {key: (n, distinct) for key, n, distinct in session.execute(query)}
 
 
-@pytest.mark.parametrize("forked", [True, False], ids=["forked", "python -m tunesvc.jobs"])
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "python -m tunesvc.fleet.jobs"])
 def test_a_worker_killed_mid_job_has_its_job_finished_by_another(tmp_db, template, device, forked, monkeypatch):
     """Workers are forked from a process without CUDA, else started anew (one that has used CUDA)."""
     import tunesvc.device

@@ -15,9 +15,9 @@ from sqlalchemy import func
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from tunesvc import cluster as ray_cluster
-from tunesvc import jobs
 from tunesvc.cli import app
+from tunesvc.fleet import cluster as ray_cluster
+from tunesvc.fleet import jobs
 from tunesvc.store import Store
 from tunesvc.store.models import Job
 from tunesvc.store.models import Trial

@@ -15,11 +15,11 @@ import tunesvc.kernels
 import tunesvc.runtime
 from tunesvc import Runtime
 from tunesvc import TunesvcError
-from tunesvc.export import build_bundles
-from tunesvc.export import bundle_filename
-from tunesvc.export import import_sources
-from tunesvc.export import read_bundle
-from tunesvc.export import write_bundles
+from tunesvc.bundle import build_bundles
+from tunesvc.bundle import bundle_filename
+from tunesvc.bundle import import_sources
+from tunesvc.bundle import read_bundle
+from tunesvc.bundle import write_bundles
 from tunesvc.space import config_hash
 from tunesvc.store import Store
 from tunesvc.sweep import run_sweep

@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 import tunesvc
 import tunesvc.store._store
 from tunesvc import Runtime
+from tunesvc.bundle import build_bundles
+from tunesvc.bundle import write_bundles
 from tunesvc.cli import app
 from tunesvc.device import Device
-from tunesvc.export import build_bundles
-from tunesvc.export import write_bundles
 from tunesvc.selector import untuned_answer
 from tunesvc.store import Store
 from tunesvc.sweep import run_sweep

@@ -22,10 +22,10 @@ from tunesvc import selector as sel
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
 from tunesvc.bench import relative_error
-from tunesvc.export import build_bundles
-from tunesvc.export import import_sources
-from tunesvc.export import read_bundle
-from tunesvc.export import write_bundles
+from tunesvc.bundle import build_bundles
+from tunesvc.bundle import import_sources
+from tunesvc.bundle import read_bundle
+from tunesvc.bundle import write_bundles
 from tunesvc.runtime import Runtime
 from tunesvc.space import config_hash
 from tunesvc.store import Store

@@ -26,8 +26,8 @@ from tunesvc import Status
 from tunesvc import TunesvcError
 from tunesvc import config_hash
 from tunesvc.bench import Measurement
+from tunesvc.bundle import import_sources
 from tunesvc.cli import app
-from tunesvc.export import import_sources
 from tunesvc.records import DeviceRecord
 from tunesvc.records import JobRecord
 from tunesvc.records import MissRecord

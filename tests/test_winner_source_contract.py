@@ -22,8 +22,8 @@ from tunesvc import Runtime
 from tunesvc import Status
 from tunesvc import config_hash
 from tunesvc.bench import Measurement
+from tunesvc.bundle import bundle_filename
 from tunesvc.cli import app
-from tunesvc.export import bundle_filename
 from tunesvc.store import Store
 
 BASE = {

@@ -1,4 +1,4 @@
-"""What a stored or shipped value must be: bundles (:mod:`tunesvc.export`) and database rows
+"""What a stored or shipped value must be: bundles (:mod:`tunesvc.bundle`) and database rows
 (:mod:`tunesvc.store`) are read by the same rules, so a value one refuses the other refuses too.
 
 - JSON is decoded only where it nests at most :data:`MAX_JSON_DEPTH` deep and is at most

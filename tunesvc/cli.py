@@ -476,7 +476,7 @@ def sweep(
     from rich.progress import TimeElapsedColumn
 
     from tunesvc.device import fork_safe_current_device
-    from tunesvc.jobs import trials_stored
+    from tunesvc.fleet.jobs import trials_stored
     from tunesvc.search import STRATEGIES
     from tunesvc.store import Store
     from tunesvc.sweep import check_sweep_arguments
@@ -619,7 +619,7 @@ def _command_line(ctx: typer.Context, db: str | None) -> str:
 
 def _interrupted(store, template, hardware_id: str, keys: list[str], before: dict[str, int], command: str) -> None:
     """Ctrl-C during a sweep: what is kept and how to go on, then exit 130 (128 + SIGINT), as shells expect."""
-    from tunesvc.jobs import trials_stored
+    from tunesvc.fleet.jobs import trials_stored
 
     now = trials_stored(store, template, hardware_id, keys)
     new = sum(now.values()) - sum(before.values())
@@ -665,8 +665,8 @@ def _sweep_on_workers(
     # the GPU count (torch); the job queue (SQLAlchemy)
     import torch
 
-    from tunesvc import jobs
     from tunesvc.device import current_device
+    from tunesvc.fleet import jobs
     from tunesvc.store import Store
     from tunesvc.store import resolve_url
 
@@ -690,7 +690,7 @@ def _sweep_on_workers(
         mark("workers started")
         count, where = len(slots), ""
     else:
-        from tunesvc import cluster
+        from tunesvc.fleet import cluster
 
         connected = cluster.connect(ray_address)  # before queuing: a cluster that cannot be reached queues nothing
         count, where = cluster.placement()[0], " on Ray"
@@ -800,8 +800,8 @@ def _jobs_progress(
     from rich.progress import TextColumn
     from rich.progress import TimeElapsedColumn
 
-    from tunesvc.jobs import retrying
-    from tunesvc.jobs import trials_stored
+    from tunesvc.fleet.jobs import retrying
+    from tunesvc.fleet.jobs import trials_stored
     from tunesvc.store import DatabaseUnavailable
     from tunesvc.sweep import DEFAULT_OPTUNA_BUDGET
 
@@ -1234,8 +1234,8 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
 
     device = current_device()
     if bundle is not None:
-        from tunesvc.export import kernel_configs
-        from tunesvc.export import read_bundle
+        from tunesvc.bundle import kernel_configs
+        from tunesvc.bundle import read_bundle
 
         data = read_bundle(bundle)
         if kernel not in data["kernels"] or data["device"]["hardware_id"] != device.hardware_id:
@@ -1316,8 +1316,8 @@ def export(
 ) -> None:
     """Write the winners as JSON bundles for deployment (one per device)."""
     # the database (SQLAlchemy)
-    from tunesvc.export import build_bundles
-    from tunesvc.export import write_bundles
+    from tunesvc.bundle import build_bundles
+    from tunesvc.bundle import write_bundles
     from tunesvc.store import Store
 
     kernel = _kernel_filter(kernel)
@@ -1343,7 +1343,7 @@ def import_(
 ) -> None:
     """Merge bundles and databases into --db: per key the faster measured winner stays (a tie keeps --db's); selectors where --db has none."""
     # the databases (SQLAlchemy)
-    from tunesvc.export import import_sources
+    from tunesvc.bundle import import_sources
     from tunesvc.store import Store
 
     paths: list[str | os.PathLike] = list(sources)

@@ -244,7 +244,7 @@ class Runtime:
     def _load(self, template: Template) -> dict[str, Config]:
         if self.bundle is not None:
             if self._bundle_data is None:  # read once; each kernel's section is checked when first loaded
-                from tunesvc.export import read_bundle
+                from tunesvc.bundle import read_bundle
 
                 self._bundle_data = read_bundle(self.bundle, check_kernels=False)
             return load_bundle_table(self.bundle, self._bundle_data, template, self.device)
@@ -373,7 +373,7 @@ class Runtime:
         from tunesvc.serving.selector import Selector
 
         if self.bundle is not None:
-            from tunesvc.export import bundle_selector
+            from tunesvc.bundle import bundle_selector
 
             # read by _load when this kernel's winners were: a lookup loads them before a miss
             data = bundle_selector(self._bundle_data or {}, template, self.device)
@@ -445,7 +445,7 @@ class Runtime:
                 or section.get("version") != template.version
             ):
                 return None
-            from tunesvc.export import kernel_configs
+            from tunesvc.bundle import kernel_configs
 
             winners = kernel_configs(self.bundle, data, template.name)
             name = info.get("name") or info["hardware_id"]
@@ -558,8 +558,8 @@ def stored_winners(db: str | os.PathLike, template: Template, device: Device, *,
 def load_bundle_table(
     path: str | os.PathLike, bundle: dict[str, Any], template: Template, device: Device
 ) -> dict[str, Config]:
-    """The winners of one kernel for this device from a bundle (see tunesvc.export) read from ``path``."""
-    from tunesvc.export import kernel_configs
+    """The winners of one kernel for this device from a bundle (see tunesvc.bundle) read from ``path``."""
+    from tunesvc.bundle import kernel_configs
 
     if bundle["device"]["hardware_id"] != device.hardware_id or template.name not in bundle["kernels"]:
         return {}

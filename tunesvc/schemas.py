@@ -1,5 +1,5 @@
 """The pydantic types of a stored or shipped value, shared by bundles' schemas
-(:mod:`tunesvc.export`) and the store's row checks (the rules: :mod:`tunesvc.checks`). Imported only where a
+(:mod:`tunesvc.bundle`) and the store's row checks (the rules: :mod:`tunesvc.checks`). Imported only where a
 value is checked: pydantic takes a tenth of a second to import.
 """
 

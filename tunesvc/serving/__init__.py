@@ -8,6 +8,6 @@ captured kernels alike), :mod:`tunesvc.serving.transfer` (a sibling GPU model's 
 :mod:`tunesvc.launch` and :mod:`tunesvc.ops`.
 
 It imports no tuning (the sweep, search strategies, measurers, selector fitting), no capture
-and no fleet (jobs, cluster): tests/test_imports.py asserts it. What happens on a miss in mode
-'tune' is a policy the tuning side hands over (:mod:`tunesvc.serving.on_miss`).
+and no fleet (:mod:`tunesvc.fleet`): tests/test_imports.py asserts it. What happens on a miss in
+mode 'tune' is a policy the tuning side hands over (:mod:`tunesvc.serving.on_miss`).
 """

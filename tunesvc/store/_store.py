@@ -129,7 +129,7 @@ class WinnerEntry:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A claimed job of a shared sweep (see :mod:`tunesvc.jobs`), detached from the database session."""
+    """A claimed job of a shared sweep (see :mod:`tunesvc.fleet.jobs`), detached from the database session."""
 
     id: int
     kernel: str
@@ -213,7 +213,7 @@ class Store(BaseStore):
                 url = url.set(database=_readonly_uri(path), query={"uri": "true"})
         try:
             # no pool_pre_ping (a round trip per transaction): a connection that died with its server
-            # fails once, SQLAlchemy then drops the whole pool, and callers retry (tunesvc.jobs)
+            # fails once, SQLAlchemy then drops the whole pool, and callers retry (tunesvc.fleet.jobs)
             # every JSON column decoded by load_json: a value nested too deep or too long reads as
             # Unreadable (the row's check skips it) instead of raising while the query fetches
             self.engine = create_engine(url, json_deserializer=load_json)
@@ -1062,7 +1062,7 @@ class Store(BaseStore):
         session.flush()
         return trial
 
-    # -- the job queue of sweeps shared by several workers (tunesvc.jobs) ---------------------
+    # -- the job queue of sweeps shared by several workers (tunesvc.fleet.jobs) ---------------
     def add_job(
         self, batch: str, kernel: str, shape_key: str, problem: dict, strategy: str, budget: int | None, seed: int
     ) -> bool:

@@ -140,7 +140,7 @@ class Winner(Base):
 
 
 class Job(Base):
-    """One (kernel, shape) of a sweep shared by several workers (revision 0003; see tunesvc.jobs).
+    """One (kernel, shape) of a sweep shared by several workers (revision 0003; see tunesvc.fleet.jobs).
 
     ``batch`` names the sweep: every worker, on any host, that runs the same sweep arguments
     derives the same batch and so shares its jobs. A job is pending, running (claimed by

@@ -4,7 +4,7 @@ Revision ID: 0003
 Revises: 0002
 Create Date: 2026-11-23
 
-Workers claim pending jobs atomically (tunesvc.jobs), heartbeat while they run them, and a job
+Workers claim pending jobs atomically (tunesvc.fleet.jobs), heartbeat while they run them, and a job
 whose worker stopped heartbeating goes back to pending.
 
 devices.memory_bytes was a 32-bit INTEGER: harmless on SQLite (whose integers are 64-bit), but

@@ -13,7 +13,7 @@ one PostgreSQL database) joins one sweep. Each worker:
 * marks it done, only if it still holds it: a done job is never claimed again.
 
 Losing the database server (a restart) makes the worker retry with exponential backoff; the job
-is then re-run from its stored trials. Workers are processes (``python -m tunesvc.jobs``), each
+is then re-run from its stored trials. Workers are processes (``python -m tunesvc.fleet.jobs``), each
 with its own ``CUDA_VISIBLE_DEVICES``; placing them on other hosts is left to whatever starts
 the command there (ssh, a cluster scheduler): this module is only the shared queue.
 """
@@ -515,7 +515,7 @@ class WorkerProcess:
 
     Forked from this process while it has not initialised CUDA (a fork starts in milliseconds
     with torch, triton and tunesvc imported, where a new interpreter takes seconds to import
-    them); otherwise ``python -m tunesvc.jobs``, with the database URL in the environment, not
+    them); otherwise ``python -m tunesvc.fleet.jobs``, with the database URL in the environment, not
     the command line, where ``ps`` would show its password. Either way the worker reads its
     device and then waits on a pipe for the batch's name (:meth:`begin`); EOF instead (the
     command failed before queuing) ends it quietly.
@@ -539,7 +539,7 @@ class WorkerProcess:
             self.pid = self._process.pid
         else:
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "tunesvc.jobs", "--batch", "-", *argv],
+                [sys.executable, "-m", "tunesvc.fleet.jobs", "--batch", "-", *argv],
                 env={**settings.environment(), **env},
                 stdin=read_end,
             )
@@ -575,7 +575,7 @@ class WorkerProcess:
             return self._popen.wait(timeout)
         self._process.join(timeout)
         if self._process.exitcode is None:
-            raise subprocess.TimeoutExpired(f"tunesvc.jobs worker {self.pid}", timeout or 0.0)
+            raise subprocess.TimeoutExpired(f"tunesvc.fleet.jobs worker {self.pid}", timeout or 0.0)
         return self._process.exitcode
 
     def interrupt(self) -> None:
@@ -637,7 +637,7 @@ def _main(argv: list[str] | None = None, start: TextIO | None = None, first_job:
     there means the command gave up before queuing, and the worker exits 0.
     """
     mark("worker imports done")
-    parser = argparse.ArgumentParser(prog="python -m tunesvc.jobs", description="Run a shared sweep's jobs.")
+    parser = argparse.ArgumentParser(prog="python -m tunesvc.fleet.jobs", description="Run a shared sweep's jobs.")
     parser.add_argument("--db", default=settings.db(), help="[default: $TUNESVC_DB]")
     parser.add_argument("--batch", required=True, help="the batch's name, or - to read it from stdin")
     parser.add_argument("--stale-s", type=float, default=STALE_S)

@@ -1,7 +1,7 @@
 """A shared sweep's workers placed on a Ray cluster: one per GPU, wherever the cluster has them.
 
 Each worker is a Ray task holding one GPU (``num_gpus=1``; Ray sets its ``CUDA_VISIBLE_DEVICES``)
-that runs :func:`tunesvc.jobs.work` against the sweep's database, exactly as a worker started by
+that runs :func:`tunesvc.fleet.jobs.work` against the sweep's database, exactly as a worker started by
 ``tune sweep --gpus`` does: the queue, the claims, the heartbeats and the release of a dead
 worker's job all stay in the database, which every node must reach (PostgreSQL, or a SQLite file
 on a folder every node shares). Ray only places the workers. A cluster without GPUs gets one
@@ -21,8 +21,8 @@ from typing import Any
 
 from tunesvc import settings
 from tunesvc.errors import TunesvcError
-from tunesvc.jobs import HEARTBEAT_S
-from tunesvc.jobs import STALE_S
+from tunesvc.fleet.jobs import HEARTBEAT_S
+from tunesvc.fleet.jobs import STALE_S
 from tunesvc.timeline import ENV as TIMELINE_ENV
 
 
@@ -77,7 +77,7 @@ def run_on_ray(
     """Run the batch's jobs on the connected cluster's workers (see :func:`placement`) until they
     end; returns each worker's count of finished jobs and its device's hardware id, None for a
     worker that was lost (its node died). Whether every job finished is the database's to say
-    (:func:`tunesvc.jobs.jobs`). ``kernel``, the name the sweep's command gave, is the one module
+    (:func:`tunesvc.fleet.jobs.jobs`). ``kernel``, the name the sweep's command gave, is the one module
     path a worker may import for a job row (see tunesvc.template.template_named_by_data).
     ``tick()``, if given, is called at least every half second while the workers run (the CLI
     redraws its progress from the database there)."""
@@ -118,12 +118,12 @@ def _worker_task(
     timeline: str | None,
     kernel: str | None = None,
 ) -> tuple[int, str]:
-    """One worker on a Ray node (see :func:`tunesvc.jobs.work`): its finished jobs and its device."""
+    """One worker on a Ray node (see :func:`tunesvc.fleet.jobs.work`): its finished jobs and its device."""
     import ray
 
     if timeline:
         os.environ.setdefault(TIMELINE_ENV, timeline)
-    from tunesvc import jobs
+    from tunesvc.fleet import jobs
 
     if kernel is not None:
         os.environ[jobs.JOB_KERNEL_ENV] = kernel

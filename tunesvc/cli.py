@@ -1231,6 +1231,7 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
     from tunesvc._capture import CapturedTemplate
     from tunesvc.device import current_device
     from tunesvc.serving import chain
+    from tunesvc.template import ShapeKey
 
     device = current_device()
     if bundle is not None:
@@ -1252,7 +1253,7 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
         finally:
             store.close()
         table = {e.shape_key: e.config for e in entries}  # the newest version's winner of each key
-    parsed = [(CapturedKey.of(k), k) for k in table]
+    parsed: list[tuple[ShapeKey, str]] = [(CapturedKey.of(k), k) for k in table]
 
     def names(text: str) -> list[str]:
         return [part.partition("=")[0] for part in text.split(",")]

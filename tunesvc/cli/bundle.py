@@ -1,0 +1,265 @@
+"""`tune export`, `tune import`, `tune verify` and `tune report`: winners written as bundles,
+merged from bundles and databases, re-measured against the heuristic, and reported as HTML."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+from typing import Any
+
+import typer
+from rich.text import Text
+
+from tunesvc.cli._common import DbOption
+from tunesvc.cli._common import JsonOption
+from tunesvc.cli._common import TextConsole
+from tunesvc.cli._common import _check_count
+from tunesvc.cli._common import _complete_kernel
+from tunesvc.cli._common import _count
+from tunesvc.cli._common import _kernel_filter
+from tunesvc.cli._common import _keyed_table
+from tunesvc.cli._common import _ms
+from tunesvc.cli._common import _nothing_matches
+from tunesvc.cli._common import _print_json
+from tunesvc.cli._common import app
+from tunesvc.cli._common import console
+from tunesvc.cli._common import named
+from tunesvc.cli._common import user_errors
+from tunesvc.text import visible
+
+
+@app.command()
+@user_errors
+def export(
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="A .json file (one device) or a folder (one file per device). A file is replaced only when it is a tunesvc bundle (in a folder: of the same device); links and other files are refused."
+        ),
+    ] = Path("tunesvc-bundles"),
+    kernel: Annotated[
+        str | None,
+        typer.Option(
+            help="Only this kernel (a filter that matches nothing is an error).", autocompletion=_complete_kernel
+        ),
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="Only this device hardware id (see `tune show --json`).")] = None,
+    db: DbOption = None,
+) -> None:
+    """Write the winners as JSON bundles for deployment (one per device)."""
+    # the database (SQLAlchemy)
+    from tunesvc.bundle import build_bundles
+    from tunesvc.bundle import write_bundles
+    from tunesvc.store import Store
+
+    kernel = _kernel_filter(kernel)
+    store = Store(db, readonly=True)
+    try:
+        bundles = build_bundles(store, kernel=kernel, hardware_id=device)
+        if not bundles and (kernel or device):
+            raise _nothing_matches(store, "winners", kernel=kernel, device=device)
+    finally:
+        store.close()
+    for path in write_bundles(bundles, out):
+        console.print(f"wrote {path}")
+
+
+@app.command("import")
+@user_errors
+def import_(
+    sources: Annotated[
+        list[str], typer.Argument(help="Bundles (*.json from `tune export`) and databases (paths or URLs) to merge.")
+    ],
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Merge bundles and databases into --db: per key the faster measured winner stays (a tie keeps --db's); selectors where --db has none."""
+    # the databases (SQLAlchemy)
+    from tunesvc.bundle import import_sources
+    from tunesvc.store import Store
+
+    paths: list[str | os.PathLike] = list(sources)
+    store = Store(db)
+    try:
+        imported = import_sources(store, paths)
+    finally:
+        store.close()
+    changes = imported.winners
+    if as_json:
+        return _print_json(
+            {"winners": [c.to_dict() for c in changes], "selectors": [c.to_dict() for c in imported.selectors]}
+        )
+    # one table per source, device and kernel version: what repeats goes in the heading and title
+    groups = [(c.source, c.hardware_id) for c in changes] + [(c.source, c.hardware_id) for c in imported.selectors]
+    for source, hardware_id in dict.fromkeys(groups):
+        console.print(
+            Text(visible(f"From {source}, winners of {hardware_id}"), style="bold"), highlight=False, soft_wrap=True
+        )
+        group = [c for c in changes if (c.source, c.hardware_id) == (source, hardware_id)]
+        for kernel, version in dict.fromkeys((c.kernel, c.version) for c in group):
+            table = _keyed_table(
+                f"{kernel} {version}",
+                ["shape key", "action", "incoming ms", "stored ms"],
+                [
+                    [c.shape_key, c.action, _ms(c.incoming_ms), _ms(c.stored_ms)]
+                    for c in group
+                    if (c.kernel, c.version) == (kernel, version)
+                ],
+            )
+            console.print(table)
+        # selectors under their source's and device's heading: "matmul 5276d6e89cd5 added, ..."
+        selectors = [c for c in imported.selectors if (c.source, c.hardware_id) == (source, hardware_id)]
+        if selectors:
+            kept = named(" (a stored selector is kept: `tune selector --cross-measure` refits it)")
+            console.print(
+                "Selectors: "
+                + ", ".join(f"{c.kernel} {c.version} {c.action}" for c in selectors)
+                + (kept if any(c.action == "kept" for c in selectors) else "")
+                + ".",
+                highlight=False,
+                soft_wrap=True,
+            )
+    counts = {a: sum(c.action == a for c in changes) for a in ("added", "replaced", "kept")}
+    console.print(
+        f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept in {store.url}.",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@app.command()
+@user_errors
+def verify(
+    kernel: Annotated[
+        str | None,
+        typer.Option(
+            help="Only this kernel (a filter that matches nothing is an error).", autocompletion=_complete_kernel
+        ),
+    ] = None,
+    margin: Annotated[
+        float, typer.Option(help="Flag a winner when the heuristic is faster by more than this fraction.")
+    ] = 0.05,
+    retune: Annotated[
+        bool,
+        typer.Option(
+            "--retune",
+            help="Sweep flagged keys again and store the new winners (a captured kernel, named with --kernel: tuned again over its config list on its recorded call).",
+        ),
+    ] = False,
+    budget: Annotated[int, typer.Option(help="New trials per key with --retune.")] = 8,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Re-measure this device's stored winners; flag stale ones (kernel or Triton changed) and ones slower than the heuristic."""
+    # re-measuring (torch, Triton); the database (SQLAlchemy)
+    from tunesvc.device import current_device
+    from tunesvc.store import Store
+    from tunesvc.verify import verify as verify_winners
+
+    _check_count("--budget", budget)
+    kernel = _kernel_filter(kernel)
+    store = Store(db, readonly=not retune)
+    try:
+        verdicts = verify_winners(store, kernel=kernel, margin=margin, retune=retune, budget=budget)
+        stored_on = sorted({w.device for w in store.winners(kernel=kernel)}) if not verdicts else []
+        if kernel is not None and not verdicts and not stored_on:
+            raise _nothing_matches(store, "winners", kernel=kernel)
+    finally:
+        store.close()
+    if as_json:
+        return _print_json([v.to_dict() for v in verdicts])
+    here = current_device()
+    if not verdicts:
+        which = f"{kernel} winners" if kernel else "winners"
+        elsewhere = f": it holds {', '.join(stored_on)} {which} only" if stored_on else ""
+        console.print(
+            named(
+                f"No {which} of {here.name} in {store.url} to verify{elsewhere} "
+                "(verify on that GPU, or sweep this one with `tune sweep`)."
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
+    console.print(
+        Text(visible(f"Winners of {here.name} in {store.url}"), style="bold"), highlight=False, soft_wrap=True
+    )
+    columns = ["shape key", "stored ms", "now ms", "heuristic ms", "flags", *(["retuned ms"] if retune else [])]
+    for name, version in dict.fromkeys((v.kernel, v.version) for v in verdicts):
+        rows = []
+        for v in verdicts:
+            if (v.kernel, v.version) != (name, version):
+                continue
+            flags = ", ".join(v.flags) + (f" ({v.detail})" if v.detail else "") if v.flags else "ok"
+            rows.append(
+                [
+                    v.shape_key,
+                    _ms(v.stored_ms),
+                    _ms(v.measured_ms),
+                    _ms(v.heuristic_ms),
+                    flags,
+                    *([_ms(v.retuned_ms)] if retune else []),
+                ]
+            )
+        console.print(_keyed_table(f"{name} {version}", columns, rows))
+    flagged = sum(v.retunable for v in verdicts)
+    unjudged = len(verdicts) - sum(v.measured for v in verdicts)
+    console.print(
+        f"{_count(len(verdicts), 'winner')} checked, {flagged} flagged"
+        + (f", {unjudged} not measured (see their flags)" if unjudged else "")
+        + "."
+        + ("" if retune or not flagged else " Run with --retune to sweep the flagged ones again.")
+    )
+
+
+@app.command()
+@user_errors
+def report(
+    db: DbOption = None,
+    kernel: Annotated[
+        str | None,
+        typer.Option(
+            help="Only this kernel (a filter that matches nothing is an error).", autocompletion=_complete_kernel
+        ),
+    ] = None,
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Folder for report.html (figures embedded); an existing report.html is replaced only when it is a tunesvc report (a link or another file is refused)."
+        ),
+    ] = Path("tunesvc-report"),
+    all_versions: Annotated[
+        bool, typer.Option("--all-versions", help="Also the kernel versions lookups no longer use.")
+    ] = False,
+) -> None:
+    """Write an HTML report: a summary, winners against the heuristic and torch, roofline, convergence, spread."""
+    # the database (SQLAlchemy) and the figures (matplotlib); rich.progress only draws its bar
+    from rich.progress import BarColumn
+    from rich.progress import MofNCompleteColumn
+    from rich.progress import Progress
+    from rich.progress import TextColumn
+    from rich.progress import TimeElapsedColumn
+
+    from tunesvc.report import write_report
+    from tunesvc.store import Store
+
+    kernel = _kernel_filter(kernel)
+    store = Store(db, readonly=True)
+    progress = Progress(
+        TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=TextConsole(stderr=True), transient=True,
+    )  # fmt: skip
+    tasks: dict[str, Any] = {}
+
+    def on_progress(what: str, step: int, total: int) -> None:
+        if what not in tasks:
+            tasks[what] = progress.add_task(what, total=total)
+        progress.update(tasks[what], completed=step, total=total)
+
+    try:
+        with progress:
+            path = write_report(store, out, kernel=kernel, all_versions=all_versions, progress=on_progress)
+    finally:
+        store.close()
+    console.print(f"wrote {path}")

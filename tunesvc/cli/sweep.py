@@ -1,0 +1,285 @@
+"""`tune sweep`: benchmark a kernel's configs for each shape on this device and store the trials
+and winners; with --gpus or --ray the shapes go to workers (:mod:`tunesvc.cli._sweep_workers`)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Annotated
+from typing import Any
+
+import typer
+
+from tunesvc.cli._common import DbOption
+from tunesvc.cli._common import JsonOption
+from tunesvc.cli._common import TextConsole
+from tunesvc.cli._common import _absolute
+from tunesvc.cli._common import _check_count
+from tunesvc.cli._common import _complete_kernel
+from tunesvc.cli._common import _complete_preset
+from tunesvc.cli._common import _complete_strategy
+from tunesvc.cli._common import _config_text
+from tunesvc.cli._common import _keyed_table
+from tunesvc.cli._common import _ms
+from tunesvc.cli._common import _print_json
+from tunesvc.cli._common import app
+from tunesvc.cli._common import program
+from tunesvc.cli._common import user_errors
+from tunesvc.cli._common import wide_when_piped
+from tunesvc.cli._sweep_workers import _interrupted
+from tunesvc.cli._sweep_workers import _sweep_on_workers
+from tunesvc.errors import TunesvcError
+from tunesvc.timeline import mark
+
+#: the most compiling processes of --workers
+MAX_WORKERS = 1024
+
+
+def _problems(template, shapes: list[str], preset: str | None, dtype: str) -> list[dict]:
+    problems = [template.parse_shape(s, dtype) for s in shapes]
+    if preset is not None:
+        if preset not in template.presets:
+            names = ", ".join(template.presets) or "none"
+            raise TunesvcError(f"{template.name} has no preset '{preset}'; its presets: {names}.")
+        problems += [template.problem(**{"dtype": dtype, **p}) for p in template.presets[preset]]
+    if not problems:
+        raise TunesvcError("Give at least one --shape (e.g. 4096x4096x4096) or a --preset.")
+    return problems
+
+
+@app.command()
+@user_errors
+def sweep(
+    ctx: typer.Context,
+    kernel: Annotated[
+        str,
+        typer.Argument(
+            help="Kernel name (see `tune kernels`; the library's names, such as layer_norm, too) or module:attribute.",
+            autocompletion=_complete_kernel,
+        ),
+    ],
+    shape: Annotated[
+        list[str] | None, typer.Option("--shape", "-s", help="A problem shape, e.g. 4096x4096x4096 (repeatable).")
+    ] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(help="A named problem set of the kernel (see `tune kernels`).", autocompletion=_complete_preset),
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="float16, bfloat16 or float32.")] = "float16",
+    strategy: Annotated[
+        str,
+        typer.Option(
+            help="grid (every feasible config), random, optuna (TPE), cmaes (CMA-ES) or gp (Gaussian process).",
+            autocompletion=_complete_strategy,
+        ),
+    ] = "grid",
+    budget: Annotated[
+        int | None, typer.Option(help="Most trials per shape, stored ones included \\[grid: all; others: 50].")
+    ] = None,
+    time_budget: Annotated[
+        float | None, typer.Option(help="Most seconds of search per shape \\[default: no limit].")
+    ] = None,
+    patience: Annotated[
+        int | None,
+        typer.Option(
+            help="Stop a shape after this many trials in a row that do not beat the best by 1% \\[default: never]."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the sampler.")] = 0,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Processes compiling candidates in parallel \\[GPU: a core each, up to 16 (grid, random) or 8 (Optuna); interpreter: 0]."
+        ),
+    ] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress bar (for logs); the result table still prints.")
+    ] = False,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index, at most one per CPU core), never more workers than shape keys; each worker applies --budget, --time-budget, --patience and --workers to every shape it takes. The same command on other hosts with the same --db joins the sweep."
+        ),
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Share the shapes between one worker per GPU of a Ray cluster ('auto': the cluster this host belongs to, or $RAY_ADDRESS; else host:port or ray://host:10001), all pulling jobs from --db, which every node must reach; needs tunesvc\\[ray]. A cluster without GPUs gets one interpreter worker per node.",
+        ),
+    ] = None,
+) -> None:
+    """Benchmark configs for each shape on this device, store every trial and the winners."""
+    # the sweep measures (torch, Triton) and stores (SQLAlchemy); rich.progress only draws its bar
+    from rich.progress import BarColumn
+    from rich.progress import MofNCompleteColumn
+    from rich.progress import Progress
+    from rich.progress import TextColumn
+    from rich.progress import TimeElapsedColumn
+
+    from tunesvc.device import fork_safe_current_device
+    from tunesvc.fleet.jobs import trials_stored
+    from tunesvc.search import STRATEGIES
+    from tunesvc.store import Store
+    from tunesvc.sweep import check_sweep_arguments
+    from tunesvc.sweep import run_sweep
+    from tunesvc.template import did_you_mean
+    from tunesvc.template import get_template
+
+    mark("command parsed")
+    template = get_template(kernel)
+    problems = _problems(template, shape or [], preset, dtype)
+    if strategy not in STRATEGIES:
+        hint = did_you_mean(strategy, STRATEGIES)
+        raise TunesvcError(f"Unknown strategy '{strategy}'{hint}; use one of {', '.join(STRATEGIES)}.")
+    _check_count("--budget", budget)
+    _check_count("--patience", patience)
+    check_sweep_arguments(strategy, budget, time_budget, patience)  # before Store(): a rejected sweep creates no file
+    if workers is not None and not 0 <= workers <= MAX_WORKERS:
+        raise TunesvcError(f"--workers must be from 0 to {MAX_WORKERS}, got {workers}.")
+    if not 0 <= seed < 2**32:
+        raise TunesvcError(f"--seed must be from 0 to 2**32 - 1 (what the samplers take), got {seed}.")
+    mark("kernel imported")
+    if gpus is not None and ray is not None:
+        raise TunesvcError("Use --gpus (this host's GPUs) or --ray (a Ray cluster's), not both.")
+    if gpus is not None or ray is not None:
+        return _sweep_on_workers(
+            kernel,
+            template,
+            problems,
+            strategy,
+            budget,
+            seed,
+            gpus,
+            db,
+            as_json,
+            time_budget=time_budget,
+            patience=patience,
+            workers=workers,
+            ray_address=ray,
+            quiet=quiet,
+            resume=_command_line(ctx, db),
+        )
+    device = fork_safe_current_device()  # CUDA left uninitialised here: the sweep forks its workers from this process
+    _check_fits(template, problems, device)
+    store = Store(db)
+    keys = list(dict.fromkeys(str(template.key(p)) for p in problems))
+    before = trials_stored(store, template, device.hardware_id, keys)
+    progress = Progress(
+        TextColumn("{task.description}", markup=False),
+        TextColumn("[dim]{task.fields[phase]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[best]}"),
+        TimeElapsedColumn(),
+        console=wide_when_piped(TextConsole(stderr=True)),
+        disable=as_json or quiet,
+    )
+    tasks: dict[str, Any] = {}
+
+    def on_start(problem: dict, key: str, limit: int) -> None:
+        tasks[key] = progress.add_task(key, total=limit, best="", phase="starting")
+
+    def on_phase(key: str, what: str) -> None:  # compiling, checking and timing, finalists, peer
+        progress.update(tasks[key], phase=what)
+
+    def on_trial(event) -> None:
+        best = f"best {event.best_ms:.4g} ms" if event.best_ms is not None else ""
+        progress.update(tasks[event.shape_key], completed=event.index, best=best)
+
+    try:
+        with progress:
+            results = run_sweep(
+                template,
+                problems,
+                store,
+                strategy=strategy,
+                budget=budget,
+                seed=seed,
+                device=device,
+                on_start=on_start,
+                on_trial=on_trial,
+                on_phase=on_phase,
+                workers=workers,
+                time_budget=time_budget,
+                patience=patience,
+            )
+    except KeyboardInterrupt:
+        _interrupted(store, template, device.hardware_id, keys, before, _command_line(ctx, db))
+    finally:
+        store.close()
+    if as_json:
+        return _print_json([r.__dict__ for r in results])
+    rows = [
+        [
+            r.shape_key,
+            _config_text(r.winner),
+            _ms(r.winner_ms),
+            _ms(r.heuristic_ms),
+            f"{r.heuristic_ms / r.winner_ms:.2f}x" if r.heuristic_ms and r.winner_ms else "-",
+            str(r.trials_stored),
+            str(r.trials_new),
+            str(r.failures),
+            f"{r.wall_seconds:.1f}",
+        ]
+        for r in results
+    ]
+    out = wide_when_piped(TextConsole())
+    out.print(
+        _keyed_table(
+            f"{template.name} on {device.name} ({store.url})",
+            ["shape key", "winner", "ms", "heuristic ms", "speed-up", "trials", "new", "failed", "s"],
+            rows,
+            caption=SWEEP_LEGEND,
+            target=out,
+        )
+    )
+
+
+def _command_line(ctx: typer.Context, db: str | None) -> str:
+    """The command as a user types it again, rebuilt from its parsed options; a database named
+    by default (./tune.db, $TUNESVC_DB) is named explicitly, so that it resumes from any folder."""
+    words = [*program().split(), ctx.info_name or "sweep"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if value is None or value == param.default or value == [] or param.name == "ctx":
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if not getattr(param, "opts", None) or param.param_type_name == "argument":
+            words += [str(v) for v in values]
+            continue
+        name = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        if getattr(param, "is_flag", False):
+            words.append(name)
+        else:
+            for v in values:
+                words += [name, str(v)]
+    if db is None:
+        words += ["--db", _absolute(None)]
+    return shlex.join(words)
+
+
+#: what the sweep table's terse columns mean
+SWEEP_LEGEND = (
+    "speed-up: heuristic ms / winner ms. trials: stored for the key; new: of them, measured by this run; "
+    "failed: did not compile, run or match the reference. s: seconds this run spent on the key."
+)
+
+
+def _check_fits(template, problems: list[dict], device) -> None:
+    """Refuse a problem whose inputs and outputs cannot fit in the device's memory (the host's
+    for the interpreter), before any database is created: allocating them would fail mid-sweep."""
+    limit = device.memory_bytes or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for problem in problems:
+        try:
+            needed = template.cost(problem).bytes
+        except Exception:  # a user's template without a cost: nothing to check
+            continue
+        if needed > limit:
+            raise TunesvcError(
+                f"{template.key(problem)} needs about {needed / 2**30:,.0f} GiB for its tensors, more than the "
+                f"{limit / 2**30:,.0f} GiB of {device.name}; pick a smaller shape."
+            )

@@ -3,7 +3,6 @@ the workers import the kernel by name and rebuild its call from the record."""
 
 from __future__ import annotations
 
-import sys
 import time
 
 import pytest
@@ -13,6 +12,7 @@ import triton.language as tl
 from _capture import trials_by_kernel
 
 import tunesvc
+import tunesvc._capture.precompile as capture_precompile
 from tunesvc._capture import STATS
 from tunesvc._capture import RecordedKernel
 from tunesvc._capture import compile_workers
@@ -51,13 +51,10 @@ def _fresh_stats():
     tunesvc.uncapture()
 
 
-CAPTURE = sys.modules["tunesvc._capture"]
-
-
 def test_candidates_compile_in_workers_and_every_one_is_still_measured_here(tmp_db, monkeypatch):
     monkeypatch.setenv("TUNESVC_COMPILE_WORKERS", "2")
-    monkeypatch.setattr(CAPTURE, "PRECOMPILE_AFTER_S", 0.0)  # the interpreter's keys take seconds
-    monkeypatch.setattr(CAPTURE, "PRECOMPILE_WORTH_S", 0.0)
+    monkeypatch.setattr(capture_precompile, "PRECOMPILE_AFTER_S", 0.0)  # the interpreter's keys take seconds
+    monkeypatch.setattr(capture_precompile, "PRECOMPILE_WORTH_S", 0.0)
     start_forkserver(wait=True)  # so the workers start within them
     with tunesvc.capture(db=tmp_db):
         x, y, out = _call(20_001)  # seconds in the interpreter, time for the workers to start
@@ -80,8 +77,8 @@ def test_candidates_compile_in_workers_and_every_one_is_still_measured_here(tmp_
 @pytest.mark.parametrize("after_s, worth_s", [(60.0, 0.0), (0.0, 600.0)])
 def test_a_key_done_soon_or_with_little_left_starts_no_workers(tmp_db, monkeypatch, after_s, worth_s):
     monkeypatch.setenv("TUNESVC_COMPILE_WORKERS", "2")
-    monkeypatch.setattr(CAPTURE, "PRECOMPILE_AFTER_S", after_s)
-    monkeypatch.setattr(CAPTURE, "PRECOMPILE_WORTH_S", worth_s)
+    monkeypatch.setattr(capture_precompile, "PRECOMPILE_AFTER_S", after_s)
+    monkeypatch.setattr(capture_precompile, "PRECOMPILE_WORTH_S", worth_s)
     started = time.perf_counter()
     with tunesvc.capture(db=tmp_db):
         x, y, out = _call(1001)
@@ -92,8 +89,8 @@ def test_a_key_done_soon_or_with_little_left_starts_no_workers(tmp_db, monkeypat
 
 def test_a_kernel_no_import_reaches_compiles_where_it_is_measured(tmp_db, monkeypatch):
     monkeypatch.setenv("TUNESVC_COMPILE_WORKERS", "2")
-    monkeypatch.setattr(CAPTURE, "PRECOMPILE_AFTER_S", 0.0)
-    monkeypatch.setattr(CAPTURE, "PRECOMPILE_WORTH_S", 0.0)
+    monkeypatch.setattr(capture_precompile, "PRECOMPILE_AFTER_S", 0.0)
+    monkeypatch.setattr(capture_precompile, "PRECOMPILE_WORTH_S", 0.0)
 
     def build():
         @triton.autotune(configs=CONFIGS, key=["n"])
@@ -143,8 +140,8 @@ def test_how_many_workers(monkeypatch):
 @pytest.mark.gpu
 def test_on_a_gpu_workers_of_the_default_count_compile_candidates(tmp_db, monkeypatch):
     monkeypatch.delenv("TUNESVC_COMPILE_WORKERS", raising=False)
-    monkeypatch.setattr(CAPTURE, "PRECOMPILE_AFTER_S", 0.0)  # a key of milliseconds on a GPU
-    monkeypatch.setattr(CAPTURE, "PRECOMPILE_WORTH_S", 0.0)
+    monkeypatch.setattr(capture_precompile, "PRECOMPILE_AFTER_S", 0.0)  # a key of milliseconds on a GPU
+    monkeypatch.setattr(capture_precompile, "PRECOMPILE_WORTH_S", 0.0)
     start_forkserver(wait=True)
     with tunesvc.capture(db=tmp_db):
         x, y, out = _call(100_003)

@@ -5,7 +5,6 @@ timing that leaves the launch to Triton's own autotuner."""
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections import Counter
 
@@ -17,11 +16,11 @@ from _capture import scale as _scale
 from _capture import trials_by_kernel
 
 import tunesvc
+import tunesvc._capture.bench as capture_bench
 from tunesvc._capture import STATS
 
 pytestmark = pytest.mark.gpu
 
-CAPTURE = sys.modules["tunesvc._capture"]
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (128, 256, 512) for w in (2, 4)]
 N = 100_003  # no block size divides it
 
@@ -132,7 +131,7 @@ def test_a_fault_in_the_gpu_timing_runs_the_launch_as_triton_autotune(tmp_db, mo
     def boom(*args, **kwargs):
         raise RuntimeError("injected fault")
 
-    monkeypatch.setattr(CAPTURE.CaptureBench, "_timed", boom)
+    monkeypatch.setattr(capture_bench.CaptureBench, "_timed", boom)
     kernel = triton.autotune(CONFIGS, key=["n"])(_scale)
     x, out = torch.randn(N, device="cuda"), torch.empty(N, device="cuda")
     with tunesvc.capture(db=tmp_db), warnings.catch_warnings(record=True) as caught:

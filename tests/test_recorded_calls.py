@@ -207,7 +207,7 @@ def test_verify_without_kernel_says_why_a_captured_winner_is_not_measured(folder
 def test_retune_of_a_captured_key_never_keeps_the_winner_it_measured_slower(folder, tmp_db, monkeypatch):
     """The stored winner (BLOCK 64) had the fastest time when tuned; now the first listed config
     (BLOCK 16) measures faster. The retune measures every config again and the winner follows."""
-    import tunesvc._capture as capture
+    import tunesvc._capture.bench as capture_bench
 
     _capture(folder, tmp_db, "tune")
     with sqlite3.connect(tmp_db) as connection:
@@ -222,13 +222,13 @@ def test_retune_of_a_captured_key_never_keeps_the_winner_it_measured_slower(fold
         )
 
     # timings are the point here, not the interpreter's noise: BLOCK 16 measures 1 ms, the others 2 ms
-    real = capture.CaptureBench.measure
+    real = capture_bench.CaptureBench.measure
 
     def measure(self, config):
         m = real(self, config)
         return Measurement(Status.OK, time_ms=1.0 if config.kwargs["BLOCK"] == 16 else 2.0, reps=1) if m.ok else m
 
-    monkeypatch.setattr(capture.CaptureBench, "measure", measure)
+    monkeypatch.setattr(capture_bench.CaptureBench, "measure", measure)
     monkeypatch.syspath_prepend(str(folder))
     monkeypatch.delitem(sys.modules, "recmod", raising=False)
     command = ["verify", "--kernel", NAME, "--db", tmp_db, "--json"]

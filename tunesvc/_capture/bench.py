@@ -1,0 +1,377 @@
+"""Checking and timing a captured key's candidates on the call's own arguments.
+
+The candidates are the configs Triton's pruning keeps for the call (:func:`_pruned`,
+:class:`_Pruned`); :class:`CaptureBench` measures each (its output against the first valid
+config's, the inputs restored before each one), :func:`_measured` runs it over the candidates and
+:func:`_contenders` says how many finalists are re-timed. Measuring leaves no trace but the store:
+:func:`_untraced` (no autograd; the RNG, the device and the stream put back), :func:`_aliased`
+(the call's tensors under version counters of their own), and :func:`_measuring`, which marks the
+thread so that the autotuned launches the measuring causes tune nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+from typing import Any
+
+import torch
+
+from tunesvc import settings
+from tunesvc._capture.identity import config_dict
+from tunesvc.bench import Bench
+from tunesvc.bench import Measurement
+from tunesvc.bench import Status
+from tunesvc.bench import relative_error
+from tunesvc.bench._base import one_line as _one_line
+from tunesvc.bench._inprocess import _compile_error_types
+from tunesvc.bench._inprocess import _out_of_resources_types
+from tunesvc.space import config_hash
+
+if TYPE_CHECKING:
+    from triton.runtime.autotuner import Autotuner
+
+    from tunesvc.device import Device
+
+
+#: a candidate's largest relative error against the first valid config's output, by dtype
+#: (settings.CONFIG_TOLERANCE: the one table, by name)
+TOLERANCE = {getattr(torch, name): tolerance for name, tolerance in settings.CONFIG_TOLERANCE.items()}
+LOOSE_TOLERANCE = settings.CONFIG_TOLERANCE_OTHER
+
+#: rounds of the finalists' re-measurement on a GPU (tunesvc.sweep's interleaved rounds)
+FINALISTS = 3
+#: candidates whose first time is within this fraction of the fastest's are re-timed as finalists
+#: (see :func:`_contenders`)
+FINALIST_WINDOW = 0.05
+
+
+#: how deep this thread is in tunesvc's own measuring of a kernel (see :func:`_measuring`)
+_MEASURING = threading.local()
+
+
+@contextmanager
+def _measuring() -> Iterator[None]:
+    """Mark this thread as measuring: autotuned launches that the measuring itself causes tune
+    nothing. A library may have put autotuned kernels under torch's ops (FlagGems' ``use_gems``
+    and ``enable`` replace the CUDA kernels of norm, sub, copy and others), and tunesvc's checks
+    and timing call those ops: tuning such a key there would be a tuning inside a tuning, and
+    the same kernel's key again inside its own (its lock is held). Such a key gets its stored
+    winner or the fallback, and is not remembered: when the program launches it, it is tuned.
+    """
+    _MEASURING.depth = getattr(_MEASURING, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _MEASURING.depth -= 1
+
+
+def _nested() -> bool:
+    return getattr(_MEASURING, "depth", 0) > 0
+
+
+@contextmanager
+def _untraced(tensors: list[torch.Tensor]) -> Iterator[None]:
+    """Tuning leaves no trace but the store: no autograd graph (inference mode where the call's
+    tensors are inference tensors, which only it may write), the RNG states, the current CUDA
+    device and stream as they were."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    device = torch.cuda.current_device() if cuda else None
+    stream = torch.cuda.current_stream() if cuda else None
+    inference = any(t.is_inference() for t in tensors)
+    grad_off = torch.inference_mode() if inference else torch.no_grad()
+    try:
+        with torch.random.fork_rng(devices=[device] if device is not None else [], device_type="cuda"), grad_off:
+            yield
+    finally:
+        if device is not None:
+            torch.cuda.set_device(device)
+            torch.cuda.set_stream(stream)  # type: ignore[arg-type]
+
+
+def _aliased(values: Any) -> Any:
+    """The call's arguments with each tensor as ``Tensor.data``: the same memory under a version
+    counter of its own, so that restoring the inputs between candidates (and reset_to_zero,
+    restore_value) never bumps the version of a tensor autograd saved for backward."""
+
+    def alias(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.data
+        base = v.base if _is_descriptor(v) else None
+        if isinstance(base, torch.Tensor) and dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return dataclasses.replace(v, base=base.data)
+        return v
+
+    if isinstance(values, dict):
+        return {k: alias(v) for k, v in values.items()}
+    return tuple(alias(v) for v in values)
+
+
+def _pruned(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+    """The configs Triton's pruning keeps for a call, each once (a list may repeat one: torchao's
+    int8 GEMM lists two of its 27 twice). ``prune_configs`` reads the call from ``tuner.nargs``,
+    which is put back as it was after: a subclass's own run (FlagGems' LibTuner) sets it before
+    its cache lookup, which lands here, and reads it again after."""
+    before = getattr(tuner, "nargs", None)
+    tuner.nargs = dict(zip(tuner.arg_names, args))
+    try:
+        kept = tuner.prune_configs(kwargs)
+    finally:
+        tuner.nargs = before
+    unique: dict[str, Any] = {}
+    for config in kept:
+        unique.setdefault(config_hash(config_dict(config)), config)
+    return list(unique.values())
+
+
+class _Pruned:
+    """The configs Triton's pruning keeps for one call (:func:`_pruned`), computed on first use."""
+
+    def __init__(self, tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> None:
+        self._call = (tuner, args, kwargs)
+        self._configs: list[Any] | None = None
+
+    def __call__(self) -> list[Any]:
+        if self._configs is None:
+            self._configs = _pruned(*self._call)
+        return self._configs
+
+
+class CaptureBench(Bench):
+    """Checks and times a captured kernel's configs on one call's own arguments.
+
+    The tensors of the call are snapshotted before the first candidate and restored before each
+    one, so every candidate starts from the same inputs (an accumulating or in-place kernel is
+    judged on what one call computes). A candidate's output is every tensor argument after its
+    launch (before the post-hook, which may restore them), compared with the first valid
+    config's: the tensors that config wrote by relative error within the dtype's tolerance,
+    the others exactly. Where that config wrote NaN or inf and a later one writes none, the later
+    one is the reference from then on (a config that computes garbage may come first in a list).
+    """
+
+    def __init__(
+        self,
+        tuner: Autotuner,
+        device: Device,
+        args: tuple,
+        kwargs: dict[str, Any],
+        *,
+        rep_ms: float = settings.REP_MS,
+        tolerance: float | None = None,
+        grids: dict[str, Any] | None = None,
+        candidates: list[Any] = (),  # type: ignore[assignment]
+    ) -> None:
+        self.tuner = tuner
+        self.device = device
+        self.rep_ms = rep_ms
+        self.problem = {}
+        self.inputs = (tuple(args), dict(kwargs))
+        self._input_sets = None
+        self._tolerance = tolerance
+        self._grids = grids
+        #: every config a finalist's stored dict may name: listed, or built by the pruner for this call
+        self._configs = {config_hash(config_dict(c)): c for c in (*tuner.configs, *candidates)}
+        self._tensors = _tensors_of(self.inputs)
+        self._pristine = [t.clone() for t in self._tensors]
+        self.ref: list[torch.Tensor] | None = None
+        self._written: list[bool] = []
+        #: set by the measure that made its config the reference in place of an earlier one
+        self.took_over = False
+        self._ref_finite = True
+        self.measurements = 0
+
+    def restore(self) -> None:
+        for t, saved in zip(self._tensors, self._pristine):
+            t.copy_(saved)
+
+    def input_sets(self) -> list[Any]:
+        if self._input_sets is None:
+            from tunesvc.bench import input_bytes
+            from tunesvc.bench import input_sets_needed
+            from tunesvc.bench import l2_bytes
+
+            count = input_sets_needed(input_bytes(self._pristine), l2_bytes()) if self.device.is_gpu else 1
+            self._input_sets = [self.inputs] + [_cloned(self.inputs) for _ in range(count - 1)]
+        return self._input_sets
+
+    def _launch(self, config: Any, inputs: Any, *, check: bool = False) -> list[torch.Tensor] | None:
+        args, kwargs = inputs
+        if self._grids is not None:
+            kwargs = {**kwargs, "grid": self._grids[config_hash(config_dict(config))]}
+
+        def outputs() -> list[torch.Tensor]:  # read before the post-hook, which may restore them
+            self._sync()
+            return [t.clone() for t in self._tensors]
+
+        return launch_listed(self.tuner, config, args, kwargs, outputs if check else None)
+
+    def measure(self, config: Any) -> Measurement:
+        self.measurements += 1
+        self.restore()
+        start = time.perf_counter()
+        try:
+            outputs = self._launch(config, self.inputs, check=True)
+            self._sync()
+        except _out_of_resources_types() as exc:
+            return Measurement(Status.INVALID, message=_one_line(exc))
+        except _compile_error_types() as exc:
+            return Measurement(Status.COMPILE_ERROR, message=_one_line(exc))
+        except Exception as exc:  # a candidate's failure is data
+            return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {_one_line(exc)}")
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        assert outputs is not None
+        if self.ref is None:  # the first valid config is the reference
+            self.ref = outputs
+            self._written = [not _same(out, saved) for out, saved in zip(outputs, self._pristine)]
+            self._ref_finite = self._finite(outputs)
+            err = 0.0
+        elif not self._ref_finite and self._finite(outputs):
+            # the reference wrote NaN or inf where this config writes none: this one takes over,
+            # and the configs measured before it are to be judged again (see _measured)
+            self.ref, self._ref_finite, self.took_over = outputs, True, True
+            err = 0.0
+        else:
+            err, message = self._error(outputs)
+            if message:
+                return Measurement(Status.WRONG_RESULT, rel_error=err, message=message)
+        if not self.device.is_gpu:  # the interpreter: its one run is its time
+            return Measurement(Status.OK, time_ms=elapsed_ms, spread=0.0, reps=1, rel_error=err)
+        return self._timed(self._launcher(config), rel_error=err)
+
+    def _finite(self, outputs: list[torch.Tensor]) -> bool:
+        """No NaN or inf in the floating tensors the reference config wrote."""
+        return all(
+            bool(torch.isfinite(_widened(out)).all())
+            for out, written in zip(outputs, self._written)
+            if written and (out.is_floating_point() or out.is_complex())
+        )
+
+    def _error(self, outputs: list[torch.Tensor]) -> tuple[float, str | None]:
+        assert self.ref is not None
+        worst = 0.0
+        for i, (out, ref, written) in enumerate(zip(outputs, self.ref, self._written)):
+            if not written or not (out.is_floating_point() or out.is_complex()):
+                if not _same(out, ref):
+                    return math.inf, f"tensor argument {i} differs from the first valid config's"
+                continue
+            tolerance = self._tolerance if self._tolerance is not None else TOLERANCE.get(out.dtype, LOOSE_TOLERANCE)
+            err = relative_error(_widened(out), _widened(ref))
+            if not err <= tolerance:
+                return (
+                    err,
+                    f"tensor argument {i}: relative error {err:.3g} > {tolerance:g} against the first valid config",
+                )
+            worst = max(worst, err)
+        return worst, None
+
+    def time_peer(self) -> Measurement:
+        """INVALID: a captured kernel has no template, so no torch peer (Bench's would raise on it)."""
+        return Measurement(Status.INVALID, message="a captured kernel has no torch peer")
+
+    def _launcher(self, config: Any):
+        if isinstance(config, dict):  # a finalist, by its stored dict
+            config = self._configs[config_hash(config)]
+        return lambda inputs: lambda: self._launch(config, inputs)
+
+
+def _contenders(measured: list[Measurement]) -> int:
+    """How many of a key's fastest correct candidates the finalists' re-timing takes: those whose
+    first time is within FINALIST_WINDOW of the fastest, at most FINALISTS. Long replays are spent
+    only where they can change the answer: a fastest candidate ahead of every other by more
+    than the window wins on its first time (one contender: no re-timing)."""
+    times = sorted(m.time_ms for m in measured if m.ok and m.time_ms is not None)
+    if not times:
+        return 0
+    return min(FINALISTS, sum(1 for t in times if t <= times[0] * (1 + FINALIST_WINDOW)))
+
+
+def _widened(t: torch.Tensor) -> torch.Tensor:
+    """A float tensor of a dtype torch does little arithmetic on (float8 e4m3/e5m2: no ``abs`` on
+    CUDA, so no ``isfinite``) as float32, by value; other tensors as they are."""
+    if t.is_floating_point() and t.element_size() == 1:
+        return t.float()
+    return t
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal in shape and bits (float8 compared as bytes: torch has no ``eq`` for it everywhere)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point() and a.element_size() == 1:
+        return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    return torch.equal(a, b)
+
+
+def launch_listed(
+    tuner: Autotuner, config: Any, args: tuple, kwargs: dict[str, Any], after: Callable[[], Any] | None = None
+) -> Any:
+    """Launch the kernel with one of its listed configs as its autotuner would: the config's and
+    the tuner's pre-hooks, the launch, ``after()`` (what it returns is returned), the post-hook."""
+    launch = config.all_kwargs()
+    full = {**dict(zip(tuner.arg_names, args)), **kwargs, **launch}
+    if config.pre_hook:
+        config.pre_hook(full)
+    tuner.pre_hook(full)
+    try:
+        tuner.fn.run(*args, **kwargs, **launch)
+        result = after() if after is not None else None
+    except Exception as exc:
+        try:
+            tuner.post_hook(full, exception=exc)
+        finally:
+            raise
+    tuner.post_hook(full, exception=None)
+    return result
+
+
+def _measured(bench: CaptureBench, configs: list[Any], ready: Callable[[int], None] | None = None) -> list[Measurement]:
+    """Each config measured by ``bench`` (once ``ready(i)`` returns, where given); where one takes
+    over as the reference, the configs before it are measured again, against it."""
+    out: list[Measurement] = []
+    for i, config in enumerate(configs):
+        if ready is not None:
+            ready(i)
+        measurement = bench.measure(config)
+        if bench.took_over:
+            bench.took_over = False
+            out = [bench.measure(earlier) for earlier in configs[: len(out)]]
+        out.append(measurement)
+    return out
+
+
+def _tensors_of(inputs: tuple[tuple, dict[str, Any]]) -> list[torch.Tensor]:
+    """The call's tensors: its tensor arguments and the tensors under its host-side tensor
+    descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``: FlagGems' host-TMA GEMM
+    takes A, B and C only so), each once."""
+    args, kwargs = inputs
+    found: dict[int, torch.Tensor] = {}
+    for v in (*args, *kwargs.values()):
+        tensor = v.base if _is_descriptor(v) else v
+        if isinstance(tensor, torch.Tensor):
+            found.setdefault(id(tensor), tensor)
+    return list(found.values())
+
+
+def _is_descriptor(value: Any) -> bool:
+    # by name: triton.tools.tensor_descriptor exists from Triton 3.4, and launches stay import-free
+    return type(value).__name__ == "TensorDescriptor" and hasattr(value, "block_shape")
+
+
+def _cloned(inputs: tuple[tuple, dict[str, Any]]) -> tuple[tuple, dict[str, Any]]:
+    args, kwargs = inputs
+
+    def copy(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.clone()
+        base = v.base if _is_descriptor(v) else None
+        if isinstance(base, torch.Tensor) and dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return dataclasses.replace(v, base=base.clone())  # a host-side descriptor over a copy
+        return v
+
+    return tuple(copy(a) for a in args), {k: copy(v) for k, v in kwargs.items()}

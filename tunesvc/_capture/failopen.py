@@ -1,0 +1,166 @@
+"""Capture fails open: a failure inside tunesvc leaves the kernel to Triton's own autotuner, said once.
+
+:func:`_give_up` turns a kernel's capture off for the rest of the process with one warning line
+(the kernel, the reason, what to do); :data:`_STAGE` names what the failing thread was doing;
+:class:`_LeftToTriton` leaves one key to Triton, already said; :class:`_Off` is the state of a
+kernel whose own could not be made. Also the process's counters (:data:`STATS`,
+:data:`FAILED_OPEN`, :data:`KERNELS`, :data:`TUNE_SECONDS`) and the summary made of them
+(:func:`summary_record`, :func:`summary_line`; :func:`_write_summary` at exit).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+from typing import Any
+
+from tunesvc import settings
+from tunesvc.bench._base import one_line as _one_line
+from tunesvc.errors import TunesvcError
+
+if TYPE_CHECKING:
+    from triton.runtime.autotuner import Autotuner
+
+
+#: what happened to the keys this process met, across kernels: ``stored`` (served from the database or bundle, nothing measured), ``tuned``
+#: (measured here), ``benchmarks`` (candidates measured), ``fallback`` (mode lookup, no stored
+#: winner), ``heuristic`` (mode heuristic), ``untuned`` (one config survived pruning), ``nested``
+#: (met while tunesvc was measuring: stored winner or fallback, see
+#: :func:`~tunesvc._capture.bench._measuring`), ``precompiled`` (candidates a compile worker
+#: compiled before their measurement), ``failed_open`` (kernels left to Triton's own autotuner
+#: after a failure inside tunesvc)
+STATS: Counter[str] = Counter()
+#: seconds spent tuning keys (``tuned``), and why kernels were left to Triton's own autotuner
+TUNE_SECONDS = [0.0]
+FAILED_OPEN: Counter[str] = Counter()
+#: the names of the captured kernels this process launched
+KERNELS: set[str] = set()
+
+
+def stats() -> dict[str, int]:
+    """Counters of this process's captured keys (see :data:`STATS`)."""
+    return dict(STATS)
+
+
+def summary_record() -> dict[str, Any]:
+    """What this process's capture did, as data (what `tune run` adds up over its processes)."""
+    return {
+        "kernels": len(KERNELS),
+        "stored": STATS["stored"],
+        "tuned": STATS["tuned"],
+        "tune_s": round(TUNE_SECONDS[0], 3),
+        "untuned": STATS["untuned"],
+        "fallback": STATS["fallback"] + STATS["heuristic"],
+        "failed_open": dict(FAILED_OPEN),
+    }
+
+
+def summary_line(records: list[dict[str, Any]]) -> str:
+    """One line over the records of one or more processes (see :func:`summary_record`)."""
+    total: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    seconds = 0.0
+    for r in records:
+        total.update({k: int(r.get(k, 0)) for k in ("kernels", "stored", "tuned", "untuned", "fallback")})
+        seconds += float(r.get("tune_s", 0.0))
+        reasons.update(r.get("failed_open", {}))
+    text = (
+        f"tunesvc: {total['kernels']} kernel{'s' * (total['kernels'] != 1)} captured; keys: "
+        f"{total['stored']} served from the store, {total['tuned']} tuned in {seconds:.1f} s, "
+        f"{total['untuned']} with one config, {total['fallback']} served untuned"
+    )
+    if reasons:
+        why = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
+        text += f"; left to Triton's autotuner: {why}"
+    return text + "."
+
+
+def _write_summary() -> None:
+    """At exit: the summary line on stderr ($TUNESVC_SUMMARY) and/or a JSON line for `tune run`."""
+    import json
+    import sys
+
+    if not KERNELS and not FAILED_OPEN:
+        return
+    try:
+        if settings.summary_requested():
+            print(summary_line([summary_record()]), file=sys.stderr)
+        path = settings.summary_file()
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps(summary_record()) + "\n")
+    except Exception:  # a summary must never change how the program ends
+        pass
+
+
+class _LeftToTriton(Exception):
+    """A key tunesvc leaves to Triton's own autotuner, already said (see :func:`_give_up`)."""
+
+
+class _Stage(threading.local):
+    """What this thread's capture is doing, for the warning of a failure (``look up``, ``claim``...)."""
+
+    name = "look up"
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        outer, self.name = self.name, name
+        try:
+            yield
+        except Exception as exc:  # the innermost stage names the failure: the outer ones are restored
+            if not hasattr(exc, "_tunesvc_stage"):
+                try:
+                    exc._tunesvc_stage = name  # type: ignore[attr-defined]
+                except Exception:  # an exception type that takes no attributes: the outer stage
+                    pass
+            raise
+        finally:
+            self.name = outer
+
+    def of(self, exc: BaseException) -> str:
+        """The stage ``exc`` was raised in."""
+        return getattr(exc, "_tunesvc_stage", self.name)
+
+
+_STAGE = _Stage()
+
+
+def _give_up(state: Any, exc: BaseException | str, stage: str, *, stacklevel: int) -> None:
+    """Leave the kernel to Triton's own autotuner for the rest of the process, said in one line
+    naming the kernel, the reason and what to do (``stacklevel`` as the caller's own, so that the
+    line points at the user's launch). ``exc`` is an exception, or a reason of tunesvc's own."""
+    state.off = True
+    if isinstance(exc, str):
+        category, reason, fix = stage, exc, "nothing is wrong with the program"
+    elif isinstance(exc, TunesvcError):
+        category, reason, fix = stage, str(exc).rstrip("."), "fix that and run again"
+    else:
+        category = f"{stage} failed"
+        reason = f"{category} with {type(exc).__name__}: {_one_line(exc)}"
+        if stage in _DATABASE_STAGES or isinstance(exc, OSError) or "sqlalchemy" in type(exc).__module__:
+            fix = "check the database TUNESVC_DB names, or set TUNESVC_MODE=off to leave the kernels to Triton"
+        else:
+            fix = "set TUNESVC_MODE=off to leave it to Triton quietly, and report this tunesvc bug"
+    FAILED_OPEN[category] += 1
+    warnings.warn(
+        f"tunesvc: {state.name}: {reason}; it runs with Triton's own autotuner in this process ({fix}).",
+        RuntimeWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+#: stages whose failures come from the database rather than from tunesvc's own code
+_DATABASE_STAGES = ("look up", "open the database", "claim", "store")
+
+
+class _Off:
+    """The state of a kernel whose own state could not be made: Triton's own autotuner runs it."""
+
+    off = True
+
+    def __init__(self, tuner: Autotuner) -> None:
+        self.name = getattr(getattr(tuner, "base_fn", None), "__qualname__", type(tuner).__name__)

@@ -1,0 +1,408 @@
+"""The launch path: tunesvc's ``Autotuner.run``, and the ways a kernel comes to run it.
+
+:func:`captured_run` is the run of every captured kernel: a key met before is one dict lookup, then
+the kernel's launch; a miss goes to :func:`tunesvc._capture.miss._resolve`. A kernel gets it as a
+:class:`CapturedKernel` (``tunesvc.autotune``'s Autotuner subclass: :func:`autotune`) or
+process-wide: :func:`capture` puts it on Triton's ``Autotuner`` class and wraps the ``run`` of
+subclasses that have their own (:class:`_StoreCache` answers their cache's misses);
+:func:`uncapture` takes it off. The process's capture (``_process``, rebound here only) and each
+kernel's state (:func:`_state_of`) live here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from triton.runtime.autotuner import Autotuner
+
+from tunesvc import settings
+from tunesvc._capture.bench import _MEASURING
+from tunesvc._capture.bench import _nested
+from tunesvc._capture.bench import _Pruned
+from tunesvc._capture.failopen import _STAGE
+from tunesvc._capture.failopen import KERNELS
+from tunesvc._capture.failopen import _give_up
+from tunesvc._capture.failopen import _LeftToTriton
+from tunesvc._capture.failopen import _Off
+from tunesvc._capture.failopen import _write_summary
+from tunesvc._capture.miss import _config_for
+from tunesvc._capture.miss import _key_text_of
+from tunesvc._capture.miss import _nested_config
+from tunesvc._capture.miss import _resolve
+from tunesvc._capture.miss import _triton_key
+from tunesvc._capture.sharing import Settings
+from tunesvc._capture.sharing import _settings_lock
+from tunesvc._capture.sharing import _shared
+from tunesvc._capture.sharing import _State
+from tunesvc.errors import TunesvcError
+
+#: Triton's own Autotuner.run (the interpreter-start hook may have put a trampoline there first)
+_TRITON_RUN: Callable[..., Any] = getattr(Autotuner.run, "__tunesvc_original__", Autotuner.run)
+
+
+_STATES: weakref.WeakSet[Autotuner] = weakref.WeakSet()
+#: the process's capture, set by capture(); None: plain Autotuner instances run as Triton's
+_process: Settings | None = None
+
+
+def _state_of(tuner: Autotuner) -> _State:
+    state = tuner.__dict__.get("_tunesvc")
+    if state is None:
+        with _settings_lock:
+            state = tuner.__dict__.get("_tunesvc")
+            if state is None:
+                try:
+                    state = _State(tuner, _process or Settings.resolve(), None, {})
+                except Exception as exc:  # fails open: the kernel runs as Triton's
+                    off = _Off(tuner)
+                    _give_up(off, exc, "setting up", stacklevel=4)
+                    state = off
+                if not state.off:
+                    KERNELS.add(state.name)
+                tuner.__dict__["_tunesvc"] = state
+                _STATES.add(tuner)
+    return state
+
+
+def _forget_all() -> None:
+    """Drop every kernel's captured state: the next launches resolve again (settings changed)."""
+    for tuner in list(_STATES):
+        state = tuner.__dict__.get("_tunesvc")
+        if state is not None and not isinstance(tuner, CapturedKernel):
+            del tuner.__dict__["_tunesvc"]
+        elif state is not None:
+            state.chosen.clear()
+    _shared.clear()
+
+
+def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
+    """``Autotuner.run`` the tunesvc way: a key seen before is one dict lookup, then the kernel."""
+    state = self.__dict__.get("_tunesvc") or _state_of(self)
+    if state.off:
+        return _TRITON_RUN(self, *args, **kwargs)
+    # Triton's key: the key arguments' values, then the dtype of every argument that has one;
+    # the dtype objects themselves, not their names (str() on every call is measurable)
+    nargs = dict(zip(self.arg_names, args))
+    if kwargs:
+        if kwargs.keys() <= state.arg_set:
+            nargs.update(kwargs)
+        else:
+            arg_set = state.arg_set
+            for k, v in kwargs.items():
+                if k in arg_set:
+                    nargs[k] = v
+    key = tuple([nargs[k] for k in self.keys if k in nargs] + [v.dtype for v in nargs.values() if hasattr(v, "dtype")])
+    try:
+        hit = state.chosen.get(key)
+    except TypeError:  # an unhashable dtype: Triton's own key, with dtype names
+        key = _triton_key(self, nargs)
+        hit = state.chosen.get(key)
+    if hit is None:
+        try:
+            hit = _resolve(self, state, key, nargs, args, kwargs)
+        except _LeftToTriton:
+            return _TRITON_RUN(self, *args, **kwargs)
+        except Exception as exc:  # capture fails open (see tunesvc._capture)
+            _give_up(state, exc, _STAGE.of(exc), stacklevel=2)
+            return _TRITON_RUN(self, *args, **kwargs)
+    config, launch = hit
+    self.best_config = config
+    if config.pre_hook is not None:
+        config.pre_hook({**nargs, **kwargs, **launch})
+    direct = state.direct
+    if direct is not None and "grid" in kwargs and not kwargs.get("warmup"):
+        # KernelInterface[grid] passes grid and warmup as keywords; the rest are the kernel's
+        rest = {k: v for k, v in kwargs.items() if k != "grid" and k != "warmup"}
+        return direct.launch(kwargs["grid"], args, {**rest, **launch})
+    return self.fn.run(*args, **kwargs, **launch)
+
+
+# -- Autotuner subclasses with a run of their own (FlagGems' LibTuner, for one) ------------------
+#: the (args, kwargs) of the subclass launch running on this thread, for its cache's miss
+_CALL = threading.local()
+
+
+class _StoreCache:
+    """A subclass autotuner's ``cache`` (key -> config) whose misses tunesvc answers.
+
+    Such a ``run`` builds its own key, asks ``key in self.cache`` before it searches, then
+    launches ``self.cache[key]``: while capture is on, a key is resolved the tunesvc way (stored,
+    tuned on the call's arguments, or the fallback) and the subclass launches that config,
+    searching nothing. The subclass's own cache (a dict, or a persistent store of its own) is kept
+    underneath, untouched by tunesvc, and answers alone while capture is off.
+    """
+
+    def __init__(self, tuner: Autotuner, inner: Any) -> None:
+        self.tuner = tuner
+        self.inner = inner
+        self._state: _State | None = None
+        self._resolved: dict[Any, Any] = {}
+
+    def _answers(self) -> dict[Any, Any] | None:
+        """This capture's resolved keys (None: capture is off or off for this kernel)."""
+        if _process is None:
+            return None
+        state = _state_of(self.tuner)
+        if state is not self._state:  # new settings: resolve again
+            self._state, self._resolved = state, {}
+        return None if state.off else self._resolved
+
+    def __contains__(self, key: object) -> bool:
+        answers = self._answers()
+        if answers is None:
+            return key in self.inner
+        if key in answers:
+            return True
+        call = getattr(_CALL, "value", None)
+        if call is None or not isinstance(key, tuple):  # not asked from within the run
+            return key in self.inner
+        tuner, state = self.tuner, self._state
+        assert state is not None
+        args, kwargs = call
+        nargs = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in state.arg_set}
+        if _nested():  # answered for this launch alone, as _resolve does
+            _MEASURING.answer = (
+                self,
+                key,
+                _nested_config(state, _key_text_of(tuner, key, nargs), _Pruned(tuner, args, kwargs)),
+            )
+            return True
+        try:
+            with state.lock:
+                if key not in answers:
+                    answers[key] = _config_for(tuner, state, _key_text_of(tuner, key, nargs), args, kwargs)
+        except _LeftToTriton:
+            return key in self.inner
+        except Exception as exc:  # capture fails open: the subclass searches as it would alone
+            _give_up(state, exc, _STAGE.of(exc), stacklevel=3)
+            return key in self.inner
+        return True
+
+    def __getitem__(self, key: Any) -> Any:
+        nested = getattr(_MEASURING, "answer", None)
+        if nested is not None and nested[0] is self and nested[1] == key:
+            _MEASURING.answer = None
+            return nested[2]
+        answers = self._answers()
+        if answers is not None and key in answers:
+            return answers[key]
+        return self.inner[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.inner[key] = value
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else default  # noqa: SIM401 (self.get is this method)
+
+    def __getattr__(self, name: str) -> Any:  # the subclass's own cache's other methods
+        if name == "inner":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def _wrap_run(cls: type) -> None:
+    """Give ``cls`` (a subclass of Autotuner with its own ``run``) a run whose cache misses go
+    through tunesvc while capture is on; with capture off it is the class's own run."""
+    own = cls.__dict__.get("run")
+    if own is None or own is captured_run or getattr(own, "__tunesvc_original__", None) is not None:
+        return
+
+    def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
+        if _process is None:
+            return own(self, *args, **kwargs)
+        if type(self.cache) is not _StoreCache:
+            self.cache = _StoreCache(self, self.cache)
+        outer = getattr(_CALL, "value", None)
+        _CALL.value = (args, kwargs)
+        try:
+            return own(self, *args, **kwargs)
+        finally:
+            _CALL.value = outer
+
+    run.__tunesvc_original__ = own  # type: ignore[attr-defined]
+    run.__doc__, run.__name__, run.__qualname__ = own.__doc__, own.__name__, own.__qualname__
+    cls.run = run  # type: ignore[attr-defined]
+
+
+def _wrap_subclasses() -> None:
+    """Every Autotuner subclass with its own run, defined now or later, gets :func:`_wrap_run`."""
+    todo = list(Autotuner.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        _wrap_run(cls)
+        todo.extend(cls.__subclasses__())
+    if "__init_subclass__" not in Autotuner.__dict__:
+        Autotuner.__init_subclass__ = classmethod(lambda cls, **_: _wrap_run(cls))
+
+
+_autotuner_params = set(inspect.signature(Autotuner.__init__).parameters)
+
+
+class CapturedKernel(Autotuner):
+    """``triton.autotune``'s Autotuner with tunesvc's launch path (see :mod:`tunesvc._capture`)."""
+
+    def __init__(
+        self,
+        fn: Any,
+        arg_names: list[str],
+        configs: list[Any],
+        key: list[str],
+        reset_to_zero: list[str] | None = None,
+        restore_value: list[str] | None = None,
+        *,
+        name: str | None = None,
+        mode: str | None = None,
+        db: str | os.PathLike | None = None,
+        bundle: str | os.PathLike | None = None,
+        tolerance: float | None = None,
+        **triton_options: Any,
+    ) -> None:
+        unknown = set(triton_options) - _autotuner_params
+        if unknown:
+            raise TunesvcError(
+                f"This Triton's autotune takes no {', '.join(sorted(unknown))}; drop it or upgrade Triton."
+            )
+        super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **triton_options)
+        self._explicit = (mode, db, bundle)
+        chosen = Settings.resolve(mode, db, bundle, base=_process)
+        self.__dict__["_tunesvc"] = _State(self, chosen, name, {"tolerance": tolerance})
+        _STATES.add(self)
+
+    run = captured_run
+
+    def _rebind(self) -> None:
+        """New settings after capture()/configure(): explicit options keep winning."""
+        old = self.__dict__["_tunesvc"]
+        chosen = Settings.resolve(*self._explicit, base=_process)
+        self.__dict__["_tunesvc"] = _State(self, chosen, old.name, old.options)
+
+
+def autotune(
+    configs: list[Any],
+    key: list[str],
+    prune_configs_by: dict[str, Any] | None = None,
+    reset_to_zero: list[str] | None = None,
+    restore_value: list[str] | None = None,
+    pre_hook: Callable[..., Any] | None = None,
+    post_hook: Callable[..., Any] | None = None,
+    warmup: int | None = None,
+    rep: int | None = None,
+    use_cuda_graph: bool = False,
+    do_bench: Callable[..., Any] | None = None,
+    cache_results: bool = False,
+    *,
+    name: str | None = None,
+    mode: str | None = None,
+    db: str | os.PathLike | None = None,
+    bundle: str | os.PathLike | None = None,
+    tolerance: float | None = None,
+) -> Callable[[Any], CapturedKernel]:
+    """triton.autotune's decorator, tuned and stored by tunesvc (arguments as Triton's)."""
+    options: dict[str, Any] = {
+        "prune_configs_by": prune_configs_by,
+        "pre_hook": pre_hook,
+        "post_hook": post_hook,
+        "warmup": warmup,
+        "rep": rep,
+        "use_cuda_graph": use_cuda_graph,
+        "do_bench": do_bench,
+        "cache_results": cache_results,
+    }
+    defaults = {"use_cuda_graph": False, "cache_results": False}
+    # an option this Triton lacks may be left at its default; given, CapturedKernel says so
+    options = {k: v for k, v in options.items() if k in _autotuner_params or v not in (None, defaults.get(k))}
+
+    def decorate(fn: Any) -> CapturedKernel:
+        return CapturedKernel(
+            fn,
+            fn.arg_names,
+            configs,
+            key,
+            reset_to_zero,
+            restore_value,
+            name=name,
+            mode=mode,
+            db=db,
+            bundle=bundle,
+            tolerance=tolerance,
+            **options,
+        )
+
+    return decorate
+
+
+class Capture:
+    """The handle :func:`capture` returns: ``close()`` (or leaving the ``with`` block) undoes it."""
+
+    def __init__(self, previous: Settings | None, patched: bool) -> None:
+        self._previous = previous
+        self._patched = patched
+        self.closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            _apply(self._previous)
+
+    def __enter__(self) -> Capture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def capture(
+    mode: str | None = None, db: str | os.PathLike | None = None, bundle: str | os.PathLike | None = None
+) -> Capture:
+    """Route every ``triton.autotune`` kernel of this process through tunesvc.
+
+    Kernels decorated before and after alike: Triton's ``Autotuner.run`` becomes tunesvc's.
+    ``mode``/``db``/``bundle`` default to $TUNESVC_MODE/$TUNESVC_DB/$TUNESVC_BUNDLE (see
+    :class:`Settings`). A plain call, or a context manager; :func:`uncapture` or the handle's
+    ``close`` gives Triton its own autotuner back.
+    """
+    previous = _process
+    _apply(Settings.resolve(mode, db, bundle))
+    return Capture(previous, True)
+
+
+def uncapture() -> None:
+    """Give every plain ``triton.autotune`` kernel Triton's own autotuner back."""
+    _apply(None)
+
+
+_summary_registered = False
+
+
+def _apply(chosen: Settings | None) -> None:
+    global _process, _summary_registered
+    with _settings_lock:
+        _process = chosen
+        Autotuner.run = captured_run if chosen is not None else _TRITON_RUN
+        if chosen is not None:
+            _wrap_subclasses()
+            if not _summary_registered and (settings.summary_requested() or settings.summary_file()):
+                import atexit
+
+                atexit.register(_write_summary)
+                _summary_registered = True
+    _forget_all()
+    for tuner in list(_STATES):
+        if isinstance(tuner, CapturedKernel):
+            tuner._rebind()
+
+
+def capturing() -> Settings | None:
+    """The process's capture settings, or None when plain triton.autotune kernels run as Triton's."""
+    return _process
+
+
+def capture_from_env() -> None:
+    """What ``TUNESVC_CAPTURE=1`` does once Triton's autotuner is imported (see _tunesvc_capture)."""
+    if settings.capture_requested() and _process is None:
+        capture()

@@ -1,0 +1,240 @@
+"""Tuning a captured key: on a launch's miss, once across processes and hosts, or offline on a recorded call.
+
+:func:`_tune_locked` takes the one key claim (other processes wait, then read the winner) and
+measures on the call's own arguments, leaving no trace but the store; :func:`tune_key` checks and
+times every candidate, re-times the finalists and stores every trial and the winner.
+:func:`tune_recorded` tunes a key recorded while serving (`tune misses --tune`), and
+:func:`measure_stored` re-measures stored configs on a recorded call (`tune verify`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+from typing import Any
+
+from tunesvc import settings
+from tunesvc._capture.bench import CaptureBench
+from tunesvc._capture.bench import _aliased
+from tunesvc._capture.bench import _contenders
+from tunesvc._capture.bench import _measured
+from tunesvc._capture.bench import _measuring
+from tunesvc._capture.bench import _pruned
+from tunesvc._capture.bench import _tensors_of
+from tunesvc._capture.bench import _untraced
+from tunesvc._capture.failopen import _STAGE
+from tunesvc._capture.failopen import STATS
+from tunesvc._capture.failopen import TUNE_SECONDS
+from tunesvc._capture.identity import config_dict
+from tunesvc._capture.precompile import _precompiled
+from tunesvc._capture.recorded import describe_call
+from tunesvc._capture.recorded import find_autotuner
+from tunesvc._capture.recorded import rebuild_call
+from tunesvc._capture.sharing import Settings
+from tunesvc._capture.sharing import _State
+from tunesvc.bench import Measurement
+from tunesvc.bench import Status
+from tunesvc.bench._inprocess import FIRST_GRAPH_SHARE
+from tunesvc.errors import TunesvcError
+from tunesvc.settings import LOOKUP
+from tunesvc.settings import TUNE
+from tunesvc.space import config_hash
+
+if TYPE_CHECKING:
+    from triton.runtime.autotuner import Autotuner
+
+    from tunesvc._capture.bench import _Pruned
+    from tunesvc._capture.sharing import _Shared
+    from tunesvc.device import Device
+    from tunesvc.store import Store
+
+
+#: each candidate's first timing of a captured key is this share of the replay length (rep:
+#: triton.autotune's ``rep``, else settings.REP_MS); the finalists are then re-timed over the
+#: whole of it, with any candidate whose first time beats theirs. triton.autotune spends its whole
+#: rep on every config, and the program waits for capture's tuning as for Triton's: the short
+#: first pass is what keeps a captured first run no slower than one without capture
+FIRST_PASS_SHARE = 0.25
+#: a captured key's finalists replay graphs of rep_ms / 30 (3.3 ms at the default), not an offline
+#: sweep's rep_ms (100 ms): the program's first call waits for them, and the long replays would add
+#: about 8 s a key to it (nine rounds at the 0.85 s a round and config a sweep's long replays took on
+#: an H100), where a captured GEMM's first call took 8.9-9.4 s, triton.autotune's 6.1-7.1 s
+#: (benchmarks/results/capture.csv)
+CAPTURE_FINALIST_GRAPH_SHARE = FIRST_GRAPH_SHARE / 3
+
+
+def _tune_locked(
+    tuner: Autotuner,
+    state: _State,
+    shared: _Shared,
+    text: str,
+    args: tuple,
+    kwargs: dict[str, Any],
+    pruned: _Pruned,
+) -> Any:
+    """Tune the key once across processes and hosts; the others wait and then read the winner
+    (the one key claim: :class:`tunesvc.tuning.claim.KeyClaim`)."""
+    from tunesvc.device import current_device
+    from tunesvc.tuning.claim import KeyClaim
+
+    with _STAGE("prune"):
+        candidates = pruned()
+    if len(candidates) == 1:  # as triton.autotune: nothing to choose between, nothing measured
+        STATS["untuned"] += 1
+        return candidates[0]
+    with _STAGE("open the database"):
+        store = shared.store(create=True)
+        assert store is not None
+        device = current_device()
+    template = state.template
+
+    def winner() -> Any:
+        rows = store.winners(kernel=state.name, hardware_id=device.hardware_id, version=template.version)
+        return state.match(next((w.config for w in rows if w.shape_key == text), None), pruned)
+
+    ident = f"{state.name}|{template.version}|{device.hardware_id}|{text}"
+    with _STAGE("claim"), KeyClaim(store, state.name, ident, text, winner) as claim:
+        if claim.winner is not None:
+            STATS["stored"] += 1
+            return claim.winner
+        started = time.perf_counter()
+        with _untraced(_tensors_of((args, kwargs))):
+            config = tune_key(tuner, state, store, device, text, list(candidates), _aliased(args), _aliased(kwargs))
+        TUNE_SECONDS[0] += time.perf_counter() - started
+        STATS["tuned"] += 1
+        return config
+
+
+def tune_key(
+    tuner: Autotuner,
+    state: _State,
+    store: Store,
+    device: Device,
+    text: str,
+    candidates: list[Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    *,
+    grids: dict[str, Any] | None = None,
+    call: dict[str, Any] | None = None,
+) -> Any:
+    """Check and time every candidate on the call's arguments, store every trial and the winner.
+
+    Returns the winning triton.Config (the first candidate where none is correct: its launch
+    then raises what triton.autotune would). The call's tensors are left as they were given.
+    """
+    from tunesvc.bench import remeasure_finalists
+
+    template = state.template
+    with _STAGE("store"):
+        kv_id = store.kernel_version_id(template)
+        device_id = store.device_id(device)
+        started = time.perf_counter()
+        # the call as data: `tune verify` and offline tuning rebuild inputs of the same shapes from it
+        call = call if call is not None else describe_call(tuner, args, kwargs)
+        sweep_id = store.start_sweep(kv_id, device_id, text, call, "capture", len(candidates), 0)
+    rep_ms = float(getattr(tuner, "num_reps", None) or settings.REP_MS)
+    with (
+        _STAGE("measure"),
+        _measuring(),
+        _precompiled(tuner, state, device, candidates, call, args, kwargs) as ready,
+    ):
+        bench = CaptureBench(
+            tuner,
+            device,
+            args,
+            kwargs,
+            rep_ms=rep_ms * FIRST_PASS_SHARE,
+            tolerance=state.options.get("tolerance"),
+            grids=grids,
+            candidates=candidates,
+        )
+        try:
+            measured = _measured(bench, candidates, ready)
+            STATS["benchmarks"] += bench.measurements
+            results = [(config_dict(c), config_hash(config_dict(c)), m) for c, m in zip(candidates, measured)]
+            with _STAGE("store"):
+                new = store.add_trials(sweep_id, kv_id, device_id, text, results)
+                if None in new:  # measured before (`tune verify --retune`): the stored trials take the new measurements
+                    stored = {r.config_hash: r.id for r in store.trials(kv_id, device_id, text)}
+                    store.replace_measurements(
+                        [(stored[h], m) for (_, h, m), i in zip(results, new) if i is None and h in stored]
+                    )
+            contenders = _contenders(measured)
+            if device.is_gpu and contenders > 1:
+                rows = store.trials(kv_id, device_id, text)
+                store.replace_measurements(
+                    remeasure_finalists(bench, rows, contenders, rep_ms, graph_ms=rep_ms * CAPTURE_FINALIST_GRAPH_SHARE)
+                )
+        finally:
+            bench.restore()  # the caller launches the winner on the inputs as they were given
+    # what triton.autotune leaves for code that reads them (first measurements, as Triton's)
+    tuner.configs_timings = {
+        c: [m.time_ms if m.ok and m.time_ms is not None else math.inf] * 3 for c, (_, _, m) in zip(candidates, results)
+    }
+    tuner.bench_time = time.perf_counter() - started
+    with _STAGE("store"):
+        winner = store.update_winner(kv_id, device_id, text)
+        store.finish_sweep(sweep_id, time.perf_counter() - started)
+    if winner is None:
+        return candidates[0]
+    return state.match(winner.config, lambda: candidates) or candidates[0]
+
+
+def tune_recorded(store: Store, name: str, version: str, shape_key: str, call: dict[str, Any]) -> Any:
+    """Tune one recorded key offline: import the kernel, rebuild the call, tune as on a miss.
+
+    Returns the winning config as stored (a dict), or raises TunesvcError with the reason.
+    """
+    from tunesvc.device import current_device
+
+    tuner = find_autotuner(name)
+    state = _State(tuner, Settings(TUNE, store.url, None), name, {})
+    if state.template.version != version:
+        raise TunesvcError(
+            f"{name} changed since the key was recorded (version {version}, now {state.template.version}); "
+            "run the program again to record it anew."
+        )
+    device = current_device()
+    args, kwargs, grids = rebuild_call(tuner, call, device, shape_key)
+    pruned = [c for c in _pruned(tuner, args, kwargs) if config_hash(config_dict(c)) in grids]
+    if not pruned:
+        raise TunesvcError(f"No config of {name} has a recorded grid for {shape_key}.")
+    winner = tune_key(tuner, state, store, device, shape_key, pruned, args, kwargs, grids=grids, call=call)
+    rows = store.trials(store.kernel_version_id(state.template), store.device_id(device), shape_key)
+    if not any(r.status == Status.OK.value for r in rows):  # every candidate failed: no winner, not tuned
+        statuses = Counter(r.status for r in rows)
+        said = next((r.message for r in rows if r.message), None)
+        raise TunesvcError(
+            f"Every candidate of {name} failed on {shape_key} ("
+            + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+            + (f", the first saying {said}" if said else "")
+            + "), so it has no winner."
+        )
+    STATS["tuned"] += 1
+    return config_dict(winner)
+
+
+def measure_stored(
+    store: Store, name: str, shape_key: str, configs: list[dict[str, Any]], device: Device
+) -> list[Measurement]:
+    """Re-measure stored configs of a captured key on inputs rebuilt from the call its sweep
+    recorded (`tune verify`); each config after the first is checked against the first's output
+    (or a later one's, where the first wrote NaN or inf: see :class:`CaptureBench`)."""
+    tuner = find_autotuner(name)
+    call = store.captured_call(name, shape_key, device.hardware_id)
+    if call is None:
+        raise TunesvcError(f"No recorded call of {name} for {shape_key}; tune it again to re-measure it.")
+    args, kwargs, grids = rebuild_call(tuner, call, device, shape_key)
+    state = _State(tuner, Settings(LOOKUP, store.url, None), name, {})
+    with _measuring():
+        bench = CaptureBench(tuner, device, args, kwargs, grids=grids)
+        listed = [state.listed(stored) for stored in configs]
+        try:
+            measured = iter(_measured(bench, [c for c in listed if c is not None]))
+        finally:
+            bench.restore()
+    gone = Measurement(Status.INVALID, message="not in the kernel's config list any more")
+    return [gone if config is None else next(measured) for config in listed]

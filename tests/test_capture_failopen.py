@@ -617,3 +617,44 @@ def test_only_keys_hashed_by_identity_are_left_to_triton():
     assert CAPTURE._by_identity(torch.zeros(1)) and CAPTURE._by_identity((1, torch.zeros(1)))
     assert CAPTURE._by_identity(object())
     assert not any(CAPTURE._by_identity(v) for v in (None, 3, 2.5, True, "x", torch.float16, (1, 2), tl.float16))
+
+
+def _outcome(call):
+    try:
+        call()
+    except Exception as exc:  # the program's own exception, compared by type and text
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["a tuned parameter passed", "a launch option passed", "run() without warmup"],
+)
+def test_a_call_triton_refuses_is_refused_the_same_under_capture(how, tmp_db):
+    """A launch that Triton's autotuner refuses (a meta-parameter or launch option its configs
+    set passed by the caller; ``run`` called without ``warmup``) ends with Triton's exception
+    under capture too, on its first call and on a call of a key tuned before."""
+    x = torch.randn(N)
+
+    def call(kernel):
+        out = torch.empty(N)
+        if how == "a tuned parameter passed":
+            kernel[grid(N)](x, out, N, 2.0, BLOCK=32)
+        elif how == "a launch option passed":
+            kernel[grid(N)](x, out, N, 2.0, num_warps=2)
+        else:
+            kernel.run(x, out, N, 2.0, grid=grid(N))
+
+    def sequence(kernel):  # refused, a plain call that tunes the key, refused again (a cached key)
+        first = _outcome(lambda: call(kernel))
+        kernel[grid(N)](x, torch.empty(N), N, 2.0)
+        return first, _outcome(lambda: call(kernel))
+
+    expected = sequence(autotuned(_scale))
+    assert all(outcome != "ok" for outcome, _ in expected)
+    kernel = autotuned(_scale)
+    with tunesvc.capture(db=tmp_db), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert sequence(kernel) == expected
+    assert _tunesvc_warnings(caught) == []

@@ -18,7 +18,6 @@ runtime launched before it (up to the finalists' timing noise).
 from __future__ import annotations
 
 import abc
-import os
 import time
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -37,6 +36,7 @@ from tunesvc.bench import Status
 from tunesvc.bench import Worker
 from tunesvc.bench import measurer_for
 from tunesvc.bench import picklable
+from tunesvc.bench import pool_size
 from tunesvc.bench import remeasure_finalists
 from tunesvc.device import Device
 from tunesvc.device import fork_safe_current_device
@@ -402,16 +402,13 @@ def _pool_size(
     fitting: int | None,
     cores: int | None = None,
 ) -> int:
-    """``fitting``: how many of an explicit candidate list fit the device, for the problem where
-    most do (an idle worker would still start, make its CUDA context and inputs)."""
-    if workers is None:
-        if not device.is_gpu:
-            return 0
-        workers = min(16 if strategy in ("grid", "random") else 8, cores or os.cpu_count() or 1)
-    for most in (budget, fitting):
-        if most is not None:
-            workers = min(workers, most)  # a batch never holds more candidates than these
-    return workers
+    """A sweep's compile workers (:func:`tunesvc.bench.pool_size`): a grid or random batch holds
+    many candidates, so up to 16, else 8; never more than the budget, nor than ``fitting``, how
+    many of an explicit candidate list fit the device for the problem where most do (an idle
+    worker would still start, make its CUDA context and inputs)."""
+    bounds = [most for most in (budget, fitting) if most is not None]
+    cap = 16 if strategy in ("grid", "random") else 8
+    return pool_size(device, min(bounds) if bounds else None, workers=workers, cores=cores, cap=cap)
 
 
 @dataclass(frozen=True)

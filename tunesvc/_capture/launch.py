@@ -83,7 +83,9 @@ def _forget_all() -> None:
 def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     """``Autotuner.run`` the tunesvc way: a key seen before is one dict lookup, then the kernel."""
     state = self.__dict__.get("_tunesvc") or _state_of(self)
-    if state.off:
+    if state.off or (kwargs and not state.set_by_configs.isdisjoint(kwargs)):
+        # a call that passes a parameter its configs set is refused by Triton (a ValueError while
+        # it benchmarks, a TypeError at a launch): so it is here, by Triton itself
         return _TRITON_RUN(self, *args, **kwargs)
     # Triton's key: the key arguments' values, then the dtype of every argument that has one;
     # the dtype objects themselves, not their names (str() on every call is measurable)
@@ -115,8 +117,9 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     if config.pre_hook is not None:
         config.pre_hook({**nargs, **kwargs, **launch})
     direct = state.direct
-    if direct is not None and "grid" in kwargs and not kwargs.get("warmup"):
-        # KernelInterface[grid] passes grid and warmup as keywords; the rest are the kernel's
+    if direct is not None and "grid" in kwargs and kwargs.get("warmup") is False:
+        # KernelInterface[grid] passes grid and warmup as keywords; the rest are the kernel's (a
+        # run() without warmup goes to the kernel's own run, which refuses it as without capture)
         rest = {k: v for k, v in kwargs.items() if k != "grid" and k != "warmup"}
         return direct.launch(kwargs["grid"], args, {**rest, **launch})
     return self.fn.run(*args, **kwargs, **launch)

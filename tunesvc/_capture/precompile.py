@@ -28,6 +28,7 @@ from tunesvc._capture.failopen import STATS
 from tunesvc._capture.identity import config_dict
 from tunesvc._capture.recorded import find_autotuner
 from tunesvc._capture.recorded import rebuild_call
+from tunesvc.bench import pool_size
 from tunesvc.errors import TunesvcError
 from tunesvc.space import config_hash
 
@@ -74,14 +75,11 @@ def compile_workers(candidates: int, device: Device, call_bytes: int) -> int:
     process compiles meanwhile), nor more copies of the call than half the free GPU memory holds;
     none where this process runs on a GPU other than the first visible one (a rank of a
     multi-GPU process), since workers make their contexts on that one."""
-    given = settings.compile_workers()
-    if given is not None:
-        workers = given
-    elif device.is_gpu:
-        workers = min(MAX_COMPILE_WORKERS, (os.cpu_count() or 1) // 2)
-    else:
-        return 0  # the interpreter compiles nothing
-    workers = min(workers, candidates - 1)
+    # half the cores: the program being served runs beside them (tunesvc.bench.pool_size, the one rule)
+    cores = (os.cpu_count() or 1) // 2
+    workers = pool_size(
+        device, candidates - 1, workers=settings.compile_workers(), cores=cores, cap=MAX_COMPILE_WORKERS
+    )
     if workers > 0 and device.is_gpu:
         if torch.cuda.current_device() != 0:
             return 0  # workers make their CUDA context on the first visible GPU, not this process's

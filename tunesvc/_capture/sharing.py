@@ -165,6 +165,8 @@ class _State:
         #: Triton's key tuple -> (config, its launch keyword arguments): the hot path's one lookup
         self.chosen: dict[tuple, tuple[Any, dict[str, Any]]] = {}
         self.arg_set = frozenset(tuner.arg_names)
+        #: every parameter and launch option the listed configs set (a call may not pass them)
+        self.set_by_configs = frozenset(name for c in tuner.configs for name in c.all_kwargs())
         self.lock = threading.Lock()
         self._template: CapturedTemplate | None = None
         self._by_hash: dict[str, Any] | None = None

@@ -18,6 +18,7 @@ from tunesvc.bench._base import relative_error
 from tunesvc.bench._choose import measurer_for
 from tunesvc.bench._choose import picklable
 from tunesvc.bench._compile import Compiler
+from tunesvc.bench._compile import pool_size
 from tunesvc.bench._finalists import FINALIST_ROUNDS
 from tunesvc.bench._finalists import remeasure_finalists
 from tunesvc.bench._finalists import timed_in_rounds
@@ -53,6 +54,7 @@ __all__ = [
     "l2_bytes",
     "measurer_for",
     "picklable",
+    "pool_size",
     "relative_error",
     "remeasure_finalists",
     "start_forkserver",

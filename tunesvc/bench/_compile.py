@@ -30,6 +30,23 @@ if TYPE_CHECKING:
     from tunesvc.template import Problem
 
 
+def pool_size(
+    device: Device, most: int | None, *, workers: int | None = None, cores: int | None = None, cap: int
+) -> int:
+    """How many processes compile candidates while one process measures them, for a sweep and a
+    captured key alike: ``workers`` where the caller was given a number (0: none); else none off a
+    GPU (the interpreter compiles nothing) and on a GPU one per core of ``cores`` (default: the
+    host's), at most ``cap``; never more than ``most`` (the candidates a worker could take; None:
+    no bound)."""
+    if workers is None:
+        if not device.is_gpu:
+            return 0
+        workers = min(cap, cores if cores is not None else os.cpu_count() or 1)
+    if most is not None:
+        workers = min(workers, most)
+    return max(workers, 0)
+
+
 class Launchable(Protocol):
     """What a compile worker needs of a kernel: a template, or a captured kernel rebuilt from its
     recorded call (tunesvc._capture.RecordedKernel)."""

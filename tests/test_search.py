@@ -514,6 +514,15 @@ def test_time_budget_stops_a_search(tmp_db, device):
     assert 1 <= result.trials_new < 24
 
 
+def test_a_time_budget_spent_before_the_first_trial_still_measures_one(tmp_db, device):
+    """A start slower than the budget (a cold cache, a loaded host) ends the search after its
+    first candidate, never with no trial and no winner."""
+    with closing(Store(tmp_db)) as store:
+        result = toy_sweep(store, device, strategy="random", time_budget=1e-9)
+    assert result.stopped == "time"
+    assert result.trials_new == 1 and result.winner is not None
+
+
 def test_warm_start_from_nearest_shapes_and_other_devices(tmp_db, device):
     other = dataclasses.replace(device, name="Other GPU", sm_count=7)
     odd = {"A": 4, "B": 3, "num_warps": 8}

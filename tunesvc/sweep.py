@@ -178,16 +178,23 @@ class SharedBudget(StopRule):
 
 class TimeBudget(StopRule):
     """At most ``seconds`` since the problem's sweep started (the compile pool's start included
-    for the first problem)."""
+    for the first problem), but never before the key has one measurement: a sweep whose start
+    took longer than its budget (a cold cache, a loaded host) still measures one candidate, the
+    first it proposes (the heuristic or a warm start), rather than ending with no winner.
+    ``measured``: the key has stored trials already (a resumed sweep stops at once)."""
 
     reason = "time"
 
-    def __init__(self, seconds: float, clock: Clock) -> None:
+    def __init__(self, seconds: float, clock: Clock, measured: bool = False) -> None:
         self.seconds = seconds
         self.clock = clock
+        self.measured = measured
 
     def done(self) -> bool:
-        return self.clock.elapsed() >= self.seconds
+        return self.measured and self.clock.elapsed() >= self.seconds
+
+    def tell(self, measurement: Measurement, stored: bool = True) -> None:
+        self.measured = True
 
 
 class Patience(StopRule):
@@ -543,7 +550,7 @@ class _ProblemSweep:
             count = lambda: store.trial_count(self.kv_id, self.device_id, self.key)
             rules.append(SharedBudget(self.budget.limit, count))
         if options.time_budget is not None:
-            rules.append(TimeBudget(options.time_budget, self.clock))
+            rules.append(TimeBudget(options.time_budget, self.clock, measured=bool(self.measured)))
         if options.patience is not None:
             rules.append(Patience(options.patience, options.min_improvement, self.best_ms))
         return rules

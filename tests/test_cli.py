@@ -199,10 +199,8 @@ def test_lookup_nearest_and_heuristic(db):
 
 
 def test_lookup_without_any_database_is_the_heuristic(tmp_path):
-    # BUG: cli.py `lookup` always builds Runtime(db=resolve_url(db)), so with no --db and no
-    # ./tune.db it fails with "No database at tune.db" although the runtime it describes
-    # ("the config the runtime would launch with") falls back to the heuristic; it also
-    # ignores $TUNESVC_BUNDLE.
+    """With no --db and no ./tune.db, `tune lookup` answers as the runtime it describes does (the
+    heuristic) and creates no file."""
     result = invoke("lookup", "matmul", "--shape", SHAPE, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["source"] == "heuristic"
@@ -267,9 +265,8 @@ def test_bad_input_is_one_line_and_leaves_the_database_alone(db, name):
     ids=["unknown_strategy", "zero_budget"],
 )
 def test_rejected_sweep_creates_no_database(tmp_path, args):
-    # BUG (minor): cli.py `sweep` opens Store(db) -- creating the file, its schema and the
-    # device / kernel-version rows -- before run_sweep() rejects the strategy or the budget;
-    # a mistyped option leaves a new tune.db behind.
+    """A sweep whose options are refused (a mistyped strategy, a zero budget) leaves no new
+    database behind: the options are checked before the store is opened."""
     result = invoke(*args, "--db", "new.db")
     assert_one_line_error(result)
     assert not (tmp_path / "new.db").exists()

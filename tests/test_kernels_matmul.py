@@ -138,10 +138,10 @@ def test_matmul_rejects_mixed_dtypes():
 
 
 def test_kernels_work_when_current_device_is_called_first(tmp_path):
-    # BUG: kernels/__init__.py sets TRITON_INTERPRET only when tunesvc.kernels is imported, but
-    # tunesvc.current_device() (device.py) imports triton first; triton.language's own @jit
-    # helpers (tl.cdiv, ...) are then compiled-mode functions, and every interpreted launch fails
-    # with InterpreterError "Cannot call @triton.jit'd outside of the scope of a kernel".
+    """Kernels run in the interpreter where tunesvc.current_device() imported triton before
+    tunesvc.kernels (triton.language's own @jit helpers, tl.cdiv and the like, must be the
+    interpreter's too, or every launch fails with "Cannot call @triton.jit'd outside of the
+    scope of a kernel")."""
     code = (
         "import tunesvc\n"
         "device = tunesvc.current_device()\n"

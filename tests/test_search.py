@@ -196,10 +196,9 @@ def test_optuna_on_the_matmul_space(template, device):
 
 
 def test_optuna_resume_tolerates_a_stored_config_outside_the_space(space, candidates):
-    # BUG: search/_optuna.py OptunaStrategy.tell() adds every replayed stored trial to the
-    # study with optuna.trial.create_trial(); a stored config whose value is no longer in the
-    # space (search_spaces/*.toml edited; the kernel version hashes only the module source)
-    # raises ValueError ("'16' not in (32, 64)") and `tune sweep --strategy optuna` crashes.
+    """A stored trial whose config is no longer in the space (search_spaces/*.toml edited: the
+    kernel version hashes only its source) is replayed into the Optuna study without an error
+    (optuna.trial.create_trial refuses a value outside the distribution)."""
     strategy = OptunaStrategy(space, candidates, seed=0)
     strategy.tell({"A": 8, "B": 16, "num_warps": 4}, ok(1.0))
     proposed = drain(strategy, limit=len(candidates))

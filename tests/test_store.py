@@ -314,10 +314,9 @@ def test_readonly_store_refuses_an_empty_sqlite_file(tmp_path):
 
 @pytest.mark.parametrize("readonly", [True, False])
 def test_foreign_database_is_refused_and_left_unchanged(tmp_path, readonly):
-    # BUG (readonly=False): Store's connect hook runs "PRAGMA journal_mode = WAL" before
-    # _prepare_schema refuses the file, so another application's database is permanently
-    # switched to WAL (header bytes 18/19 go from 1 to 2) by a command that then says
-    # "not a tunesvc database; pass another --db".
+    """Another application's database is refused and left byte for byte as it was: it is not
+    switched to WAL (header bytes 18/19) by a command that then says it is not a tunesvc
+    database, read-only or not."""
     path = tmp_path / "other.db"
     con = sqlite3.connect(path)
     con.execute("create table customers (id integer primary key, name text)")

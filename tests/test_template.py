@@ -80,8 +80,7 @@ def test_parse_shape_rejects(template, text, pattern):
 
 @pytest.mark.parametrize("text", ["M=37,N45,K=29", "M=37,,K=29"])
 def test_parse_shape_rejects_malformed_pairs_with_tunesvc_error(template, text):
-    # BUG: template.py parse_shape unpacks `k, v` from p.split("=", 1) and raises a bare
-    # ValueError ("not enough values to unpack") for a pair without '='.
+    """A pair without '=' (or an empty one) is a one-sentence TunesvcError, not a bare ValueError."""
     with pytest.raises(TunesvcError):
         template.parse_shape(text)
 

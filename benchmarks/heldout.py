@@ -215,11 +215,12 @@ def peer_of(template: Any) -> tuple[str, Callable[[Any], Callable[[], Any] | Non
 def untuned_picks(db: str, problems: dict[str, list[dict[str, Any]]]) -> dict[tuple[str, str], dict[str, Any]]:
     """(kernel, shape key) -> {"runtime": source, "selector"/"nearest"/"heuristic": config}, read
     from --db before any held-out shape is tuned."""
-    from tunesvc import selector as selectors
     from tunesvc.device import current_device
     from tunesvc.runtime import Runtime
+    from tunesvc.serving import selector as selector_model
     from tunesvc.store import Store
     from tunesvc.template import get_template
+    from tunesvc.tuning import selector_fit
 
     device = current_device()
     runtime = Runtime(db=db)
@@ -228,8 +229,8 @@ def untuned_picks(db: str, problems: dict[str, list[dict[str, Any]]]) -> dict[tu
     try:
         for name, shapes in problems.items():
             template = get_template(name)
-            winners = selectors.tuned_winners(store, template, device.hardware_id)
-            fitted = selectors.stored_selector(store, template, device.hardware_id)
+            winners = selector_fit.tuned_winners(store, template, device.hardware_id)
+            fitted = selector_model.stored_selector(store, template, device.hardware_id)
             for problem in shapes:
                 key = str(template.key(problem))
                 found = runtime.lookup(template, **problem)
@@ -238,7 +239,7 @@ def untuned_picks(db: str, problems: dict[str, list[dict[str, Any]]]) -> dict[tu
                         f"{name} {key} is already tuned in {db}, so it is not held out; "
                         "start from a fresh copy of tune.db.example."
                     )
-                source, matched, nearest = selectors.nearest_pick(winners, key, template, problem, device)
+                source, matched, nearest = selector_fit.nearest_pick(winners, key, template, problem, device)
                 entry = {"runtime": found.source, "nearest_source": source}
                 if source == "nearest":  # else the rule fell back to the heuristic, timed as such
                     entry["nearest"] = nearest
@@ -567,11 +568,12 @@ def main() -> int:
     from _common import require_gpu
     from _common import result_row
 
-    from tunesvc import selector as selectors
     from tunesvc.device import current_device
     from tunesvc.store import Store
     from tunesvc.sweep import run_sweep
     from tunesvc.template import get_template
+    from tunesvc.tuning import selector_fit
+    from tunesvc.tuning import selector_measure
 
     require_gpu("benchmarks/heldout.py")
     import _common
@@ -588,10 +590,10 @@ def main() -> int:
         try:
             for name in problems:
                 template = get_template(name)
-                n = selectors.cross_measure(store, template, device)
+                n = selector_measure.cross_measure(store, template, device)
                 try:
-                    fitted = selectors.refit(store, template, device)
-                except selectors.SelectorWorse as exc:
+                    fitted = selector_fit.refit(store, template, device)
+                except selector_fit.SelectorWorse as exc:
                     print(f"{name}: {n} cross-measured trials; {exc}", flush=True)
                     continue
                 print(f"{name}: {n} cross-measured trials; selector on {fitted.keys if fitted else 0} keys", flush=True)

@@ -157,13 +157,13 @@ def main() -> int:
     from _common import result_row
     from heldout import time_shape
 
-    from tunesvc import selector as selectors
     from tunesvc.device import current_device
     from tunesvc.store import Store
     from tunesvc.sweep import compile_pool
     from tunesvc.sweep import measuring_process
     from tunesvc.sweep import run_sweep
     from tunesvc.template import get_template
+    from tunesvc.tuning import selector_fit
 
     require_gpu("benchmarks/transfer.py")
     if args.run:
@@ -205,7 +205,7 @@ def main() -> int:
 
     store = Store(db, readonly=True)
     try:
-        here = selectors.tuned_winners(store, template, device.hardware_id)
+        here = selector_fit.tuned_winners(store, template, device.hardware_id)
     finally:
         store.close()
     table, ratios = [], {label: [] for label in (TRANSFERRED, NEAREST_HERE, HEURISTIC)}
@@ -219,7 +219,7 @@ def main() -> int:
         if answer.source == TRANSFERRED:
             configs[TRANSFERRED] = answer.config
         others = {k: c for k, c in here.items() if k != key and k in swept}  # the other held-out keys tuned here
-        source, matched, nearest = selectors.nearest_pick(others, key, template, problem, device)
+        source, matched, nearest = selector_fit.nearest_pick(others, key, template, problem, device)
         if source == "nearest":
             configs[NEAREST_HERE] = nearest
         print(f"{key}: timing {', '.join(configs)} and cuBLAS (nearest here: {matched})", flush=True)

@@ -100,11 +100,10 @@ def _within(module: str, packages: tuple[str, ...]) -> bool:
 SERVING = (
     *("tunesvc.runtime", "tunesvc.launch", "tunesvc.ops", "tunesvc.serving", "tunesvc.kernels", "tunesvc.templates"),
 )
-#: what serving may not import: tuning (tunesvc.selector re-exports the selector's fitting),
-#: capture, the fleet (tunesvc.fleet: the batch queue and worker placement), and the CLI and
+#: what serving may not import: tuning, capture, the fleet (tunesvc.fleet: the batch queue and worker placement), and the CLI and
 #: reports on top
 NOT_SERVING = (
-    *("tunesvc.sweep", "tunesvc.search", "tunesvc.bench", "tunesvc.tuning", "tunesvc.selector", "tunesvc.verify"),
+    *("tunesvc.sweep", "tunesvc.search", "tunesvc.bench", "tunesvc.tuning", "tunesvc.verify"),
     *("tunesvc._capture", "tunesvc.autotuner"),
     "tunesvc.fleet",
     *("tunesvc.cli", "tunesvc.report", "tunesvc.completion"),

@@ -31,11 +31,7 @@ from tunesvc.search.replay import efficiency
 from tunesvc.search.replay import read_ground_truth
 from tunesvc.search.replay import trials_to_reach
 from tunesvc.search.replay import write_ground_truth
-from tunesvc.selector import TrainingSet
-from tunesvc.selector import cross_measure
-from tunesvc.selector import fit_neighbours
-from tunesvc.selector import stored_selector
-from tunesvc.selector import untuned_answer
+from tunesvc.serving.selector import stored_selector
 from tunesvc.store import Store
 from tunesvc.store import resolve_url
 from tunesvc.store._migrate import HEAD
@@ -46,6 +42,10 @@ from tunesvc.sweep import study_name
 from tunesvc.sweep import study_storage
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
+from tunesvc.tuning.selector_fit import TrainingSet
+from tunesvc.tuning.selector_fit import fit_neighbours
+from tunesvc.tuning.selector_fit import untuned_answer
+from tunesvc.tuning.selector_measure import cross_measure
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from sklearn.tree import DecisionTreeClassifier
 
 import tunesvc
 from tunesvc import TunesvcError
-from tunesvc import selector as sel
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
 from tunesvc.bench import relative_error
@@ -27,9 +26,12 @@ from tunesvc.bundle import import_sources
 from tunesvc.bundle import read_bundle
 from tunesvc.bundle import write_bundles
 from tunesvc.runtime import Runtime
+from tunesvc.serving import selector as selector_model
 from tunesvc.space import config_hash
 from tunesvc.store import Store
 from tunesvc.sweep import run_sweep
+from tunesvc.tuning import selector_fit
+from tunesvc.tuning import selector_measure
 
 #: small and odd: M buckets 4, 16, 64 and 128 over two (N, K) pairs
 SHAPES = [(3, 45, 29), (37, 45, 29), (9, 70, 50), (100, 70, 50)]
@@ -47,10 +49,10 @@ def fitted_db(tmp_path_factory):
     store = Store(path)
     try:
         run_sweep(template, [template.problem(M=m, N=n, K=k) for m, n, k in SHAPES], store, budget=3)
-        sel.cross_measure(store, template, device)
+        selector_measure.cross_measure(store, template, device)
         # fitted and kept whatever its leave-one-out score on these noisy interpreter timings
         # (refit's gate, tested on fixed times below, could keep none)
-        selector = sel.fit(sel.training_set(store, template, device))
+        selector = selector_fit.fit(selector_fit.training_set(store, template, device))
         assert selector is not None
         store.save_selector(template, device.hardware_id, selector.to_dict(), selector.keys)
     finally:
@@ -58,21 +60,23 @@ def fitted_db(tmp_path_factory):
     return path
 
 
-def _selector(path) -> sel.Selector:
+def _selector(path) -> selector_model.Selector:
     store = Store(path, readonly=True)
     try:
-        found = sel.stored_selector(store, tunesvc.get_template("matmul"), tunesvc.current_device().hardware_id)
+        found = selector_model.stored_selector(
+            store, tunesvc.get_template("matmul"), tunesvc.current_device().hardware_id
+        )
     finally:
         store.close()
     assert found is not None
     return found
 
 
-def _stored(path, template, device) -> tuple[sel.TrainingSet, dict]:
+def _stored(path, template, device) -> tuple[selector_fit.TrainingSet, dict]:
     """The training set of ``path`` and its stored trial times (key -> config hash -> ms)."""
     store = Store(path, readonly=True)
     try:
-        data = sel.training_set(store, template, device)
+        data = selector_fit.training_set(store, template, device)
         return data, store.trial_times(template.name, template.version, device.hardware_id)
     finally:
         store.close()
@@ -99,15 +103,15 @@ def test_training_set_skips_keys_where_candidates_were_not_measured(tmp_db, temp
     store = Store(tmp_db)
     try:
         _half_measured(store, template, device)
-        data = sel.training_set(store, template, device)
+        data = selector_fit.training_set(store, template, device)
         assert len(data.candidates) == 2 and not data.keys
         assert [why for _, why in data.skipped] == [
             "50% of the candidates measured; run `tune selector --cross-measure`"
         ] * 2
-        assert len(sel.training_set(store, template, device, min_coverage=0.5).keys) == 2
-        assert sel.cross_measure(store, template, device) == 2  # the one missing config on each key
-        assert len(sel.training_set(store, template, device).keys) == 2
-        assert sel.cross_measure(store, template, device) == 0  # nothing left to measure
+        assert len(selector_fit.training_set(store, template, device, min_coverage=0.5).keys) == 2
+        assert selector_measure.cross_measure(store, template, device) == 2  # the one missing config on each key
+        assert len(selector_fit.training_set(store, template, device).keys) == 2
+        assert selector_measure.cross_measure(store, template, device) == 0  # nothing left to measure
     finally:
         store.close()
 
@@ -118,12 +122,17 @@ def test_cross_measure_within_a_time_budget_measures_one_key_and_a_rerun_the_res
         _half_measured(store, template, device)
         started: list[str] = []
         # a budget spent at once still measures the first key with gaps: calls in turn progress
-        assert sel.cross_measure(store, template, device, on_key=lambda k, n: started.append(k), time_budget=1e-9) == 1
+        assert (
+            selector_measure.cross_measure(
+                store, template, device, on_key=lambda k, n: started.append(k), time_budget=1e-9
+            )
+            == 1
+        )
         assert len(started) == 1
-        sel.cross_measure(store, template, device, on_key=lambda k, n: started.append(k), time_budget=1e-9)
-        data = sel.training_set(store, template, device)
+        selector_measure.cross_measure(store, template, device, on_key=lambda k, n: started.append(k), time_budget=1e-9)
+        data = selector_fit.training_set(store, template, device)
         assert len(data.keys) == 2 and not data.skipped
-        assert sel.cross_measure(store, template, device, time_budget=1e-9) == 0
+        assert selector_measure.cross_measure(store, template, device, time_budget=1e-9) == 0
         assert len(set(started)) == len(started) <= 2  # no key measured twice
     finally:
         store.close()
@@ -133,20 +142,23 @@ def test_cross_measure_shards_split_the_keys_between_them(tmp_db, template, devi
     store = Store(tmp_db)
     try:
         _half_measured(store, template, device)
-        keys = sorted(sel.tuned_winners(store, template, device.hardware_id))
+        keys = sorted(selector_fit.tuned_winners(store, template, device.hardware_id))
         second: list[str] = []
         # both keys have a gap: the second share measures the second key's alone
-        assert sel.cross_measure(store, template, device, on_key=lambda k, n: second.append(k), shard=(1, 2)) == 1
+        assert (
+            selector_measure.cross_measure(store, template, device, on_key=lambda k, n: second.append(k), shard=(1, 2))
+            == 1
+        )
         assert second == [keys[1]]
         # the first share takes no other key (its own may have no gap left: a config that won the
         # second key there leaves the candidates, the winners and runners-up, without the other)
         first: list[str] = []
-        sel.cross_measure(store, template, device, on_key=lambda k, n: first.append(k), shard=(0, 2))
+        selector_measure.cross_measure(store, template, device, on_key=lambda k, n: first.append(k), shard=(0, 2))
         assert first in ([], [keys[0]])
-        assert sel.cross_measure(store, template, device) == 0
-        assert len(sel.training_set(store, template, device).keys) == 2
+        assert selector_measure.cross_measure(store, template, device) == 0
+        assert len(selector_fit.training_set(store, template, device).keys) == 2
         with pytest.raises(TunesvcError, match=r"0 <= i < n, not \(2, 2\)"):
-            sel.cross_measure(store, template, device, shard=(2, 2))
+            selector_measure.cross_measure(store, template, device, shard=(2, 2))
     finally:
         store.close()
 
@@ -175,7 +187,7 @@ def test_selector_time_budget_and_shard_need_cross_measure_and_good_values(tmp_p
 def test_selector_json_round_trips_and_is_plain_json(fitted_db):
     selector = _selector(fitted_db)
     text = json.dumps(selector.to_dict())
-    assert sel.Selector.from_dict(json.loads(text)) == selector
+    assert selector_model.Selector.from_dict(json.loads(text)) == selector
     con = sqlite3.connect(f"file:{fitted_db}?mode=ro", uri=True)
     try:
         [(stored,)] = con.execute("SELECT selector FROM tunesvc_selectors").fetchall()
@@ -184,7 +196,7 @@ def test_selector_json_round_trips_and_is_plain_json(fitted_db):
     assert isinstance(stored, str) and json.loads(stored) == selector.to_dict()  # text, not a pickle
 
 
-def _synthetic(n_keys: int, n_candidates: int, seed: int) -> sel.TrainingSet:
+def _synthetic(n_keys: int, n_candidates: int, seed: int) -> selector_fit.TrainingSet:
     rng = random.Random(seed)
     features = tuple({"a": rng.uniform(0, 14), "b": rng.uniform(0, 14), "c": rng.random()} for _ in range(n_keys))
     times = tuple(
@@ -194,20 +206,24 @@ def _synthetic(n_keys: int, n_candidates: int, seed: int) -> sel.TrainingSet:
     return _training(tuple(f"k{i}" for i in range(n_keys)), features, times)
 
 
-def _training(keys, features, times) -> sel.TrainingSet:
+def _training(keys, features, times) -> selector_fit.TrainingSet:
     """A training set of these keys, features and per-candidate times (candidates BLOCK_M=16, 32, ...)."""
     candidates = tuple({"BLOCK_M": 16 << i} for i in range(len(times[0])))
-    return sel.TrainingSet("matmul", "v", "hw", candidates, tuple(keys), tuple(features), tuple(map(tuple, times)), ())
+    return selector_fit.TrainingSet(
+        "matmul", "v", "hw", candidates, tuple(keys), tuple(features), tuple(map(tuple, times)), ()
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_walker_matches_sklearn_on_random_features(seed):
     data = _synthetic(120, 6, seed)
-    selector = sel.fit(data)
+    selector = selector_fit.fit(data)
     assert selector is not None and len(selector.left) > 1
     names = list(selector.features)
     x = [[f[n] for n in names] for f in data.features]
-    reference = DecisionTreeClassifier(max_depth=sel.MAX_DEPTH, random_state=0).fit(x, sel.targets(data))
+    reference = DecisionTreeClassifier(max_depth=selector_fit.MAX_DEPTH, random_state=0).fit(
+        x, selector_fit.targets(data)
+    )
     rng = random.Random(100 + seed)
     probes = [[rng.uniform(-1, 15), rng.uniform(-1, 15), rng.uniform(-0.5, 1.5)] for _ in range(2000)]
     probes += x  # the training points themselves sit on thresholds' float32 neighbours
@@ -215,12 +231,12 @@ def test_walker_matches_sklearn_on_random_features(seed):
     for probe, want in zip(probes, expected):
         assert selector.predict(selector.vector(dict(zip(names, probe)))) == int(want)
     # and after a JSON round trip
-    again = sel.Selector.from_dict(json.loads(json.dumps(selector.to_dict())))
+    again = selector_model.Selector.from_dict(json.loads(json.dumps(selector.to_dict())))
     assert [again.predict(again.vector(dict(zip(names, p)))) for p in probes] == [int(w) for w in expected]
 
 
 def test_fit_needs_two_keys():
-    assert sel.fit(_synthetic(1, 3, 0)) is None
+    assert selector_fit.fit(_synthetic(1, 3, 0)) is None
 
 
 @pytest.mark.parametrize(
@@ -237,7 +253,7 @@ def test_damaged_selector_is_one_clear_error(fitted_db, damage, pattern):
     data = _selector(fitted_db).to_dict()
     damage(data)
     with pytest.raises(TunesvcError, match=pattern):
-        sel.Selector.from_dict(data)
+        selector_model.Selector.from_dict(data)
 
 
 def test_runtime_source_order_exact_predicted_nearest_heuristic(fitted_db, template, device, tmp_path):
@@ -385,7 +401,7 @@ def test_sweep_refits_the_selector(tmp_db, template, device):
     try:
         first, _ = _half_measured(store, template, device)
         assert store.selector(template.name, template.version, device.hardware_id) is None  # each key: 50% measured
-        sel.cross_measure(store, template, device)
+        selector_measure.cross_measure(store, template, device)
         assert store.selector(template.name, template.version, device.hardware_id) is None  # measuring is not fitting
         run_sweep(template, [first], store, budget=1)  # nothing new to measure; its end refits: 2 keys, none kept
         assert store.selector(template.name, template.version, device.hardware_id) is None
@@ -420,13 +436,16 @@ def test_refit_keeps_a_selector_only_where_it_beats_the_nearest_rule_and_drops_a
     bad = replace(bad, features=tuple({"f": f} for f in (0.0, 10.0, 1.0, 11.0)))
     store = Store(tmp_db)
     try:
-        kept, scores = sel.keep(store, template, device, good)
+        kept, scores = selector_fit.keep(store, template, device, good)
         assert kept is not None and _stored_keys(tmp_db, template, device) == 4
-        assert scores == sel.leave_one_out(good, kept.model) and scores[0] <= scores[1]
-        with pytest.raises(sel.SelectorWorse, match="nearest rule"):
-            sel.keep(store, template, device, bad)
+        assert scores == selector_fit.leave_one_out(good, kept.model) and scores[0] <= scores[1]
+        with pytest.raises(selector_fit.SelectorWorse, match="nearest rule"):
+            selector_fit.keep(store, template, device, bad)
         assert _stored_keys(tmp_db, template, device) is None
-        assert sel.keep(store, template, device, _keyed([(1.0, 2.0), (2.0, 1.0)], [4, 8])) == (None, None)  # too few
+        assert selector_fit.keep(store, template, device, _keyed([(1.0, 2.0), (2.0, 1.0)], [4, 8])) == (
+            None,
+            None,
+        )  # too few
         assert _stored_keys(tmp_db, template, device) is None
     finally:
         store.close()
@@ -446,7 +465,7 @@ def _counts(path) -> tuple:
 def test_evaluate_measures_each_held_out_key_against_both_rules(fitted_db, template, device):
     store = Store(fitted_db, readonly=True)
     try:
-        rows = sel.evaluate(store, template, device)
+        rows = selector_measure.evaluate(store, template, device)
     finally:
         store.close()
     assert [r.shape_key for r in rows] == sorted(
@@ -462,7 +481,7 @@ def test_evaluate_measures_each_held_out_key_against_both_rules(fitted_db, templ
         if r.selector_source != "predicted":  # no prediction: the runtime falls to the nearest rule
             assert (r.selector_source, r.selector_config) == (r.nearest_source, r.nearest_config)
     assert any(r.selector_source == "predicted" for r in rows)
-    [(name, totals)] = sel.summary(rows).items()
+    [(name, totals)] = selector_measure.summary(rows).items()
     assert name == "matmul" and totals["held_out"] == len(SHAPES)
     ratios = [r.selector_ratio for r in rows]
     assert totals["selector_worst_ratio"] == min(ratios)
@@ -541,8 +560,8 @@ def test_evaluate_within_a_time_budget_holds_out_the_first_key_and_hands_each_ro
     store = Store(fitted_db, readonly=True)
     handed = []
     try:
-        rows = sel.evaluate(store, template, device, on_row=handed.append, time_budget=1e-9)
-        every = sel.evaluate(store, template, device, on_row=handed.append)
+        rows = selector_measure.evaluate(store, template, device, on_row=handed.append, time_budget=1e-9)
+        every = selector_measure.evaluate(store, template, device, on_row=handed.append)
     finally:
         store.close()
     assert [r.shape_key for r in rows] == [every[0].shape_key]  # the budget passed: no second key
@@ -603,18 +622,18 @@ def _keyed(times, ms):
 def test_leave_one_out_scores_the_selector_and_the_nearest_rule_on_stored_times():
     # neighbours share their best candidate: the nearest rule is always right
     data = _keyed([(1.0, 2.0), (1.0, 2.0), (2.0, 1.0), (2.0, 1.0)], [4, 8, 256, 512])
-    ours, nearest = sel.leave_one_out(data)
+    ours, nearest = selector_fit.leave_one_out(data)
     assert nearest == 1.0 and ours >= 1.0
     # every key's best differs from its nearest neighbour's: the nearest rule is always wrong
     data = _keyed([(1.0, 3.0), (3.0, 1.0), (1.0, 3.0), (3.0, 1.0)], [4, 8, 16, 32])
-    ours, nearest = sel.leave_one_out(data)
+    ours, nearest = selector_fit.leave_one_out(data)
     assert nearest == pytest.approx(3.0)
-    assert sel.leave_one_out(_keyed([(1.0, 2.0), (2.0, 1.0)], [4, 8])) is None  # too few keys
+    assert selector_fit.leave_one_out(_keyed([(1.0, 2.0), (2.0, 1.0)], [4, 8])) is None  # too few keys
     # as at run time, a key left out is answered from the other keys' winners alone, skipping one
     # that did not run there: M=4's neighbour M=8 won with a config that failed on M=4 (2.0x
     # with the next), M=8 gets M=4's winner (3.0x), M=256 gets M=8's (2.0x)
     data = _keyed([(None, 2.0, 1.0), (1.0, 1.5, 3.0), (2.0, 1.0, 3.0)], [4, 8, 256])
-    assert sel.leave_one_out(data)[1] == pytest.approx((2.0 * 3.0 * 2.0) ** (1 / 3))
+    assert selector_fit.leave_one_out(data)[1] == pytest.approx((2.0 * 3.0 * 2.0) ** (1 / 3))
 
 
 def test_runner_ups_are_configs_near_the_fastest_at_two_keys():
@@ -624,8 +643,8 @@ def test_runner_ups_are_configs_near_the_fastest_at_two_keys():
         "k3": {"a": 1.0, "d": 1.5},
     }
     # c within 2% of the fastest at k1 and k2, a the fastest at k1 and k3; d and b at k2 alone
-    assert sel.runner_ups(times, ["k1", "k2", "k3"]) == {"a", "c"}
-    assert sel.runner_ups(times, ["k2", "k3"]) == set()  # judged on the keys given alone
+    assert selector_fit.runner_ups(times, ["k1", "k2", "k3"]) == {"a", "c"}
+    assert selector_fit.runner_ups(times, ["k2", "k3"]) == set()  # judged on the keys given alone
 
 
 def test_a_runner_up_is_a_candidate_once_measured_on_every_tuned_key(tmp_db, template, device):
@@ -645,13 +664,15 @@ def test_a_runner_up_is_a_candidate_once_measured_on_every_tuned_key(tmp_db, tem
             store.update_winner(kv_id, device_id, key)
 
         def candidates() -> set[str]:
-            return {config_hash(x) for x in sel.training_set(store, template, device, min_coverage=0.1).candidates}
+            return {
+                config_hash(x) for x in selector_fit.training_set(store, template, device, min_coverage=0.1).candidates
+            }
 
         assert candidates() == {config_hash(a), config_hash(b)}  # c has no trial on the third key
-        assert sel.cross_measure(store, template, device) == 4  # b on keys 1 and 3, a on key 2, c on key 3
+        assert selector_measure.cross_measure(store, template, device) == 4  # b on keys 1 and 3, a on key 2, c on key 3
         assert candidates() == {config_hash(a), config_hash(b), config_hash(c)}
         # left out, a key's own near-best do not count: without the second key, c is near-best once
-        excluded = sel.training_set(store, template, device, exclude=(str(template.key(problems[1])),))
+        excluded = selector_fit.training_set(store, template, device, exclude=(str(template.key(problems[1])),))
         assert config_hash(c) not in {config_hash(x) for x in excluded.candidates}
     finally:
         store.close()
@@ -661,9 +682,9 @@ def test_leave_one_out_knows_the_other_keys_runner_ups():
     # candidate 1 never wins, but is within 2% of the best at M=4 and M=8; at M=16 it is the best.
     # Left out, M=16 is answered from M=4's and M=8's winners and runner-ups: candidate 1 among them
     data = _keyed([(1.0, 1.01, 2.0), (2.0, 1.01, 1.0), (1.5, 1.0, 1.5)], [4, 8, 16])
-    with_runner_ups = sel.leave_one_out(data, "neighbours")
+    with_runner_ups = selector_fit.leave_one_out(data, "neighbours")
     winners_only = replace(data, candidates=data.candidates[::2], times=tuple(r[::2] for r in data.times))
-    without = sel.leave_one_out(winners_only, "neighbours")
+    without = selector_fit.leave_one_out(winners_only, "neighbours")
     assert with_runner_ups is not None and without is not None
     assert with_runner_ups[0] < without[0]
 
@@ -671,14 +692,14 @@ def test_leave_one_out_knows_the_other_keys_runner_ups():
 def test_leave_one_out_measures_keys_with_the_training_sets_distance():
     # each key's best is its nearest log2 neighbour's: the nearest rule is always right ...
     data = _keyed([(1.0, 3.0), (1.0, 3.0), (3.0, 1.0), (3.0, 1.0)], [4, 8, 64, 128])
-    assert sel.leave_one_out(data)[1] == 1.0
+    assert selector_fit.leave_one_out(data)[1] == 1.0
 
     # ... unless the template's distance pairs them otherwise (M=4 with M=64, M=8 with M=128)
     def crossed(a, b):
         m, n = dict(a.dims)["M"], dict(b.dims)["M"]
         return 0.0 if {m, n} in ({4, 64}, {8, 128}) else 1.0 + abs(m - n)
 
-    assert sel.leave_one_out(replace(data, distance=crossed))[1] == pytest.approx(3.0)
+    assert selector_fit.leave_one_out(replace(data, distance=crossed))[1] == pytest.approx(3.0)
 
 
 def test_a_fit_where_each_key_has_its_own_winner_warns_nothing():
@@ -688,7 +709,7 @@ def test_a_fit_where_each_key_has_its_own_winner_warns_nothing():
     data = _keyed(times, [2 + i for i in range(24)])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert sel.fit(data) is not None
+        assert selector_fit.fit(data) is not None
 
 
 # -- the neighbours model -------------------------------------------------------------------
@@ -697,8 +718,8 @@ def test_neighbour_scores_judge_every_candidate_on_the_same_nearest_keys():
     distances = [1.0, 2.0, 3.0, 4.0, inf]
     slowdowns = [[0.0, 0.1, None], [0.2, None, None], [0.4, 0.3, None], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
     fills = [[1.0, 1.0, 1.0]] * 5
-    scores = sel.neighbour_scores(distances, slowdowns, fills, [1.0, 1.0, 1.0])
-    w = [1 / (d + sel.SOFTENING) for d in distances]
+    scores = selector_model.neighbour_scores(distances, slowdowns, fills, [1.0, 1.0, 1.0])
+    w = [1 / (d + selector_model.SOFTENING) for d in distances]
     # the three nearest keys are 0, 1 and 2 for every candidate: candidate 1 did not run at key 1,
     # so keys 0 and 2 alone judge it (not key 3, farther away, where it did well)
     assert scores[0] == pytest.approx((w[0] * 0.0 + w[1] * 0.2 + w[2] * 0.4) / (w[0] + w[1] + w[2]))
@@ -706,15 +727,15 @@ def test_neighbour_scores_judge_every_candidate_on_the_same_nearest_keys():
     # candidate 2 ran only farther away: no score, however fast it was there
     assert scores[2] is None
     # an incomparable key (another dtype) never votes; a candidate that ran nowhere gets no score
-    assert sel.neighbour_scores([inf], [[0.0, None]], [[1.0, 1.0]], [1.0, 1.0]) == [None, None]
+    assert selector_model.neighbour_scores([inf], [[0.0, None]], [[1.0, 1.0]], [1.0, 1.0]) == [None, None]
 
 
 def test_neighbour_scores_charge_a_candidate_the_waves_it_leaves_idle_here():
     # at the one tuned key both fill their waves and candidate 0 is 5% faster; here candidate 0's
     # grid leaves half its last wave idle (fill 0.75) and candidate 1's none: candidate 1 wins
     slowdowns, fills = [[0.0, math.log(1.05)]], [[1.0, 1.0]]
-    assert sel.neighbour_scores([0.5], slowdowns, fills, [1.0, 1.0])[0] < math.log(1.05)
-    here = sel.neighbour_scores([0.5], slowdowns, fills, [0.75, 1.0])
+    assert selector_model.neighbour_scores([0.5], slowdowns, fills, [1.0, 1.0])[0] < math.log(1.05)
+    here = selector_model.neighbour_scores([0.5], slowdowns, fills, [0.75, 1.0])
     assert here[0] == pytest.approx(-math.log(0.75)) and here[1] < here[0]
 
 
@@ -773,7 +794,7 @@ def _neighbours_set(template, device):
         features.append(template.selector_features(problem, device))
         fills.append(tuple(template.wave_fill(c, problem, device) for c in candidates))
     times = ((1.0, 2.0), (1.0, None), (2.0, 1.0))
-    data = sel.TrainingSet(
+    data = selector_fit.TrainingSet(
         "matmul", template.version, device.hardware_id, candidates, tuple(keys), tuple(features), times, ()
     )
     return replace(data, fills=tuple(fills))
@@ -781,9 +802,9 @@ def _neighbours_set(template, device):
 
 def test_a_neighbours_selector_round_trips_as_json_and_picks_what_its_neighbours_ran_fastest(template, device):
     data = _neighbours_set(template, device)
-    selector = sel.fit_neighbours(data)
+    selector = selector_fit.fit_neighbours(data)
     assert selector is not None and selector.model == "neighbours" and selector.keys == 3
-    again = sel.Selector.from_dict(json.loads(json.dumps(selector.to_dict())))
+    again = selector_model.Selector.from_dict(json.loads(json.dumps(selector.to_dict())))
     assert again == selector
     # M=32 (N=45, K=29): nearest M=16 and M=64 ran candidate 0 fastest; M=128 (farther) candidate 1
     near = template.problem(M=32, N=45, K=29)
@@ -801,10 +822,10 @@ def test_a_neighbours_selector_round_trips_as_json_and_picks_what_its_neighbours
     ],
 )
 def test_a_damaged_neighbours_selector_is_one_clear_error(template, device, damage, pattern):
-    data = sel.fit_neighbours(_neighbours_set(template, device)).to_dict()
+    data = selector_fit.fit_neighbours(_neighbours_set(template, device)).to_dict()
     damage(data)
     with pytest.raises(TunesvcError, match=pattern):
-        sel.Selector.from_dict(data)
+        selector_model.Selector.from_dict(data)
 
 
 def test_choose_keeps_the_model_that_picks_faster_left_one_out():
@@ -812,9 +833,9 @@ def test_choose_keeps_the_model_that_picks_faster_left_one_out():
     keys otherwise: the tree picks worse than the neighbours, which are kept."""
     data = _keyed([(1.0, 2.0), (1.0, 2.0), (2.0, 1.0), (2.0, 1.0)], [4, 8, 256, 512])
     data = replace(data, features=tuple({"f": f} for f in (0.0, 10.0, 1.0, 11.0)))
-    tree, neighbours = sel.leave_one_out(data, "tree"), sel.leave_one_out(data, "neighbours")
+    tree, neighbours = selector_fit.leave_one_out(data, "tree"), selector_fit.leave_one_out(data, "neighbours")
     assert neighbours[0] < tree[0]
-    chosen, scores = sel.choose(data)
+    chosen, scores = selector_fit.choose(data)
     assert chosen is not None and chosen.model == "neighbours" and scores == neighbours
 
 
@@ -824,13 +845,15 @@ def test_without_scikit_learn_the_neighbours_model_is_fitted_alone(monkeypatch):
 
     # both models pick equally well here, and a tie goes to the tree ...
     data = _keyed([(1.0, 2.0), (1.0, 2.0), (2.0, 1.0), (2.0, 1.0)], [4, 8, 256, 512])
-    assert sel.choose(data)[0].model == "tree"
+    assert selector_fit.choose(data)[0].model == "tree"
     # ... which, without scikit-learn, is not fitted: the neighbours are kept
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
-    assert sel.fitted_models() == ("neighbours",)
-    chosen, scores = sel.choose(data)
-    assert chosen is not None and chosen.model == "neighbours" and scores == sel.leave_one_out(data, "neighbours")
+    assert selector_fit.fitted_models() == ("neighbours",)
+    chosen, scores = selector_fit.choose(data)
+    assert (
+        chosen is not None and chosen.model == "neighbours" and scores == selector_fit.leave_one_out(data, "neighbours")
+    )
 
 
 def _projecting_set(template, device):
@@ -847,14 +870,14 @@ def _projecting_set(template, device):
         keys.append(str(template.key(problem)))
         features.append(template.selector_features(problem, device))
     times = ((1.0, 2.0), (1.0, 2.0), (1.0, 2.0))
-    return sel.TrainingSet(
+    return selector_fit.TrainingSet(
         "matmul", template.version, device.hardware_id, candidates, tuple(keys), tuple(features), times, ()
     )
 
 
 def test_a_projecting_selector_launches_the_feasible_config_nearest_its_first_pick(template, device):
     data = _projecting_set(template, device)
-    walking = sel.fit_neighbours(data)
+    walking = selector_fit.fit_neighbours(data)
     assert walking is not None and not walking.project
     projecting = replace(walking, project=True)
     problem = template.problem(M=9, N=45, K=29)  # no tile taller than 16 rows
@@ -869,14 +892,14 @@ def test_a_projecting_selector_launches_the_feasible_config_nearest_its_first_pi
     assert projecting.pick(template, fits, device) == walking.pick(template, fits, device) == first
     # kept in its JSON; one stored without the flag walks the ranking
     stored = json.loads(json.dumps(projecting.to_dict()))
-    assert sel.Selector.from_dict(stored) == projecting
-    assert sel.PROJECT_LINE in projecting.describe()
+    assert selector_model.Selector.from_dict(stored) == projecting
+    assert selector_model.PROJECT_LINE in projecting.describe()
     del stored["project"]
-    assert not sel.Selector.from_dict(stored).project
+    assert not selector_model.Selector.from_dict(stored).project
 
 
 def test_the_runtime_launches_a_stored_projecting_selectors_repair(template, device, tmp_db):
-    projecting = replace(sel.fit_neighbours(_projecting_set(template, device)), project=True)
+    projecting = replace(selector_fit.fit_neighbours(_projecting_set(template, device)), project=True)
     store = Store(tmp_db)
     try:
         store.save_selector(template, device.hardware_id, projecting.to_dict(), projecting.keys)
@@ -893,30 +916,30 @@ def test_choose_projects_unless_the_stored_times_say_it_picks_slower():
     # M=4 left out: the others' nearest winner (candidate 0) broke a constraint there, so
     # without projecting the pick is candidate 1, the only one that ran there (1.0x)
     data = _keyed([(None, 2.0), (1.0, 2.0), (1.0, 2.0), (2.0, 1.0)], [4, 8, 16, 32])
-    assert sel.choose(data)[0].project is True  # nothing known of a projection: the default
+    assert selector_fit.choose(data)[0].project is True  # nothing known of a projection: the default
     faster = replace(data, projected=((1.0, None), (None, None), (None, None), (None, None)))
-    selector, (ours, _) = sel.choose(faster)
+    selector, (ours, _) = selector_fit.choose(faster)
     assert selector.project is True
     # its projection ran M=4 in 1.0 ms, against 2.0 for candidate 1
-    assert ours == pytest.approx(sel.leave_one_out(faster, selector.model)[0] * 0.5 ** (1 / 4))
+    assert ours == pytest.approx(selector_fit.leave_one_out(faster, selector.model)[0] * 0.5 ** (1 / 4))
     # 1% slower on one of four keys: within NEAR_BEST, but it would put the selector, tied with
     # the nearest rule without projecting, behind it, and cost it its place
     close = replace(data, projected=((2.02, None), (None, None), (None, None), (None, None)))
-    selector, (ours, nearest) = sel.choose(close)
+    selector, (ours, nearest) = selector_fit.choose(close)
     assert selector.project is False and ours <= nearest
     slower = replace(data, projected=((4.0, None), (None, None), (None, None), (None, None)))
-    selector, (ours, _) = sel.choose(slower)
+    selector, (ours, _) = selector_fit.choose(slower)
     assert selector.project is False
-    assert ours == pytest.approx(sel.leave_one_out(slower, selector.model)[0])
+    assert ours == pytest.approx(selector_fit.leave_one_out(slower, selector.model)[0])
 
 
 def test_a_model_projects_unless_that_picks_slower_or_puts_it_behind_the_nearest_rule():
     # (selector, nearest rule) leave-one-out scores without and with projecting
-    assert sel.projects((1.0, 1.2), (0.9, 1.2))
-    assert sel.projects((1.0, 1.2), (1.0 + sel.NEAR_BEST, 1.2))  # slower within NEAR_BEST
-    assert not sel.projects((1.0, 1.2), (1.03, 1.2))  # slower beyond it
-    assert not sel.projects((1.0, 1.0), (1.01, 1.0))  # no slower than nearest before, behind it after
-    assert sel.projects((1.1, 1.0), (1.11, 1.0))  # behind the nearest rule either way
+    assert selector_fit.projects((1.0, 1.2), (0.9, 1.2))
+    assert selector_fit.projects((1.0, 1.2), (1.0 + selector_fit.NEAR_BEST, 1.2))  # slower within NEAR_BEST
+    assert not selector_fit.projects((1.0, 1.2), (1.03, 1.2))  # slower beyond it
+    assert not selector_fit.projects((1.0, 1.0), (1.01, 1.0))  # no slower than nearest before, behind it after
+    assert selector_fit.projects((1.1, 1.0), (1.11, 1.0))  # behind the nearest rule either way
 
 
 def test_training_set_knows_the_stored_time_of_each_projection(fitted_db, template, device):

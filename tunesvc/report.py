@@ -38,11 +38,11 @@ import numpy as np
 
 from tunesvc.device import Device
 from tunesvc.errors import TunesvcError
-from tunesvc.selector import CROSS_MEASURE
-from tunesvc.selector import CROSS_RETIME
 from tunesvc.space import config_hash
 from tunesvc.template import template_named_by_data
 from tunesvc.text import figure_text
+from tunesvc.tuning.selector_measure import CROSS_MEASURE
+from tunesvc.tuning.selector_measure import CROSS_RETIME
 
 if TYPE_CHECKING:
     from tunesvc.store import Store
@@ -341,7 +341,7 @@ def _traces(rows: list[Any], sweeps: dict[int, Any]) -> dict[str, Trace]:
 
     Seconds count from the start of the trial's sweep; a strategy's later sweep of the key (a
     resumed one) starts where its earlier one ended (its wall time), not after the pause between.
-    Trials that a selector's cross-measuring stored (:func:`tunesvc.selector.cross_measure`) are
+    Trials that a selector's cross-measuring stored (:func:`tunesvc.tuning.selector_measure.cross_measure`) are
     no search's: they are in the spread figure, not here.
     """
     traces: dict[str, Trace] = {}

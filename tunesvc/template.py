@@ -298,7 +298,7 @@ class Template:
         return None
 
     def selector_features(self, problem: Problem, device: Device) -> dict[str, float]:
-        """Numbers a selector (:mod:`tunesvc.selector`) may split on to pick a config for ``problem``.
+        """Numbers a selector (:mod:`tunesvc.serving.selector`) may split on to pick a config for ``problem``.
 
         The default: log2 of each dim; log2 of the FLOPs, the fewest bytes and their ratio (the
         arithmetic intensity) where ``cost`` is defined; 1.0 for each categorical field of the
@@ -330,7 +330,7 @@ class Template:
     def wave_fill(self, config: Config, problem: Problem, device: Device) -> float:
         """The fraction of the launch's waves of programs that has work: 1.0 where its programs
         fill every SM in each wave, 0.55 where a last wave holds 10% of a full one after one
-        full wave. A neighbours selector (:mod:`tunesvc.selector`) corrects a config's time at a
+        full wave. A neighbours selector (:mod:`tunesvc.serving.selector`) corrects a config's time at a
         tuned shape by it when it judges the config at another shape. The default says nothing
         (1.0 everywhere); a template whose grid is its tiles says more (see the matmul template)."""
         return 1.0

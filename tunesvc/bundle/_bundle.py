@@ -9,7 +9,7 @@ Format (``format_version`` 2)::
                             "winners": {"<shape key>": {"config": "<config hash>", "time_ms": ...}},
                             "selector": {...}}}}
 
-``selector``, optional, is the kernel's fitted selector on that device (see tunesvc.selector):
+``selector``, optional, is the kernel's fitted selector on that device (see tunesvc.serving.selector):
 feature names, candidate configs and a decision tree as plain arrays. Bundles without it load
 as before, and a tunesvc that predates it ignores it.
 
@@ -96,7 +96,7 @@ def build_bundles(store: Store, kernel: str | None = None, hardware_id: str | No
 
 def bundle_selector(bundle: dict[str, Any], template: Any, device: Any) -> dict[str, Any] | None:
     """The JSON of ``template``'s selector for ``device`` in a bundle read by :func:`read_bundle`
-    (None: none, another device, or another kernel version); checked by tunesvc.selector."""
+    (None: none, another device, or another kernel version); checked by tunesvc.serving.selector."""
     section = bundle.get("kernels", {}).get(template.name)
     if bundle.get("device", {}).get("hardware_id") != device.hardware_id or not isinstance(section, dict):
         return None
@@ -458,7 +458,7 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
 
 def _checked_selectors(found: list[tuple[str, str, str, Any, str]]) -> list[Any]:
     """(kernel, version, hardware id, JSON, where) of a source's selectors, each checked
-    (tunesvc.selector.Selector) and naming its own kernel version and device."""
+    (tunesvc.serving.selector.Selector) and naming its own kernel version and device."""
     from tunesvc.serving.selector import Selector
 
     selectors = []

@@ -83,11 +83,12 @@ def selector(
     as_json: JsonOption = False,
 ) -> None:
     """Fit the kernel's selector on this device from the stored trials, store it, and print it (the model kept, whether it projects a first pick that does not fit the shape onto the nearest config that does, and its leave-one-out score beside the nearest rule's)."""
-    from tunesvc import selector as selectors  # fitting (scikit-learn), measuring (torch, Triton)
     from tunesvc.device import current_device
     from tunesvc.store import Store
     from tunesvc.sweep import check_time_budget
     from tunesvc.template import get_template
+    from tunesvc.tuning import selector_fit  # fitting (scikit-learn), measuring (torch, Triton)
+    from tunesvc.tuning import selector_measure
 
     if time_budget is not None and not cross_measure:
         raise TunesvcError("--time-budget limits --cross-measure; add --cross-measure, or drop --time-budget.")
@@ -100,7 +101,7 @@ def selector(
     try:
         measured = 0
         if cross_measure:
-            measured = selectors.cross_measure(
+            measured = selector_measure.cross_measure(
                 store,
                 template,
                 device,
@@ -114,8 +115,8 @@ def selector(
                 return _print_json({"trials_measured": measured, "shard": list(share)})
             console.print(f"Measured {measured} trials on share {shard} of the tuned keys; fit nothing.")
             return
-        data = selectors.training_set(store, template, device, min_coverage=min_coverage)
-        fitted, scores = selectors.keep(store, template, device, data)
+        data = selector_fit.training_set(store, template, device, min_coverage=min_coverage)
+        fitted, scores = selector_fit.keep(store, template, device, data)
     finally:
         store.close()
     if as_json:
@@ -133,7 +134,7 @@ def selector(
     if fitted is None:
         raise TunesvcError(
             f"{len(data.keys)} tuned key(s) of {kernel} on {device.name} are usable, too few to fit a selector "
-            f"and judge it (it needs {selectors.MIN_KEYS_KEPT}); tune more shapes, or run with --cross-measure."
+            f"and judge it (it needs {selector_fit.MIN_KEYS_KEPT}); tune more shapes, or run with --cross-measure."
         )
     for line in fitted.describe():
         console.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -190,32 +191,33 @@ def evaluate(
     as_json: JsonOption = False,
 ) -> None:
     """Leave-one-shape-out on this device: each tuned key's winner against what the selector and the nearest rule pick without it, all measured."""
-    from tunesvc import selector as selectors  # fitting (scikit-learn), measuring (torch, Triton)
     from tunesvc.device import current_device
     from tunesvc.store import Store
     from tunesvc.sweep import check_time_budget
     from tunesvc.template import get_template
+    from tunesvc.tuning import selector_fit  # fitting (scikit-learn), measuring (torch, Triton)
+    from tunesvc.tuning import selector_measure
 
     check_time_budget(time_budget)
     if csv is not None:
-        selectors.check_csv_path(csv)
+        selector_measure.check_csv_path(csv)
     template, device = get_template(kernel), current_device()
     store = Store(db, readonly=True)
     try:
         progress = None if as_json else (lambda key: console.print(f"held out: {key}", highlight=False))
-        rows = selectors.evaluate(
+        rows = selector_measure.evaluate(
             store,
             template,
             device,
             min_coverage=min_coverage,
             on_key=progress,
-            on_row=None if csv is None else (lambda row: selectors.append_csv([row], csv)),
+            on_row=None if csv is None else (lambda row: selector_measure.append_csv([row], csv)),
             time_budget=time_budget,
         )
-        tuned = len(selectors.tuned_winners(store, template, device.hardware_id))
+        tuned = len(selector_fit.tuned_winners(store, template, device.hardware_id))
     finally:
         store.close()
-    totals = selectors.summary(rows)
+    totals = selector_measure.summary(rows)
     if as_json:
         return _print_json({"rows": [r.to_dict() for r in rows], "summary": totals})
     table = Table(title=f"{kernel} on {device.name}: held-out keys, measured (ratio = tuned ms / pick ms)")

@@ -1266,7 +1266,7 @@ class Store(BaseStore):
             if row is not None:
                 row.status = status
 
-    # -- selectors (revision 0007; see tunesvc.selector) ----------------------------------
+    # -- selectors (revision 0007; see tunesvc.serving.selector) ----------------------------------
     def trial_times(self, kernel: str, version: str, hardware_id: str) -> dict[str, dict[str, float | None]]:
         """Shape key -> config hash -> the newest trial's time (None: it failed or broke a
         constraint) of one kernel version on every software stack of one device model."""

@@ -196,7 +196,7 @@ class Miss(Base):
 class StoredSelector(Base):
     """A fitted selector of one kernel version on one device model (revision 0007).
 
-    ``selector`` is the JSON of :meth:`tunesvc.selector.Selector.to_dict`: feature names,
+    ``selector`` is the JSON of :meth:`tunesvc.serving.selector.Selector.to_dict`: feature names,
     candidate configs and the tree as arrays; ``keys`` the tuned shape keys it was fitted on.
     Keyed by hardware id, as the runtime matches winners: every software stack of one GPU model
     contributes its trials.

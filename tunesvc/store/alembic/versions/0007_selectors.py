@@ -5,7 +5,7 @@ Revises: 0006
 Create Date: 2026-11-24
 
 A selector picks among a kernel's stored winners for a shape nobody tuned (see
-tunesvc.selector). It is data (feature names, thresholds, child indices, candidate configs),
+tunesvc.serving.selector). It is data (feature names, thresholds, child indices, candidate configs),
 never pickled code. Additive: no row is rewritten.
 """
 

@@ -658,3 +658,44 @@ def test_a_call_triton_refuses_is_refused_the_same_under_capture(how, tmp_db):
         warnings.simplefilter("always")
         assert sequence(kernel) == expected
     assert _tunesvc_warnings(caught) == []
+
+
+def _launch_in_child(n, queue):
+    import tunesvc._capture.sharing as sharing
+
+    inherited = len(sharing._shared)
+    kernel = FORKED[0]
+    x, out = torch.randn(n), torch.empty(n)
+    kernel[grid(n)](x, out, n, 2.0)
+    torch.testing.assert_close(out, x * 2.0)
+    queue.put((inherited, sum(s._store is not None for s in sharing._shared.values())))
+
+
+FORKED: list = []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX's")
+def test_a_forked_child_tunes_on_connections_of_its_own(tmp_db):
+    """A captured process that forks: the child drops the parent's database connections (never
+    used from two processes) and opens its own; both store their keys, and the file is sound."""
+    import multiprocessing
+
+    import tunesvc._capture.sharing as sharing
+
+    FORKED[:] = [autotuned(_scale)]
+    with tunesvc.capture(db=tmp_db):
+        FORKED[0][grid(N)](torch.randn(N), torch.empty(N), N, 2.0)  # the parent's store is open
+        assert any(s._store is not None for s in sharing._shared.values())
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=_launch_in_child, args=(N + 7, queue))
+        child.start()
+        inherited, opened = queue.get(timeout=120)
+        child.join(timeout=120)
+        assert child.exitcode == 0
+        FORKED[0][grid(N + 13)](torch.randn(N + 13), torch.empty(N + 13), N + 13, 2.0)  # the parent goes on
+    assert (inherited, opened) == (0, 1)  # none of the parent's; one of its own
+    with sqlite3.connect(tmp_db) as connection:
+        assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        keys = {row[0] for row in connection.execute("select shape_key from tunesvc_winners")}
+    assert {key.split(",")[0] for key in keys} == {f"n={n}" for n in (N, N + 7, N + 13)}

@@ -144,6 +144,21 @@ class _Shared:
         return self._store
 
 
+def _connections_left_to_the_parent() -> None:
+    """In a forked child: drop the database connections inherited from the parent, without
+    closing them (SQLAlchemy's ``dispose(close=False)``); the child opens its own on its next
+    miss. A SQLite or PostgreSQL connection must not be used from two processes: the child's
+    writes would interleave with the parent's on one file handle or socket."""
+    for shared in list(_shared.values()):
+        if shared._store is not None:
+            shared._store.engine.dispose(close=False)
+    _shared.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_connections_left_to_the_parent)
+
+
 def _shared_for(settings: Settings) -> _Shared:
     with _settings_lock:
         shared = _shared.get(settings)

@@ -9,12 +9,18 @@ imported), so every shape here is tiny.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import tunesvc
 import tunesvc.kernels
 import tunesvc.runtime
+
+# the CLI's tables are drawn for an 80-column terminal, as in pytest-xdist's workers (which set
+# COLUMNS=80): a test run without -n sees the same output
+os.environ.setdefault("COLUMNS", "80")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

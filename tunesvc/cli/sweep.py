@@ -114,37 +114,13 @@ def sweep(
 ) -> None:
     """Benchmark configs for each shape on this device, store every trial and the winners."""
     # the sweep measures (torch, Triton) and stores (SQLAlchemy); rich.progress only draws its bar
-    from rich.progress import BarColumn
-    from rich.progress import MofNCompleteColumn
-    from rich.progress import Progress
-    from rich.progress import TextColumn
-    from rich.progress import TimeElapsedColumn
-
-    from tunesvc.device import fork_safe_current_device
-    from tunesvc.fleet.jobs import trials_stored
-    from tunesvc.search import STRATEGIES
-    from tunesvc.store import Store
-    from tunesvc.sweep import check_sweep_arguments
-    from tunesvc.sweep import run_sweep
-    from tunesvc.template import did_you_mean
     from tunesvc.template import get_template
 
     mark("command parsed")
     template = get_template(kernel)
     problems = _problems(template, shape or [], preset, dtype)
-    if strategy not in STRATEGIES:
-        hint = did_you_mean(strategy, STRATEGIES)
-        raise TunesvcError(f"Unknown strategy '{strategy}'{hint}; use one of {', '.join(STRATEGIES)}.")
-    _check_count("--budget", budget)
-    _check_count("--patience", patience)
-    check_sweep_arguments(strategy, budget, time_budget, patience)  # before Store(): a rejected sweep creates no file
-    if workers is not None and not 0 <= workers <= MAX_WORKERS:
-        raise TunesvcError(f"--workers must be from 0 to {MAX_WORKERS}, got {workers}.")
-    if not 0 <= seed < 2**32:
-        raise TunesvcError(f"--seed must be from 0 to 2**32 - 1 (what the samplers take), got {seed}.")
+    _check_options(strategy, budget, time_budget, patience, workers, seed, gpus, ray)
     mark("kernel imported")
-    if gpus is not None and ray is not None:
-        raise TunesvcError("Use --gpus (this host's GPUs) or --ray (a Ray cluster's), not both.")
     if gpus is not None or ray is not None:
         return _sweep_on_workers(
             kernel,
@@ -163,6 +139,63 @@ def sweep(
             quiet=quiet,
             resume=_command_line(ctx, db),
         )
+    options = {"strategy": strategy, "budget": budget, "seed": seed, "workers": workers}
+    _sweep_here(
+        template, problems, db, options | {"time_budget": time_budget, "patience": patience}, ctx, as_json, quiet
+    )
+
+
+def _check_options(
+    strategy: str,
+    budget: int | None,
+    time_budget: float | None,
+    patience: int | None,
+    workers: int | None,
+    seed: int,
+    gpus: str | None,
+    ray: str | None,
+) -> None:
+    """Refuse a sweep's options in one sentence, before any database is opened (a rejected sweep
+    creates no file)."""
+    from tunesvc.search import STRATEGIES
+    from tunesvc.sweep import check_sweep_arguments
+    from tunesvc.template import did_you_mean
+
+    if strategy not in STRATEGIES:
+        hint = did_you_mean(strategy, STRATEGIES)
+        raise TunesvcError(f"Unknown strategy '{strategy}'{hint}; use one of {', '.join(STRATEGIES)}.")
+    _check_count("--budget", budget)
+    _check_count("--patience", patience)
+    check_sweep_arguments(strategy, budget, time_budget, patience)
+    if workers is not None and not 0 <= workers <= MAX_WORKERS:
+        raise TunesvcError(f"--workers must be from 0 to {MAX_WORKERS}, got {workers}.")
+    if not 0 <= seed < 2**32:
+        raise TunesvcError(f"--seed must be from 0 to 2**32 - 1 (what the samplers take), got {seed}.")
+    if gpus is not None and ray is not None:
+        raise TunesvcError("Use --gpus (this host's GPUs) or --ray (a Ray cluster's), not both.")
+
+
+def _sweep_here(
+    template,
+    problems: list[dict],
+    db: str | None,
+    options: dict[str, Any],
+    ctx: typer.Context,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """The sweep in this process, a progress bar per shape key, then the winners' table (or JSON)."""
+    from rich.progress import BarColumn
+    from rich.progress import MofNCompleteColumn
+    from rich.progress import Progress
+    from rich.progress import TextColumn
+    from rich.progress import TimeElapsedColumn
+
+    from tunesvc.device import fork_safe_current_device
+    from tunesvc.fleet.jobs import trials_stored
+    from tunesvc.store import Store
+    from tunesvc.sweep import run_sweep
+
     device = fork_safe_current_device()  # CUDA left uninitialised here: the sweep forks its workers from this process
     _check_fits(template, problems, device)
     store = Store(db)
@@ -196,16 +229,11 @@ def sweep(
                 template,
                 problems,
                 store,
-                strategy=strategy,
-                budget=budget,
-                seed=seed,
                 device=device,
                 on_start=on_start,
                 on_trial=on_trial,
                 on_phase=on_phase,
-                workers=workers,
-                time_budget=time_budget,
-                patience=patience,
+                **options,
             )
     except KeyboardInterrupt:
         _interrupted(store, template, device.hardware_id, keys, before, _command_line(ctx, db))
@@ -213,6 +241,10 @@ def sweep(
         store.close()
     if as_json:
         return _print_json([r.__dict__ for r in results])
+    _print_table(template, device, store.url, results)
+
+
+def _print_table(template, device, url: str, results: list) -> None:
     rows = [
         [
             r.shape_key,
@@ -230,7 +262,7 @@ def sweep(
     out = wide_when_piped(TextConsole())
     out.print(
         _keyed_table(
-            f"{template.name} on {device.name} ({store.url})",
+            f"{template.name} on {device.name} ({url})",
             ["shape key", "winner", "ms", "heuristic ms", "speed-up", "trials", "new", "failed", "s"],
             rows,
             caption=SWEEP_LEGEND,

@@ -147,6 +147,17 @@ def _sweep_on_workers(
             store.close()
         if connected:
             _ray_shutdown()
+    _report_jobs(
+        rows,
+        winners,
+        f"{template.name} on {device.name}, {_count(count, 'worker')}{where} ({store.url})",
+        codes,
+        as_json,
+    )
+
+
+def _report_jobs(rows: list, winners: dict, title: str, codes: list, as_json: bool) -> None:
+    """The batch's jobs with their winners, as a table or JSON; one sentence where a job did not finish."""
     if as_json:
         _print_json(
             [
@@ -164,7 +175,7 @@ def _sweep_on_workers(
     else:
         out = wide_when_piped(TextConsole())
         table = _keyed_table(
-            f"{template.name} on {device.name}, {_count(count, 'worker')}{where} ({store.url})",
+            title,
             ["shape key", "job", "winner", "ms", "attempts"],
             [
                 [

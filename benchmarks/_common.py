@@ -202,18 +202,18 @@ def record(script: str, rows: list[dict[str, Any]]) -> Path:
     }
     path = RESULTS_DIR / f"{script}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        read_rows(path)  # a file of another layout: one sentence, and nothing appended to it
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, COLUMNS, restval="")
     for row in rows:
         writer.writerow({**stamp, **row})
     # under an exclusive lock: processes that record at once (heldout.py --gpus) append whole
-    # rows, and only the first writes the header
+    # rows, only the first writes the header, and the others read it whole
     with path.open("a", newline="") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         if os.fstat(f.fileno()).st_size == 0:
             csv.DictWriter(f, COLUMNS).writeheader()
+        else:
+            read_rows(path)  # a file of another layout: one sentence, and nothing appended to it
         f.write(text.getvalue())
     print(f"appended {len(rows)} rows to {path}; regenerate the page with `python benchmarks/results_page.py`")
     return path

@@ -19,10 +19,13 @@ tensor argument), written as readable text: ``n_cols=1000,HAS_BIAS=True,x.dtype=
 A launch looks the key tuple up in one dict (as Triton's own cache does) and runs the kernel.
 On a miss: the stored winner (database or bundle) if there is one; else, in mode ``tune``,
 every config that survives Triton's pruning is checked and timed on the call's own arguments
-(one process per key across processes and hosts: the one key claim), every trial and the winner stored; in mode
-``lookup`` a deterministic fallback (the nearest stored key's winner, else the first listed
-config) and the miss recorded for offline tuning; in mode ``heuristic`` the first config Triton's
-pruning keeps, nothing read; in mode ``off``, Triton's own autotuner (see :mod:`tunesvc.settings`).
+(one process per key across processes and hosts: the one key claim), every trial and the
+winner stored; in mode ``lookup`` the runtime's one chain (:mod:`tunesvc.serving.chain`: the
+nearest stored key's winner, a sibling GPU model's, else the first config Triton's pruning keeps)
+and the miss recorded for offline tuning; in mode ``heuristic`` the first config Triton's pruning
+keeps, nothing read; in mode ``off``, Triton's own autotuner (see :mod:`tunesvc.settings`). A
+call that Triton refuses (a parameter its configs set passed by the caller) goes to Triton's own
+run, which refuses it. A forked child opens database connections of its own.
 
 Capture fails open: whatever goes wrong inside tunesvc on a launch (a bug, an unusual config,
 dtype or hook, a damaged, locked or unreachable database, a kernel whose key changes on every

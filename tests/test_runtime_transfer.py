@@ -292,3 +292,62 @@ def test_a_captured_kernel_walks_the_same_chain(tmp_db):
     assert Runtime(db=tmp_db, device=H200).tuned_keys(captured) == [h200_key]
     # a key whose fields are not the stored keys' is no neighbour of them
     assert answer("n=1000,flag=True,x.dtype=float16").source == "heuristic"
+
+
+def _captured(db: str, device: Device, key: str, config: dict, kernel: str = "lib.ops:_scale") -> None:
+    """A winner of a captured kernel on ``device``, stored as capture stores it (a sweep of strategy 'capture')."""
+    from tunesvc.bench import Measurement
+    from tunesvc.bench import Status
+    from tunesvc.space import config_hash
+
+    store = Store(db)
+    try:
+        kv, dev = store._kernel_version_id(kernel, "v1"), store.device_id(device)
+        sweep = store.start_sweep(kv, dev, key, {}, "capture", None, 0)
+        store.add_trial(sweep, kv, dev, key, config, config_hash(config), Measurement(Status.OK, time_ms=0.5, reps=1))
+        store.update_winner(kv, dev, key)
+    finally:
+        store.close()
+
+
+def test_tune_lookup_of_a_captured_kernel_says_transferred_as_the_runtime_serves_it(tmp_db):
+    """`tune lookup module:qualname` walks the one chain too: a key the H200 has no winner for (nor
+    a neighbour of) is answered with the H100's winner, named as such; never with it as its own."""
+    winner = {"BLOCK": 128, "num_warps": 8}
+    _captured(tmp_db, H100, "n=1000,x.dtype=float16", winner)
+    store = Store(tmp_db)
+    try:
+        store.device_id(H200)  # `tune lookup --device` answers for a device the database knows
+    finally:
+        store.close()
+    args = ["lookup", "lib.ops:_scale", "--shape", "n=1000,x.dtype=float16", "--db", tmp_db, "--device", H200.name]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert f"answer  transferred for {H200.name}: {H100.name}'s winner of the same key" in result.stdout
+    data = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert (data["source"], data["transferred_from"], data["config"]) == ("transferred", H100.name, winner)
+    near = json.loads(CliRunner().invoke(app, [*args[:3], "n=2000,x.dtype=float16", *args[4:], "--json"]).stdout)
+    assert (near["source"], near["matched_key"], near["config"]) == ("transferred", "n=1000,x.dtype=float16", winner)
+    own = json.loads(CliRunner().invoke(app, [*args[:-2], "--device", H100.name, "--json"]).stdout)
+    assert (own["source"], own["transferred_from"]) == ("exact", None)
+    off = CliRunner().invoke(app, [*args, "--json"], env={"TUNESVC_TRANSFER": "0"})
+    assert json.loads(off.stdout)["source"] == "first listed config"
+
+
+def test_tune_lookup_of_a_captured_kernel_in_a_sibling_models_bundle_is_transferred(tmp_db, tmp_path, monkeypatch):
+    import tunesvc.device
+
+    winner = {"BLOCK": 64, "num_warps": 4}
+    _captured(tmp_db, H100, "n=1000,x.dtype=float16", winner)
+    store = Store(tmp_db, readonly=True)
+    try:
+        [path] = write_bundles(build_bundles(store), tmp_path / "h100.json")
+    finally:
+        store.close()
+    monkeypatch.setattr(tunesvc.device, "current_device", lambda: H200)  # run on the H100's sibling
+    args = ["lookup", "lib.ops:_scale", "--shape", "n=1000,x.dtype=float16", "--bundle", str(path), "--json"]
+    data = json.loads(CliRunner().invoke(app, args).stdout)
+    assert (data["source"], data["transferred_from"], data["config"]) == ("transferred", H100.name, winner)
+    monkeypatch.setattr(tunesvc.device, "current_device", lambda: H100_PCIE)  # another SM count: no sibling
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and "Traceback" not in result.output

@@ -159,7 +159,7 @@ def lookup(
     from tunesvc.template import ShapeKey
     from tunesvc.template import get_template
 
-    if ":" in kernel and _captured_lookup(kernel, shape, db, bundle, as_json):
+    if ":" in kernel and _captured_lookup(kernel, shape, db, bundle, as_json, device):
         return
     template = get_template(kernel)
     problem = template.parse_shape(shape, dtype)
@@ -236,25 +236,41 @@ def _bucketing(problem: dict[str, Any], key: str) -> dict[str, tuple[int, int]]:
     }
 
 
-def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None, as_json: bool) -> bool:
-    """`tune lookup module:qualname --shape KEY` of a captured kernel: its stored winner for that
-    key text (``n=1000,x_ptr.dtype=float16``), else the nearest stored key's, read without
-    importing the kernel. False when ``kernel`` is not a captured kernel of --db / --bundle."""
+def _captured_lookup(
+    kernel: str, key: str, db: str | None, bundle: Path | None, as_json: bool, device_name: str | None = None
+) -> bool:
+    """`tune lookup module:qualname --shape KEY` of a captured kernel: the one chain's answer for
+    that key text (``n=1000,x_ptr.dtype=float16``) read without importing the kernel: its stored
+    winner, else the nearest stored key's, else a sibling GPU model's winner of its newest version
+    (transferred). False when ``kernel`` is not a captured kernel of --db / --bundle."""
+    from tunesvc import settings
     from tunesvc._capture import CapturedKey
     from tunesvc._capture import CapturedTemplate
     from tunesvc.device import current_device
     from tunesvc.serving import chain
+    from tunesvc.serving import transfer as transfers
     from tunesvc.template import ShapeKey
 
     device = current_device()
+    sibling: transfers.SiblingTable | None = None
     if bundle is not None:
         from tunesvc.bundle import kernel_configs
         from tunesvc.bundle import read_bundle
 
         data = read_bundle(bundle)
-        if kernel not in data["kernels"] or data["device"]["hardware_id"] != device.hardware_id:
+        info = data["device"]
+        if kernel not in data["kernels"]:
             return False
-        table = kernel_configs(bundle, data, kernel)
+        if info["hardware_id"] == device.hardware_id:
+            table = kernel_configs(bundle, data, kernel)
+        elif settings.transfer_enabled() and transfers.is_sibling(
+            device, info.get("capability", ""), info.get("sm_count", 0), info["hardware_id"]
+        ):  # a sibling GPU model's bundle: its winners are transferred, never this model's own
+            table = {}
+            name = info.get("name") or info["hardware_id"]
+            sibling = transfers.SiblingTable(name, info["hardware_id"], dict(kernel_configs(bundle, data, kernel)))
+        else:
+            return False
     else:
         from tunesvc.store import Store
 
@@ -262,7 +278,13 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
         try:
             if not store.captured_kernels(kernel):
                 return False
-            entries = sorted(store.winners(kernel=kernel, hardware_id=device.hardware_id), key=lambda e: e.updated_at)
+            if device_name is not None:
+                device = store.find_device(device_name)
+            every = store.winners(kernel=kernel)
+            entries = sorted((e for e in every if e.hardware_id == device.hardware_id), key=lambda e: e.updated_at)
+            newest = max(every, key=lambda e: e.updated_at).kernel_version if every else None
+            if newest is not None and settings.transfer_enabled():
+                sibling = transfers.pick_sibling(store.sibling_winners(kernel, newest, device))
         finally:
             store.close()
         table = {e.shape_key: e.config for e in entries}  # the newest version's winner of each key
@@ -271,15 +293,21 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
     def names(text: str) -> list[str]:
         return [part.partition("=")[0] for part in text.split(",")]
 
-    if key not in table and table and all(names(key) != names(k) for k in table):
-        example = min(table, key=natural_order)
+    known = table or (sibling.winners if sibling is not None else {})
+    if key not in known and known and all(names(key) != names(k) for k in known):
+        example = min(known, key=natural_order)
         raise TunesvcError(
             f"--shape '{_short(key)}' is not a whole key of {kernel}: its stored keys name "
             f"{', '.join(names(example))} (such as {_short(example)}); give every one."
         )
-    # the one chain's exact and nearest steps (its config list, and so its heuristic, is the module's)
+    # the one chain (its config list, and so its heuristic, is the module's: not read here)
     template = CapturedTemplate(kernel, "", [])
-    found = chain.answer(template, {"key": key}, template.key({"key": key}), device, table, lambda: parsed)
+    moved: chain.Sibling | None = None
+    if sibling is not None:
+        moved = (sibling, [(CapturedKey.of(k), k) for k in sibling.winners])
+    found = chain.answer(
+        template, {"key": key}, template.key({"key": key}), device, table, lambda: parsed, sibling=lambda: moved
+    )
     source, matched, distance = found.source, found.matched_key, found.distance
     if source == chain.HEURISTIC:
         source, matched, distance = "first listed config", None, None
@@ -289,7 +317,8 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
         "source": source,
         "matched_key": matched,
         "distance": distance,
-        "config": table.get(matched) if matched else None,
+        "config": found.config if matched else None,
+        "transferred_from": found.transferred_from,
     }
     if as_json:
         _print_json(result)
@@ -297,6 +326,12 @@ def _captured_lookup(kernel: str, key: str, db: str | None, bundle: Path | None,
     detail = ""
     if source == "nearest":
         detail = f": stored key {matched}, {distance:.2f} doublings away (the distance between the keys' numbers on a log2 scale)"
+    elif source == "transferred":
+        which = "the same key" if distance == 0 else f"stored key {matched}, {distance:.2f} doublings away"
+        detail = (
+            f": {found.transferred_from}'s winner of {which} (a sibling GPU model: same compute capability "
+            "and SM count; TUNESVC_TRANSFER=0 turns this off)"
+        )
     where = f"bundle {bundle.resolve()}" if bundle is not None else f"database {_absolute(db)}"
     console.print(f"key     {key}", highlight=False, soft_wrap=True)
     console.print(f"answer  {source} for {device.name}{detail}; read from {where}", highlight=False, soft_wrap=True)

@@ -120,9 +120,11 @@ LIBRARIES = [
     ),
     Library(
         "gemlite",
-        "0.5.1.post1",
+        # 0.5.x's own test file imports a name its gemlite.core no longer has (scale_activations):
+        # it fails to collect at its own release, with or without capture
+        "0.4.8",
         "gemlite",
-        "git:mobiusml/gemlite@0.5.1.post1",
+        "sdist",
         ("tests/",),
         ("tests/test_gemlitelineartriton.py",),
         "an early_config_prune that builds new triton.Configs (block sizes fitted to M, N, K, the group "
@@ -161,11 +163,17 @@ LIBRARIES = [
         "fla",
         "git:fla-org/flash-linear-attention@v0.5.2",
         ("tests/",),
-        ("tests/modules/test_conv.py", "tests/ops/utils/test_cumsum.py", "tests/modules/test_l2norm.py"),
+        # node ids, a shape or two each: the 26 tests of a -k over these three files compile every
+        # config of each new key and passed 200 s without capture on an H200
+        (
+            "tests/modules/test_conv.py::test_conv_decoding[B2_T64_D128_W3_activationswish_has_biasTrue_has_residualTrue_torch.float32]",
+            "tests/modules/test_conv.py::test_conv_decoding[B2_T64_D128_W3_activationNone_has_biasTrue_has_residualFalse_torch.float16]",
+            "tests/ops/utils/test_cumsum.py::test_global_reversed_cumsum[B2-T500-H4-D60-torch.float32]",
+            "tests/modules/test_l2norm.py::test_l2norm[B2-T500-H4-D64-torch.float32]",
+            "tests/modules/test_l2norm.py::test_l2norm[B4-T1024-H5-D1024-torch.bfloat16]",
+        ),
         "autograd Functions (l2norm, causal conv1d); a decode step that rolls its cache in place "
         "(restore_value) on fla's own Autotuner subclass; @triton.heuristics above the autotuner",
-        select="(test_conv_decoding and not non_contiguous and not with_cache) or test_global_reversed_cumsum "
-        "or test_l2norm",
     ),
     Library(
         "liger-kernel",

@@ -4,8 +4,9 @@ The winners of the current device (matched by hardware id: GPU model, capability
 and the current kernel version are loaded once per kernel, from a database or from an
 exported bundle. Each lookup then walks the one chain of :mod:`tunesvc.serving.chain` (exact,
 predicted, nearest, transferred, heuristic) and says which step answered. Bundles are read
-with :mod:`json` only: a deployment that ships a bundle never imports SQLAlchemy. In mode 'tune' a miss goes to the policy that the
-tuning side registers (:mod:`tunesvc.serving.on_miss`): this module imports no tuning.
+with :mod:`json` only: a deployment that ships a bundle never imports SQLAlchemy. In mode 'tune'
+a miss goes to the policy that the tuning side registers (:mod:`tunesvc.serving.on_miss`): this
+module imports no tuning.
 """
 
 from __future__ import annotations
@@ -326,7 +327,8 @@ class Runtime:
         """The one chain's answer for a normalised problem of ``template``, shipped or captured:
         its exact winner, else predicted, nearest, transferred, heuristic; never tuning, not
         memoised (:meth:`lookup` is), counted in :meth:`stats`. Where the answer is not exact it
-        is said once per kernel (``said=False``: not, for a key that is about to be tuned)."""
+        is said once per kernel (``said=False``: not said, as for a key that capture meets inside
+        its own measuring, which the program tunes when it launches it)."""
         key = template.key(problem)
         text = str(key)
         result = chain.answer(

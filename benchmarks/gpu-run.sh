@@ -15,7 +15,7 @@
 # every winner on every tuned key, fits the selector and runs `tune evaluate` (rows: $OUT/evaluate.csv).
 # conformance: benchmarks/conformance.py, libraries' own test suites without and twice with capture
 # (needs .conformance carried: `python benchmarks/conformance.py fetch --wheels` here first; its
-# wheels install into /tmp/conformance, ahead of .whl's); logs in $OUT/conformance, rows in
+# wheels install into /tmp/conformance, ahead of .whl's); logs in $OUT/conformance-logs.tgz, rows in
 # $OUT/conformance.csv (append them to benchmarks/data/conformance.csv, then run results_page.py).
 # heldout: benchmarks/heldout.py on a fresh copy of $OUT/selector.db (else of tune.db.example),
 # HELDOUT_SIZE=small (default, ~8 min on one GPU) | medium | full; HELDOUT_KERNELS limits the kernels;
@@ -61,7 +61,9 @@ for s in ${STEPS:-tests matmul}; do
         "$R"/.conformance/wheels/*.whl || { echo "no wheels in .conformance/wheels: fetch them and carry .conformance"; continue; }
       (export PYTHONPATH=/tmp/conformance:$PYTHONPATH
        step conformance 510 python3 "$R/benchmarks/conformance.py" --out "$OUT/conformance" --csv "$OUT/conformance.csv" \
-         --timeout 120 --budget 420) ;;
+         --timeout 120 --budget 420)
+      # one file back: each run's log, JUnit XML and capture stats (what was tuned, stored, left to Triton)
+      (cd "$OUT" && tar czf conformance-logs.tgz --exclude='*.db*' conformance && rm -rf conformance) ;;
     stability) step stability 300 python3 "$R/benchmarks/sweep_stability.py" --db "$OUT/stability.db" ;;
     groundtruth) step groundtruth 540 python3 "$R/benchmarks/ground_truth.py" --db "$OUT/ground_truth.db" --out "$OUT/ground_truth.csv" ;;
     evaluate) [ -f "$OUT/selector.db" ] || { cp "$R/tune.db.example" "$OUT/selector.db" && chmod u+w "$OUT/selector.db"; }

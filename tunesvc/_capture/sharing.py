@@ -151,7 +151,10 @@ def _connections_left_to_the_parent() -> None:
     writes would interleave with the parent's on one file handle or socket."""
     for shared in list(_shared.values()):
         if shared._store is not None:
-            shared._store.engine.dispose(close=False)
+            try:
+                shared._store.engine.dispose(close=False)
+            except Exception:  # a fork handler cannot warn the program: the child opens its own anyway
+                pass
     _shared.clear()
 
 

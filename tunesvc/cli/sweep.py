@@ -77,7 +77,8 @@ def sweep(
         int | None, typer.Option(help="Most trials per shape, stored ones included \\[grid: all; others: 50].")
     ] = None,
     time_budget: Annotated[
-        float | None, typer.Option(help="Most seconds of search per shape \\[default: no limit].")
+        float | None,
+        typer.Option(help="Most seconds of search per shape, once it has one trial \\[default: no limit]."),
     ] = None,
     patience: Annotated[
         int | None,

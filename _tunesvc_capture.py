@@ -3,8 +3,9 @@
 It must cost next to nothing: the .pth line tests the variable itself and imports this module
 only when it is set; this module imports only the standard library. It waits for Triton: once
 ``triton.runtime.autotuner`` is imported (now, or later through a meta-path finder), its
-``Autotuner.run`` becomes a trampoline that imports tunesvc at the first autotuned launch and
-hands the process to :func:`tunesvc._capture.capture_from_env`. Importing tunesvc (torch, the
+``Autotuner.run``, and the own ``run`` of each subclass defined later (FlagGems' ``LibTuner``),
+becomes a trampoline that imports tunesvc at the first autotuned launch and hands the process to
+:func:`tunesvc._capture.capture_from_env`. Importing tunesvc (torch, the
 store) while Triton is still half-imported would be a circular import; at the first launch
 both are complete.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 TARGET = "triton.runtime.autotuner"
 
@@ -28,33 +30,73 @@ def install() -> None:
 
 
 def patch(module) -> None:
-    """Put the trampoline on ``module.Autotuner.run`` (once)."""
+    """Put the trampoline on ``module.Autotuner.run`` and on the own ``run`` of each subclass,
+    defined already or later (FlagGems' ``LibTuner`` never calls ``Autotuner.run``), once."""
     autotuner = module.Autotuner
-    original = autotuner.run
-    if getattr(original, "__tunesvc_original__", None) is not None:
+    if getattr(autotuner.run, "__tunesvc_original__", None) is not None:
+        return
+    todo = [autotuner]
+    while todo:  # a library imported before this hook ran (a pytest plugin's late call) has its subclasses
+        cls = todo.pop()
+        _trampoline(autotuner, cls)
+        todo.extend(cls.__subclasses__())
+    if "__init_subclass__" not in autotuner.__dict__:
+
+        def init_subclass(cls, **kwargs):
+            super(autotuner, cls).__init_subclass__(**kwargs)
+            _trampoline(autotuner, cls)
+
+        autotuner.__init_subclass__ = classmethod(init_subclass)
+        _HOOKED[autotuner] = None
+
+
+#: class -> its own run, for every class whose run is a trampoline now (Autotuner -> None while
+#: its __init_subclass__ is the hook's)
+_HOOKED: dict = {}
+_LOCK = threading.Lock()
+
+
+def _trampoline(autotuner, cls) -> None:
+    """Make ``cls``'s own ``run`` start tunesvc at its first call, then run as tunesvc left it."""
+    original = cls.__dict__.get("run")
+    if original is None or getattr(original, "__tunesvc_original__", None) is not None:
         return
 
     def run(self, *args, **kwargs):
-        try:
-            from tunesvc._capture import capture_from_env
-
-            capture_from_env()
-        except Exception as exc:  # capture fails open: tunesvc that cannot start leaves Triton be
-            import warnings
-
-            warnings.warn(
-                f"tunesvc: capture could not start ({type(exc).__name__}: {exc}); triton.autotune kernels run "
-                "as Triton's own. Check that tunesvc imports (python -c 'import tunesvc').",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        finally:
-            if autotuner.run is run:  # tunesvc did not take over: Triton's own, for good
-                autotuner.run = original
-        return autotuner.run(self, *args, **kwargs)
+        _start(autotuner)
+        now = cls.__dict__.get("run")  # the class's own run as tunesvc left it: itself, or wrapped
+        return (original if now is None or now is run else now)(self, *args, **kwargs)
 
     run.__tunesvc_original__ = original
-    autotuner.run = run
+    run.__name__, run.__qualname__, run.__doc__ = original.__name__, original.__qualname__, original.__doc__
+    cls.run = run
+    _HOOKED[cls] = original
+
+
+def _start(autotuner) -> None:
+    """Every trampoline's first act: put each class's own run back, then let tunesvc take over
+    (it wraps ``Autotuner.run`` and its subclasses' runs as ``tunesvc.capture()`` does)."""
+    with _LOCK:
+        for cls, original in list(_HOOKED.items()):
+            if original is None:  # the subclass hook on Autotuner itself
+                if "__init_subclass__" in autotuner.__dict__:
+                    del autotuner.__init_subclass__
+            elif getattr(cls.__dict__.get("run"), "__tunesvc_original__", None) is original:
+                cls.run = original
+            del _HOOKED[cls]
+    try:
+        from tunesvc._capture import capture_from_env
+
+        capture_from_env()
+    except Exception as exc:  # capture fails open: tunesvc that cannot start leaves Triton be
+        import warnings
+
+        warnings.warn(
+            f"tunesvc: capture could not start ({type(exc).__name__}: {exc}); triton.autotune kernels run "
+            "as Triton's own. Check that tunesvc imports (python -c 'import tunesvc').",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 class _Finder:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched GPU run: device fingerprint, GPU tests, then the chosen benchmarks, each under its
 # own time limit, all writing into one database ($OUT/tune.db) and one log per step under $OUT;
-# the benchmarks' CSV files (benchmarks/results/*.csv, rows appended) are copied to $OUT/results.
+# the benchmarks' CSV files that the run appended to (benchmarks/results/*.csv) are copied to $OUT/results.
 # Run from the repo root on the lent GPU machine with .whl carried (see ../shared/gpu/README.md).
 # A database carried in .gpu/tune.db is resumed, not restarted.
 #
@@ -63,7 +63,7 @@ for s in ${STEPS:-tests matmul}; do
        step conformance 510 python3 "$R/benchmarks/conformance.py" --out "$OUT/conformance" --csv "$OUT/conformance.csv" \
          --timeout 120 --budget 420)
       # one file back: each run's log, JUnit XML and capture stats (what was tuned, stored, left to Triton)
-      (cd "$OUT" && tar czf conformance-logs.tgz --exclude='*.db*' conformance && rm -rf conformance) ;;
+      (cd "$OUT" && tar czf conformance-logs.tgz --exclude='*.db*' --exclude='triton-cache-*' conformance && rm -rf conformance) ;;
     stability) step stability 300 python3 "$R/benchmarks/sweep_stability.py" --db "$OUT/stability.db" ;;
     groundtruth) step groundtruth 540 python3 "$R/benchmarks/ground_truth.py" --db "$OUT/ground_truth.db" --out "$OUT/ground_truth.csv" ;;
     evaluate) [ -f "$OUT/selector.db" ] || { cp "$R/tune.db.example" "$OUT/selector.db" && chmod u+w "$OUT/selector.db"; }
@@ -78,4 +78,5 @@ for s in ${STEPS:-tests matmul}; do
     *) step "$s" 300 python3 "$R/benchmarks/$s.py" --db "$OUT/tune.db" --sweep ;;
   esac
 done
-mkdir -p "$OUT/results" && cp "$R"/benchmarks/results/*.csv "$OUT/results/"
+# only the CSV files this run appended to come back (the device returns at most 8 files)
+mkdir -p "$OUT/results" && find "$R/benchmarks/results" -name '*.csv' -newer "$OUT/gpu.txt" -exec cp {} "$OUT/results/" \;

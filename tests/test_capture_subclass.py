@@ -4,12 +4,16 @@ its misses are resolved by tunesvc (stored, tuned, or the fallback while serving
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 import triton
 import triton.language as tl
+from _capture import interpreter_env
 from _capture import trials_by_kernel
 from triton.runtime.autotuner import Autotuner
 
@@ -229,3 +233,94 @@ def test_a_recorded_descriptor_that_is_not_valid_is_refused_in_one_sentence():
     with pytest.raises(TunesvcError, match=r"^The recorded call's tensor descriptor is not valid here \(") as caught:
         rebuild_call(scale_rows, call, current_device())
     assert "\n" not in str(caught.value)
+
+
+# a library module whose autotuner is a subclass with its own run, defined at its import (as
+# FlagGems' LibTuner is) and so after the interpreter-start hook has patched Triton's autotuner
+_LIBRARY = """
+import math
+
+import triton
+import triton.language as tl
+from triton.runtime.autotuner import Autotuner
+
+
+class BucketTuner(Autotuner):
+    def run(self, *args, **kwargs):
+        nargs = {**dict(zip(self.arg_names, args)), **kwargs}
+        key = tuple(round(math.log2(nargs[k])) for k in self.keys)
+        if key not in self.cache:
+            self.policy_calls = getattr(self, "policy_calls", 0) + 1
+            self.cache[key] = self.configs[-1]
+        self.best_config = self.cache[key]
+        return self.fn.run(*args, **kwargs, **self.best_config.all_kwargs())
+
+
+class LoggedTuner(BucketTuner):  # a subclass of the subclass, without a run of its own
+    pass
+
+
+@triton.jit
+def scale(x_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
+kernel = LoggedTuner(scale, scale.arg_names, CONFIGS, ["n"], None, None)
+"""
+
+_SCRIPT = """
+import json, os, sys
+
+import torch
+import triton
+
+import library
+
+if os.environ.get("LATE_CAPTURE"):  # as a pytest plugin does: the library's subclass exists already
+    os.environ["TUNESVC_CAPTURE"] = "1"
+    import _tunesvc_capture
+
+    _tunesvc_capture.install()
+x = torch.randn(300)
+out = torch.empty_like(x)
+library.kernel[lambda m: (triton.cdiv(300, m["BLOCK"]),)](x, out, 300, 2.0)
+torch.testing.assert_close(out, 2.0 * x)
+capture = sys.modules.get("tunesvc._capture")
+print(json.dumps({
+    "policy_calls": getattr(library.kernel, "policy_calls", 0),
+    "stats": dict(capture.STATS) if capture else None,
+}))
+"""
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["at-start", "after-the-library"])
+def test_the_start_up_hook_captures_a_subclass_with_a_run_of_its_own(tmp_path, tmp_db, late):
+    """TUNESVC_CAPTURE=1 in a process whose only autotuner is a library's subclass with its own
+    run, which never calls Autotuner.run: its first launch starts capture all the same, its miss
+    is tuned by tunesvc (its own search never runs), and a second process reads the winner; also
+    where the hook is installed after the library defined its subclass (conformance's plugin)."""
+    (tmp_path / "library.py").write_text(_LIBRARY)
+    (tmp_path / "script.py").write_text(_SCRIPT)
+
+    def run(**env):
+        done = subprocess.run(
+            [sys.executable, "script.py"],
+            cwd=tmp_path,
+            env=interpreter_env(**env),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    on = {"LATE_CAPTURE": "1"} if late else {"TUNESVC_CAPTURE": "1"}
+    first = run(**on, TUNESVC_DB=tmp_db)
+    assert first == {"policy_calls": 0, "stats": {"tuned": 1, "benchmarks": len(CONFIGS)}}
+    assert {kernel for kernel in trials_by_kernel(tmp_db)} == {"library:scale"}
+    assert run(**on, TUNESVC_DB=tmp_db) == {"policy_calls": 0, "stats": {"stored": 1}}
+    # without the variable the subclass runs its own search and tunesvc is never imported
+    assert run(TUNESVC_DB=tmp_db) == {"policy_calls": 1, "stats": None}

@@ -458,6 +458,7 @@ def conform(
     db.unlink(missing_ok=True)
     env = base_env(interpreter) | dict(lib.env)
     runs: dict[str, Run] = {}
+    cut: set[str] = set()  # runs given less than ``timeout`` by the deadline
     counts: list[tuple[int, int]] = []
     for name, capture in (("plain", False), ("capture_first", True), ("capture_second", True)):
         run_env = dict(env)
@@ -469,6 +470,8 @@ def conform(
             run_env |= {"TUNESVC_CAPTURE": "1", "TUNESVC_DB": str(db), "TUNESVC_MODE": "tune"}
         print(f"  {lib.name}: run {name} ...", flush=True)
         limit = timeout if deadline is None else max(1.0, min(timeout, deadline - time.monotonic()))
+        if limit < timeout:
+            cut.add(name)
         run = run_pytest(lib, where, run_env, work / f"{lib.name}.{name}.log", limit)
         runs[name] = run
         counted = _tally(run.outcomes)
@@ -480,9 +483,12 @@ def conform(
         if capture:
             counts.append(stored_counts(db))
     status = "ok"
-    timed_out = [name for name, run in runs.items() if run.returncode is None]
-    if timed_out:
-        status = f"timed out after {timeout:.0f} s: {', '.join(timed_out)}"
+    timed_out = [name for name, run in runs.items() if run.returncode is None and name not in cut]
+    stopped = [name for name, run in runs.items() if run.returncode is None and name in cut]
+    if timed_out or stopped:
+        said = [f"timed out after {timeout:.0f} s: {', '.join(timed_out)}"] if timed_out else []
+        said += [f"stopped where the --budget ran out: {', '.join(stopped)}"] if stopped else []
+        status = "; ".join(said)
     elif "passed" not in runs["plain"].outcomes.values():
         # a selection that fails to collect fails alike three times: the same outcome, tested nothing
         status = f"no test passed without capture (exit {runs['plain'].returncode}; see {lib.name}.plain.log)"

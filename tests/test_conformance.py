@@ -10,6 +10,7 @@ git-ignored .conformance/ folder); the libraries themselves are pinned in the ``
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,16 @@ def test_results_page_shows_the_latest_conformance_run_per_library_and_device(tm
     assert "2030-01-01" not in page
     assert "| other | 1 | GPU A | 2030-01-02 |  |  |  |  |  |  |  | not installed |" in page
     assert "- lib (GPU A): t::a" in page
+
+
+def test_runs_cut_short_by_the_budget_say_so_not_timed_out(tmp_path):
+    """A run given less than --timeout because the --budget ran out is killed at the deadline;
+    the row says the budget stopped it, not that the library's run took longer than --timeout."""
+    lib = CPU_LIBRARIES[0]
+    try:
+        conformance.fetch(lib)
+    except conformance.FetchError as exc:
+        pytest.fail(f"{lib.name}'s own tests are needed from the package index: {exc}")
+    result = conformance.conform(lib, tmp_path, 600, interpreter=True, deadline=time.monotonic() + 1.0)
+    assert all(run.returncode is None for run in result.runs.values())
+    assert result.status == "stopped where the --budget ran out: plain, capture_first, capture_second"

@@ -387,3 +387,32 @@ def test_hints_in_backquotes_name_the_program_and_other_words_stay(monkeypatch):
     assert named(text) == "run `tunesvc sweep` first, or tune it in mode 'tune'; `tunesvc db upgrade` migrates it"
     monkeypatch.setattr(sys, "argv", ["/venv/bin/tune", "show"])
     assert named(text) == text
+
+
+RAYS_TUNE = "#!/venv/bin/python\nimport sys\nfrom ray.tune.cli.scripts import cli\nsys.exit(cli())\n"
+OURS = "#!/venv/bin/python\nimport sys\nfrom tunesvc.cli import main\nsys.exit(main())\n"
+
+
+@pytest.mark.parametrize(("script", "name"), [(RAYS_TUNE, "tunesvc"), (OURS, "tune"), (None, "tune")])
+def test_hints_outside_the_cli_name_the_command_that_runs_tunesvc_here(script, name, tmp_path, monkeypatch, swept):
+    """`pip install -e '.[ray]'` installs tunesvc, then Ray, whose `tune` takes the name: a hint
+    printed in a user's program (no CLI of tunesvc's was typed) then names `tunesvc`."""
+    from tunesvc.command import program
+    from tunesvc.command import tune_is_tunesvc
+    from tunesvc.runtime import Runtime
+
+    scripts = tmp_path / "bin"
+    scripts.mkdir()
+    if script is not None:
+        (scripts / "tune").write_text(script)
+    monkeypatch.setattr(sys, "executable", str(scripts / "python"))
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    tune_is_tunesvc.cache_clear()
+    try:
+        assert program() == name
+        with pytest.warns(RuntimeWarning, match="using the heuristic one") as caught:
+            Runtime(db=str(swept)).lookup("matmul", M=8, N=8, K=8, dtype="bfloat16")
+    finally:
+        tune_is_tunesvc.cache_clear()
+    [said] = [str(w.message) for w in caught if "heuristic one" in str(w.message)]
+    assert f"tune it with `{name} sweep`" in said, said

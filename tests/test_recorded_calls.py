@@ -42,6 +42,16 @@ def scale_add(x_ptr, y_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+@triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (16, 32)], key=["n_cols"],
+                 do_bench=lambda fn, quantiles: (fn(), [1.0] * len(quantiles))[1])
+@triton.jit
+def row_scale(x_ptr, out_ptr, stride_row, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        tl.store(out_ptr + row * stride_row + cols, 2 * tl.load(x_ptr + row * stride_row + cols, mask=mask), mask=mask)
 """
 
 SCRIPT = """
@@ -54,6 +64,18 @@ recmod.scale_add[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, y, out, n, 2.0)
 torch.testing.assert_close(out, 2.0 * x + y)
 """
 
+ROW_SCRIPT = """
+import torch
+import recmod
+
+x = torch.randn(30, 50)
+out = torch.empty_like(x)
+recmod.row_scale[(30,)](x, out, x.stride(0), 50)
+torch.testing.assert_close(out, 2 * x)
+"""
+ROW_NAME = "recmod:row_scale"
+ROW_KEY = "n_cols=50,x_ptr.dtype=float32,out_ptr.dtype=float32"
+
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNESVC_", "RECMOD_"))}
@@ -64,12 +86,13 @@ def _env(**extra: str) -> dict[str, str]:
 def folder(tmp_path):
     (tmp_path / "recmod.py").write_text(textwrap.dedent(KERNELS))
     (tmp_path / "script.py").write_text(textwrap.dedent(SCRIPT))
+    (tmp_path / "rows.py").write_text(textwrap.dedent(ROW_SCRIPT))
     return tmp_path
 
 
-def _capture(folder, db: str, mode: str) -> None:
+def _capture(folder, db: str, mode: str, script: str = "script.py") -> None:
     done = subprocess.run(
-        [sys.executable, "script.py"],
+        [sys.executable, script],
         cwd=folder,
         env=_env(TUNESVC_CAPTURE="1", TUNESVC_MODE=mode, TUNESVC_DB=db),
         capture_output=True,
@@ -153,6 +176,64 @@ def test_a_tampered_miss_is_refused_in_one_sentence_and_never_launched(folder, t
     # nothing stored, nothing changed: the miss stays open with its call as it was
     assert _rows(tmp_db, "SELECT * FROM tunesvc_misses") == before
     assert _rows(tmp_db, "SELECT count(*) FROM tunesvc_trials") == [(0,)]
+
+
+def _past_the_rows(call) -> None:
+    """row_scale's call edited so that each integer stays within the largest tensor's extent
+    (10**6 elements) while their product does not: program r reads and writes at r * stride_row,
+    and 4,096 programs (as many as a persistent kernel launches) of a stride of 10**6 elements reach
+    16 GB past the buffers."""
+    for i in (0, 1):
+        _set_tensor(call, i, shape=[1000, 1000], stride=[1000, 1])
+    call["args"][2] = {"value": 10**6}
+    call["grids"] = [[4096]] * len(call["grids"])
+
+
+def test_a_call_past_its_buffers_that_the_check_cannot_see_ends_only_its_own_process(folder, tmp_db):
+    _capture(folder, tmp_db, "lookup", "rows.py")
+    _edit_call(tmp_db, "tunesvc_misses", "call", _past_the_rows)
+    [(call,)] = _rows(tmp_db, "SELECT call FROM tunesvc_misses")
+    names = {"arg_names": ["x_ptr", "out_ptr", "stride_row", "n_cols", "BLOCK"], "key_names": ["n_cols"]}
+    check_recorded_call(json.loads(call), constexprs={"BLOCK"}, listed=2, memory_bytes=1 << 34, **names)
+    before = _rows(tmp_db, "SELECT * FROM tunesvc_misses")
+    done = _tune(folder, "misses", "--tune", "--kernel", ROW_NAME, "--db", tmp_db)
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)  # this process lives on
+    [line] = [x for x in done.stdout.splitlines() if "not tuned:" in x]
+    said = f"Replaying the recorded call of {ROW_NAME} on {ROW_KEY} ended the process that launched it (SIG"
+    assert said in line and "so nothing was measured." in line and line.count(". ") == 0, line
+    assert _rows(tmp_db, "SELECT * FROM tunesvc_misses") == before
+    assert _rows(tmp_db, "SELECT count(*) FROM tunesvc_trials") == [(0,)]
+    assert _rows(tmp_db, "SELECT count(*) FROM tunesvc_winners") == [(0,)]
+
+
+def test_verify_replays_the_call_of_a_finished_sweep_apart(folder, tmp_db):
+    """A sweep that never finished (its process died on the call) vouches for no call: verify
+    takes the newest finished sweep's; that one edited past its buffers ends only its own replay."""
+    _capture(folder, tmp_db, "tune", "rows.py")
+    with sqlite3.connect(tmp_db) as connection:
+        [(problem,)] = connection.execute("SELECT problem FROM tunesvc_sweeps").fetchall()
+        call = json.loads(problem)
+        _past_the_rows(call)
+        connection.execute(
+            "INSERT INTO tunesvc_sweeps (kernel_version_id, device_id, shape_key, problem, strategy, budget, seed, "
+            "status, started_at, host) SELECT kernel_version_id, device_id, shape_key, ?, strategy, budget, seed, "
+            "'running', started_at, host FROM tunesvc_sweeps",
+            (json.dumps(call),),
+        )
+    command = ["verify", "--kernel", ROW_NAME, "--db", tmp_db, "--margin", "100", "--json"]
+    real = _tune(folder, *command)
+    [verdict] = json.loads(real.stdout)
+    assert real.returncode == 0 and verdict["flags"] == [] and verdict["measured_ms"] is not None, real.stdout
+    with sqlite3.connect(tmp_db) as connection:
+        connection.execute("DELETE FROM tunesvc_sweeps WHERE status = 'running'")
+    _edit_call(tmp_db, "tunesvc_sweeps", "problem", _past_the_rows)
+    before = _rows(tmp_db, "SELECT * FROM tunesvc_trials")
+    tampered = _tune(folder, *command)
+    assert tampered.returncode == 0, (tampered.returncode, tampered.stdout, tampered.stderr)
+    [verdict] = json.loads(tampered.stdout)
+    assert verdict["flags"] == ["not-measured"] and verdict["measured_ms"] is None
+    assert "ended the process that launched it (SIG" in verdict["detail"], verdict["detail"]
+    assert _rows(tmp_db, "SELECT * FROM tunesvc_trials") == before
 
 
 def test_a_real_miss_replays_and_is_tuned(folder, tmp_db):
@@ -323,3 +404,18 @@ def test_real_library_calls_recorded_while_serving_pass_the_rule(tmp_db):
     assert {m.kernel for m in misses} == set(tuners) and len(misses) >= len(tuners)
     for m in misses:
         check_call(tuners[m.kernel], m.call, current_device(), m.shape_key)
+
+
+def test_a_tensor_whose_elements_share_a_location_is_restored_between_candidates():
+    """An expanded input (stride 0: a broadcast bias) is legal in a call; torch's copy_ refuses
+    to write it, so the bench restores it through the storage it spans."""
+    import torch
+
+    from tunesvc._capture.bench import _write
+
+    bias = torch.zeros(3).as_strided((4, 3), (0, 1))
+    _write(bias, torch.tensor([1.0, 2.0, 3.0]).expand(4, 3))
+    assert bias.untyped_storage().nbytes() == 12 and bias[3].tolist() == [1.0, 2.0, 3.0]
+    strided = torch.zeros(8)[::2]  # apart, not shared: copied as it is
+    _write(strided, torch.ones(4))
+    assert strided.tolist() == [1.0] * 4 and strided._base.tolist() == [1, 0, 1, 0, 1, 0, 1, 0]

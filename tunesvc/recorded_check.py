@@ -34,7 +34,10 @@ not hold:
 This judges a record against itself, not against the kernel's code: it is what can be told
 without running the kernel. It is conservative: a recorded integer beyond every tensor's extent
 that is not a size (a seed, packed int4 weights in a small int32 tensor) is refused too, and
-such a key is tuned where the program launches it (mode tune) instead.
+such a key is tuned where the program launches it (mode tune) instead. It is not complete: a
+kernel may multiply two arguments bounded one by one (a row's stride by the program id), so a
+record that passes is still replayed in a process of its own (:func:`tunesvc._capture.tune._apart`),
+whose death ends only that replay.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from tunesvc import settings
+from tunesvc.command import named
 from tunesvc.device import current_device
 from tunesvc.device import device_at
 from tunesvc.device import interpreting
@@ -347,8 +348,10 @@ class Runtime:
             self._warn_once(
                 template.name,
                 result.source,
-                f"tunesvc: no tuned config of {template.name} for {text} on {self.device.name} ({self.where()}); "
-                f"using the {result.source} {which} ({template.tune_hint}). Warned once per kernel.",
+                named(
+                    f"tunesvc: no tuned config of {template.name} for {text} on {self.device.name} ({self.where()}); "
+                    f"using the {result.source} {which} ({template.tune_hint}). Warned once per kernel."
+                ),
                 stacklevel=5,
             )
         return result

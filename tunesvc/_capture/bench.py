@@ -188,7 +188,7 @@ class CaptureBench(Bench):
 
     def restore(self) -> None:
         for t, saved in zip(self._tensors, self._pristine):
-            t.copy_(saved)
+            _write(t, saved)
 
     def input_sets(self) -> list[Any]:
         if self._input_sets is None:
@@ -343,6 +343,23 @@ def _measured(bench: CaptureBench, configs: list[Any], ready: Callable[[int], No
             out = [bench.measure(earlier) for earlier in configs[: len(out)]]
         out.append(measurement)
     return out
+
+
+def _write(t: torch.Tensor, values: torch.Tensor) -> None:
+    """``t.copy_(values)``, also where elements of ``t`` share a location (an expanded input, of
+    stride 0), which copy_ refuses: written through the storage ``t`` spans, whose shared
+    locations ``values`` (a copy of ``t``) gives one value each."""
+    extent = 1  # the elements spanned by the dims of smaller strides: a larger stride must clear them
+    for s, n in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1):
+        if s < extent:
+            break
+        extent += (n - 1) * s
+    else:  # no two elements share a location
+        t.copy_(values)
+        return
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    spots = torch.arange(extent, device=t.device).as_strided(t.shape, t.stride()).flatten()
+    t.as_strided((extent,), (1,))[spots] = values.flatten().to(t.dtype)
 
 
 def _tensors_of(inputs: tuple[tuple, dict[str, Any]]) -> list[torch.Tensor]:

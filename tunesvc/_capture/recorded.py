@@ -11,6 +11,7 @@ makes arguments from one. Tuning a recorded key and re-measuring its stored conf
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import TYPE_CHECKING
@@ -196,14 +197,17 @@ def rebuild_call(
         dtype = getattr(torch, str(t["dtype"]).removeprefix("torch."), None)
         if not isinstance(dtype, torch.dtype):
             raise TunesvcError(f"The recorded call names an unknown dtype {t['dtype']!r}.")
-        out = torch.empty_strided(t["shape"], t["stride"], dtype=dtype, device=where)
+        # filled through the storage it spans: a stride of 0 (an expanded tensor) makes elements
+        # share a location, which torch's in-place fills and copies refuse
+        shape, stride = t["shape"], t["stride"]
+        extent = 0 if math.prod(shape) == 0 else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+        storage = torch.zeros(extent, dtype=dtype, device=where)
         if "values" in t:
-            out.copy_(torch.tensor(t["values"], dtype=dtype).reshape(t["shape"]))
+            spots = torch.arange(extent, device=where).as_strided(shape, stride).flatten()
+            storage[spots] = torch.tensor(t["values"], dtype=dtype, device=where)
         elif dtype.is_floating_point:
-            out.normal_()
-        else:
-            out.zero_()
-        return out
+            storage.normal_()
+        return storage.as_strided(shape, stride)
 
     def descriptor(spec: dict[str, Any]) -> Any:
         """A host-side tensor descriptor over a new tensor (FlagGems' host-TMA GEMM takes them)."""

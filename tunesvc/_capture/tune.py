@@ -184,10 +184,15 @@ def tune_key(
 
 
 def tune_recorded(store: Store, name: str, version: str, shape_key: str, call: dict[str, Any]) -> Any:
-    """Tune one recorded key offline: import the kernel, rebuild the call, tune as on a miss.
+    """Tune one recorded key offline: import the kernel, rebuild the call, tune as on a miss, in
+    a process of its own (:func:`_apart`).
 
     Returns the winning config as stored (a dict), or raises TunesvcError with the reason.
     """
+    return _apart(name, shape_key, _tune_recorded_here, store.url, name, version, shape_key, call)
+
+
+def _tune_recorded_here(store: Store, name: str, version: str, shape_key: str, call: dict[str, Any]) -> Any:
     from tunesvc.device import current_device
 
     tuner = find_autotuner(name)
@@ -221,8 +226,18 @@ def measure_stored(
     store: Store, name: str, shape_key: str, configs: list[dict[str, Any]], device: Device
 ) -> list[Measurement]:
     """Re-measure stored configs of a captured key on inputs rebuilt from the call its sweep
-    recorded (`tune verify`); each config after the first is checked against the first's output
-    (or a later one's, where the first wrote NaN or inf: see :class:`CaptureBench`)."""
+    recorded (`tune verify`), in a process of its own (:func:`_apart`); each config after the
+    first is checked against the first's output (or a later one's, where the first wrote NaN or
+    inf: see :class:`CaptureBench`)."""
+    measured: list[Measurement] = _apart(
+        name, shape_key, _measure_stored_here, store.url, name, shape_key, configs, device
+    )
+    return measured
+
+
+def _measure_stored_here(
+    store: Store, name: str, shape_key: str, configs: list[dict[str, Any]], device: Device
+) -> list[Measurement]:
     tuner = find_autotuner(name)
     call = store.captured_call(name, shape_key, device.hardware_id)
     if call is None:
@@ -238,3 +253,58 @@ def measure_stored(
             bench.restore()
     gone = Measurement(Status.INVALID, message="not in the kernel's config list any more")
     return [gone if config is None else next(measured) for config in listed]
+
+
+def _apart(name: str, shape_key: str, work: Any, url: str, *args: Any) -> Any:
+    """``work(store, *args)`` in a measuring child (:func:`tunesvc._processes.start_child`) with
+    its own connection to the database at ``url``; its answer, or TunesvcError with its reason.
+
+    A recorded call is data from anyone, and :func:`tunesvc._capture.recorded.check_call` judges
+    it against itself, not against the kernel's code: a kernel that multiplies two arguments the
+    check bounds one by one (a row's stride by the program id) may still reach past the buffers
+    rebuilt for it. Launched in a child, such a call kills the child, never this process; what the
+    child stored before it died is its sweep's start, no trial and no winner.
+    """
+    import signal
+
+    from tunesvc._processes import start_child
+
+    process, connection = start_child(_apart_main, work, url, args)
+    try:
+        answer = connection.recv()
+    except EOFError:
+        answer = None
+    finally:
+        connection.close()
+        process.join()
+    if answer is None:
+        code = process.exitcode or 0
+        how = signal.Signals(-code).name if -code in signal.valid_signals() else f"exit status {code}"
+        raise TunesvcError(
+            f"Replaying the recorded call of {name} on {shape_key} ended the process that launched it ({how}): "
+            "the kernel reaches past the buffers rebuilt from the record, or crashes here, so nothing was measured."
+        )
+    kind, value = answer
+    if kind == "error":
+        raise TunesvcError(value)
+    if kind == "failed":  # raised by Triton or torch on what the record holds
+        raise TunesvcError(f"Replaying the recorded call of {name} on {shape_key} failed ({value}).")
+    return value
+
+
+def _apart_main(connection: Any, work: Any, url: str, args: tuple[Any, ...]) -> None:
+    from tunesvc.store import Store
+
+    try:
+        store = Store(url)
+        try:
+            answer: tuple[str, Any] = ("ok", work(store, *args))
+        finally:
+            store.close()
+    except TunesvcError as exc:
+        answer = ("error", str(exc))
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        answer = ("failed", f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
+    connection.send(answer)
+    connection.close()

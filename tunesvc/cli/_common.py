@@ -15,7 +15,6 @@ import contextlib
 import functools
 import inspect
 import json
-import re
 import sys
 import warnings
 from collections.abc import Callable
@@ -34,6 +33,8 @@ from rich.text import Text
 
 from tunesvc import __version__
 from tunesvc import settings
+from tunesvc.command import named as named
+from tunesvc.command import program as program
 from tunesvc.errors import TunesvcError
 from tunesvc.text import visible
 from tunesvc.timeline import mark
@@ -116,26 +117,6 @@ def wide_when_piped(target: Console) -> Console:
     if not target.is_terminal and not settings.text("COLUMNS"):
         target.width = PIPE_WIDTH
     return target
-
-
-def program() -> str:
-    """The command that runs this CLI, as hints name it: the script the user typed (`tune` or
-    `tunesvc`), `python -m tunesvc`, else `tune`. Ray installs a `tune` command of its own, and
-    whichever of the two distributions pip installed last owns that name: a hint names the
-    command that reached tunesvc, which surely is tunesvc's."""
-    invoked = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("tune")
-    if invoked.stem in ("tune", "tunesvc"):
-        return invoked.stem
-    if invoked.name == "__main__.py" and invoked.parent.name == "tunesvc":
-        return "python -m tunesvc"
-    return "tune"
-
-
-def named(text: str) -> str:
-    """``text`` with its hints (`` `tune show` ``, in backquotes) naming :func:`program`; words such
-    as "tune it" are left alone."""
-    name = program()
-    return text if name == "tune" else re.sub(r"(?<=`)tune(?=[ `])", name, text)
 
 
 def _check_db(value: str | None) -> str | None:

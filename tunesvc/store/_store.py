@@ -1226,7 +1226,8 @@ class Store(BaseStore):
         return self._checked_records(rows, MissRecord, "the miss", "call", "recorded call")
 
     def captured_call(self, kernel: str, shape_key: str, hardware_id: str) -> dict[str, Any] | None:
-        """The call description a captured kernel's newest sweep of this key recorded (None: none)."""
+        """The call description a captured kernel's newest finished sweep of this key recorded (None:
+        none). A sweep that never finished (its process died replaying a call) vouches for no call."""
         with self.session() as session:
             row = session.scalar(
                 select(Sweep.problem)
@@ -1237,6 +1238,7 @@ class Store(BaseStore):
                     Sweep.shape_key == shape_key,
                     StoredDevice.hardware_id == hardware_id,
                     Sweep.strategy == "capture",
+                    Sweep.status == "done",
                 )
                 .order_by(Sweep.id.desc())
                 .limit(1)

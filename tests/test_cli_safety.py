@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 from tunesvc.bundle import bundle_filename
 from tunesvc.bundle import bundle_filenames
 from tunesvc.cli import app
+from tunesvc.text import figure_text
 from tunesvc.text import visible
 
 SEED = 20261130
@@ -51,7 +52,14 @@ HOSTILE = [
     "\r",
     "\x00",
     "\x08\x08",
+    "\u200b",  # zero-width space
+    "\u2028",  # line separator
+    "\ufeff",  # zero-width no-break space (BOM)
+    "\u2066",  # left-to-right isolate
 ]
+#: what no output may hold: controls but a line break, C1, bidi marks, overrides and isolates,
+#: zero-width characters, line and paragraph separators
+UNSHOWN = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
 
 
 def invoke(*args: str):
@@ -71,7 +79,7 @@ def assert_shown_as_text(result, hostile: str) -> None:
     output = result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in output and "MarkupError" not in output, output
-    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", output), repr(output)
+    assert not UNSHOWN.search(output), repr(output)
     assert squeezed(visible(hostile)) in squeezed(output), (visible(hostile), output)
 
 
@@ -117,7 +125,8 @@ def hostile_strings(n: int) -> list[str]:
 
 @pytest.mark.parametrize("hostile", hostile_strings(24))
 def test_stored_strings_reach_show_misses_lookup_and_import_as_text(swept, tmp_path, hostile):
-    db = planted(swept, tmp_path, key=KEY + hostile, device="GPU" + hostile)
+    # a key holding NUL is no key (tunesvc.checks): skipped, as test_store_contract checks
+    db = planted(swept, tmp_path, key=KEY + hostile.replace("\x00", ""), device="GPU" + hostile)
     before = db.read_bytes()
     for args in (
         ("show", "--db", str(db)),
@@ -169,7 +178,114 @@ def test_report_draws_figures_of_a_device_named_with_mathtext(swept, tmp_path, d
     assert result.exit_code == 0, result.output
     page = (tmp_path / "report" / "report.html").read_text()
     assert page.count("data:image/png;base64,") >= 3  # the convergence and spread figures were drawn
-    assert html.escape(device) in page
+    assert html.escape(visible(device)) in page and not UNSHOWN.search(page)
+
+
+def test_visible_escapes_what_a_terminal_would_act_on_or_hide_and_cuts_long_strings():
+    for hidden, shown in (
+        ("\x1b]0;x\x07", "\\x1b]0;x\\x07"),
+        ("\x9b2J", "\\x9b2J"),
+        ("a\u200bb\u200dc", "a\\u200bb\\u200dc"),  # zero-width space and joiner
+        ("\u2028\u2029", "\\u2028\\u2029"),
+        ("\ufeff\u2066\u202e", "\\ufeff\\u2066\\u202e"),
+        ("\ud800", "\\ud800"),  # a lone surrogate: no UTF-8 can write it
+        ("\U000e0041", "\\U000e0041"),  # a tag character
+        ("M=64,é,漢,😀 x", "M=64,é,漢,😀 x"),  # letters, symbols and spaces are text
+    ):
+        assert visible(hidden) == shown
+        shown.encode("utf-8")
+    long = "k" * 10_000 + "\x1b"
+    assert visible(long) == "k" * 4096 + "... (5,905 more characters)"
+    assert figure_text("$" + "a" * 1000).startswith(r"\$a") and len(figure_text("a" * 1000)) < 300
+
+
+#: a few hostile strings together, as one value
+MIXED = ["\x1b]52;c;cHduZWQ=\x07[/x]\u200b$\\frac{1}{$\u202e", "\x9b2J[link=http://x]:smile:\u2028\ufeff\x00"]
+
+
+def planted_everywhere(swept: Path, folder: Path, hostile: str, *, device: bool) -> Path:
+    """:func:`planted` with ``hostile`` also in the winner's config, a failed trial's message, the
+    sweep's host and the device's software versions (``device``: in its name too; else the
+    device stays this machine's, so that its winners are measured and served here)."""
+    key = KEY + hostile.replace("\x00", "")  # a key holding NUL is no key (tunesvc.checks)
+    db = planted(swept, folder, key=key, device=("GPU" + hostile) if device else None, name="all.db")
+    connection = sqlite3.connect(db)
+    with connection:
+        config = json.loads(connection.execute("SELECT config FROM tunesvc_winners").fetchone()[0])
+        config["VARIANT"] = "grouped" + hostile
+        connection.execute("UPDATE tunesvc_winners SET config = ?", (json.dumps(config),))
+        connection.execute(
+            "UPDATE tunesvc_trials SET message = ?, status = 'failed' WHERE id NOT IN "
+            "(SELECT trial_id FROM tunesvc_winners)",
+            ("message" + hostile,),
+        )
+        connection.execute("UPDATE tunesvc_sweeps SET host = ?", ("host" + hostile,))
+        connection.execute(
+            "UPDATE tunesvc_devices SET driver = ?, torch = ?, triton = ?",
+            ("d" + hostile, "t" + hostile, "x" + hostile),
+        )
+    connection.close()
+    return db
+
+
+@pytest.mark.parametrize("hostile", MIXED)
+@pytest.mark.parametrize("device", [True, False], ids=["device-named", "this-device"])
+def test_stored_strings_reach_every_command_and_the_report_page_as_text(swept, tmp_path, hostile, device):
+    db = planted_everywhere(swept, tmp_path, hostile, device=device)
+    before = db.read_bytes()
+    for args in (
+        ("show", "--json"),
+        ("misses", "--json"),
+        ("lookup", "matmul", "--shape", SHAPE),
+        ("verify", "--budget", "1"),
+        ("export", "--out", str(tmp_path / "bundles")),
+        ("selector", "matmul"),
+        ("evaluate", "matmul"),
+        ("db", "current"),
+        ("report", "--out", str(tmp_path / "report")),
+    ):
+        result = invoke(*args, "--db", str(db))
+        output = result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), (args, repr(result.exception))
+        assert "Traceback" not in output and "MarkupError" not in output, (args, output)
+        assert not UNSHOWN.search(output), (args, repr(output))
+    assert db.read_bytes() == before, "a read changed the database"
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert not UNSHOWN.search(page) and "<script" not in page
+    assert f"driver {html.escape(visible('d' + hostile))}," in page  # the device's driver, in its section
+
+
+def test_warnings_of_a_users_program_show_stored_strings_as_text(swept, tmp_path):
+    """A stored key and config reach the runtime's warning (the winner lies outside the space)
+    inside a user's program, under `tune run` too: escaped, never acted on."""
+    db = planted_everywhere(swept, tmp_path, MIXED[0], device=False)
+    program = tmp_path / "user.py"
+    program.write_text("import tunesvc\nprint(tunesvc.lookup('matmul', M=64, N=45, K=29, dtype='float16').source)\n")
+    env = {**os.environ, "TUNESVC_DB": str(db), "TRITON_INTERPRET": "1"}
+    for command in (
+        [sys.executable, str(program)],
+        [sys.executable, "-m", "tunesvc", "run", "--", sys.executable, str(program)],
+    ):
+        run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert run.returncode == 0 and run.stdout.strip() == "heuristic", (run.stdout, run.stderr)
+        assert "lie outside its space" in run.stderr and "\\x1b]52;c;cHduZWQ=\\x07" in run.stderr, run.stderr
+        assert not UNSHOWN.search(run.stderr), repr(run.stderr)
+
+
+def test_strings_of_megabytes_are_cut_where_shown(swept, tmp_path):
+    """A device and a kernel named with a million characters: each command shows a few
+    thousand of them and says how many more there are; the report's figures are drawn at once
+    (matplotlib took minutes to lay out such a title)."""
+    huge = "G" * 1_000_000
+    db = planted(swept, tmp_path, device=huge)
+    for args in (("show", "--all-versions"), ("misses",), ("verify",)):
+        result = invoke(*args, "--db", str(db))
+        assert result.exit_code == 0, result.output
+        assert len(result.output) < 40_000 and "more characters" in result.output, (args, len(result.output))
+    result = invoke("report", "--db", str(db), "--out", str(tmp_path / "report"))
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "more characters" in page and len(page) < 1_000_000 and page.count("data:image/png;base64,") >= 3
 
 
 # -- names ------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 import sqlite3
@@ -582,14 +583,21 @@ def test_tune_evaluate_time_budget_writes_the_keys_measured_and_says_how_many(fi
     assert result.exit_code == 0, result.output
     assert f"The time budget held out 1 of the {len(SHAPES)} tuned keys" in result.output
     assert len(out.read_text().splitlines()) == 2  # the header and the one key measured
-    # refused in one sentence before anything is measured or written
+    # refused in one sentence before anything is measured or written: rows are appended only to a
+    # CSV of these rows, never to another file, nor to a FIFO (whose opening waits for a reader)
+    notes = tmp_path / "notes.csv"
+    notes.write_text("name,phone\nada,1\n")
+    os.mkfifo(tmp_path / "fifo.csv")
     for args, said in (
         (["--time-budget", "0"], "--time-budget must be a positive number of seconds, got 0.0."),
         (["--csv", str(tmp_path / "no" / "such.csv")], "folder"),
+        (["--csv", str(notes)], "is not a CSV of `tune evaluate`"),
+        (["--csv", str(tmp_path / "fifo.csv")], "is a FIFO (named pipe), not a CSV file"),
     ):
         result = CliRunner().invoke(app, ["evaluate", "matmul", "--db", str(tmp_path / "new.db"), *args])
         assert result.exit_code == 1 and said in result.output and "held out" not in result.output
         assert not (tmp_path / "new.db").exists()
+    assert notes.read_text() == "name,phone\nada,1\n"
 
 
 def test_evaluate_without_tuned_keys_is_one_clear_error(tmp_db):

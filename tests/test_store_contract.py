@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import socket
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQ
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from tunesvc import Runtime
 from tunesvc import Status
 from tunesvc import TunesvcError
 from tunesvc import config_hash
@@ -38,6 +42,8 @@ from tunesvc.store import JobSpec
 from tunesvc.store import Store
 from tunesvc.store import WinnerEntry
 from tunesvc.store.models import Base
+from tunesvc.template import ShapeKey
+from tunesvc.text import natural_order
 
 KEY = "M=64,N=45,K=29,dtype=float16"
 PROBLEM = {"M": 37, "N": 45, "K": 29, "dtype": "float16"}
@@ -298,6 +304,7 @@ def test_a_selector_or_recorded_call_nested_deep_reads_as_none(store, template, 
     [
         ("shape_key", "M=²,N=45", "not ASCII"),
         ("shape_key", "M=١٢,N=45", "not ASCII"),
+        ("shape_key", "M=64,N=45\x00", "NUL"),
         ("config", '{"BLOCK_M": [1, 2]}', "config is not one"),
         ("config", "{}", "config is not one"),
         ("config", "[1, 2]", "not a JSON object"),
@@ -306,6 +313,8 @@ def test_a_selector_or_recorded_call_nested_deep_reads_as_none(store, template, 
     ],
 )
 def test_a_winner_that_is_not_one_is_skipped(store, template, device, swept, column, value, why):
+    if "\x00" in value and not store.is_sqlite:
+        pytest.skip("PostgreSQL's text cannot hold NUL")
     if column == "config":
         raw(store, f"UPDATE tunesvc_winners SET config = {json_param(store, 'v')}", v=value)
     elif column == "shape_key":
@@ -381,6 +390,136 @@ def test_a_path_that_is_not_a_regular_file_is_refused_before_it_is_opened(tmp_pa
     assert result.exit_code != 0 and "not a database file" in result.output and "Traceback" not in result.output
 
 
+def not_regular(tmp_path: Path, kind: str, suffix: str) -> Path:
+    """A path of ``kind`` that is not a regular file (a FIFO, a link to one, a socket, a folder, a device)."""
+    path = tmp_path / f"{kind}{suffix}"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link-to-fifo":
+        os.mkfifo(tmp_path / f"target{suffix}")
+        path.symlink_to(tmp_path / f"target{suffix}")
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path = Path("/dev/zero")
+    return path
+
+
+COMMANDS_WITH_DB = [
+    ["show"],
+    ["lookup", "matmul", "--shape", "64x45x29"],
+    ["export", "--out", "{tmp}/out"],
+    ["import", "{tmp}/nothing.json"],
+    ["verify"],
+    ["report", "--out", "{tmp}/report"],
+    ["misses"],
+    ["misses", "--tune", "--kernel", "mod:fn"],
+    ["selector", "matmul"],
+    ["evaluate", "matmul"],
+    ["sweep", "matmul", "--shape", "8x8x8", "--budget", "1"],
+    ["db", "init"],
+    ["db", "upgrade"],
+    ["db", "current"],
+]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link-to-fifo", "socket", "folder", "device"])
+def test_every_command_and_the_runtime_refuse_a_db_that_is_not_a_regular_file(tmp_path, kind):
+    path = not_regular(tmp_path, kind, ".db")
+    for args in COMMANDS_WITH_DB:
+        args = [a.format(tmp=tmp_path) for a in args]
+        result = CliRunner().invoke(app, [*args, "--db", str(path)])
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 1 and len(lines) == 1, (args, result.output)
+        assert "not a database file" in lines[0] or "is a directory" in lines[0], (args, result.output)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        answer = Runtime(db=path).lookup("matmul", M=64, N=45, K=29, dtype="float16")
+    assert answer.source == "heuristic"
+    assert any(str(path) in str(w.message) and "database file" in str(w.message) for w in caught), caught
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link-to-fifo", "socket", "device"])
+def test_a_bundle_that_is_not_a_regular_file_is_refused_at_once(tmp_path, kind):
+    """A FIFO named as a bundle waited forever for a writer, /dev/zero was read to 256 MiB:
+    `tune import`, `tune lookup --bundle` and the runtime refuse either at once."""
+    path = not_regular(tmp_path, kind, ".json")
+    for args in (
+        ["import", str(path), "--db", str(tmp_path / "target.db")],
+        ["lookup", "matmul", "--shape", "64x45x29", "--bundle", str(path)],
+    ):
+        run = subprocess.run([sys.executable, "-m", "tunesvc", *args], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 1 and run.stderr.startswith("Error: "), (args, run.stderr)
+        assert len(run.stderr.splitlines()) == 1 and str(path) in run.stderr, (args, run.stderr)
+    assert not (tmp_path / "target.db").exists()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        answer = Runtime(bundle=path).lookup("matmul", M=64, N=45, K=29, dtype="float16")
+    assert answer.source == "heuristic" and any(str(path) in str(w.message) for w in caught)
+
+
+def test_a_selector_nested_deep_is_skipped_by_the_commands_and_a_users_lookup(tmp_path, template, device):
+    db = tmp_path / "selector.db"
+    store = Store(db)
+    kv, dev = store.kernel_version_id(template), store.device_id(device)
+    sweep = store.start_sweep(kv, dev, KEY, PROBLEM, "grid", 3, 0)
+    store.add_trials(sweep, kv, dev, KEY, [(cfg(32), config_hash(cfg(32)), ok(1.0))])
+    store.update_winner(kv, dev, KEY)
+    store.save_selector(template, device.hardware_id, {"tree": []}, 1)
+    raw(store, "UPDATE tunesvc_selectors SET selector = :s", s="[" * PG_DEEP + "]" * PG_DEEP)
+    store.close()
+    for args in (
+        ["lookup", "matmul", "--shape", "128x45x29", "--db", str(db)],
+        ["export", "--db", str(db), "--out", str(tmp_path / "b.json")],
+        ["import", str(db), "--db", str(tmp_path / "target.db")],
+    ):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, (args, result.output)
+        assert "Traceback" not in result.output and "RecursionError" not in result.output
+        assert "skipped the selector of matmul" in result.output and "nested over 64 deep" in result.output
+    assert "selector" not in json.loads((tmp_path / "b.json").read_text())["kernels"]["matmul"]
+    program = tmp_path / "user.py"
+    program.write_text("import tunesvc\nprint(tunesvc.lookup('matmul', M=128, N=45, K=29, dtype='float16').source)\n")
+    run = subprocess.run(
+        [sys.executable, str(program)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TUNESVC_DB": str(db), "TRITON_INTERPRET": "1"},
+        timeout=300,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "nearest", run.stderr
+    assert "skipped the selector of matmul" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_stored_key_with_a_dim_of_zero_is_never_the_nearest(tmp_path, template, device):
+    """log2(0) raised ValueError (math domain error) in `tune lookup` and in a user's lookup."""
+    db = tmp_path / "zero.db"
+    store = Store(db)
+    kv, dev = store.kernel_version_id(template), store.device_id(device)
+    key = "M=0,N=45,K=29,dtype=float16"
+    sweep = store.start_sweep(kv, dev, key, PROBLEM, "grid", 3, 0)
+    store.add_trials(sweep, kv, dev, key, [(cfg(32), config_hash(cfg(32)), ok(1.0))])
+    store.update_winner(kv, dev, key)
+    store.close()
+    result = CliRunner().invoke(app, ["lookup", "matmul", "--shape", "128x45x29", "--db", str(db)])
+    assert result.exit_code == 0 and "heuristic" in result.output, result.output
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert Runtime(db=db).lookup("matmul", M=128, N=45, K=29, dtype="float16").source == "heuristic"
+    assert ShapeKey.parse(key).distance(ShapeKey.parse("M=128,N=45,K=29,dtype=float16")) == math.inf
+
+
+def test_a_digit_that_is_not_ascii_is_never_read_as_a_number():
+    """str.isdigit accepts '²' and '١', which int() refuses or reads as another number."""
+    for key_text in ("M=²,N=4", "M=١٢,N=4", "M=１２,N=4"):
+        parsed = ShapeKey.parse(key_text)
+        assert parsed.dims == (("N", 4),) and dict(parsed.fields)["M"] == key_text[2:].split(",")[0]
+    assert natural_order("M=١٢") == ((0, "M=١٢"),)
+
+
 # -- through the command line and the import, on real SQLite files -------------------------------
 @pytest.fixture
 def damaged(tmp_path, template, device):
@@ -431,6 +570,12 @@ def test_import_refuses_a_bundle_key_with_unicode_digits_and_skips_such_a_databa
     try:
         with pytest.raises(TunesvcError, match=re.escape("M=²,N=45: shape key holds a digit that is not ASCII")):
             import_sources(target, [out])
+        del winners["M=²,N=45"]
+        winners["M=64\x00,N=45"] = next(iter(winners.values()))
+        nul = tmp_path / "nul.json"
+        nul.write_text(json.dumps(bundle))
+        with pytest.raises(TunesvcError, match="shape key holds a NUL character"):
+            import_sources(target, [nul])
         assert target.winners() == []  # nothing written
         with Store(damaged).session() as session:
             session.execute(text("UPDATE tunesvc_winners SET shape_key = 'M=²' WHERE shape_key != :k"), {"k": KEY})

@@ -9,8 +9,9 @@
   :mod:`tunesvc.schemas`, imported only where a value is checked).
 - A shape key is at most 512 characters, and its digits are ASCII digits: ``int()`` reads
   ``M=١٢`` as 12 and fails on ``M=²``, which ``str.isdigit`` accepts, so such a key could never
-  match the key it claims to be. Any other character is allowed: the CLI shows stored strings
-  as text (tunesvc.text), control characters escaped.
+  match the key it claims to be; and it holds no NUL, which PostgreSQL's text cannot store and
+  SQLite's string functions end at. Any other character is allowed: the CLI shows stored
+  strings as text (tunesvc.text), control characters escaped.
 """
 
 from __future__ import annotations
@@ -92,4 +93,6 @@ def key_problem(key: Any) -> str | None:
         return f"its shape key is over {MAX_KEY} characters"
     if not key.isascii() and any(c.isdigit() and not c.isascii() for c in key):
         return "its shape key holds a digit that is not ASCII (0-9)"
+    if "\x00" in key:
+        return "its shape key holds a NUL character"
     return None

@@ -1,4 +1,5 @@
-"""Files that `tune export` and `tune report` write: whole or not at all, and never through a link.
+"""Files that `tune export` and `tune report` write: whole or not at all, and never through a
+link; and files read that anyone may have put in place: a regular file or nothing.
 
 An output folder may be shared (a team's `--out`, /tmp): anyone who can write there can plant a
 symbolic link under the name a command is about to write, or under the name of its temporary
@@ -7,6 +8,10 @@ folder (:func:`tempfile.mkstemp`: created, never opened if it exists), which the
 target by a rename (:func:`os.replace`): the rename replaces a name, never the file a link at
 that name points to. Before that, :func:`check_replaceable` refuses to replace what the user did
 not ask to replace: a link, a folder, or a file that is not one the command itself wrote.
+
+A file read (a bundle) may be a FIFO, whose opening waits for a writer forever, or a device such
+as /dev/zero, which never ends: :func:`read_regular` opens without waiting and refuses any path
+that is not a regular file.
 """
 
 from __future__ import annotations
@@ -36,6 +41,33 @@ def check_replaceable(path: Path, ours: Callable[[Path], bool], what: str) -> No
         raise TunesvcError(f"{path} is a folder; move it, or pass another --out.")
     if not stat.S_ISREG(info.st_mode) or not ours(path):
         raise TunesvcError(f"{path} exists and is not a {what}, so it is kept; move it, or pass another --out.")
+
+
+#: what a path that is not a regular file is, as messages name it
+FILE_KINDS = {
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def read_regular(path: Path, most: int, what: str) -> bytes:
+    """At most ``most`` + 1 bytes of the regular file at ``path`` (a link to one is followed).
+
+    Opened without blocking (O_NONBLOCK: a FIFO opens at once instead of waiting for a writer)
+    and checked on the open file (no other file can take its place between a check and the
+    read); anything but a regular file raises TunesvcError saying what it is and that it is not
+    ``what`` ("a bundle file"). OSError (not there, not allowed) is the caller's to word.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            raise TunesvcError(f"{path} is {kind}, not {what}; check the path.")
+        return handle.read(most + 1)
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -42,6 +42,7 @@ from tunesvc.settings import MODES
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
 from tunesvc.template import get_template
+from tunesvc.text import visible
 
 if TYPE_CHECKING:
     from tunesvc.device import Device
@@ -258,7 +259,8 @@ class Runtime:
     def _warn_once(self, kernel: str, what: str, message: str, stacklevel: int = 4) -> None:
         if (kernel, what) not in self._warned:
             self._warned.add((kernel, what))
-            warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
+            # shown as text: a stored key, config or device name may hold escape sequences
+            warnings.warn(visible(message), RuntimeWarning, stacklevel=stacklevel)
 
     def lookup(self, kernel: str | Template, /, **problem: Any) -> LookupResult:
         """The config for this problem on the current CUDA device and how it was found; a

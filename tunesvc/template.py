@@ -79,7 +79,7 @@ class ShapeKey:
         dims, fields = {}, {}
         for part in text.split(","):
             name, _, value = part.partition("=")
-            if value.isdigit():
+            if value.isascii() and value.isdigit():  # str.isdigit alone accepts '²', which int() refuses
                 dims[name] = int(value)
             else:
                 fields[name] = value
@@ -90,8 +90,9 @@ class ShapeKey:
         return self.fields == other.fields and [k for k, _ in self.dims] == [k for k, _ in other.dims]
 
     def distance(self, other: ShapeKey) -> float:
-        """Distance in log2 space over dims; infinite when a categorical field differs."""
-        if not self.comparable(other):
+        """Distance in log2 space over dims; infinite when a categorical field differs or a dim
+        is 0 (a key from a database or bundle may say M=0, which has no logarithm)."""
+        if not self.comparable(other) or not all(v > 0 for _, v in (*self.dims, *other.dims)):
             return math.inf
         return math.sqrt(sum((math.log2(a) - math.log2(b)) ** 2 for (_, a), (_, b) in zip(self.dims, other.dims)))
 

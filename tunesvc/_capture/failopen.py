@@ -21,6 +21,7 @@ from typing import Any
 from tunesvc import settings
 from tunesvc.bench._base import one_line as _one_line
 from tunesvc.errors import TunesvcError
+from tunesvc.text import visible
 
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
@@ -147,7 +148,7 @@ def _give_up(state: Any, exc: BaseException | str, stage: str, *, stacklevel: in
             fix = "set TUNESVC_MODE=off to leave it to Triton quietly, and report this tunesvc bug"
     FAILED_OPEN[category] += 1
     warnings.warn(
-        f"tunesvc: {state.name}: {reason}; it runs with Triton's own autotuner in this process ({fix}).",
+        visible(f"tunesvc: {state.name}: {reason}; it runs with Triton's own autotuner in this process ({fix})."),
         RuntimeWarning,
         stacklevel=stacklevel + 1,
     )

@@ -140,10 +140,11 @@ def bundle_filenames(hardware_ids: list[str]) -> dict[str, str]:
 
 def bundle_device(path: Path) -> str | None:
     """The hardware id of the tunesvc bundle at ``path``; None when it is not one."""
+    from tunesvc.files import read_regular
+
     try:
-        with path.open("rb") as handle:
-            data = json.loads(handle.read(MAX_BUNDLE_BYTES + 1), parse_constant=_refuse_constant)
-    except (OSError, ValueError, RecursionError):
+        data = json.loads(read_regular(path, MAX_BUNDLE_BYTES, "a bundle file"), parse_constant=_refuse_constant)
+    except (OSError, ValueError, RecursionError, TunesvcError):
         return None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("device"), dict):
         return None
@@ -220,12 +221,13 @@ def read_bundle(path: str | os.PathLike, *, check_kernels: bool = True) -> dict[
     :func:`kernel_configs`. ``check_kernels=False`` checks only the header: the runtime checks one
     kernel's section when it loads it, not the sections of kernels it never launches.
     """
+    from tunesvc.files import read_regular
+
     path = Path(path)
     try:
         if path.is_dir():
             raise TunesvcError(f"{path} is a folder; pass a bundle file (.json from `tune export`).")
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_BUNDLE_BYTES + 1)
+        raw = read_regular(path, MAX_BUNDLE_BYTES, "a bundle file")  # a FIFO or /dev/zero is refused at once
     except FileNotFoundError:
         raise TunesvcError(f"No bundle at {path}; check the path or run `tune export`.") from None
     except OSError as exc:

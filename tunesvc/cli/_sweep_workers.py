@@ -19,6 +19,7 @@ from tunesvc.cli._common import _ms
 from tunesvc.cli._common import _print_json
 from tunesvc.cli._common import wide_when_piped
 from tunesvc.errors import TunesvcError
+from tunesvc.text import visible
 from tunesvc.timeline import mark
 
 
@@ -229,7 +230,7 @@ def _jobs_progress(
         console=wide_when_piped(TextConsole(stderr=True)),
         disable=quiet,
     )
-    tasks = {key: progress.add_task(key, total=limits[key], phase="pending") for key in keys}
+    tasks = {key: progress.add_task(visible(key), total=limits[key], phase="pending") for key in keys}
 
     def read() -> None:
         stored = trials_stored(store, template, device.hardware_id, keys)

@@ -29,6 +29,7 @@ from tunesvc.cli._common import wide_when_piped
 from tunesvc.cli._sweep_workers import _interrupted
 from tunesvc.cli._sweep_workers import _sweep_on_workers
 from tunesvc.errors import TunesvcError
+from tunesvc.text import visible
 from tunesvc.timeline import mark
 
 #: the most compiling processes of --workers
@@ -215,7 +216,7 @@ def _sweep_here(
     tasks: dict[str, Any] = {}
 
     def on_start(problem: dict, key: str, limit: int) -> None:
-        tasks[key] = progress.add_task(key, total=limit, best="", phase="starting")
+        tasks[key] = progress.add_task(visible(key), total=limit, best="", phase="starting")
 
     def on_phase(key: str, what: str) -> None:  # compiling, checking and timing, finalists, peer
         progress.update(tasks[key], phase=what)

@@ -452,7 +452,7 @@ def _listed_slots(gpus: str, gpu_count: int) -> list[str | None]:
     if text == "all":
         return [str(i) for i in range(gpu_count)] if gpu_count else [None]
     items: list[str | None] = [s.strip() for s in text.split(",") if s.strip()]
-    indices = [int(s) for s in items if s is not None and s.isdigit()]
+    indices = [int(s) for s in items if s is not None and s.isascii() and s.isdigit()]
     if not items or len(indices) != len(items) or len(set(items)) != len(items):
         raise TunesvcError(f"--gpus takes 'all' or distinct GPU indices such as 0,1; got '{gpus}'.")
     if not gpu_count:

@@ -291,7 +291,7 @@ def _device(row: Any) -> Device:
 def _key_order(key: str) -> tuple:
     """Shape keys by their dims as numbers (M=16 before M=128), then the rest."""
     parts = [p.partition("=") for p in key.split(",")]
-    return tuple((0, int(v), "") if v.isdigit() else (1, 0, v) for _, _, v in parts)
+    return tuple((0, int(v), "") if v.isascii() and v.isdigit() else (1, 0, v) for _, _, v in parts)
 
 
 def _slug(text: str) -> str:

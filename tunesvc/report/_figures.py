@@ -196,10 +196,10 @@ def _short_key(key: str) -> str:
     """M=4096,N=4096,K=4096,dtype=bfloat16 -> 4096x4096x4096 bfloat16 (dims in order); a flag by
     its name (causal=True -> causal, paged=False -> not paged), any other value as name=value."""
     parts = [p.partition("=") for p in key.split(",")]
-    dims = [v for _, _, v in parts if v.isdigit()]
+    dims = [v for _, _, v in parts if v.isascii() and v.isdigit()]
     rest = []
     for name, _, value in parts:
-        if value.isdigit():
+        if value.isascii() and value.isdigit():
             continue
         if value in ("True", "False"):
             rest.append(name if value == "True" else f"not {name}")

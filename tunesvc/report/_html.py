@@ -6,7 +6,6 @@ version and device.
 from __future__ import annotations
 
 import base64
-import html
 import math
 from collections import defaultdict
 from datetime import UTC
@@ -23,6 +22,7 @@ from tunesvc.report._figures import _png
 from tunesvc.report._figures import _short_key
 from tunesvc.report._figures import _spread_figure
 from tunesvc.report._figures import convergence_figure
+from tunesvc.text import html_text
 
 if TYPE_CHECKING:
     from tunesvc.report._data import Progress
@@ -175,7 +175,7 @@ def _html(
     kernel: str | None,
     left_out: dict[str, int] | None = None,
 ) -> str:
-    e = html.escape
+    e = html_text
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     trials = sum(len(k.trials) for s in sections for k in s.keys)
     current = [s for s in sections if s.current]
@@ -218,12 +218,12 @@ def _ratio_cell(value: float | None, text: str | None = None, under: str = "") -
     if value is None:
         return "<td>-</td>"
     css = "slow" if value < 1 else "fast"
-    sub = f'<br><span class="sub">{html.escape(under)}</span>' if under else ""
-    return f'<td class="{css}">{html.escape(text or f"{value:.3g}x")}{sub}</td>'
+    sub = f'<br><span class="sub">{html_text(under)}</span>' if under else ""
+    return f'<td class="{css}">{html_text(text or f"{value:.3g}x")}{sub}</td>'
 
 
 def _summary_html(sections: list[Section], left_out: dict[str, int]) -> list[str]:
-    e = html.escape
+    e = html_text
     out = [
         '<h2 id="summary">Summary</h2>',
         '<div class="wide"><table><thead><tr><th class="l">kernel</th><th class="l">device</th><th>shape keys</th>'
@@ -255,7 +255,7 @@ def _summary_html(sections: list[Section], left_out: dict[str, int]) -> list[str
             f"{_count(left_out[name], 'section')} of older versions (<code>--all-versions</code>)</td></tr>"
         )
     out.append("</tbody></table></div>")
-    note = SPEEDUP_NOTE + ' "-": no sweep of that kernel timed its peer. ' + html.escape(SWEEP_FIGURES_NOTE)
+    note = SPEEDUP_NOTE + ' "-": no sweep of that kernel timed its peer. ' + html_text(SWEEP_FIGURES_NOTE)
     if left_out:
         older = ", ".join(f"{k} ({n})" for k, n in sorted(left_out.items()))
         note += (
@@ -267,7 +267,7 @@ def _summary_html(sections: list[Section], left_out: dict[str, int]) -> list[str
 
 
 def _contents_html(current: list[Section], older: list[Section]) -> list[str]:
-    e = html.escape
+    e = html_text
 
     def items(sections: list[Section]) -> str:
         return "".join(f'<li><a href="#{e(s.slug)}">{e(s.title)}</a></li>' for s in sections)
@@ -282,7 +282,7 @@ def _contents_html(current: list[Section], older: list[Section]) -> list[str]:
 
 
 def _section_html(section: Section, figures: dict[str, str]) -> list[str]:
-    e = html.escape
+    e = html_text
     d = section.device
     software = ", ".join(
         f"{k} {v}" for k, v in (("driver", d.driver), ("CUDA", d.cuda), ("torch", d.torch), ("Triton", d.triton)) if v
@@ -322,7 +322,7 @@ WINNER_COLUMNS = [
 
 
 def _winners_table(section: Section) -> list[str]:
-    e = html.escape
+    e = html_text
     out = ['<div class="wide"><table><thead><tr>']
     out.append("".join(f'<th class="{c}">{e(h)}</th>' for h, c in WINNER_COLUMNS))
     out.append("</tr></thead><tbody>")
@@ -352,7 +352,7 @@ def _winners_table(section: Section) -> list[str]:
 
 
 def _winners_note(section: Section) -> str:
-    e = html.escape
+    e = html_text
     d = section.device
     peak = LISTED_PEAKS.get(d.name) if d.kind == "cuda" else None
     roofline = (
@@ -372,7 +372,7 @@ def _winners_note(section: Section) -> str:
 
 
 def _figures_html(section: Section, figures: dict[str, str]) -> list[str]:
-    e = html.escape
+    e = html_text
     strategies = list(dict.fromkeys(s for k in section.keys for s in k.traces))
     out = []
     for kind, caption in FIGURES.items():
@@ -389,7 +389,7 @@ def _figures_html(section: Section, figures: dict[str, str]) -> list[str]:
 
 
 def _peaks_html() -> list[str]:
-    e = html.escape
+    e = html_text
     rows = [
         f'<tr><td class="l">{e(name)}</td><td>{_tflops_text(p.flops)}</td><td>{p.bytes_per_s / 1e12:.3g}</td></tr>'
         for name, p in LISTED_PEAKS.items()

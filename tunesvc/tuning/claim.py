@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from tunesvc import settings
+from tunesvc.text import visible
 
 if TYPE_CHECKING:
     from tunesvc.store import Store
@@ -109,8 +110,10 @@ class KeyClaim:
                 if not noticed and waited >= NOTICE_S:
                     noticed = True
                     warnings.warn(
-                        f"tunesvc: waiting for {holder or 'another process'} to finish tuning {self.kernel} "
-                        f"[{self.key}]; its claim is taken over after {self._stale_s:g} s without a heartbeat.",
+                        visible(
+                            f"tunesvc: waiting for {holder or 'another process'} to finish tuning {self.kernel} "
+                            f"[{self.key}]; its claim is taken over after {self._stale_s:g} s without a heartbeat."
+                        ),
                         RuntimeWarning,
                         stacklevel=3,
                     )
@@ -120,7 +123,7 @@ class KeyClaim:
             if noticed:
                 found = "its winner" if self.winner is not None else "the claim"
                 warnings.warn(
-                    f"tunesvc: waited {self.waited_s:.1f} s for {self.kernel} [{self.key}]; took {found}.",
+                    visible(f"tunesvc: waited {self.waited_s:.1f} s for {self.kernel} [{self.key}]; took {found}."),
                     RuntimeWarning,
                     stacklevel=3,
                 )

@@ -294,9 +294,28 @@ CSV_COLUMNS = (
 
 
 def check_csv_path(path: Path) -> None:
-    """A --csv path whose folder exists (checked before anything is measured)."""
+    """A --csv path whose folder exists and which is new, empty, or a CSV of these rows (its
+    first line :data:`CSV_COLUMNS`): rows are appended only to a file they belong to, never to
+    another file, a FIFO (whose opening waits for a reader) or a device. Checked before
+    anything is measured, and before each append."""
+    import csv
+
+    from tunesvc.files import read_regular
+
     if not path.parent.is_dir():
         raise TunesvcError(f"Cannot write {path}: folder {path.parent} does not exist.")
+    try:
+        head = read_regular(path, 64 << 10, "a CSV file")
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise TunesvcError(f"Cannot read {path} ({exc.strerror or exc}); check --csv.") from None
+    first = next(csv.reader(head.decode("utf-8", "replace").splitlines()[:1]), None)
+    if head and tuple(first or ()) != CSV_COLUMNS:
+        raise TunesvcError(
+            f"{path} exists and is not a CSV of `tune evaluate` (its first line is not its header), "
+            "so nothing is appended to it; pass another --csv."
+        )
 
 
 def append_csv(rows: list[HeldOut], path: str | Path) -> None:

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import warnings
@@ -287,7 +288,7 @@ def test_a_selector_or_recorded_call_nested_deep_reads_as_none(store, template, 
     found, messages = skipped(lambda: store.selector(template.name, template.version, device.hardware_id))
     assert found is None and len(messages) == 1 and "the selector of matmul" in messages[0]
     kv, dev = store._kernel_version_id("mod:fn", "v1"), store.device_id(device)
-    store.start_sweep(kv, dev, "n=4", {"grids": [[1]]}, "capture", None, 0)
+    store.finish_sweep(store.start_sweep(kv, dev, "n=4", {"grids": [[1]]}, "capture", None, 0), 0.1)
     store.record_miss(template, device, "n=4", {"grids": [[1]]})
     raw(store, f"UPDATE tunesvc_sweeps SET problem = {json_param(store, 'p')}", p=deep_json(store))
     raw(store, f"UPDATE tunesvc_misses SET call = {json_param(store, 'p')}", p=deep_json(store))
@@ -383,7 +384,7 @@ def test_a_path_that_is_not_a_regular_file_is_refused_before_it_is_opened(tmp_pa
     else:
         path = Path("/dev/null")
     for readonly in (True, False):
-        with pytest.raises(TunesvcError, match="not a database file; pass a database file to --db"):
+        with pytest.raises(TunesvcError, match="not a database file; name a database file instead"):
             Store(path, readonly=readonly)
     # the command line: one line, at once (opening the FIFO would wait for a writer forever)
     result = CliRunner().invoke(app, ["show", "--db", str(path)])
@@ -615,3 +616,28 @@ def test_sibling_winners_are_those_of_gpu_models_of_the_same_capability_and_sm_c
     assert type(entry) is WinnerEntry and entry.hardware_id == h100.hardware_id and entry.config == cfg(32)
     assert store.sibling_winners(template.name, template.version, h100) == []  # its own are not siblings'
     assert store.sibling_winners(template.name, "other", h200) == []
+
+
+@pytest.mark.parametrize(
+    "args", [["show"], ["lookup", "matmul", "--shape", "128x45x29"], ["export", "--out", "{tmp}/o.json"]]
+)
+def test_text_that_is_not_utf8_skips_its_row_not_the_command(damaged, tmp_path, args):
+    """Another program wrote bytes that are not UTF-8 into a winner's shape key: that row is
+    skipped with one warning, the other winner is still shown, looked up and exported."""
+    connection = sqlite3.connect(damaged)
+    with connection:  # the deep winner made readable again, then its key made of bytes that are not UTF-8
+        connection.execute(
+            "UPDATE tunesvc_winners SET config = '{}', shape_key = CAST(X'4d3d3634ff2c4e3d3435' AS TEXT) WHERE shape_key = ?",
+            (KEY,),
+        )
+    connection.close()
+    args = [a.format(tmp=tmp_path) for a in args] + ["--db", str(damaged)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and "decode" not in result.output
+    assert "M=64\ufffd,N=45" in result.output  # the warning names the row it skipped
+    if args[0] == "export":
+        bundle = json.loads((tmp_path / "o.json").read_text())
+        assert list(bundle["kernels"]["matmul"]["winners"]) == ["M=128,N=45,K=29,dtype=float16"]
+    elif args[0] == "show":
+        assert "128" in result.output

@@ -237,6 +237,9 @@ class Store(BaseStore):
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.close()
+        # text that is not UTF-8 (written by another program) is read with U+FFFD in place of its
+        # bad bytes, so the row fails its own checks and is skipped, not the whole command stopped
+        dbapi_connection.text_factory = _utf8_or_replaced
 
     def _prepare_schema(self, upgrade: bool = False) -> None:
         if self.is_sqlite and self.path not in (None, "", ":memory:") and Path(self.path).exists():
@@ -1569,6 +1572,10 @@ _FILE_KINDS = {
 }
 
 
+def _utf8_or_replaced(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
 def _check_regular_file(path: Path) -> None:
     """Refuse a path that is there but is not a regular file (a link to one is one): opening a
     FIFO waits for a writer forever, and a device or a socket is no database."""
@@ -1577,10 +1584,10 @@ def _check_regular_file(path: Path) -> None:
     except OSError:  # not there, or a path the system refuses (a name too long): said where it is opened
         return
     if stat.S_ISDIR(mode):
-        raise TunesvcError(f"{path} is a directory; pass a database file to --db.")
+        raise TunesvcError(f"{path} is a directory, not a database file; name a database file instead.")
     if not stat.S_ISREG(mode):
         kind = _FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
-        raise TunesvcError(f"{path} is {kind}, not a database file; pass a database file to --db.")
+        raise TunesvcError(f"{path} is {kind}, not a database file; name a database file instead.")
 
 
 _UNDEFINED = re.compile(

@@ -496,7 +496,8 @@ def test_a_selector_nested_deep_is_skipped_by_the_commands_and_a_users_lookup(tm
 
 
 def test_a_stored_key_with_a_dim_of_zero_is_never_the_nearest(tmp_path, template, device):
-    """log2(0) raised ValueError (math domain error) in `tune lookup` and in a user's lookup."""
+    """log2(0) raised ValueError (math domain error) in `tune lookup` and in a user's lookup;
+    `tune verify` stopped at that key."""
     db = tmp_path / "zero.db"
     store = Store(db)
     kv, dev = store.kernel_version_id(template), store.device_id(device)
@@ -511,6 +512,11 @@ def test_a_stored_key_with_a_dim_of_zero_is_never_the_nearest(tmp_path, template
         warnings.simplefilter("ignore")
         assert Runtime(db=db).lookup("matmul", M=128, N=45, K=29, dtype="float16").source == "heuristic"
     assert ShapeKey.parse(key).distance(ShapeKey.parse("M=128,N=45,K=29,dtype=float16")) == math.inf
+    # tune verify says why it cannot judge that winner, and goes on
+    result = CliRunner().invoke(app, ["verify", "--db", str(db)])
+    assert result.exit_code == 0 and "not-measured" in result.output and "names no problem" in result.output, (
+        result.output
+    )
 
 
 def test_a_digit_that_is_not_ascii_is_never_read_as_a_number():

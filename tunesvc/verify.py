@@ -138,7 +138,12 @@ def verify(
                 verdict.flags.append(UNKNOWN)
                 verdict.detail = "kernel not found here; cannot measure it"
             continue
-        problem = template.problem_of_key(key)
+        try:
+            problem = template.problem_of_key(key)
+        except TunesvcError as exc:  # a stored key this kernel cannot run (M=0): judged by nobody, said
+            verdict.flags.append(NOT_MEASURED)
+            verdict.detail = f"its shape key names no problem to run: {exc}"
+            continue
         if not current:
             verdict.flags.append(STALE_KERNEL)
             verdict.detail = f"tuned for kernel version {entry.kernel_version}, now {template.version}"

@@ -513,10 +513,10 @@ def test_a_stored_key_with_a_dim_of_zero_is_never_the_nearest(tmp_path, template
         assert Runtime(db=db).lookup("matmul", M=128, N=45, K=29, dtype="float16").source == "heuristic"
     assert ShapeKey.parse(key).distance(ShapeKey.parse("M=128,N=45,K=29,dtype=float16")) == math.inf
     # tune verify says why it cannot judge that winner, and goes on
-    result = CliRunner().invoke(app, ["verify", "--db", str(db)])
-    assert result.exit_code == 0 and "not-measured" in result.output and "names no problem" in result.output, (
-        result.output
-    )
+    result = CliRunner().invoke(app, ["verify", "--db", str(db), "--json"])
+    assert result.exit_code == 0, result.output
+    [verdict] = json.loads(result.output)
+    assert verdict["flags"] == ["not-measured"] and "names no problem" in verdict["detail"], verdict
 
 
 def test_a_digit_that_is_not_ascii_is_never_read_as_a_number():

@@ -342,6 +342,38 @@ def test_huge_counts_and_long_paths_are_one_sentence(swept, tmp_path):
     assert not Path("n.db").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("sweep", "matmul", "--shape", SHAPE, "--budget", "0"), "--budget must be at least 1"),
+        (("sweep", "matmul", "--shape", SHAPE, "--budget", "-1"), "--budget must be at least 1"),
+        (("sweep", "matmul", "--shape", SHAPE, "--patience", "0"), "--patience must be at least 1"),
+        (("sweep", "matmul", "--shape", SHAPE, "--workers", "-1"), "--workers must be from 0"),
+        (("sweep", "matmul", "--shape", SHAPE, "--seed", "-1"), "--seed must be from 0"),
+        (("sweep", "matmul", "--shape", SHAPE, "--seed", str(2**63)), "--seed must be from 0"),
+        (("sweep", "matmul", "--shape", SHAPE, "--time-budget", "nan"), "--time-budget must be a positive"),
+        (("sweep", "matmul", "--shape", SHAPE, "--time-budget", "-1"), "--time-budget must be a positive"),
+        (("verify", "--margin", "nan"), "--margin must be at least 0"),
+        (("verify", "--margin", "inf"), "--margin must be at least 0"),
+        (("verify", "--margin", "-1"), "--margin must be at least 0"),
+        (("verify", "--retune", "--budget", "0"), "--budget must be at least 1"),
+        (("selector", "matmul", "--min-coverage", "nan"), "--min-coverage must be in (0, 1]"),
+    ],
+)
+def test_counts_and_fractions_out_of_range_are_one_sentence_and_change_nothing(swept, tmp_path, args, fragment):
+    """Zero, negative, NaN and infinite values of numeric options: one line, exit 1, the database
+    as it was (a NaN margin once compared false with every time and flagged nothing)."""
+    db = tmp_path / "kept.db"
+    shutil.copy(swept, db)
+    before = db.read_bytes()
+    result = invoke(*args, "--db", str(db))
+    assert result.exit_code == 1, (args, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], (args, result.output)
+    assert db.read_bytes() == before
+
+
 # -- the command's name -----------------------------------------------------------------------------
 def test_hints_name_the_command_that_was_run(swept, tmp_path):
     script = Path(sys.executable).parent / "tunesvc"

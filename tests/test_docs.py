@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import typer.main
+from typer.testing import CliRunner
 
 from tunesvc.cli import app
 
@@ -89,7 +90,7 @@ def test_readme_and_docs_link_only_to_files_that_exist():
 
 
 def test_readme_is_short_and_keeps_the_test_command():
-    assert len(README.encode()) <= 12_000, f"README.md is {len(README.encode())} bytes; keep it within 12 KB"
+    assert len(README.encode()) <= 12 * 1024, f"README.md is {len(README.encode())} bytes; keep it within 12 KiB"
     # .ci/run runs the line two lines after the marker
     lines = README.splitlines()
     command = lines[lines.index("<!-- test-command -->") + 2]
@@ -158,6 +159,29 @@ def test_readme_performance_table_is_computed_from_the_csv_files():
             ]
             spreads.append(f"{min(ratios):.2f}-{max(ratios):.2f}x")
         assert line.split(" | ")[2] == " / ".join(spreads), line
+
+
+def test_readme_performance_table_quotes_what_tune_report_of_the_example_shows(tmp_path):
+    """The table's `tune report` column is the worst and best speed-up of the report's own Summary
+    of tune.db.example, per kernel of the row (the report's page is parsed, not recomputed)."""
+    import html
+
+    module = _results_page()
+    result = CliRunner().invoke(app, ["report", "--db", str(ROOT / "tune.db.example"), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "report.html").read_text()
+    summary = page[page.index('id="summary"') :].split("</table>")[0]
+    shown: dict[str, str] = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", summary, re.S):
+        cells = [re.sub(r"<br>.*", "", c, flags=re.S) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+        if len(cells) < 7:  # the header; a kernel with older versions only
+            continue
+        kernel = html.unescape(re.sub(r"<[^>]+>", "", cells[0]))
+        best, worst = (html.unescape(c).removesuffix("x") for c in cells[5:7])
+        shown[kernel] = "-" if worst == "-" else f"{worst}-{best}x"
+    table = README[README.index(module.README_HEADER) :].split("\n\n")[0].splitlines()[2:]
+    for line, (_, _, groups) in zip(table, module.README_ROWS, strict=True):
+        assert line.split(" | ")[-1].rstrip(" |") == " / ".join(shown[kernel] for kernel, _, _ in groups), line
 
 
 def test_version_flag():

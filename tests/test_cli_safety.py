@@ -186,6 +186,36 @@ def test_library_names_of_kernels_are_accepted_and_a_near_miss_is_named():
     assert not Path("x.db").exists()
 
 
+@pytest.mark.parametrize(
+    ("library", "template", "shape"),
+    [
+        ("layer_norm", "layernorm", "4096x4096"),
+        ("rms_norm", "rmsnorm", "4096x4096"),
+        ("decode_attention", "decode", "1x32x8x4096x128"),
+    ],
+)
+def test_every_command_that_names_a_kernel_takes_the_librarys_name(library, template, shape, tmp_path):
+    """`tune kernels` lists the library's names beside the templates', and show, export, lookup,
+    selector and evaluate take them for the template's (stored data keeps the template's name)."""
+    listed = json.loads(invoke("kernels", "--json").stdout)
+    assert library in next(r["aliases"] for r in listed if r["name"] == template)
+    assert f"{library} = {template}" in " ".join(invoke("kernels").stdout.split())
+    example = str(tmp_path / "example.db")  # a copy: selector opens its database to write
+    shutil.copy(Path(__file__).parents[1] / "tune.db.example", example)
+    by_template = invoke("show", "--kernel", template, "--db", example, "--json")
+    by_library = invoke("show", "--kernel", library, "--db", example, "--json")
+    assert by_library.exit_code == 0 and by_library.stdout == by_template.stdout
+    assert {w["kernel"] for w in json.loads(by_library.stdout)["winners"]} == {template}
+    assert invoke("export", "--kernel", library, "--db", example, "--out", str(tmp_path / "b")).exit_code == 0
+    [bundle] = (tmp_path / "b").iterdir()
+    assert set(json.loads(bundle.read_text())["kernels"]) == {template}
+    answer = invoke("lookup", library, "--shape", shape, "--dtype", "bfloat16", "--db", example, "--json")
+    assert answer.exit_code == 0 and json.loads(answer.stdout)["kernel"] == template
+    for command in ("selector", "evaluate"):  # no winner on this device: refused, by the template's name
+        result = invoke(command, library, "--db", example)
+        assert result.exit_code == 1 and f"of {template} " in result.output and "Unknown" not in result.output
+
+
 def test_a_filter_that_matches_nothing_is_one_sentence_and_exit_1(swept, tmp_path):
     db = tmp_path / "copy.db"
     shutil.copy(swept, db)

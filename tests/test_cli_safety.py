@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from _backends import pg_database
+from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
 from tunesvc.bundle import bundle_filename
@@ -402,6 +404,30 @@ def test_counts_and_fractions_out_of_range_are_one_sentence_and_change_nothing(s
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], (args, result.output)
     assert db.read_bytes() == before
+
+
+# -- a database URL's password ----------------------------------------------------------------------
+def test_no_command_prints_the_password_of_a_database_url(tmp_path):
+    """Tables' titles, counts and errors name a PostgreSQL database by its URL with the password
+    written as ***; the password itself never reaches the output (logs, CI)."""
+    for url in pg_database():
+        password = make_url(url).password
+        assert password
+        outputs = []
+        for args in (
+            ("sweep", "matmul", "--shape", SHAPE, "--budget", "1"),
+            ("sweep", "matmul", "--shape", SHAPE, "--budget", "1", "--gpus", "0"),
+            ("show",),
+            ("show", "--kernel", "nope"),
+            ("export", "--out", str(tmp_path / "b")),
+            ("import", str(tmp_path / "b")),
+            ("misses",),
+            ("verify", "--kernel", "nope"),
+        ):
+            result = invoke(*args, "--db", url)
+            outputs.append(result.output)
+            assert f":{password}@" not in result.output, (args, result.output)
+        assert all("***@" in output for output in outputs[:4]), outputs
 
 
 # -- the command's name -----------------------------------------------------------------------------

@@ -143,7 +143,7 @@ def selector(
         + (f" ({measured} trials measured first)" if cross_measure else "")
         + f"; kept the {fitted.model} model"
         + (", projecting a first pick that does not fit" if fitted.project else "")
-        + f"; stored in {store.url}."
+        + f"; stored in {store.shown_url}."
     )
     if scores is not None:
         console.print(

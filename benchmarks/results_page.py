@@ -3,7 +3,8 @@
     python benchmarks/results_page.py            # rewrite RESULTS.md and the README's performance table
     python benchmarks/results_page.py --check    # exit 1 when either differs from the CSVs
 
-Reads the CSVs with the standard library only, so it runs anywhere (no torch, no GPU).
+Reads the CSVs with the standard library only, so it runs anywhere (no torch, no GPU); the
+README table's last column reads tune.db.example through tunesvc's report (tunesvc installed).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ CONFORMANCE_CSV = HERE / "data" / "conformance.csv"
 PAGE = HERE / "RESULTS.md"
 README = HERE.parent / "README.md"
 COMMAND = "python benchmarks/results_page.py"
+#: the database whose `tune report` the README's table quotes beside the CSVs
+EXAMPLE_DB = HERE.parent / "tune.db.example"
 
 #: one row per (kernel, shape, peer, timing method) measured in one run; ratio = peer_ms / ours_ms
 #: (> 1: tunesvc is faster). The *_rate columns hold the throughput a table reported (TFLOP/s or
@@ -730,13 +733,43 @@ README_ROWS: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
 )
 #: how the README's table names a timing method
 README_TIMING = {"cuda_graph": "CUDA graph", "do_bench": "do_bench"}
-README_HEADER = "| kernel | peer | ratio | timing | GPU | date |"
+README_HEADER = "| kernel | peer | ratio | timing | GPU | date | `tune report` |"
 
 
-def readme_table(results_dir: Path = RESULTS_DIR) -> list[str]:
-    """The README's performance table, computed from the CSVs as the Summary of RESULTS.md is."""
+def report_ranges(db: Path = EXAMPLE_DB) -> dict[str, tuple[float, float]]:
+    """Per kernel, the worst and best speed-up over its peer that `tune report --db DB` shows in
+    its Summary (the versions lookups use; every device), read by the report's own code."""
+    from tunesvc.report import collect
+    from tunesvc.store import Store
+
+    store = Store(str(db), readonly=True)
+    try:
+        sections = collect(store)
+    finally:
+        store.close()
+    ranges: dict[str, tuple[float, float]] = {}
+    for section in sections:
+        ratios = [value for value, _ in section.peer_speedups]
+        if section.current and ratios:
+            low, high = ranges.get(section.kernel, (min(ratios), max(ratios)))
+            ranges[section.kernel] = (min(low, *ratios), max(high, *ratios))
+    return ranges
+
+
+def report_range_text(ranges: dict[str, tuple[float, float]], kernel: str) -> str:
+    """A kernel's range as the report writes a speed-up (3 significant digits), "-" where no sweep timed its peer."""
+    if kernel not in ranges:
+        return "-"
+    low, high = ranges[kernel]
+    return f"{low:.3g}-{high:.3g}x"
+
+
+def readme_table(results_dir: Path = RESULTS_DIR, example_db: Path = EXAMPLE_DB) -> list[str]:
+    """The README's performance table, computed from the CSVs as the Summary of RESULTS.md is,
+    and its last column from ``example_db`` as `tune report` computes its Summary."""
     rows = [row for path in sorted(results_dir.glob("*.csv")) for row in read_rows(path)]
-    lines = [README_HEADER, "|---|---|---|---|---|---|"]
+    lines = [README_HEADER, "|---|---|---|---|---|---|---|"]
+    ranges = report_ranges(example_db)
     for label, peer, groups in README_ROWS:
         spreads, shapes, methods, gpus, dates = [], set(), [], set(), set()
         for kernel, csv_peer, method in groups:
@@ -752,9 +785,10 @@ def readme_table(results_dir: Path = RESULTS_DIR) -> list[str]:
             gpus |= {_gpu_short(r["gpu"]) for r in recent}
             dates.add(latest)
         timing = " / ".join(dict.fromkeys(methods))
+        report = " / ".join(report_range_text(ranges, kernel) for kernel, _, _ in groups)
         lines.append(
             f"| {label.format(shapes=len(shapes))} | {peer} | {' / '.join(spreads)} | {timing} "
-            f"| {', '.join(sorted(gpus))} | {max(dates)} |"
+            f"| {', '.join(sorted(gpus))} | {max(dates)} | {report} |"
         )
     return lines
 
@@ -764,15 +798,15 @@ def _gpu_short(name: str) -> str:
     return next((word for word in name.split() if word[:1] in "HABL" and word[1:].isdigit()), name)
 
 
-def readme_with_table(readme: str, results_dir: Path = RESULTS_DIR) -> str:
+def readme_with_table(readme: str, results_dir: Path = RESULTS_DIR, example_db: Path = EXAMPLE_DB) -> str:
     """``readme`` with its performance table (the lines from its header to the first line that is
     not a table row) replaced by :func:`readme_table`."""
     lines = readme.split("\n")
-    start = lines.index(README_HEADER)
+    start = next(i for i, line in enumerate(lines) if line.startswith("| kernel | peer | ratio |"))
     end = start
     while end < len(lines) and lines[end].startswith("|"):
         end += 1
-    return "\n".join([*lines[:start], *readme_table(results_dir), *lines[end:]])
+    return "\n".join([*lines[:start], *readme_table(results_dir, example_db), *lines[end:]])
 
 
 def main() -> int:

@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from _backends import pg_database
+from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
 from tunesvc.bundle import bundle_filename
@@ -302,6 +304,36 @@ def test_library_names_of_kernels_are_accepted_and_a_near_miss_is_named():
     assert not Path("x.db").exists()
 
 
+@pytest.mark.parametrize(
+    ("library", "template", "shape"),
+    [
+        ("layer_norm", "layernorm", "4096x4096"),
+        ("rms_norm", "rmsnorm", "4096x4096"),
+        ("decode_attention", "decode", "1x32x8x4096x128"),
+    ],
+)
+def test_every_command_that_names_a_kernel_takes_the_librarys_name(library, template, shape, tmp_path):
+    """`tune kernels` lists the library's names beside the templates', and show, export, lookup,
+    selector and evaluate take them for the template's (stored data keeps the template's name)."""
+    listed = json.loads(invoke("kernels", "--json").stdout)
+    assert library in next(r["aliases"] for r in listed if r["name"] == template)
+    assert f"{library} = {template}" in " ".join(invoke("kernels").stdout.split())
+    example = str(tmp_path / "example.db")  # a copy: selector opens its database to write
+    shutil.copy(Path(__file__).parents[1] / "tune.db.example", example)
+    by_template = invoke("show", "--kernel", template, "--db", example, "--json")
+    by_library = invoke("show", "--kernel", library, "--db", example, "--json")
+    assert by_library.exit_code == 0 and by_library.stdout == by_template.stdout
+    assert {w["kernel"] for w in json.loads(by_library.stdout)["winners"]} == {template}
+    assert invoke("export", "--kernel", library, "--db", example, "--out", str(tmp_path / "b")).exit_code == 0
+    [bundle] = (tmp_path / "b").iterdir()
+    assert set(json.loads(bundle.read_text())["kernels"]) == {template}
+    answer = invoke("lookup", library, "--shape", shape, "--dtype", "bfloat16", "--db", example, "--json")
+    assert answer.exit_code == 0 and json.loads(answer.stdout)["kernel"] == template
+    for command in ("selector", "evaluate"):  # no winner on this device: refused, by the template's name
+        result = invoke(command, library, "--db", example)
+        assert result.exit_code == 1 and f"of {template} " in result.output and "Unknown" not in result.output
+
+
 def test_a_filter_that_matches_nothing_is_one_sentence_and_exit_1(swept, tmp_path):
     db = tmp_path / "copy.db"
     shutil.copy(swept, db)
@@ -456,6 +488,62 @@ def test_huge_counts_and_long_paths_are_one_sentence(swept, tmp_path):
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert len(lines) == 1 and fragment in lines[0] and len(lines[0]) < 250, (args, result.output)
     assert not Path("n.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("sweep", "matmul", "--shape", SHAPE, "--budget", "0"), "--budget must be at least 1"),
+        (("sweep", "matmul", "--shape", SHAPE, "--budget", "-1"), "--budget must be at least 1"),
+        (("sweep", "matmul", "--shape", SHAPE, "--patience", "0"), "--patience must be at least 1"),
+        (("sweep", "matmul", "--shape", SHAPE, "--workers", "-1"), "--workers must be from 0"),
+        (("sweep", "matmul", "--shape", SHAPE, "--seed", "-1"), "--seed must be from 0"),
+        (("sweep", "matmul", "--shape", SHAPE, "--seed", str(2**63)), "--seed must be from 0"),
+        (("sweep", "matmul", "--shape", SHAPE, "--time-budget", "nan"), "--time-budget must be a positive"),
+        (("sweep", "matmul", "--shape", SHAPE, "--time-budget", "-1"), "--time-budget must be a positive"),
+        (("verify", "--margin", "nan"), "--margin must be at least 0"),
+        (("verify", "--margin", "inf"), "--margin must be at least 0"),
+        (("verify", "--margin", "-1"), "--margin must be at least 0"),
+        (("verify", "--retune", "--budget", "0"), "--budget must be at least 1"),
+        (("selector", "matmul", "--min-coverage", "nan"), "--min-coverage must be in (0, 1]"),
+    ],
+)
+def test_counts_and_fractions_out_of_range_are_one_sentence_and_change_nothing(swept, tmp_path, args, fragment):
+    """Zero, negative, NaN and infinite values of numeric options: one line, exit 1, the database
+    as it was (a NaN margin once compared false with every time and flagged nothing)."""
+    db = tmp_path / "kept.db"
+    shutil.copy(swept, db)
+    before = db.read_bytes()
+    result = invoke(*args, "--db", str(db))
+    assert result.exit_code == 1, (args, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], (args, result.output)
+    assert db.read_bytes() == before
+
+
+# -- a database URL's password ----------------------------------------------------------------------
+def test_no_command_prints_the_password_of_a_database_url(tmp_path):
+    """Tables' titles, counts and errors name a PostgreSQL database by its URL with the password
+    written as ***; the password itself never reaches the output (logs, CI)."""
+    for url in pg_database():
+        password = make_url(url).password
+        assert password
+        outputs = []
+        for args in (
+            ("sweep", "matmul", "--shape", SHAPE, "--budget", "1"),
+            ("sweep", "matmul", "--shape", SHAPE, "--budget", "1", "--gpus", "0"),
+            ("show",),
+            ("show", "--kernel", "nope"),
+            ("export", "--out", str(tmp_path / "b")),
+            ("import", str(tmp_path / "b")),
+            ("misses",),
+            ("verify", "--kernel", "nope"),
+        ):
+            result = invoke(*args, "--db", url)
+            outputs.append(result.output)
+            assert f":{password}@" not in result.output, (args, result.output)
+        assert all("***@" in output for output in outputs[:4]), outputs
 
 
 # -- the command's name -----------------------------------------------------------------------------

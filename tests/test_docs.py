@@ -8,10 +8,12 @@ import importlib.util
 import re
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 import typer.main
+from typer.testing import CliRunner
 
 from tunesvc.cli import app
 
@@ -89,7 +91,7 @@ def test_readme_and_docs_link_only_to_files_that_exist():
 
 
 def test_readme_is_short_and_keeps_the_test_command():
-    assert len(README.encode()) <= 12_000, f"README.md is {len(README.encode())} bytes; keep it within 12 KB"
+    assert len(README.encode()) <= 12 * 1024, f"README.md is {len(README.encode())} bytes; keep it within 12 KiB"
     # .ci/run runs the line two lines after the marker
     lines = README.splitlines()
     command = lines[lines.index("<!-- test-command -->") + 2]
@@ -158,6 +160,29 @@ def test_readme_performance_table_is_computed_from_the_csv_files():
             ]
             spreads.append(f"{min(ratios):.2f}-{max(ratios):.2f}x")
         assert line.split(" | ")[2] == " / ".join(spreads), line
+
+
+def test_readme_performance_table_quotes_what_tune_report_of_the_example_shows(tmp_path):
+    """The table's `tune report` column is the worst and best speed-up of the report's own Summary
+    of tune.db.example, per kernel of the row (the report's page is parsed, not recomputed)."""
+    import html
+
+    module = _results_page()
+    result = CliRunner().invoke(app, ["report", "--db", str(ROOT / "tune.db.example"), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "report.html").read_text()
+    summary = page[page.index('id="summary"') :].split("</table>")[0]
+    shown: dict[str, str] = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", summary, re.S):
+        cells = [re.sub(r"<br>.*", "", c, flags=re.S) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+        if len(cells) < 7:  # the header; a kernel with older versions only
+            continue
+        kernel = html.unescape(re.sub(r"<[^>]+>", "", cells[0]))
+        best, worst = (html.unescape(c).removesuffix("x") for c in cells[5:7])
+        shown[kernel] = "-" if worst == "-" else f"{worst}-{best}x"
+    table = README[README.index(module.README_HEADER) :].split("\n\n")[0].splitlines()[2:]
+    for line, (_, _, groups) in zip(table, module.README_ROWS, strict=True):
+        assert line.split(" | ")[-1].rstrip(" |") == " / ".join(shown[kernel] for kernel, _, _ in groups), line
 
 
 def test_version_flag():
@@ -358,3 +383,38 @@ def test_readme_tour_lookup_prints_what_the_readme_says(monkeypatch):
         return re.sub(r"read from database \S+", "read from database tune.db.example", line)
 
     assert [path_aside(line) for line in result.stdout.splitlines()] == [path_aside(line) for line in printed]
+
+
+def test_shape_keys_doc_says_what_tune_lookup_prints_on_the_example(tmp_path):
+    """docs/shape-keys.md's worked example on tune.db.example: 1000x3000x777 is `exact`;
+    3000x3000x777 is the key M=4096,..., `predicted` by the stored selector and, without one,
+    `nearest`: the winner of M=1024,..., two doublings away."""
+    import shutil
+    import sqlite3
+
+    doc = " ".join((ROOT / "docs" / "shape-keys.md").read_text().split())
+    assert "`--shape 1000x3000x777` is `exact`" in doc
+    assert "`M=4096,...`, not tuned, answered `predicted` by matmul's stored selector" in doc
+    assert "`nearest`: the winner of `M=1024,...`, two doublings away" in doc
+    db = tmp_path / "example.db"
+    shutil.copy(ROOT / "tune.db.example", db)
+
+    def answer(shape: str) -> str:
+        args = ["lookup", "matmul", "--shape", shape, "--dtype", "bfloat16", "--db", str(db)]
+        result = CliRunner().invoke(app, [*args, "--device", "NVIDIA H100 80GB HBM3"], env={"COLUMNS": "300"})
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    assert "answer  exact for NVIDIA H100 80GB HBM3;" in answer("1000x3000x777")
+    printed = answer("3000x3000x777")
+    assert "key     M=4096,N=3000,K=777,dtype=bfloat16:" in printed and "answer  predicted for" in printed
+    with closing(sqlite3.connect(db)) as connection, connection:
+        connection.execute(
+            "DELETE FROM tunesvc_selectors WHERE kernel_version_id IN "
+            "(SELECT id FROM tunesvc_kernel_versions WHERE kernel = 'matmul')"
+        )
+    printed = answer("3000x3000x777")
+    assert (
+        "answer  nearest for NVIDIA H100 80GB HBM3: tuned key M=1024,N=3000,K=777,dtype=bfloat16, 2.00 doublings away"
+        in printed
+    )

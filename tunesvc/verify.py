@@ -93,8 +93,8 @@ def verify(
     strategy: str = "grid",
 ) -> list[Verdict]:
     """Re-measure this device's stored winners (filtered by ``kernel``); see the module docstring."""
-    if margin < 0:
-        raise TunesvcError(f"--margin must be at least 0, got {margin}.")
+    if not 0 <= margin < float("inf"):  # NaN too: every comparison with it is false, so it never flagged
+        raise TunesvcError(f"--margin must be at least 0 and finite, got {margin}.")
     if budget < 1:
         raise TunesvcError(f"--budget must be at least 1, got {budget}.")
     device = device or current_device()

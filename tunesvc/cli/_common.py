@@ -341,7 +341,7 @@ def _nothing_matches(
         held = f"it holds winners of {', '.join(kernels)}, which `tune show` lists"
     else:
         held = f"it holds winners of {len(kernels)} kernels, which `tune show` lists"
-    return TunesvcError(f"No {what} in {store.url} match {' and '.join(given)}{hint}; {held}.")
+    return TunesvcError(f"No {what} in {store.shown_url} match {' and '.join(given)}{hint}; {held}.")
 
 
 def _count(n: int, noun: str, plural: str | None = None) -> str:

@@ -31,7 +31,7 @@ def _interrupted(store, template, hardware_id: str, keys: list[str], before: dic
     new = sum(now.values()) - sum(before.values())
     TextConsole(stderr=True).print(
         f"Interrupted: {_count(new, 'trial')} stored by this run ({sum(now.values())} in all for "
-        f"{_count(len(keys), 'shape key')}) in {store.url}; a trial in flight is lost. Resume with: {command}",
+        f"{_count(len(keys), 'shape key')}) in {store.shown_url}; a trial in flight is lost. Resume with: {command}",
         highlight=False,
         soft_wrap=True,
     )
@@ -151,7 +151,7 @@ def _sweep_on_workers(
     _report_jobs(
         rows,
         winners,
-        f"{template.name} on {device.name}, {_count(count, 'worker')}{where} ({store.url})",
+        f"{template.name} on {device.name}, {_count(count, 'worker')}{where} ({store.shown_url})",
         codes,
         as_json,
     )

@@ -122,7 +122,7 @@ def import_(
             )
     counts = {a: sum(c.action == a for c in changes) for a in ("added", "replaced", "kept")}
     console.print(
-        f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept in {store.url}.",
+        f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept in {store.shown_url}.",
         highlight=False,
         soft_wrap=True,
     )
@@ -175,7 +175,7 @@ def verify(
         elsewhere = f": it holds {', '.join(stored_on)} {which} only" if stored_on else ""
         console.print(
             named(
-                f"No {which} of {here.name} in {store.url} to verify{elsewhere} "
+                f"No {which} of {here.name} in {store.shown_url} to verify{elsewhere} "
                 "(verify on that GPU, or sweep this one with `tune sweep`)."
             ),
             highlight=False,
@@ -183,7 +183,7 @@ def verify(
         )
         return
     console.print(
-        Text(visible(f"Winners of {here.name} in {store.url}"), style="bold"), highlight=False, soft_wrap=True
+        Text(visible(f"Winners of {here.name} in {store.shown_url}"), style="bold"), highlight=False, soft_wrap=True
     )
     columns = ["shape key", "stored ms", "now ms", "heuristic ms", "flags", *(["retuned ms"] if retune else [])]
     for name, version in dict.fromkeys((v.kernel, v.version) for v in verdicts):

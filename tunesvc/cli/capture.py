@@ -141,7 +141,7 @@ def misses(
             if names
             else "it holds no misses"
         )
-        raise TunesvcError(f"No misses in {store.url} of --kernel {', '.join(kernel)}{hint}; {held}.")
+        raise TunesvcError(f"No misses in {store.shown_url} of --kernel {', '.join(kernel)}{hint}; {held}.")
     if as_json:
         return _print_json(
             [
@@ -159,7 +159,9 @@ def misses(
         )
     for hardware_id in dict.fromkeys(m.hardware_id for m in rows):
         console.print(
-            Text(visible(f"Misses of {hardware_id} in {store.url}"), style="bold"), highlight=False, soft_wrap=True
+            Text(visible(f"Misses of {hardware_id} in {store.shown_url}"), style="bold"),
+            highlight=False,
+            soft_wrap=True,
         )
         for name in dict.fromkeys(m.kernel for m in rows if m.hardware_id == hardware_id):
             table = _keyed_table(
@@ -198,7 +200,7 @@ def _tune_misses(db: str | None, kernels: list[str]) -> int:
         device = current_device()
         todo = [m for m in store.misses(hardware_id=device.hardware_id, status="open") if m.kernel in kernels]
         if not todo:
-            console.print(f"No open misses of {device.name} in {store.url}.")
+            console.print(f"No open misses of {device.name} in {store.shown_url}.")
         for m in todo:
             console.print(f"{m.kernel} {m.shape_key}: importing {m.kernel.partition(':')[0]} to tune it")
             try:

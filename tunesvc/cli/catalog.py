@@ -24,11 +24,13 @@ from tunesvc.errors import TunesvcError
 @user_errors
 def kernels(as_json: JsonOption = False) -> None:
     """List the kernel templates, their dims, version and space size."""
+    from tunesvc.template import ALIASES
     from tunesvc.template import list_templates  # shipped templates: no torch; users' own may import it
 
     rows: list[dict[str, Any]] = [
         {
             "name": t.name,
+            "aliases": sorted(alias for alias, name in ALIASES.items() if name == t.name),
             "dims": list(t.dims),
             "version": t.version,
             "space_size": t.space.size,
@@ -43,11 +45,18 @@ def kernels(as_json: JsonOption = False) -> None:
         "Kernel templates",
         ["kernel", "dims", "version", "configs", "presets"],
         [[r["name"], "x".join(r["dims"]), r["version"], str(r["space_size"]), ", ".join(r["presets"])] for r in rows],
+        caption=_aliases_caption(rows),
         # the room that a 21-character kernel name needs beside the presets at 80 columns
         show_edge=False,
         pad_edge=False,
     )
     console.print(table)
+
+
+def _aliases_caption(rows: list[dict[str, Any]]) -> str | None:
+    """ "Also named ...": the library's function names that every command takes for a template's."""
+    pairs = [f"{alias} = {r['name']}" for r in rows for alias in r["aliases"]]
+    return f"Every command also takes the library's names: {', '.join(pairs)}." if pairs else None
 
 
 @app.command()

@@ -133,7 +133,7 @@ def selector(
         console.print(f"skipped {key}: {why}", highlight=False, markup=False, soft_wrap=True)
     if fitted is None:
         raise TunesvcError(
-            f"{len(data.keys)} tuned key(s) of {kernel} on {device.name} are usable, too few to fit a selector "
+            f"{len(data.keys)} tuned key(s) of {template.name} on {device.name} are usable, too few to fit a selector "
             f"and judge it (it needs {selector_fit.MIN_KEYS_KEPT}); tune more shapes, or run with --cross-measure."
         )
     for line in fitted.describe():
@@ -143,7 +143,7 @@ def selector(
         + (f" ({measured} trials measured first)" if cross_measure else "")
         + f"; kept the {fitted.model} model"
         + (", projecting a first pick that does not fit" if fitted.project else "")
-        + f"; stored in {store.url}."
+        + f"; stored in {store.shown_url}."
     )
     if scores is not None:
         console.print(
@@ -220,7 +220,7 @@ def evaluate(
     totals = selector_measure.summary(rows)
     if as_json:
         return _print_json({"rows": [r.to_dict() for r in rows], "summary": totals})
-    table = Table(title=f"{kernel} on {device.name}: held-out keys, measured (ratio = tuned ms / pick ms)")
+    table = Table(title=f"{template.name} on {device.name}: held-out keys, measured (ratio = tuned ms / pick ms)")
     for column in ("shape key", "tuned ms", "selector", "selector ms", "ratio", "nearest", "nearest ms", "ratio "):
         table.add_column(column)
     for r in rows:

@@ -243,7 +243,7 @@ def _sweep_here(
         store.close()
     if as_json:
         return _print_json([r.__dict__ for r in results])
-    _print_table(template, device, store.url, results)
+    _print_table(template, device, store.shown_url, results)
 
 
 def _print_table(template, device, url: str, results: list) -> None:

@@ -108,7 +108,7 @@ def show(
     hidden = f" ({len(older)} of older kernel versions: --all-versions)" if older and not all_versions else ""
     console.print(
         f"{_count(len(shown), 'winner')}{hidden}; {_count(sum(counts.values()), 'trial')}, "
-        f"{failed} failed or invalid, in {store.url}.",
+        f"{failed} failed or invalid, in {store.shown_url}.",
         highlight=False,
         soft_wrap=True,
     )

@@ -17,10 +17,11 @@ random draws but a cover of the space's values (see :meth:`OptunaStrategy.startu
 second proposal of TPE after them is moved onto the incumbent's neighbourhood (see
 :meth:`OptunaStrategy.local_move`).
 
-With ``storage`` (a database URL: the store's own) the study lives in that database, in
-Optuna's tables beside tunesvc's (Optuna's RDBStorage), named by the caller, so a killed sweep
-resumes its study and Optuna's own tools (optuna-dashboard) can read it; CMA-ES excepted, whose
-sampler state is a pickle (see :class:`CmaEsStrategy`).
+With ``storage`` (a database URL: the store's own) a study lives in that database, in Optuna's
+tables beside tunesvc's (Optuna's RDBStorage), named by the caller, for Optuna's own tools
+(optuna-dashboard) to read: TPE's own study, which a killed sweep resumes; for CMA-ES and GP, a
+record of the measured configs over the parameters' values, their samplers' index-encoded studies
+staying in memory (see :class:`_IndexEncoded`).
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ class OptunaStrategy(Strategy):
     constrained = True
     #: every this many proposals of the sampler, one is a local move (0: never)
     local_every = LOCAL_EVERY
+    #: CMA-ES, GP: measure the untried config nearest an infeasible or repeated proposal at once,
+    #: rather than asking the sampler again (up to MAX_MISSES_PER_ASK times)
+    replace_misses = False
 
     def __init__(
         self,
@@ -301,6 +305,12 @@ class OptunaStrategy(Strategy):
                 else:
                     trial.set_user_attr(STATUS, "repeat" if key in self._feasible else "infeasible")
                     self.study.tell(trial, state=TrialState.FAIL)
+                if self.replace_misses:
+                    nearest = self._nearest_untried(config)
+                    if nearest is None:
+                        return None
+                    self.study.enqueue_trial(self.encode(nearest))
+                    continue
                 if misses < MAX_MISSES_PER_ASK:
                     continue
                 return self._random_untried()
@@ -496,11 +506,80 @@ class _IndexEncoded(OptunaStrategy):
     neighbouring tile sizes: the ordinal structure CMA-ES and GP model. A parameter with text
     values (a kernel variant) has no order and stays categorical, which CMA-ES samples
     independently of the rest.
+
+    The sampler's study, indices and unmeasured proposals (infeasible, repeated) included, lives
+    in memory; a resumed sweep teaches a new one the stored trials. With ``storage`` a second
+    study in the database records what was measured, one trial per config over the parameters'
+    values (``BLOCK_M`` 4096, not its index), for Optuna's tools (optuna-dashboard) to read: no
+    sampler ever runs on it, so nothing in it is unpickled or trusted.
     """
 
     constrained = False
     # CMA-ES and GP propose from their own model alone: a local move is TPE's remedy
     local_every = 0
+
+    def __init__(
+        self,
+        space: Space,
+        candidates: list[Config],
+        *,
+        seed: int = 0,
+        initial: Sequence[Config] = (),
+        storage: str | None = None,
+        study_name: str | None = None,
+    ) -> None:
+        super().__init__(space, candidates, seed=seed, initial=initial, storage=None, study_name=None)
+        #: the record in the database (None: no storage, or a study there of another layout)
+        self.record: optuna.Study | None = None
+        self._record_distributions: dict[str, optuna.distributions.BaseDistribution] = {
+            n: optuna.distributions.CategoricalDistribution(v) for n, v in self._choices.items()
+        }
+        #: hashes of the configs the record holds a trial of
+        self._recorded: set[str] = set()
+        if storage:
+            self.record = self._open_record(storage, study_name)
+
+    def _open_record(self, storage: str, name: str | None) -> optuna.Study | None:
+        study = optuna.create_study(
+            direction="minimize",
+            sampler=optuna.samplers.RandomSampler(),  # never asked: trials are added, not sampled
+            load_if_exists=True,
+            storage=rdb_storage(storage),
+            study_name=name,
+        )
+        try:
+            if study.directions != [optuna.study.StudyDirection.MINIMIZE]:
+                raise ValueError(f"its direction is {study.directions}, not minimize")
+            for trial in study.get_trials(deepcopy=False):
+                if trial.distributions != self._record_distributions:
+                    raise ValueError(f"trial {trial.number} has other parameters or values")
+                self._recorded.add(config_hash(dict(trial.params)))
+        except ValueError as exc:
+            warnings.warn(
+                f"tunesvc: the Optuna study {name!r} in the database is not a record of this space "
+                f"({_one_line(exc)}); it is left as it is, and this sweep's trials are kept in tunesvc's tables only.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return None
+        _name_metric(study)
+        return study
+
+    def tell(self, config: Config, measurement: Measurement) -> None:
+        super().tell(config, measurement)
+        key = config_hash(config)
+        if self.record is None or key in self._recorded or key not in self._feasible:
+            return
+        ok = measurement.ok and measurement.time_ms is not None
+        self.record.add_trial(
+            optuna.trial.create_trial(
+                params={n: config[n] for n in self.space.names},
+                distributions=self._record_distributions,
+                user_attrs={STATUS: str(measurement.status)},
+                **({"value": measurement.time_ms} if ok else {"state": TrialState.FAIL}),
+            )
+        )
+        self._recorded.add(key)
 
     def startup(self) -> list[Config]:
         # CMA-ES and GP keep their samplers' own random startup trials
@@ -534,25 +613,13 @@ class _IndexEncoded(OptunaStrategy):
 class CmaEsStrategy(_IndexEncoded):
     """Optuna's CMA-ES sampler (needs the ``cmaes`` package) over the index-encoded space.
 
-    Its study lives in memory, never in the database: Optuna's CmaEsSampler keeps its optimizer
-    as a pickle in the trials' system attributes (``cma:optimizer:*``) and unpickles it from
-    there, so a study read from a shared database could run code. A resumed sweep rebuilds the
-    study from the stored trials instead (told as trials, as for an in-memory study).
+    Its sampler's study lives in memory, never in the database: Optuna's CmaEsSampler keeps its
+    optimizer as a pickle in the trials' system attributes (``cma:optimizer:*``) and unpickles it
+    from there, so a study read from a shared database could run code. The database holds the
+    record only (see :class:`_IndexEncoded`).
     """
 
     name = "cmaes"
-
-    def __init__(
-        self,
-        space: Space,
-        candidates: list[Config],
-        *,
-        seed: int = 0,
-        initial: Sequence[Config] = (),
-        storage: str | None = None,
-        study_name: str | None = None,
-    ) -> None:
-        super().__init__(space, candidates, seed=seed, initial=initial, storage=None, study_name=None)
 
     def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         try:
@@ -568,9 +635,18 @@ class CmaEsStrategy(_IndexEncoded):
 
 
 class GPStrategy(_IndexEncoded):
-    """Optuna's Gaussian-process sampler (needs scipy) over the index-encoded space."""
+    """Optuna's Gaussian-process sampler (needs scipy) over the index-encoded space.
+
+    GPSampler fits its model to the measured trials at every proposal (a fraction of a second to
+    seconds of CPU) and learns nothing from a failed trial, so once its acquisition's maximum sits
+    on an infeasible or measured point it proposes that point again and again: on a space of 22
+    feasible configs, 661 proposals for 22 measurements. Such a proposal is told as failed and the
+    untried config nearest to it is measured instead, as TPE's repeats are; GP then models that
+    measurement like its own.
+    """
 
     name = "gp"
+    replace_misses = True
 
     def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         if not hasattr(optuna.samplers, "GPSampler"):

@@ -218,7 +218,7 @@ class Store(BaseStore):
             # Unreadable (the row's check skips it) instead of raising while the query fetches
             self.engine = create_engine(url, json_deserializer=load_json)
         except Exception as exc:  # a missing DBAPI driver, a malformed URL
-            raise TunesvcError(f"Cannot use database '{self.url}': {exc}.") from None
+            raise TunesvcError(f"Cannot use database '{_hide_password(self.url)}': {exc}.") from None
         if self.is_sqlite:
             event.listen(self.engine, "connect", self._sqlite_pragmas)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
@@ -330,6 +330,11 @@ class Store(BaseStore):
 
     def _where(self) -> str:
         return self.path if self.is_sqlite and self.path else self.engine.url.render_as_string(hide_password=True)
+
+    @property
+    def shown_url(self) -> str:
+        """The URL as output shows it: a password in it written as ***."""
+        return _hide_password(self.url)
 
     @property
     def where(self) -> str:

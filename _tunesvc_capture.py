@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import types
 
 TARGET = "triton.runtime.autotuner"
 
@@ -59,7 +60,9 @@ _LOCK = threading.Lock()
 def _trampoline(autotuner, cls) -> None:
     """Make ``cls``'s own ``run`` start tunesvc at its first call, then run as tunesvc left it."""
     original = cls.__dict__.get("run")
-    if original is None or getattr(original, "__tunesvc_original__", None) is not None:
+    # a plain function only: a run that is a staticmethod, a partialmethod or another descriptor
+    # stays as written (its subclass is left to Triton), and defining a class never fails here
+    if type(original) is not types.FunctionType or getattr(original, "__tunesvc_original__", None) is not None:
         return
 
     def run(self, *args, **kwargs):

@@ -4,6 +4,7 @@ its misses are resolved by tunesvc (stored, tuned, or the fallback while serving
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import subprocess
@@ -324,3 +325,32 @@ def test_the_start_up_hook_captures_a_subclass_with_a_run_of_its_own(tmp_path, t
     assert run(**on, TUNESVC_DB=tmp_db) == {"policy_calls": 0, "stats": {"stored": 1}}
     # without the variable the subclass runs its own search and tunesvc is never imported
     assert run(TUNESVC_DB=tmp_db) == {"policy_calls": 1, "stats": None}
+
+
+def test_a_subclass_whose_run_is_no_plain_function_is_defined_and_runs_as_written(tmp_db, tmp_path):
+    """A run that is a partialmethod (no __name__) or a staticmethod is left as written: defining
+    such a class while capturing, or in a process started with TUNESVC_CAPTURE=1, never fails."""
+    with tunesvc.capture(mode="tune", db=tmp_db):
+
+        class Partial(Autotuner):
+            run = functools.partialmethod(Autotuner.run)
+
+        kernel = Partial(_scale, _scale.arg_names, CONFIGS, ["n"], None, None)
+        launch(kernel, 100)  # its partialmethod calls Autotuner.run, which capture has
+    assert STATS["tuned"] == 1
+    (tmp_path / "odd.py").write_text(
+        "import functools, torch, triton\n"
+        "from triton.runtime.autotuner import Autotuner\n"
+        "class Partial(Autotuner):\n"
+        "    run = functools.partialmethod(Autotuner.run)\n"
+        "print('defined')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "odd.py"],
+        cwd=tmp_path,
+        env=interpreter_env(TUNESVC_CAPTURE="1", TUNESVC_DB=tmp_db),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "defined", done.stderr

@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import os
 import threading
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -212,8 +213,8 @@ def _wrap_run(cls: type) -> None:
     """Give ``cls`` (a subclass of Autotuner with its own ``run``) a run whose cache misses go
     through tunesvc while capture is on; with capture off it is the class's own run."""
     own = cls.__dict__.get("run")
-    if own is None or own is captured_run or getattr(own, "__tunesvc_original__", None) is not None:
-        return
+    if not isinstance(own, types.FunctionType) or own is captured_run or hasattr(own, "__tunesvc_original__"):
+        return  # a run that is no plain function (a staticmethod, a partialmethod) stays as written
 
     def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         if _process is None:

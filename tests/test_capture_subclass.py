@@ -354,3 +354,26 @@ def test_a_subclass_whose_run_is_no_plain_function_is_defined_and_runs_as_writte
         timeout=300,
     )
     assert done.returncode == 0 and done.stdout.strip() == "defined", done.stderr
+
+
+def test_a_subclass_whose_cache_cannot_be_replaced_runs_its_own_search_with_one_warning(tmp_db):
+    """A subclass whose ``cache`` property takes only its own kinds of cache: tunesvc cannot stand
+    in for it, so the subclass searches as it would alone, said once."""
+
+    class CheckedCache(BucketTuner):
+        @property
+        def cache(self):
+            return self._rows
+
+        @cache.setter
+        def cache(self, value):
+            if not isinstance(value, (dict, PersistentCache)):
+                raise TypeError(f"a cache is a dict or a PersistentCache, not {type(value).__name__}")
+            self._rows = value
+
+    kernel = CheckedCache(_scale, _scale.arg_names, CONFIGS, ["n"], None, None)
+    with tunesvc.capture(mode="tune", db=tmp_db), pytest.warns(RuntimeWarning, match="setting up failed") as said:
+        launch(kernel, 100)
+        launch(kernel, 3000)
+    assert kernel.policy_calls == 2 and "benchmarks" not in STATS
+    assert len([w for w in said if "tunesvc" in str(w.message)]) == 1

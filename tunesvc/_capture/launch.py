@@ -219,8 +219,15 @@ def _wrap_run(cls: type) -> None:
     def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         if _process is None:
             return own(self, *args, **kwargs)
-        if type(self.cache) is not _StoreCache:
-            self.cache = _StoreCache(self, self.cache)
+        if type(self.__dict__.get("cache")) is not _StoreCache:
+            state = _state_of(self)
+            if state.off:
+                return own(self, *args, **kwargs)
+            try:
+                self.cache = _StoreCache(self, self.cache)
+            except Exception as exc:  # a cache tunesvc cannot stand in for (a read-only property)
+                _give_up(state, exc, "setting up", stacklevel=2)
+                return own(self, *args, **kwargs)
         outer = getattr(_CALL, "value", None)
         _CALL.value = (args, kwargs)
         try:

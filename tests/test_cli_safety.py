@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 from _backends import pg_database
 from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
@@ -31,6 +32,7 @@ from typer.testing import CliRunner
 from tunesvc.bundle import bundle_filename
 from tunesvc.bundle import bundle_filenames
 from tunesvc.cli import app
+from tunesvc.cli.sweep import _command_line
 from tunesvc.text import figure_text
 from tunesvc.text import visible
 
@@ -620,3 +622,14 @@ def test_hints_outside_the_cli_name_the_command_that_runs_tunesvc_here(script, n
         tune_is_tunesvc.cache_clear()
     [said] = [str(w.message) for w in caught if "heuristic one" in str(w.message)]
     assert f"tune it with `{name} sweep`" in said, said
+
+
+def test_the_resume_command_of_an_interrupted_sweep_hides_a_url_password():
+    """Ctrl-C prints the sweep's command to run again: its --db URL's password as ***."""
+    sweep = typer.main.get_command(app).commands["sweep"]
+    url = "postgresql+psycopg://tunesvc:s3cret@127.0.0.1:5432/tunesvc"
+    ctx = sweep.make_context("sweep", ["matmul", "--shape", "64x64x64", "--db", url])
+    command = _command_line(ctx, ctx.params["db"])
+    assert "s3cret" not in command and "tunesvc:***@127.0.0.1:5432/tunesvc" in command, command
+    ctx = sweep.make_context("sweep", ["matmul", "--shape", "64x64x64", "--db", "runs/tune.db"])
+    assert _command_line(ctx, ctx.params["db"]).endswith("--db runs/tune.db")

@@ -31,7 +31,8 @@ def _interrupted(store, template, hardware_id: str, keys: list[str], before: dic
     new = sum(now.values()) - sum(before.values())
     TextConsole(stderr=True).print(
         f"Interrupted: {_count(new, 'trial')} stored by this run ({sum(now.values())} in all for "
-        f"{_count(len(keys), 'shape key')}) in {store.shown_url}; a trial in flight is lost. Resume with: {command}",
+        f"{_count(len(keys), 'shape key')}) in {store.shown_url}; a trial in flight is lost. Resume with: {command}"
+        + (" (the database password in place of ***)" if "***" in command else ""),
         highlight=False,
         soft_wrap=True,
     )

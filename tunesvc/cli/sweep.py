@@ -276,6 +276,8 @@ def _print_table(template, device, url: str, results: list) -> None:
 def _command_line(ctx: typer.Context, db: str | None) -> str:
     """The command as a user types it again, rebuilt from its parsed options; a database named
     by default (./tune.db, $TUNESVC_DB) is named explicitly, so that it resumes from any folder."""
+    from tunesvc.store import database_name  # SQLAlchemy, loaded by the sweep already
+
     words = [*program().split(), ctx.info_name or "sweep"]
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
@@ -286,6 +288,8 @@ def _command_line(ctx: typer.Context, db: str | None) -> str:
             words += [str(v) for v in values]
             continue
         name = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        if param.name == "db":  # a URL's password is never printed: the user puts it back for ***
+            values = [database_name(str(v)) if "://" in str(v) else v for v in values]
         if getattr(param, "is_flag", False):
             words.append(name)
         else:

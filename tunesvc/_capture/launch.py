@@ -12,11 +12,13 @@ kernel's state (:func:`_state_of`) live here.
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 import threading
 import types
 import weakref
 from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 from triton.runtime.autotuner import Autotuner
@@ -203,6 +205,20 @@ class _StoreCache:
     def get(self, key: Any, default: Any = None) -> Any:
         return self[key] if key in self else default  # noqa: SIM401 (self.get is this method)
 
+    # a run that reads its cache as a dict (its size, whether it is empty, its keys) sees its own
+    # keys, then those tunesvc answered; a cache of its own without len() or iter() refuses them
+    # as it does without capture
+    def __len__(self) -> int:
+        size = len(self.inner)
+        return size + sum(1 for key in self._answers() or () if key not in self.inner)
+
+    def __bool__(self) -> bool:
+        return bool(self._answers()) or bool(self.inner)
+
+    def __iter__(self) -> Iterator[Any]:
+        own = iter(self.inner)
+        return itertools.chain(own, (key for key in list(self._answers() or ()) if key not in self.inner))
+
     def __getattr__(self, name: str) -> Any:  # the subclass's own cache's other methods
         if name == "inner":  # not set yet (a copy being built): no recursion
             raise AttributeError(name)
@@ -237,7 +253,10 @@ def _wrap_run(cls: type) -> None:
 
     run.__tunesvc_original__ = own  # type: ignore[attr-defined]
     run.__doc__, run.__name__, run.__qualname__ = own.__doc__, own.__name__, own.__qualname__
-    cls.run = run  # type: ignore[attr-defined]
+    try:
+        cls.run = run  # type: ignore[attr-defined]
+    except Exception:  # a metaclass that refuses it: the run stays as written, the class is still made
+        pass
 
 
 def _wrap_subclasses() -> None:
@@ -248,7 +267,14 @@ def _wrap_subclasses() -> None:
         _wrap_run(cls)
         todo.extend(cls.__subclasses__())
     if "__init_subclass__" not in Autotuner.__dict__:
-        Autotuner.__init_subclass__ = classmethod(lambda cls, **_: _wrap_run(cls))
+        Autotuner.__init_subclass__ = classmethod(_init_subclass)
+
+
+def _init_subclass(cls: type, **kwargs: Any) -> None:
+    """Autotuner's hook for a new subclass: the classes above run theirs (a mixin's registry,
+    Generic's), then the subclass's own run is wrapped."""
+    super(Autotuner, cls).__init_subclass__(**kwargs)
+    _wrap_run(cls)
 
 
 _autotuner_params = set(inspect.signature(Autotuner.__init__).parameters)

@@ -699,3 +699,24 @@ def test_a_forked_child_tunes_on_connections_of_its_own(tmp_db):
         assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         keys = {row[0] for row in connection.execute("select shape_key from tunesvc_winners")}
     assert {key.split(",")[0] for key in keys} == {f"n={n}" for n in (N, N + 7, N + 13)}
+
+
+def test_a_deep_copy_of_a_captured_kernel_is_a_kernel_of_its_own(tmp_db):
+    """copy.deepcopy of a kernel captured and launched (a model deep-copied with the kernels it
+    holds) copies as Triton's does, where tunesvc's state (its lock) raised a TypeError: the copy
+    makes its state at its first launch, a tunesvc.autotune copy with its own name and settings."""
+    import copy
+
+    plain, ours = autotuned(_scale), tunesvc.autotune(CONFIGS, ["n"], name="ours", mode="lookup", db=tmp_db)(_scale)
+    with tunesvc.capture(db=tmp_db):
+        for kernel in (plain, ours):
+            kernel[grid(N)](torch.randn(N), torch.empty(N), N, 2.0)
+            twin = copy.deepcopy(kernel)
+            x, out = torch.randn(N + 1), torch.empty(N + 1)
+            twin[grid(N + 1)](x, out, N + 1, 2.0)
+            torch.testing.assert_close(out, 2.0 * x)
+            assert twin.__dict__["_tunesvc"] is not kernel.__dict__["_tunesvc"]
+    assert twin.__dict__["_tunesvc"].name == "ours" and twin.__dict__["_tunesvc"].settings.mode == "lookup"
+    assert STATS["tuned"] == 2  # the plain kernel's two keys; ours serves them in mode lookup
+    tunesvc.uncapture()
+    copy.deepcopy(plain)[grid(N)](torch.randn(N), torch.empty(N), N, 2.0)  # capture off: Triton's

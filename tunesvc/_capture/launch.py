@@ -60,7 +60,10 @@ def _state_of(tuner: Autotuner) -> _State:
             state = tuner.__dict__.get("_tunesvc")
             if state is None:
                 try:
-                    state = _State(tuner, _process or Settings.resolve(), None, {})
+                    if isinstance(tuner, CapturedKernel):  # a copy of one (see _State.__reduce__)
+                        state = tuner._new_state()
+                    else:
+                        state = _State(tuner, _process or Settings.resolve(), None, {})
                 except Exception as exc:  # fails open: the kernel runs as Triton's
                     off = _Off(tuner)
                     _give_up(off, exc, "setting up", stacklevel=4)
@@ -306,17 +309,19 @@ class CapturedKernel(Autotuner):
             )
         super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **triton_options)
         self._explicit = (mode, db, bundle)
-        chosen = Settings.resolve(mode, db, bundle, base=_process)
-        self.__dict__["_tunesvc"] = _State(self, chosen, name, {"tolerance": tolerance})
+        self._named = (name, {"tolerance": tolerance})
+        self.__dict__["_tunesvc"] = self._new_state()
         _STATES.add(self)
 
     run = captured_run
 
+    def _new_state(self) -> _State:
+        """Its state under the capture of now: explicit options keep winning."""
+        return _State(self, Settings.resolve(*self._explicit, base=_process), *self._named)
+
     def _rebind(self) -> None:
-        """New settings after capture()/configure(): explicit options keep winning."""
-        old = self.__dict__["_tunesvc"]
-        chosen = Settings.resolve(*self._explicit, base=_process)
-        self.__dict__["_tunesvc"] = _State(self, chosen, old.name, old.options)
+        """New settings after capture()/configure()."""
+        self.__dict__["_tunesvc"] = self._new_state()
 
 
 def autotune(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
+import sys
 import threading
 import types
 import weakref
@@ -44,8 +45,11 @@ from tunesvc._capture.sharing import _shared
 from tunesvc._capture.sharing import _State
 from tunesvc.errors import TunesvcError
 
-#: Triton's own Autotuner.run (the interpreter-start hook may have put a trampoline there first)
-_TRITON_RUN: Callable[..., Any] = getattr(Autotuner.run, "__tunesvc_original__", Autotuner.run)
+#: Triton's own Autotuner.run (the interpreter-start hook may have put a trampoline there first,
+#: and a library its own run over that: the hook kept Triton's)
+_TRITON_RUN: Callable[..., Any] = getattr(sys.modules.get("_tunesvc_capture"), "TRITON_RUN", None) or getattr(
+    Autotuner.run, "__tunesvc_original__", Autotuner.run
+)
 
 
 _STATES: weakref.WeakSet[Autotuner] = weakref.WeakSet()
@@ -62,8 +66,10 @@ def _state_of(tuner: Autotuner) -> _State:
                 try:
                     if isinstance(tuner, CapturedKernel):  # a copy of one (see _State.__reduce__)
                         state = tuner._new_state()
+                    elif _process is None:  # reached through a library's own run after uncapture()
+                        state = _Off(tuner)
                     else:
-                        state = _State(tuner, _process or Settings.resolve(), None, {})
+                        state = _State(tuner, _process, None, {})
                 except Exception as exc:  # fails open: the kernel runs as Triton's
                     off = _Off(tuner)
                     _give_up(off, exc, "setting up", stacklevel=4)
@@ -129,6 +135,10 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         rest = {k: v for k, v in kwargs.items() if k != "grid" and k != "warmup"}
         return direct.launch(kwargs["grid"], args, {**rest, **launch})
     return self.fn.run(*args, **kwargs, **launch)
+
+
+#: tunesvc's run is Triton's run, captured (a trampoline that finds it on Autotuner calls it)
+captured_run.__tunesvc_original__ = _TRITON_RUN  # type: ignore[attr-defined]
 
 
 # -- Autotuner subclasses with a run of their own (FlagGems' LibTuner, for one) ------------------
@@ -410,6 +420,17 @@ def capture(
     """
     previous = _process
     _apply(Settings.resolve(mode, db, bundle))
+    if not _ours(Autotuner.__dict__.get("run")):
+        import warnings
+
+        run = Autotuner.__dict__.get("run")
+        warnings.warn(
+            f"tunesvc: Autotuner.run is {getattr(run, '__module__', '?')}.{getattr(run, '__qualname__', run)}, "
+            "another library's: it stays, and capture reaches plain triton.autotune kernels only through the run "
+            "it replaced (call tunesvc.capture() before that library replaces it).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return Capture(previous, True)
 
 
@@ -425,7 +446,8 @@ def _apply(chosen: Settings | None) -> None:
     global _process, _summary_registered
     with _settings_lock:
         _process = chosen
-        Autotuner.run = captured_run if chosen is not None else _TRITON_RUN
+        if _ours(Autotuner.__dict__.get("run")):  # a library's own run stays (it may call tunesvc's)
+            Autotuner.run = captured_run if chosen is not None else _TRITON_RUN
         if chosen is not None:
             _wrap_subclasses()
             if not _summary_registered and (settings.summary_requested() or settings.summary_file()):
@@ -439,6 +461,11 @@ def _apply(chosen: Settings | None) -> None:
             tuner._rebind()
 
 
+def _ours(run: Any) -> bool:
+    """Whether ``run`` on Autotuner is Triton's, tunesvc's or the start-up hook's trampoline."""
+    return run is _TRITON_RUN or getattr(run, "__tunesvc_original__", None) is not None
+
+
 def capturing() -> Settings | None:
     """The process's capture settings, or None when plain triton.autotune kernels run as Triton's."""
     return _process
@@ -447,4 +474,4 @@ def capturing() -> Settings | None:
 def capture_from_env() -> None:
     """What ``TUNESVC_CAPTURE=1`` does once Triton's autotuner is imported (see _tunesvc_capture)."""
     if settings.capture_requested() and _process is None:
-        capture()
+        _apply(Settings.resolve())  # a library's run over the hook's trampoline reaches tunesvc's through it

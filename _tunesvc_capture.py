@@ -33,9 +33,11 @@ def install() -> None:
 def patch(module) -> None:
     """Put the trampoline on ``module.Autotuner.run`` and on the own ``run`` of each subclass,
     defined already or later (FlagGems' ``LibTuner`` never calls ``Autotuner.run``), once."""
+    global TRITON_RUN
     autotuner = module.Autotuner
     if getattr(autotuner.run, "__tunesvc_original__", None) is not None:
         return
+    TRITON_RUN = autotuner.run
     todo = [autotuner]
     while todo:  # a library imported before this hook ran (a pytest plugin's late call) has its subclasses
         cls = todo.pop()
@@ -54,6 +56,11 @@ def patch(module) -> None:
 #: class -> its own run, for every class whose run is a trampoline now (Autotuner -> None while
 #: its __init_subclass__ is the hook's)
 _HOOKED: dict = {}
+#: Triton's own Autotuner.run, kept before a library may put its own run over the trampoline
+TRITON_RUN = None
+_STARTED = []
+#: Autotuner -> tunesvc's run, once capture started: what a trampoline kept by a library calls
+_CAPTURED: dict = {}
 _LOCK = threading.Lock()
 
 
@@ -68,11 +75,17 @@ def _trampoline(autotuner, cls) -> None:
     def run(self, *args, **kwargs):
         _start(autotuner)
         now = cls.__dict__.get("run")  # the class's own run as tunesvc left it: itself, or wrapped
-        return (original if now is None or now is run else now)(self, *args, **kwargs)
+        if now is run or getattr(now, "__tunesvc_original__", None) is not original:
+            # gone, or a library's own run that called this one, found there: tunesvc's beneath it
+            now = _CAPTURED.get(cls, original)
+        return now(self, *args, **kwargs)
 
     run.__tunesvc_original__ = original
     run.__name__, run.__qualname__, run.__doc__ = original.__name__, original.__qualname__, original.__doc__
-    cls.run = run
+    try:
+        cls.run = run
+    except Exception:  # a metaclass that refuses it: left as written, as above
+        return
     _HOOKED[cls] = original
 
 
@@ -80,6 +93,9 @@ def _start(autotuner) -> None:
     """Every trampoline's first act: put each class's own run back, then let tunesvc take over
     (it wraps ``Autotuner.run`` and its subclasses' runs as ``tunesvc.capture()`` does)."""
     with _LOCK:
+        if _STARTED:  # once: a library that kept a trampoline calls it at every launch
+            return
+        _STARTED.append(True)
         for cls, original in list(_HOOKED.items()):
             if original is None:  # the subclass hook on Autotuner itself
                 if "__init_subclass__" in autotuner.__dict__:
@@ -89,8 +105,10 @@ def _start(autotuner) -> None:
             del _HOOKED[cls]
     try:
         from tunesvc._capture import capture_from_env
+        from tunesvc._capture.launch import captured_run
 
         capture_from_env()
+        _CAPTURED[autotuner] = captured_run
     except Exception as exc:  # capture fails open: tunesvc that cannot start leaves Triton be
         import warnings
 

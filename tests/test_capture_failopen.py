@@ -699,3 +699,108 @@ def test_a_forked_child_tunes_on_connections_of_its_own(tmp_db):
         assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         keys = {row[0] for row in connection.execute("select shape_key from tunesvc_winners")}
     assert {key.split(",")[0] for key in keys} == {f"n={n}" for n in (N, N + 7, N + 13)}
+
+
+def test_a_deep_copy_of_a_captured_kernel_is_a_kernel_of_its_own(tmp_db):
+    """copy.deepcopy of a kernel captured and launched (a model deep-copied with the kernels it
+    holds) copies as Triton's does, where tunesvc's state (its lock) raised a TypeError: the copy
+    makes its state at its first launch, a tunesvc.autotune copy with its own name and settings."""
+    import copy
+
+    plain, ours = autotuned(_scale), tunesvc.autotune(CONFIGS, ["n"], name="ours", mode="lookup", db=tmp_db)(_scale)
+    with tunesvc.capture(db=tmp_db):
+        for kernel in (plain, ours):
+            kernel[grid(N)](torch.randn(N), torch.empty(N), N, 2.0)
+            twin = copy.deepcopy(kernel)
+            x, out = torch.randn(N + 1), torch.empty(N + 1)
+            twin[grid(N + 1)](x, out, N + 1, 2.0)
+            torch.testing.assert_close(out, 2.0 * x)
+            assert twin.__dict__["_tunesvc"] is not kernel.__dict__["_tunesvc"]
+    assert twin.__dict__["_tunesvc"].name == "ours" and twin.__dict__["_tunesvc"].settings.mode == "lookup"
+    assert STATS["tuned"] == 2  # the plain kernel's two keys; ours serves them in mode lookup
+    tunesvc.uncapture()
+    copy.deepcopy(plain)[grid(N)](torch.randn(N), torch.empty(N), N, 2.0)  # capture off: Triton's
+
+
+_WRAPPING_LIBRARY = """
+import sys
+
+sys.path.insert(0, {tests!r})
+import threading
+
+import torch
+import triton
+from _capture import scale
+from triton.runtime.autotuner import Autotuner
+
+LOCK, CALLS = threading.Lock(), []
+original = Autotuner.run
+
+
+def locked_run(self, *args, **kwargs):  # a library's own run: it serialises every autotuned launch
+    CALLS.append(1)
+    with LOCK:
+        return original(self, *args, **kwargs)
+
+
+Autotuner.run = locked_run
+configs = [triton.Config({{"BLOCK": b}}) for b in (16, 32, 64)]
+kernel = triton.autotune(configs, key=["n"], do_bench=lambda fn, quantiles: [1.0] * len(quantiles))(scale)
+for n in (100, 200, 300):
+    x, out = torch.randn(n), torch.empty(n)
+    kernel[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, out, n, 2.0)
+    torch.testing.assert_close(out, 2.0 * x)
+capture = sys.modules.get("tunesvc._capture")
+print(len(CALLS), sorted(capture.STATS.items()) if capture else None)
+"""
+
+
+def test_a_library_that_replaces_autotuner_run_keeps_its_run(tmp_path, tmp_db):
+    """A library's own Autotuner.run (a lock around every launch, a recorder) stays in place
+    under capture: TUNESVC_CAPTURE=1 no longer drops it at the first launch (tunesvc runs
+    beneath it), and a kernel left to Triton there (mode off) no longer recurses until
+    RecursionError (Triton's run was taken to be the library's); uncapture() or capture() again
+    no longer put Triton's or tunesvc's in its place; one that was there before capture() is
+    left as it is, said once."""
+    (tmp_path / "library.py").write_text(_WRAPPING_LIBRARY.format(tests=str(Path(__file__).parent)))
+
+    def run(**env):
+        done = subprocess.run(
+            [sys.executable, "library.py"],
+            cwd=tmp_path,
+            env=interpreter_env(TUNESVC_CAPTURE="1", TUNESVC_DB=tmp_db, **env),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0 and "tunesvc:" not in done.stderr, done.stderr
+        return done.stdout.strip()
+
+    assert run() == "3 [('benchmarks', 9), ('tuned', 3)]"
+    assert run(TUNESVC_MODE="off") == "3 []"
+
+    from triton.runtime.autotuner import Autotuner
+
+    calls = []
+    kernel = autotuned(_scale)
+    with tunesvc.capture(db=tmp_db):
+        original = Autotuner.run
+
+        def recorded(self, *args, **kwargs):
+            calls.append(1)
+            return original(self, *args, **kwargs)
+
+        Autotuner.run = recorded
+        try:
+            kernel[grid(N)](torch.randn(N), torch.empty(N), N, 2.0)  # captured, through the library's run
+            tunesvc.uncapture()
+            assert Autotuner.run is recorded
+            kernel[grid(N + 1)](torch.randn(N + 1), torch.empty(N + 1), N + 1, 2.0)  # Triton's, through it
+            assert calls == [1, 1] and STATS["tuned"] == 1
+            with pytest.warns(RuntimeWarning, match="Autotuner.run is .*recorded") as said:
+                tunesvc.capture(db=tmp_db)
+            assert len(said) == 1 and Autotuner.run is recorded
+            kernel[grid(N + 2)](torch.randn(N + 2), torch.empty(N + 2), N + 2, 2.0)
+            assert calls == [1, 1, 1] and STATS["tuned"] == 2  # it calls tunesvc's: captured
+        finally:
+            Autotuner.run = original

@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -377,3 +378,99 @@ def test_a_subclass_whose_cache_cannot_be_replaced_runs_its_own_search_with_one_
         launch(kernel, 3000)
     assert kernel.policy_calls == 2 and "benchmarks" not in STATS
     assert len([w for w in said if "tunesvc" in str(w.message)]) == 1
+
+
+class CountingTuner(Autotuner):
+    """A subclass whose run reads its cache as a dict: its size, whether it is empty, its keys."""
+
+    def run(self, *args, **kwargs):
+        nargs = dict(zip(self.arg_names, args))
+        key = (nargs["n"],)
+        self.seen = (len(self.cache), bool(self.cache), list(self.cache))
+        if key not in self.cache:
+            self.cache[key] = self.configs[-1]
+        self.best_config = self.cache[key]
+        return self.fn.run(*args, **kwargs, **self.best_config.all_kwargs())
+
+
+def test_a_subclass_reads_its_cache_as_a_dict_while_captured(tmp_db):
+    """len(), truth and iteration of the cache a subclass's run sees: its own keys and those
+    tunesvc answered, as the dict would hold them without capture (a TypeError before)."""
+    kernel = CountingTuner(_scale, _scale.arg_names, CONFIGS, ["n"], None, None)
+    kernel.cache[(7,)] = CONFIGS[0]  # a key of its own, from before capture
+    with tunesvc.capture(mode="lookup", db=tmp_db):
+        launch(kernel, 100)
+        assert kernel.seen == (1, True, [(7,)])
+        launch(kernel, 200)
+        assert kernel.seen == (2, True, [(7,), (100,)])
+        assert len(kernel.cache) == 3 and list(kernel.cache) == [(7,), (100,), (200,)]
+    empty = CountingTuner(_scale, _scale.arg_names, CONFIGS, ["n"], None, None)
+    with tunesvc.capture(mode="lookup", db=tmp_db):
+        launch(empty, 100)
+    assert empty.seen == (0, False, [])
+    # a cache of its own that has no len(): refused as without capture, and truthy as without it
+    kernel = bucket_tune(_scale)
+    with tunesvc.capture(mode="lookup", db=tmp_db):
+        launch(kernel, 100)
+        assert bool(kernel.cache)
+        with pytest.raises(TypeError, match="has no len"):
+            len(kernel.cache)
+
+
+class Registered:
+    """A mixin that registers its subclasses (a plugin registry's __init_subclass__)."""
+
+    found: list[str] = []
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        Registered.found.append(cls.__name__)
+
+
+class RefusesRun(type):
+    """A metaclass that freezes ``run`` once the class is made."""
+
+    def __setattr__(cls, name, value):
+        if name == "run":
+            raise AttributeError(f"{cls.__name__}.run is frozen")
+        super().__setattr__(name, value)
+
+
+def test_a_subclass_defined_while_capturing_keeps_its_class_hooks_and_metaclass(tmp_db, tmp_path):
+    """Classes defined while capturing: a mixin's __init_subclass__ still runs (capture's own hook
+    on Autotuner skipped it), and a metaclass that refuses a new ``run`` leaves the class's run as
+    written, where defining the class (or capturing) raised its AttributeError."""
+    Registered.found.clear()
+    with tunesvc.capture(mode="tune", db=tmp_db):
+
+        class Plugin(BucketTuner, Registered):
+            def run(self, *args, **kwargs):
+                return super().run(*args, **kwargs)
+
+        class Frozen(BucketTuner, metaclass=RefusesRun):
+            def run(self, *args, **kwargs):
+                return super().run(*args, **kwargs)
+
+        assert Registered.found == ["Plugin"]
+        launch(Plugin(_scale, _scale.arg_names, CONFIGS, ["n"], None, None), 100)
+        frozen = Frozen(_scale, _scale.arg_names, CONFIGS, ["n"], None, None)
+        launch(frozen, 100)
+    assert frozen.policy_calls == 0 and STATS["tuned"] == 1  # Frozen's run calls BucketTuner's, wrapped
+    tunesvc.capture(mode="tune", db=tmp_db)  # wrapping every subclass again passes over Frozen
+    (tmp_path / "frozen.py").write_text(
+        "from triton.runtime.autotuner import Autotuner\n"
+        "from test_capture_subclass import Registered, RefusesRun\n"
+        "class Frozen(Autotuner, Registered, metaclass=RefusesRun):\n"
+        "    def run(self, *args, **kwargs):\n"
+        "        return super().run(*args, **kwargs)\n"
+        "print(Registered.found)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "frozen.py"],
+        cwd=tmp_path,
+        env=interpreter_env(TUNESVC_CAPTURE="1", TUNESVC_DB=tmp_db, PYTHONPATH=str(Path(__file__).parent)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "['Frozen']", done.stderr

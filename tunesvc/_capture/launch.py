@@ -12,11 +12,14 @@ kernel's state (:func:`_state_of`) live here.
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
+import sys
 import threading
 import types
 import weakref
 from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 from triton.runtime.autotuner import Autotuner
@@ -42,8 +45,11 @@ from tunesvc._capture.sharing import _shared
 from tunesvc._capture.sharing import _State
 from tunesvc.errors import TunesvcError
 
-#: Triton's own Autotuner.run (the interpreter-start hook may have put a trampoline there first)
-_TRITON_RUN: Callable[..., Any] = getattr(Autotuner.run, "__tunesvc_original__", Autotuner.run)
+#: Triton's own Autotuner.run (the interpreter-start hook may have put a trampoline there first,
+#: and a library its own run over that: the hook kept Triton's)
+_TRITON_RUN: Callable[..., Any] = getattr(sys.modules.get("_tunesvc_capture"), "TRITON_RUN", None) or getattr(
+    Autotuner.run, "__tunesvc_original__", Autotuner.run
+)
 
 
 _STATES: weakref.WeakSet[Autotuner] = weakref.WeakSet()
@@ -58,7 +64,12 @@ def _state_of(tuner: Autotuner) -> _State:
             state = tuner.__dict__.get("_tunesvc")
             if state is None:
                 try:
-                    state = _State(tuner, _process or Settings.resolve(), None, {})
+                    if isinstance(tuner, CapturedKernel):  # a copy of one (see _State.__reduce__)
+                        state = tuner._new_state()
+                    elif _process is None:  # reached through a library's own run after uncapture()
+                        state = _Off(tuner)
+                    else:
+                        state = _State(tuner, _process, None, {})
                 except Exception as exc:  # fails open: the kernel runs as Triton's
                     off = _Off(tuner)
                     _give_up(off, exc, "setting up", stacklevel=4)
@@ -124,6 +135,10 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         rest = {k: v for k, v in kwargs.items() if k != "grid" and k != "warmup"}
         return direct.launch(kwargs["grid"], args, {**rest, **launch})
     return self.fn.run(*args, **kwargs, **launch)
+
+
+#: tunesvc's run is Triton's run, captured (a trampoline that finds it on Autotuner calls it)
+captured_run.__tunesvc_original__ = _TRITON_RUN  # type: ignore[attr-defined]
 
 
 # -- Autotuner subclasses with a run of their own (FlagGems' LibTuner, for one) ------------------
@@ -203,6 +218,20 @@ class _StoreCache:
     def get(self, key: Any, default: Any = None) -> Any:
         return self[key] if key in self else default  # noqa: SIM401 (self.get is this method)
 
+    # a run that reads its cache as a dict (its size, whether it is empty, its keys) sees its own
+    # keys, then those tunesvc answered; a cache of its own without len() or iter() refuses them
+    # as it does without capture
+    def __len__(self) -> int:
+        size = len(self.inner)
+        return size + sum(1 for key in self._answers() or () if key not in self.inner)
+
+    def __bool__(self) -> bool:
+        return bool(self._answers()) or bool(self.inner)
+
+    def __iter__(self) -> Iterator[Any]:
+        own = iter(self.inner)
+        return itertools.chain(own, (key for key in list(self._answers() or ()) if key not in self.inner))
+
     def __getattr__(self, name: str) -> Any:  # the subclass's own cache's other methods
         if name == "inner":  # not set yet (a copy being built): no recursion
             raise AttributeError(name)
@@ -237,7 +266,10 @@ def _wrap_run(cls: type) -> None:
 
     run.__tunesvc_original__ = own  # type: ignore[attr-defined]
     run.__doc__, run.__name__, run.__qualname__ = own.__doc__, own.__name__, own.__qualname__
-    cls.run = run  # type: ignore[attr-defined]
+    try:
+        cls.run = run  # type: ignore[attr-defined]
+    except Exception:  # a metaclass that refuses it: the run stays as written, the class is still made
+        pass
 
 
 def _wrap_subclasses() -> None:
@@ -248,7 +280,14 @@ def _wrap_subclasses() -> None:
         _wrap_run(cls)
         todo.extend(cls.__subclasses__())
     if "__init_subclass__" not in Autotuner.__dict__:
-        Autotuner.__init_subclass__ = classmethod(lambda cls, **_: _wrap_run(cls))
+        Autotuner.__init_subclass__ = classmethod(_init_subclass)
+
+
+def _init_subclass(cls: type, **kwargs: Any) -> None:
+    """Autotuner's hook for a new subclass: the classes above run theirs (a mixin's registry,
+    Generic's), then the subclass's own run is wrapped."""
+    super(Autotuner, cls).__init_subclass__(**kwargs)
+    _wrap_run(cls)
 
 
 _autotuner_params = set(inspect.signature(Autotuner.__init__).parameters)
@@ -280,17 +319,19 @@ class CapturedKernel(Autotuner):
             )
         super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **triton_options)
         self._explicit = (mode, db, bundle)
-        chosen = Settings.resolve(mode, db, bundle, base=_process)
-        self.__dict__["_tunesvc"] = _State(self, chosen, name, {"tolerance": tolerance})
+        self._named = (name, {"tolerance": tolerance})
+        self.__dict__["_tunesvc"] = self._new_state()
         _STATES.add(self)
 
     run = captured_run
 
+    def _new_state(self) -> _State:
+        """Its state under the capture of now: explicit options keep winning."""
+        return _State(self, Settings.resolve(*self._explicit, base=_process), *self._named)
+
     def _rebind(self) -> None:
-        """New settings after capture()/configure(): explicit options keep winning."""
-        old = self.__dict__["_tunesvc"]
-        chosen = Settings.resolve(*self._explicit, base=_process)
-        self.__dict__["_tunesvc"] = _State(self, chosen, old.name, old.options)
+        """New settings after capture()/configure()."""
+        self.__dict__["_tunesvc"] = self._new_state()
 
 
 def autotune(
@@ -379,6 +420,17 @@ def capture(
     """
     previous = _process
     _apply(Settings.resolve(mode, db, bundle))
+    if not _ours(Autotuner.__dict__.get("run")):
+        import warnings
+
+        run = Autotuner.__dict__.get("run")
+        warnings.warn(
+            f"tunesvc: Autotuner.run is {getattr(run, '__module__', '?')}.{getattr(run, '__qualname__', run)}, "
+            "another library's: it stays, and capture reaches plain triton.autotune kernels only through the run "
+            "it replaced (call tunesvc.capture() before that library replaces it).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return Capture(previous, True)
 
 
@@ -394,7 +446,8 @@ def _apply(chosen: Settings | None) -> None:
     global _process, _summary_registered
     with _settings_lock:
         _process = chosen
-        Autotuner.run = captured_run if chosen is not None else _TRITON_RUN
+        if _ours(Autotuner.__dict__.get("run")):  # a library's own run stays (it may call tunesvc's)
+            Autotuner.run = captured_run if chosen is not None else _TRITON_RUN
         if chosen is not None:
             _wrap_subclasses()
             if not _summary_registered and (settings.summary_requested() or settings.summary_file()):
@@ -408,6 +461,11 @@ def _apply(chosen: Settings | None) -> None:
             tuner._rebind()
 
 
+def _ours(run: Any) -> bool:
+    """Whether ``run`` on Autotuner is Triton's, tunesvc's or the start-up hook's trampoline."""
+    return run is _TRITON_RUN or getattr(run, "__tunesvc_original__", None) is not None
+
+
 def capturing() -> Settings | None:
     """The process's capture settings, or None when plain triton.autotune kernels run as Triton's."""
     return _process
@@ -416,4 +474,4 @@ def capturing() -> Settings | None:
 def capture_from_env() -> None:
     """What ``TUNESVC_CAPTURE=1`` does once Triton's autotuner is imported (see _tunesvc_capture)."""
     if settings.capture_requested() and _process is None:
-        capture()
+        _apply(Settings.resolve())  # a library's run over the hook's trampoline reaches tunesvc's through it

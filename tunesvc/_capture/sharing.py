@@ -194,6 +194,11 @@ class _State:
         #: (@triton.heuristics): then fn.run, as Triton's Autotuner calls it
         self.direct = DirectLaunch(tuner.fn) if isinstance(tuner.fn, (JITFunction, InterpretedFunction)) else None
 
+    def __reduce__(self) -> tuple[Callable[[], None], tuple[()]]:
+        """A copy of the kernel (copy.deepcopy, pickle) gets no state: it makes its own at its first
+        launch, under the capture of that time (a lock cannot be copied)."""
+        return _no_state, ()
+
     @property
     def template(self) -> CapturedTemplate:
         if self._template is None:
@@ -218,3 +223,7 @@ class _State:
             wanted = config_hash(dict(stored))
             config = next((c for c in candidates() if config_hash(config_dict(c)) == wanted), None)
         return config
+
+
+def _no_state() -> None:
+    return None

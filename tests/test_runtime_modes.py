@@ -87,7 +87,7 @@ def test_concurrent_misses_from_several_processes_tune_the_key_once(tmp_path):
     ]
     outputs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in outputs]
-    assert sorted(out.strip() for out, _ in outputs) == ["tuned"] * 3
+    assert sorted(out.strip() for out, _ in outputs) == ["tuned"] * 3, [err[-1500:] for _, err in outputs]
     assert _count(db, "select count(*) from tunesvc_sweeps") == 1  # one process tuned, the others waited
     assert _count(db, "select count(*) from tunesvc_trials") == 3
     assert _count(db, "select count(*) from tunesvc_winners") == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+from pathlib import Path
 
 import pytest
 from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQL database)
@@ -151,6 +152,11 @@ def test_eight_processes_create_one_database_at_once(db_url):
         engine.dispose()
     if "://" not in db_url:
         assert _integrity(db_url) == [("ok",)]
+        # each process made its file apart and linked it in only where none was: one file, in WAL
+        # mode from its first byte, and none of the eight processes' own files left beside it
+        folder = Path(db_url).parent
+        assert sorted(p.name for p in folder.iterdir() if ".new" in p.name) == []
+        assert Path(db_url).read_bytes()[18:20] == bytes([2, 2])  # the header's WAL mode
 
 
 def test_six_sweeps_start_optuna_studies_in_one_new_store_at_once(db_url):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shlex
 import shutil
 import socket
@@ -224,7 +225,8 @@ class Store(BaseStore):
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._skipped: set[tuple[str, str, str]] = set()  # rows already warned about
         with self._errors():
-            self._prepare_schema(upgrade)
+            created = self._create_whole() if self.is_sqlite and not readonly and self.path else False
+            self._prepare_schema(upgrade, created)
         self._insert_new_trials = _insert_new_trials(
             self.engine.dialect
         )  # once connected: the dialect knows its server
@@ -241,7 +243,35 @@ class Store(BaseStore):
         # bad bytes, so the row fails its own checks and is skipped, not the whole command stopped
         dbapi_connection.text_factory = _utf8_or_replaced
 
-    def _prepare_schema(self, upgrade: bool = False) -> None:
+    def _create_whole(self) -> bool:
+        """Create a new SQLite file whole: its tables and WAL mode are made in a file of its own in
+        the same folder, which is then linked to the path only if nothing is there yet. Processes
+        that create one database at once (the runtime's first misses, a fleet's workers) thus
+        never read a file another is still creating, nor open it while it changes journal mode.
+        True when this process's file is the one at the path."""
+        path = Path(str(self.path))
+        if path.exists() or self.path == ":memory:":
+            return False
+        new = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.new")
+        engine = create_engine(f"sqlite:///{new}")
+        event.listen(engine, "connect", self._sqlite_pragmas)
+        try:
+            _migrate.migrate(engine, self._where())
+            with engine.connect() as connection:
+                connection.exec_driver_sql("PRAGMA journal_mode = WAL")
+            engine.dispose()  # the last connection closes: its -wal is checkpointed and removed
+            os.link(new, path)
+            return True
+        except FileExistsError:  # another process linked its file first: that one is used
+            return False
+        except OSError:  # a file system without hard links: the file is created in place, as before
+            return False
+        finally:
+            engine.dispose()
+            for side in ("", "-wal", "-shm", "-journal"):
+                Path(f"{new}{side}").unlink(missing_ok=True)
+
+    def _prepare_schema(self, upgrade: bool = False, created: bool = False) -> None:
         if self.is_sqlite and self.path not in (None, "", ":memory:") and Path(self.path).exists():
             self._quick_check()
         with self.engine.connect() as connection:
@@ -250,7 +280,7 @@ class Store(BaseStore):
         if views is not None:
             event.listen(self.engine, "connect", views)
             self.engine.dispose()  # the connection pooled above has no views
-        self.revision_found, self.revision = found, found
+        self.revision_found, self.revision = (None if created else found), found
         if found is None and self.readonly:
             raise DatabaseNotCreated(
                 f"{self._where()} is not a tunesvc database yet; create its tables with `tune db init` (or `tune sweep`) first."

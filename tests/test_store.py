@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -453,3 +455,23 @@ def test_merge_selector_adds_where_none_is_stored_and_keeps_a_stored_one(store, 
     # a sweep's refit replaces it
     store.save_selector(template, hardware_id, second, 9)
     assert store.selector(template.name, template.version, hardware_id) == second
+
+
+@pytest.mark.parametrize("query", ["", "?connect_timeout=1"], ids=["default", "the-urls-own"])
+def test_a_postgresql_server_that_never_answers_is_given_up_on(query):
+    """A server (or a proxy) that accepts the connection and never answers: libpq alone waits for
+    ever, which hung every command and a captured program; the store gives up after
+    CONNECT_TIMEOUT_S, or the URL's own connect_timeout, in one sentence."""
+    from tunesvc.store._store import CONNECT_TIMEOUT_S
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TunesvcError, match="timeout"):
+            Store(f"postgresql+psycopg://tunesvc@127.0.0.1:{silent.getsockname()[1]}/x{query}")
+        waited = time.monotonic() - start
+    finally:
+        silent.close()
+    assert waited < (3 if query else CONNECT_TIMEOUT_S + 5), waited

@@ -90,6 +90,10 @@ DEFAULT_DB = settings.DEFAULT_DB
 BUSY_TIMEOUT_S = 30
 #: how long the damage check reads again while another process writes the file (seconds)
 WRITER_WAIT_S = 5.0
+#: seconds to wait for a PostgreSQL server to answer a new connection (libpq waits for ever by
+#: default: a server or proxy that accepts and never answers would hang every command and a
+#: captured program); a URL's own ?connect_timeout= wins
+CONNECT_TIMEOUT_S = 10
 #: a transaction open this long is said to be waiting (see Store._said_if_waiting)
 LOCK_NOTICE_S = 5.0
 
@@ -217,7 +221,9 @@ class Store(BaseStore):
             # fails once, SQLAlchemy then drops the whole pool, and callers retry (tunesvc.fleet.jobs)
             # every JSON column decoded by load_json: a value nested too deep or too long reads as
             # Unreadable (the row's check skips it) instead of raising while the query fetches
-            self.engine = create_engine(url, json_deserializer=load_json)
+            waits = url.get_driver_name() in ("psycopg", "psycopg2") and "connect_timeout" not in url.query
+            connect_args = {"connect_timeout": CONNECT_TIMEOUT_S} if waits else {}
+            self.engine = create_engine(url, json_deserializer=load_json, connect_args=connect_args)
         except Exception as exc:  # a missing DBAPI driver, a malformed URL
             raise TunesvcError(f"Cannot use database '{_hide_password(self.url)}': {exc}.") from None
         if self.is_sqlite:

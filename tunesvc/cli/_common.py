@@ -153,6 +153,21 @@ def _complete_kernel(incomplete: str) -> list[str]:
     return [name for name in kernel_names() if name.startswith(incomplete)]
 
 
+#: --kernel of the commands that read stored winners (show, export, verify, report)
+KernelFilter = Annotated[
+    str | None,
+    typer.Option(help="Only this kernel (a filter that matches nothing is an error).", autocompletion=_complete_kernel),
+]
+#: the kernel a command builds a template of (sweep, space)
+KernelArgument = Annotated[
+    str,
+    typer.Argument(
+        help="Kernel name (see `tune kernels`; the library's names, such as layer_norm, too) or module:attribute.",
+        autocompletion=_complete_kernel,
+    ),
+]
+
+
 def _complete_strategy(incomplete: str) -> list[str]:
     from tunesvc.completion import strategy_names  # only a TAB press needs it
 

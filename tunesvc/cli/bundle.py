@@ -13,9 +13,9 @@ from rich.text import Text
 
 from tunesvc.cli._common import DbOption
 from tunesvc.cli._common import JsonOption
+from tunesvc.cli._common import KernelFilter
 from tunesvc.cli._common import TextConsole
 from tunesvc.cli._common import _check_count
-from tunesvc.cli._common import _complete_kernel
 from tunesvc.cli._common import _count
 from tunesvc.cli._common import _kernel_filter
 from tunesvc.cli._common import _keyed_table
@@ -38,12 +38,7 @@ def export(
             help="A .json file (one device) or a folder (one file per device). A file is replaced only when it is a tunesvc bundle (in a folder: of the same device); links and other files are refused."
         ),
     ] = Path("tunesvc-bundles"),
-    kernel: Annotated[
-        str | None,
-        typer.Option(
-            help="Only this kernel (a filter that matches nothing is an error).", autocompletion=_complete_kernel
-        ),
-    ] = None,
+    kernel: KernelFilter = None,
     device: Annotated[str | None, typer.Option(help="Only this device hardware id (see `tune show --json`).")] = None,
     db: DbOption = None,
 ) -> None:
@@ -131,12 +126,7 @@ def import_(
 @app.command()
 @user_errors
 def verify(
-    kernel: Annotated[
-        str | None,
-        typer.Option(
-            help="Only this kernel (a filter that matches nothing is an error).", autocompletion=_complete_kernel
-        ),
-    ] = None,
+    kernel: KernelFilter = None,
     margin: Annotated[
         float, typer.Option(help="Flag a winner when the heuristic is faster by more than this fraction.")
     ] = 0.05,
@@ -217,12 +207,7 @@ def verify(
 @user_errors
 def report(
     db: DbOption = None,
-    kernel: Annotated[
-        str | None,
-        typer.Option(
-            help="Only this kernel (a filter that matches nothing is an error).", autocompletion=_complete_kernel
-        ),
-    ] = None,
+    kernel: KernelFilter = None,
     out: Annotated[
         Path,
         typer.Option(

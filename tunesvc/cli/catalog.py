@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from tunesvc.cli._common import JsonOption
-from tunesvc.cli._common import _complete_kernel
+from tunesvc.cli._common import KernelArgument
 from tunesvc.cli._common import _config_text
 from tunesvc.cli._common import _keyed_table
 from tunesvc.cli._common import _print_json
@@ -62,13 +62,7 @@ def _aliases_caption(rows: list[dict[str, Any]]) -> str | None:
 @app.command()
 @user_errors
 def space(
-    kernel: Annotated[
-        str,
-        typer.Argument(
-            help="Kernel name (see `tune kernels`; the library's names, such as layer_norm, too) or module:attribute.",
-            autocompletion=_complete_kernel,
-        ),
-    ],
+    kernel: KernelArgument,
     shape: Annotated[
         str | None, typer.Option(help="Count feasible configs for this shape, e.g. 4096x4096x4096.")
     ] = None,

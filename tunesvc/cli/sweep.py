@@ -12,10 +12,10 @@ import typer
 
 from tunesvc.cli._common import DbOption
 from tunesvc.cli._common import JsonOption
+from tunesvc.cli._common import KernelArgument
 from tunesvc.cli._common import TextConsole
 from tunesvc.cli._common import _absolute
 from tunesvc.cli._common import _check_count
-from tunesvc.cli._common import _complete_kernel
 from tunesvc.cli._common import _complete_preset
 from tunesvc.cli._common import _complete_strategy
 from tunesvc.cli._common import _config_text
@@ -52,13 +52,7 @@ def _problems(template, shapes: list[str], preset: str | None, dtype: str) -> li
 @user_errors
 def sweep(
     ctx: typer.Context,
-    kernel: Annotated[
-        str,
-        typer.Argument(
-            help="Kernel name (see `tune kernels`; the library's names, such as layer_norm, too) or module:attribute.",
-            autocompletion=_complete_kernel,
-        ),
-    ],
+    kernel: KernelArgument,
     shape: Annotated[
         list[str] | None, typer.Option("--shape", "-s", help="A problem shape, e.g. 4096x4096x4096 (repeatable).")
     ] = None,

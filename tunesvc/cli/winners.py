@@ -13,6 +13,7 @@ from rich.text import Text
 
 from tunesvc.cli._common import DbOption
 from tunesvc.cli._common import JsonOption
+from tunesvc.cli._common import KernelFilter
 from tunesvc.cli._common import _absolute
 from tunesvc.cli._common import _complete_kernel
 from tunesvc.cli._common import _config_text
@@ -33,12 +34,7 @@ from tunesvc.text import visible
 @app.command()
 @user_errors
 def show(
-    kernel: Annotated[
-        str | None,
-        typer.Option(
-            help="Only this kernel (a filter that matches nothing is an error).", autocompletion=_complete_kernel
-        ),
-    ] = None,
+    kernel: KernelFilter = None,
     device: Annotated[
         str | None, typer.Option(help="Only devices whose name or hardware id contains this text.")
     ] = None,

@@ -35,11 +35,11 @@ from tunesvc.bench import input_bytes
 from tunesvc.bench import input_sets_needed
 from tunesvc.bench import l2_bytes
 from tunesvc.device import current_device
-from tunesvc.runtime import Runtime
+from tunesvc.serving.runtime import Runtime
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
 from tunesvc.template import Problem
 from tunesvc.template import Template
+from tunesvc.tuning.sweep import run_sweep
 
 
 def require_gpu(script: str) -> None:

@@ -44,7 +44,7 @@ from tunesvc.kernels.decode import PAGE_SIZE
 from tunesvc.kernels.decode import TEMPLATE
 from tunesvc.kernels.decode import decode_reference
 from tunesvc.kernels.decode import launch_decode
-from tunesvc.runtime import Runtime
+from tunesvc.serving.runtime import Runtime
 from tunesvc.template import Problem
 
 PRESET = "llama3-8b"

@@ -29,8 +29,8 @@ from tunesvc.errors import TunesvcError
 from tunesvc.search.replay import GroundTruth
 from tunesvc.search.replay import write_ground_truth
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
 from tunesvc.template import get_template
+from tunesvc.tuning.sweep import run_sweep
 
 DEFAULT_OUT = Path(__file__).parent / "data" / "ground_truth.csv"
 

@@ -18,7 +18,7 @@ Then, before any held-out shape is tuned, what the runtime would launch for each
 selector's pick, the nearest tuned key's winner (none where no tuned key fits: the rule then falls
 back to the heuristic) and the heuristic. Per shape, a sweep of
 --budget trials (Optuna TPE, warm-started from the runtime's untuned answer and the stored
-neighbours, see tunesvc.sweep) then tunes it, and on
+neighbours, see tunesvc.tuning.sweep) then tunes it, and on
 one set of random inputs the three untuned picks, the tuned winner and the torch peer (cuBLAS
 through torch.matmul, SDPA, torch.compile'd norms) are checked against the reference and timed
 from CUDA graphs over copies of the inputs that together exceed L2 twice (GPU time; see
@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 if TYPE_CHECKING:
-    from tunesvc.sweep import ProblemResult
+    from tunesvc.tuning.sweep import ProblemResult
 
 #: (model, hidden, intermediate, query heads, KV heads, head dim), from each model's config.json
 MODELS = (
@@ -216,8 +216,8 @@ def untuned_picks(db: str, problems: dict[str, list[dict[str, Any]]]) -> dict[tu
     """(kernel, shape key) -> {"runtime": source, "selector"/"nearest"/"heuristic": config}, read
     from --db before any held-out shape is tuned."""
     from tunesvc.device import current_device
-    from tunesvc.runtime import Runtime
     from tunesvc.serving import selector as selector_model
+    from tunesvc.serving.runtime import Runtime
     from tunesvc.store import Store
     from tunesvc.template import get_template
     from tunesvc.tuning import selector_fit
@@ -359,7 +359,7 @@ def best_candidate(template: Any, problem: dict[str, Any], candidates: list[dict
     """The fastest of ``candidates`` on ``problem``: a grid sweep of exactly them (finalists
     re-timed, as every sweep's are) in the scratch database ``db``, apart from --db's trials."""
     from tunesvc.store import Store
-    from tunesvc.sweep import run_sweep
+    from tunesvc.tuning.sweep import run_sweep
 
     store = Store(db)
     try:
@@ -570,10 +570,10 @@ def main() -> int:
 
     from tunesvc.device import current_device
     from tunesvc.store import Store
-    from tunesvc.sweep import run_sweep
     from tunesvc.template import get_template
     from tunesvc.tuning import selector_fit
     from tunesvc.tuning import selector_measure
+    from tunesvc.tuning.sweep import run_sweep
 
     require_gpu("benchmarks/heldout.py")
     import _common

@@ -10,7 +10,7 @@ the same loop followed by ``torch.cuda.synchronize()``, per call. Each figure is
 
 Besides the families: a bare ``kernel[grid](...)`` launch of one ``@triton.jit`` kernel against
 the same kernel under ``@tunesvc.autotune`` (a hit; its config from a bundle) and through
-:class:`tunesvc.launch.DirectLaunch`. Rows go to benchmarks/results/launch_cost.csv with
+:class:`tunesvc.serving.launch.DirectLaunch`. Rows go to benchmarks/results/launch_cost.csv with
 ``timing_method`` ``host_per_call``, ``eager_sync`` or ``gpu_time`` (the GPU time of one call,
 replayed from a CUDA graph: whether the GPU work is at parity); ours_ms and peer_ms per call,
 ratio = peer / ours.
@@ -42,7 +42,7 @@ from tunesvc import _capture as tunesvc_capture
 from tunesvc._capture import config_dict
 from tunesvc._capture import key_text
 from tunesvc.device import current_device
-from tunesvc.launch import DirectLaunch
+from tunesvc.serving.launch import DirectLaunch
 
 
 def per_call_ms(fn: Callable[[], Any], calls: int, sync: bool) -> float:
@@ -250,7 +250,7 @@ def main() -> int:
                 ours_ms, peer_ms = gpu
                 add(kernel, shape, peer, "gpu_time", ours_ms, peer_ms, peer_ms / ours_ms)
     # which config source each family's lookups took (an untuned shape runs the heuristic)
-    print("lookups by source:", tunesvc.runtime.default_runtime().stats())
+    print("lookups by source:", tunesvc.serving.runtime.default_runtime().stats())
     print_table(
         "Host cost per eager call (us; ratio = peer / ours, > 1: ours is cheaper)",
         ["kernel", "shape", "timing", "ours us", "peer us", "ratio", "peer"],

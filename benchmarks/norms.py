@@ -40,7 +40,7 @@ from tunesvc.kernels import layer_norm
 from tunesvc.kernels import layernorm
 from tunesvc.kernels import rms_norm
 from tunesvc.kernels import rmsnorm
-from tunesvc.runtime import configure
+from tunesvc.serving.runtime import configure
 
 SHAPES = [(p["M"], p["N"]) for p in layernorm.TEMPLATE.presets["llm"]]
 TEMPLATES = [layernorm.TEMPLATE, layernorm.BWD_TEMPLATE, rmsnorm.TEMPLATE, rmsnorm.BWD_TEMPLATE]

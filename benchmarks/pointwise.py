@@ -51,7 +51,7 @@ from tunesvc.kernels.softmax import BWD_TEMPLATE as SOFTMAX_BWD
 from tunesvc.kernels.softmax import TEMPLATE as SOFTMAX
 from tunesvc.kernels.softmax import launch_softmax
 from tunesvc.kernels.softmax import launch_softmax_bwd
-from tunesvc.runtime import Runtime
+from tunesvc.serving.runtime import Runtime
 from tunesvc.template import Problem
 from tunesvc.template import Template
 

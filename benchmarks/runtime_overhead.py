@@ -36,8 +36,8 @@ import tunesvc
 from tunesvc.bundle import FORMAT
 from tunesvc.bundle import FORMAT_VERSION
 from tunesvc.device import current_device
-from tunesvc.runtime import Runtime
-from tunesvc.runtime import default_runtime
+from tunesvc.serving.runtime import Runtime
+from tunesvc.serving.runtime import default_runtime
 from tunesvc.space import config_hash
 
 # the module, not the function of the same name that tunesvc.kernels exports
@@ -215,7 +215,7 @@ def breakdown_rows(a: torch.Tensor, b: torch.Tensor, decorated, run_direct, run_
     from tunesvc.kernels import matmul
 
     kernel = matmul_module._matmul_kernel.kernel  # Triton's JITFunction
-    direct_launch = matmul_module._matmul_kernel  # what launch_matmul calls (tunesvc.launch)
+    direct_launch = matmul_module._matmul_kernel  # what launch_matmul calls (tunesvc.serving.launch)
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)

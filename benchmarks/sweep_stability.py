@@ -30,7 +30,7 @@ from _common import require_gpu
 from tunesvc.device import current_device
 from tunesvc.kernels.matmul import TEMPLATE
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 SHAPES = [(4096, 4096, 4096), (1000, 3000, 777)]
 CHECK_SHAPES = [(37, 45, 29)]

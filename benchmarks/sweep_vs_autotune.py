@@ -38,7 +38,7 @@ import triton.testing
 from _common import print_table
 from _common import require_gpu
 
-from tunesvc.sweep import PHASES
+from tunesvc.tuning.sweep import PHASES
 
 SHAPES = [(4096, 4096, 4096), (128, 14336, 4096), (2048, 4096, 14336)]
 #: phases of the sweep that triton.autotune's first call has no counterpart for
@@ -65,7 +65,7 @@ from tunesvc.bench import start_forkserver
 from tunesvc.device import current_device, fork_safe_current_device
 from tunesvc.kernels.matmul import TEMPLATE
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 m, n, k = {shape}
 configs = [{{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}} for c in TUTORIAL]
 problem = TEMPLATE.problem(M=m, N=n, K=k, dtype="{dtype}")

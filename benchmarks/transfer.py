@@ -96,7 +96,7 @@ def untuned(db: str, shapes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     import warnings
 
     from tunesvc.device import current_device
-    from tunesvc.runtime import Runtime
+    from tunesvc.serving.runtime import Runtime
     from tunesvc.template import get_template
 
     template = get_template("matmul")
@@ -159,11 +159,11 @@ def main() -> int:
 
     from tunesvc.device import current_device
     from tunesvc.store import Store
-    from tunesvc.sweep import compile_pool
-    from tunesvc.sweep import measuring_process
-    from tunesvc.sweep import run_sweep
     from tunesvc.template import get_template
     from tunesvc.tuning import selector_fit
+    from tunesvc.tuning.sweep import compile_pool
+    from tunesvc.tuning.sweep import measuring_process
+    from tunesvc.tuning.sweep import run_sweep
 
     require_gpu("benchmarks/transfer.py")
     if args.run:

@@ -6,7 +6,7 @@
 
 A writer is what one sweep worker does to the database: a process with its own Store that, once
 all writers are open, stores --rows trials through ``Store.add_trials``, --batch trials per
-transaction, as ``tunesvc.sweep`` stores each batch of candidates it measured. A sweep's batch is
+transaction, as ``tunesvc.tuning.sweep`` stores each batch of candidates it measured. A sweep's batch is
 one candidate per compile worker (``--workers``; on a GPU up to 8, so 8 on a host of 8 or more
 cores) and 1 without compile workers (the interpreter). The rate is all rows over the wall time
 from the first writer's start to the last one's end. Target: >= 2,000 rows/s with 8

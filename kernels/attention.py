@@ -39,10 +39,10 @@ import triton.language as tl
 
 from tunesvc.device import interpreting
 from tunesvc.kernels.matmul import _use_torch_allocator
-from tunesvc.launch import direct_launch
-from tunesvc.ops import kernel_op
-from tunesvc.ops import replayed
-from tunesvc.runtime import default_runtime
+from tunesvc.serving.launch import direct_launch
+from tunesvc.serving.ops import kernel_op
+from tunesvc.serving.ops import replayed
+from tunesvc.serving.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 
@@ -665,7 +665,7 @@ def reference_attention(
     return tuple(torch.stack(parts) for parts in zip(*results))
 
 
-# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+# a hit launches the compiled kernel directly (tunesvc.serving.launch); the templates hash the same sources
 _attn_fwd_kernel = direct_launch(_attn_fwd_kernel)
 _attn_bwd_preprocess = direct_launch(_attn_bwd_preprocess)
 _attn_bwd_kernel = direct_launch(_attn_bwd_kernel)

@@ -32,12 +32,12 @@ import triton
 import triton.language as tl
 
 from tunesvc.device import interpreting
-from tunesvc.launch import direct_launch
-from tunesvc.ops import config_arg
-from tunesvc.ops import config_of
-from tunesvc.ops import kernel_op
-from tunesvc.ops import replayed
-from tunesvc.runtime import default_runtime
+from tunesvc.serving.launch import direct_launch
+from tunesvc.serving.ops import config_arg
+from tunesvc.serving.ops import config_of
+from tunesvc.serving.ops import kernel_op
+from tunesvc.serving.ops import replayed
+from tunesvc.serving.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 
@@ -219,7 +219,7 @@ def launch_decode(
     return out
 
 
-# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+# a hit launches the compiled kernel directly (tunesvc.serving.launch); the templates hash the same sources
 _decode_split_kernel = direct_launch(_decode_split_kernel)
 _decode_combine_kernel = direct_launch(_decode_combine_kernel)
 

@@ -19,11 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-from tunesvc.launch import direct_launch
-from tunesvc.ops import config_arg
-from tunesvc.ops import config_of
-from tunesvc.ops import kernel_op
-from tunesvc.runtime import default_runtime
+from tunesvc.serving.launch import direct_launch
+from tunesvc.serving.ops import config_arg
+from tunesvc.serving.ops import config_of
+from tunesvc.serving.ops import kernel_op
+from tunesvc.serving.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 
@@ -96,7 +96,7 @@ def _keep_mask_kernel(keep_ptr, n_elements, seed, p, BLOCK: tl.constexpr, INT64_
     tl.store(keep_ptr + offs, keep.to(tl.int8), mask=offs < n_elements)
 
 
-# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+# a hit launches the compiled kernel directly (tunesvc.serving.launch); the templates hash the same sources
 _dropout_kernel = direct_launch(_dropout_kernel)
 _keep_mask_kernel = direct_launch(_keep_mask_kernel)
 

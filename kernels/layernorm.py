@@ -28,10 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tunesvc.launch import direct_launch
-from tunesvc.ops import kernel_op
-from tunesvc.ops import replayed
-from tunesvc.runtime import default_runtime
+from tunesvc.serving.launch import direct_launch
+from tunesvc.serving.ops import kernel_op
+from tunesvc.serving.ops import replayed
+from tunesvc.serving.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 
@@ -119,7 +119,7 @@ def column_sum_kernel(Partial, Out, num_rows, width, BLOCK_M: tl.constexpr, BLOC
     tl.store(Out + cols, tl.sum(acc, axis=0).to(Out.dtype.element_ty), mask=col_mask)
 
 
-# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+# a hit launches the compiled kernel directly (tunesvc.serving.launch); the templates hash the same sources
 _layernorm_fwd_kernel = direct_launch(_layernorm_fwd_kernel)
 _layernorm_bwd_kernel = direct_launch(_layernorm_bwd_kernel)
 column_sum_kernel = direct_launch(column_sum_kernel)

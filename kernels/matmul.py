@@ -33,16 +33,16 @@ import torch
 import triton
 import triton.language as tl
 
-from tunesvc import runtime as _runtime
 from tunesvc.device import current_device
 from tunesvc.device import interpreting
 from tunesvc.errors import TunesvcError
-from tunesvc.launch import direct_launch
-from tunesvc.launch import use_torch_allocator
-from tunesvc.ops import config_arg
-from tunesvc.ops import config_of
-from tunesvc.ops import kernel_op
-from tunesvc.ops import replayed
+from tunesvc.serving import runtime as _runtime
+from tunesvc.serving.launch import direct_launch
+from tunesvc.serving.launch import use_torch_allocator
+from tunesvc.serving.ops import config_arg
+from tunesvc.serving.ops import config_of
+from tunesvc.serving.ops import kernel_op
+from tunesvc.serving.ops import replayed
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 
@@ -345,7 +345,7 @@ def _matmul_splittail_kernel(
 
 
 #: On-device tensor descriptors need global scratch memory, which Triton asks the host for, in
-#: every thread that launches (the autograd engine runs backwards on its own): see tunesvc.launch
+#: every thread that launches (the autograd engine runs backwards on its own): see tunesvc.serving.launch
 _use_torch_allocator = use_torch_allocator
 
 
@@ -511,7 +511,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
     return c
 
 
-# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+# a hit launches the compiled kernel directly (tunesvc.serving.launch); the templates hash the same sources
 _matmul_kernel = direct_launch(_matmul_kernel)
 _matmul_persistent_kernel = direct_launch(_matmul_persistent_kernel)
 _matmul_tma_kernel = direct_launch(_matmul_tma_kernel)

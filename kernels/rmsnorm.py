@@ -27,10 +27,10 @@ from tunesvc.kernels.layernorm import check_norm_args
 from tunesvc.kernels.layernorm import column_sum_kernel as column_sum_kernel  # hashed in rmsnorm_bwd's version
 from tunesvc.kernels.layernorm import launch_column_sum
 from tunesvc.kernels.layernorm import split_config
-from tunesvc.launch import direct_launch
-from tunesvc.ops import kernel_op
-from tunesvc.ops import replayed
-from tunesvc.runtime import default_runtime
+from tunesvc.serving.launch import direct_launch
+from tunesvc.serving.ops import kernel_op
+from tunesvc.serving.ops import replayed
+from tunesvc.serving.runtime import default_runtime
 from tunesvc.space import Config
 
 # the template (torch-free, in tunesvc.templates) and its names, importable from here as before
@@ -133,7 +133,7 @@ def launch_rmsnorm_bwd(
     return dx, dw
 
 
-# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+# a hit launches the compiled kernel directly (tunesvc.serving.launch); the templates hash the same sources
 _rmsnorm_fwd_kernel = direct_launch(_rmsnorm_fwd_kernel)
 _rmsnorm_bwd_kernel = direct_launch(_rmsnorm_bwd_kernel)
 

@@ -23,12 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
-from tunesvc.launch import direct_launch
-from tunesvc.ops import config_arg
-from tunesvc.ops import config_of
-from tunesvc.ops import kernel_op
-from tunesvc.ops import replayed
-from tunesvc.runtime import default_runtime
+from tunesvc.serving.launch import direct_launch
+from tunesvc.serving.ops import config_arg
+from tunesvc.serving.ops import config_of
+from tunesvc.serving.ops import kernel_op
+from tunesvc.serving.ops import replayed
+from tunesvc.serving.runtime import default_runtime
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Config
 
@@ -152,7 +152,7 @@ def launch_softmax_bwd(
     return dx
 
 
-# a hit launches the compiled kernel directly (tunesvc.launch); the templates hash the same sources
+# a hit launches the compiled kernel directly (tunesvc.serving.launch); the templates hash the same sources
 _softmax_kernel = direct_launch(_softmax_kernel)
 _softmax_bwd_kernel = direct_launch(_softmax_bwd_kernel)
 

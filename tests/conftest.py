@@ -16,7 +16,7 @@ import torch
 
 import tunesvc
 import tunesvc.kernels
-import tunesvc.runtime
+import tunesvc.serving.runtime
 
 # the CLI's tables are drawn for an 80-column terminal, as in pytest-xdist's workers (which set
 # COLUMNS=80): a test run without -n sees the same output
@@ -37,9 +37,9 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TUNESVC_DB", raising=False)
     monkeypatch.delenv("TUNESVC_BUNDLE", raising=False)
-    monkeypatch.setattr(tunesvc.runtime, "_default", None)
+    monkeypatch.setattr(tunesvc.serving.runtime, "_default", None)
     yield
-    tunesvc.runtime._default = None
+    tunesvc.serving.runtime._default = None
 
 
 @pytest.fixture

@@ -187,5 +187,5 @@ def test_matmul_under_torch_compile_fullgraph():
             ref = torch.relu(a.double() @ b.double()) * 2.0
             assert out.shape == (m, n)
             assert _rel(out, ref) < 1e-5
-    assert tunesvc.runtime.default_runtime().stats()["matmul"]["heuristic"] >= 1
+    assert tunesvc.serving.runtime.default_runtime().stats()["matmul"]["heuristic"] >= 1
     assert hasattr(torch.ops.tunesvc, "matmul")

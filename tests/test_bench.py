@@ -24,7 +24,7 @@ from tunesvc.bench import input_sets_needed
 from tunesvc.bench import relative_error
 from tunesvc.kernels.matmul import MatmulTemplate
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 SHAPE = {"M": 20, "N": 33, "K": 20}
 SMALL = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}

@@ -605,7 +605,7 @@ def test_hints_outside_the_cli_name_the_command_that_runs_tunesvc_here(script, n
     printed in a user's program (no CLI of tunesvc's was typed) then names `tunesvc`."""
     from tunesvc.command import program
     from tunesvc.command import tune_is_tunesvc
-    from tunesvc.runtime import Runtime
+    from tunesvc.serving.runtime import Runtime
 
     scripts = tmp_path / "bin"
     scripts.mkdir()

@@ -29,7 +29,7 @@ from tunesvc.cli import app
 from tunesvc.fleet import jobs
 from tunesvc.store import Store
 from tunesvc.store import _store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 PROBLEM = {"M": 37, "N": 45, "K": 29, "dtype": "float16"}
 BUDGET = 3
@@ -47,7 +47,7 @@ def _context():
                 "tunesvc.store",
                 "tunesvc.bench",
                 "alembic.command",
-                "tunesvc.sweep",
+                "tunesvc.tuning.sweep",
                 "tunesvc.kernels",
             ]
         )
@@ -60,7 +60,7 @@ def _sweep(path: str, log_path: str) -> None:
     import tunesvc
     from tunesvc.space import config_hash
     from tunesvc.store import Store
-    from tunesvc.sweep import run_sweep
+    from tunesvc.tuning.sweep import run_sweep
 
     template = tunesvc.get_template("matmul")
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)

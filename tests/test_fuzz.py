@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 import tunesvc
 from tunesvc import TunesvcError
 from tunesvc.cli import app
-from tunesvc.runtime import Runtime
+from tunesvc.serving.runtime import Runtime
 from tunesvc.space import Expression
 from tunesvc.space import Space
 from tunesvc.store import Store
@@ -624,8 +624,8 @@ def test_planted_cmaes_pickle_in_the_database_never_runs(tmp_path, template, dev
     import optuna
 
     from tunesvc.search import make_strategy
-    from tunesvc.sweep import study_name
-    from tunesvc.sweep import study_storage
+    from tunesvc.tuning.sweep import study_name
+    from tunesvc.tuning.sweep import study_storage
 
     problem = template.problem(**SMALL)
     key = str(template.key(problem))
@@ -854,8 +854,8 @@ def test_a_damaged_optuna_study_is_left_alone_and_the_sweep_goes_on(damage, optu
     import sqlite3
 
     from tunesvc.search import make_strategy
-    from tunesvc.sweep import study_name
-    from tunesvc.sweep import study_storage
+    from tunesvc.tuning.sweep import study_name
+    from tunesvc.tuning.sweep import study_storage
 
     db = tmp_path / "damaged.db"
     # SQLite's backup: the swept database with what its write-ahead log still holds

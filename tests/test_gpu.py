@@ -18,9 +18,9 @@ from tunesvc.kernels.matmul import TEMPLATE
 from tunesvc.kernels.matmul import launch_matmul
 from tunesvc.space import Space
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
+from tunesvc.tuning.sweep import run_sweep
 
 pytestmark = pytest.mark.gpu
 
@@ -131,7 +131,7 @@ from tunesvc._processes import worker_context
 from tunesvc.device import fork_safe_current_device
 from tunesvc.kernels.matmul import TEMPLATE
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 device = fork_safe_current_device()
 start_method = worker_context().get_start_method()
 [r] = run_sweep(TEMPLATE, [TEMPLATE.problem(M=300, N=260, K=200, dtype="float16")], Store(sys.argv[1]), budget=6, workers=3)

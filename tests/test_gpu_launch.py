@@ -17,7 +17,7 @@ import triton.language as tl
 import tunesvc
 from tunesvc.bench import relative_error
 from tunesvc.device import current_device
-from tunesvc.launch import DirectLaunch
+from tunesvc.serving.launch import DirectLaunch
 
 pytestmark = pytest.mark.gpu
 
@@ -312,12 +312,12 @@ def test_autotune_hits_launch_directly_with_a_grid_function(context, tmp_path):
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_replayed_calls_compute_what_the_functions_compute(context, autograd, monkeypatch):
     """Every family three times on fresh inputs (the later calls replay the first call's
-    launches, tunesvc.launch.LaunchPlans: the op's inside autograd, the family function's
+    launches, tunesvc.serving.launch.LaunchPlans: the op's inside autograd, the family function's
     without it): outputs and gradients equal the ops' own functions'."""
     from test_ops import FAMILIES
     from test_ops import _run
 
-    from tunesvc.launch import LaunchPlans
+    from tunesvc.serving.launch import LaunchPlans
 
     def run(fn: Callable[..., Any], inputs: tuple, grad: tuple[int, ...]) -> Any:
         with torch.set_grad_enabled(autograd):  # grad mode is per thread: set where the call runs

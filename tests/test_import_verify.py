@@ -21,7 +21,7 @@ from tunesvc.bundle import write_bundles
 from tunesvc.cli import app
 from tunesvc.space import config_hash
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 from tunesvc.verify import verify
 
 PROBLEM = {"M": 16, "N": 32, "K": 32, "dtype": "float16"}

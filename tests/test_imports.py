@@ -8,7 +8,7 @@ edge to ``package.name`` where that is a module, else to the package.
 
 The rules:
 
-- serving (tunesvc.runtime, tunesvc.launch, tunesvc.ops, tunesvc.serving.*, the shipped kernels)
+- serving (tunesvc.serving.runtime, tunesvc.serving.launch, tunesvc.serving.ops, tunesvc.serving.*, the shipped kernels)
   imports no tuning (the sweep, search strategies, measurers, selector fitting), no capture and
   no fleet (tunesvc.fleet); mode 'tune' reaches the sweep through the policy the package root
   registers;
@@ -98,13 +98,20 @@ def _within(module: str, packages: tuple[str, ...]) -> bool:
 #: serving's modules: the runtime with its winner sources and chain, launch, ops, the selector's
 #: model, and the shipped kernels and their templates, which run on them
 SERVING = (
-    *("tunesvc.runtime", "tunesvc.launch", "tunesvc.ops", "tunesvc.serving", "tunesvc.kernels", "tunesvc.templates"),
+    *(
+        "tunesvc.serving.runtime",
+        "tunesvc.serving.launch",
+        "tunesvc.serving.ops",
+        "tunesvc.serving",
+        "tunesvc.kernels",
+        "tunesvc.templates",
+    ),
 )
 #: what serving may not import: tuning, capture, the fleet (tunesvc.fleet: the batch queue and worker placement), and the CLI and
 #: reports on top
 NOT_SERVING = (
-    *("tunesvc.sweep", "tunesvc.search", "tunesvc.bench", "tunesvc.tuning", "tunesvc.verify"),
-    *("tunesvc._capture", "tunesvc.autotuner"),
+    *("tunesvc.tuning.sweep", "tunesvc.search", "tunesvc.bench", "tunesvc.tuning", "tunesvc.verify"),
+    *("tunesvc._capture", "tunesvc._capture.autotuner"),
     "tunesvc.fleet",
     *("tunesvc.cli", "tunesvc.report", "tunesvc.completion"),
 )
@@ -113,7 +120,7 @@ NOT_SERVING = (
 def test_serving_imports_no_tuning_capture_or_fleet():
     graph = _graph()
     starts = sorted(m for m in graph if _within(m, SERVING))
-    assert {"tunesvc.runtime", "tunesvc.serving.selector", "tunesvc.kernels.matmul"} <= set(starts)
+    assert {"tunesvc.serving.runtime", "tunesvc.serving.selector", "tunesvc.kernels.matmul"} <= set(starts)
     chains = _chains(graph, starts)
     assert "tunesvc.store" in chains and "tunesvc.bundle" in chains  # its winner sources are read
     broken = sorted(" -> ".join(chain) for module, chain in chains.items() if _within(module, NOT_SERVING))
@@ -131,7 +138,7 @@ import dataclasses, sys, warnings
 warnings.simplefilter("ignore")
 import tunesvc.kernels
 from tunesvc.device import Device
-from tunesvc.runtime import Runtime
+from tunesvc.serving.runtime import Runtime
 from tunesvc.store import Store
 store = Store(sys.argv[1], readonly=True)
 stored = store.devices()[-1]
@@ -157,7 +164,14 @@ def test_the_store_imports_no_measurer_nor_anything_above_it():
     graph = _graph(typing=True)  # its annotations too: it keeps records, not a measurer's types
     starts = sorted(m for m in graph if _within(m, ("tunesvc.store",)))
     chains = _chains(graph, starts)
-    above = ("tunesvc.runtime", "tunesvc.launch", "tunesvc.ops", "tunesvc.serving", "tunesvc.bundle", *NOT_SERVING)
+    above = (
+        "tunesvc.serving.runtime",
+        "tunesvc.serving.launch",
+        "tunesvc.serving.ops",
+        "tunesvc.serving",
+        "tunesvc.bundle",
+        *NOT_SERVING,
+    )
     broken = sorted(" -> ".join(chain) for module, chain in chains.items() if _within(module, above))
     assert not broken, "the store imports what it may not:\n" + "\n".join(broken)
 
@@ -169,7 +183,7 @@ def test_records_import_nothing_of_tunesvc():
 def test_no_import_cycle_among_tunesvc_modules():
     modules = _modules()
     graph = {module: _imports(module, path, modules) for module, path in modules.items()}
-    assert len(graph) > 20 and graph["tunesvc.sweep"] >= {"tunesvc.bench", "tunesvc.search"}  # the graph is read
+    assert len(graph) > 20 and graph["tunesvc.tuning.sweep"] >= {"tunesvc.bench", "tunesvc.search"}  # the graph is read
     done: set[str] = set()
 
     def cycle_from(module: str, path: list[str]) -> list[str] | None:

@@ -16,9 +16,9 @@ from tunesvc.kernels.attention import TEMPLATE
 from tunesvc.kernels.attention import attention
 from tunesvc.kernels.attention import launch_attention
 from tunesvc.kernels.attention import launch_attention_bwd
-from tunesvc.runtime import Runtime
+from tunesvc.serving.runtime import Runtime
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
@@ -100,7 +100,7 @@ def test_attention_function_gradients_with_strided_inputs():
     for name, t, want in zip(("dq", "dk", "dv"), (q, k, v), reference(q, k, v, True, sm_scale=0.3, do=do)):
         assert rel_error(t.grad, want) < TOL[torch.float16], name
     # no database: both directions fell back to their own heuristic configs
-    assert tunesvc.runtime.default_runtime().stats() == {
+    assert tunesvc.serving.runtime.default_runtime().stats() == {
         "attention": {"heuristic": 1},
         "attention_bwd": {"heuristic": 1},
     }

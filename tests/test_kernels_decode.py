@@ -15,9 +15,9 @@ from tunesvc.bench import relative_error as rel_error
 from tunesvc.errors import TunesvcError
 from tunesvc.kernels.decode import TEMPLATE
 from tunesvc.kernels.decode import launch_decode
-from tunesvc.runtime import Runtime
+from tunesvc.serving.runtime import Runtime
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-2}
 
@@ -139,7 +139,7 @@ def test_decode_attention_explicit_config_is_used():
     q, k, v, seq_lens, _ = make_case(3, 4, 1, 37, 32, 0, torch.float16)
     out = tunesvc.kernels.decode_attention(q, k, v, seq_lens, config=CONFIGS[1])
     assert rel_error(out, sdpa_reference(q, k, v, seq_lens)) < TOL[torch.float16]
-    assert tunesvc.runtime._default is None  # an explicit config never touches the runtime
+    assert tunesvc.serving.runtime._default is None  # an explicit config never touches the runtime
 
 
 def _bad_inputs():

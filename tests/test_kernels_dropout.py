@@ -22,9 +22,9 @@ from tunesvc.kernels.dropout import _dropout_kernel
 from tunesvc.kernels.dropout import _keep_mask_kernel
 from tunesvc.kernels.dropout import keep_mask
 from tunesvc.kernels.dropout import launch_dropout
-from tunesvc.runtime import Runtime
+from tunesvc.serving.runtime import Runtime
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # none of the sizes below is a multiple of these blocks
@@ -182,4 +182,4 @@ def test_sweep_stores_a_winner_the_runtime_and_dropout_use(tmp_db, device, monke
     x = torch.randn(27, 37)
     out = tunesvc.kernels.dropout(x, 0.1, 3)
     assert torch.equal(out, launch_dropout(x, 0.1, 3, CONFIGS[0]))
-    assert tunesvc.runtime.default_runtime().stats()["dropout"] == {"exact": 1}
+    assert tunesvc.serving.runtime.default_runtime().stats()["dropout"] == {"exact": 1}

@@ -20,9 +20,9 @@ from tunesvc.bench import relative_error
 from tunesvc.kernels.matmul import TEMPLATE
 from tunesvc.kernels.matmul import VARIANTS
 from tunesvc.kernels.matmul import launch_matmul
-from tunesvc.runtime import Runtime
+from tunesvc.serving.runtime import Runtime
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 # the module, not the function of the same name that tunesvc.kernels exports
 matmul_module = importlib.import_module("tunesvc.kernels.matmul")
@@ -116,7 +116,7 @@ def test_matmul_explicit_config_is_used():
     out = tunesvc.kernels.matmul(a, b, config=CONFIGS[2])
     assert rel_error(out, a, b) < TOL[torch.float16]
     # an explicit config never touches the runtime
-    assert tunesvc.runtime._default is None
+    assert tunesvc.serving.runtime._default is None
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import torch
 
 import tunesvc
 import tunesvc.kernels
-import tunesvc.runtime
+import tunesvc.serving.runtime
 from tunesvc import TunesvcError
 from tunesvc.bench import relative_error as rel_error
 from tunesvc.kernels import layernorm
@@ -21,7 +21,7 @@ from tunesvc.kernels.layernorm import launch_layernorm_bwd
 from tunesvc.kernels.rmsnorm import launch_rmsnorm
 from tunesvc.kernels.rmsnorm import launch_rmsnorm_bwd
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}
 
@@ -247,7 +247,7 @@ def test_sweep_stores_a_winner_that_the_runtime_returns(template, tmp_db, device
     finally:
         store.close()
     assert result.failures == 0 and result.trials_stored == 3 and result.winner is not None
-    found = tunesvc.runtime.Runtime(db=tmp_db).lookup(template, **problem)
+    found = tunesvc.serving.runtime.Runtime(db=tmp_db).lookup(template, **problem)
     assert found.source == "exact" and found.config == result.winner
 
 
@@ -262,7 +262,7 @@ def test_user_functions_launch_the_tuned_configs(tmp_db, device):
             )
     finally:
         store.close()
-    runtime = tunesvc.runtime.configure(db=tmp_db)
+    runtime = tunesvc.serving.runtime.configure(db=tmp_db)
     x, w, b, dy = make(M, N, torch.float32)
     x.requires_grad_(True)
     tunesvc.kernels.layer_norm(x, w.requires_grad_(True), b.requires_grad_(True)).backward(dy)

@@ -16,9 +16,9 @@ from tunesvc.bench import relative_error
 from tunesvc.kernels.pointwise import BWD_TEMPLATE
 from tunesvc.kernels.pointwise import TEMPLATE
 from tunesvc.kernels.pointwise import launch_bias_act_residual
-from tunesvc.runtime import Runtime
+from tunesvc.serving.runtime import Runtime
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}
 
@@ -152,5 +152,5 @@ def test_sweeps_store_winners_the_runtime_and_entry_point_use(tmp_db, device, mo
     out.sum().backward()
     assert rel_error(out.detach(), x.detach(), bias.detach(), residual.detach(), "relu") < TOL[torch.float32]
     assert x.grad is not None and bias.grad is not None
-    stats = tunesvc.runtime.default_runtime().stats()
+    stats = tunesvc.serving.runtime.default_runtime().stats()
     assert stats["bias_act_residual"] == {"exact": 1} and stats["bias_act_residual_bwd"] == {"exact": 1}

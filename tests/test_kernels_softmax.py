@@ -16,9 +16,9 @@ from tunesvc.kernels.softmax import BWD_TEMPLATE
 from tunesvc.kernels.softmax import TEMPLATE
 from tunesvc.kernels.softmax import launch_softmax
 from tunesvc.kernels.softmax import launch_softmax_bwd
-from tunesvc.runtime import Runtime
+from tunesvc.serving.runtime import Runtime
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}
 
@@ -141,5 +141,5 @@ def test_sweeps_store_winners_the_runtime_and_softmax_use(tmp_db, device, monkey
     out.backward(torch.randn(37, 45))
     assert rel_error(out.detach(), x) < TOL[torch.float32]
     assert x.grad is not None
-    stats = tunesvc.runtime.default_runtime().stats()
+    stats = tunesvc.serving.runtime.default_runtime().stats()
     assert stats["softmax"] == {"exact": 1} and stats["softmax_bwd"] == {"exact": 1}

@@ -11,11 +11,11 @@ import triton
 import triton.language as tl
 
 import tunesvc  # noqa: F401  (chooses the interpreter where there is no GPU)
-from tunesvc.launch import DirectLaunch
-from tunesvc.launch import _key_function
-from tunesvc.launch import _no_key
-from tunesvc.launch import _NoKey
-from tunesvc.launch import use_torch_allocator
+from tunesvc.serving.launch import DirectLaunch
+from tunesvc.serving.launch import _key_function
+from tunesvc.serving.launch import _no_key
+from tunesvc.serving.launch import _NoKey
+from tunesvc.serving.launch import use_torch_allocator
 
 
 def _triton_allocator() -> Any:
@@ -118,7 +118,7 @@ def test_a_static_launch_passes_every_runtime_parameter_in_order(monkeypatch):
     """The generated static launch: tensors as addresses, constexprs left out, the later
     parameters bound from the first launch, then the scratch pointers (the launcher itself needs
     CUDA; here it records what it is given)."""
-    import tunesvc.launch as launch
+    import tunesvc.serving.launch as launch
 
     calls: list[tuple] = []
     static = launch._Static((lambda *a: calls.append(a), "function", 4, 128, "OiiO"), frozenset({2}), scratch=1)

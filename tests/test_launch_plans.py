@@ -20,12 +20,12 @@ from test_ops import _run
 
 import tunesvc
 import tunesvc.kernels
-from tunesvc import launch
-from tunesvc.launch import LaunchPlans
-from tunesvc.launch import direct_launch
-from tunesvc.ops import KernelOp
-from tunesvc.ops import kernel_op
-from tunesvc.ops import replayed
+from tunesvc.serving import launch
+from tunesvc.serving.launch import LaunchPlans
+from tunesvc.serving.launch import direct_launch
+from tunesvc.serving.ops import KernelOp
+from tunesvc.serving.ops import kernel_op
+from tunesvc.serving.ops import replayed
 
 
 def _shipped_ops() -> dict[str, KernelOp]:
@@ -223,7 +223,7 @@ def test_plans_are_dropped_when_another_runtime_answers():
     assert plans.plans
     tunesvc.configure(mode="heuristic")
     _scale_op.call(x, 4.0)  # records again, for the new runtime
-    assert len(plans.plans) == 1 and plans._runtime is tunesvc.runtime._default
+    assert len(plans.plans) == 1 and plans._runtime is tunesvc.serving.runtime._default
 
 
 def test_a_plan_keeps_neither_the_arguments_nor_the_results_of_the_call_it_recorded():
@@ -327,7 +327,7 @@ def test_a_tune_on_miss_sweep_is_not_part_of_the_recorded_call(tmp_path):
     torch.testing.assert_close(tunesvc.kernels.softmax(x), torch.softmax(x, -1))
     plans = tunesvc.kernels.softmax.plans
     assert [plan is not None for plan in plans.plans.values()] == [True], plans.refusals
-    assert tunesvc.runtime.default_runtime().stats()["softmax"] == {"tuned": 1}
+    assert tunesvc.serving.runtime.default_runtime().stats()["softmax"] == {"tuned": 1}
     x = torch.randn(7, 45)
     torch.testing.assert_close(tunesvc.kernels.softmax(x), torch.softmax(x, -1))
 

@@ -46,7 +46,7 @@ from tunesvc.store._migrate import VERSION_TABLE
 from tunesvc.store._migrate import alembic_config
 from tunesvc.store.models import SCHEMA_VERSION
 from tunesvc.store.models import Base
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 #: an H100 sweep of 6 GEMM shapes written at schema 1, before Alembic: the
 #: database from an older schema revision that the migration tests start from

@@ -18,8 +18,8 @@ from tunesvc.kernels import layer_norm
 from tunesvc.kernels import matmul
 from tunesvc.kernels import rms_norm
 from tunesvc.kernels import softmax
-from tunesvc.ops import config_arg
-from tunesvc.ops import config_of
+from tunesvc.serving.ops import config_arg
+from tunesvc.serving.ops import config_of
 
 
 def _rows(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.Tensor:

@@ -16,11 +16,11 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
+from tunesvc._capture.recorded_check import RefusedCall
+from tunesvc._capture.recorded_check import check_recorded_call
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
 from tunesvc.cli import app
-from tunesvc.recorded_check import RefusedCall
-from tunesvc.recorded_check import check_recorded_call
 from tunesvc.store import Store
 
 NAME = "recmod:scale_add"

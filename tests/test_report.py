@@ -32,8 +32,8 @@ from tunesvc.report import _spread_figure
 from tunesvc.report import collect
 from tunesvc.report import convergence_figure
 from tunesvc.report import write_report
-from tunesvc.runtime import Runtime
 from tunesvc.search import STRATEGIES
+from tunesvc.serving.runtime import Runtime
 from tunesvc.space import config_hash
 from tunesvc.store import Store
 from tunesvc.store.models import Trial

@@ -12,7 +12,7 @@ import torch
 
 import tunesvc
 import tunesvc.kernels
-import tunesvc.runtime
+import tunesvc.serving.runtime
 from tunesvc import Runtime
 from tunesvc import TunesvcError
 from tunesvc.bundle import build_bundles
@@ -22,7 +22,7 @@ from tunesvc.bundle import read_bundle
 from tunesvc.bundle import write_bundles
 from tunesvc.space import config_hash
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 TUNED = {"M": 16, "N": 32, "K": 32, "dtype": "float16"}
 TUNED_KEY = "M=16,N=32,K=32,dtype=float16"
@@ -152,7 +152,7 @@ def test_winners_are_loaded_once(tuned_db, winner, tmp_path):
 
 def test_configure_then_kernel_call(tuned_db, winner):
     runtime = tunesvc.configure(db=tuned_db)
-    assert tunesvc.runtime.default_runtime() is runtime
+    assert tunesvc.serving.runtime.default_runtime() is runtime
     a = torch.randn(16, 32, dtype=torch.float16)
     b = torch.randn(32, 32, dtype=torch.float16)
     out = tunesvc.kernels.matmul(a, b)
@@ -419,9 +419,9 @@ def test_each_gpu_model_of_a_process_gets_its_own_winners(tuned_db, winner, temp
 
     other = dataclasses.replace(device, name=f"other {device.name}", sm_count=device.sm_count + 1)
     assert other.hardware_id != device.hardware_id
-    monkeypatch.setattr(tunesvc.runtime, "device_at", lambda index: (device, other)[index])
+    monkeypatch.setattr(tunesvc.serving.runtime, "device_at", lambda index: (device, other)[index])
     current = [0]  # what torch.cuda.current_device() would say
-    monkeypatch.setattr(tunesvc.runtime, "_device_index_reader", lambda given: lambda: current[0])
+    monkeypatch.setattr(tunesvc.serving.runtime, "_device_index_reader", lambda given: lambda: current[0])
     runtime = Runtime(db=tuned_db)
 
     assert runtime.lookup("matmul", **TUNED).source == "exact"

@@ -9,9 +9,9 @@ import warnings
 
 import pytest
 
-from tunesvc.runtime import Runtime
+from tunesvc.serving.runtime import Runtime
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 SHAPE = {"M": 24, "N": 40, "K": 36, "dtype": "float16"}
 

@@ -24,9 +24,9 @@ from tunesvc.bundle import write_bundles
 from tunesvc.cli import app
 from tunesvc.device import Device
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
-from tunesvc.sweep import sibling_warm_start
 from tunesvc.tuning.selector_fit import untuned_answer
+from tunesvc.tuning.sweep import run_sweep
+from tunesvc.tuning.sweep import sibling_warm_start
 
 pytestmark = pytest.mark.filterwarnings("ignore:tunesvc. no tuned config:RuntimeWarning")
 

@@ -35,17 +35,17 @@ from tunesvc.serving.selector import stored_selector
 from tunesvc.store import Store
 from tunesvc.store import resolve_url
 from tunesvc.store._migrate import HEAD
-from tunesvc.sweep import check_sweep_arguments
-from tunesvc.sweep import run_sweep
-from tunesvc.sweep import stored_warm_start
-from tunesvc.sweep import study_name
-from tunesvc.sweep import study_storage
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
 from tunesvc.tuning.selector_fit import TrainingSet
 from tunesvc.tuning.selector_fit import fit_neighbours
 from tunesvc.tuning.selector_fit import untuned_answer
 from tunesvc.tuning.selector_measure import cross_measure
+from tunesvc.tuning.sweep import check_sweep_arguments
+from tunesvc.tuning.sweep import run_sweep
+from tunesvc.tuning.sweep import stored_warm_start
+from tunesvc.tuning.sweep import study_name
+from tunesvc.tuning.sweep import study_storage
 
 
 @pytest.fixture

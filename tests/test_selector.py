@@ -26,13 +26,13 @@ from tunesvc.bundle import build_bundles
 from tunesvc.bundle import import_sources
 from tunesvc.bundle import read_bundle
 from tunesvc.bundle import write_bundles
-from tunesvc.runtime import Runtime
 from tunesvc.serving import selector as selector_model
+from tunesvc.serving.runtime import Runtime
 from tunesvc.space import config_hash
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
 from tunesvc.tuning import selector_fit
 from tunesvc.tuning import selector_measure
+from tunesvc.tuning.sweep import run_sweep
 
 #: small and odd: M buckets 4, 16, 64 and 128 over two (N, K) pairs
 SHAPES = [(3, 45, 29), (37, 45, 29), (9, 70, 50), (100, 70, 50)]
@@ -292,7 +292,7 @@ def test_predicted_candidate_that_does_not_fit_falls_to_the_next_ranked(fitted_d
 def test_runtime_never_imports_sklearn(fitted_db):
     code = (
         "import sys, warnings; warnings.simplefilter('ignore');"
-        "from tunesvc.runtime import Runtime;"
+        "from tunesvc.serving.runtime import Runtime;"
         f"r = Runtime(db={fitted_db!r}).lookup('matmul', M=200, N=70, K=50);"
         "print(r.source, 'sklearn' in sys.modules)"
     )
@@ -1089,7 +1089,7 @@ def test_a_spread_heldout_run_fails_when_a_process_fails_and_names_its_gpu(tmp_p
 
 
 def test_heldout_labels_a_ceiling_sweep_by_its_trials_and_an_exhausted_one_as_all():
-    from tunesvc.sweep import ProblemResult
+    from tunesvc.tuning.sweep import ProblemResult
 
     heldout = _heldout()
     result = ProblemResult({}, "k", {}, 1.0, {}, None, trials_new=57, trials_stored=89, failures=0, wall_seconds=1.0)

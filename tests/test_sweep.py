@@ -15,7 +15,7 @@ import pytest
 from tunesvc import TunesvcError
 from tunesvc import config_hash
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
+from tunesvc.tuning.sweep import run_sweep
 
 
 def trial_rows(store, template, device, key):
@@ -323,7 +323,7 @@ def test_sweep_reports_what_it_is_doing(tmp_db, template, device):
 
 
 def test_phases_say_where_the_wall_time_went(tmp_db, template, device):
-    from tunesvc.sweep import PHASES
+    from tunesvc.tuning.sweep import PHASES
 
     problem = template.problem(M=24, N=40, K=36)
     store = Store(tmp_db)
@@ -353,7 +353,7 @@ def test_phases_say_where_the_wall_time_went(tmp_db, template, device):
 def test_compile_pool_size(device):
     from dataclasses import replace
 
-    from tunesvc.sweep import _pool_size
+    from tunesvc.tuning.sweep import _pool_size
 
     gpu = replace(device, kind="cuda")
     cores = os.cpu_count() or 1
@@ -366,7 +366,7 @@ def test_compile_pool_size(device):
 
 
 def test_clock_phases_nest_and_add_up_to_the_wall_time():
-    from tunesvc.sweep import Clock
+    from tunesvc.tuning.sweep import Clock
 
     clock = Clock()
     with clock.phase("search"):
@@ -382,7 +382,7 @@ def test_clock_phases_nest_and_add_up_to_the_wall_time():
 def test_patience_counts_new_trials_that_do_not_beat_the_best_by_the_margin():
     from tunesvc.bench import Measurement
     from tunesvc.bench import Status
-    from tunesvc.sweep import Patience
+    from tunesvc.tuning.sweep import Patience
 
     rule = Patience(2, min_improvement=0.01, best_ms=1.0)
     rule.tell(Measurement(Status.OK, time_ms=0.995))  # faster, but by less than 1%

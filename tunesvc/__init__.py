@@ -35,9 +35,9 @@ if TYPE_CHECKING:
     from tunesvc._capture import capture
     from tunesvc._capture import stats as capture_stats
     from tunesvc._capture import uncapture
-    from tunesvc.autotuner import TunedKernel
-    from tunesvc.autotuner import autotune
-    from tunesvc.autotuner import tuned
+    from tunesvc._capture.autotuner import TunedKernel
+    from tunesvc._capture.autotuner import autotune
+    from tunesvc._capture.autotuner import tuned
     from tunesvc.bench import Bench
     from tunesvc.bench import Measurement
     from tunesvc.bench import Status
@@ -45,10 +45,10 @@ if TYPE_CHECKING:
     from tunesvc.device import Device
     from tunesvc.device import current_device
     from tunesvc.errors import TunesvcError
-    from tunesvc.runtime import LookupResult
-    from tunesvc.runtime import Runtime
-    from tunesvc.runtime import configure
-    from tunesvc.runtime import lookup
+    from tunesvc.serving.runtime import LookupResult
+    from tunesvc.serving.runtime import Runtime
+    from tunesvc.serving.runtime import configure
+    from tunesvc.serving.runtime import lookup
     from tunesvc.space import Space
     from tunesvc.space import config_hash
     from tunesvc.template import Cost
@@ -60,9 +60,9 @@ __version__ = "0.1.0"
 
 #: public name -> the module that defines it
 _EXPORTS = {
-    "TunedKernel": "tunesvc.autotuner",
-    "autotune": "tunesvc.autotuner",
-    "tuned": "tunesvc.autotuner",
+    "TunedKernel": "tunesvc._capture.autotuner",
+    "autotune": "tunesvc._capture.autotuner",
+    "tuned": "tunesvc._capture.autotuner",
     "Bench": "tunesvc.bench",
     "Measurement": "tunesvc.bench",
     "Status": "tunesvc.bench",
@@ -73,10 +73,10 @@ _EXPORTS = {
     "Device": "tunesvc.device",
     "current_device": "tunesvc.device",
     "TunesvcError": "tunesvc.errors",
-    "LookupResult": "tunesvc.runtime",
-    "Runtime": "tunesvc.runtime",
-    "configure": "tunesvc.runtime",
-    "lookup": "tunesvc.runtime",
+    "LookupResult": "tunesvc.serving.runtime",
+    "Runtime": "tunesvc.serving.runtime",
+    "configure": "tunesvc.serving.runtime",
+    "lookup": "tunesvc.serving.runtime",
     "Space": "tunesvc.space",
     "config_hash": "tunesvc.space",
     "Cost": "tunesvc.template",
@@ -86,29 +86,35 @@ _EXPORTS = {
 }
 
 #: subpackages and modules reachable as attributes (``tunesvc.kernels.matmul(...)``) after a
-#: bare ``import tunesvc``, as when this file imported them eagerly
-_SUBMODULES = frozenset(
-    {
-        "autotuner",
-        "bench",
-        "bundle",
-        "cli",
-        "completion",
-        "device",
-        "errors",
-        "fleet",
-        "kernels",
-        "ops",
-        "report",
-        "runtime",
-        "search",
-        "space",
-        "store",
-        "sweep",
-        "template",
-        "verify",
-    }
-)
+#: bare ``import tunesvc``, as when this file imported them eagerly: name -> the module (the
+#: runtime, ops, sweep and autotuner kept their attribute names when they moved into their layers)
+_SUBMODULES = {
+    **{
+        name: f"tunesvc.{name}"
+        for name in (
+            "bench",
+            "bundle",
+            "cli",
+            "completion",
+            "device",
+            "errors",
+            "fleet",
+            "kernels",
+            "report",
+            "search",
+            "serving",
+            "space",
+            "store",
+            "template",
+            "tuning",
+            "verify",
+        )
+    },
+    "autotuner": "tunesvc._capture.autotuner",
+    "ops": "tunesvc.serving.ops",
+    "runtime": "tunesvc.serving.runtime",
+    "sweep": "tunesvc.tuning.sweep",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -116,7 +122,7 @@ def __getattr__(name: str) -> Any:
         module, _, attribute = _EXPORTS[name].partition(":")
         value = getattr(importlib.import_module(module), attribute or name)
     elif name in _SUBMODULES:
-        value = importlib.import_module(f"{__name__}.{name}")
+        value = importlib.import_module(_SUBMODULES[name])
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value  # later lookups skip this function

@@ -12,7 +12,7 @@ winner is checked:
 A captured triton.autotune kernel is re-measured on inputs rebuilt from the call its sweep
 recorded, beside its first listed config (its heuristic), when ``kernel`` names it: its module is
 imported then, and stored data never chooses a module to import. Where it is not named, or its
-recorded call is missing or cannot be replayed safely (:mod:`tunesvc.recorded_check`), it is
+recorded call is missing or cannot be replayed safely (:mod:`tunesvc._capture.recorded_check`), it is
 ``not-measured``, with the reason; a module that does not import here is ``unknown-kernel``.
 Neither is a flag that ``retune`` can clear.
 
@@ -37,8 +37,8 @@ from tunesvc.device import Device
 from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
 from tunesvc.space import config_hash
-from tunesvc.sweep import run_sweep
 from tunesvc.template import template_named_by_data
+from tunesvc.tuning.sweep import run_sweep
 
 if TYPE_CHECKING:
     from tunesvc.bench import Measurement

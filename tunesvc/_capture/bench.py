@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 TOLERANCE = {getattr(torch, name): tolerance for name, tolerance in settings.CONFIG_TOLERANCE.items()}
 LOOSE_TOLERANCE = settings.CONFIG_TOLERANCE_OTHER
 
-#: rounds of the finalists' re-measurement on a GPU (tunesvc.sweep's interleaved rounds)
+#: rounds of the finalists' re-measurement on a GPU (tunesvc.tuning.sweep's interleaved rounds)
 FINALISTS = 3
 #: candidates whose first time is within this fraction of the fastest's are re-timed as finalists
 #: (see :func:`_contenders`)

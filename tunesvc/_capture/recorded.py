@@ -145,11 +145,11 @@ def _constexprs(tuner: Autotuner) -> set[str]:
 
 
 def check_call(tuner: Autotuner, call: Any, device: Device, shape_key: str | None = None) -> None:
-    """Refuse (:class:`tunesvc.recorded_check.RefusedCall`, one sentence) a recorded call that
-    cannot be replayed safely on ``device`` (see :mod:`tunesvc.recorded_check`), or whose key
+    """Refuse (:class:`tunesvc._capture.recorded_check.RefusedCall`, one sentence) a recorded call that
+    cannot be replayed safely on ``device`` (see :mod:`tunesvc._capture.recorded_check`), or whose key
     arguments and dtypes disagree with ``shape_key``, the key it is stored under."""
-    from tunesvc.recorded_check import RefusedCall
-    from tunesvc.recorded_check import check_recorded_call
+    from tunesvc._capture.recorded_check import RefusedCall
+    from tunesvc._capture.recorded_check import check_recorded_call
 
     check_recorded_call(
         call,

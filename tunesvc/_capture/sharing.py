@@ -22,7 +22,7 @@ from tunesvc._capture.identity import config_dict
 from tunesvc._capture.identity import kernel_name
 from tunesvc._capture.identity import kernel_version
 from tunesvc.errors import TunesvcError
-from tunesvc.launch import DirectLaunch
+from tunesvc.serving.launch import DirectLaunch
 from tunesvc.settings import LOOKUP
 from tunesvc.settings import OFF
 from tunesvc.settings import TUNE
@@ -31,7 +31,7 @@ from tunesvc.space import config_hash
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
 
-    from tunesvc.runtime import Runtime
+    from tunesvc.serving.runtime import Runtime
     from tunesvc.space import Config as ConfigDict
     from tunesvc.store import Store
     from tunesvc.template import Template
@@ -107,8 +107,8 @@ class _Shared:
         """A runtime (mode lookup, strict: a source that cannot be read is capture's failure to
         say) over these settings' winner source; None while there is no database (not kept:
         another process may create it before the next miss)."""
-        from tunesvc.runtime import Runtime
-        from tunesvc.runtime import _database_exists
+        from tunesvc.serving.runtime import Runtime
+        from tunesvc.serving.runtime import _database_exists
 
         s = self.settings
         if not s.bundle and not _database_exists(s.db_path):
@@ -134,7 +134,7 @@ class _Shared:
     def store(self, create: bool) -> Store | None:
         """The writable store (created if ``create``), or None where there is no database."""
         if self._store is None:
-            from tunesvc.runtime import _database_exists
+            from tunesvc.serving.runtime import _database_exists
             from tunesvc.store import Store
 
             path = self.settings.db_path
@@ -190,7 +190,7 @@ class _State:
         self._by_hash: dict[str, Any] | None = None
         self._configs = tuner.configs
         self._fn = tuner.fn
-        #: the kernel's launcher on a hit (tunesvc.launch); None where fn wraps the kernel
+        #: the kernel's launcher on a hit (tunesvc.serving.launch); None where fn wraps the kernel
         #: (@triton.heuristics): then fn.run, as Triton's Autotuner calls it
         self.direct = DirectLaunch(tuner.fn) if isinstance(tuner.fn, (JITFunction, InterpretedFunction)) else None
 

@@ -289,7 +289,7 @@ def kernel_configs(path: str | os.PathLike, data: dict[str, Any], name: str) -> 
     Checked against the section's schema: every config a non-empty table of parameter names
     to whole numbers or short texts, every winner naming a config of the section and giving a
     finite positive time. Whether a config lies in the kernel's space is the runtime's check
-    (it knows the kernel; see tunesvc.runtime).
+    (it knows the kernel; see tunesvc.serving.runtime).
     """
     schemas = _schemas()
     version = data["format_version"]

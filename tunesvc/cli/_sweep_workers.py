@@ -214,7 +214,7 @@ def _jobs_progress(
     from tunesvc.fleet.jobs import retrying
     from tunesvc.fleet.jobs import trials_stored
     from tunesvc.store import DatabaseUnavailable
-    from tunesvc.sweep import DEFAULT_OPTUNA_BUDGET
+    from tunesvc.tuning.sweep import DEFAULT_OPTUNA_BUDGET
 
     keys = list(dict.fromkeys(str(template.key(p)) for p in problems))
     limits: dict[str, int] = {}

@@ -85,10 +85,10 @@ def selector(
     """Fit the kernel's selector on this device from the stored trials, store it, and print it (the model kept, whether it projects a first pick that does not fit the shape onto the nearest config that does, and its leave-one-out score beside the nearest rule's)."""
     from tunesvc.device import current_device
     from tunesvc.store import Store
-    from tunesvc.sweep import check_time_budget
     from tunesvc.template import get_template
     from tunesvc.tuning import selector_fit  # fitting (scikit-learn), measuring (torch, Triton)
     from tunesvc.tuning import selector_measure
+    from tunesvc.tuning.sweep import check_time_budget
 
     if time_budget is not None and not cross_measure:
         raise TunesvcError("--time-budget limits --cross-measure; add --cross-measure, or drop --time-budget.")
@@ -193,10 +193,10 @@ def evaluate(
     """Leave-one-shape-out on this device: each tuned key's winner against what the selector and the nearest rule pick without it, all measured."""
     from tunesvc.device import current_device
     from tunesvc.store import Store
-    from tunesvc.sweep import check_time_budget
     from tunesvc.template import get_template
     from tunesvc.tuning import selector_fit  # fitting (scikit-learn), measuring (torch, Triton)
     from tunesvc.tuning import selector_measure
+    from tunesvc.tuning.sweep import check_time_budget
 
     check_time_budget(time_budget)
     if csv is not None:

@@ -154,8 +154,8 @@ def _check_options(
     """Refuse a sweep's options in one sentence, before any database is opened (a rejected sweep
     creates no file)."""
     from tunesvc.search import STRATEGIES
-    from tunesvc.sweep import check_sweep_arguments
     from tunesvc.template import did_you_mean
+    from tunesvc.tuning.sweep import check_sweep_arguments
 
     if strategy not in STRATEGIES:
         hint = did_you_mean(strategy, STRATEGIES)
@@ -190,7 +190,7 @@ def _sweep_here(
     from tunesvc.device import fork_safe_current_device
     from tunesvc.fleet.jobs import trials_stored
     from tunesvc.store import Store
-    from tunesvc.sweep import run_sweep
+    from tunesvc.tuning.sweep import run_sweep
 
     device = fork_safe_current_device()  # CUDA left uninitialised here: the sweep forks its workers from this process
     _check_fits(template, problems, device)

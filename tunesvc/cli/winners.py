@@ -151,7 +151,7 @@ def lookup(
     """The config the runtime would launch with on this device, and how it was found."""
     # the runtime reads the database (SQLAlchemy) where there is one; a shipped template imports
     # neither torch nor Triton, and the interpreter's device is read without them
-    from tunesvc.runtime import Runtime
+    from tunesvc.serving.runtime import Runtime
     from tunesvc.template import ShapeKey
     from tunesvc.template import get_template
 

@@ -6,6 +6,6 @@ the worker that claims, heartbeats and finishes them (``python -m tunesvc.fleet.
 by ``tune sweep --gpus``, one per GPU of a host); :mod:`tunesvc.fleet.cluster` places those same
 workers on a Ray cluster's GPUs (``tune sweep --ray``). The claims, heartbeats and the release of
 a dead worker's job all live in the database, so placement only starts workers. It runs the
-sweep (:mod:`tunesvc.sweep`) and so sits on the tuning side: serving never imports it
+sweep (:mod:`tunesvc.tuning.sweep`) and so sits on the tuning side: serving never imports it
 (tests/test_imports.py asserts it).
 """

@@ -8,7 +8,7 @@ one PostgreSQL database) joins one sweep. Each worker:
 * claims one pending job atomically: a single ``UPDATE ... WHERE status = 'pending'`` whose
   subquery is ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL (workers never wait on each
   other's rows) and plain on SQLite (whose one writer at a time makes the update atomic);
-* runs it with :func:`tunesvc.sweep.run_sweep`, heartbeating from a thread; trials already
+* runs it with :func:`tunesvc.tuning.sweep.run_sweep`, heartbeating from a thread; trials already
   stored for the key (by a worker that died) are reused, never measured twice;
 * marks it done, only if it still holds it: a done job is never claimed again.
 
@@ -42,12 +42,12 @@ from tunesvc.errors import TunesvcError
 from tunesvc.store import DatabaseUnavailable
 from tunesvc.store import JobSpec
 from tunesvc.store import Store
-from tunesvc.sweep import compile_pool
-from tunesvc.sweep import measuring_process
-from tunesvc.sweep import run_sweep
 from tunesvc.template import template_named_by_data
 from tunesvc.timeline import mark
 from tunesvc.timeline import set_role
+from tunesvc.tuning.sweep import compile_pool
+from tunesvc.tuning.sweep import measuring_process
+from tunesvc.tuning.sweep import run_sweep
 
 if TYPE_CHECKING:
     from tunesvc.bench import Compiler
@@ -203,7 +203,7 @@ def work(
     """Run the batch's jobs until none is pending or running; returns how many this worker finished.
 
     ``time_budget``, ``patience``, ``compile_workers`` and ``isolate`` go to each job's
-    :func:`~tunesvc.sweep.run_sweep` (``workers`` there), as in a sweep without ``--gpus``;
+    :func:`~tunesvc.tuning.sweep.run_sweep` (``workers`` there), as in a sweep without ``--gpus``;
     ``cores``: the host's CPU cores that this worker's compile pool may use by default (a share,
     where several workers run on one host).
 

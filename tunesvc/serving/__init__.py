@@ -1,11 +1,11 @@
 """Serving: the config to launch a kernel with, here and now, from winners tuned before.
 
-The layer is :mod:`tunesvc.runtime` (its winner sources, a database or a bundle, and the one
+The layer is :mod:`tunesvc.serving.runtime` (its winner sources, a database or a bundle, and the one
 fallback chain, exact -> predicted -> nearest -> transferred -> heuristic, for shipped and
 captured kernels alike), :mod:`tunesvc.serving.transfer` (a sibling GPU model's winners),
 :mod:`tunesvc.serving.selector` (the selector's model: its JSON and its pick),
 :mod:`tunesvc.serving.on_miss` (where mode 'tune' hands a miss to the tuning side),
-:mod:`tunesvc.launch` and :mod:`tunesvc.ops`.
+:mod:`tunesvc.serving.launch` and :mod:`tunesvc.serving.ops`.
 
 It imports no tuning (the sweep, search strategies, measurers, selector fitting), no capture
 and no fleet (:mod:`tunesvc.fleet`): tests/test_imports.py asserts it. What happens on a miss in

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tunesvc.runtime import stored_winners
+from tunesvc.serving.runtime import stored_winners
 from tunesvc.store import Store
-from tunesvc.sweep import run_sweep
 from tunesvc.tuning.claim import KeyClaim
+from tunesvc.tuning.sweep import run_sweep
 
 if TYPE_CHECKING:
     from tunesvc.serving.on_miss import MissedKey

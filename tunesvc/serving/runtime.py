@@ -496,7 +496,7 @@ class Runtime:
         tensors' shapes, dtypes and device index): the kernel's next call is one dict get.
 
         A miss may sweep (mode 'tune'): that runs outside the recording of the op call that asked
-        (tunesvc.launch), whose dispatch mode would otherwise see, and slow, every op it times."""
+        (tunesvc.serving.launch), whose dispatch mode would otherwise see, and slow, every op it times."""
         with outside_recording():
             config = self.launch_configs[key] = self.config_on(index, template, **problem)
         return config
@@ -575,7 +575,7 @@ def load_bundle_table(
 
 
 _default: Runtime | None = None
-#: what a config lookup that misses runs inside: tunesvc.launch sets it to leave the recording of the
+#: what a config lookup that misses runs inside: tunesvc.serving.launch sets it to leave the recording of the
 #: op call that asked (a tune-on-miss sweep is not part of the call)
 outside_recording: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 

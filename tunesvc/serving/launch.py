@@ -38,8 +38,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils._python_dispatch import _pop_mode_temporarily
 from triton import knobs
 
-from tunesvc import runtime as _runtime_module
 from tunesvc import settings
+from tunesvc.serving import runtime as _runtime_module
 
 _allocator_set: contextvars.ContextVar[bool] = contextvars.ContextVar("tunesvc_allocator_set", default=False)
 
@@ -137,7 +137,7 @@ def _key_function(args: tuple, kwargs: dict[str, Any]) -> Callable[..., tuple]:
     parts.append("len(kw)")
     source = f"def key({', '.join(['device', *names, 'kw'])}):\n    return ({', '.join(parts)},)\n"
     namespace: dict[str, Any] = {"no_key": _no_key}
-    exec(compile(source, "<tunesvc.launch key>", "exec"), namespace)
+    exec(compile(source, "<tunesvc.serving.launch key>", "exec"), namespace)
     return namespace["key"]
 
 
@@ -433,7 +433,7 @@ def _static_call(compiled: Any, args: tuple, tail: tuple) -> Callable[..., Any] 
         f"def launch(g0, g1, g2, stream, {', '.join(names)}):\n"
         f"    static_launch(function, g0, g1, g2, warps, shared, types, {_tuple(values)}, stream)\n"
     )
-    exec(compile(source, "<tunesvc.launch static>", "exec"), namespace)
+    exec(compile(source, "<tunesvc.serving.launch static>", "exec"), namespace)
     return namespace["launch"]
 
 
@@ -519,7 +519,7 @@ class LaunchPlan:
             return str(reason)
         plan.source = "def replay(args, stream):\n" + "".join(f"    {line}\n" for line in plan.lines)
         plan.source += f"    return {result}\n"
-        exec(compile(plan.source, "<tunesvc.launch plan>", "exec"), plan.namespace)
+        exec(compile(plan.source, "<tunesvc.serving.launch plan>", "exec"), plan.namespace)
         plan.replay = plan.namespace["replay"]
         # what the build read: the recorded call's arguments and buffers, which a plan kept for
         # the process would pin (a new shape's activations each); kept workspaces are constants
@@ -807,14 +807,14 @@ def _plan_functions(
     if guarded:
         source += f"def rest({', '.join(names)}):\n    return ({', '.join(guarded['rest'])},)\n"
     namespace = _hit_namespace(plans)
-    exec(compile(source, "<tunesvc.launch plan key>", "exec"), namespace)
+    exec(compile(source, "<tunesvc.serving.launch plan key>", "exec"), namespace)
     return namespace["key"], namespace["call"], namespace.get("rest")
 
 
 def entry_source(plans: LaunchPlans, names: list[str]) -> tuple[str, dict[str, Any]]:
     """The body (indented once) and the names it reads of a function of parameters ``names``
     that replays ``plans``'s plan on a hit, keyed by the kinds ``plans`` was made with
-    (:func:`tunesvc.ops.replayed` puts it after its torch.compile branch); ("", {}) where those
+    (:func:`tunesvc.serving.ops.replayed` puts it after its torch.compile branch); ("", {}) where those
     kinds cannot be keyed."""
     assert plans.fixed is not None
     parts = _plan_key_parts(plans.fixed, plans.entry, names)
@@ -839,7 +839,7 @@ class LaunchPlans:
     have failed; then the key always runs the function. Plans answer for one tuned-config
     runtime: when ``tunesvc.configure`` installs another, they are dropped. A hit is one
     generated frame (:attr:`call`); a family's public function carries that frame in its own
-    body (:func:`tunesvc.ops.replayed`, ``entry``).
+    body (:func:`tunesvc.serving.ops.replayed`, ``entry``).
     """
 
     tries = 3

@@ -49,9 +49,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
-from tunesvc.launch import HIT_NAMES
-from tunesvc.launch import LaunchPlans
-from tunesvc.launch import entry_source
+from tunesvc.serving.launch import HIT_NAMES
+from tunesvc.serving.launch import LaunchPlans
+from tunesvc.serving.launch import entry_source
 
 if TYPE_CHECKING:
     from tunesvc.space import Config
@@ -120,7 +120,7 @@ class KernelOp:
 def replayed(fn: Callable[P, R]) -> Callable[P, R]:
     """A family's public function whose eager calls replay, per key, what its first call did.
 
-    The key (:class:`tunesvc.launch.LaunchPlans` with ``entry``) is every tensor argument's
+    The key (:class:`tunesvc.serving.launch.LaunchPlans` with ``entry``) is every tensor argument's
     shape, strides, dtype, alignment, device and requires_grad, every other argument's value,
     grad mode, and the current device and stream: a hit skips the function's argument checks,
     its reshapes and the op's own key, and keeps the buffers it computes but does not return
@@ -152,14 +152,14 @@ def replayed(fn: Callable[P, R]) -> Callable[P, R]:
         raise TypeError(f"replayed: {fn.__name__}'s parameters {taken} are names its generated body uses")
     call = ", ".join(positional + [f"{k}={k}" for k in keywords])
     source = f"def by_position({', '.join(names)}):\n    return fn({call})\n" if keywords else ""
-    exec(compile(source, f"<tunesvc.ops replayed {fn.__name__}>", "exec"), namespace)
+    exec(compile(source, f"<tunesvc.serving.ops replayed {fn.__name__}>", "exec"), namespace)
     plans = LaunchPlans(namespace.get("by_position", fn), entry=True, kinds=[_kind(hints.get(n)) for n in names])
     hit, reads = entry_source(plans, names)  # reads: the hit path's names, which it updates itself
     reads.update(namespace, owner_plans=plans)
     source = f"def {fn.__name__}({', '.join(header)}):\n    if compiling():\n        return fn({call})\n" + (
         hit or f"    return owner_plans({', '.join(names)})\n"
     )
-    exec(compile(source, f"<tunesvc.ops replayed {fn.__name__}>", "exec"), reads)
+    exec(compile(source, f"<tunesvc.serving.ops replayed {fn.__name__}>", "exec"), reads)
     wrapper = functools.update_wrapper(reads[fn.__name__], fn)
     wrapper.plans = plans  # type: ignore[attr-defined]
     return cast("Callable[P, R]", wrapper)
@@ -190,7 +190,7 @@ def kernel_op(
     """Register ``fn`` (type-annotated) as ``tunesvc::<name>`` with ``fake`` as its shape function.
 
     ``replay``: eager calls replay the launches of the first call of their key
-    (:class:`tunesvc.launch.LaunchPlans`); False for an op whose launches depend on more than
+    (:class:`tunesvc.serving.launch.LaunchPlans`); False for an op whose launches depend on more than
     its arguments' shapes and scalars, the device and the stream."""
     return KernelOp(name, fn, fake, mutates_args, replay)
 

@@ -41,10 +41,10 @@ from typing import Any
 
 import torch
 
-from tunesvc import runtime as _runtime
 from tunesvc import settings
 from tunesvc.errors import TunesvcError
-from tunesvc.launch import DirectLaunch
+from tunesvc.serving import runtime as _runtime
+from tunesvc.serving.launch import DirectLaunch
 from tunesvc.space import LAUNCH_OPTIONS
 from tunesvc.space import Space
 from tunesvc.template import DTYPES
@@ -53,7 +53,7 @@ from tunesvc.template import Template
 
 if TYPE_CHECKING:
     from tunesvc.device import Device
-    from tunesvc.runtime import Runtime
+    from tunesvc.serving.runtime import Runtime
     from tunesvc.space import Config
     from tunesvc.template import Problem
 
@@ -216,7 +216,7 @@ class TunedKernel:
                 f"{template.name} has no argument {missing[0]}; key names must be the kernel's arguments."
             )
         self.kernel = kernel
-        #: a hit calls the compiled kernel's launcher (tunesvc.launch)
+        #: a hit calls the compiled kernel's launcher (tunesvc.serving.launch)
         self._direct = DirectLaunch(kernel)
         self.template = template
         self.arg_names = names

@@ -265,7 +265,7 @@ def test_the_tune_script_finds_a_kernel_module_in_the_current_folder(folder, tmp
     missing = tune("space", "nosuchmod:Template")
     said = missing.stdout + missing.stderr
     assert missing.returncode == 1 and "Traceback" not in said, said
-    assert "No module named 'nosuchmod' on the Python path or in the current folder" in said, said
+    assert "no module named 'nosuchmod' on the Python path or in the current folder" in said, said
     assert "run the command from the folder that holds nosuchmod.py" in " ".join(said.split()), said
 
 

@@ -450,8 +450,8 @@ def get_template(name: str) -> Template:
             raise TunesvcError(f"'{name}' is not a template path; write it as package.module:attribute.")
         try:
             obj = getattr(import_user_module(module_name), attr)
-        except TunesvcError:
-            raise
+        except TunesvcError as exc:  # no such module: its sentence says where it was looked for
+            raise TunesvcError(f"Cannot load template '{name}': {str(exc)[:1].lower()}{str(exc)[1:]}") from None
         except (ImportError, AttributeError, ValueError, TypeError) as exc:
             raise TunesvcError(f"Cannot load template '{name}' ({exc}); check the module path.") from None
         return _instantiate(obj, name)

@@ -11,6 +11,8 @@ with one warning (an unreadable source: every key falls back), never raised in l
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -253,6 +255,24 @@ def test_an_open_store_is_read_and_left_open(tmp_path, template, device):
         assert len(store.winners(kernel=template.name)) == len(TUNED) + 2  # still open
     finally:
         store.close()
+
+
+def test_a_bundle_is_served_without_sqlalchemy(tmp_path, template, device):
+    """A deployment that ships a bundle: its winners, selector and sibling read with json only."""
+    db = str(tmp_path / "tuned.db")
+    build(db, template, device)
+    bundle = export(db, tmp_path / "bundles", device)
+    problem = TUNED[0][0]
+    code = (
+        "import sys, tunesvc\n"
+        f"runtime = tunesvc.Runtime(bundle={str(bundle)!r})\n"
+        f"assert runtime.lookup('matmul', **{problem!r}).source == 'exact'\n"
+        "assert runtime.lookup('matmul', M=3000, N=3000, K=3000, dtype='float16').source != 'exact'\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sqlalchemy'))\n"
+    )
+    result = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 # -- the same answers -------------------------------------------------------------------------

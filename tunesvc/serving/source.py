@@ -97,9 +97,12 @@ class WinnerSource(ABC):
     :class:`~tunesvc.errors.TunesvcError`, as a source that cannot be read does: what to do
     about either (warn once, use heuristics; or raise) is the caller's.
 
-    **Reading.** Each call reads the source: a caller keeps what it needs (the runtime loads a
-    kernel once). A source holds no connection between calls, unless it was given an open store,
-    which it uses and never closes. Records out: plain dicts and frozen values, never ORM rows.
+    **Reading.** Each call reads the source (a bundle's file once: its data is kept), so a
+    caller keeps what it needs (the runtime loads a kernel once). Where a database holds a key
+    measured under several software stacks, the newest measurement is its winner. A source holds
+    no connection between calls, unless it was given an open store, which it uses and never
+    closes (and which serves one thread at a time, as every store does); otherwise any thread may
+    call it. Records out: plain dicts and frozen values, never ORM rows.
     """
 
     device: Device

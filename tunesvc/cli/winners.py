@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Annotated
 from typing import Any
 
@@ -14,7 +15,6 @@ from rich.text import Text
 from tunesvc.cli._common import DbOption
 from tunesvc.cli._common import JsonOption
 from tunesvc.cli._common import KernelFilter
-from tunesvc.cli._common import _absolute
 from tunesvc.cli._common import _complete_kernel
 from tunesvc.cli._common import _config_text
 from tunesvc.cli._common import _count
@@ -29,6 +29,11 @@ from tunesvc.cli._common import user_errors
 from tunesvc.errors import TunesvcError
 from tunesvc.text import natural_order
 from tunesvc.text import visible
+
+if TYPE_CHECKING:
+    from tunesvc.serving.source import WinnerSource
+    from tunesvc.serving.transfer import SiblingTable
+    from tunesvc.space import Config
 
 
 @app.command()
@@ -239,51 +244,16 @@ def _captured_lookup(
     that key text (``n=1000,x_ptr.dtype=float16``) read without importing the kernel: its stored
     winner, else the nearest stored key's, else a sibling GPU model's winner of its newest version
     (transferred). False when ``kernel`` is not a captured kernel of --db / --bundle."""
-    from tunesvc import settings
     from tunesvc._capture import CapturedKey
     from tunesvc._capture import CapturedTemplate
-    from tunesvc.device import current_device
     from tunesvc.serving import chain
-    from tunesvc.serving import transfer as transfers
     from tunesvc.template import ShapeKey
 
-    device = current_device()
-    sibling: transfers.SiblingTable | None = None
-    if bundle is not None:
-        from tunesvc.bundle import kernel_configs
-        from tunesvc.bundle import read_bundle
-
-        data = read_bundle(bundle)
-        info = data["device"]
-        if kernel not in data["kernels"]:
-            return False
-        if info["hardware_id"] == device.hardware_id:
-            table = kernel_configs(bundle, data, kernel)
-        elif settings.transfer_enabled() and transfers.is_sibling(
-            device, info.get("capability", ""), info.get("sm_count", 0), info["hardware_id"]
-        ):  # a sibling GPU model's bundle: its winners are transferred, never this model's own
-            table = {}
-            name = info.get("name") or info["hardware_id"]
-            sibling = transfers.SiblingTable(name, info["hardware_id"], dict(kernel_configs(bundle, data, kernel)))
-        else:
-            return False
-    else:
-        from tunesvc.store import Store
-
-        store = Store(db, readonly=True)
-        try:
-            if not store.captured_kernels(kernel):
-                return False
-            if device_name is not None:
-                device = store.find_device(device_name)
-            every = store.winners(kernel=kernel)
-            entries = sorted((e for e in every if e.hardware_id == device.hardware_id), key=lambda e: e.updated_at)
-            newest = max(every, key=lambda e: e.updated_at).kernel_version if every else None
-            if newest is not None and settings.transfer_enabled():
-                sibling = transfers.pick_sibling(store.sibling_winners(kernel, newest, device))
-        finally:
-            store.close()
-        table = {e.shape_key: e.config for e in entries}  # the newest version's winner of each key
+    read = _captured_winners(kernel, db, bundle, device_name)
+    if read is None:
+        return False
+    source, table, sibling = read
+    device = source.device
     parsed: list[tuple[ShapeKey, str]] = [(CapturedKey.of(k), k) for k in table]
 
     def names(text: str) -> list[str]:
@@ -304,13 +274,13 @@ def _captured_lookup(
     found = chain.answer(
         template, {"key": key}, template.key({"key": key}), device, table, lambda: parsed, sibling=lambda: moved
     )
-    source, matched, distance = found.source, found.matched_key, found.distance
-    if source == chain.HEURISTIC:
-        source, matched, distance = "first listed config", None, None
+    answered, matched, distance = found.source, found.matched_key, found.distance
+    if answered == chain.HEURISTIC:
+        answered, matched, distance = "first listed config", None, None
     result = {
         "kernel": kernel,
         "key": key,
-        "source": source,
+        "source": answered,
         "matched_key": matched,
         "distance": distance,
         "config": found.config if matched else None,
@@ -320,17 +290,18 @@ def _captured_lookup(
         _print_json(result)
         return True
     detail = ""
-    if source == "nearest":
+    if answered == "nearest":
         detail = f": stored key {matched}, {distance:.2f} doublings away (the distance between the keys' numbers on a log2 scale)"
-    elif source == "transferred":
+    elif answered == "transferred":
         which = "the same key" if distance == 0 else f"stored key {matched}, {distance:.2f} doublings away"
         detail = (
             f": {found.transferred_from}'s winner of {which} (a sibling GPU model: same compute capability "
             "and SM count; TUNESVC_TRANSFER=0 turns this off)"
         )
-    where = f"bundle {bundle.resolve()}" if bundle is not None else f"database {_absolute(db)}"
     console.print(f"key     {key}", highlight=False, soft_wrap=True)
-    console.print(f"answer  {source} for {device.name}{detail}; read from {where}", highlight=False, soft_wrap=True)
+    console.print(
+        f"answer  {answered} for {device.name}{detail}; read from {source.where()}", highlight=False, soft_wrap=True
+    )
     config = result["config"]
     shown = (
         _config_text(config)
@@ -339,3 +310,41 @@ def _captured_lookup(
     )
     console.print(f"config  {shown}", highlight=False, soft_wrap=True)
     return True
+
+
+def _captured_winners(
+    kernel: str, db: str | None, bundle: Path | None, device_name: str | None
+) -> tuple[WinnerSource, dict[str, Config], SiblingTable | None] | None:
+    """The source, this device's winners and a sibling model's (None: none, or transfer off) of
+    captured kernel ``kernel`` in --bundle or --db; None where it is not a captured kernel there
+    (or the bundle is of neither this device nor a sibling). The kernel is not imported, so its
+    version is unknown: the source's newest, unchecked against a space (its configs are the module's)."""
+    from tunesvc import settings
+    from tunesvc.device import current_device
+    from tunesvc.serving.source import BundleSource
+    from tunesvc.serving.source import DatabaseSource
+
+    device = current_device()
+    transfer = settings.transfer_enabled()
+    if bundle is not None:
+        from tunesvc.bundle import read_bundle
+
+        in_bundle = BundleSource(bundle, device, data=read_bundle(bundle))  # every section checked
+        if not in_bundle.captured(kernel):
+            return None
+        sibling = in_bundle.sibling_stored(kernel, None) if transfer else None
+        if in_bundle.hardware_id != device.hardware_id and sibling is None:
+            return None
+        return in_bundle, in_bundle.stored(kernel, None), sibling
+    from tunesvc.store import Store
+
+    store = Store(db, readonly=True)
+    try:
+        if not DatabaseSource(store, device).captured(kernel):
+            return None
+        if device_name is not None:
+            device = store.find_device(device_name)
+        source = DatabaseSource(store, device)
+        return source, source.stored(kernel, None), source.sibling_stored(kernel, None) if transfer else None
+    finally:
+        store.close()

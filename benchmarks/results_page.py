@@ -32,7 +32,10 @@ EXAMPLE_DB = HERE.parent / "tune.db.example"
 #: (> 1: tunesvc is faster). The *_rate columns hold the throughput a table reported (TFLOP/s or
 #: GB/s) where a run recorded that instead of, or beside, the times. ``run`` names the script
 #: invocation that wrote the row (its UTC start time), so two runs of one date stay apart; rows
-#: from before the column have none, and their date stands for their run.
+#: from before the column have none, and their date stands for their run. ``tiles_per_sm``: the
+#: output tiles of the timed config per SM (a GEMM's cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) / SMs);
+#: ``roofline``: the fraction of its roofline that ours reached (the bound's time / ours_ms);
+#: ``config``: the config timed. Files written before those three have none (EARLIER_COLUMNS).
 COLUMNS = (
     "date",
     "gpu",
@@ -50,7 +53,12 @@ COLUMNS = (
     "peer_rate",
     "rate_unit",
     "run",
+    "tiles_per_sm",
+    "roofline",
+    "config",
 )
+#: the layout before tiles_per_sm, roofline and config: read with those empty, appended to as it is
+EARLIER_COLUMNS = COLUMNS[: COLUMNS.index("run") + 1]
 
 #: what each timing_method value means
 TIMING_METHODS = {
@@ -65,12 +73,20 @@ TIMING_METHODS = {
 }
 
 
-def read_rows(path: Path) -> list[dict[str, str]]:
+def columns_of(path: Path) -> tuple[str, ...]:
+    """The layout of a results file: COLUMNS or EARLIER_COLUMNS; one sentence for any other."""
     with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != COLUMNS:
-            raise SystemExit(f"{path}: columns {reader.fieldnames} are not {list(COLUMNS)}.")
-        return list(reader)
+        header = tuple(next(csv.reader(f), ()))
+    if header not in (COLUMNS, EARLIER_COLUMNS):
+        raise SystemExit(f"{path}: columns {list(header)} are not {list(COLUMNS)}.")
+    return header
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a results file, each with every one of COLUMNS (those its layout lacks empty)."""
+    columns_of(path)
+    with path.open(newline="") as f:
+        return [{**dict.fromkeys(COLUMNS, ""), **row} for row in csv.DictReader(f)]
 
 
 def ratio_of(row: dict[str, str]) -> float | None:

@@ -366,6 +366,33 @@ def test_benchmark_processes_recording_at_once_append_whole_rows(tmp_path):
     assert (tmp_path / "shared.csv").read_bytes().count(b"date,gpu") == 1
 
 
+_EARLIER_RECORDER = """
+import sys
+sys.path.insert(0, {benchmarks!r})
+import _common
+_common.RESULTS_DIR = __import__("pathlib").Path({folder!r})
+row = {{"kernel": "k", "shape": "M=1", "ours_ms": "2.0", "peer": "p", "peer_ms": "1.0", "ratio": "0.5"}}
+_common.record("old", [row])
+_common.record("old", [{{**row, "tiles_per_sm": "0.25"}}])
+"""
+
+
+def test_a_results_file_of_the_earlier_layout_is_read_and_appended_to_in_it(tmp_path):
+    """Files written before tiles_per_sm, roofline and config read with those empty; record
+    appends to one in its own layout, and refuses, in one sentence, rows that need the new columns."""
+    module = _results_page()
+    path = tmp_path / "old.csv"
+    before = ",".join(module.EARLIER_COLUMNS) + "\n" + ",".join(["2030-01-01", "GPU A"] + [""] * 14) + "\n"
+    path.write_text(before)
+    script = _EARLIER_RECORDER.format(benchmarks=str(ROOT / "benchmarks"), folder=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "old.csv has no column tiles_per_sm" in done.stderr
+    rows = module.read_rows(path)
+    assert len(rows) == 2 and rows[0]["date"] == "2030-01-01"
+    assert rows[1]["ratio"] == "0.5" and rows[1]["tiles_per_sm"] == "" and set(rows[1]) == set(module.COLUMNS)
+    assert path.read_text().splitlines()[0] == ",".join(module.EARLIER_COLUMNS)
+
+
 def test_readme_tour_lookup_prints_what_the_readme_says(monkeypatch):
     """The tour's `tune lookup` on tune.db.example prints the README's lines (the database's path
     aside, which is the reader's own)."""

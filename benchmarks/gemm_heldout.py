@@ -1,10 +1,13 @@
 """GEMM on a held-out set of current models' shapes: the tuned tunesvc matmul against cuBLAS.
 
-    python benchmarks/gemm_heldout.py --list                          # the shapes; no GPU needed
-    python benchmarks/gemm_heldout.py --check                         # tiny shapes, every step, seconds
-    python benchmarks/gemm_heldout.py --db gemm.db --sweep --shapes 0:13    # tune shapes 0-12 (resumes)
-    python benchmarks/gemm_heldout.py --db gemm.db --sweep --shapes 13:     # the rest
-    python benchmarks/gemm_heldout.py --db gemm.db                    # time every shape (--shapes too)
+    python benchmarks/gemm_heldout.py --list                  # the shapes; no GPU needed
+    python benchmarks/gemm_heldout.py --check                 # tiny shapes, every step, seconds
+    python benchmarks/gemm_heldout.py --sweep --shapes 0:13   # tune shapes 0-12 into gemm_heldout.db (resumes)
+    python benchmarks/gemm_heldout.py --sweep --shapes 13:    # the rest
+    python benchmarks/gemm_heldout.py                         # time every shape (--shapes too)
+
+(``TRITON_INTERPRET=1`` for --check on a machine without a GPU. The default --db,
+gemm_heldout.db, is git-ignored: a fresh database, so that no stored winner answers a shape.)
 
 The target (issue 57): on at least 20 shapes of at least five current models, M from 1 to 8192,
 bf16, each tuned with 32 trials or fewer, a geometric mean of at least 1.0x cuBLAS in GPU time

@@ -342,6 +342,32 @@ def test_a_results_file_of_another_layout_is_refused_in_one_sentence(tmp_path):
     assert path.read_text() == before
 
 
+def test_results_page_gives_each_held_out_gemm_below_the_floor_with_its_tiles_and_roofline(tmp_path):
+    module = _results_page()
+    base = {**dict.fromkeys(module.COLUMNS, ""), "gpu": "GPU A", "date": "2030-01-02", "run": "2030-01-02T00:00:00Z"}
+    base |= {"kernel": "matmul [held-out, exact]", "timing_method": "cuda_graph", "peer": "cuBLAS (torch.matmul)"}
+    rows = [
+        {**base, "shape": "M=300,N=64,K=64", "ours_ms": "2.0", "peer_ms": "1.0", "ratio": "0.5",
+         "tiles_per_sm": "0.270", "roofline": "0.400", "config": "VARIANT=splitk SPLIT_K=3"},
+        {**base, "shape": "M=8,N=64,K=64", "ours_ms": "1.0", "peer_ms": "2.0", "ratio": "2.0",
+         "tiles_per_sm": "0.500", "roofline": "0.900", "config": "VARIANT=tma"},
+        # untuned (the database did not hold the key): not counted against the targets
+        {**base, "kernel": "matmul [held-out, heuristic]", "shape": "M=9,N=64,K=64", "ratio": "0.1"},
+    ]  # fmt: skip
+    _write_rows(tmp_path / "gemm_heldout.csv", module.COLUMNS, rows)
+    page = "\n".join(module._gemm_heldout(tmp_path))
+    assert "- run 2030-01-02T00:00:00Z, GPU A: 2 shapes, cuBLAS / tuned geometric mean 1.000x" in page
+    assert "lowest 0.500x (target >= 0.9)" in page
+    assert (
+        "  - M=300,N=64,K=64: 0.500x; the winner (VARIANT=splitk SPLIT_K=3) has 0.270 output tiles per SM "
+        "and reached 40% of its roofline, cuBLAS 20%" in page
+    )
+    assert "M=8," not in page and "M=9," not in page
+    table = "\n".join(module._table(rows))
+    assert "| tiles/SM | roofline | config |" in table and "| 0.27 | 40% | VARIANT=splitk SPLIT_K=3 |" in table
+    assert "tiles/SM" not in "\n".join(module._table([{**dict.fromkeys(module.COLUMNS, ""), "ratio": "1.0"}]))
+
+
 _RECORDER = """
 import sys
 sys.path.insert(0, {benchmarks!r})

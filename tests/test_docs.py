@@ -65,6 +65,25 @@ def test_cli_reference_covers_every_command_and_option():
                     assert f"`{opt}" in section or f", {opt}" in section, f"docs/cli.md lacks {opt} of `tune {name}`"
 
 
+def test_cli_reference_lists_every_command_whole():
+    """Each group's **Commands** list names every command with its help's first paragraph, uncut."""
+    import inspect
+
+    text = CLI_MD.read_text()
+
+    def check(group, title):
+        listing = text.partition(f"# `{title}`\n")[2].split("\n#", 1)[0].partition("**Commands**:\n")[2]
+        entries = dict(re.findall(r"^\* `([^`]+)`: (.*)$", listing, re.M))
+        assert set(entries) == set(group.commands), f"the command list of `{title}` is not every command"
+        for name, command in group.commands.items():
+            first = " ".join(inspect.cleandoc(command.help or "").split("\n\n")[0].split())
+            assert entries[name] == first, f"docs/cli.md cuts the summary of `{title} {name}`"
+            if hasattr(command, "commands"):
+                check(command, f"{title} {name}")
+
+    check(typer.main.get_command(app), "tune")
+
+
 def test_readme_lists_every_command_and_links_the_reference():
     for name in _commands():
         assert re.search(rf"`tune {name}\b", README), f"README's CLI table lacks `tune {name}`"
@@ -418,3 +437,19 @@ def test_shape_keys_doc_says_what_tune_lookup_prints_on_the_example(tmp_path):
         "answer  nearest for NVIDIA H100 80GB HBM3: tuned key M=1024,N=3000,K=777,dtype=bfloat16, 2.00 doublings away"
         in printed
     )
+
+
+def test_schema_page_names_every_table_and_every_migration():
+    from tunesvc.store.models import Base
+
+    text = (ROOT / "docs" / "schema.md").read_text()
+    tables = set(Base.metadata.tables)
+    assert {"tunesvc_winners", "tunesvc_misses", "tunesvc_selectors"} <= tables
+    for table in sorted(tables):
+        assert f"| `{table}` |" in text, f"docs/schema.md's table list lacks `{table}`"
+    versions = sorted((ROOT / "tunesvc" / "store" / "alembic" / "versions").glob("[0-9]*.py"))
+    assert len(versions) >= 7
+    for path in versions:
+        revision = re.search(r'^revision = "([^"]+)"', path.read_text(), re.M)
+        assert revision, f"{path.name} names no revision"
+        assert f"| {revision.group(1)} |" in text, f"docs/schema.md's migration list lacks {path.name}"

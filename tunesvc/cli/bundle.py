@@ -69,7 +69,7 @@ def import_(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Merge bundles and databases into --db: per key the faster measured winner stays (a tie keeps --db's); selectors where --db has none."""
+    """Merge bundles and databases into --db: per key the faster measured winner stays (a tie, or the same config, keeps --db's); selectors where --db has none."""
     # the databases (SQLAlchemy)
     from tunesvc.bundle import import_sources
     from tunesvc.store import Store

@@ -26,6 +26,7 @@ from tunesvc.cli._common import app
 from tunesvc.cli._common import console
 from tunesvc.cli._common import named
 from tunesvc.cli._common import user_errors
+from tunesvc.cli._common import whole_lines
 from tunesvc.text import visible
 
 
@@ -89,7 +90,9 @@ def import_(
     groups = [(c.source, c.hardware_id) for c in changes] + [(c.source, c.hardware_id) for c in imported.selectors]
     for source, hardware_id in dict.fromkeys(groups):
         console.print(
-            Text(visible(f"From {source}, winners of {hardware_id}"), style="bold"), highlight=False, soft_wrap=True
+            Text(visible(f"From {source}, winners of {hardware_id}"), style="bold"),
+            highlight=False,
+            soft_wrap=whole_lines(console),
         )
         group = [c for c in changes if (c.source, c.hardware_id) == (source, hardware_id)]
         for kernel, version in dict.fromkeys((c.kernel, c.version) for c in group):
@@ -113,13 +116,13 @@ def import_(
                 + (kept if any(c.action == "kept" for c in selectors) else "")
                 + ".",
                 highlight=False,
-                soft_wrap=True,
+                soft_wrap=whole_lines(console),
             )
     counts = {a: sum(c.action == a for c in changes) for a in ("added", "replaced", "kept")}
     console.print(
         f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept in {store.shown_url}.",
         highlight=False,
-        soft_wrap=True,
+        soft_wrap=whole_lines(console),
     )
 
 
@@ -169,11 +172,13 @@ def verify(
                 "(verify on that GPU, or sweep this one with `tune sweep`)."
             ),
             highlight=False,
-            soft_wrap=True,
+            soft_wrap=whole_lines(console),
         )
         return
     console.print(
-        Text(visible(f"Winners of {here.name} in {store.shown_url}"), style="bold"), highlight=False, soft_wrap=True
+        Text(visible(f"Winners of {here.name} in {store.shown_url}"), style="bold"),
+        highlight=False,
+        soft_wrap=whole_lines(console),
     )
     columns = ["shape key", "stored ms", "now ms", "heuristic ms", "flags", *(["retuned ms"] if retune else [])]
     for name, version in dict.fromkeys((v.kernel, v.version) for v in verdicts):

@@ -20,6 +20,7 @@ from tunesvc.cli._common import app
 from tunesvc.cli._common import console
 from tunesvc.cli._common import named
 from tunesvc.cli._common import user_errors
+from tunesvc.cli._common import whole_lines
 from tunesvc.errors import TunesvcError
 from tunesvc.text import visible
 
@@ -161,7 +162,7 @@ def misses(
         console.print(
             Text(visible(f"Misses of {hardware_id} in {store.shown_url}"), style="bold"),
             highlight=False,
-            soft_wrap=True,
+            soft_wrap=whole_lines(console),
         )
         for name in dict.fromkeys(m.kernel for m in rows if m.hardware_id == hardware_id):
             table = _keyed_table(
@@ -206,7 +207,7 @@ def _tune_misses(db: str | None, kernels: list[str]) -> int:
             try:
                 winner = tune_recorded(store, m.kernel, m.version, m.shape_key, m.call)
             except TunesvcError as exc:
-                console.print(f"  not tuned: {exc}", markup=False, highlight=False, soft_wrap=True)
+                console.print(f"  not tuned: {exc}", markup=False, highlight=False, soft_wrap=whole_lines(console))
                 untuned += 1
                 continue
             store.set_miss_status(m.id, "tuned")

@@ -167,6 +167,37 @@ def test_verify_measures_a_fresh_winner_on_the_interpreter(source_db):
     assert verdict.measured_ms > 0 and verdict.heuristic_ms == verdict.measured_ms  # the winner is the heuristic
 
 
+def test_verify_tells_its_progress_key_by_key(source_db):
+    store = Store(source_db, readonly=True)
+    told = []
+    try:
+        [verdict] = verify(store, progress=lambda what, step, total: told.append((what, step, total)))
+    finally:
+        store.close()
+    assert told == [(f"matmul {KEY}", 0, 1), ("verified", 1, 1)]
+    assert verdict.measured_ms is not None
+
+
+def test_tune_verify_draws_its_progress_on_stderr_within_80_columns(source_db):
+    """At a terminal of 80 columns `tune verify` shows the key it measures, on stderr; --json's
+    standard output is the JSON alone."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80", "FORCE_COLOR": "1"}  # rich: a terminal
+    done = subprocess.run(
+        [sys.executable, "-m", "tunesvc", "verify", "--db", source_db, "--json"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [v["shape_key"] for v in json.loads(done.stdout)] == [KEY]
+    drawn = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", done.stderr)
+    assert f"matmul {KEY}" in drawn and "0/1" in drawn
+    assert max(len(line) for line in drawn.replace("\r", "\n").splitlines()) <= 80
+
+
 def test_verify_flags_a_winner_slower_than_the_heuristic(source_db, tmp_db, monkeypatch, template, device):
     shutil.copy(source_db, tmp_db)
     heuristic = template.heuristic(template.problem(**PROBLEM), device)

@@ -445,7 +445,9 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
             where = (kernel, version, device.hardware_id, key)
             stored = best.get(where)
             stored_ms: float | None = stored[0] if stored is not None else None
-            if stored is not None and (not time_ms < round(stored[0], TIME_DECIMALS) or config_hash(config) == stored[1]):
+            if stored is not None and (
+                not time_ms < round(stored[0], TIME_DECIMALS) or config_hash(config) == stored[1]
+            ):
                 action = "kept"  # as fast as stored at the precision a bundle keeps, or the same config
             else:
                 action, stored_ms = store.merge_winner(kernel, version, device, key, config, time_ms, source)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Annotated
 from typing import Any
 
@@ -28,6 +29,9 @@ from tunesvc.cli._common import named
 from tunesvc.cli._common import user_errors
 from tunesvc.cli._common import whole_lines
 from tunesvc.text import visible
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 @app.command()
@@ -126,6 +130,24 @@ def import_(
     )
 
 
+def _key_progress() -> Progress:
+    """A bar on stderr, gone when done: the key being judged (cut to fit, never wrapped), keys done
+    of all, the time; fits 80 columns."""
+    from rich.progress import BarColumn
+    from rich.progress import MofNCompleteColumn
+    from rich.progress import Progress
+    from rich.progress import TextColumn
+    from rich.progress import TimeElapsedColumn
+    from rich.table import Column
+
+    description = Column(no_wrap=True, overflow="ellipsis", ratio=1)
+    return Progress(
+        TextColumn("{task.description}", markup=False, table_column=description), BarColumn(bar_width=20),
+        MofNCompleteColumn(), TimeElapsedColumn(),
+        console=TextConsole(stderr=True), transient=True, expand=True,
+    )  # fmt: skip
+
+
 @app.command()
 @user_errors
 def verify(
@@ -153,8 +175,17 @@ def verify(
     _check_count("--budget", budget)
     kernel = _kernel_filter(kernel)
     store = Store(db, readonly=not retune)
+    progress = _key_progress()
+    task = progress.add_task("", total=None)
+
+    def on_key(what: str, step: int, total: int) -> None:
+        progress.update(task, description=what, completed=step, total=total)
+
     try:
-        verdicts = verify_winners(store, kernel=kernel, margin=margin, retune=retune, budget=budget)
+        with progress:  # on stderr: --json's output stays the JSON alone
+            verdicts = verify_winners(
+                store, kernel=kernel, margin=margin, retune=retune, budget=budget, progress=on_key
+            )
         stored_on = sorted({w.device for w in store.winners(kernel=kernel)}) if not verdicts else []
         if kernel is not None and not verdicts and not stored_on:
             raise _nothing_matches(store, "winners", kernel=kernel)

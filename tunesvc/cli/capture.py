@@ -12,6 +12,7 @@ from rich.text import Text
 from tunesvc import settings
 from tunesvc.cli._common import DbOption
 from tunesvc.cli._common import JsonOption
+from tunesvc.cli._common import TextConsole
 from tunesvc.cli._common import _config_text
 from tunesvc.cli._common import _count
 from tunesvc.cli._common import _keyed_table
@@ -98,7 +99,8 @@ def run(
             with open(summary) as f:
                 records = [json.loads(line) for line in f if line.strip()]
             os.unlink(summary)
-        typer.echo(summary_line(records), err=True)
+        stderr = TextConsole(stderr=True)
+        stderr.print(summary_line(records), highlight=False, soft_wrap=whole_lines(stderr))
     if tune_misses and _tune_misses(db, kernel or []):
         code = code or 1  # a key not tuned (said, one line each)
     raise typer.Exit(code)

@@ -242,7 +242,8 @@ def user_errors(fn: Callable) -> Callable:
 
 
 def _error(message: str) -> None:
-    """One line on stderr: "Error: " and ``message`` as text, its hints naming :func:`program`."""
+    """One message on stderr: "Error: " and ``message`` as text, its hints naming :func:`program`;
+    one line to a pipe, wrapped between words at a terminal (see :func:`whole_lines`)."""
     line = Text("Error: ", style="bold red") + Text(visible(named(message)))
     stderr = TextConsole(stderr=True)
     stderr.print(line, highlight=False, soft_wrap=whole_lines(stderr))

@@ -65,6 +65,25 @@ def test_cli_reference_covers_every_command_and_option():
                     assert f"`{opt}" in section or f", {opt}" in section, f"docs/cli.md lacks {opt} of `tune {name}`"
 
 
+def test_cli_reference_lists_every_command_whole():
+    """Each group's **Commands** list names every command with its help's first paragraph, uncut."""
+    import inspect
+
+    text = CLI_MD.read_text()
+
+    def check(group, title):
+        listing = text.partition(f"# `{title}`\n")[2].split("\n#", 1)[0].partition("**Commands**:\n")[2]
+        entries = dict(re.findall(r"^\* `([^`]+)`: (.*)$", listing, re.M))
+        assert set(entries) == set(group.commands), f"the command list of `{title}` is not every command"
+        for name, command in group.commands.items():
+            first = " ".join(inspect.cleandoc(command.help or "").split("\n\n")[0].split())
+            assert entries[name] == first, f"docs/cli.md cuts the summary of `{title} {name}`"
+            if hasattr(command, "commands"):
+                check(command, f"{title} {name}")
+
+    check(typer.main.get_command(app), "tune")
+
+
 def test_readme_lists_every_command_and_links_the_reference():
     for name in _commands():
         assert re.search(rf"`tune {name}\b", README), f"README's CLI table lacks `tune {name}`"
@@ -438,6 +457,53 @@ def test_readme_tour_lookup_prints_what_the_readme_says(monkeypatch):
     assert [path_aside(line) for line in result.stdout.splitlines()] == [path_aside(line) for line in printed]
 
 
+def _trimmed(output: str) -> list[str]:
+    """The README's way of quoting the CLI: each line without its padding, tables without their
+    border lines."""
+    lines = [line.strip() for line in output.splitlines()]
+    return [line for line in lines if line and not line.startswith(("┏", "┡", "└"))]
+
+
+def test_readme_tour_show_prints_what_the_readme_says(monkeypatch):
+    """The tour's `tune show` on tune.db.example, piped: the README's lines, in the tool's row order
+    and layout (one row per key, the title as printed), borders aside."""
+    import shlex
+
+    tour = README[README.index("## A tour of `tune.db.example`") :]
+    command, *printed = tour[tour.index("$ tune show") :].split("\n$ ")[0].strip().splitlines()
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(app, shlex.split(command)[2:], env={"COLUMNS": None})
+    assert result.exit_code == 0, result.output
+    assert _trimmed(result.stdout) == printed
+
+
+def test_readme_first_show_lists_rows_in_the_tools_order_one_line_each():
+    """The two commands' `tune show` (interpreter times, so not rerun here): its rows in the order
+    `tune show` sorts keys (M=64 before M=128), each key's config on its one line."""
+    from tunesvc.text import natural_order
+
+    block = README[README.index("## Two commands") :].split("```")[1]
+    shown = block[block.index("Winners on triton-interpreter") :].split(" winners;")[0]
+    rows = [line for line in shown.splitlines() if line.startswith("│")]
+    keys = [row.split("│")[1].strip() for row in rows]
+    assert len(keys) == 2 and all(keys)
+    assert keys == sorted(keys, key=natural_order)
+
+
+def test_readme_says_how_errors_exit(tmp_path):
+    """README: a TunesvcError is one sentence on stderr with exit 1; a usage mistake is typer's
+    boxed usage message with exit 2."""
+    assert "Errors (an empty filter too): one sentence, exit 1; usage mistakes: typer's boxed message, exit 2." in (
+        " ".join(README.split())
+    )
+    result = CliRunner().invoke(app, ["show", "--db", str(ROOT / "tune.db.example"), "--kernel", "nosuch"])
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: No winners in")
+    result = CliRunner().invoke(app, ["show", "--bogus"])
+    assert result.exit_code == 2
+    assert "No such option: --bogus" in result.stderr and "╭" in result.stderr
+
+
 def test_shape_keys_doc_says_what_tune_lookup_prints_on_the_example(tmp_path):
     """docs/shape-keys.md's worked example on tune.db.example: 1000x3000x777 is `exact`;
     3000x3000x777 is the key M=4096,..., `predicted` by the stored selector and, without one,
@@ -471,3 +537,19 @@ def test_shape_keys_doc_says_what_tune_lookup_prints_on_the_example(tmp_path):
         "answer  nearest for NVIDIA H100 80GB HBM3: tuned key M=1024,N=3000,K=777,dtype=bfloat16, 2.00 doublings away"
         in printed
     )
+
+
+def test_schema_page_names_every_table_and_every_migration():
+    from tunesvc.store.models import Base
+
+    text = (ROOT / "docs" / "schema.md").read_text()
+    tables = set(Base.metadata.tables)
+    assert {"tunesvc_winners", "tunesvc_misses", "tunesvc_selectors"} <= tables
+    for table in sorted(tables):
+        assert f"| `{table}` |" in text, f"docs/schema.md's table list lacks `{table}`"
+    versions = sorted((ROOT / "tunesvc" / "store" / "alembic" / "versions").glob("[0-9]*.py"))
+    assert len(versions) >= 7
+    for path in versions:
+        revision = re.search(r'^revision = "([^"]+)"', path.read_text(), re.M)
+        assert revision, f"{path.name} names no revision"
+        assert f"| {revision.group(1)} |" in text, f"docs/schema.md's migration list lacks {path.name}"

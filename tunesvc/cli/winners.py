@@ -15,6 +15,7 @@ from rich.text import Text
 from tunesvc.cli._common import DbOption
 from tunesvc.cli._common import JsonOption
 from tunesvc.cli._common import KernelFilter
+from tunesvc.cli._common import TextConsole
 from tunesvc.cli._common import _complete_kernel
 from tunesvc.cli._common import _config_text
 from tunesvc.cli._common import _count
@@ -26,6 +27,8 @@ from tunesvc.cli._common import _short
 from tunesvc.cli._common import app
 from tunesvc.cli._common import console
 from tunesvc.cli._common import user_errors
+from tunesvc.cli._common import whole_lines
+from tunesvc.cli._common import wide_when_piped
 from tunesvc.errors import TunesvcError
 from tunesvc.text import natural_order
 from tunesvc.text import visible
@@ -77,9 +80,11 @@ def show(
                 "trials": counts,
             }
         )
+    # a row per key, whole, to a pipe or a file (grep reads it); a terminal's width where there is one
+    out = wide_when_piped(TextConsole())
     for hardware_id in sorted({w.hardware_id for w in shown}):
         on_device = [w for w in shown if w.hardware_id == hardware_id]
-        console.print(Text(visible(f"Winners on {hardware_id}"), style="bold"), highlight=False, soft_wrap=True)
+        out.print(Text(visible(f"Winners on {hardware_id}"), style="bold"), highlight=False, soft_wrap=whole_lines(out))
         for name in sorted({w.kernel for w in on_device}):
             newest: dict[str, float] = {}  # version -> its newest winner's time
             for w in on_device:
@@ -98,7 +103,7 @@ def show(
                     which = "current version, used by lookups"
                 else:  # a captured kernel or a template this command does not import
                     which = "newest stored version, used by lookups"
-                console.print(
+                out.print(
                     _keyed_table(
                         f"{name} {version} ({which})",
                         ["shape key", "config", "ms"],
@@ -107,11 +112,11 @@ def show(
                 )
     failed = sum(n for status, n in counts.items() if status != "ok")
     hidden = f" ({len(older)} of older kernel versions: --all-versions)" if older and not all_versions else ""
-    console.print(
+    out.print(
         f"{_count(len(shown), 'winner')}{hidden}; {_count(sum(counts.values()), 'trial')}, "
         f"{failed} failed or invalid, in {store.shown_url}.",
         highlight=False,
-        soft_wrap=True,
+        soft_wrap=whole_lines(out),
     )
 
 
@@ -193,7 +198,7 @@ def lookup(
         for dim, (given, to) in bucketed.items()
     ]
     how = f"{'; '.join(rounded)}; other dims as given" if rounded else "every dim as given"
-    console.print(f"key     {result.key}: {how}", highlight=False, soft_wrap=True)
+    console.print(f"key     {result.key}: {how}", highlight=False, soft_wrap=whole_lines(console))
     detail = ""
     if result.source == "nearest" and result.distance is not None:
         detail = (
@@ -212,8 +217,12 @@ def lookup(
         )
     where = runtime.where()
     read = f"read from {where}" if where.startswith(("database", "bundle")) else where
-    console.print(f"answer  {result.source} for {runtime.device.name}{detail}; {read}", highlight=False, soft_wrap=True)
-    console.print(f"config  {_config_text(result.config)}", highlight=False, soft_wrap=True)
+    console.print(
+        f"answer  {result.source} for {runtime.device.name}{detail}; {read}",
+        highlight=False,
+        soft_wrap=whole_lines(console),
+    )
+    console.print(f"config  {_config_text(result.config)}", highlight=False, soft_wrap=whole_lines(console))
     if other_dtypes:
         held = ", ".join(f"{_count(n, 'key')} in {dtype}" for dtype, n in sorted(other_dtypes.items()))
         first = sorted(other_dtypes, key=lambda d: -other_dtypes[d])[0]
@@ -221,7 +230,7 @@ def lookup(
             f"note    {template.name} is tuned on {runtime.device.name} for {held}, which a {problem['dtype']} "
             f"lookup does not use; pass --dtype {first} to look one of those up.",
             highlight=False,
-            soft_wrap=True,
+            soft_wrap=whole_lines(console),
         )
 
 

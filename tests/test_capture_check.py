@@ -4,19 +4,26 @@ sums over the slot axes; every other output as before."""
 
 from __future__ import annotations
 
+import html
+import json
+import re
+
 import pytest
 import torch
 import triton
 import triton.language as tl
 from sqlalchemy import select
+from typer.testing import CliRunner
 
 import tunesvc
+from tunesvc.cli import app
 from tunesvc.store import Store
 from tunesvc.store.models import KernelVersion
 from tunesvc.store.models import Trial
 from tunesvc.store.models import Winner
 
 M, N = 100, 5
+KERNEL = f"{__name__}:_column_partials"
 BLOCKS = (8, 16, 32, 64)
 
 
@@ -147,3 +154,41 @@ def test_a_zeroed_true_output_written_one_place_off_is_still_rejected(tmp_db):
     rows = _trials(tmp_db)
     assert [r.status for r in rows] == ["ok", "wrong_result", "ok"]
     assert rows[1].message.startswith("tensor argument 1 (out_ptr): relative error ")
+
+
+def test_show_and_the_report_say_how_many_candidates_were_rejected_as_wrong_and_why(tmp_db, tmp_path):
+    configs = [_config(8), _config(16, wrong=True), _config(32), _config(64, wrong_out=True)]
+    _column_sums(tmp_db, configs)
+    why = "tensor argument 1 (partial_ptr), by its sums over axis 0 (the configs wrote different slots of it)"
+    runner = CliRunner()
+    shown = runner.invoke(app, ["show", "--db", tmp_db, "--kernel", KERNEL])
+    assert shown.exit_code == 0, shown.output
+    said = " ".join(shown.stdout.split())  # the line as words, however the terminal wraps it
+    assert f"2 of 4 candidates rejected as wrong results: 1 for {why} (most often '{why}: relative error " in said
+    assert "; 1 for tensor argument 2 (out_ptr) (most often 'tensor argument 2 (out_ptr): relative error " in said
+    data = json.loads(runner.invoke(app, ["show", "--db", tmp_db, "--json"]).stdout)
+    [rejected] = data["rejected"]
+    assert rejected["kernel"] == KERNEL and (rejected["trials"], rejected["wrong_result"]) == (4, 2)
+    assert sorted(r["reason"] for r in rejected["reasons"]) == [why, "tensor argument 2 (out_ptr)"]
+    assert all(r["trials"] == 1 and r["example"].startswith(r["reason"] + ": ") for r in rejected["reasons"])
+
+    out = tmp_path / "report"
+    made = runner.invoke(app, ["report", "--db", tmp_db, "--out", str(out)])
+    assert made.exit_code == 0, made.output
+    page = html.unescape(re.sub(r"<[^>]+>", "", (out / "report.html").read_text()))
+    assert f"2 of 4 candidates rejected as wrong results (never eligible to win): 1 for {why}" in page
+    assert "1 for tensor argument 2 (out_ptr)" in page
+
+
+def test_a_check_of_slots_that_fails_inside_tunesvc_leaves_the_element_by_element_check(tmp_db, monkeypatch):
+    from tunesvc._capture import bench
+
+    def refused(t):
+        raise RuntimeError("an op a library replaced refused")
+
+    monkeypatch.setattr(bench, "_is_zero", refused)
+    _, x, out, sums = _column_sums(tmp_db, [_config(8), _config(16), _config(8, wrong_out=True)])
+    torch.testing.assert_close(sums, x.sum(dim=0))  # the program runs as it would
+    torch.testing.assert_close(out, 2 * x)
+    # as before the slot sums: another block size differs element by element, a wrong output still so
+    assert [r.status for r in _trials(tmp_db)] == ["ok", "wrong_result", "wrong_result"]

@@ -186,7 +186,7 @@ class CaptureBench(Bench):
         #: the tensors the autotuner zeroes before each launch (reset_to_zero), by position
         reset = set(getattr(tuner, "reset_to_zero", None) or ())
         self._reset = [name in reset for name in self._names]
-        self._pristine_zero = [_is_zero(t) for t in self._pristine]
+        self._pristine_zero: list[bool] | None = None  # made by the first _starts
         self.ref: list[torch.Tensor] | None = None
         self._ref_starts: list[_Start] = []
         self._written: list[bool] = []
@@ -220,13 +220,18 @@ class CaptureBench(Bench):
 
         def started() -> None:  # after the pre-hooks, which may zero tensors (reset_to_zero, init_to_zero)
             if starts is not None:
-                starts[:] = self._starts()
+                try:
+                    starts[:] = self._starts()
+                except Exception:  # a torch op a library replaced refused: no scratch, every tensor element-wise
+                    starts.clear()
 
         return launch_listed(self.tuner, config, args, kwargs, outputs if check else None, started)
 
     def _starts(self) -> list[_Start]:
         """What each tensor holds as the launch starts: whether it is all zero, and whether the
         autotuner or a pre-hook made it so (a tensor declared scratch, see :func:`_slot_axes`)."""
+        if self._pristine_zero is None:
+            self._pristine_zero = [_is_zero(t) for t in self._pristine]
         out = []
         for t, saved, reset, zero in zip(self._tensors, self._pristine, self._reset, self._pristine_zero):
             if _same(t, saved):
@@ -288,7 +293,10 @@ class CaptureBench(Bench):
         summed: list[str] = []
         for i, (out, ref, written) in enumerate(zip(outputs, self.ref, self._written)):
             what, dtype = f"tensor argument {i} ({self._names[i]})", out.dtype
-            axes = _slot_axes(out, ref, starts[i], self._ref_starts[i]) if starts and self._ref_starts else None
+            try:
+                axes = _slot_axes(out, ref, starts[i], self._ref_starts[i]) if starts and self._ref_starts else None
+            except Exception:  # a torch op a library replaced refused: compared element by element
+                axes = None
             if axes is not None:
                 out, ref = _slot_sums(out, axes), _slot_sums(ref, axes)
                 over = f"its sums over {_listed(axes)} (the configs wrote different slots of it)"

@@ -54,7 +54,7 @@ def show(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show the stored winners of each kernel's current version, one table per device and kernel; filters that match nothing exit with an error."""
+    """Show the stored winners of each kernel's current version, one table per device and kernel, and how many of its candidates were rejected as wrong results and why; filters that match nothing exit with an error."""
     from tunesvc.store import Store  # SQLAlchemy
 
     kernel = _kernel_filter(kernel)

@@ -369,8 +369,9 @@ def _slot_axes(out: torch.Tensor, ref: torch.Tensor, start: _Start, ref_start: _
     written, ref_written = _widened(out) != 0, _widened(ref) != 0
     axes = []
     for axis in range(out.dim()):
-        used = written.movedim(axis, 0).reshape(out.shape[axis], -1).any(dim=1)
-        ref_used = ref_written.movedim(axis, 0).reshape(out.shape[axis], -1).any(dim=1)
+        others = tuple(a for a in range(out.dim()) if a != axis)
+        used = written.any(dim=others) if others else written
+        ref_used = ref_written.any(dim=others) if others else ref_written
         if torch.equal(used, ref_used):
             continue
         if not declared and bool((used & ~ref_used).any()) and bool((ref_used & ~used).any()):

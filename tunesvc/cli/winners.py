@@ -34,6 +34,7 @@ from tunesvc.text import natural_order
 from tunesvc.text import visible
 
 if TYPE_CHECKING:
+    from tunesvc.records import RejectedTrials
     from tunesvc.serving.source import WinnerSource
     from tunesvc.serving.transfer import SiblingTable
     from tunesvc.space import Config
@@ -58,7 +59,7 @@ def show(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show the stored winners of each kernel's current version, one table per device and kernel; filters that match nothing exit with an error."""
+    """Show the stored winners of each kernel's current version, one table per device and kernel, and how many of its candidates were rejected as wrong results and why; filters that match nothing exit with an error."""
     from tunesvc.store import Store  # SQLAlchemy
 
     kernel = _kernel_filter(kernel)
@@ -66,6 +67,9 @@ def show(
     try:
         winners = store.winners(kernel=kernel, device=device, shape=shape)
         counts = store.trial_counts(kernel=kernel, device=device, shape=shape)
+        rejected = {
+            (r.kernel, r.kernel_version, r.hardware_id): r for r in store.rejected_trials(kernel, device, shape)
+        }
         if not winners and (kernel or device or shape):
             raise _nothing_matches(store, "winners", kernel=kernel, device=device, shape=shape)
     finally:
@@ -78,6 +82,7 @@ def show(
             {
                 "winners": [{**w.to_dict(), "current": w.kernel_version == current[w.kernel][0]} for w in shown],
                 "trials": counts,
+                "rejected": [_rejected_json(r) for r in rejected.values() if r.rejected],
             }
         )
     # a row per key, whole, to a pipe or a file (grep reads it); a terminal's width where there is one
@@ -110,6 +115,9 @@ def show(
                         [[w.shape_key, _config_text(w.config), f"{w.time_ms:.4g}"] for w in rows],
                     )
                 )
+                said = rejected.get((name, version, hardware_id))
+                if said is not None and said.rejected:
+                    out.print(Text(visible(_rejected_line(said))), highlight=False, soft_wrap=whole_lines(out))
     failed = sum(n for status, n in counts.items() if status != "ok")
     hidden = f" ({len(older)} of older kernel versions: --all-versions)" if older and not all_versions else ""
     out.print(
@@ -118,6 +126,24 @@ def show(
         highlight=False,
         soft_wrap=whole_lines(out),
     )
+
+
+def _rejected_line(rejected: RejectedTrials) -> str:
+    """How many of a kernel version's candidates were stored as wrong results, and why: a user
+    sees when most of a space could never win."""
+    reasons = "; ".join(f"{n} for {reason} (most often '{said}')" for reason, n, said in rejected.reasons())
+    return f"{rejected.rejected} of {_count(rejected.trials, 'candidate')} rejected as wrong results: {reasons}"
+
+
+def _rejected_json(rejected: RejectedTrials) -> dict[str, Any]:
+    return {
+        "kernel": rejected.kernel,
+        "kernel_version": rejected.kernel_version,
+        "hardware_id": rejected.hardware_id,
+        "trials": rejected.trials,
+        "wrong_result": rejected.rejected,
+        "reasons": [{"reason": r, "trials": n, "example": example} for r, n, example in rejected.reasons()],
+    }
 
 
 def _current_versions(winners: list) -> dict[str, tuple[str, bool]]:

@@ -117,7 +117,7 @@ def show(
                 )
                 said = rejected.get((name, version, hardware_id))
                 if said is not None and said.rejected:
-                    out.print(Text(visible(_rejected_line(said))), highlight=False, soft_wrap=whole_lines(out))
+                    out.print(Text(visible(_rejected_line(said))), highlight=False)
     failed = sum(n for status, n in counts.items() if status != "ok")
     hidden = f" ({len(older)} of older kernel versions: --all-versions)" if older and not all_versions else ""
     out.print(

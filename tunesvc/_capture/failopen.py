@@ -11,7 +11,6 @@ kernel whose own could not be made. Also the process's counters (:data:`STATS`,
 from __future__ import annotations
 
 import threading
-import warnings
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from tunesvc import settings
 from tunesvc.bench._base import one_line as _one_line
 from tunesvc.errors import TunesvcError
 from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
@@ -147,7 +147,7 @@ def _give_up(state: Any, exc: BaseException | str, stage: str, *, stacklevel: in
         else:
             fix = "set TUNESVC_MODE=off to leave it to Triton quietly, and report this tunesvc bug"
     FAILED_OPEN[category] += 1
-    warnings.warn(
+    warn(
         visible(f"tunesvc: {state.name}: {reason}; it runs with Triton's own autotuner in this process ({fix})."),
         RuntimeWarning,
         stacklevel=stacklevel + 1,

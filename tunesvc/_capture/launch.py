@@ -44,6 +44,7 @@ from tunesvc._capture.sharing import _settings_lock
 from tunesvc._capture.sharing import _shared
 from tunesvc._capture.sharing import _State
 from tunesvc.errors import TunesvcError
+from tunesvc.text import warn
 
 #: Triton's own Autotuner.run (the interpreter-start hook may have put a trampoline there first,
 #: and a library its own run over that: the hook kept Triton's)
@@ -421,10 +422,8 @@ def capture(
     previous = _process
     _apply(Settings.resolve(mode, db, bundle))
     if not _ours(Autotuner.__dict__.get("run")):
-        import warnings
-
         run = Autotuner.__dict__.get("run")
-        warnings.warn(
+        warn(
             f"tunesvc: Autotuner.run is {getattr(run, '__module__', '?')}.{getattr(run, '__qualname__', run)}, "
             "another library's: it stays, and capture reaches plain triton.autotune kernels only through the run "
             "it replaced (call tunesvc.capture() before that library replaces it).",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -27,6 +26,7 @@ from tunesvc._capture.identity import kernel_name
 from tunesvc.errors import TunesvcError
 from tunesvc.space import config_hash
 from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
     from tunesvc._capture.sharing import _Shared
@@ -45,9 +45,7 @@ def _record_miss(shared: _Shared, state: _State, text: str, tuner: Autotuner, ar
         device = current_device()
         store.record_miss(state.template, device, text, describe_call(tuner, args, kwargs))
     except Exception as exc:  # a serving process never fails on bookkeeping
-        warnings.warn(
-            visible(f"tunesvc: could not record the miss of {state.name} ({exc})."), RuntimeWarning, stacklevel=4
-        )
+        warn(visible(f"tunesvc: could not record the miss of {state.name} ({exc})."), RuntimeWarning, stacklevel=4)
 
 
 def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:

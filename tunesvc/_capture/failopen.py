@@ -99,7 +99,8 @@ def _write_summary() -> None:
 
 
 class _LeftToTriton(Exception):
-    """A key tunesvc leaves to Triton's own autotuner, already said (see :func:`_give_up`)."""
+    """A key tunesvc leaves to Triton's own autotuner, already said (see :func:`_give_up`), or Triton's
+    own to say (a call the kernel's pruning refuses: Triton's run raises its own exception)."""
 
 
 class _Stage(threading.local):

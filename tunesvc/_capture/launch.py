@@ -39,6 +39,7 @@ from tunesvc._capture.miss import _key_text_of
 from tunesvc._capture.miss import _nested_config
 from tunesvc._capture.miss import _resolve
 from tunesvc._capture.miss import _triton_key
+from tunesvc._capture.miss import _unremembered
 from tunesvc._capture.sharing import Settings
 from tunesvc._capture.sharing import _settings_lock
 from tunesvc._capture.sharing import _shared
@@ -185,17 +186,18 @@ class _StoreCache:
         assert state is not None
         args, kwargs = call
         nargs = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in state.arg_set}
-        if _nested():  # answered for this launch alone, as _resolve does
-            _MEASURING.answer = (
-                self,
-                key,
-                _nested_config(state, _key_text_of(tuner, key, nargs), _Pruned(tuner, args, kwargs)),
-            )
-            return True
+        text, pruned = _key_text_of(tuner, key, nargs), _Pruned(tuner, args, kwargs)
         try:
+            # inside tunesvc's measuring or a CUDA graph: answered for this launch alone, as _resolve does
+            alone = _nested_config(state, text, pruned) if _nested() else None
+            if alone is None:
+                alone = _unremembered(tuner, state, text, pruned, args, kwargs)
+            if alone is not None:
+                _MEASURING.answer = (self, key, alone)
+                return True
             with state.lock:
                 if key not in answers:
-                    answers[key] = _config_for(tuner, state, _key_text_of(tuner, key, nargs), args, kwargs)
+                    answers[key] = _config_for(tuner, state, text, args, kwargs)
         except _LeftToTriton:
             return key in self.inner
         except Exception as exc:  # capture fails open: the subclass searches as it would alone

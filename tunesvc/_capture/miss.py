@@ -4,7 +4,8 @@
 then find it); :func:`_check_key` leaves to Triton a kernel whose key cannot name a stored winner;
 :func:`_config_for` reads the store, then tunes (mode tune), serves the one chain's answer and
 records the miss (lookup), or takes the first config Triton's pruning keeps (heuristic). A key met
-while tunesvc is measuring is answered without tuning (:func:`_nested_config`).
+while tunesvc is measuring, or inside CUDA-graph capture (:func:`_in_graph_capture`), is answered
+for that launch alone without tuning (:func:`_nested_config`, :func:`_unremembered`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,37 @@ def _nested_config(state: _State, text: str, pruned: Callable[[], list[Any]]) ->
     return _shared_for(state.settings).answer(state, text, pruned, said=False)[0]
 
 
+def _in_graph_capture() -> bool:
+    """Whether this thread's current CUDA stream is capturing a graph (``torch.cuda.graph``, or a
+    stream under ``cudaStreamBeginCapture``): a benchmark there invalidates the capture
+    (``cudaErrorStreamCaptureInvalidated``), and a synchronising call (a tensor's values read on
+    the host) is refused."""
+    cuda = torch.cuda
+    capturing = getattr(cuda, "is_current_stream_capturing", None)
+    return capturing is not None and cuda.is_available() and cuda.is_initialized() and bool(capturing())
+
+
+def _unremembered(
+    tuner: Autotuner, state: _State, text: str, pruned: Callable[[], list[Any]], args: tuple, kwargs: dict[str, Any]
+) -> Any | None:
+    """The config of a key met inside CUDA-graph capture, for this launch alone: its stored winner,
+    else the one chain's answer, else the first config the pruning keeps, nothing measured (None:
+    not in a capture). The key is not remembered, so its next launch outside a graph resolves it
+    again (and tunes it, in mode tune); where a database is there, the miss is recorded for
+    `tune misses --tune` too, for a key that only ever launches inside graphs."""
+    if not _in_graph_capture():
+        return None
+    STATS["in_graph"] += 1
+    if state.settings.mode == HEURISTIC:
+        with _STAGE("prune"):
+            return pruned()[0]
+    shared = _shared_for(state.settings)
+    with _STAGE("look up"):
+        config, _ = shared.answer(state, text, pruned, said=False)
+    _record_miss(shared, state, text, tuner, args, kwargs, values=False)
+    return config
+
+
 def _resolve(
     tuner: Autotuner, state: _State, key: tuple, nargs: dict[str, Any], args: tuple, kwargs: dict[str, Any]
 ) -> tuple[Any, dict[str, Any]]:
@@ -64,7 +96,11 @@ def _resolve(
             return hit
         triton_key = _triton_key(tuner, nargs)
         _check_key(tuner, state, triton_key, nargs)
-        config = _config_for(tuner, state, _key_text_of(tuner, triton_key, nargs), args, kwargs)
+        text = _key_text_of(tuner, triton_key, nargs)
+        config = _unremembered(tuner, state, text, _Pruned(tuner, args, kwargs), args, kwargs)
+        if config is not None:  # inside a CUDA graph: this launch alone (see _unremembered)
+            return config, config.all_kwargs()
+        config = _config_for(tuner, state, text, args, kwargs)
         tuner.cache[triton_key] = config
         hit = state.chosen[key] = (config, config.all_kwargs())
         state.keys_met += 1
@@ -131,6 +167,9 @@ def _config_for(tuner: Autotuner, state: _State, text: str, args: tuple, kwargs:
             STATS["fallback"] += 1
         else:
             config = _tune_locked(tuner, state, shared, text, args, kwargs, pruned)
+            # the winners were read before this one was stored: the next miss that asks the one
+            # chain (a key met inside a CUDA graph) reads them again, this one's included
+            shared._runtime = None
     if len(tuner.configs) > 1:
         # triton.autotune zeroes the reset_to_zero arguments after benchmarking a key, so the
         # launch that follows a key's first resolution starts from zero: so does this one

@@ -1,0 +1,164 @@
+"""Capture wherever a program launches: inside CUDA-graph capture (the check injected, so that it
+runs under the interpreter), under error filters for warnings, across a fork in the middle of a
+tuning, with a kernel's helpers edited, and with a user's own error left in Triton's words."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from _capture import interpreter_env
+from triton.runtime.autotuner import Autotuner
+
+import tunesvc
+from tunesvc._capture import STATS
+from tunesvc.store import Store
+
+MISS = importlib.import_module("tunesvc._capture.miss")
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
+
+
+@triton.jit
+def _scale_add(x_ptr, y_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, alpha * x + y, mask=mask)
+
+
+@triton.jit
+def _atomic_sum(x_ptr, total_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.atomic_add(total_ptr, tl.sum(x, axis=0))
+
+
+def grid(n):
+    return lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
+
+
+def _count(db: str, table: str) -> int:
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        return con.execute(f"select count(*) from {table}").fetchone()[0]
+    finally:
+        con.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_stats():
+    STATS.clear()
+    yield
+    tunesvc.uncapture()
+
+
+# -- 1. never tuning inside CUDA-graph capture ------------------------------------------------------
+def test_a_key_met_inside_graph_capture_is_served_untuned_then_tuned_at_its_next_launch_outside(
+    tmp_db, monkeypatch
+):
+    n = 1000
+    x, y = torch.randn(n), torch.randn(n)
+    kernel = tunesvc.autotune(configs=CONFIGS, key=["n"], db=tmp_db)(_scale_add)
+    monkeypatch.setattr(MISS, "_in_graph_capture", lambda: True)  # as under torch.cuda.graph
+    out = torch.empty(n)
+    kernel[grid(n)](x, y, out, n, 0.5)
+    torch.testing.assert_close(out, 0.5 * x + y)
+    # no stored winner and no nearer answer: the first config the pruning keeps, nothing measured
+    assert kernel.best_config is CONFIGS[0]
+    assert STATS["benchmarks"] == 0 and STATS["tuned"] == 0 and STATS["in_graph"] == 1
+    assert not kernel.cache  # not remembered; recorded as a miss, for `tune misses --tune` too
+    assert _count(tmp_db, "tunesvc_trials") == 0 and _count(tmp_db, "tunesvc_misses") == 1
+    kernel[grid(n)](x, y, out, n, 0.5)  # a second capture of it: still nothing measured
+    assert STATS["benchmarks"] == 0 and STATS["in_graph"] == 2
+
+    monkeypatch.setattr(MISS, "_in_graph_capture", lambda: False)  # the next launch outside a graph
+    kernel[grid(n)](x, y, out, n, 2.0)
+    torch.testing.assert_close(out, 2.0 * x + y)
+    assert STATS["tuned"] == 1 and STATS["benchmarks"] == len(CONFIGS)
+    assert _count(tmp_db, "tunesvc_trials") == len(CONFIGS)
+    winner = kernel.best_config
+
+    # a fresh kernel meeting that key inside a capture launches the stored winner, measuring nothing
+    STATS.clear()
+    again = tunesvc.autotune(configs=CONFIGS, key=["n"], db=tmp_db)(_scale_add)
+    monkeypatch.setattr(MISS, "_in_graph_capture", lambda: True)
+    again[grid(n)](x, y, out, n, 1.0)
+    torch.testing.assert_close(out, x + y)
+    assert again.best_config is winner and STATS["benchmarks"] == 0 and STATS["in_graph"] == 1
+
+
+def test_inside_graph_capture_a_nearer_key_answers_the_miss_is_recorded_and_nothing_is_zeroed(
+    tmp_db, monkeypatch
+):
+    x = torch.randn(800)
+    tuned = tunesvc.autotune(configs=CONFIGS, key=["n"], db=tmp_db, reset_to_zero=["total_ptr"])(_atomic_sum)
+    total = torch.zeros(1)
+    tuned[grid(800)](x, total, 800)
+    torch.testing.assert_close(total, x.sum().reshape(1), rtol=1e-4, atol=1e-4)
+    winner = tuned.best_config
+    STATS.clear()
+
+    monkeypatch.setattr(MISS, "_in_graph_capture", lambda: True)
+    kernel = tunesvc.autotune(configs=CONFIGS, key=["n"], db=tmp_db, reset_to_zero=["total_ptr"])(_atomic_sum)
+    total = torch.full((1,), 5.0)  # what a captured launch adds to: a graph replays it, unzeroed
+    kernel[grid(700)](x[:700], total, 700)
+    torch.testing.assert_close(total, 5.0 + x[:700].sum().reshape(1), rtol=1e-4, atol=1e-4)
+    assert kernel.best_config is winner  # the nearest stored key's winner, from the one chain
+    assert STATS["benchmarks"] == 0 and STATS["in_graph"] == 1
+    store = Store(tmp_db, readonly=True)
+    try:
+        misses = {m.shape_key for m in store.misses()}
+    finally:
+        store.close()
+    assert misses == {"n=700,x_ptr.dtype=float32,total_ptr.dtype=float32"}
+
+
+def test_the_graph_capture_check_is_torchs_own_and_false_without_a_capture():
+    assert MISS._in_graph_capture() is False
+    assert callable(torch.cuda.is_current_stream_capturing)
+
+
+# -- 9. Triton's own messages stay Triton's --------------------------------------------------------
+def _prune_nothing(configs, named_args, **kwargs):
+    return []
+
+
+def _prune_raises(configs, named_args, **kwargs):
+    raise KeyError("the user's prune found no such option")
+
+
+@pytest.mark.parametrize("prune", [_prune_nothing, _prune_raises])
+def test_a_users_pruning_error_gets_tritons_own_exception_and_no_tunesvc_warning(tmp_db, prune):
+    n = 100
+    x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
+
+    def raised(tuner):
+        with pytest.raises(Exception) as info:
+            tuner[grid(n)](x, y, out, n, 1.0)
+        return info.value
+
+    theirs = triton.autotune(configs=CONFIGS, key=["n"], prune_configs_by={"early_config_prune": prune})(_scale_add)
+    expected = raised(theirs)
+    ours = tunesvc.autotune(
+        configs=CONFIGS, key=["n"], db=tmp_db, prune_configs_by={"early_config_prune": prune}
+    )(_scale_add)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        got = raised(ours)
+    assert type(got) is type(expected) and str(got) == str(expected)
+    assert [str(w.message) for w in said if "tunesvc" in str(w.message)] == []
+    # the kernel stays captured: a call its pruning accepts is tuned as usual
+    assert not ours.__dict__["_tunesvc"].off

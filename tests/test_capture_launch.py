@@ -162,3 +162,58 @@ def test_a_users_pruning_error_gets_tritons_own_exception_and_no_tunesvc_warning
     assert [str(w.message) for w in said if "tunesvc" in str(w.message)] == []
     # the kernel stays captured: a call its pruning accepts is tuned as usual
     assert not ours.__dict__["_tunesvc"].off
+
+
+# -- 3. versions follow the code -------------------------------------------------------------------
+HELPERS = '''
+import triton
+import triton.language as tl
+
+SCALE = tl.constexpr({scale})
+
+
+@triton.jit
+def twice(x):
+    # a comment that changes nothing
+    return x * {factor}
+'''
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+import {helpers} as helpers
+from {helpers} import SCALE, twice
+
+
+@triton.jit
+def doubled(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, helpers.twice(x) + twice(x) * SCALE, mask=mask)
+'''
+
+
+def _version_of(tmp_path, monkeypatch, tag: str, factor: str, scale: int, comment: str = "") -> str:
+    """The captured version of a kernel whose helper module (a real file) multiplies by ``factor``."""
+    from tunesvc._capture.identity import kernel_version
+
+    helpers, kernel = f"helpers_{tag}", f"kernel_{tag}"
+    (tmp_path / f"{helpers}.py").write_text(comment + HELPERS.format(factor=factor, scale=scale))
+    (tmp_path / f"{kernel}.py").write_text(KERNEL.format(helpers=helpers))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(kernel)
+    x, out = torch.arange(8, dtype=torch.float32), torch.empty(8)
+    module.doubled[(1,)](x, out, 8, BLOCK=8)  # the helpers are real: the kernel runs
+    torch.testing.assert_close(out, x * float(factor) * (1 + scale))
+    return kernel_version(module.doubled, CONFIGS)
+
+
+def test_a_captured_kernels_version_follows_its_jit_helpers_and_constexpr_globals(tmp_path, monkeypatch):
+    first = _version_of(tmp_path, monkeypatch, "a", "2", 1)
+    # the same code in another file: the same version (module names are no part of the code)
+    assert _version_of(tmp_path, monkeypatch, "b", "2", 1, comment="# reformatted, commented\n\n") == first
+    edited = _version_of(tmp_path, monkeypatch, "c", "3", 1)  # the helper's code edited
+    rescaled = _version_of(tmp_path, monkeypatch, "d", "2", 2)  # a constexpr global changed
+    assert len({first, edited, rescaled}) == 3

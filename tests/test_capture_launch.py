@@ -217,3 +217,53 @@ def test_a_captured_kernels_version_follows_its_jit_helpers_and_constexpr_global
     edited = _version_of(tmp_path, monkeypatch, "c", "3", 1)  # the helper's code edited
     rescaled = _version_of(tmp_path, monkeypatch, "d", "2", 2)  # a constexpr global changed
     assert len({first, edited, rescaled}) == 3
+
+
+# -- 5. forks and threads --------------------------------------------------------------------------
+def _wait_for(pid: int, seconds: float) -> int | None:
+    """The exit status of child ``pid``, or None (after killing it) where it runs past ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_fork_in_the_middle_of_another_threads_tuning_leaves_both_processes_running(tmp_db):
+    measuring, forked = threading.Event(), threading.Event()
+
+    def hold(nargs):  # a per-config pre_hook: the tuning thread is inside a measurement here
+        if threading.current_thread().name == "tuning":
+            measuring.set()
+            forked.wait(30)
+
+    configs = [triton.Config({"BLOCK": b}, pre_hook=hold) for b in (16, 32, 64)]
+    kernel = tunesvc.autotune(configs=configs, key=["n"], db=tmp_db)(_scale_add)
+    n = 300
+    x, y = torch.randn(n), torch.randn(n)
+    out = torch.empty(n)
+    tuning = threading.Thread(target=lambda: kernel[grid(n)](x, y, out, n, 1.0), name="tuning")
+    tuning.start()
+    assert measuring.wait(60)
+    pid = os.fork()
+    if pid == 0:  # the child: the key being tuned (its winner, once the parent stores it) and a new one
+        code = 3
+        try:
+            mine = torch.empty(n)
+            kernel[grid(n)](x, y, mine, n, 2.0)
+            other = torch.empty(n // 2)
+            kernel[grid(n // 2)](x[: n // 2], y[: n // 2], other, n // 2, 3.0)
+            right = torch.allclose(mine, 2.0 * x + y) and torch.allclose(other, 3.0 * x[: n // 2] + y[: n // 2])
+            code = 0 if right else 1
+        finally:
+            os._exit(code)
+    forked.set()
+    tuning.join(60)
+    assert not tuning.is_alive(), "the parent's tuning did not finish"
+    torch.testing.assert_close(out, x + y)
+    assert _wait_for(pid, 60) == 0, "the child did not finish, or computed a wrong answer"

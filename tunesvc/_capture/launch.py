@@ -83,6 +83,33 @@ def _state_of(tuner: Autotuner) -> _State:
     return state
 
 
+def _locks_remade_in_the_child() -> None:
+    """In a forked child: every lock of capture made anew, unheld. A lock another thread of the
+    parent held at the fork (a kernel's, for the whole of a key's tuning) would otherwise stay held
+    in the child for ever, since that thread does not exist there: the child's first launch of
+    the kernel would wait on it, and the parent on the child. A key the parent was tuning is
+    resolved again in the child, where the one key claim makes it wait for the parent's winner."""
+    _remade(_settings_lock)  # imported by name where it is used: made anew in place
+    for tuner in list(_STATES):
+        state = tuner.__dict__.get("_tunesvc")
+        if state is not None and hasattr(state, "lock"):
+            state.lock = threading.Lock()
+
+
+def _remade(lock: Any) -> None:
+    """``lock`` unheld, in place: CPython's ``_at_fork_reinit`` (what threading and logging call
+    after a fork), else a release (a plain Lock may be released by any thread)."""
+    reinit = getattr(lock, "_at_fork_reinit", None)
+    if reinit is not None:
+        reinit()
+    elif lock.locked():
+        lock.release()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_locks_remade_in_the_child)
+
+
 def _forget_all() -> None:
     """Drop every kernel's captured state: the next launches resolve again (settings changed)."""
     for tuner in list(_STATES):

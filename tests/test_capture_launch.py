@@ -8,7 +8,6 @@ import importlib
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import warnings
@@ -18,7 +17,6 @@ import torch
 import triton
 import triton.language as tl
 from _capture import interpreter_env
-from triton.runtime.autotuner import Autotuner
 
 import tunesvc
 from tunesvc._capture import STATS
@@ -66,9 +64,7 @@ def _fresh_stats():
 
 
 # -- 1. never tuning inside CUDA-graph capture ------------------------------------------------------
-def test_a_key_met_inside_graph_capture_is_served_untuned_then_tuned_at_its_next_launch_outside(
-    tmp_db, monkeypatch
-):
+def test_a_key_met_inside_graph_capture_is_served_untuned_then_tuned_at_its_next_launch_outside(tmp_db, monkeypatch):
     n = 1000
     x, y = torch.randn(n), torch.randn(n)
     kernel = tunesvc.autotune(configs=CONFIGS, key=["n"], db=tmp_db)(_scale_add)
@@ -100,9 +96,7 @@ def test_a_key_met_inside_graph_capture_is_served_untuned_then_tuned_at_its_next
     assert again.best_config is winner and STATS["benchmarks"] == 0 and STATS["in_graph"] == 1
 
 
-def test_inside_graph_capture_a_nearer_key_answers_the_miss_is_recorded_and_nothing_is_zeroed(
-    tmp_db, monkeypatch
-):
+def test_inside_graph_capture_a_nearer_key_answers_the_miss_is_recorded_and_nothing_is_zeroed(tmp_db, monkeypatch):
     x = torch.randn(800)
     tuned = tunesvc.autotune(configs=CONFIGS, key=["n"], db=tmp_db, reset_to_zero=["total_ptr"])(_atomic_sum)
     total = torch.zeros(1)
@@ -152,9 +146,9 @@ def test_a_users_pruning_error_gets_tritons_own_exception_and_no_tunesvc_warning
 
     theirs = triton.autotune(configs=CONFIGS, key=["n"], prune_configs_by={"early_config_prune": prune})(_scale_add)
     expected = raised(theirs)
-    ours = tunesvc.autotune(
-        configs=CONFIGS, key=["n"], db=tmp_db, prune_configs_by={"early_config_prune": prune}
-    )(_scale_add)
+    ours = tunesvc.autotune(configs=CONFIGS, key=["n"], db=tmp_db, prune_configs_by={"early_config_prune": prune})(
+        _scale_add
+    )
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         got = raised(ours)
@@ -165,7 +159,7 @@ def test_a_users_pruning_error_gets_tritons_own_exception_and_no_tunesvc_warning
 
 
 # -- 3. versions follow the code -------------------------------------------------------------------
-HELPERS = '''
+HELPERS = """
 import triton
 import triton.language as tl
 
@@ -176,9 +170,9 @@ SCALE = tl.constexpr({scale})
 def twice(x):
     # a comment that changes nothing
     return x * {factor}
-'''
+"""
 
-KERNEL = '''
+KERNEL = """
 import triton
 import triton.language as tl
 
@@ -192,7 +186,7 @@ def doubled(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask)
     tl.store(out_ptr + offs, helpers.twice(x) + twice(x) * SCALE, mask=mask)
-'''
+"""
 
 
 def _version_of(tmp_path, monkeypatch, tag: str, factor: str, scale: int, comment: str = "") -> str:
@@ -267,3 +261,75 @@ def test_a_fork_in_the_middle_of_another_threads_tuning_leaves_both_processes_ru
     assert not tuning.is_alive(), "the parent's tuning did not finish"
     torch.testing.assert_close(out, x + y)
     assert _wait_for(pid, 60) == 0, "the child did not finish, or computed a wrong answer"
+
+
+# -- 4. warnings never end a program ---------------------------------------------------------------
+PROGRAM = """
+import torch
+import triton
+import triton.language as tl
+import tunesvc
+
+
+@triton.jit
+def scale(x_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def cpu_bench(fn, quantiles):  # the interpreter has no benchmarker of its own
+    fn()
+    return [1.0] * len(quantiles)
+
+
+kernel = triton.autotune([triton.Config({"BLOCK": b}) for b in (16, 32)], key=["n"], do_bench=cpu_bench)(scale)
+
+
+def test_program():
+    tunesvc.capture()
+    x = torch.arange(100, dtype=torch.float32)
+    out = torch.empty(100)
+    kernel[lambda meta: (triton.cdiv(100, meta["BLOCK"]),)](x, out, 100, 2.0)
+    assert torch.equal(out, 2 * x)
+    print("computed")
+
+
+if __name__ == "__main__":
+    test_program()
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "database", "said"),
+    [
+        ("-W error", "damaged", "is not a SQLite database"),
+        ("PYTHONWARNINGS=error", "empty", "no tuned config of"),
+        ("pytest filterwarnings = error", "damaged", "is not a SQLite database"),
+    ],
+)
+def test_a_captured_program_under_an_error_filter_for_warnings_runs_as_without_capture(tmp_path, how, database, said):
+    """A fail-open warning (a damaged database) and a lookup miss's warning, each said in one line
+    on stderr instead of raised inside the launch."""
+    (tmp_path / "program.py").write_text(PROGRAM)
+    db = tmp_path / "tune.db"
+    if database == "damaged":
+        db.write_text("not a database")
+        env = interpreter_env(TUNESVC_DB=str(db))
+    else:
+        Store(str(db)).close()
+        env = interpreter_env(TUNESVC_DB=str(db), TUNESVC_MODE="lookup")
+    if how == "-W error":
+        command = [sys.executable, "-W", "error", "program.py"]
+    elif how == "PYTHONWARNINGS=error":
+        command, env = [sys.executable, "program.py"], {**env, "PYTHONWARNINGS": "error"}
+    else:
+        (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    error\n")
+        command = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:randomly"]
+        command += ["program.py"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "computed" in done.stdout
+    lines = [line for line in (done.stderr + done.stdout).splitlines() if "tunesvc:" in line]
+    assert len(lines) == 1 and said in lines[0], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr

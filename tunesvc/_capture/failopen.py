@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 #: (measured here), ``benchmarks`` (candidates measured), ``fallback`` (mode lookup, no stored
 #: winner), ``heuristic`` (mode heuristic), ``untuned`` (one config survived pruning), ``nested``
 #: (met while tunesvc was measuring: stored winner or fallback, see
-#: :func:`~tunesvc._capture.bench._measuring`), ``precompiled`` (candidates a compile worker
+#: :func:`~tunesvc._capture.bench._measuring`), ``in_graph`` (met inside CUDA-graph capture:
+#: stored winner or fallback, tuned at a later launch outside a graph), ``precompiled`` (candidates a compile worker
 #: compiled before their measurement), ``failed_open`` (kernels left to Triton's own autotuner
 #: after a failure inside tunesvc)
 STATS: Counter[str] = Counter()

@@ -333,3 +333,46 @@ def test_a_captured_program_under_an_error_filter_for_warnings_runs_as_without_c
     lines = [line for line in (done.stderr + done.stdout).splitlines() if "tunesvc:" in line]
     assert len(lines) == 1 and said in lines[0], done.stderr[-3000:]
     assert "Traceback" not in done.stderr
+
+
+# -- 10. Triton's autotuning listener --------------------------------------------------------------
+@pytest.mark.skipif(
+    not hasattr(getattr(triton, "knobs", None), "autotuning") or not hasattr(triton.knobs.autotuning, "listener"),
+    reason="this Triton has no knobs.autotuning.listener (it came in 3.8)",
+)
+def test_tritons_autotuning_listener_hears_each_key_chosen_once_tuned_or_served(tmp_db, monkeypatch):
+    heard = []
+    monkeypatch.setattr(triton.knobs.autotuning, "listener", lambda **kw: heard.append(kw))
+    n = 500
+    x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
+    kernel = tunesvc.autotune(configs=CONFIGS, key=["n"], db=tmp_db)(_scale_add)
+    kernel[grid(n)](x, y, out, n, 1.0)
+    kernel[grid(n)](x, y, out, n, 1.0)  # a hit: not heard again
+    assert len(heard) == 1
+    tuned = heard[0]
+    assert tuned["fn"] is _scale_add and tuned["key"] == (n, "torch.float32", "torch.float32", "torch.float32")
+    assert tuned["best_config"] is kernel.best_config and set(tuned["configs_timings"]) == set(CONFIGS)
+    assert tuned["cache_hit"] is False and tuned["duration"] > 0
+    served = tunesvc.autotune(configs=CONFIGS, key=["n"], db=tmp_db)(_scale_add)
+    served[grid(n)](x, y, out, n, 1.0)
+    assert len(heard) == 2 and heard[1]["cache_hit"] is True and heard[1]["best_config"] is kernel.best_config
+    single = tunesvc.autotune(
+        configs=CONFIGS, key=["n"], db=tmp_db, prune_configs_by={"early_config_prune": lambda c, a, **k: c[:1]}
+    )(_scale_add)
+    single[grid(n)](x, y, out, n, 1.0)  # one config left by the pruning: nothing chosen, nothing heard
+    assert len(heard) == 2
+
+
+@pytest.mark.parametrize("option", ["key", "reset_to_zero", "restore_value"])
+def test_tunesvc_autotune_refuses_at_decoration_what_tritons_own_refuses(tmp_db, option):
+    """Triton 3.9 raises ValueError for names that are not the kernel's arguments; older ones take them."""
+    options = {"key": ["n"], option: ["no_such_argument"]}
+
+    def decorated(autotune):
+        try:
+            autotune(configs=CONFIGS, **options)(_scale_add)
+        except Exception as exc:
+            return type(exc), str(exc)
+        return None
+
+    assert decorated(lambda **kw: tunesvc.autotune(db=tmp_db, **kw)) == decorated(triton.autotune)

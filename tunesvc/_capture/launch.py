@@ -34,6 +34,7 @@ from tunesvc._capture.failopen import _give_up
 from tunesvc._capture.failopen import _LeftToTriton
 from tunesvc._capture.failopen import _Off
 from tunesvc._capture.failopen import _write_summary
+from tunesvc._capture.miss import _HEARD
 from tunesvc._capture.miss import _config_for
 from tunesvc._capture.miss import _key_text_of
 from tunesvc._capture.miss import _nested_config
@@ -151,8 +152,12 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         except _LeftToTriton:
             return _TRITON_RUN(self, *args, **kwargs)
         except Exception as exc:  # capture fails open (see tunesvc._capture)
+            _HEARD.__dict__.pop("call", None)
             _give_up(state, exc, _STAGE.of(exc), stacklevel=2)
             return _TRITON_RUN(self, *args, **kwargs)
+        heard = _HEARD.__dict__.pop("call", None)
+        if heard is not None:  # Triton's autotuning listener (see tunesvc._capture.miss._listener)
+            heard()
     config, launch = hit
     self.best_config = config
     if config.pre_hook is not None:

@@ -10,6 +10,9 @@ for that launch alone without tuning (:func:`_nested_config`, :func:`_unremember
 
 from __future__ import annotations
 
+import functools
+import inspect
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
@@ -97,14 +100,53 @@ def _resolve(
         triton_key = _triton_key(tuner, nargs)
         _check_key(tuner, state, triton_key, nargs)
         text = _key_text_of(tuner, triton_key, nargs)
-        config = _unremembered(tuner, state, text, _Pruned(tuner, args, kwargs), args, kwargs)
+        pruned = _Pruned(tuner, args, kwargs)
+        config = _unremembered(tuner, state, text, pruned, args, kwargs)
         if config is not None:  # inside a CUDA graph: this launch alone (see _unremembered)
             return config, config.all_kwargs()
-        config = _config_for(tuner, state, text, args, kwargs)
+        timings = tuner.__dict__.get("configs_timings")
+        config = _config_for(tuner, state, text, args, kwargs, pruned)
+        listener = _listener()
+        if listener is not None and len(pruned()) > 1:  # Triton tells it of every key it chose between
+            tuned = tuner.__dict__.get("configs_timings") is not timings  # set anew by tune_key
+            _HEARD.call = functools.partial(
+                listener,
+                fn=_jit_of(tuner),
+                key=triton_key,
+                best_config=config,
+                configs_timings=tuner.configs_timings if tuned else {},
+                duration=getattr(tuner, "bench_time", None) if tuned else None,
+                cache_hit=not tuned,
+            )
         tuner.cache[triton_key] = config
         hit = state.chosen[key] = (config, config.all_kwargs())
         state.keys_met += 1
         return hit
+
+
+#: the autotuning listener's call for the key this thread just resolved: the launch makes it after
+#: the resolution, outside capture's fail-open (a listener's own exception is the program's)
+_HEARD = threading.local()
+
+
+def _listener() -> Callable[..., Any] | None:
+    """Triton's ``knobs.autotuning.listener`` (Triton 3.8 on; None: none set, or a Triton without it).
+
+    It hears what it would without capture: each key chosen between several configs, once, with
+    the chosen config; tuned here, with ``configs_timings`` and the tuning's duration, else (a
+    stored winner, the one chain's answer) as a cache hit, as Triton's on-disk cache is heard."""
+    import triton
+
+    return getattr(getattr(getattr(triton, "knobs", None), "autotuning", None), "listener", None)
+
+
+def _jit_of(tuner: Autotuner) -> Any:
+    """The ``@triton.jit`` object under the autotuner (and any ``@triton.heuristics``), as Triton
+    passes it to its listener."""
+    fn = tuner.fn
+    while hasattr(fn, "fn") and not inspect.isfunction(fn.fn):
+        fn = fn.fn
+    return fn
 
 
 def _by_identity(value: Any) -> bool:
@@ -145,10 +187,12 @@ def _key_text_of(tuner: Autotuner, key: tuple, nargs: dict[str, Any]) -> str:
     return ",".join(f"key{i}={_value_text(v)}" for i, v in enumerate(key))
 
 
-def _config_for(tuner: Autotuner, state: _State, text: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+def _config_for(
+    tuner: Autotuner, state: _State, text: str, args: tuple, kwargs: dict[str, Any], pruned: _Pruned | None = None
+) -> Any:
     """The config for a key's text: stored, else tuned now (mode tune) or the fallback (lookup);
     in mode heuristic the first config the pruning keeps, nothing read."""
-    pruned = _Pruned(tuner, args, kwargs)
+    pruned = pruned or _Pruned(tuner, args, kwargs)
     if state.settings.mode == HEURISTIC:
         with _STAGE("prune"):
             config = pruned()[0]

@@ -158,6 +158,40 @@ def test_a_users_pruning_error_gets_tritons_own_exception_and_no_tunesvc_warning
     assert not ours.__dict__["_tunesvc"].off
 
 
+def cpu_bench(fn, quantiles):
+    """triton.autotune's do_bench for the interpreter, which has no benchmarker of its own."""
+    fn()
+    return [1.0] * len(quantiles)
+
+
+def test_calls_triton_refuses_get_tritons_own_exceptions_in_turn_and_no_tunesvc_warning(tmp_db):
+    """A call missing an argument, one with an argument too many, then one passing a tuned
+    meta-parameter: the same exceptions, in the same order, as from triton.autotune, where the
+    first one's tuning (every candidate refused) leaves nothing behind."""
+    n = 100
+    x, out = torch.randn(n), torch.empty(n)
+
+    def exceptions(kernel):
+        calls = [
+            lambda: kernel[(4,)](x, x, out, n),
+            lambda: kernel[(4,)](x, x, out, n, 2.0, 7),
+            lambda: kernel[(4,)](x, x, out, n, 2.0, BLOCK=16),
+        ]
+        raised = []
+        for call in calls:
+            with pytest.raises(Exception) as info:
+                call()
+            raised.append((type(info.value), str(info.value)))
+        return raised
+
+    expected = exceptions(triton.autotune(configs=CONFIGS, key=["n"], do_bench=cpu_bench)(_scale_add))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        got = exceptions(tunesvc.autotune(configs=CONFIGS, key=["n"], db=tmp_db)(_scale_add))
+    assert got == expected
+    assert [str(w.message) for w in said if "tunesvc" in str(w.message)] == []
+
+
 # -- 3. versions follow the code -------------------------------------------------------------------
 HELPERS = """
 import triton

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -106,9 +107,14 @@ def _resolve(
             return config, config.all_kwargs()
         timings = tuner.__dict__.get("configs_timings")
         config = _config_for(tuner, state, text, args, kwargs, pruned)
+        tuned = tuner.__dict__.get("configs_timings") is not timings  # set anew by tune_key
+        if tuned and all(math.isinf(t[0]) for t in tuner.configs_timings.values()):
+            # no candidate ran (a call the kernel refuses, such as one missing an argument): the
+            # launch raises the kernel's own error, and the key is not remembered, so that the
+            # next call resolves it anew, as Triton's autotuner caches no key whose benchmark raised
+            return config, config.all_kwargs()
         listener = _listener()
         if listener is not None and len(pruned()) > 1:  # Triton tells it of every key it chose between
-            tuned = tuner.__dict__.get("configs_timings") is not timings  # set anew by tune_key
             _HEARD.call = functools.partial(
                 listener,
                 fn=_jit_of(tuner),

@@ -198,7 +198,7 @@ def _config_for(
 ) -> Any:
     """The config for a key's text: stored, else tuned now (mode tune) or the fallback (lookup);
     in mode heuristic the first config the pruning keeps, nothing read."""
-    pruned = pruned or _Pruned(tuner, args, kwargs)
+    pruned = _Pruned(tuner, args, kwargs) if pruned is None else pruned
     if state.settings.mode == HEURISTIC:
         with _STAGE("prune"):
             config = pruned()[0]

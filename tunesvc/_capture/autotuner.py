@@ -444,4 +444,15 @@ def _forget_all() -> None:
         kernel.forget()
 
 
+def _locks_remade_in_the_child() -> None:
+    """In a forked child: each kernel's lock made anew (one held by a parent's thread tuning a
+    key at the fork would be held for ever in the child, where that thread does not exist)."""
+    for kernel in list(_KERNELS):
+        kernel._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_locks_remade_in_the_child)
+
+
 _runtime.on_configure.append(_forget_all)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from tunesvc import settings
+from tunesvc._capture.failopen import _LeftToTriton
 from tunesvc._capture.identity import config_dict
 from tunesvc.bench import Bench
 from tunesvc.bench import Measurement
@@ -139,8 +140,31 @@ class _Pruned:
 
     def __call__(self) -> list[Any]:
         if self._configs is None:
-            self._configs = _pruned(*self._call)
+            tuner, args, kwargs = self._call
+            try:
+                kept = _pruned(tuner, args, kwargs)
+            except Exception as exc:
+                if not _raised_by_pruning(exc):
+                    raise
+                # the kernel's own pruning refuses the call: Triton's run raises it, in its words
+                raise _LeftToTriton from exc
+            if not kept:  # an early_config_prune that kept nothing (Triton 3.6 has no check of its own)
+                raise _LeftToTriton
+            self._configs = kept
         return self._configs
+
+
+def _raised_by_pruning(exc: BaseException) -> bool:
+    """Whether ``exc`` came from the autotuner's ``prune_configs`` (Triton's, or a subclass's; the
+    kernel's ``early_config_prune`` and ``perf_model`` run inside it), not from tunesvc's own code:
+    the frame that :func:`_pruned` called is ``prune_configs``."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is _pruned.__code__:
+            below = tb.tb_next
+            return below is not None and below.tb_frame.f_code.co_name == "prune_configs"
+        tb = tb.tb_next
+    return False
 
 
 class CaptureBench(Bench):

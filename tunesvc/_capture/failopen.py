@@ -11,7 +11,6 @@ kernel whose own could not be made. Also the process's counters (:data:`STATS`,
 from __future__ import annotations
 
 import threading
-import warnings
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from tunesvc import settings
 from tunesvc.bench._base import one_line as _one_line
 from tunesvc.errors import TunesvcError
 from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 #: (measured here), ``benchmarks`` (candidates measured), ``fallback`` (mode lookup, no stored
 #: winner), ``heuristic`` (mode heuristic), ``untuned`` (one config survived pruning), ``nested``
 #: (met while tunesvc was measuring: stored winner or fallback, see
-#: :func:`~tunesvc._capture.bench._measuring`), ``precompiled`` (candidates a compile worker
+#: :func:`~tunesvc._capture.bench._measuring`), ``in_graph`` (met inside CUDA-graph capture:
+#: stored winner or fallback, tuned at a later launch outside a graph), ``precompiled`` (candidates a compile worker
 #: compiled before their measurement), ``failed_open`` (kernels left to Triton's own autotuner
 #: after a failure inside tunesvc)
 STATS: Counter[str] = Counter()
@@ -99,7 +100,8 @@ def _write_summary() -> None:
 
 
 class _LeftToTriton(Exception):
-    """A key tunesvc leaves to Triton's own autotuner, already said (see :func:`_give_up`)."""
+    """A key tunesvc leaves to Triton's own autotuner, already said (see :func:`_give_up`), or Triton's
+    own to say (a call the kernel's pruning refuses: Triton's run raises its own exception)."""
 
 
 class _Stage(threading.local):
@@ -147,7 +149,7 @@ def _give_up(state: Any, exc: BaseException | str, stage: str, *, stacklevel: in
         else:
             fix = "set TUNESVC_MODE=off to leave it to Triton quietly, and report this tunesvc bug"
     FAILED_OPEN[category] += 1
-    warnings.warn(
+    warn(
         visible(f"tunesvc: {state.name}: {reason}; it runs with Triton's own autotuner in this process ({fix})."),
         RuntimeWarning,
         stacklevel=stacklevel + 1,

@@ -34,16 +34,19 @@ from tunesvc._capture.failopen import _give_up
 from tunesvc._capture.failopen import _LeftToTriton
 from tunesvc._capture.failopen import _Off
 from tunesvc._capture.failopen import _write_summary
+from tunesvc._capture.miss import _HEARD
 from tunesvc._capture.miss import _config_for
 from tunesvc._capture.miss import _key_text_of
 from tunesvc._capture.miss import _nested_config
 from tunesvc._capture.miss import _resolve
 from tunesvc._capture.miss import _triton_key
+from tunesvc._capture.miss import _unremembered
 from tunesvc._capture.sharing import Settings
 from tunesvc._capture.sharing import _settings_lock
 from tunesvc._capture.sharing import _shared
 from tunesvc._capture.sharing import _State
 from tunesvc.errors import TunesvcError
+from tunesvc.text import warn
 
 #: Triton's own Autotuner.run (the interpreter-start hook may have put a trampoline there first,
 #: and a library its own run over that: the hook kept Triton's)
@@ -79,6 +82,33 @@ def _state_of(tuner: Autotuner) -> _State:
                 tuner.__dict__["_tunesvc"] = state
                 _STATES.add(tuner)
     return state
+
+
+def _locks_remade_in_the_child() -> None:
+    """In a forked child: every lock of capture made anew, unheld. A lock another thread of the
+    parent held at the fork (a kernel's, for the whole of a key's tuning) would otherwise stay held
+    in the child for ever, since that thread does not exist there: the child's first launch of
+    the kernel would wait on it, and the parent on the child. A key the parent was tuning is
+    resolved again in the child, where the one key claim makes it wait for the parent's winner."""
+    _remade(_settings_lock)  # imported by name where it is used: made anew in place
+    for tuner in list(_STATES):
+        state = tuner.__dict__.get("_tunesvc")
+        if state is not None and hasattr(state, "lock"):
+            state.lock = threading.Lock()
+
+
+def _remade(lock: Any) -> None:
+    """``lock`` unheld, in place: CPython's ``_at_fork_reinit`` (what threading and logging call
+    after a fork), else a release (a plain Lock may be released by any thread)."""
+    reinit = getattr(lock, "_at_fork_reinit", None)
+    if reinit is not None:
+        reinit()
+    elif lock.locked():
+        lock.release()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_locks_remade_in_the_child)
 
 
 def _forget_all() -> None:
@@ -122,8 +152,12 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
         except _LeftToTriton:
             return _TRITON_RUN(self, *args, **kwargs)
         except Exception as exc:  # capture fails open (see tunesvc._capture)
+            _HEARD.__dict__.pop("call", None)
             _give_up(state, exc, _STAGE.of(exc), stacklevel=2)
             return _TRITON_RUN(self, *args, **kwargs)
+        heard = _HEARD.__dict__.pop("call", None)
+        if heard is not None:  # Triton's autotuning listener (see tunesvc._capture.miss._listener)
+            heard()
     config, launch = hit
     self.best_config = config
     if config.pre_hook is not None:
@@ -184,17 +218,18 @@ class _StoreCache:
         assert state is not None
         args, kwargs = call
         nargs = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in state.arg_set}
-        if _nested():  # answered for this launch alone, as _resolve does
-            _MEASURING.answer = (
-                self,
-                key,
-                _nested_config(state, _key_text_of(tuner, key, nargs), _Pruned(tuner, args, kwargs)),
-            )
-            return True
+        text, pruned = _key_text_of(tuner, key, nargs), _Pruned(tuner, args, kwargs)
         try:
+            # inside tunesvc's measuring or a CUDA graph: answered for this launch alone, as _resolve does
+            alone = _nested_config(state, text, pruned) if _nested() else None
+            if alone is None:
+                alone = _unremembered(tuner, state, text, pruned, args, kwargs)
+            if alone is not None:
+                _MEASURING.answer = (self, key, alone)
+                return True
             with state.lock:
                 if key not in answers:
-                    answers[key] = _config_for(tuner, state, _key_text_of(tuner, key, nargs), args, kwargs)
+                    answers[key] = _config_for(tuner, state, text, args, kwargs)
         except _LeftToTriton:
             return key in self.inner
         except Exception as exc:  # capture fails open: the subclass searches as it would alone
@@ -421,10 +456,8 @@ def capture(
     previous = _process
     _apply(Settings.resolve(mode, db, bundle))
     if not _ours(Autotuner.__dict__.get("run")):
-        import warnings
-
         run = Autotuner.__dict__.get("run")
-        warnings.warn(
+        warn(
             f"tunesvc: Autotuner.run is {getattr(run, '__module__', '?')}.{getattr(run, '__qualname__', run)}, "
             "another library's: it stays, and capture reaches plain triton.autotune kernels only through the run "
             "it replaced (call tunesvc.capture() before that library replaces it).",

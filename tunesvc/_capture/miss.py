@@ -4,11 +4,16 @@
 then find it); :func:`_check_key` leaves to Triton a kernel whose key cannot name a stored winner;
 :func:`_config_for` reads the store, then tunes (mode tune), serves the one chain's answer and
 records the miss (lookup), or takes the first config Triton's pruning keeps (heuristic). A key met
-while tunesvc is measuring is answered without tuning (:func:`_nested_config`).
+while tunesvc is measuring, or inside CUDA-graph capture (:func:`_in_graph_capture`), is answered
+for that launch alone without tuning (:func:`_nested_config`, :func:`_unremembered`).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import math
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
@@ -49,6 +54,37 @@ def _nested_config(state: _State, text: str, pruned: Callable[[], list[Any]]) ->
     return _shared_for(state.settings).answer(state, text, pruned, said=False)[0]
 
 
+def _in_graph_capture() -> bool:
+    """Whether this thread's current CUDA stream is capturing a graph (``torch.cuda.graph``, or a
+    stream under ``cudaStreamBeginCapture``): a benchmark there invalidates the capture
+    (``cudaErrorStreamCaptureInvalidated``), and a synchronising call (a tensor's values read on
+    the host) is refused."""
+    cuda = torch.cuda
+    capturing = getattr(cuda, "is_current_stream_capturing", None)
+    return capturing is not None and cuda.is_available() and cuda.is_initialized() and bool(capturing())
+
+
+def _unremembered(
+    tuner: Autotuner, state: _State, text: str, pruned: Callable[[], list[Any]], args: tuple, kwargs: dict[str, Any]
+) -> Any | None:
+    """The config of a key met inside CUDA-graph capture, for this launch alone: its stored winner,
+    else the one chain's answer, else the first config the pruning keeps, nothing measured (None:
+    not in a capture). The key is not remembered, so its next launch outside a graph resolves it
+    again (and tunes it, in mode tune); where a database is there, the miss is recorded for
+    `tune misses --tune` too, for a key that only ever launches inside graphs."""
+    if not _in_graph_capture():
+        return None
+    STATS["in_graph"] += 1
+    if state.settings.mode == HEURISTIC:
+        with _STAGE("prune"):
+            return pruned()[0]
+    shared = _shared_for(state.settings)
+    with _STAGE("look up"):
+        config, _ = shared.answer(state, text, pruned, said=False)
+    _record_miss(shared, state, text, tuner, args, kwargs, values=False)
+    return config
+
+
 def _resolve(
     tuner: Autotuner, state: _State, key: tuple, nargs: dict[str, Any], args: tuple, kwargs: dict[str, Any]
 ) -> tuple[Any, dict[str, Any]]:
@@ -64,11 +100,59 @@ def _resolve(
             return hit
         triton_key = _triton_key(tuner, nargs)
         _check_key(tuner, state, triton_key, nargs)
-        config = _config_for(tuner, state, _key_text_of(tuner, triton_key, nargs), args, kwargs)
+        text = _key_text_of(tuner, triton_key, nargs)
+        pruned = _Pruned(tuner, args, kwargs)
+        config = _unremembered(tuner, state, text, pruned, args, kwargs)
+        if config is not None:  # inside a CUDA graph: this launch alone (see _unremembered)
+            return config, config.all_kwargs()
+        timings = tuner.__dict__.get("configs_timings")
+        config = _config_for(tuner, state, text, args, kwargs, pruned)
+        tuned = tuner.__dict__.get("configs_timings") is not timings  # set anew by tune_key
+        if tuned and all(math.isinf(t[0]) for t in tuner.configs_timings.values()):
+            # no candidate ran (a call the kernel refuses, such as one missing an argument): the
+            # launch raises the kernel's own error, and the key is not remembered, so that the
+            # next call resolves it anew, as Triton's autotuner caches no key whose benchmark raised
+            return config, config.all_kwargs()
+        listener = _listener()
+        if listener is not None and len(pruned()) > 1:  # Triton tells it of every key it chose between
+            _HEARD.call = functools.partial(
+                listener,
+                fn=_jit_of(tuner),
+                key=triton_key,
+                best_config=config,
+                configs_timings=tuner.configs_timings if tuned else {},
+                duration=getattr(tuner, "bench_time", None) if tuned else None,
+                cache_hit=not tuned,
+            )
         tuner.cache[triton_key] = config
         hit = state.chosen[key] = (config, config.all_kwargs())
         state.keys_met += 1
         return hit
+
+
+#: the autotuning listener's call for the key this thread just resolved: the launch makes it after
+#: the resolution, outside capture's fail-open (a listener's own exception is the program's)
+_HEARD = threading.local()
+
+
+def _listener() -> Callable[..., Any] | None:
+    """Triton's ``knobs.autotuning.listener`` (Triton 3.8 on; None: none set, or a Triton without it).
+
+    It hears what it would without capture: each key chosen between several configs, once, with
+    the chosen config; tuned here, with ``configs_timings`` and the tuning's duration, else (a
+    stored winner, the one chain's answer) as a cache hit, as Triton's on-disk cache is heard."""
+    import triton
+
+    return getattr(getattr(getattr(triton, "knobs", None), "autotuning", None), "listener", None)
+
+
+def _jit_of(tuner: Autotuner) -> Any:
+    """The ``@triton.jit`` object under the autotuner (and any ``@triton.heuristics``), as Triton
+    passes it to its listener."""
+    fn = tuner.fn
+    while hasattr(fn, "fn") and not inspect.isfunction(fn.fn):
+        fn = fn.fn
+    return fn
 
 
 def _by_identity(value: Any) -> bool:
@@ -109,10 +193,12 @@ def _key_text_of(tuner: Autotuner, key: tuple, nargs: dict[str, Any]) -> str:
     return ",".join(f"key{i}={_value_text(v)}" for i, v in enumerate(key))
 
 
-def _config_for(tuner: Autotuner, state: _State, text: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+def _config_for(
+    tuner: Autotuner, state: _State, text: str, args: tuple, kwargs: dict[str, Any], pruned: _Pruned | None = None
+) -> Any:
     """The config for a key's text: stored, else tuned now (mode tune) or the fallback (lookup);
     in mode heuristic the first config the pruning keeps, nothing read."""
-    pruned = _Pruned(tuner, args, kwargs)
+    pruned = _Pruned(tuner, args, kwargs) if pruned is None else pruned
     if state.settings.mode == HEURISTIC:
         with _STAGE("prune"):
             config = pruned()[0]
@@ -131,6 +217,9 @@ def _config_for(tuner: Autotuner, state: _State, text: str, args: tuple, kwargs:
             STATS["fallback"] += 1
         else:
             config = _tune_locked(tuner, state, shared, text, args, kwargs, pruned)
+            # the winners were read before this one was stored: the next miss that asks the one
+            # chain (a key met inside a CUDA graph) reads them again, this one's included
+            shared._runtime = None
     if len(tuner.configs) > 1:
         # triton.autotune zeroes the reset_to_zero arguments after benchmarking a key, so the
         # launch that follows a key's first resolution starts from zero: so does this one

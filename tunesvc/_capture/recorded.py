@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -27,6 +26,7 @@ from tunesvc._capture.identity import kernel_name
 from tunesvc.errors import TunesvcError
 from tunesvc.space import config_hash
 from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
     from tunesvc._capture.sharing import _Shared
@@ -34,8 +34,11 @@ if TYPE_CHECKING:
     from tunesvc.device import Device
 
 
-def _record_miss(shared: _Shared, state: _State, text: str, tuner: Autotuner, args: tuple, kwargs: dict) -> None:
-    """Write the miss to the database for offline tuning; serving goes on if it cannot."""
+def _record_miss(
+    shared: _Shared, state: _State, text: str, tuner: Autotuner, args: tuple, kwargs: dict, *, values: bool = True
+) -> None:
+    """Write the miss to the database for offline tuning; serving goes on if it cannot (``values``:
+    see :func:`describe_call`)."""
     try:
         store = shared.store(create=False)
         if store is None:
@@ -43,23 +46,23 @@ def _record_miss(shared: _Shared, state: _State, text: str, tuner: Autotuner, ar
         from tunesvc.device import current_device
 
         device = current_device()
-        store.record_miss(state.template, device, text, describe_call(tuner, args, kwargs))
+        store.record_miss(state.template, device, text, describe_call(tuner, args, kwargs, values=values))
     except Exception as exc:  # a serving process never fails on bookkeeping
-        warnings.warn(
-            visible(f"tunesvc: could not record the miss of {state.name} ({exc})."), RuntimeWarning, stacklevel=4
-        )
+        warn(visible(f"tunesvc: could not record the miss of {state.name} ({exc})."), RuntimeWarning, stacklevel=4)
 
 
-def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any], *, values: bool = True) -> dict[str, Any]:
     """The call's arguments as data (tensors by shape, stride and dtype; small integer tensors by
-    value, since they are often offsets or indices), and the grid each listed config launches."""
+    value, since they are often offsets or indices), and the grid each listed config launches.
+    ``values=False`` (inside CUDA-graph capture, where reading a GPU tensor on the host is refused):
+    GPU tensors by shape, stride and dtype alone."""
 
     def arg(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             out: dict[str, Any] = {
                 "tensor": {"shape": list(value.shape), "stride": list(value.stride()), "dtype": str(value.dtype)}
             }
-            if not value.is_floating_point() and value.numel() <= 4096:
+            if not value.is_floating_point() and value.numel() <= 4096 and (values or value.device.type == "cpu"):
                 out["tensor"]["values"] = value.detach().cpu().flatten().tolist()
             return out
         if value is None or isinstance(value, (bool, int, float, str)):

@@ -16,7 +16,6 @@ import contextlib
 import functools
 import os
 import threading
-import warnings
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -50,6 +49,7 @@ from tunesvc.template import ShapeKey
 from tunesvc.template import Template
 from tunesvc.template import get_template
 from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
     from tunesvc.device import Device
@@ -100,7 +100,7 @@ class Runtime:
         if mode is None:
             mode = settings.mode("lookup")
             if mode == "tune" and bundle is not None:  # from the environment: a warning, never an error
-                warnings.warn(
+                warn(
                     "tunesvc: TUNESVC_MODE=tune with a bundle alone has no database to store in; serving it "
                     "in mode lookup (set TUNESVC_DB to tune).",
                     RuntimeWarning,
@@ -229,7 +229,7 @@ class Runtime:
         if (kernel, what) not in self._warned:
             self._warned.add((kernel, what))
             # shown as text: a stored key, config or device name may hold escape sequences
-            warnings.warn(visible(message), RuntimeWarning, stacklevel=stacklevel)
+            warn(visible(message), RuntimeWarning, stacklevel=stacklevel)
 
     def lookup(self, kernel: str | Template, /, **problem: Any) -> LookupResult:
         """The config for this problem on the current CUDA device and how it was found; a

@@ -16,7 +16,6 @@ import socket
 import stat
 import threading
 import time
-import warnings
 import zlib
 from collections.abc import Iterator
 from collections.abc import Sequence
@@ -80,6 +79,7 @@ from tunesvc.store.models import Trial
 from tunesvc.store.models import Winner
 from tunesvc.store.models import utcnow
 from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
     from tunesvc.records import Measurement
@@ -398,7 +398,7 @@ class Store(BaseStore):
             return
         self._skipped.add((what, kernel, key))
         shown = visible(key if len(key) <= 120 else key[:120] + "...")
-        warnings.warn(
+        warn(
             f"tunesvc: skipped {what} of {visible(kernel)[:200]} for key '{shown}' in {self._where()}: "
             f"{why}; re-tune the key or restore the database from a copy.",
             RuntimeWarning,
@@ -486,7 +486,7 @@ class Store(BaseStore):
 
         def notice() -> None:
             said.set()
-            warnings.warn(
+            warn(
                 f"tunesvc: a transaction on {where} is still open after {LOCK_NOTICE_S:g} s: it waits for "
                 f"another process's write lock (up to {BUSY_TIMEOUT_S} s), or works on much data.",
                 RuntimeWarning,
@@ -501,7 +501,7 @@ class Store(BaseStore):
         finally:
             timer.cancel()
             if said.is_set():
-                warnings.warn(
+                warn(
                     f"tunesvc: the transaction on {where} took {time.monotonic() - started:.1f} s.",
                     RuntimeWarning,
                     stacklevel=4,

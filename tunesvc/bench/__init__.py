@@ -27,10 +27,12 @@ from tunesvc.bench._inprocess import GRAPH_BELOW_MS
 from tunesvc.bench._inprocess import L2_MULTIPLE
 from tunesvc.bench._inprocess import MAX_INPUT_SETS
 from tunesvc.bench._inprocess import Bench
+from tunesvc.bench._inprocess import compile_error_types
 from tunesvc.bench._inprocess import graph_time
 from tunesvc.bench._inprocess import input_bytes
 from tunesvc.bench._inprocess import input_sets_needed
 from tunesvc.bench._inprocess import l2_bytes
+from tunesvc.bench._inprocess import out_of_resources_types
 from tunesvc.bench._worker import STARTUP_TIMEOUT_S
 from tunesvc.bench._worker import Worker
 
@@ -48,11 +50,13 @@ __all__ = [
     "Measurer",
     "Status",
     "Worker",
+    "compile_error_types",
     "graph_time",
     "input_bytes",
     "input_sets_needed",
     "l2_bytes",
     "measurer_for",
+    "out_of_resources_types",
     "picklable",
     "pool_size",
     "relative_error",

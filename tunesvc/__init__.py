@@ -32,7 +32,7 @@ def _tune_on_miss(miss: _on_miss.MissedKey) -> dict[str, Any]:
 
 _on_miss.register(_tune_on_miss)
 
-from tunesvc import templates as _templates  # noqa: E402
+from tunesvc import shipped as _shipped  # noqa: E402
 
 
 def _kernels_of(family: str) -> ModuleType:
@@ -47,7 +47,7 @@ def _template_module(name: str) -> ModuleType:
     return importlib.import_module(f"tunesvc.templates.{name}")
 
 
-_templates.use_loaders(kernels=_kernels_of, templates=_template_module)
+_shipped.use_loaders(kernels=_kernels_of, templates=_template_module)
 
 if TYPE_CHECKING:
     from tunesvc._capture import capture

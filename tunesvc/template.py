@@ -458,9 +458,10 @@ def get_template(name: str) -> Template:
     name = canonical_name(name)
     if name in SHIPPED:
         module_name, _, attr = SHIPPED[name].partition(":")
-        from tunesvc import templates  # its loader, which the package root sets: this module never imports a template
+        # through the loader the package root sets: this module never imports a template, which subclasses its Template
+        from tunesvc.shipped import template_module
 
-        return _instantiate(getattr(templates.module_of(module_name), attr), name)
+        return _instantiate(getattr(template_module(module_name), attr), name)
     from importlib.metadata import entry_points  # here, not at the top: every `tune` start would pay for it
 
     points = list(entry_points(group="tunesvc.templates"))

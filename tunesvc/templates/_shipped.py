@@ -8,8 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 from tunesvc.errors import TunesvcError
+from tunesvc.shipped import kernels_of
 from tunesvc.template import Template
-from tunesvc.templates import kernels_of
 
 
 class ShippedTemplate(Template):
@@ -28,5 +28,5 @@ class ShippedTemplate(Template):
         """The family's module of :mod:`tunesvc.kernels` (its Triton kernels and launches), imported
         when a method that makes inputs, launches or checks first needs it: it imports torch and
         Triton (seconds), and it imports this template's module: the loader is the package root's
-        (:func:`tunesvc.templates.use_loaders`), so the templates never import the kernels."""
+        (:func:`tunesvc.shipped.use_loaders`), so the templates never import the kernels."""
         return kernels_of(self.kernel_module)

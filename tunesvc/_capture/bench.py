@@ -29,9 +29,9 @@ from tunesvc.bench import Bench
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
 from tunesvc.bench import compile_error_types
+from tunesvc.bench import one_line as _one_line
 from tunesvc.bench import out_of_resources_types
 from tunesvc.bench import relative_error
-from tunesvc.bench._base import one_line as _one_line
 from tunesvc.space import config_hash
 
 if TYPE_CHECKING:

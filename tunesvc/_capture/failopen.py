@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from tunesvc import settings
-from tunesvc.bench._base import one_line as _one_line
+from tunesvc.bench import one_line as _one_line
 from tunesvc.errors import TunesvcError
 from tunesvc.text import visible
 

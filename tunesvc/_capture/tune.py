@@ -34,9 +34,9 @@ from tunesvc._capture.recorded import find_autotuner
 from tunesvc._capture.recorded import rebuild_call
 from tunesvc._capture.sharing import Settings
 from tunesvc._capture.sharing import State
+from tunesvc.bench import FIRST_GRAPH_SHARE
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
-from tunesvc.bench._inprocess import FIRST_GRAPH_SHARE
 from tunesvc.errors import TunesvcError
 from tunesvc.settings import LOOKUP
 from tunesvc.settings import TUNE

@@ -6,6 +6,7 @@ from tunesvc.records import JobSpec
 from tunesvc.records import WinnerEntry
 from tunesvc.store._base import BaseStore
 from tunesvc.store._migrate import head_revision
+from tunesvc.store._store import BUSY_TIMEOUT_S
 from tunesvc.store._store import DatabaseNotCreated
 from tunesvc.store._store import DatabaseUnavailable
 from tunesvc.store._store import History
@@ -16,6 +17,7 @@ from tunesvc.store._store import resolve_url
 from tunesvc.store._store import upgrade
 
 __all__ = [
+    "BUSY_TIMEOUT_S",
     "BaseStore",
     "DatabaseNotCreated",
     "DatabaseUnavailable",

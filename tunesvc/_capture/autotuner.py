@@ -363,7 +363,7 @@ def autotune(
                 "runtime, reference, output and heuristic belong to a space= kernel; a triton.Config list "
                 "checks candidates against the first valid config."
             )
-        from tunesvc._capture import autotune as captured_autotune
+        from tunesvc._capture.launch import autotune as captured_autotune
 
         return captured_autotune(
             configs,

@@ -156,7 +156,7 @@ def _name_path(node: ast.AST) -> list[str] | None:
     return [node.id, *reversed(parts)]
 
 
-def _value_text(value: Any) -> str:
+def value_text(value: Any) -> str:
     if value is None or isinstance(value, (bool, int)):
         return str(value)
     if isinstance(value, float):
@@ -167,7 +167,7 @@ def _value_text(value: Any) -> str:
 def key_text(names: list[str], key: tuple, dtype_names: list[str]) -> str:
     """Triton's key tuple as stable, readable text: ``n=1000,flag=True,x.dtype=float16``."""
     values = len(key) - len(dtype_names)
-    parts = [f"{n}={_value_text(v)}" for n, v in zip(names[:values], key[:values])]
+    parts = [f"{n}={value_text(v)}" for n, v in zip(names[:values], key[:values])]
     parts += [f"{n}.dtype={str(d).removeprefix('torch.')}" for n, d in zip(dtype_names, key[values:])]
     return ",".join(parts)
 

@@ -1,7 +1,7 @@
 """A captured call as data, and back: what offline tuning and `tune verify` replay.
 
 :func:`describe_call` records a call (its tensors by shape, stride and dtype, the grid of each
-listed config); :func:`_record_miss` writes a miss served untuned, with its call, for
+listed config); :func:`record_missed_call` writes a miss served untuned, with its call, for
 `tune misses --tune`. Offline, :func:`find_autotuner` imports a kernel by its name,
 :func:`check_call` refuses a record that cannot be replayed safely, and :func:`rebuild_call`
 makes arguments from one. Tuning a recorded key and re-measuring its stored configs
@@ -19,23 +19,23 @@ from typing import Any
 import torch
 from triton.runtime.autotuner import Autotuner
 
-from tunesvc._capture.bench import _is_descriptor
-from tunesvc._capture.identity import _value_text
+from tunesvc._capture.bench import is_descriptor
 from tunesvc._capture.identity import config_dict
 from tunesvc._capture.identity import kernel_name
+from tunesvc._capture.identity import value_text
 from tunesvc.errors import TunesvcError
 from tunesvc.space import config_hash
 from tunesvc.text import visible
 from tunesvc.text import warn
 
 if TYPE_CHECKING:
-    from tunesvc._capture.sharing import _Shared
-    from tunesvc._capture.sharing import _State
+    from tunesvc._capture.sharing import Shared
+    from tunesvc._capture.sharing import State
     from tunesvc.device import Device
 
 
-def _record_miss(
-    shared: _Shared, state: _State, text: str, tuner: Autotuner, args: tuple, kwargs: dict, *, values: bool = True
+def record_missed_call(
+    shared: Shared, state: State, text: str, tuner: Autotuner, args: tuple, kwargs: dict, *, values: bool = True
 ) -> None:
     """Write the miss to the database for offline tuning; serving goes on if it cannot (``values``:
     see :func:`describe_call`)."""
@@ -67,7 +67,7 @@ def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any], *, valu
             return out
         if value is None or isinstance(value, (bool, int, float, str)):
             return {"value": value}
-        if _is_descriptor(value) and isinstance(value.base, torch.Tensor):
+        if is_descriptor(value) and isinstance(value.base, torch.Tensor):
             return {
                 "descriptor": {
                     **arg(value.base),
@@ -111,8 +111,10 @@ def find_autotuner(name: str) -> Autotuner:
 
     try:
         module = import_user_module(module_name)
-    except TunesvcError:
-        raise
+    except TunesvcError as exc:  # no such module: its sentence says where it was looked for
+        raise TunesvcError(
+            f"Module {module_name} of {name} does not import here: {str(exc)[:1].lower()}{str(exc)[1:]}"
+        ) from None
     except Exception as exc:
         raise TunesvcError(
             f"Module {module_name} of {name} does not import here ({type(exc).__name__}: {exc})."
@@ -169,7 +171,7 @@ def check_call(tuner: Autotuner, call: Any, device: Device, shape_key: str | Non
     stored = dict(part.partition("=")[::2] for part in shape_key.split(","))
     for name, spec in [*zip(tuner.arg_names, call.get("args", [])), *call.get("kwargs", {}).items()]:
         if name in tuner.keys and "value" in spec:
-            field, recorded = name, _value_text(spec["value"])
+            field, recorded = name, value_text(spec["value"])
         elif "tensor" in spec:
             field, recorded = f"{name}.dtype", str(spec["tensor"]["dtype"]).removeprefix("torch.")
         else:

@@ -41,7 +41,6 @@ from tunesvc.serving.source import BundleSource
 from tunesvc.serving.source import DatabaseSource
 from tunesvc.serving.source import Winners
 from tunesvc.serving.source import WinnerSource
-from tunesvc.serving.source import database_exists as _database_exists  # noqa: F401 (capture's sharing reads it here)
 from tunesvc.serving.source import in_space
 from tunesvc.serving.source import stored_winners as stored_winners  # tuning's tune-on-miss policy reads it here
 from tunesvc.settings import MODES

@@ -20,10 +20,8 @@ import zlib
 from collections.abc import Iterator
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import fields
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -62,9 +60,11 @@ from tunesvc.device import Device
 from tunesvc.errors import TunesvcError
 from tunesvc.records import DeviceRecord
 from tunesvc.records import JobRecord
+from tunesvc.records import JobSpec
 from tunesvc.records import MissRecord
 from tunesvc.records import RejectedTrials
 from tunesvc.records import TrialRecord
+from tunesvc.records import WinnerEntry
 from tunesvc.records import WinnerRecord
 from tunesvc.space import config_hash
 from tunesvc.store import _migrate
@@ -114,36 +114,6 @@ def database_name(db: str | os.PathLike | None = None) -> str:
     if parsed.get_backend_name() == "sqlite" and parsed.database:
         return parsed.database
     return parsed.render_as_string(hide_password=True)
-
-
-@dataclass(frozen=True)
-class WinnerEntry:
-    """A winner as users see it (detached from the ORM session)."""
-
-    kernel: str
-    kernel_version: str
-    device: str
-    hardware_id: str
-    shape_key: str
-    config: Config
-    time_ms: float
-    updated_at: datetime
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "updated_at": self.updated_at.isoformat()}
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """A claimed job of a shared sweep (see :mod:`tunesvc.fleet.jobs`), detached from the database session."""
-
-    id: int
-    kernel: str
-    shape_key: str
-    problem: dict
-    strategy: str
-    budget: int | None
-    seed: int
 
 
 @dataclass(frozen=True)

@@ -64,10 +64,10 @@ def run(
     autotuner and why."""
     import json
     import os
-    import subprocess
     import tempfile
 
     from tunesvc._capture import summary_line
+    from tunesvc._processes import run_command
     from tunesvc.settings import MODES
 
     if mode is not None and mode not in MODES:
@@ -90,17 +90,28 @@ def run(
             if value is not None:
                 env[name] = str(value)
         try:
-            code = subprocess.call(command, env=env)
+            code = run_command(command, env)
         except OSError as exc:
             raise TunesvcError(f"Cannot run {command[0]}: {exc.strerror}.") from None
         finally:
             with open(summary) as f:
-                records = [json.loads(line) for line in f if line.strip()]
+                records = [_summary_record(line) for line in f if line.strip()]
             os.unlink(summary)
-        typer.echo(summary_line(records), err=True)
+        typer.echo(summary_line([r for r in records if r is not None]), err=True)
     if tune_misses and _tune_misses(db, kernel or []):
         code = code or 1  # a key not tuned (said, one line each)
     raise typer.Exit(code)
+
+
+def _summary_record(line: str) -> dict | None:
+    """One process's summary record (None: a line cut short, by a process killed while writing it)."""
+    import json
+
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 @app.command()

@@ -19,6 +19,7 @@ from tunesvc import settings
 from tunesvc._capture.bench import _nested
 from tunesvc._capture.bench import _Pruned
 from tunesvc._capture.failopen import _STAGE
+from tunesvc._capture.failopen import FAILED_OPEN
 from tunesvc._capture.failopen import STATS
 from tunesvc._capture.failopen import _give_up
 from tunesvc._capture.failopen import _LeftToTriton
@@ -29,6 +30,7 @@ from tunesvc._capture.sharing import _shared_for
 from tunesvc._capture.tune import _tune_locked
 from tunesvc.settings import HEURISTIC
 from tunesvc.settings import LOOKUP
+from tunesvc.store import DatabaseLocked
 
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
@@ -130,9 +132,30 @@ def _config_for(tuner: Autotuner, state: _State, text: str, args: tuple, kwargs:
             _record_miss(shared, state, text, tuner, args, kwargs)
             STATS["fallback"] += 1
         else:
-            config = _tune_locked(tuner, state, shared, text, args, kwargs, pruned)
+            config = _tune_unless_locked(tuner, state, shared, text, args, kwargs, pruned)
     if len(tuner.configs) > 1:
         # triton.autotune zeroes the reset_to_zero arguments after benchmarking a key, so the
         # launch that follows a key's first resolution starts from zero: so does this one
         tuner.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()}, reset_only=True)
     return config
+
+
+#: the summary's reason for the keys left to Triton while another process held the write lock
+LOCKED_REASON = "keys met while another process held the database's write lock"
+
+
+def _tune_unless_locked(
+    tuner: Autotuner, state: _State, shared: Any, text: str, args: tuple, kwargs: dict[str, Any], pruned: _Pruned
+) -> Any:
+    """:func:`_tune_locked`, unless another process holds the database's write lock: then this
+    launch is Triton's own (it benchmarks, as without capture) and the key is left for a later
+    run; the first such wait (at most LOCK_WAIT_S, twice where a claim was held) is said once and
+    ends the process's writes (:meth:`~tunesvc._capture.sharing._Shared.lock_out`), so a peer's
+    lock costs a program a few seconds in all, not a wait per kernel or key."""
+    if shared.locked_out is None:
+        try:
+            return _tune_locked(tuner, state, shared, text, args, kwargs, pruned)
+        except DatabaseLocked as exc:
+            shared.lock_out(exc, stacklevel=5)
+    FAILED_OPEN[LOCKED_REASON] += 1
+    raise _LeftToTriton

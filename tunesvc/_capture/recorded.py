@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 
 def _record_miss(shared: _Shared, state: _State, text: str, tuner: Autotuner, args: tuple, kwargs: dict) -> None:
     """Write the miss to the database for offline tuning; serving goes on if it cannot."""
+    from tunesvc.store import DatabaseLocked
+
+    if shared.locked_out is not None:  # another process held the write lock: nothing is written
+        return
     try:
         store = shared.store(create=False)
         if store is None:
@@ -44,6 +48,8 @@ def _record_miss(shared: _Shared, state: _State, text: str, tuner: Autotuner, ar
 
         device = current_device()
         store.record_miss(state.template, device, text, describe_call(tuner, args, kwargs))
+    except DatabaseLocked as exc:  # said once for the process, not once a miss
+        shared.lock_out(exc, stacklevel=4)
     except Exception as exc:  # a serving process never fails on bookkeeping
         warnings.warn(
             visible(f"tunesvc: could not record the miss of {state.name} ({exc})."), RuntimeWarning, stacklevel=4

@@ -62,7 +62,6 @@ def run(
     Ends with one line on stderr over all of COMMAND's processes: kernels captured, keys served
     from the store, tuned (and their seconds), served untuned, and kernels left to Triton's own
     autotuner and why."""
-    import json
     import os
     import tempfile
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tunesvc.store._base import BaseStore
 from tunesvc.store._migrate import head_revision
+from tunesvc.store._store import DatabaseLocked
 from tunesvc.store._store import DatabaseNotCreated
 from tunesvc.store._store import DatabaseUnavailable
 from tunesvc.store._store import History
@@ -17,6 +18,7 @@ from tunesvc.store._store import upgrade
 
 __all__ = [
     "BaseStore",
+    "DatabaseLocked",
     "DatabaseNotCreated",
     "DatabaseUnavailable",
     "History",

@@ -248,6 +248,23 @@ def test_a_database_deleted_with_its_folder_is_said_and_the_program_runs_on(app,
     assert any("was deleted with its folder" in line for line in _warnings(done.stderr)), done.stderr
 
 
+# -- numeric settings ------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["1e308", "86400"])
+def test_a_claim_stale_time_out_of_range_is_one_warning_and_every_key_is_tuned(value, app, tmp_path):
+    """1e308 once passed the check, then killed each claim's heartbeat thread (OverflowError);
+    86400 (a day) is the longest taken, and its heartbeat waits a quarter of it."""
+    db = tmp_path / "t.db"
+    done = _run(app, TUNESVC_DB=str(db), TUNESVC_CLAIM_STALE_S=value)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "OverflowError" not in done.stderr, done.stderr
+    said = _warnings(done.stderr)
+    if value == "1e308":
+        assert len(said) == 1 and "TUNESVC_CLAIM_STALE_S='1e308' is not a number of seconds from 1 to 86400" in said[0]
+    else:
+        assert said == [], done.stderr
+    assert _winner_keys(db) == {(k, f"n={n}") for k in ("scale", "shift") for n in (100, 200)}
+
+
 # -- long names ------------------------------------------------------------------------------------
 def test_a_database_of_a_240_character_name_is_created(tmp_path):
     db = tmp_path / ("d" * 237 + ".db")

@@ -209,6 +209,18 @@ def start_child(main: Callable[..., None], *args: Any) -> tuple[BaseProcess, Con
     return process, parent_end
 
 
+def receive_within(process: BaseProcess, connection: Connection, time_limit_s: float | None) -> Any:
+    """The answer a child started by :func:`start_child` sends on ``connection``: EOFError where
+    it ended without one; TimeoutError where none came within ``time_limit_s`` (None: no limit),
+    the child then killed (SIGKILL: a kernel that never ends never reads a gentler signal) and
+    reaped."""
+    if time_limit_s is not None and not connection.poll(time_limit_s):  # poll is True at EOF too
+        process.kill()
+        process.join()
+        raise TimeoutError(f"no answer within {time_limit_s:g} s")
+    return connection.recv()
+
+
 def _child_main(
     main: Callable[..., None],
     connection: Connection,

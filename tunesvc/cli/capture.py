@@ -12,6 +12,7 @@ from rich.text import Text
 from tunesvc import settings
 from tunesvc.cli._common import DbOption
 from tunesvc.cli._common import JsonOption
+from tunesvc.cli._common import TimeLimitOption
 from tunesvc.cli._common import _config_text
 from tunesvc.cli._common import _count
 from tunesvc.cli._common import _keyed_table
@@ -52,10 +53,12 @@ def run(
         int | None,
         typer.Option(
             min=0,
+            max=settings.MAX_COMPILE_WORKERS,
             help="Processes that compile a long-tuning key's configs ahead of their measurement; 0: none "
             "\\[default: $TUNESVC_COMPILE_WORKERS, else on a GPU half the cores, at most 8].",
         ),
     ] = None,
+    time_limit: TimeLimitOption = settings.REPLAY_TIME_LIMIT_S,
 ) -> None:
     """Run COMMAND with every triton.autotune kernel captured by tunesvc; exit with its exit code.
 
@@ -97,7 +100,7 @@ def run(
                 records = [_summary_record(line) for line in f if line.strip()]
             os.unlink(summary)
         typer.echo(summary_line([r for r in records if r is not None]), err=True)
-    if tune_misses and _tune_misses(db, kernel or []):
+    if tune_misses and _tune_misses(db, kernel or [], time_limit):
         code = code or 1  # a key not tuned (said, one line each)
     raise typer.Exit(code)
 
@@ -127,10 +130,11 @@ def misses(
     ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,
+    time_limit: TimeLimitOption = settings.REPLAY_TIME_LIMIT_S,
 ) -> None:
     """List the shape keys captured kernels met with no stored winner in mode lookup (or tune them)."""
     if tune:
-        if _tune_misses(db, kernel or []):
+        if _tune_misses(db, kernel or [], time_limit):
             raise typer.Exit(1)  # a key not tuned (said, one line each)
         return
     from tunesvc.store import Store
@@ -190,7 +194,7 @@ def misses(
     )
 
 
-def _tune_misses(db: str | None, kernels: list[str]) -> int:
+def _tune_misses(db: str | None, kernels: list[str], time_limit_s: float) -> int:
     """Tune the open misses of ``kernels``: named on the command line, since tuning imports each
     one's module and stored data never chooses a module to import. Returns how many were not
     tuned (each said in one line, and left open): a recorded call refused as unsafe to replay, a
@@ -214,7 +218,7 @@ def _tune_misses(db: str | None, kernels: list[str]) -> int:
         for m in todo:
             console.print(f"{m.kernel} {m.shape_key}: importing {m.kernel.partition(':')[0]} to tune it")
             try:
-                winner = tune_recorded(store, m.kernel, m.version, m.shape_key, m.call)
+                winner = tune_recorded(store, m.kernel, m.version, m.shape_key, m.call, time_limit_s=time_limit_s)
             except TunesvcError as exc:
                 console.print(f"  not tuned: {exc}", markup=False, highlight=False, soft_wrap=True)
                 untuned += 1

@@ -4,7 +4,9 @@ processes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -95,3 +97,72 @@ def test_tune_run_passes_the_commands_own_exit_status_through(tmp_path):
     process = _tune_run(sys.executable, "-c", "raise SystemExit(7)", cwd=tmp_path)
     process.communicate(timeout=120)
     assert process.returncode == 7
+
+
+#: records every SIGINT it gets; exits 42 two seconds after the first (a second one would come by then)
+COUNTS = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    out = sys.argv[1]
+    got = []
+    def on(signum, frame):
+        with open(out, "a") as f:
+            f.write(signal.Signals(signum).name + "\\n")
+        got.append(signum)
+    signal.signal(signal.SIGINT, on)
+    with open(out + ".ready", "w") as f:
+        f.write(str(os.getpid()))
+    deadline = time.monotonic() + 120
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2)
+    os._exit(42)
+    """
+)
+
+
+def _with_a_terminal() -> None:
+    """In the child, before exec: a new session whose controlling terminal is its standard input."""
+    import fcntl
+    import termios
+
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def test_a_terminals_ctrl_c_reaches_the_command_once_not_twice(tmp_path):
+    """Ctrl-C: the terminal sends SIGINT to its foreground process group, `tune run` and the
+    command alike; `tune run` does not send the command a second one."""
+    import pty
+
+    script = tmp_path / "counts.py"
+    script.write_text(COUNTS)
+    out = tmp_path / "signals"
+    primary, secondary = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tunesvc", "run", "--", sys.executable, str(script), str(out)],
+            cwd=tmp_path,
+            env={**os.environ, "TUNESVC_DB": str(tmp_path / "run.db")},
+            stdin=secondary,
+            stdout=secondary,
+            stderr=secondary,
+            preexec_fn=_with_a_terminal,  # the test process forks nothing else meanwhile
+        )
+        os.close(secondary)
+        secondary = -1
+        _ready(process, Path(f"{out}.ready"))
+        assert os.tcgetpgrp(primary) == process.pid  # `tune run` leads the terminal's foreground group
+        os.killpg(process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        deadline = time.monotonic() + 60
+        while process.poll() is None:  # the terminal is read, so that nothing written to it blocks
+            assert time.monotonic() < deadline, "tune run did not end"
+            with contextlib.suppress(OSError):
+                if select.select([primary], [], [], 0.1)[0]:
+                    os.read(primary, 65536)
+    finally:
+        os.close(primary)
+        if secondary != -1:
+            os.close(secondary)
+    assert out.read_text().split() == ["SIGINT"]
+    assert process.returncode == 42

@@ -276,3 +276,24 @@ def test_a_database_of_a_240_character_name_is_created(tmp_path):
         store.close()
     assert db.is_file() and Store(db, readonly=True).revision == store.revision
     assert [p.name for p in tmp_path.iterdir()] == [db.name]  # its temporary file is gone
+
+
+def test_a_store_of_a_relative_path_keeps_its_file_when_the_process_changes_folder(tmp_path, monkeypatch):
+    """A relative name is the file it named when opened: a chdir is no deletion."""
+    import warnings
+
+    from tunesvc.device import current_device
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    store = Store("rel.db")
+    try:
+        monkeypatch.chdir(tmp_path / "b")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "deleted" warning
+            store.device_id(current_device())
+    finally:
+        store.close()
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["rel.db"]
+    assert list((tmp_path / "b").iterdir()) == []

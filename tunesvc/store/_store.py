@@ -221,8 +221,11 @@ class Store(BaseStore):
         self.is_sqlite = url.get_backend_name() == "sqlite"
         self.path = url.database if self.is_sqlite else None
         self.readonly = readonly
+        #: the SQLite file's absolute path: a process that changes its working folder keeps its file
+        self._file_path: str | None = None
         if self.is_sqlite and self.path not in (None, "", ":memory:"):
             path = Path(self.path)
+            self._file_path = os.path.abspath(path)
             _check_regular_file(path)  # before anything opens it: opening a FIFO waits for a writer
             if readonly and not path.exists():
                 raise TunesvcError(f"No database at {path}; run `tune sweep` first or pass --db.")
@@ -232,6 +235,8 @@ class Store(BaseStore):
                 _check_sqlite_file(path)
             if readonly:
                 url = url.set(database=_readonly_uri(path), query={"uri": "true"})
+            else:
+                url = url.set(database=self._file_path)
         try:
             # no pool_pre_ping (a round trip per transaction): a connection that died with its server
             # fails once, SQLAlchemy then drops the whole pool, and callers retry (tunesvc.fleet.jobs)
@@ -250,7 +255,7 @@ class Store(BaseStore):
             created = self._create_whole() if self.is_sqlite and not readonly and self.path else False
             self._prepare_schema(upgrade, created)
         #: the SQLite file this store writes, as (device, inode): see _follow_the_path
-        self._file = _file_identity(self.path) if self.is_sqlite and not readonly and self.path else None
+        self._file = _file_identity(self._file_path) if self._file_path and not readonly else None
         self._file_lock = threading.Lock()
         self._insert_new_trials = _insert_new_trials(
             self.engine.dialect
@@ -274,8 +279,10 @@ class Store(BaseStore):
         that create one database at once (the runtime's first misses, a fleet's workers) thus
         never read a file another is still creating, nor open it while it changes journal mode.
         True when this process's file is the one at the path."""
-        path = Path(str(self.path))
-        if path.exists() or self.path == ":memory:":
+        if self._file_path is None:
+            return False
+        path = Path(self._file_path)
+        if path.exists():
             return False
         new = path.with_name(_creation_name(path.name))
         engine = create_engine(f"sqlite:///{new}")
@@ -297,7 +304,7 @@ class Store(BaseStore):
                 Path(f"{new}{side}").unlink(missing_ok=True)
 
     def _prepare_schema(self, upgrade: bool = False, created: bool = False) -> None:
-        if self.is_sqlite and self.path not in (None, "", ":memory:") and Path(self.path).exists():
+        if self._file_path is not None and Path(self._file_path).exists():
             self._quick_check()
         with self.engine.connect() as connection:
             found, _ = _migrate.revision_of(connection, self._where())  # refuses foreign and newer ones
@@ -329,7 +336,7 @@ class Store(BaseStore):
         so a damaged file is left exactly as it was."""
         import sqlite3
 
-        path = Path(str(self.path))
+        path = Path(str(self._file_path))
         deadline = time.monotonic() + WRITER_WAIT_S
         while True:
             before = _file_state(path)
@@ -490,7 +497,7 @@ class Store(BaseStore):
     def session(self) -> Iterator[Session]:
         """One transaction: committed on success, rolled back on any error."""
         with self._errors():
-            if self._file is not None and _file_identity(self.path) != self._file:
+            if self._file is not None and _file_identity(self._file_path) != self._file:
                 self._follow_the_path()
         with self._errors(), self._said_if_waiting(), self._sessions() as session, session.begin():
             yield session
@@ -502,16 +509,16 @@ class Store(BaseStore):
         to a file no other process can open, silently, and be lost when this one exits. The
         identity is one stat before each transaction (about a microsecond)."""
         with self._file_lock:
-            now = _file_identity(self.path)
+            now = _file_identity(self._file_path)
             if now == self._file:  # another thread followed it first
                 return
-            path = Path(str(self.path))
+            path = Path(str(self._file_path))
             self._empty_the_old_wal()
             self.engine.dispose()  # the old file's connections: none is used again
             if now is None and not path.parent.is_dir():
                 self._file = None  # said once: the writes that follow fail as on any missing folder
                 raise TunesvcError(
-                    f"{path} was deleted with its folder while this process ran; recreate the folder "
+                    f"{self._where()} was deleted with its folder while this process ran; recreate the folder "
                     "(a later run tunes what this one could not store)"
                 )
             created = False
@@ -521,10 +528,10 @@ class Store(BaseStore):
                 _check_regular_file(path)
                 _check_sqlite_file(path)
             self._prepare_schema(created=created)
-            self._file = _file_identity(self.path)
+            self._file = _file_identity(self._file_path)
             what = "deleted" if now is None else "replaced by another file"
             warnings.warn(
-                f"tunesvc: {path} was {what} while this process ran; what it stores from now on goes to "
+                f"tunesvc: {self._where()} was {what} while this process ran; what it stores from now on goes to "
                 f"the {'new ' if now is None else ''}file at that path.",
                 RuntimeWarning,
                 stacklevel=4,

@@ -28,22 +28,26 @@ import triton
 import triton.testing
 from results_page import COLUMNS
 from results_page import RESULTS_DIR
-from results_page import read_rows
+from results_page import columns_of
 
 from tunesvc.bench import graph_time
 from tunesvc.bench import input_bytes
 from tunesvc.bench import input_sets_needed
 from tunesvc.bench import l2_bytes
 from tunesvc.device import current_device
+from tunesvc.device import fork_safe_current_device
 from tunesvc.serving.runtime import Runtime
 from tunesvc.store import Store
 from tunesvc.template import Problem
 from tunesvc.template import Template
+from tunesvc.tuning.sweep import compile_pool
+from tunesvc.tuning.sweep import measuring_process
 from tunesvc.tuning.sweep import run_sweep
 
 
 def require_gpu(script: str) -> None:
-    if not current_device().is_gpu:
+    # fork-safe: CUDA stays uninitialised here, so a sweep after it forks its workers
+    if not fork_safe_current_device().is_gpu:
         print(f"{script} needs a CUDA GPU.", file=sys.stderr)
         raise SystemExit(1)
 
@@ -53,14 +57,18 @@ def bench_ms(fn: Callable[[], Any]) -> float:
     return triton.testing.do_bench(fn, quantiles=[0.5])
 
 
-def interleaved_ms(ours: Callable[[], Any], peer: Callable[[], Any], rounds: int) -> tuple[float, float, list[float]]:
-    """Median ``bench_ms`` of ours and of the peer over ``rounds`` rounds that time both (the
-    order alternating), and the per-round ratios peer / ours: what moves between runs (clocks,
-    the L2's state, the host) then moves both sides of a ratio alike."""
+def interleaved_ms(
+    ours: Any, peer: Any, rounds: int, timer: Callable[[Any], float] | None = None
+) -> tuple[float, float, list[float]]:
+    """Median time (``timer``, default ``bench_ms``) of ours and of the peer over ``rounds``
+    rounds that time both (the order alternating), and the per-round ratios peer / ours: what
+    moves between runs (clocks, the L2's state, the host) then moves both sides of a ratio alike.
+    With ``timer=bench_graph_ms``, ours and the peer are lists of calls on copies of the inputs."""
+    timer = timer or bench_ms
     ours_ms, peer_ms = [], []
     for r in range(rounds):
         first, second = (ours, peer) if r % 2 == 0 else (peer, ours)
-        a, b = bench_ms(first), bench_ms(second)
+        a, b = timer(first), timer(second)
         ours_ms.append(a if r % 2 == 0 else b)
         peer_ms.append(b if r % 2 == 0 else a)
     ratios = sorted(p / o for o, p in zip(ours_ms, peer_ms))
@@ -101,13 +109,31 @@ def sweep(
     strategy: str = "optuna",
     budget: int = 40,
     workers: int | None = None,
+    refit_selector: bool = True,
 ) -> dict[str, float]:
-    """Tune every problem into db (resuming what is stored there); shape key -> wall seconds."""
+    """Tune every problem into db (resuming what is stored there: a killed run continues where
+    it stopped); shape key -> wall seconds. One compile pool and one measuring process serve
+    every problem, as ``tune sweep`` over several shapes does: their start-up (processes, CUDA
+    contexts, imports) is paid once. ``refit_selector``: as run_sweep's, after each problem."""
+    if not problems:
+        return {}
     store = Store(db)
     seconds: dict[str, float] = {}
+    compiler = compile_pool(template, problems[0], strategy=strategy, budget=budget, workers=workers)
+    measurer = measuring_process(template, problems[0])
     try:
         for problem in problems:
-            [result] = run_sweep(template, [problem], store, strategy=strategy, budget=budget, workers=workers)
+            [result] = run_sweep(
+                template,
+                [problem],
+                store,
+                strategy=strategy,
+                budget=budget,
+                workers=compiler.workers if compiler is not None else 0,
+                compiler=compiler,
+                measurer=measurer,
+                refit_selector=refit_selector,
+            )
             seconds[result.shape_key] = result.wall_seconds
             print(
                 f"swept {template.name} {result.shape_key}: {result.trials_stored} trials in "
@@ -115,6 +141,9 @@ def sweep(
                 flush=True,
             )
     finally:
+        for part in (measurer, compiler):
+            if part is not None:
+                part.close()
         store.close()
     return seconds
 
@@ -202,18 +231,24 @@ def record(script: str, rows: list[dict[str, Any]]) -> Path:
     }
     path = RESULTS_DIR / f"{script}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, COLUMNS, restval="")
-    for row in rows:
-        writer.writerow({**stamp, **row})
     # under an exclusive lock: processes that record at once (heldout.py --gpus) append whole
     # rows, only the first writes the header, and the others read it whole
     with path.open("a", newline="") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         if os.fstat(f.fileno()).st_size == 0:
+            columns: tuple[str, ...] = COLUMNS
             csv.DictWriter(f, COLUMNS).writeheader()
         else:
-            read_rows(path)  # a file of another layout: one sentence, and nothing appended to it
+            columns = columns_of(path)  # a file of another layout: one sentence, and nothing appended to it
+        missing = sorted({k for row in rows for k, v in row.items() if v not in ("", None) and k not in columns})
+        if missing:
+            raise SystemExit(
+                f"{path} has no column {', '.join(missing)} (an earlier layout); move it aside and run again."
+            )
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, columns, restval="", extrasaction="ignore")
+        for row in rows:
+            writer.writerow({**stamp, **row})
         f.write(text.getvalue())
     print(f"appended {len(rows)} rows to {path}; regenerate the page with `python benchmarks/results_page.py`")
     return path

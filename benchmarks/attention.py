@@ -31,12 +31,12 @@ import torch.nn.functional as F
 from _common import bench_ms
 from _common import print_table
 from _common import record
-from _common import rel_error
 from _common import require_gpu
 from _common import result_row
 from _common import sweep
 from _common import tuned_runtime
 
+from tunesvc.bench import relative_error as rel_error
 from tunesvc.device import current_device
 from tunesvc.kernels.attention import BWD_TEMPLATE
 from tunesvc.kernels.attention import TEMPLATE

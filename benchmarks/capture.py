@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 import triton.testing
 from results_page import COLUMNS  # the benchmarks' one CSV layout (benchmarks/ is this script's path)
-from results_page import read_rows
+from results_page import columns_of
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.autotuner import Heuristics
 
@@ -510,11 +510,12 @@ def main() -> int:
         )
     if not args.smoke:
         new = not args.csv.exists()
-        if not new:
-            read_rows(args.csv)  # a file of another layout: one sentence, and nothing appended to it
+        # an existing file is appended to in its own layout; one of another layout: one sentence,
+        # and nothing appended to it
+        columns = COLUMNS if new else columns_of(args.csv)
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         with args.csv.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
+            writer = csv.DictWriter(f, fieldnames=columns, restval="")
             if new:
                 writer.writeheader()
             writer.writerows(rows)

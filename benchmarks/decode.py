@@ -30,7 +30,6 @@ from _common import copies
 from _common import copy_bandwidth
 from _common import print_table
 from _common import record
-from _common import rel_error
 from _common import require_gpu
 from _common import result_row
 from _common import sweep
@@ -38,6 +37,7 @@ from _common import tuned_runtime
 
 import tunesvc  # noqa: F401  (first: without a GPU, --check needs Triton's interpreter chosen before triton loads)
 from tunesvc.bench import input_bytes
+from tunesvc.bench import relative_error as rel_error
 from tunesvc.device import current_device
 from tunesvc.device import torch_device
 from tunesvc.kernels.decode import PAGE_SIZE

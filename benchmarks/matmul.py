@@ -30,12 +30,12 @@ from _common import copy_bandwidth
 from _common import geomean
 from _common import print_table
 from _common import record
-from _common import rel_error
 from _common import require_gpu
 from _common import result_row
 from _common import sweep
 from _common import tuned_runtime
 
+from tunesvc.bench import relative_error as rel_error
 from tunesvc.kernels.matmul import TEMPLATE
 from tunesvc.kernels.matmul import VARIANTS
 from tunesvc.kernels.matmul import _matmul_kernel

@@ -31,11 +31,11 @@ from _common import copy_bandwidth
 from _common import interleaved_ms
 from _common import print_table
 from _common import record
-from _common import rel_error
 from _common import require_gpu
 from _common import result_row
 from _common import sweep
 
+from tunesvc.bench import relative_error as rel_error
 from tunesvc.kernels import layer_norm
 from tunesvc.kernels import layernorm
 from tunesvc.kernels import rms_norm

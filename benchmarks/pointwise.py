@@ -34,12 +34,12 @@ from _common import bench_ms
 from _common import copy_bandwidth
 from _common import print_table
 from _common import record
-from _common import rel_error
 from _common import require_gpu
 from _common import result_row
 from _common import sweep
 from _common import tuned_runtime
 
+from tunesvc.bench import relative_error as rel_error
 from tunesvc.kernels.dropout import TEMPLATE as DROPOUT
 from tunesvc.kernels.dropout import dropout
 from tunesvc.kernels.dropout import launch_dropout

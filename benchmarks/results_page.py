@@ -32,7 +32,10 @@ EXAMPLE_DB = HERE.parent / "tune.db.example"
 #: (> 1: tunesvc is faster). The *_rate columns hold the throughput a table reported (TFLOP/s or
 #: GB/s) where a run recorded that instead of, or beside, the times. ``run`` names the script
 #: invocation that wrote the row (its UTC start time), so two runs of one date stay apart; rows
-#: from before the column have none, and their date stands for their run.
+#: from before the column have none, and their date stands for their run. ``tiles_per_sm``: the
+#: output tiles of the timed config per SM (a GEMM's cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) / SMs);
+#: ``roofline``: the fraction of its roofline that ours reached (the bound's time / ours_ms);
+#: ``config``: the config timed. Files written before those three have none (EARLIER_COLUMNS).
 COLUMNS = (
     "date",
     "gpu",
@@ -50,7 +53,12 @@ COLUMNS = (
     "peer_rate",
     "rate_unit",
     "run",
+    "tiles_per_sm",
+    "roofline",
+    "config",
 )
+#: the layout before tiles_per_sm, roofline and config: read with those empty, appended to as it is
+EARLIER_COLUMNS = COLUMNS[: COLUMNS.index("run") + 1]
 
 #: what each timing_method value means
 TIMING_METHODS = {
@@ -65,12 +73,20 @@ TIMING_METHODS = {
 }
 
 
-def read_rows(path: Path) -> list[dict[str, str]]:
+def columns_of(path: Path) -> tuple[str, ...]:
+    """The layout of a results file: COLUMNS or EARLIER_COLUMNS; one sentence for any other."""
     with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != COLUMNS:
-            raise SystemExit(f"{path}: columns {reader.fieldnames} are not {list(COLUMNS)}.")
-        return list(reader)
+        header = tuple(next(csv.reader(f), ()))
+    if header not in (COLUMNS, EARLIER_COLUMNS):
+        raise SystemExit(f"{path}: columns {list(header)} are not {list(COLUMNS)}.")
+    return header
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a results file, each with every one of COLUMNS (those its layout lacks empty)."""
+    columns_of(path)
+    with path.open(newline="") as f:
+        return [{**dict.fromkeys(COLUMNS, ""), **row} for row in csv.DictReader(f)]
 
 
 def ratio_of(row: dict[str, str]) -> float | None:
@@ -113,9 +129,12 @@ def _summary(files: dict[str, list[dict[str, str]]]) -> list[str]:
 
 
 def _table(rows: list[dict[str, str]]) -> list[str]:
+    # tiles per SM, roofline and config: only in the tables of files whose rows record them
+    extra = any(r["tiles_per_sm"] or r["roofline"] or r["config"] for r in rows)
     lines = [
-        "| date | kernel | shape | timing | ours ms | peer | peer ms | ratio | ours | peer's | GPU, driver, torch, Triton |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| date | kernel | shape | timing | ours ms | peer | peer ms | ratio | ours | peer's | GPU, driver, torch, Triton |"
+        + (" tiles/SM | roofline | config |" if extra else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if extra else ""),
     ]
     for r in sorted(rows, key=lambda r: (r["kernel"], r["shape"], r["peer"], r["timing_method"], r["date"])):
         unit = f" {r['rate_unit']}" if r["rate_unit"] else ""
@@ -125,7 +144,54 @@ def _table(rows: list[dict[str, str]]) -> list[str]:
             f"| {r['date']} | {r['kernel']} | {r['shape']} | {r['timing_method']} | {_number(r['ours_ms'])} | {r['peer']} "
             f"| {_number(r['peer_ms'])} | {_ratio_text(ratio_of(r))} | {ours_rate} | {peer_rate} "
             f"| {r['gpu']}, {r['driver']}, {r['torch']}, {r['triton']} |"
+            + (f" {_number(r['tiles_per_sm'])} | {_share(r['roofline'])} | {r['config']} |" if extra else "")
         )
+    return lines
+
+
+def _share(text: str) -> str:
+    return f"{float(text):.0%}" if text else ""
+
+
+#: the held-out GEMM set's targets (benchmarks/gemm_heldout.py): geometric mean and lowest
+GEMM_HELDOUT_TARGETS = (1.0, 0.9)
+
+
+def _gemm_heldout(results_dir: Path) -> list[str]:
+    """Per run of gemm_heldout.py (GPU time from CUDA graphs, shapes tuned in its database): the
+    geometric mean and lowest against the targets, and each shape below the lowest target with the
+    winner's tiles per SM and its roofline fraction (and cuBLAS's: ours times the ratio)."""
+    path = results_dir / "gemm_heldout.csv"
+    if not path.exists():
+        return []
+    runs: dict[tuple[str, str], list[dict[str, str]]] = defaultdict(list)
+    for row in read_rows(path):
+        if row["kernel"] == "matmul [held-out, exact]" and row["timing_method"] == "cuda_graph":
+            runs[(row["run"] or row["date"], row["gpu"])].append(row)
+    mean_target, low_target = GEMM_HELDOUT_TARGETS
+    lines: list[str] = []
+    for (run, gpu), rows in sorted(runs.items()):
+        ratios = [v for v in (ratio_of(r) for r in rows) if v is not None]
+        if not ratios:
+            continue
+        mean = statistics.geometric_mean(ratios)
+        lines.append(
+            f"- run {run}, {gpu}: {len(ratios)} shapes, cuBLAS / tuned geometric mean {mean:.3f}x "
+            f"(target >= {mean_target}), lowest {min(ratios):.3f}x (target >= {low_target})"
+        )
+        for r in sorted(rows, key=lambda r: ratio_of(r) or 0.0):
+            ratio = ratio_of(r)
+            if ratio is None or ratio >= low_target:
+                continue
+            roofline = (
+                f"reached {_share(r['roofline'])} of its roofline, cuBLAS {float(r['roofline']) * ratio:.0%}"
+                if r["roofline"]
+                else "recorded no roofline"
+            )
+            lines.append(
+                f"  - {r['shape']}: {ratio:.3f}x; the winner ({r['config'] or 'config not recorded'}) has "
+                f"{r['tiles_per_sm'] or '?'} output tiles per SM and {roofline}"
+            )
     return lines
 
 
@@ -684,6 +750,9 @@ def render(results_dir: Path = RESULTS_DIR, conformance_csv: Path = CONFORMANCE_
     transfer = _transfer_targets(results_dir)
     if transfer:
         lines += ["", "## Targets of transferred configs", "", *transfer]
+    gemm = _gemm_heldout(results_dir)
+    if gemm:
+        lines += ["", "## Held-out GEMM set (`benchmarks/gemm_heldout.py`)", "", *gemm]
     launch = _launch_targets(results_dir)
     if launch:
         lines += ["", "## Launch cost targets", "", *launch]

@@ -4,6 +4,7 @@ kernel names at 80 and 120 columns, lookups that say where their answer came fro
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -300,3 +301,36 @@ def test_sweep_into_a_pipe_prints_whole_lines_and_the_table_side_by_side(tmp_pat
         assert " done " in bar and " 2/2 " in bar and re.search(r" best [0-9.]+ ms +\d+:\d\d:\d\d$", bar), bar
         [row] = [line for line in lines if f" {key} " in line]
         assert "VARIANT=" in row and "stages=" in row and row.rstrip().endswith("│"), row
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", "--db", "tune.db.example", "--kernel", "matmul"],  # its summary line is 120 characters
+        ["show", "--db", "tune.db.example", "--kernel", "nosuch"],  # an error naming the command
+    ],
+)
+def test_messages_word_wrap_at_an_80_column_terminal(args):
+    """At a terminal of 80 columns a message is wrapped between words (the terminal itself would cut
+    them at its edge); the same message to a pipe is one line (see test_docs)."""
+    root = Path(__file__).parent.parent
+    env = {**os.environ, "COLUMNS": "80", "FORCE_COLOR": "1"}  # rich: a terminal
+    done = subprocess.run(
+        [sys.executable, "-m", "tunesvc", *args], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
+    text = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)
+    lines = [line.rstrip() for line in text.splitlines()]
+    assert max(map(len, lines)) <= 80, lines
+    message = next(i for i, line in enumerate(lines) if re.match(r"\d+ winners? |Error: ", line))
+    # the wrapped message is whole words: its lines joined again are what a pipe prints on one line
+    piped = subprocess.run(
+        [sys.executable, "-m", "tunesvc", *args], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    whole = next(line for line in (piped.stdout + piped.stderr).splitlines() if line.startswith(lines[message][:8]))
+    assert len(whole) > 80
+    joined = lines[message]
+    for line in lines[message + 1 :]:
+        if " ".join((joined + " " + line).split()) not in " ".join(whole.split()):
+            break
+        joined += " " + line
+    assert " ".join(joined.split()) == " ".join(whole.split())

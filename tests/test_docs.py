@@ -65,6 +65,25 @@ def test_cli_reference_covers_every_command_and_option():
                     assert f"`{opt}" in section or f", {opt}" in section, f"docs/cli.md lacks {opt} of `tune {name}`"
 
 
+def test_cli_reference_lists_every_command_whole():
+    """Each group's **Commands** list names every command with its help's first paragraph, uncut."""
+    import inspect
+
+    text = CLI_MD.read_text()
+
+    def check(group, title):
+        listing = text.partition(f"# `{title}`\n")[2].split("\n#", 1)[0].partition("**Commands**:\n")[2]
+        entries = dict(re.findall(r"^\* `([^`]+)`: (.*)$", listing, re.M))
+        assert set(entries) == set(group.commands), f"the command list of `{title}` is not every command"
+        for name, command in group.commands.items():
+            first = " ".join(inspect.cleandoc(command.help or "").split("\n\n")[0].split())
+            assert entries[name] == first, f"docs/cli.md cuts the summary of `{title} {name}`"
+            if hasattr(command, "commands"):
+                check(command, f"{title} {name}")
+
+    check(typer.main.get_command(app), "tune")
+
+
 def test_readme_lists_every_command_and_links_the_reference():
     for name in _commands():
         assert re.search(rf"`tune {name}\b", README), f"README's CLI table lacks `tune {name}`"
@@ -342,6 +361,32 @@ def test_a_results_file_of_another_layout_is_refused_in_one_sentence(tmp_path):
     assert path.read_text() == before
 
 
+def test_results_page_gives_each_held_out_gemm_below_the_floor_with_its_tiles_and_roofline(tmp_path):
+    module = _results_page()
+    base = {**dict.fromkeys(module.COLUMNS, ""), "gpu": "GPU A", "date": "2030-01-02", "run": "2030-01-02T00:00:00Z"}
+    base |= {"kernel": "matmul [held-out, exact]", "timing_method": "cuda_graph", "peer": "cuBLAS (torch.matmul)"}
+    rows = [
+        {**base, "shape": "M=300,N=64,K=64", "ours_ms": "2.0", "peer_ms": "1.0", "ratio": "0.5",
+         "tiles_per_sm": "0.270", "roofline": "0.400", "config": "VARIANT=splitk SPLIT_K=3"},
+        {**base, "shape": "M=8,N=64,K=64", "ours_ms": "1.0", "peer_ms": "2.0", "ratio": "2.0",
+         "tiles_per_sm": "0.500", "roofline": "0.900", "config": "VARIANT=tma"},
+        # untuned (the database did not hold the key): not counted against the targets
+        {**base, "kernel": "matmul [held-out, heuristic]", "shape": "M=9,N=64,K=64", "ratio": "0.1"},
+    ]  # fmt: skip
+    _write_rows(tmp_path / "gemm_heldout.csv", module.COLUMNS, rows)
+    page = "\n".join(module._gemm_heldout(tmp_path))
+    assert "- run 2030-01-02T00:00:00Z, GPU A: 2 shapes, cuBLAS / tuned geometric mean 1.000x" in page
+    assert "lowest 0.500x (target >= 0.9)" in page
+    assert (
+        "  - M=300,N=64,K=64: 0.500x; the winner (VARIANT=splitk SPLIT_K=3) has 0.270 output tiles per SM "
+        "and reached 40% of its roofline, cuBLAS 20%" in page
+    )
+    assert "M=8," not in page and "M=9," not in page
+    table = "\n".join(module._table(rows))
+    assert "| tiles/SM | roofline | config |" in table and "| 0.27 | 40% | VARIANT=splitk SPLIT_K=3 |" in table
+    assert "tiles/SM" not in "\n".join(module._table([{**dict.fromkeys(module.COLUMNS, ""), "ratio": "1.0"}]))
+
+
 _RECORDER = """
 import sys
 sys.path.insert(0, {benchmarks!r})
@@ -366,6 +411,33 @@ def test_benchmark_processes_recording_at_once_append_whole_rows(tmp_path):
     assert (tmp_path / "shared.csv").read_bytes().count(b"date,gpu") == 1
 
 
+_EARLIER_RECORDER = """
+import sys
+sys.path.insert(0, {benchmarks!r})
+import _common
+_common.RESULTS_DIR = __import__("pathlib").Path({folder!r})
+row = {{"kernel": "k", "shape": "M=1", "ours_ms": "2.0", "peer": "p", "peer_ms": "1.0", "ratio": "0.5"}}
+_common.record("old", [row])
+_common.record("old", [{{**row, "tiles_per_sm": "0.25"}}])
+"""
+
+
+def test_a_results_file_of_the_earlier_layout_is_read_and_appended_to_in_it(tmp_path):
+    """Files written before tiles_per_sm, roofline and config read with those empty; record
+    appends to one in its own layout, and refuses, in one sentence, rows that need the new columns."""
+    module = _results_page()
+    path = tmp_path / "old.csv"
+    before = ",".join(module.EARLIER_COLUMNS) + "\n" + ",".join(["2030-01-01", "GPU A"] + [""] * 14) + "\n"
+    path.write_text(before)
+    script = _EARLIER_RECORDER.format(benchmarks=str(ROOT / "benchmarks"), folder=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "old.csv has no column tiles_per_sm" in done.stderr
+    rows = module.read_rows(path)
+    assert len(rows) == 2 and rows[0]["date"] == "2030-01-01"
+    assert rows[1]["ratio"] == "0.5" and rows[1]["tiles_per_sm"] == "" and set(rows[1]) == set(module.COLUMNS)
+    assert path.read_text().splitlines()[0] == ",".join(module.EARLIER_COLUMNS)
+
+
 def test_readme_tour_lookup_prints_what_the_readme_says(monkeypatch):
     """The tour's `tune lookup` on tune.db.example prints the README's lines (the database's path
     aside, which is the reader's own)."""
@@ -383,6 +455,53 @@ def test_readme_tour_lookup_prints_what_the_readme_says(monkeypatch):
         return re.sub(r"read from database \S+", "read from database tune.db.example", line)
 
     assert [path_aside(line) for line in result.stdout.splitlines()] == [path_aside(line) for line in printed]
+
+
+def _trimmed(output: str) -> list[str]:
+    """The README's way of quoting the CLI: each line without its padding, tables without their
+    border lines."""
+    lines = [line.strip() for line in output.splitlines()]
+    return [line for line in lines if line and not line.startswith(("┏", "┡", "└"))]
+
+
+def test_readme_tour_show_prints_what_the_readme_says(monkeypatch):
+    """The tour's `tune show` on tune.db.example, piped: the README's lines, in the tool's row order
+    and layout (one row per key, the title as printed), borders aside."""
+    import shlex
+
+    tour = README[README.index("## A tour of `tune.db.example`") :]
+    command, *printed = tour[tour.index("$ tune show") :].split("\n$ ")[0].strip().splitlines()
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(app, shlex.split(command)[2:], env={"COLUMNS": None})
+    assert result.exit_code == 0, result.output
+    assert _trimmed(result.stdout) == printed
+
+
+def test_readme_first_show_lists_rows_in_the_tools_order_one_line_each():
+    """The two commands' `tune show` (interpreter times, so not rerun here): its rows in the order
+    `tune show` sorts keys (M=64 before M=128), each key's config on its one line."""
+    from tunesvc.text import natural_order
+
+    block = README[README.index("## Two commands") :].split("```")[1]
+    shown = block[block.index("Winners on triton-interpreter") :].split(" winners;")[0]
+    rows = [line for line in shown.splitlines() if line.startswith("│")]
+    keys = [row.split("│")[1].strip() for row in rows]
+    assert len(keys) == 2 and all(keys)
+    assert keys == sorted(keys, key=natural_order)
+
+
+def test_readme_says_how_errors_exit(tmp_path):
+    """README: a TunesvcError is one sentence on stderr with exit 1; a usage mistake is typer's
+    boxed usage message with exit 2."""
+    assert "Errors (an empty filter too): one sentence, exit 1; usage mistakes: typer's boxed message, exit 2." in (
+        " ".join(README.split())
+    )
+    result = CliRunner().invoke(app, ["show", "--db", str(ROOT / "tune.db.example"), "--kernel", "nosuch"])
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: No winners in")
+    result = CliRunner().invoke(app, ["show", "--bogus"])
+    assert result.exit_code == 2
+    assert "No such option: --bogus" in result.stderr and "╭" in result.stderr
 
 
 def test_shape_keys_doc_says_what_tune_lookup_prints_on_the_example(tmp_path):
@@ -418,3 +537,19 @@ def test_shape_keys_doc_says_what_tune_lookup_prints_on_the_example(tmp_path):
         "answer  nearest for NVIDIA H100 80GB HBM3: tuned key M=1024,N=3000,K=777,dtype=bfloat16, 2.00 doublings away"
         in printed
     )
+
+
+def test_schema_page_names_every_table_and_every_migration():
+    from tunesvc.store.models import Base
+
+    text = (ROOT / "docs" / "schema.md").read_text()
+    tables = set(Base.metadata.tables)
+    assert {"tunesvc_winners", "tunesvc_misses", "tunesvc_selectors"} <= tables
+    for table in sorted(tables):
+        assert f"| `{table}` |" in text, f"docs/schema.md's table list lacks `{table}`"
+    versions = sorted((ROOT / "tunesvc" / "store" / "alembic" / "versions").glob("[0-9]*.py"))
+    assert len(versions) >= 7
+    for path in versions:
+        revision = re.search(r'^revision = "([^"]+)"', path.read_text(), re.M)
+        assert revision, f"{path.name} names no revision"
+        assert f"| {revision.group(1)} |" in text, f"docs/schema.md's migration list lacks {path.name}"

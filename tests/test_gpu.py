@@ -46,7 +46,7 @@ def test_matmul_matches_reference(dtype, shape):
         assert err < (2e-2 if dtype == torch.bfloat16 else 5e-3), (config, err)
 
 
-@pytest.mark.parametrize("split", [2, 8])
+@pytest.mark.parametrize("split", [2, 3, 8])
 def test_split_k_reduces_once_per_tile_and_deterministically(split):
     """The last of a tile's programs to arrive adds the slices: many tiles and slices racing on
     the SMs, every run bitwise the same and right (a missing release or acquire shows here)."""

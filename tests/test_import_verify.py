@@ -85,7 +85,7 @@ def test_import_merges_with_faster_wins_and_ties_keep(bundle, tmp_path, tmp_db):
         [tie] = import_sources(store, [bundle]).winners
         slower, _ = _edited(bundle, tmp_path, "slower.json", stored_ms * 2, {"num_warps": 8})
         [kept] = import_sources(store, [slower]).winners
-        faster, faster_winner = _edited(bundle, tmp_path, "faster.json", stored_ms / 2, {"num_stages": 2})
+        faster, faster_winner = _edited(bundle, tmp_path, "faster.json", stored_ms / 2, {"num_stages": 3})
         [replaced] = import_sources(store, [faster]).winners
     finally:
         store.close()
@@ -97,6 +97,28 @@ def test_import_merges_with_faster_wins_and_ties_keep(bundle, tmp_path, tmp_db):
     assert winner.config == faster_winner and winner.time_ms == pytest.approx(stored_ms / 2)
     # the runtime reads the merged database like a swept one
     assert Runtime(db=tmp_db).lookup("matmul", **PROBLEM).config == faster_winner
+
+
+def test_import_replaces_a_winner_only_where_it_serves_another_config(bundle, tmp_path, tmp_db):
+    """The same config timed a little faster elsewhere changes nothing that is served: it is
+    kept, as stored, and the summary counts no replacement."""
+    stored = json.loads(bundle.read_text())["kernels"]["matmul"]["winners"][KEY]
+    store = Store(tmp_db)
+    try:
+        import_sources(store, [bundle])
+    finally:
+        store.close()
+    before = _winners(tmp_db)[("matmul", KEY)]
+    retimed, config = _edited(bundle, tmp_path, "retimed.json", stored["time_ms"] * 0.9)
+    assert config == before.config
+    result = CliRunner().invoke(app, ["import", str(retimed), "--db", tmp_db, "--json"])
+    assert result.exit_code == 0, result.output
+    [change] = json.loads(result.output)["winners"]
+    assert change["action"] == "kept" and change["stored_ms"] == pytest.approx(stored["time_ms"])
+    after = _winners(tmp_db)[("matmul", KEY)]
+    assert (after.config, after.time_ms) == (before.config, before.time_ms)
+    result = CliRunner().invoke(app, ["import", str(retimed), "--db", tmp_db])
+    assert "0 added, 0 replaced, 1 kept" in result.output
 
 
 def test_import_of_a_database_and_the_cli_report(source_db, tmp_path):
@@ -143,6 +165,37 @@ def test_verify_measures_a_fresh_winner_on_the_interpreter(source_db):
         store.close()
     assert (verdict.kernel, verdict.shape_key, verdict.flags) == ("matmul", KEY, [])
     assert verdict.measured_ms > 0 and verdict.heuristic_ms == verdict.measured_ms  # the winner is the heuristic
+
+
+def test_verify_tells_its_progress_key_by_key(source_db):
+    store = Store(source_db, readonly=True)
+    told = []
+    try:
+        [verdict] = verify(store, progress=lambda what, step, total: told.append((what, step, total)))
+    finally:
+        store.close()
+    assert told == [(f"matmul {KEY}", 0, 1), ("verified", 1, 1)]
+    assert verdict.measured_ms is not None
+
+
+def test_tune_verify_draws_its_progress_on_stderr_within_80_columns(source_db):
+    """At a terminal of 80 columns `tune verify` shows the key it measures, on stderr; --json's
+    standard output is the JSON alone."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80", "FORCE_COLOR": "1"}  # rich: a terminal
+    done = subprocess.run(
+        [sys.executable, "-m", "tunesvc", "verify", "--db", source_db, "--json"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [v["shape_key"] for v in json.loads(done.stdout)] == [KEY]
+    drawn = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", done.stderr)
+    assert f"matmul {KEY}" in drawn and "0/1" in drawn
+    assert max(len(line) for line in drawn.replace("\r", "\n").splitlines()) <= 80
 
 
 def test_verify_flags_a_winner_slower_than_the_heuristic(source_db, tmp_db, monkeypatch, template, device):
@@ -241,11 +294,19 @@ def test_reimporting_the_examples_own_bundle_replaces_nothing(tmp_path):
     actions = [c["action"] for c in json.loads(result.output)["winners"]]
     assert len(actions) > 50 and set(actions) == {"kept"}
     assert _winners(str(db)) == before
-    # a time faster than the stored one at a bundle's precision still replaces it
+    # the same config faster at a bundle's precision serves nothing new: kept
     data = json.loads(bundle.read_text())
     section = data["kernels"]["matmul"]
     key = sorted(section["winners"])[0]
     section["winners"][key]["time_ms"] = round(section["winners"][key]["time_ms"] - 1e-6, 6)
+    bundle.write_text(json.dumps(data))
+    result = CliRunner().invoke(app, ["import", str(bundle), "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "0 added, 0 replaced," in result.output
+    assert _winners(str(db)) == before
+    # another config, faster at a bundle's precision, replaces it
+    other = next(h for h in sorted(section["configs"]) if h != section["winners"][key]["config"])
+    section["winners"][key]["config"] = other
     bundle.write_text(json.dumps(data))
     result = CliRunner().invoke(app, ["import", str(bundle), "--db", str(db)])
     assert result.exit_code == 0, result.output

@@ -284,7 +284,7 @@ def test_k_shorter_than_one_block(config):
     assert rel_error(launch_matmul(a, b, config), a, b) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("split", [2, 4, 8])
+@pytest.mark.parametrize("split", [2, 3, 4, 8])
 def test_split_k_is_deterministic_and_matches(split):
     M, N, K = 20, 33, 300
     a = torch.randn(M, K, dtype=torch.bfloat16)
@@ -445,6 +445,29 @@ def test_split_k_only_for_skinny_problems(device):
     for m, n, k in ((4096, 4096, 4096), (16, 4096, 96)):
         feasible = TEMPLATE.feasible(TEMPLATE.problem(M=m, N=n, K=k, dtype="bfloat16"), h100)
         assert "splitk" not in {c["VARIANT"] for c in feasible}
+
+
+def test_split_k_offers_three_slices_where_powers_of_two_miss_a_wave(device):
+    # 36 tiles of 128x128 on 132 SMs: 2 or 4 slices run 72 or 144 programs (half a wave, or one
+    # wave and 12 programs), 3 slices 108
+    problem = TEMPLATE.problem(M=300, N=1536, K=7168, dtype="bfloat16")
+    h100 = h100_like(device)
+    feasible = TEMPLATE.feasible(problem, h100)
+    three = [c for c in feasible if c["VARIANT"] == "splitk" and c["SPLIT_K"] == 3]
+    assert any(c["BLOCK_M"] == 128 and c["BLOCK_N"] == 128 for c in three)
+    assert max(TEMPLATE.wave_fill(c, problem, h100) for c in three if c["BLOCK_M"] * c["BLOCK_N"] == 128 * 128) > 0.8
+
+
+@pytest.mark.parametrize("shape", [(37, 45, 777), (70, 130, 300), (5, 33, 100)], ids=lambda s: "x".join(map(str, s)))
+def test_split_k_in_three_slices_matches_on_sizes_that_are_not_multiples_of_the_blocks(shape):
+    # the slices are cdiv(cdiv(K, BLOCK_K), 3) steps: the last one short, or empty where K is small
+    M, N, K = shape
+    a = torch.randn(M, K, dtype=torch.bfloat16)
+    b = torch.randn(K, N, dtype=torch.bfloat16)
+    config = variant("splitk", block_k=32, group=1, split=3)
+    first = launch_matmul(a, b, config)
+    assert rel_error(first, a, b) < TOL[torch.bfloat16]
+    assert torch.equal(launch_matmul(a, b, config), first)
 
 
 def test_heuristic_splits_k_for_small_m(device):

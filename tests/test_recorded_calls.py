@@ -244,6 +244,31 @@ def test_a_real_miss_replays_and_is_tuned(folder, tmp_db):
     assert _rows(tmp_db, "SELECT status, count(*) FROM tunesvc_trials GROUP BY status") == [("ok", 3)]
 
 
+def test_the_tune_script_finds_a_kernel_module_in_the_current_folder(folder, tmp_db):
+    """`tune misses --tune` and `tune verify --kernel` run as the console script from the folder
+    that holds the kernel's module (no PYTHONPATH) find it, as `python -m tunesvc` does; a module
+    in neither place is one sentence naming the fix."""
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("tune")
+    _capture(folder, tmp_db, "lookup")
+
+    def tune(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(script), *args], cwd=folder, env=_env(COLUMNS="300"), capture_output=True, text=True, timeout=300
+        )
+
+    done = tune("misses", "--tune", "--kernel", NAME, "--db", tmp_db)
+    assert done.returncode == 0 and "tuned: BLOCK=" in done.stdout, done.stdout + done.stderr
+    verified = tune("verify", "--kernel", NAME, "--db", tmp_db, "--margin", "100", "--json")
+    assert verified.returncode == 0 and "ModuleNotFoundError" not in verified.stdout + verified.stderr, verified.stdout
+    missing = tune("space", "nosuchmod:Template")
+    said = missing.stdout + missing.stderr
+    assert missing.returncode == 1 and "Traceback" not in said, said
+    assert "no module named 'nosuchmod' on the Python path or in the current folder" in said, said
+    assert "run the command from the folder that holds nosuchmod.py" in " ".join(said.split()), said
+
+
 def test_a_key_whose_every_candidate_fails_is_not_marked_tuned(folder, tmp_db):
     _capture(folder, tmp_db, "lookup")
     done = _tune(folder, "misses", "--tune", "--kernel", NAME, "--db", tmp_db, RECMOD_FAIL="1")

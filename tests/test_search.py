@@ -324,6 +324,35 @@ def test_index_encoded_strategies_record_measured_configs_by_their_values_in_the
     assert len(optuna.load_study(study_name="k", storage=url).trials) == len(measured) + 1
 
 
+@pytest.mark.parametrize("name", ["optuna", "gp", "cmaes"])
+def test_the_record_in_the_database_holds_measured_trials_only_each_with_its_span(name, space, candidates, tmp_path):
+    """optuna-dashboard reads the record: every strategy's shows the measured configs only (no
+    unmeasured proposal as a failed trial), COMPLETE with a time or FAIL with the status it was
+    measured with, each spanning its proposal to its measurement (the timeline is not empty)."""
+    pytest.importorskip({"optuna": "optuna", "gp": "scipy", "cmaes": "cmaes"}[name])
+    url = f"sqlite:///{tmp_path / 'record.db'}"
+    strategy = make_strategy(name, space, candidates, seed=1, storage=url, study_name="k")
+    stored = candidates[0]
+    strategy.tell(stored, ok(fake_time(stored)))  # a stored result: proposed by an earlier sweep
+    measured = [stored]
+    while (config := strategy.ask()) is not None:
+        time.sleep(0.02)  # the trial spans at least this (a lower bound: a sleep is never shorter)
+        failed = len(measured) % 3 == 0
+        strategy.tell(config, Measurement(Status.COMPILE_ERROR) if failed else ok(fake_time(config)))
+        measured.append(config)
+    assert len(measured) == len(candidates)
+    unmeasured = [t for t in strategy.study.get_trials() if t.user_attrs.get("status") in ("repeat", "moved")]
+    record = optuna.load_study(study_name="k", storage=url).trials
+    assert [config_hash(t.params) for t in record] == hashes(measured)
+    assert not any(t.user_attrs.get("status") in ("repeat", "moved", "infeasible") for t in record), unmeasured
+    for trial, config in zip(record, measured, strict=True):
+        failed = trial.user_attrs["status"] == "compile_error"
+        assert trial.state.name == ("FAIL" if failed else "COMPLETE")
+        assert trial.value == (None if failed else fake_time(config))
+    assert record[0].duration.total_seconds() == 0  # the stored result was not measured here
+    assert all(t.duration.total_seconds() >= 0.02 for t in record[1:])
+
+
 def test_gp_measures_the_nearest_untried_config_instead_of_asking_again():
     """GPSampler fits its model at every proposal and learns nothing from a failed one: asked
     again after an infeasible or repeated proposal, it proposed the same point up to 50 times per

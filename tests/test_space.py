@@ -56,7 +56,7 @@ def test_pow2_single_value_and_from_one(tmp_path):
 def test_enumerate_size_is_product_of_choices(template):
     space = template.space
     expected = math.prod(len(p.choices) for p in space.parameters.values())
-    assert expected == 5 * 5 * 4 * 3 * 2 * 4 * 2 * 5
+    assert expected == 5 * 5 * 4 * 3 * 2 * 5 * 2 * 5  # SPLIT_K: 1, 2, 3, 4, 8
     configs = space.enumerate()
     assert space.size == expected == len(configs)
     assert len({config_hash(c) for c in configs}) == expected  # no duplicates

@@ -36,6 +36,7 @@ from tunesvc.cli import app
 from tunesvc.records import DeviceRecord
 from tunesvc.records import JobRecord
 from tunesvc.records import MissRecord
+from tunesvc.records import RejectedTrials
 from tunesvc.records import TrialRecord
 from tunesvc.records import WinnerRecord
 from tunesvc.store import BaseStore
@@ -184,6 +185,22 @@ def test_winners_follow_the_fastest_correct_trial(store, template, device, swept
     }
     store.replace_measurements([(winner.trial_id, Measurement(Status.WRONG_RESULT, message="wrong"))])
     assert store.update_winner(kv, dev, KEY).config == cfg(64)  # the winner follows its trial
+
+
+def test_rejected_trials_count_the_wrong_results_of_each_kernel_version_and_device(store, template, device, swept):
+    kv, dev, _ = swept
+    trials = store.trials(kv, dev, KEY)
+    said = "tensor argument 2 (c): relative error 0.5 > 0.0001 against the first valid config"
+    store.replace_measurements(
+        [(t.id, Measurement(Status.WRONG_RESULT, rel_error=0.5, message=said)) for t in trials[:2]]
+    )
+    [rejected] = store.rejected_trials(kernel=template.name, device=device.name.upper(), shape="m=64")
+    assert type(rejected) is RejectedTrials
+    where = (rejected.kernel, rejected.kernel_version, rejected.hardware_id, rejected.trials)
+    assert where == (template.name, template.version, device.hardware_id, 3)
+    assert rejected.wrong == {said: 2} and rejected.rejected == 2
+    assert rejected.reasons() == [("tensor argument 2 (c)", 2, said)]
+    assert store.rejected_trials(kernel="nope") == [] and store.rejected_trials(device="no such gpu") == []
 
 
 def test_merge_winner_takes_only_a_faster_one(store, template, device, swept):

@@ -1,5 +1,6 @@
-"""The runtime's winner sources' contract: a database (``Runtime(db=...)``) and the bundle
-exported from it (``tune export``, then ``Runtime(bundle=...)``) answer every lookup alike.
+"""The winner sources' contract: a database and the bundle exported from it (``tune export``)
+give the same winners, selector and sibling's winners, directly (:class:`DatabaseSource`,
+:class:`BundleSource`) and through the runtime (``Runtime(db=...)``, ``Runtime(bundle=...)``).
 
 Run over both sources from one database: the same config and source (exact, nearest, heuristic)
 for tuned keys, keys between them and keys only another device or another kernel version tuned;
@@ -10,11 +11,14 @@ with one warning (an unreadable source: every key falls back), never raised in l
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
 from _devices import H100
+from _devices import H200
 from sqlalchemy import text
 from typer.testing import CliRunner
 
@@ -24,6 +28,11 @@ from tunesvc import config_hash
 from tunesvc.bench import Measurement
 from tunesvc.bundle import bundle_filename
 from tunesvc.cli import app
+from tunesvc.errors import TunesvcError
+from tunesvc.serving.selector import Selector
+from tunesvc.serving.source import BundleSource
+from tunesvc.serving.source import DatabaseSource
+from tunesvc.serving.source import WinnerSource
 from tunesvc.store import Store
 
 BASE = {
@@ -116,6 +125,154 @@ def sources(tmp_path, template, device) -> dict[str, Runtime]:
     db = str(tmp_path / "tuned.db")
     build(db, template, device)
     return runtimes(db, export(db, tmp_path / "bundles", device))
+
+
+# -- the sources themselves ------------------------------------------------------------------
+def one_leaf_selector(template, device, candidate: dict) -> dict:
+    """A selector's JSON that ranks ``candidate`` first for every problem (a tree of one leaf)."""
+    selector = Selector(
+        kernel=template.name,
+        version=template.version,
+        hardware_id=device.hardware_id,
+        features=("M",),
+        candidates=(candidate,),
+        feature=(-2,),
+        threshold=(-2.0,),
+        left=(-1,),
+        right=(-1,),
+        leaves=((0,),),
+        keys=len(TUNED),
+        lo=(-1e30,),
+        hi=(1e30,),
+    )
+    return selector.to_dict()
+
+
+def direct_sources(tmp_path, template, device, extra=(), selector: dict | None = None) -> dict[str, WinnerSource]:
+    """A database source and one of the bundle exported from it, for ``device``."""
+    db = str(tmp_path / "tuned.db")
+    build(db, template, device, extra=list(extra))
+    if selector is not None:
+        store = Store(db)
+        try:
+            store.save_selector(template, device.hardware_id, selector, len(TUNED))
+        finally:
+            store.close()
+    return {"db": DatabaseSource(db, device), "bundle": BundleSource(export(db, tmp_path / "bundles", device), device)}
+
+
+def test_both_sources_give_this_models_winners_of_the_current_version_in_its_space(tmp_path, template, device):
+    tuned = {key_of(template, problem): template.space.with_defaults(config) for problem, config in TUNED}
+    for name, source in direct_sources(tmp_path, template, device).items():
+        winners = source.winners(template)
+        assert winners.table == tuned, name  # not the H100's, nor the older version's
+        assert winners.outside == () and (winners.model, winners.hardware_id) == (device.name, device.hardware_id)
+        assert not set(source.stored(template.name, OLD_VERSION)) & set(tuned), name
+        assert source.selector(template) is None, name  # none fitted
+        assert source.sibling(template) is None, name  # the interpreter has no siblings
+        assert source.where() == f"{name.replace('db', 'database')} {Path(source.location).resolve()}"
+
+
+def test_both_sources_name_the_winners_outside_the_space_and_leave_them_out(tmp_path, template, device):
+    problem = {"M": 32, "N": 32, "K": 32, "dtype": "float16"}
+    outside = {**BASE, "BLOCK_M": 24}  # not one of BLOCK_M's choices
+    found = {}
+    for name, source in direct_sources(tmp_path, template, device, extra=[(problem, outside)]).items():
+        found[name] = winners = source.winners(template)
+        assert [key for key, _ in winners.outside] == [key_of(template, problem)], name
+        assert "BLOCK_M=24 is not one of its choices" in winners.outside[0][1]
+        assert key_of(template, problem) not in winners.table and len(winners.table) == len(TUNED)
+    assert found["db"] == found["bundle"]
+
+
+def test_both_sources_give_the_same_selector(tmp_path, template, device):
+    candidate = template.space.with_defaults(TUNED[1][1])
+    selectors = {
+        name: source.selector(template)
+        for name, source in direct_sources(
+            tmp_path, template, device, selector=one_leaf_selector(template, device, candidate)
+        ).items()
+    }
+    assert selectors["db"] is not None and selectors["db"].candidates == (candidate,)
+    assert selectors["db"] == selectors["bundle"]
+
+
+def test_a_selector_with_a_candidate_outside_the_space_is_an_error_of_both(tmp_path, template, device):
+    fitted = one_leaf_selector(template, device, {**BASE, "BLOCK_M": 24})
+    for name, source in direct_sources(tmp_path, template, device, selector=fitted).items():
+        with pytest.raises(TunesvcError, match="has a candidate outside the space"):
+            source.selector(template)
+        assert source.winners(template).table, name  # the winners are still given
+
+
+def test_both_sources_give_a_sibling_models_winners_only_to_a_sibling(tmp_path, template, device):
+    db = str(tmp_path / "tuned.db")
+    build(db, template, device)  # holds an H100's winner of OTHER_DEVICE's key
+    h100 = export(db, tmp_path / "bundles", H100)
+    problem, config = OTHER_DEVICE
+    on_h200 = {"db": DatabaseSource(db, H200), "bundle": BundleSource(h100, H100).on(H200)}
+    for name, source in on_h200.items():
+        assert source.winners(template).table == {}, name  # never the H100's as the H200's own
+        sibling = source.sibling(template)
+        assert sibling is not None, name
+        assert sibling.table == {key_of(template, problem): template.space.with_defaults(config)}
+        assert (sibling.model, sibling.hardware_id) == (H100.name, H100.hardware_id)
+        assert sibling.sibling() is not None and sibling.sibling().name == H100.name
+        assert source.on(device).sibling(template) is None, name  # the interpreter has none
+    assert BundleSource(h100, H100).winners(template).table == {key_of(template, problem): config}
+
+
+def test_an_unreadable_source_raises_and_a_missing_database_holds_nothing(tmp_path, template, device, monkeypatch):
+    path = tmp_path / "garbage"
+    path.write_bytes(b"\x00not a database nor a bundle\xff" * 10)
+    for source in (DatabaseSource(str(path), device), BundleSource(path, device)):
+        with pytest.raises(TunesvcError, match=str(path)):
+            source.winners(template)
+    unread = BundleSource(path, device)
+    with pytest.raises(TunesvcError):
+        unread.winners(template)
+    assert unread.selector(template) is None and unread.sibling(template) is None  # said once, with the winners
+    missing = tmp_path / "missing.db"
+    with pytest.raises(TunesvcError, match="No database at"):
+        DatabaseSource(str(missing), device).winners(template)
+    created_later = DatabaseSource(str(missing), device, absent_is_empty=True)  # mode 'tune'
+    assert created_later.winners(template).table == {} and created_later.selector(template) is None
+    monkeypatch.chdir(tmp_path)  # no ./tune.db here
+    default = DatabaseSource(None, device)
+    assert default.winners(template).table == {} and default.sibling(template) is None
+    assert default.where().startswith(f"no database: {tmp_path / 'tune.db'} does not exist")
+    assert not missing.exists()
+
+
+def test_an_open_store_is_read_and_left_open(tmp_path, template, device):
+    db = str(tmp_path / "tuned.db")
+    build(db, template, device)
+    store = Store(db, readonly=True)
+    try:
+        source = DatabaseSource(store, device)
+        assert source.winners(template).table == DatabaseSource(db, device).winners(template).table
+        assert source.where() == f"database {Path(db).resolve()}"
+        assert len(store.winners(kernel=template.name)) == len(TUNED) + 2  # still open
+    finally:
+        store.close()
+
+
+def test_a_bundle_is_served_without_sqlalchemy(tmp_path, template, device):
+    """A deployment that ships a bundle: its winners, selector and sibling read with json only."""
+    db = str(tmp_path / "tuned.db")
+    build(db, template, device)
+    bundle = export(db, tmp_path / "bundles", device)
+    problem = TUNED[0][0]
+    code = (
+        "import sys, tunesvc\n"
+        f"runtime = tunesvc.Runtime(bundle={str(bundle)!r})\n"
+        f"assert runtime.lookup('matmul', **{problem!r}).source == 'exact'\n"
+        "assert runtime.lookup('matmul', M=3000, N=3000, K=3000, dtype='float16').source != 'exact'\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sqlalchemy'))\n"
+    )
+    result = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 # -- the same answers -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ return ``FrozenTrial``). Imports nothing of tunesvc's.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -81,6 +82,42 @@ class TrialRecord:
     message: str | None = None
     #: None in the record :meth:`~tunesvc.store.BaseStore.add_trial` returns (the database sets it)
     created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class RejectedTrials:
+    """One kernel version's trials on one device model, and those stored as ``wrong_result``
+    (a candidate whose output differs from the reference's), counted by their message."""
+
+    kernel: str
+    kernel_version: str
+    hardware_id: str
+    trials: int
+    #: message -> wrong_result trials that say it
+    wrong: dict[str, int]
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.wrong.values())
+
+    def reasons(self) -> list[tuple[str, int, str]]:
+        """The wrong results by reason, most first: (reason, trials, one message saying it)."""
+        return wrong_reasons(self.wrong)
+
+
+def wrong_reasons(messages: dict[str, int]) -> list[tuple[str, int, str]]:
+    """Messages of wrong results (message -> trials) by reason, most first: (reason, trials, the
+    most frequent message). A reason is what a message says before its first ": " (capture's
+    name the output that differed: ``tensor argument 1 (dw_ptr)``), else before its first figure
+    (a template's ``relative error 0.31 > 0.005``, ``inf`` included): figures differ from trial to trial."""
+    grouped: dict[str, list[tuple[int, str]]] = {}
+    for message, n in messages.items():
+        text = message or "no reason stored"
+        head, colon, _ = text.partition(": ")
+        reason = head if colon else re.split(r"\s(?:[-+]?\.?\d|inf\b|nan\b)", text, maxsplit=1)[0]
+        grouped.setdefault(reason.strip() or text, []).append((n, text))
+    out = [(reason, sum(n for n, _ in said), max(said)[1]) for reason, said in grouped.items()]
+    return sorted(out, key=lambda r: (-r[1], r[0]))
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,16 @@ import hashlib
 import importlib
 import inspect
 import math
+import os
 import re
+import sys
 import textwrap
 from collections.abc import Callable
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import ClassVar
@@ -405,6 +408,36 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def import_user_module(module_name: str) -> ModuleType:
+    """A module a user named on the command line (``mykern`` of ``mykern:scaled_add``), found as
+    ``python -m`` finds it: on ``sys.path``, else in the current folder. The ``tune`` script's
+    ``sys.path`` starts at the script's own folder, not the working one; the folder is appended,
+    never put first, so that a file there never shadows an installed package.
+
+    TunesvcError, in one sentence with the fix, when the module is in neither place.
+    """
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = module_name.partition(".")[0]
+        here = os.getcwd()
+        if exc.name != top:  # the module was found, and something it imports is missing
+            raise
+        if here not in sys.path and "" not in sys.path:
+            sys.path.append(here)
+            importlib.invalidate_caches()
+            try:
+                return importlib.import_module(module_name)
+            except ModuleNotFoundError as again:
+                if again.name != top:
+                    raise
+                sys.path.remove(here)
+        raise TunesvcError(
+            f"No module named '{top}' on the Python path or in the current folder {here}; run the command "
+            f"from the folder that holds {top}.py (or {top}/), or add that folder to PYTHONPATH."
+        ) from None
+
+
 def get_template(name: str) -> Template:
     """A template by shipped name, entry point name, or ``package.module:attribute``.
 
@@ -416,7 +449,9 @@ def get_template(name: str) -> Template:
         if not module_name or not attr:
             raise TunesvcError(f"'{name}' is not a template path; write it as package.module:attribute.")
         try:
-            obj = getattr(importlib.import_module(module_name), attr)
+            obj = getattr(import_user_module(module_name), attr)
+        except TunesvcError as exc:  # no such module: its sentence says where it was looked for
+            raise TunesvcError(f"Cannot load template '{name}': {str(exc)[:1].lower()}{str(exc)[1:]}") from None
         except (ImportError, AttributeError, ValueError, TypeError) as exc:
             raise TunesvcError(f"Cannot load template '{name}' ({exc}); check the module path.") from None
         return _instantiate(obj, name)

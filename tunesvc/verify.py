@@ -42,6 +42,8 @@ from tunesvc.template import template_named_by_data
 from tunesvc.tuning.sweep import run_sweep
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tunesvc.bench import Measurement
     from tunesvc.space import Config
     from tunesvc.store import Store
@@ -92,10 +94,14 @@ def verify(
     retune: bool = False,
     budget: int = 8,
     strategy: str = "grid",
+    progress: Callable[[str, int, int], None] | None = None,
     time_limit_s: float = settings.REPLAY_TIME_LIMIT_S,
 ) -> list[Verdict]:
     """Re-measure this device's stored winners (filtered by ``kernel``); see the module docstring.
-    A captured kernel's recorded call is replayed in a process stopped after ``time_limit_s``."""
+
+    ``progress(what, step, total)`` is told before each key is judged (``what``: its kernel and
+    shape key; ``step`` keys done of ``total``) and once at the end. A captured kernel's recorded
+    call is replayed in a process stopped after ``time_limit_s``."""
     if not 0 <= margin < float("inf"):  # NaN too: every comparison with it is false, so it never flagged
         raise TunesvcError(f"--margin must be at least 0 and finite, got {margin}.")
     if budget < 1:
@@ -121,7 +127,9 @@ def verify(
         if held is None or (current, entry.updated_at) > (held[2], held[0].updated_at):
             newest[slot] = (entry, tuned_on, current)
     verdicts = []
-    for (name, key), (entry, tuned_on, current) in sorted(newest.items()):
+    for step, ((name, key), (entry, tuned_on, current)) in enumerate(sorted(newest.items())):
+        if progress is not None:
+            progress(f"{name} {key}", step, len(newest))
         template = templates[name]
         fresh: list[tuple[Config, Measurement]] = []  # this run's measurements of the winner and the heuristic
         verdict = Verdict(name, key, entry.kernel_version, entry.config, entry.time_ms, tuned_on.triton)
@@ -160,6 +168,8 @@ def verify(
         if retune and verdict.retunable:
             _retune(verdict, template, problem, store, device, budget, strategy)
             _overrule(verdict, store, device, store.kernel_version_id(template), fresh, problem=dict(problem))
+    if progress is not None:
+        progress("verified", len(newest), len(newest))
     return verdicts
 
 

@@ -151,8 +151,11 @@ class CaptureBench(Bench):
     judged on what one call computes). A candidate's output is every tensor argument after its
     launch (before the post-hook, which may restore them), compared with the first valid
     config's: the tensors that config wrote by relative error within the dtype's tolerance,
-    the others exactly. Where that config wrote NaN or inf and a later one writes none, the later
-    one is the reference from then on (a config that computes garbage may come first in a list).
+    the others exactly, except scratch tensors of per-program partials (:func:`_slot_axes`), which
+    are compared by their sums over the axes where the two configs wrote different slots (the
+    trial's message says so). Where that config wrote NaN or inf and a later one writes none,
+    the later one is the reference from then on (a config that computes garbage may come first
+    in a list).
     """
 
     def __init__(
@@ -178,8 +181,14 @@ class CaptureBench(Bench):
         #: every config a finalist's stored dict may name: listed, or built by the pruner for this call
         self._configs = {config_hash(config_dict(c)): c for c in (*tuner.configs, *candidates)}
         self._tensors = _tensors_of(self.inputs)
+        self._names = _tensor_names(tuner, self.inputs, self._tensors)
         self._pristine = [t.clone() for t in self._tensors]
+        #: the tensors the autotuner zeroes before each launch (reset_to_zero), by position
+        reset = set(getattr(tuner, "reset_to_zero", None) or ())
+        self._reset = [name in reset for name in self._names]
+        self._pristine_zero: list[bool] | None = None  # made by the first _starts
         self.ref: list[torch.Tensor] | None = None
+        self._ref_starts: list[_Start] = []
         self._written: list[bool] = []
         #: set by the measure that made its config the reference in place of an earlier one
         self.took_over = False
@@ -200,7 +209,7 @@ class CaptureBench(Bench):
             self._input_sets = [self.inputs] + [_cloned(self.inputs) for _ in range(count - 1)]
         return self._input_sets
 
-    def _launch(self, config: Any, inputs: Any, *, check: bool = False) -> list[torch.Tensor] | None:
+    def _launch(self, config: Any, inputs: Any, *, check: bool = False, starts: list[_Start] | None = None) -> Any:
         args, kwargs = inputs
         if self._grids is not None:
             kwargs = {**kwargs, "grid": self._grids[config_hash(config_dict(config))]}
@@ -209,14 +218,36 @@ class CaptureBench(Bench):
             self._sync()
             return [t.clone() for t in self._tensors]
 
-        return launch_listed(self.tuner, config, args, kwargs, outputs if check else None)
+        def started() -> None:  # after the pre-hooks, which may zero tensors (reset_to_zero, init_to_zero)
+            if starts is not None:
+                try:
+                    starts[:] = self._starts()
+                except Exception:  # a torch op a library replaced refused: no scratch, every tensor element-wise
+                    starts.clear()
+
+        return launch_listed(self.tuner, config, args, kwargs, outputs if check else None, started)
+
+    def _starts(self) -> list[_Start]:
+        """What each tensor holds as the launch starts: whether it is all zero, and whether the
+        autotuner or a pre-hook made it so (a tensor declared scratch, see :func:`_slot_axes`)."""
+        if self._pristine_zero is None:
+            self._pristine_zero = [_is_zero(t) for t in self._pristine]
+        out = []
+        for t, saved, reset, zero in zip(self._tensors, self._pristine, self._reset, self._pristine_zero):
+            if _same(t, saved):
+                out.append(_Start(zero=zero, zeroed=reset and zero))
+            else:
+                now_zero = _is_zero(t)
+                out.append(_Start(zero=now_zero, zeroed=now_zero))
+        return out
 
     def measure(self, config: Any) -> Measurement:
         self.measurements += 1
         self.restore()
         start = time.perf_counter()
+        starts: list[_Start] = []
         try:
-            outputs = self._launch(config, self.inputs, check=True)
+            outputs = self._launch(config, self.inputs, check=True, starts=starts)
             self._sync()
         except _out_of_resources_types() as exc:
             return Measurement(Status.INVALID, message=_one_line(exc))
@@ -226,23 +257,25 @@ class CaptureBench(Bench):
             return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {_one_line(exc)}")
         elapsed_ms = (time.perf_counter() - start) * 1e3
         assert outputs is not None
+        note = None
         if self.ref is None:  # the first valid config is the reference
-            self.ref = outputs
+            self.ref, self._ref_starts = outputs, starts
             self._written = [not _same(out, saved) for out, saved in zip(outputs, self._pristine)]
             self._ref_finite = self._finite(outputs)
             err = 0.0
         elif not self._ref_finite and self._finite(outputs):
             # the reference wrote NaN or inf where this config writes none: this one takes over,
             # and the configs measured before it are to be judged again (see _measured)
-            self.ref, self._ref_finite, self.took_over = outputs, True, True
+            self.ref, self._ref_starts, self._ref_finite, self.took_over = outputs, starts, True, True
             err = 0.0
         else:
-            err, message = self._error(outputs)
+            err, message, note = self._error(outputs, starts)
             if message:
                 return Measurement(Status.WRONG_RESULT, rel_error=err, message=message)
         if not self.device.is_gpu:  # the interpreter: its one run is its time
-            return Measurement(Status.OK, time_ms=elapsed_ms, spread=0.0, reps=1, rel_error=err)
-        return self._timed(self._launcher(config), rel_error=err)
+            return Measurement(Status.OK, time_ms=elapsed_ms, spread=0.0, reps=1, rel_error=err, message=note)
+        timed = self._timed(self._launcher(config), rel_error=err)
+        return dataclasses.replace(timed, message=note) if timed.ok and note else timed
 
     def _finite(self, outputs: list[torch.Tensor]) -> bool:
         """No NaN or inf in the floating tensors the reference config wrote."""
@@ -252,23 +285,37 @@ class CaptureBench(Bench):
             if written and (out.is_floating_point() or out.is_complex())
         )
 
-    def _error(self, outputs: list[torch.Tensor]) -> tuple[float, str | None]:
+    def _error(self, outputs: list[torch.Tensor], starts: list[_Start]) -> tuple[float, str | None, str | None]:
+        """The largest relative error against the reference, the reason where it is wrong (None
+        where it is right), and a note naming the tensors compared by their slot sums."""
         assert self.ref is not None
         worst = 0.0
+        summed: list[str] = []
         for i, (out, ref, written) in enumerate(zip(outputs, self.ref, self._written)):
-            if not written or not (out.is_floating_point() or out.is_complex()):
+            what, dtype = f"tensor argument {i} ({self._names[i]})", out.dtype
+            try:
+                axes = _slot_axes(out, ref, starts[i], self._ref_starts[i]) if starts and self._ref_starts else None
+            except Exception:  # a torch op a library replaced refused: compared element by element
+                axes = None
+            if axes is not None:
+                out, ref = _slot_sums(out, axes), _slot_sums(ref, axes)
+                over = f"its sums over {_listed(axes)} (the configs wrote different slots of it)"
+                summed.append(f"{what} compared by {over}")
+                what = f"{what}, by {over}"
+            elif not written or not (out.is_floating_point() or out.is_complex()):
                 if not _same(out, ref):
-                    return math.inf, f"tensor argument {i} differs from the first valid config's"
+                    return math.inf, f"{what}: differs from the first valid config's", None
                 continue
-            tolerance = self._tolerance if self._tolerance is not None else TOLERANCE.get(out.dtype, LOOSE_TOLERANCE)
+            if not (out.is_floating_point() or out.is_complex()):  # slot sums of integers: exact
+                if not _same(out, ref):
+                    return math.inf, f"{what}: differs from the first valid config's", None
+                continue
+            tolerance = self._tolerance if self._tolerance is not None else TOLERANCE.get(dtype, LOOSE_TOLERANCE)
             err = relative_error(_widened(out), _widened(ref))
             if not err <= tolerance:
-                return (
-                    err,
-                    f"tensor argument {i}: relative error {err:.3g} > {tolerance:g} against the first valid config",
-                )
+                return err, f"{what}: relative error {err:.3g} > {tolerance:g} against the first valid config", None
             worst = max(worst, err)
-        return worst, None
+        return worst, None, "; ".join(summed) or None
 
     def time_peer(self) -> Measurement:
         """INVALID: a captured kernel has no template, so no torch peer (Bench's would raise on it)."""
@@ -291,6 +338,69 @@ def _contenders(measured: list[Measurement]) -> int:
     return min(FINALISTS, sum(1 for t in times if t <= times[0] * (1 + FINALIST_WINDOW)))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """A tensor as a checked launch starts: all zero, and zeroed by the autotuner or a pre-hook."""
+
+    zero: bool
+    zeroed: bool
+
+
+def _slot_axes(out: torch.Tensor, ref: torch.Tensor, start: _Start, ref_start: _Start) -> tuple[int, ...] | None:
+    """The axes over which two configs' outputs of one tensor are compared by their sums, or None
+    for an element-by-element comparison.
+
+    A tensor that starts both launches all zero, whose written (nonzero) slots differ along some
+    axes, is compared by its sums over those axes, where it is declared scratch (zeroed by the
+    autotuner or a pre-hook) or one config's slots along each of them are a subset of the
+    other's; every other tensor element by element.
+
+    Why: a kernel that writes per-program partials (one slot per program along an axis, split-K,
+    atomics into a zeroed buffer) leaves its reader to sum them, and a config with other blocks
+    uses other slots, so only the sums over the slot axes are what the program computes. A slot
+    is written where any element in it is nonzero (a write of zero over zero is invisible, and
+    adds nothing to a sum). A tensor only the program zeroed (``torch.zeros``) may be a true
+    output, so there the slots must nest, as those of fewer programs do: a config writing its
+    results one place off is then compared element by element, and rejected.
+    """
+    if not (start.zero and ref_start.zero) or out.shape != ref.shape or out.dim() == 0 or out.numel() == 0:
+        return None
+    declared = start.zeroed and ref_start.zeroed
+    written, ref_written = _widened(out) != 0, _widened(ref) != 0
+    axes = []
+    for axis in range(out.dim()):
+        others = tuple(a for a in range(out.dim()) if a != axis)
+        used = written.any(dim=others) if others else written
+        ref_used = ref_written.any(dim=others) if others else ref_written
+        if torch.equal(used, ref_used):
+            continue
+        if not declared and bool((used & ~ref_used).any()) and bool((ref_used & ~used).any()):
+            return None
+        axes.append(axis)
+    return tuple(axes) or None
+
+
+def _slot_sums(t: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
+    """``t`` summed over ``axes``: in float64 (complex as its real and imaginary parts), integers
+    and bools in int64."""
+    if t.is_complex():
+        return torch.view_as_real(t.sum(dim=axes, dtype=torch.complex128))
+    if t.is_floating_point():
+        return _widened(t).sum(dim=axes, dtype=torch.float64)
+    return t.sum(dim=axes, dtype=torch.int64)
+
+
+def _listed(axes: tuple[int, ...]) -> str:
+    if len(axes) == 1:
+        return f"axis {axes[0]}"
+    return f"axes {', '.join(map(str, axes[:-1]))} and {axes[-1]}"
+
+
+def _is_zero(t: torch.Tensor) -> bool:
+    """Every element zero (a tensor of none is not: it holds no slots)."""
+    return t.numel() > 0 and not bool((_widened(t) != 0).any())
+
+
 def _widened(t: torch.Tensor) -> torch.Tensor:
     """A float tensor of a dtype torch does little arithmetic on (float8 e4m3/e5m2: no ``abs`` on
     CUDA, so no ``isfinite``) as float32, by value; other tensors as they are."""
@@ -309,16 +419,24 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def launch_listed(
-    tuner: Autotuner, config: Any, args: tuple, kwargs: dict[str, Any], after: Callable[[], Any] | None = None
+    tuner: Autotuner,
+    config: Any,
+    args: tuple,
+    kwargs: dict[str, Any],
+    after: Callable[[], Any] | None = None,
+    started: Callable[[], Any] | None = None,
 ) -> Any:
     """Launch the kernel with one of its listed configs as its autotuner would: the config's and
-    the tuner's pre-hooks, the launch, ``after()`` (what it returns is returned), the post-hook."""
+    the tuner's pre-hooks, ``started()``, the launch, ``after()`` (what it returns is returned),
+    the post-hook."""
     launch = config.all_kwargs()
     full = {**dict(zip(tuner.arg_names, args)), **kwargs, **launch}
     if config.pre_hook:
         config.pre_hook(full)
     tuner.pre_hook(full)
     try:
+        if started is not None:
+            started()
         tuner.fn.run(*args, **kwargs, **launch)
         result = after() if after is not None else None
     except Exception as exc:
@@ -373,6 +491,17 @@ def _tensors_of(inputs: tuple[tuple, dict[str, Any]]) -> list[torch.Tensor]:
         if isinstance(tensor, torch.Tensor):
             found.setdefault(id(tensor), tensor)
     return list(found.values())
+
+
+def _tensor_names(tuner: Autotuner, inputs: tuple[tuple, dict[str, Any]], tensors: list[torch.Tensor]) -> list[str]:
+    """The argument name of each of the call's tensors (the first, where several name one)."""
+    args, kwargs = inputs
+    names: dict[int, str] = {}
+    for name, v in (*zip(tuner.arg_names, args), *kwargs.items()):
+        tensor = v.base if _is_descriptor(v) else v
+        if isinstance(tensor, torch.Tensor):
+            names.setdefault(id(tensor), name)
+    return [names.get(id(t), "?") for t in tensors]
 
 
 def _is_descriptor(value: Any) -> bool:

@@ -102,8 +102,6 @@ def find_autotuner(name: str) -> Autotuner:
     Only ever called on a user's request on the command line (the module's import runs its code).
     TunesvcError, in one sentence, when the module does not import or holds no such kernel.
     """
-    import importlib
-
     module_name, _, qualname = name.partition(":")
     if module_name == "__main__":
         raise TunesvcError(f"{name} was defined in a script run as __main__; move it to a module to tune it offline.")
@@ -112,8 +110,12 @@ def find_autotuner(name: str) -> Autotuner:
             f"{name} is defined inside a function, so no import reaches it; "
             "tune it where the program launches it (mode tune) instead."
         )
+    from tunesvc.template import import_user_module
+
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
+    except TunesvcError:
+        raise
     except Exception as exc:
         raise TunesvcError(
             f"Module {module_name} of {name} does not import here ({type(exc).__name__}: {exc})."

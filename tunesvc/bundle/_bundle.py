@@ -379,7 +379,7 @@ class ImportChange:
     version: str
     hardware_id: str
     shape_key: str
-    action: str  # added | replaced | kept (the stored one is as fast or faster)
+    action: str  # added | replaced (by another config) | kept (the stored one is as fast, or the same config)
     incoming_ms: float
     stored_ms: float | None
     config: dict[str, int]
@@ -421,7 +421,10 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
     Conflict rule (see :meth:`tunesvc.store.Store.merge_winner`): for one kernel version,
     device hardware id and shape key, the faster measured time wins; a tie keeps the stored one.
     Times are compared as a bundle keeps them (:data:`TIME_DECIMALS`): a winner exported and
-    imported again is kept, not "replaced" by its own rounded time.
+    imported again is kept, not "replaced" by its own rounded time. A winner is replaced only
+    where what is served changes: an incoming winner of the stored winner's config is kept
+    whatever its time (the same answer, timed elsewhere), so the counts say how many keys serve
+    another config.
     A selector is taken where the target has none for its kernel version and device model
     (:meth:`tunesvc.store.Store.merge_selector`). Every source is read and checked before
     anything is written.
@@ -431,21 +434,25 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
         _check_spaces(source, winners, selectors)
     changes, taken = [], []
     # the best stored time of each (kernel, version, hardware id, key) that an import may meet
-    best: dict[tuple[str, str, str, str], float] = {}
+    # and its config's hash
+    best: dict[tuple[str, str, str, str], tuple[float, str]] = {}
     for kernel, version in {(w[0], w[1]) for _, winners, _ in incoming for w in winners}:
         for w in store.winners(kernel=kernel, version=version):
             where = (kernel, version, w.hardware_id, w.shape_key)
-            best[where] = min(best.get(where, w.time_ms), w.time_ms)
+            best[where] = min(best.get(where, (w.time_ms, config_hash(w.config))), (w.time_ms, config_hash(w.config)))
     for source, winners, selectors in incoming:
         for kernel, version, device, key, config, time_ms in winners:
             where = (kernel, version, device.hardware_id, key)
-            stored_ms: float | None = best.get(where)
-            if stored_ms is not None and not time_ms < round(stored_ms, TIME_DECIMALS):
-                action = "kept"  # as fast as stored, at the precision a bundle keeps
+            stored = best.get(where)
+            stored_ms: float | None = stored[0] if stored is not None else None
+            if stored is not None and (
+                not time_ms < round(stored[0], TIME_DECIMALS) or config_hash(config) == stored[1]
+            ):
+                action = "kept"  # as fast as stored at the precision a bundle keeps, or the same config
             else:
                 action, stored_ms = store.merge_winner(kernel, version, device, key, config, time_ms, source)
                 if action != "kept":
-                    best[where] = time_ms
+                    best[where] = (time_ms, config_hash(config))
             changes.append(
                 ImportChange(source, kernel, version, device.hardware_id, key, action, time_ms, stored_ms, config)
             )

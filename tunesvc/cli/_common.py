@@ -105,6 +105,14 @@ class TextConsole(Console):
 
 console = TextConsole()
 
+
+def whole_lines(target: Console) -> bool:
+    """The ``soft_wrap`` of a message line printed on ``target``: whole, one line per message, to
+    a pipe or a file (grep and scripts read it so); word-wrapped at a terminal's width, which would
+    otherwise cut words at its edge."""
+    return not target.is_terminal
+
+
 #: the width of a sweep's output to a pipe or a file where $COLUMNS sets none: no terminal to fit,
 #: and at rich's 80 columns its progress lines are cut and its table folds into one column
 PIPE_WIDTH = 200
@@ -244,9 +252,11 @@ def user_errors(fn: Callable) -> Callable:
 
 
 def _error(message: str) -> None:
-    """One line on stderr: "Error: " and ``message`` as text, its hints naming :func:`program`."""
+    """One message on stderr: "Error: " and ``message`` as text, its hints naming :func:`program`;
+    one line to a pipe, wrapped between words at a terminal (see :func:`whole_lines`)."""
     line = Text("Error: ", style="bold red") + Text(visible(named(message)))
-    TextConsole(stderr=True).print(line, highlight=False, soft_wrap=True)
+    stderr = TextConsole(stderr=True)
+    stderr.print(line, highlight=False, soft_wrap=whole_lines(stderr))
 
 
 def _short(text: str, most: int = 80) -> str:
@@ -265,7 +275,7 @@ def _warnings_as_lines():
             stderr = TextConsole(stderr=True)
             for message in dict.fromkeys(str(w.message) for w in caught):
                 line = Text("Warning: ", style="yellow") + Text(visible(named(message)))
-                stderr.print(line, highlight=False, soft_wrap=True)
+                stderr.print(line, highlight=False, soft_wrap=whole_lines(stderr))
 
 
 #: the most trials a --budget or --patience counts: what every store's integer column holds

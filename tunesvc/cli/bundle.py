@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Annotated
 from typing import Any
 
@@ -28,7 +29,11 @@ from tunesvc.cli._common import app
 from tunesvc.cli._common import console
 from tunesvc.cli._common import named
 from tunesvc.cli._common import user_errors
+from tunesvc.cli._common import whole_lines
 from tunesvc.text import visible
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 @app.command()
@@ -71,7 +76,7 @@ def import_(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Merge bundles and databases into --db: per key the faster measured winner stays (a tie keeps --db's); selectors where --db has none."""
+    """Merge bundles and databases into --db: per key the faster measured winner stays (a tie, or the same config, keeps --db's); selectors where --db has none."""
     # the databases (SQLAlchemy)
     from tunesvc.bundle import import_sources
     from tunesvc.store import Store
@@ -91,7 +96,9 @@ def import_(
     groups = [(c.source, c.hardware_id) for c in changes] + [(c.source, c.hardware_id) for c in imported.selectors]
     for source, hardware_id in dict.fromkeys(groups):
         console.print(
-            Text(visible(f"From {source}, winners of {hardware_id}"), style="bold"), highlight=False, soft_wrap=True
+            Text(visible(f"From {source}, winners of {hardware_id}"), style="bold"),
+            highlight=False,
+            soft_wrap=whole_lines(console),
         )
         group = [c for c in changes if (c.source, c.hardware_id) == (source, hardware_id)]
         for kernel, version in dict.fromkeys((c.kernel, c.version) for c in group):
@@ -115,14 +122,32 @@ def import_(
                 + (kept if any(c.action == "kept" for c in selectors) else "")
                 + ".",
                 highlight=False,
-                soft_wrap=True,
+                soft_wrap=whole_lines(console),
             )
     counts = {a: sum(c.action == a for c in changes) for a in ("added", "replaced", "kept")}
     console.print(
         f"{counts['added']} added, {counts['replaced']} replaced, {counts['kept']} kept in {store.shown_url}.",
         highlight=False,
-        soft_wrap=True,
+        soft_wrap=whole_lines(console),
     )
+
+
+def _key_progress() -> Progress:
+    """A bar on stderr, gone when done: the key being judged (cut to fit, never wrapped), keys done
+    of all, the time; fits 80 columns."""
+    from rich.progress import BarColumn
+    from rich.progress import MofNCompleteColumn
+    from rich.progress import Progress
+    from rich.progress import TextColumn
+    from rich.progress import TimeElapsedColumn
+    from rich.table import Column
+
+    description = Column(no_wrap=True, overflow="ellipsis", ratio=1)
+    return Progress(
+        TextColumn("{task.description}", markup=False, table_column=description), BarColumn(bar_width=20),
+        MofNCompleteColumn(), TimeElapsedColumn(),
+        console=TextConsole(stderr=True), transient=True, expand=True,
+    )  # fmt: skip
 
 
 @app.command()
@@ -153,10 +178,23 @@ def verify(
     _check_count("--budget", budget)
     kernel = _kernel_filter(kernel)
     store = Store(db, readonly=not retune)
+    progress = _key_progress()
+    task = progress.add_task("", total=None)
+
+    def on_key(what: str, step: int, total: int) -> None:
+        progress.update(task, description=what, completed=step, total=total)
+
     try:
-        verdicts = verify_winners(
-            store, kernel=kernel, margin=margin, retune=retune, budget=budget, time_limit_s=time_limit
-        )
+        with progress:  # on stderr: --json's output stays the JSON alone
+            verdicts = verify_winners(
+                store,
+                kernel=kernel,
+                margin=margin,
+                retune=retune,
+                budget=budget,
+                progress=on_key,
+                time_limit_s=time_limit,
+            )
         stored_on = sorted({w.device for w in store.winners(kernel=kernel)}) if not verdicts else []
         if kernel is not None and not verdicts and not stored_on:
             raise _nothing_matches(store, "winners", kernel=kernel)
@@ -174,11 +212,13 @@ def verify(
                 "(verify on that GPU, or sweep this one with `tune sweep`)."
             ),
             highlight=False,
-            soft_wrap=True,
+            soft_wrap=whole_lines(console),
         )
         return
     console.print(
-        Text(visible(f"Winners of {here.name} in {store.shown_url}"), style="bold"), highlight=False, soft_wrap=True
+        Text(visible(f"Winners of {here.name} in {store.shown_url}"), style="bold"),
+        highlight=False,
+        soft_wrap=whole_lines(console),
     )
     columns = ["shape key", "stored ms", "now ms", "heuristic ms", "flags", *(["retuned ms"] if retune else [])]
     for name, version in dict.fromkeys((v.kernel, v.version) for v in verdicts):

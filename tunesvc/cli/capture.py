@@ -12,6 +12,7 @@ from rich.text import Text
 from tunesvc import settings
 from tunesvc.cli._common import DbOption
 from tunesvc.cli._common import JsonOption
+from tunesvc.cli._common import TextConsole
 from tunesvc.cli._common import TimeLimitOption
 from tunesvc.cli._common import _config_text
 from tunesvc.cli._common import _count
@@ -21,6 +22,7 @@ from tunesvc.cli._common import app
 from tunesvc.cli._common import console
 from tunesvc.cli._common import named
 from tunesvc.cli._common import user_errors
+from tunesvc.cli._common import whole_lines
 from tunesvc.errors import TunesvcError
 from tunesvc.text import visible
 
@@ -99,7 +101,10 @@ def run(
             with open(summary) as f:
                 records = [_summary_record(line) for line in f if line.strip()]
             os.unlink(summary)
-        typer.echo(summary_line([r for r in records if r is not None]), err=True)
+        stderr = TextConsole(stderr=True)
+        stderr.print(
+            summary_line([r for r in records if r is not None]), highlight=False, soft_wrap=whole_lines(stderr)
+        )
     if tune_misses and _tune_misses(db, kernel or [], time_limit):
         code = code or 1  # a key not tuned (said, one line each)
     raise typer.Exit(code)
@@ -175,7 +180,7 @@ def misses(
         console.print(
             Text(visible(f"Misses of {hardware_id} in {store.shown_url}"), style="bold"),
             highlight=False,
-            soft_wrap=True,
+            soft_wrap=whole_lines(console),
         )
         for name in dict.fromkeys(m.kernel for m in rows if m.hardware_id == hardware_id):
             table = _keyed_table(
@@ -220,7 +225,7 @@ def _tune_misses(db: str | None, kernels: list[str], time_limit_s: float) -> int
             try:
                 winner = tune_recorded(store, m.kernel, m.version, m.shape_key, m.call, time_limit_s=time_limit_s)
             except TunesvcError as exc:
-                console.print(f"  not tuned: {exc}", markup=False, highlight=False, soft_wrap=True)
+                console.print(f"  not tuned: {exc}", markup=False, highlight=False, soft_wrap=whole_lines(console))
                 untuned += 1
                 continue
             store.set_miss_status(m.id, "tuned")

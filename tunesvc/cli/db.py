@@ -12,6 +12,7 @@ from tunesvc.cli._common import app
 from tunesvc.cli._common import console
 from tunesvc.cli._common import named
 from tunesvc.cli._common import user_errors
+from tunesvc.cli._common import whole_lines
 
 db_app = _App(
     cls=_Group,
@@ -30,11 +31,11 @@ def _db_name(db: str | None) -> str:
 def _upgraded(db: str | None, before: str | None, after: str) -> None:
     name = _db_name(db)
     if before is None:
-        console.print(f"Created tunesvc's tables in {name} at schema revision {after}.", soft_wrap=True)
+        console.print(f"Created tunesvc's tables in {name} at schema revision {after}.", soft_wrap=whole_lines(console))
     elif before == after:
-        console.print(f"{name} is already at schema revision {after}, the newest.", soft_wrap=True)
+        console.print(f"{name} is already at schema revision {after}, the newest.", soft_wrap=whole_lines(console))
     else:
-        console.print(f"Upgraded {name} from schema revision {before} to {after}.", soft_wrap=True)
+        console.print(f"Upgraded {name} from schema revision {before} to {after}.", soft_wrap=whole_lines(console))
 
 
 @db_app.command("init")
@@ -69,4 +70,4 @@ def db_current(db: DbOption = None, as_json: JsonOption = False) -> None:
     state = (
         "the newest" if revision == head else named(f"older than this tunesvc's {head}; `tune db upgrade` migrates it")
     )
-    console.print(f"{_db_name(db)}: schema revision {revision} ({state}).", soft_wrap=True)
+    console.print(f"{_db_name(db)}: schema revision {revision} ({state}).", soft_wrap=whole_lines(console))

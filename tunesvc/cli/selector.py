@@ -17,6 +17,7 @@ from tunesvc.cli._common import _print_json
 from tunesvc.cli._common import app
 from tunesvc.cli._common import console
 from tunesvc.cli._common import user_errors
+from tunesvc.cli._common import whole_lines
 from tunesvc.errors import TunesvcError
 
 
@@ -130,14 +131,14 @@ def selector(
             }
         )
     for key, why in data.skipped:
-        console.print(f"skipped {key}: {why}", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"skipped {key}: {why}", highlight=False, markup=False, soft_wrap=whole_lines(console))
     if fitted is None:
         raise TunesvcError(
             f"{len(data.keys)} tuned key(s) of {template.name} on {device.name} are usable, too few to fit a selector "
             f"and judge it (it needs {selector_fit.MIN_KEYS_KEPT}); tune more shapes, or run with --cross-measure."
         )
     for line in fitted.describe():
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
+        console.print(line, highlight=False, markup=False, soft_wrap=whole_lines(console))
     console.print(
         f"Fitted on {fitted.keys} tuned keys, {len(fitted.candidates)} candidates"
         + (f" ({measured} trials measured first)" if cross_measure else "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Annotated
 from typing import Any
 
@@ -14,7 +15,7 @@ from rich.text import Text
 from tunesvc.cli._common import DbOption
 from tunesvc.cli._common import JsonOption
 from tunesvc.cli._common import KernelFilter
-from tunesvc.cli._common import _absolute
+from tunesvc.cli._common import TextConsole
 from tunesvc.cli._common import _complete_kernel
 from tunesvc.cli._common import _config_text
 from tunesvc.cli._common import _count
@@ -26,9 +27,17 @@ from tunesvc.cli._common import _short
 from tunesvc.cli._common import app
 from tunesvc.cli._common import console
 from tunesvc.cli._common import user_errors
+from tunesvc.cli._common import whole_lines
+from tunesvc.cli._common import wide_when_piped
 from tunesvc.errors import TunesvcError
 from tunesvc.text import natural_order
 from tunesvc.text import visible
+
+if TYPE_CHECKING:
+    from tunesvc.records import RejectedTrials
+    from tunesvc.serving.source import WinnerSource
+    from tunesvc.serving.transfer import SiblingTable
+    from tunesvc.space import Config
 
 
 @app.command()
@@ -50,7 +59,7 @@ def show(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show the stored winners of each kernel's current version, one table per device and kernel; filters that match nothing exit with an error."""
+    """Show the stored winners of each kernel's current version, one table per device and kernel, and how many of its candidates were rejected as wrong results and why; filters that match nothing exit with an error."""
     from tunesvc.store import Store  # SQLAlchemy
 
     kernel = _kernel_filter(kernel)
@@ -58,6 +67,9 @@ def show(
     try:
         winners = store.winners(kernel=kernel, device=device, shape=shape)
         counts = store.trial_counts(kernel=kernel, device=device, shape=shape)
+        rejected = {
+            (r.kernel, r.kernel_version, r.hardware_id): r for r in store.rejected_trials(kernel, device, shape)
+        }
         if not winners and (kernel or device or shape):
             raise _nothing_matches(store, "winners", kernel=kernel, device=device, shape=shape)
     finally:
@@ -70,11 +82,14 @@ def show(
             {
                 "winners": [{**w.to_dict(), "current": w.kernel_version == current[w.kernel][0]} for w in shown],
                 "trials": counts,
+                "rejected": [_rejected_json(r) for r in rejected.values() if r.rejected],
             }
         )
+    # a row per key, whole, to a pipe or a file (grep reads it); a terminal's width where there is one
+    out = wide_when_piped(TextConsole())
     for hardware_id in sorted({w.hardware_id for w in shown}):
         on_device = [w for w in shown if w.hardware_id == hardware_id]
-        console.print(Text(visible(f"Winners on {hardware_id}"), style="bold"), highlight=False, soft_wrap=True)
+        out.print(Text(visible(f"Winners on {hardware_id}"), style="bold"), highlight=False, soft_wrap=whole_lines(out))
         for name in sorted({w.kernel for w in on_device}):
             newest: dict[str, float] = {}  # version -> its newest winner's time
             for w in on_device:
@@ -93,21 +108,42 @@ def show(
                     which = "current version, used by lookups"
                 else:  # a captured kernel or a template this command does not import
                     which = "newest stored version, used by lookups"
-                console.print(
+                out.print(
                     _keyed_table(
                         f"{name} {version} ({which})",
                         ["shape key", "config", "ms"],
                         [[w.shape_key, _config_text(w.config), f"{w.time_ms:.4g}"] for w in rows],
                     )
                 )
+                said = rejected.get((name, version, hardware_id))
+                if said is not None and said.rejected:
+                    out.print(Text(visible(_rejected_line(said))), highlight=False)
     failed = sum(n for status, n in counts.items() if status != "ok")
     hidden = f" ({len(older)} of older kernel versions: --all-versions)" if older and not all_versions else ""
-    console.print(
+    out.print(
         f"{_count(len(shown), 'winner')}{hidden}; {_count(sum(counts.values()), 'trial')}, "
         f"{failed} failed or invalid, in {store.shown_url}.",
         highlight=False,
-        soft_wrap=True,
+        soft_wrap=whole_lines(out),
     )
+
+
+def _rejected_line(rejected: RejectedTrials) -> str:
+    """How many of a kernel version's candidates were stored as wrong results, and why: a user
+    sees when most of a space could never win."""
+    reasons = "; ".join(f"{n} for {reason} (most often '{said}')" for reason, n, said in rejected.reasons())
+    return f"{rejected.rejected} of {_count(rejected.trials, 'candidate')} rejected as wrong results: {reasons}"
+
+
+def _rejected_json(rejected: RejectedTrials) -> dict[str, Any]:
+    return {
+        "kernel": rejected.kernel,
+        "kernel_version": rejected.kernel_version,
+        "hardware_id": rejected.hardware_id,
+        "trials": rejected.trials,
+        "wrong_result": rejected.rejected,
+        "reasons": [{"reason": r, "trials": n, "example": example} for r, n, example in rejected.reasons()],
+    }
 
 
 def _current_versions(winners: list) -> dict[str, tuple[str, bool]]:
@@ -188,7 +224,7 @@ def lookup(
         for dim, (given, to) in bucketed.items()
     ]
     how = f"{'; '.join(rounded)}; other dims as given" if rounded else "every dim as given"
-    console.print(f"key     {result.key}: {how}", highlight=False, soft_wrap=True)
+    console.print(f"key     {result.key}: {how}", highlight=False, soft_wrap=whole_lines(console))
     detail = ""
     if result.source == "nearest" and result.distance is not None:
         detail = (
@@ -207,8 +243,12 @@ def lookup(
         )
     where = runtime.where()
     read = f"read from {where}" if where.startswith(("database", "bundle")) else where
-    console.print(f"answer  {result.source} for {runtime.device.name}{detail}; {read}", highlight=False, soft_wrap=True)
-    console.print(f"config  {_config_text(result.config)}", highlight=False, soft_wrap=True)
+    console.print(
+        f"answer  {result.source} for {runtime.device.name}{detail}; {read}",
+        highlight=False,
+        soft_wrap=whole_lines(console),
+    )
+    console.print(f"config  {_config_text(result.config)}", highlight=False, soft_wrap=whole_lines(console))
     if other_dtypes:
         held = ", ".join(f"{_count(n, 'key')} in {dtype}" for dtype, n in sorted(other_dtypes.items()))
         first = sorted(other_dtypes, key=lambda d: -other_dtypes[d])[0]
@@ -216,7 +256,7 @@ def lookup(
             f"note    {template.name} is tuned on {runtime.device.name} for {held}, which a {problem['dtype']} "
             f"lookup does not use; pass --dtype {first} to look one of those up.",
             highlight=False,
-            soft_wrap=True,
+            soft_wrap=whole_lines(console),
         )
 
 
@@ -239,51 +279,16 @@ def _captured_lookup(
     that key text (``n=1000,x_ptr.dtype=float16``) read without importing the kernel: its stored
     winner, else the nearest stored key's, else a sibling GPU model's winner of its newest version
     (transferred). False when ``kernel`` is not a captured kernel of --db / --bundle."""
-    from tunesvc import settings
     from tunesvc._capture import CapturedKey
     from tunesvc._capture import CapturedTemplate
-    from tunesvc.device import current_device
     from tunesvc.serving import chain
-    from tunesvc.serving import transfer as transfers
     from tunesvc.template import ShapeKey
 
-    device = current_device()
-    sibling: transfers.SiblingTable | None = None
-    if bundle is not None:
-        from tunesvc.bundle import kernel_configs
-        from tunesvc.bundle import read_bundle
-
-        data = read_bundle(bundle)
-        info = data["device"]
-        if kernel not in data["kernels"]:
-            return False
-        if info["hardware_id"] == device.hardware_id:
-            table = kernel_configs(bundle, data, kernel)
-        elif settings.transfer_enabled() and transfers.is_sibling(
-            device, info.get("capability", ""), info.get("sm_count", 0), info["hardware_id"]
-        ):  # a sibling GPU model's bundle: its winners are transferred, never this model's own
-            table = {}
-            name = info.get("name") or info["hardware_id"]
-            sibling = transfers.SiblingTable(name, info["hardware_id"], dict(kernel_configs(bundle, data, kernel)))
-        else:
-            return False
-    else:
-        from tunesvc.store import Store
-
-        store = Store(db, readonly=True)
-        try:
-            if not store.captured_kernels(kernel):
-                return False
-            if device_name is not None:
-                device = store.find_device(device_name)
-            every = store.winners(kernel=kernel)
-            entries = sorted((e for e in every if e.hardware_id == device.hardware_id), key=lambda e: e.updated_at)
-            newest = max(every, key=lambda e: e.updated_at).kernel_version if every else None
-            if newest is not None and settings.transfer_enabled():
-                sibling = transfers.pick_sibling(store.sibling_winners(kernel, newest, device))
-        finally:
-            store.close()
-        table = {e.shape_key: e.config for e in entries}  # the newest version's winner of each key
+    read = _captured_winners(kernel, db, bundle, device_name)
+    if read is None:
+        return False
+    source, table, sibling = read
+    device = source.device
     parsed: list[tuple[ShapeKey, str]] = [(CapturedKey.of(k), k) for k in table]
 
     def names(text: str) -> list[str]:
@@ -304,13 +309,13 @@ def _captured_lookup(
     found = chain.answer(
         template, {"key": key}, template.key({"key": key}), device, table, lambda: parsed, sibling=lambda: moved
     )
-    source, matched, distance = found.source, found.matched_key, found.distance
-    if source == chain.HEURISTIC:
-        source, matched, distance = "first listed config", None, None
+    answered, matched, distance = found.source, found.matched_key, found.distance
+    if answered == chain.HEURISTIC:
+        answered, matched, distance = "first listed config", None, None
     result = {
         "kernel": kernel,
         "key": key,
-        "source": source,
+        "source": answered,
         "matched_key": matched,
         "distance": distance,
         "config": found.config if matched else None,
@@ -320,17 +325,18 @@ def _captured_lookup(
         _print_json(result)
         return True
     detail = ""
-    if source == "nearest":
+    if answered == "nearest":
         detail = f": stored key {matched}, {distance:.2f} doublings away (the distance between the keys' numbers on a log2 scale)"
-    elif source == "transferred":
+    elif answered == "transferred":
         which = "the same key" if distance == 0 else f"stored key {matched}, {distance:.2f} doublings away"
         detail = (
             f": {found.transferred_from}'s winner of {which} (a sibling GPU model: same compute capability "
             "and SM count; TUNESVC_TRANSFER=0 turns this off)"
         )
-    where = f"bundle {bundle.resolve()}" if bundle is not None else f"database {_absolute(db)}"
     console.print(f"key     {key}", highlight=False, soft_wrap=True)
-    console.print(f"answer  {source} for {device.name}{detail}; read from {where}", highlight=False, soft_wrap=True)
+    console.print(
+        f"answer  {answered} for {device.name}{detail}; read from {source.where()}", highlight=False, soft_wrap=True
+    )
     config = result["config"]
     shown = (
         _config_text(config)
@@ -339,3 +345,41 @@ def _captured_lookup(
     )
     console.print(f"config  {shown}", highlight=False, soft_wrap=True)
     return True
+
+
+def _captured_winners(
+    kernel: str, db: str | None, bundle: Path | None, device_name: str | None
+) -> tuple[WinnerSource, dict[str, Config], SiblingTable | None] | None:
+    """The source, this device's winners and a sibling model's (None: none, or transfer off) of
+    captured kernel ``kernel`` in --bundle or --db; None where it is not a captured kernel there
+    (or the bundle is of neither this device nor a sibling). The kernel is not imported, so its
+    version is unknown: the source's newest, unchecked against a space (its configs are the module's)."""
+    from tunesvc import settings
+    from tunesvc.device import current_device
+    from tunesvc.serving.source import BundleSource
+    from tunesvc.serving.source import DatabaseSource
+
+    device = current_device()
+    transfer = settings.transfer_enabled()
+    if bundle is not None:
+        from tunesvc.bundle import read_bundle
+
+        in_bundle = BundleSource(bundle, device, data=read_bundle(bundle))  # every section checked
+        if not in_bundle.captured(kernel):
+            return None
+        sibling = in_bundle.sibling_stored(kernel, None) if transfer else None
+        if in_bundle.hardware_id != device.hardware_id and sibling is None:
+            return None
+        return in_bundle, in_bundle.stored(kernel, None), sibling
+    from tunesvc.store import Store
+
+    store = Store(db, readonly=True)
+    try:
+        if not DatabaseSource(store, device).captured(kernel):
+            return None
+        if device_name is not None:
+            device = store.find_device(device_name)
+        source = DatabaseSource(store, device)
+        return source, source.stored(kernel, None), source.sibling_stored(kernel, None) if transfer else None
+    finally:
+        store.close()

@@ -16,6 +16,7 @@ from typing import Any
 from typing import Protocol
 
 from tunesvc.device import Device
+from tunesvc.records import wrong_reasons
 from tunesvc.space import config_hash
 from tunesvc.template import template_named_by_data
 from tunesvc.tuning.selector_measure import CROSS_MEASURE
@@ -119,6 +120,17 @@ class Section:
     @property
     def current(self) -> bool:
         return self.version == self.lookup_version
+
+    @property
+    def wrong_results(self) -> list[tuple[str, int, str]]:
+        """Its candidates stored as wrong results, by reason: (reason, trials, the message most
+        often stored), most first (:func:`tunesvc.records.wrong_reasons`)."""
+        messages: dict[str, int] = defaultdict(int)
+        for k in self.keys:
+            for t in k.trials:
+                if t.status == "wrong_result":
+                    messages[t.message or ""] += 1
+        return wrong_reasons(messages)
 
     @property
     def peer_speedups(self) -> list[tuple[float, KeyReport]]:

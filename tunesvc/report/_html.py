@@ -299,6 +299,13 @@ def _section_html(section: Section, figures: dict[str, str]) -> list[str]:
     ]
     if section.template_note:
         out.append(f'<p class="note">{e(section.template_note)}</p>')
+    wrong = section.wrong_results
+    if wrong:
+        reasons = "; ".join(f"{n} for {reason} (most often <q>{e(said)}</q>)" for reason, n, said in wrong)
+        out.append(
+            f'<p class="note">{sum(n for _, n, _ in wrong)} of {_count(trials, "candidate")} rejected as '
+            f"wrong results (never eligible to win): {reasons}.</p>"
+        )
     return out + _winners_table(section) + [_winners_note(section)] + _figures_html(section, figures)
 
 

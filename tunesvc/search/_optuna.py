@@ -17,15 +17,19 @@ random draws but a cover of the space's values (see :meth:`OptunaStrategy.startu
 second proposal of TPE after them is moved onto the incumbent's neighbourhood (see
 :meth:`OptunaStrategy.local_move`).
 
-With ``storage`` (a database URL: the store's own) a study lives in that database, in Optuna's
-tables beside tunesvc's (Optuna's RDBStorage), named by the caller, for Optuna's own tools
-(optuna-dashboard) to read: TPE's own study, which a killed sweep resumes; for CMA-ES and GP, a
-record of the measured configs over the parameters' values, their samplers' index-encoded studies
-staying in memory (see :class:`_IndexEncoded`).
+Every sampler's study lives in memory: it holds each proposal, the unmeasured ones too (an
+infeasible point, a repeat, TPE's proposal replaced by a local move), and a resumed sweep teaches
+a new one the stored trials. With ``storage`` (a database URL: the store's own) a second study,
+named by the caller, in Optuna's tables beside tunesvc's (Optuna's RDBStorage), records what was
+measured, for Optuna's own tools (optuna-dashboard) to read: one trial per measured config over
+the parameters' values (``BLOCK_M`` 4096, never an index), COMPLETE with its time or FAIL with
+its status, spanning the time from its proposal to its measurement. No sampler ever runs on it,
+so nothing in it is unpickled or trusted.
 """
 
 from __future__ import annotations
 
+import datetime
 import random
 import time
 import warnings
@@ -113,9 +117,8 @@ class OptunaStrategy(Strategy):
     """Optuna's TPE sampler (multivariate) over the space's categorical parameters.
 
     Each parameter is sampled only among the values that occur in the feasible set (for M=16
-    that is BLOCK_M=16 alone). Stored trials from an earlier run are added to the study (unless
-    a persisted study holds them already), so a resumed sweep samples where the killed one
-    left off.
+    that is BLOCK_M=16 alone). Stored trials from an earlier run are added to the study, so a
+    resumed sweep samples where the killed one left off.
     """
 
     name = "optuna"
@@ -147,11 +150,23 @@ class OptunaStrategy(Strategy):
         with warnings.catch_warnings():  # multivariate TPE and GP are "experimental" in some versions
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             sampler = self.sampler(seed)
-        self.study = self._open_study(sampler, storage, study_name)
+        # the sampler's study lives in memory: it holds every proposal, the unmeasured ones too
+        # (each is a trial the sampler learns from); the database gets the record of what was
+        # measured (see open_record)
+        self.study = optuna.create_study(direction="minimize", sampler=sampler)
         _name_metric(self.study)
         self._rng = random.Random(seed)
-        #: configs the (persisted) study already has a finished trial of
-        self._in_study = self._finished_in_study()
+        #: configs the sampler's study already has a finished trial of
+        self._in_study: set[str] = set()
+        #: the record in the database (None: no storage, or an unusable study there)
+        self.record: optuna.Study | None = None
+        self._record_distributions: dict[str, optuna.distributions.BaseDistribution] = {
+            n: optuna.distributions.CategoricalDistribution(v) for n, v in self._choices.items()
+        }
+        #: hashes of the configs the record holds a measured trial of
+        self._recorded: set[str] = set()
+        #: when each pending config was proposed: the start of its record trial
+        self._asked_at: dict[str, datetime.datetime] = {}
         #: warm-start configs not yet proposed, each enqueued just before the ask that takes it
         self._queue = list(self.initial)
         #: the startup configs, chosen at the first ask (after stored results are told)
@@ -160,63 +175,62 @@ class OptunaStrategy(Strategy):
         self._by_hash = {config_hash(c): c for c in candidates}
         #: asks answered by the sampler (not by the warm start or the startup)
         self._sampled = 0
-
-    def _open_study(self, sampler: optuna.samplers.BaseSampler, storage: str | None, name: str | None) -> optuna.Study:
-        """The persisted study of this name, checked; a new in-memory one when there is none to
-        keep or the stored one is damaged (it is left as it is, and stored trials teach the new one)."""
         if storage:
-            try:
-                study = optuna.create_study(
-                    direction="minimize",
-                    sampler=sampler,
-                    load_if_exists=True,
-                    storage=rdb_storage(storage),
-                    study_name=name,
-                )
-                self._check(study)
-                return study
-            except DBAPIError:  # the database itself: the store reports it
-                raise
-            except Exception as exc:  # whatever a damaged study makes Optuna raise
-                warnings.warn(
-                    f"tunesvc: the Optuna study {name!r} in the database is unusable ({_one_line(exc)}); "
-                    "this sweep searches with a new study in memory, taught the stored trials.",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-        return optuna.create_study(direction="minimize", sampler=sampler)
+            self.open_record(storage, study_name)
 
-    def _check(self, study: optuna.Study) -> None:
-        """Raise ValueError unless ``study`` is one this strategy wrote: minimising, every trial
-        over this strategy's distributions with values inside them, every value a time."""
+    def open_record(self, storage: str, name: str | None) -> None:
+        """Open (or create) the study named ``name`` in the database at ``storage`` as this
+        strategy's record: one trial per measured config, over the parameters' values, with the
+        time from its proposal to its measurement. A stored study this strategy could not have
+        written is left as it is, with one warning, and nothing is recorded."""
+        try:
+            study = optuna.create_study(
+                direction="minimize",
+                sampler=optuna.samplers.RandomSampler(),  # never asked: trials are added, not sampled
+                load_if_exists=True,
+                storage=rdb_storage(storage),
+                study_name=name,
+            )
+            self._recorded = self._check(study)
+        except DBAPIError:  # the database itself: the store reports it
+            raise
+        except Exception as exc:  # whatever a damaged study makes Optuna raise
+            warnings.warn(
+                f"tunesvc: the Optuna study {name!r} in the database is unusable ({_one_line(exc)}); it is left "
+                "as it is, and this sweep's trials are kept in tunesvc's tables only.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return
+        _name_metric(study)
+        self.record = study
+
+    def _check(self, study: optuna.Study) -> set[str]:
+        """The hashes of the configs ``study`` holds measured trials of; ValueError unless it is
+        one this strategy wrote: minimising, every trial over the parameters' values, every value
+        a time (a study of an older version, TPE's own, passes: its unmeasured proposals are
+        skipped)."""
         if study.directions != [optuna.study.StudyDirection.MINIMIZE]:
             raise ValueError(f"its direction is {study.directions}, not minimize")
+        measured = set()
         for trial in study.get_trials(deepcopy=False):
+            if set(trial.distributions) != set(self._record_distributions):
+                raise ValueError(f"trial {trial.number} has other parameters")
             for param, distribution in trial.distributions.items():
-                if self._distributions.get(param) != distribution:
+                if self._record_distributions[param] != distribution:
                     raise ValueError(f"trial {trial.number} has another distribution of {param}")
                 if not distribution._contains(distribution.to_internal_repr(trial.params[param])):
                     raise ValueError(f"trial {trial.number} has {param} outside its distribution")
             for value in trial.values or ():
                 if not (isinstance(value, float) and 0 <= value < float("inf")):
                     raise ValueError(f"trial {trial.number} has value {value!r}, not a time")
-            # what TPE reads of a trial's constraints: numbers
             marks = [trial.user_attrs.get(VIOLATION, 0.0), *trial.system_attrs.get("constraints", ())]
             if not all(isinstance(m, (int, float)) and not isinstance(m, bool) for m in marks):
                 raise ValueError(f"trial {trial.number} has constraints that are not numbers")
-
-    def _finished_in_study(self) -> set[str]:
-        """Hashes of the configs a loaded study has finished trials of (none for a new study)."""
-        found = set()
-        states = (TrialState.COMPLETE, TrialState.FAIL, UNTIMED)
-        for trial in self.study.get_trials(deepcopy=False, states=states):
-            if trial.user_attrs.get(UNMEASURED) or trial.user_attrs.get(STATUS) == "infeasible":
-                continue
-            try:
-                found.add(config_hash(self.decode(trial.params)))
-            except (KeyError, IndexError):  # a trial of an older space's values
-                continue
-        return found
+            unmeasured = trial.user_attrs.get(UNMEASURED) or trial.user_attrs.get(STATUS) == "infeasible"
+            if trial.state.is_finished() and not unmeasured:
+                measured.add(config_hash(dict(trial.params)))
+        return measured
 
     # -- what each sampler changes ------------------------------------------------------
     def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
@@ -297,6 +311,7 @@ class OptunaStrategy(Strategy):
             if key in self._feasible and not self._tried(key):
                 self._pending[key] = trial
                 self.asked.add(key)
+                self._asked_at[key] = _now()
                 return config
             if not self.constrained:  # CMA-ES, GP: as before, a miss is told as failed or repeated
                 misses += 1
@@ -389,6 +404,7 @@ class OptunaStrategy(Strategy):
             return None
         config = self._rng.choice(left)
         self.asked.add(config_hash(config))
+        self._asked_at[config_hash(config)] = _now()
         return config
 
     def _tried(self, key: str) -> bool:
@@ -448,6 +464,27 @@ class OptunaStrategy(Strategy):
                     )
                 )
         self._in_study.add(key)
+        self._record(config, measurement)
+
+    def _record(self, config: Config, measurement: Measurement) -> None:
+        """Add a measured config to the record, once: COMPLETE with its time, or FAIL with its
+        status; its span runs from the proposal to the result (a stored result, proposed by an
+        earlier sweep, spans no time)."""
+        key = config_hash(config)
+        asked_at = self._asked_at.pop(key, None)
+        if self.record is None or key in self._recorded or key not in self._feasible:
+            return
+        ok = measurement.ok and measurement.time_ms is not None
+        trial = optuna.trial.create_trial(
+            params={n: config[n] for n in self.space.names},
+            distributions=self._record_distributions,
+            user_attrs={STATUS: str(measurement.status)},
+            **({"value": measurement.time_ms} if ok else {"state": TrialState.FAIL}),
+        )
+        trial.datetime_complete = _now()
+        trial.datetime_start = asked_at or trial.datetime_complete
+        self.record.add_trial(trial)
+        self._recorded.add(key)
 
     def _tell_study(self, trial: optuna.Trial, measurement: Measurement) -> None:
         trial.set_user_attr(STATUS, str(measurement.status))
@@ -460,6 +497,11 @@ class OptunaStrategy(Strategy):
             self.study.tell(trial, state=UNTIMED)
         else:
             self.study.tell(trial, state=TrialState.FAIL)
+
+
+def _now() -> datetime.datetime:
+    # Optuna's own trials carry local naive times (datetime.now()); the record's match them
+    return datetime.datetime.now()
 
 
 def _steps(choices: list[Any], a: Any, b: Any) -> int:
@@ -507,79 +549,13 @@ class _IndexEncoded(OptunaStrategy):
     values (a kernel variant) has no order and stays categorical, which CMA-ES samples
     independently of the rest.
 
-    The sampler's study, indices and unmeasured proposals (infeasible, repeated) included, lives
-    in memory; a resumed sweep teaches a new one the stored trials. With ``storage`` a second
-    study in the database records what was measured, one trial per config over the parameters'
-    values (``BLOCK_M`` 4096, not its index), for Optuna's tools (optuna-dashboard) to read: no
-    sampler ever runs on it, so nothing in it is unpickled or trusted.
+    The record in the database names each config by its values, not its indices (see the
+    module's docstring).
     """
 
     constrained = False
     # CMA-ES and GP propose from their own model alone: a local move is TPE's remedy
     local_every = 0
-
-    def __init__(
-        self,
-        space: Space,
-        candidates: list[Config],
-        *,
-        seed: int = 0,
-        initial: Sequence[Config] = (),
-        storage: str | None = None,
-        study_name: str | None = None,
-    ) -> None:
-        super().__init__(space, candidates, seed=seed, initial=initial, storage=None, study_name=None)
-        #: the record in the database (None: no storage, or a study there of another layout)
-        self.record: optuna.Study | None = None
-        self._record_distributions: dict[str, optuna.distributions.BaseDistribution] = {
-            n: optuna.distributions.CategoricalDistribution(v) for n, v in self._choices.items()
-        }
-        #: hashes of the configs the record holds a trial of
-        self._recorded: set[str] = set()
-        if storage:
-            self.record = self._open_record(storage, study_name)
-
-    def _open_record(self, storage: str, name: str | None) -> optuna.Study | None:
-        study = optuna.create_study(
-            direction="minimize",
-            sampler=optuna.samplers.RandomSampler(),  # never asked: trials are added, not sampled
-            load_if_exists=True,
-            storage=rdb_storage(storage),
-            study_name=name,
-        )
-        try:
-            if study.directions != [optuna.study.StudyDirection.MINIMIZE]:
-                raise ValueError(f"its direction is {study.directions}, not minimize")
-            for trial in study.get_trials(deepcopy=False):
-                if trial.distributions != self._record_distributions:
-                    raise ValueError(f"trial {trial.number} has other parameters or values")
-                self._recorded.add(config_hash(dict(trial.params)))
-        except ValueError as exc:
-            warnings.warn(
-                f"tunesvc: the Optuna study {name!r} in the database is not a record of this space "
-                f"({_one_line(exc)}); it is left as it is, and this sweep's trials are kept in tunesvc's tables only.",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            return None
-        _name_metric(study)
-        return study
-
-    def tell(self, config: Config, measurement: Measurement) -> None:
-        super().tell(config, measurement)
-        key = config_hash(config)
-        if self.record is None or key in self._recorded or key not in self._feasible:
-            return
-        ok = measurement.ok and measurement.time_ms is not None
-        self.record.add_trial(
-            optuna.trial.create_trial(
-                params={n: config[n] for n in self.space.names},
-                distributions=self._record_distributions,
-                user_attrs={STATUS: str(measurement.status)},
-                **({"value": measurement.time_ms} if ok else {"state": TrialState.FAIL}),
-            )
-        )
-        self._recorded.add(key)
 
     def startup(self) -> list[Config]:
         # CMA-ES and GP keep their samplers' own random startup trials
@@ -616,7 +592,7 @@ class CmaEsStrategy(_IndexEncoded):
     Its sampler's study lives in memory, never in the database: Optuna's CmaEsSampler keeps its
     optimizer as a pickle in the trials' system attributes (``cma:optimizer:*``) and unpickles it
     from there, so a study read from a shared database could run code. The database holds the
-    record only (see :class:`_IndexEncoded`).
+    record only (see the module's docstring).
     """
 
     name = "cmaes"

@@ -1,8 +1,11 @@
 """Serving: the config to launch a kernel with, here and now, from winners tuned before.
 
-The layer is :mod:`tunesvc.serving.runtime` (its winner sources, a database or a bundle, and the one
-fallback chain, exact -> predicted -> nearest -> transferred -> heuristic, for shipped and
-captured kernels alike), :mod:`tunesvc.serving.transfer` (a sibling GPU model's winners),
+The layer is :mod:`tunesvc.serving.runtime` (what to launch, here and now, memoised, failing
+open), :mod:`tunesvc.serving.source` (the one source of winners, a database or a bundle: a
+kernel's winners in its space, its selector, a sibling GPU model's winners),
+:mod:`tunesvc.serving.chain` (the one fallback chain, exact -> predicted -> nearest ->
+transferred -> heuristic, for shipped and captured kernels alike),
+:mod:`tunesvc.serving.transfer` (a sibling GPU model's winners),
 :mod:`tunesvc.serving.selector` (the selector's model: its JSON and its pick),
 :mod:`tunesvc.serving.on_miss` (where mode 'tune' hands a miss to the tuning side),
 :mod:`tunesvc.serving.launch` and :mod:`tunesvc.serving.ops`.

@@ -9,11 +9,13 @@ Transferred comes after this model's own answers: a measurement on this model, e
 neighbouring key, is preferred to one of the same key on another model (benchmarks/transfer.py
 times both against a config tuned here).
 
-The runtime walks it over the winners it loaded (:meth:`tunesvc.serving.runtime.Runtime.answer`, a
-captured kernel's miss included); a sweep asks it what a key it is about to tune was served
-before (:func:`tunesvc.tuning.selector_fit.untuned_answer`), so that both read one decision. The
-sources after exact are given as callables: each is read only where the steps before it did
-not answer (a selector, a sibling's winners: a database read on a kernel's first miss).
+Its inputs come from one winner source (:mod:`tunesvc.serving.source`). The runtime walks it
+over the winners it loaded (:meth:`tunesvc.serving.runtime.Runtime.answer`, a captured kernel's
+miss included); a sweep asks it what a key it is about to tune was served before
+(:func:`tunesvc.tuning.selector_fit.untuned_answer`), and `tune lookup` what a captured kernel's
+key is served, so that all read one decision. The sources after exact are given as callables:
+each is read only where the steps before it did not answer (a selector, a sibling's winners: a
+database read on a kernel's first miss).
 """
 
 from __future__ import annotations

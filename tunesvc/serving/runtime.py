@@ -1,10 +1,11 @@
 """Run-time lookup: which config to launch a kernel with, here and now.
 
 The winners of the current device (matched by hardware id: GPU model, capability, SM count)
-and the current kernel version are loaded once per kernel, from a database or from an
-exported bundle. Each lookup then walks the one chain of :mod:`tunesvc.serving.chain` (exact,
-predicted, nearest, transferred, heuristic) and says which step answered. Bundles are read
-with :mod:`json` only: a deployment that ships a bundle never imports SQLAlchemy. In mode 'tune'
+and the current kernel version are loaded once per kernel from the runtime's winner source, a
+database or an exported bundle (:mod:`tunesvc.serving.source`, which reads and checks them).
+Each lookup then walks the one chain of :mod:`tunesvc.serving.chain` (exact, predicted, nearest,
+transferred, heuristic) and says which step answered; what the runtime adds is when to read,
+the memos, and failing open. In mode 'tune'
 a miss goes to the policy that the tuning side registers (:mod:`tunesvc.serving.on_miss`): this
 module imports no tuning.
 """
@@ -18,7 +19,6 @@ import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -38,6 +38,13 @@ from tunesvc.serving.chain import PREDICTED as PREDICTED
 from tunesvc.serving.chain import TRANSFERRED as TRANSFERRED
 from tunesvc.serving.chain import TUNED as TUNED
 from tunesvc.serving.chain import LookupResult as LookupResult
+from tunesvc.serving.source import BundleSource
+from tunesvc.serving.source import DatabaseSource
+from tunesvc.serving.source import Winners
+from tunesvc.serving.source import WinnerSource
+from tunesvc.serving.source import database_exists as _database_exists  # noqa: F401 (capture's sharing reads it here)
+from tunesvc.serving.source import in_space
+from tunesvc.serving.source import stored_winners as stored_winners  # tuning's tune-on-miss policy reads it here
 from tunesvc.settings import MODES
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
@@ -110,7 +117,7 @@ class Runtime:
         self.strict = strict
         self.transfer = settings.transfer_enabled() if transfer is None else transfer
         self._device = device
-        self._bundle_data: dict[str, Any] | None = None
+        self._source: WinnerSource | None = None
         self._tables: dict[str, dict[str, Config]] = {}
         self._keys: dict[str, list[tuple[ShapeKey, str]]] = {}
         self._selectors: dict[str, Selector | None] = {}
@@ -168,7 +175,7 @@ class Runtime:
 
     def _load_or_warn(self, template: Template) -> dict[str, Config]:
         try:
-            return self._in_space(template, self._load(template))
+            return self._served(template, self.source.winners(template))
         except TunesvcError as exc:
             if self.strict:
                 raise
@@ -185,40 +192,30 @@ class Runtime:
             )
             return {}
 
-    def _in_space(self, template: Template, table: dict[str, Config]) -> dict[str, Config]:
-        """The stored winners whose configs lie in the kernel's space, each with every parameter
-        it lacks at its first choice (a config stored before the parameter existed).
+    @property
+    def source(self) -> WinnerSource:
+        """Where this runtime reads winners: its bundle, else its database (./tune.db where none
+        was given), for its device; made on first use, as the device is read then."""
+        if self._source is None:
+            if self.bundle is not None:
+                self._source = BundleSource(self.bundle, self.device)
+            else:  # in mode 'tune' a database that is not there yet is created on the first miss
+                self._source = DatabaseSource(self.db, self.device, absent_is_empty=self.mode == "tune")
+        return self._source
 
-        A stored config comes from a database or bundle, which anyone may have written: one with
-        an unknown parameter, a value outside the choices (BLOCK_M=10**30) or no parameter at all
-        would make the kernel raise in the user's program. Such a key falls back like an untuned
-        one, with one warning per kernel that names the first bad entry (strict: an error).
-        """
-        if not table:
-            return table
-        space = template.space
-        checked: dict[int, Config | str] = {}  # by id: a bundle's winners share its few configs
-        good: dict[str, Config] = {}
-        bad: list[tuple[str, str]] = []
-        for key, config in table.items():
-            result = checked.get(id(config))
-            if result is None:
-                result = checked[id(config)] = space.stored_config(config)
-            if isinstance(result, str):
-                bad.append((key, result))
-            else:
-                good[key] = result
-        if bad:
-            where = self.bundle if self.bundle is not None else self._db_path()
-            key, why = bad[0]
+    def _served(self, template: Template, winners: Winners) -> dict[str, Config]:
+        """The winners the source gave in the kernel's space; those outside it fall back like
+        untuned keys, with one warning per kernel that names the first (strict: an error)."""
+        if winners.outside:
+            key, why = winners.outside[0]
             message = (
-                f"{where}: {len(bad)} stored winner(s) of {template.name} lie outside its space "
-                f"(first: {key[:200]}: {why})"
+                f"{self.source.location}: {len(winners.outside)} stored winner(s) of {template.name} lie outside "
+                f"its space (first: {key[:200]}: {why})"
             )
             if self.strict:
                 raise TunesvcError(f"{message}; re-tune them with `tune sweep` or re-export the bundle.")
             self._warn_once(template.name, "space", f"tunesvc: {message}. Using heuristic configs for those keys.")
-        return good
+        return winners.table
 
     def where(self) -> str:
         """Where winners are read from, as messages name it: a bundle's or SQLite file's absolute
@@ -226,35 +223,7 @@ class Runtime:
         why there is none."""
         if self.mode == "heuristic":
             return "no winners (mode 'heuristic')"
-        if self.bundle is not None:
-            return f"bundle {Path(self.bundle).resolve()}"
-        db = self._db_path()
-        if db is None:
-            return f"no database: {Path('tune.db').resolve()} does not exist (set TUNESVC_DB or TUNESVC_BUNDLE)"
-        text = str(db)
-        if "://" not in text or text.startswith("sqlite:///"):
-            return f"database {Path(text.removeprefix('sqlite:///')).resolve()}"
-        from tunesvc.store import database_name  # a server URL, its password hidden
-
-        return f"database {database_name(text)}"
-
-    def _db_path(self) -> str | os.PathLike | None:
-        if self.db is not None:
-            return self.db
-        default = settings.DEFAULT_DB
-        return default if Path(default).exists() or self.mode == "tune" else None
-
-    def _load(self, template: Template) -> dict[str, Config]:
-        if self.bundle is not None:
-            if self._bundle_data is None:  # read once; each kernel's section is checked when first loaded
-                from tunesvc.bundle import read_bundle
-
-                self._bundle_data = read_bundle(self.bundle, check_kernels=False)
-            return load_bundle_table(self.bundle, self._bundle_data, template, self.device)
-        db = self._db_path()
-        if db is None or (self.mode == "tune" and not _database_exists(db)):
-            return {}
-        return stored_winners(db, template, self.device, readonly=True)
+        return self.source.where()
 
     def _warn_once(self, kernel: str, what: str, message: str, stacklevel: int = 4) -> None:
         if (kernel, what) not in self._warned:
@@ -301,7 +270,7 @@ class Runtime:
             strict=self.strict,
             transfer=self.transfer,
         )
-        runtime._bundle_data = self._bundle_data
+        runtime._source = self.source.on(device)  # a bundle read once serves every device
         return runtime
 
     def _resolve(self, kernel: str | Template, problem: dict[str, Any]) -> LookupResult:
@@ -367,45 +336,13 @@ class Runtime:
         selector = None
         if self.mode != "heuristic":
             try:
-                selector = self._load_selector(template)
+                selector = self.source.selector(template)
             except TunesvcError as exc:
                 if self.strict:
                     raise
                 self._warn_once(template.name, "selector", f"tunesvc: {exc} Not using the selector of {template.name}.")
         with self._lock:
             self._selectors[template.name] = selector
-        return selector
-
-    def _load_selector(self, template: Template) -> Selector | None:
-        from tunesvc.serving.selector import Selector
-
-        if self.bundle is not None:
-            from tunesvc.bundle import bundle_selector
-
-            # read by _load when this kernel's winners were: a lookup loads them before a miss
-            data = bundle_selector(self._bundle_data or {}, template, self.device)
-            where = f"the selector of {template.name} in {self.bundle}"
-        else:
-            db = self._db_path()
-            if db is None or not _database_exists(db):
-                return None
-            from tunesvc.store import Store
-
-            store = Store(db, readonly=True)
-            try:
-                data = store.selector(template.name, template.version, self.device.hardware_id)
-            finally:
-                store.close()
-            where = f"the selector of {template.name} in {db}"
-        if data is None:
-            return None
-        selector = Selector.from_dict(data, where)
-        if selector.version != template.version or selector.hardware_id != self.device.hardware_id:
-            return None
-        for config in selector.candidates:
-            why = template.space.stored_config(config)
-            if isinstance(why, str):
-                raise TunesvcError(f"{where} has a candidate outside the space ({why}); refit it with `tune selector`.")
         return selector
 
     def _transfer_table(self, template: Template) -> chain.Sibling | None:
@@ -417,7 +354,7 @@ class Runtime:
         if template.name in self._siblings:
             return self._siblings[template.name]
         try:
-            table = self._load_transfer_table(template)
+            found = self.source.sibling(template)
         except Exception as exc:  # fails open, as a winner source that cannot be read does
             if self.strict:
                 raise
@@ -427,54 +364,21 @@ class Runtime:
                 f"tunesvc: could not read a sibling GPU model's winners of {template.name} "
                 f"({type(exc).__name__}: {exc}); not transferring them.",
             )
-            table = None
-        if table is not None:
-            winners = self._in_space(template, table.winners)
-            table = transfers.SiblingTable(table.name, table.hardware_id, winners) if winners else None
+            found = None
+        table = None
+        if found is not None:
+            self._served(template, found)
+            table = found.sibling()
         entry = None if table is None else (table, table.parsed())
         with self._lock:
             self._siblings[template.name] = entry
         return entry
 
-    def _load_transfer_table(self, template: Template) -> transfers.SiblingTable | None:
-        """The sibling's winners of ``template`` in this runtime's source: a bundle of a sibling
-        model, or the store's sibling rows (the model with the most keys of the kernel)."""
-        if self.bundle is not None:
-            self._table(template)  # reads the bundle, if no lookup has yet
-            data = self._bundle_data or {}
-            info = data.get("device", {})
-            section = data.get("kernels", {}).get(template.name)
-            if (
-                not transfers.is_sibling(
-                    self.device, info.get("capability", ""), info.get("sm_count", 0), info.get("hardware_id", "")
-                )
-                or not isinstance(section, dict)
-                or section.get("version") != template.version
-            ):
-                return None
-            from tunesvc.bundle import kernel_configs
-
-            winners = kernel_configs(self.bundle, data, template.name)
-            name = info.get("name") or info["hardware_id"]
-            return transfers.SiblingTable(name, info["hardware_id"], dict(winners))
-        db = self._db_path()
-        if db is None or not _database_exists(db):
-            return None
-        from tunesvc.store import Store
-
-        store = Store(db, readonly=True)
-        try:
-            entries = store.sibling_winners(template.name, template.version, self.device)
-        finally:
-            store.close()
-        return transfers.pick_sibling(entries)
-
     def _tune_on_miss(self, template: Template, problem: dict, text: str) -> LookupResult:
         """Hand this miss to mode 'tune''s policy (the tuning side's: it sweeps the key and stores
         it, one process per key), then serve the winner it stored."""
-        db = self.db if self.db is not None else settings.DEFAULT_DB  # what _db_path() gives in mode 'tune'
-        miss = on_miss.MissedKey(db, template, problem, text, self.device, self.strategy, self.budget)
-        table = self._in_space(template, on_miss.policy()(miss))
+        miss = on_miss.MissedKey(self.source.location, template, problem, text, self.device, self.strategy, self.budget)
+        table = self._served(template, in_space(template, on_miss.policy()(miss)))
         with self._lock:
             self._tables[template.name].update(table)
             self._keys.pop(template.name, None)
@@ -534,44 +438,6 @@ def _device_index_reader(device: Device | None) -> Callable[[], int]:
         return get()
 
     return index if not torch.cuda.is_initialized() else get
-
-
-def _database_exists(db: str | os.PathLike) -> bool:
-    """Whether the database is there to read; False for a path the system cannot look up (a
-    name too long, a folder that is a file): no database, where the runtime falls back."""
-    text = str(db)
-    if "://" not in text or text.startswith("sqlite:///"):
-        try:
-            return Path(text.removeprefix("sqlite:///")).exists()
-        except OSError:
-            return False
-    return True  # a server database: the store reports it if it is not there
-
-
-def stored_winners(db: str | os.PathLike, template: Template, device: Device, *, readonly: bool) -> dict[str, Config]:
-    """The winners of ``template`` (its current version) on ``device``'s model in a database,
-    shape key -> config; ``readonly=False`` creates the database if it does not exist."""
-    from tunesvc.store import Store  # the database path only: bundles never import SQLAlchemy
-
-    store = Store(db, readonly=readonly)
-    try:
-        entries = store.winners(kernel=template.name, hardware_id=device.hardware_id, version=template.version)
-    finally:
-        store.close()
-    # the newest measurement wins when several software stacks tuned the same key
-    return {e.shape_key: {**e.config} for e in sorted(entries, key=lambda e: e.updated_at)}
-
-
-def load_bundle_table(
-    path: str | os.PathLike, bundle: dict[str, Any], template: Template, device: Device
-) -> dict[str, Config]:
-    """The winners of one kernel for this device from a bundle (see tunesvc.bundle) read from ``path``."""
-    from tunesvc.bundle import kernel_configs
-
-    if bundle["device"]["hardware_id"] != device.hardware_id or template.name not in bundle["kernels"]:
-        return {}
-    table = kernel_configs(path, bundle, template.name)
-    return table if bundle["kernels"][template.name]["version"] == template.version else {}
 
 
 _default: Runtime | None = None

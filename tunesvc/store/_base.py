@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from tunesvc.records import JobRecord
     from tunesvc.records import Measurement
     from tunesvc.records import MissRecord
+    from tunesvc.records import RejectedTrials
     from tunesvc.records import TrialRecord
     from tunesvc.records import WinnerRecord
     from tunesvc.space import Config
@@ -179,6 +180,14 @@ class BaseStore(ABC):
         self, kernel: str | None = None, device: str | None = None, shape: str | None = None
     ) -> dict[str, int]:
         """Trials by status (for the summary line of `tune show`), filtered as :meth:`winners` is."""
+        ...
+
+    @abstractmethod
+    def rejected_trials(
+        self, kernel: str | None = None, device: str | None = None, shape: str | None = None
+    ) -> list[RejectedTrials]:
+        """Per kernel version and device model with trials (filtered as :meth:`winners` is): its
+        trials and its ``wrong_result`` trials by message (for `tune show`)."""
         ...
 
     @abstractmethod

@@ -65,6 +65,7 @@ from tunesvc.files import open_regular
 from tunesvc.records import DeviceRecord
 from tunesvc.records import JobRecord
 from tunesvc.records import MissRecord
+from tunesvc.records import RejectedTrials
 from tunesvc.records import TrialRecord
 from tunesvc.records import WinnerRecord
 from tunesvc.space import config_hash
@@ -159,7 +160,8 @@ class History:
     kernel_versions: dict[int, Any]
     #: id -> (id, hardware_id and every field of :class:`~tunesvc.device.Device`)
     devices: dict[int, Any]
-    #: (id, sweep_id, kernel_version_id, device_id, shape_key, config_hash, status, time_ms, created_at), by id
+    #: (id, sweep_id, kernel_version_id, device_id, shape_key, config_hash, status, time_ms, created_at,
+    #: message), by id
     trials: list[Any]
     #: (kernel_version_id, device_id, shape_key) -> (..., config, time_ms, trial_id)
     winners: dict[tuple[int, int, str], Any]
@@ -990,6 +992,45 @@ class Store(BaseStore):
         with self.session() as session:
             return {status: count for status, count in session.execute(query).all()}
 
+    def rejected_trials(
+        self, kernel: str | None = None, device: str | None = None, shape: str | None = None
+    ) -> list[RejectedTrials]:
+        """Per kernel version and device model with trials (filtered as :meth:`winners` is): its
+        trials and its ``wrong_result`` trials by message (for `tune show`)."""
+        # plain columns grouped (no expression of a bound value: PostgreSQL takes two of those as different)
+        group = (KernelVersion.kernel, KernelVersion.version, StoredDevice.hardware_id, Trial.status, Trial.message)
+        query = (
+            select(*group, func.count().label("n"))
+            .join(KernelVersion, Trial.kernel_version_id == KernelVersion.id)
+            .join(StoredDevice, Trial.device_id == StoredDevice.id)
+            .group_by(*group)
+        )
+        if kernel is not None:
+            query = query.where(KernelVersion.kernel == kernel)
+        if device is not None:
+            text = device.lower()
+            query = query.where(
+                func.lower(StoredDevice.name).contains(text, autoescape=True)
+                | func.lower(StoredDevice.hardware_id).contains(text, autoescape=True)
+            )
+        if shape is not None:
+            query = query.where(func.lower(Trial.shape_key).contains(shape.lower(), autoescape=True))
+        totals: dict[tuple[str, str, str], int] = {}
+        messages: dict[tuple[str, str, str], dict[str, int]] = {}
+        with self.session() as session:
+            for row in session.execute(query):
+                at = (row.kernel, row.version, row.hardware_id)
+                totals[at] = totals.get(at, 0) + row.n
+                said = messages.setdefault(at, {})
+                if row.status == "wrong_result":
+                    said[row.message or ""] = said.get(row.message or "", 0) + row.n
+        return [
+            RejectedTrials(
+                kernel=k, kernel_version=v, hardware_id=h, trials=totals[(k, v, h)], wrong=messages[(k, v, h)]
+            )
+            for k, v, h in sorted(totals)
+        ]
+
     def history(self, kernel: str | None = None) -> History:
         """Every kernel version, device, trial (of ``kernel``, if given), winner and sweep."""
         device_columns = [getattr(StoredDevice, f) for f in ("id", "hardware_id", *Device.__dataclass_fields__)]
@@ -1003,6 +1044,7 @@ class Store(BaseStore):
             Trial.status,
             Trial.time_ms,
             Trial.created_at,
+            Trial.message,
         ).order_by(Trial.id)
         if kernel is not None:
             trials = trials.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(

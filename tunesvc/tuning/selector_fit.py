@@ -35,11 +35,11 @@ from typing import Any
 from tunesvc import settings
 from tunesvc.errors import TunesvcError
 from tunesvc.serving import chain
-from tunesvc.serving import transfer as transfers
 from tunesvc.serving.selector import Distance
 from tunesvc.serving.selector import Selector
-from tunesvc.serving.selector import stored_selector
 from tunesvc.serving.selector import to_float32
+from tunesvc.serving.source import DatabaseSource
+from tunesvc.serving.source import newest_per_key
 from tunesvc.space import config_hash
 
 if TYPE_CHECKING:
@@ -104,8 +104,7 @@ class TrainingSet:
 def tuned_winners(store: Store, template: Template, hardware_id: str) -> dict[str, Config]:
     """Shape key -> winner config of the template's current version on this device model
     (the newest measurement where several software stacks tuned a key, as the runtime reads)."""
-    entries = store.winners(kernel=template.name, hardware_id=hardware_id, version=template.version)
-    return {e.shape_key: dict(e.config) for e in sorted(entries, key=lambda e: e.updated_at)}
+    return newest_per_key(store.winners(kernel=template.name, hardware_id=hardware_id, version=template.version))
 
 
 def distinct_candidates(winners: dict[str, Config], extra: dict[str, Config] | None = None) -> tuple[Config, ...]:
@@ -503,29 +502,28 @@ def untuned_answer(
 ) -> tuple[str, Config]:
     """(source, config) the runtime launches for ``problem`` on ``device`` from ``store`` while
     the problem's shape key has no winner: the one chain (:mod:`tunesvc.serving.chain`) less its
-    exact step, over the store's winners, its selector (passed over where it cannot be read, as
-    the runtime passes over it) and a sibling GPU model's winners (``transfer``, default: settings)."""
+    exact step, over what the store gives as the runtime's winner source
+    (:class:`tunesvc.serving.source.DatabaseSource`): its winners in the space, its selector
+    (passed over where it cannot be read, as the runtime passes over it) and a sibling GPU model's
+    winners (``transfer``, default: settings)."""
     from tunesvc.template import ShapeKey
 
+    source = DatabaseSource(store, device)
     key = template.key(problem)
-    winners = {k: c for k, c in tuned_winners(store, template, device.hardware_id).items() if k != str(key)}
+    winners = {k: c for k, c in source.winners(template).table.items() if k != str(key)}
 
     def selector() -> Selector | None:
         try:
-            return stored_selector(store, template, device.hardware_id)
+            return source.selector(template)
         except TunesvcError:
             return None
 
     def sibling() -> chain.Sibling | None:
         if not (settings.transfer_enabled() if transfer is None else transfer):
             return None
-        found = transfers.pick_sibling(store.sibling_winners(template.name, template.version, device))
-        if found is None:
-            return None
-        checked = {k: template.space.stored_config(c) for k, c in found.winners.items()}
-        fits = {k: c for k, c in checked.items() if not isinstance(c, str)}  # in the space, as the runtime keeps
-        table = transfers.SiblingTable(found.name, found.hardware_id, fits)
-        return table, table.parsed()
+        found = source.sibling(template)
+        table = None if found is None else found.sibling()
+        return None if table is None else (table, table.parsed())
 
     parsed = [(ShapeKey.parse(k), k) for k in winners]
     result = chain.answer(template, problem, key, device, winners, lambda: parsed, selector, sibling)

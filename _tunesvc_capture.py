@@ -112,12 +112,14 @@ def _start(autotuner) -> None:
     except Exception as exc:  # capture fails open: tunesvc that cannot start leaves Triton be
         import warnings
 
-        warnings.warn(
+        message = (
             f"tunesvc: capture could not start ({type(exc).__name__}: {exc}); triton.autotune kernels run "
-            "as Triton's own. Check that tunesvc imports (python -c 'import tunesvc').",
-            RuntimeWarning,
-            stacklevel=3,
+            "as Triton's own. Check that tunesvc imports (python -c 'import tunesvc')."
         )
+        try:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        except Exception:  # an error filter (-W error) would end the launch: said on stderr instead
+            sys.stderr.write(f"RuntimeWarning: {message}\n")
 
 
 class _Finder:

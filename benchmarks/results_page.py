@@ -184,7 +184,7 @@ def _gemm_heldout(results_dir: Path) -> list[str]:
             if ratio is None or ratio >= low_target:
                 continue
             roofline = (
-                f"reached {_share(r['roofline'])} of its roofline, cuBLAS {float(r['roofline']) * ratio:.0%}"
+                f"reached {_share(r['roofline'])} of its roofline, cuBLAS {float(r['roofline']) / ratio:.0%}"
                 if r["roofline"]
                 else "recorded no roofline"
             )

@@ -1,6 +1,8 @@
 """Triton kernel templates shipped with tunesvc, one family per module, importable as
 ``tunesvc.kernels``. Each module defines its ``@triton.jit`` kernels, a ``TEMPLATE`` and the
 user-facing function that launches with the tuned config (e.g. ``tunesvc.kernels.matmul``).
+The families share a few underscore helpers among themselves (``matmul._use_torch_allocator``),
+never outside this package.
 
 Under any other name this package is empty: with the source folder on ``sys.path``
 (``PYTHONPATH=$PWD``) it is importable as a top-level ``kernels``, the name of an unrelated

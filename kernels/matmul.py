@@ -49,7 +49,6 @@ from tunesvc.space import Config
 # the template (torch-free, in tunesvc.templates) and its names, importable from here as before
 from tunesvc.templates.matmul import TEMPLATE as TEMPLATE
 from tunesvc.templates.matmul import MatmulTemplate as MatmulTemplate
-from tunesvc.templates.matmul import _config as _config
 from tunesvc.templates.matmul import tail_split as tail_split
 
 VARIANTS = ("grouped", "persistent", "tma", "splitk", "splittail")

@@ -270,7 +270,7 @@ def test_capture_routes_kernels_decorated_before_and_after(tmp_db):
         torch.testing.assert_close(out, x + y)
         after[grid(n)](x, y, out, n, 0.25)
         torch.testing.assert_close(out, 0.25 * x + y)
-    assert handle.closed and Autotuner.run is CAPTURE._TRITON_RUN
+    assert handle.closed and Autotuner.run is CAPTURE.TRITON_AUTOTUNER_RUN
     keys = {r.shape_key for r in trials(tmp_db)}
     assert keys == {
         "n=201,x_ptr.dtype=float32,y_ptr.dtype=float32,out_ptr.dtype=float32",

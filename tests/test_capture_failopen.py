@@ -85,10 +85,10 @@ def _boom(*args, **kwargs):
 #: stage -> (where the fault is injected, the stage the warning names): a function is patched in the
 #: module whose code calls it (tunesvc._capture re-exports names; patching it there injects nothing)
 FAULTS = {
-    "look up": (capture_sharing._Shared, "table", "look up"),
-    "prune": (capture_bench, "_pruned", "prune"),
+    "look up": (capture_sharing.Shared, "table", "look up"),
+    "prune": (capture_bench, "pruned_configs", "prune"),
     "claim": (claim.KeyClaim, "__enter__", "claim"),
-    "compile": (capture_tune, "_precompiled", "measure"),
+    "compile": (capture_tune, "precompiled_configs", "measure"),
     "check": (capture_bench, "relative_error", "measure"),
     "time": (capture_bench.CaptureBench, "measure", "measure"),
     "store": (Store, "add_trials", "store"),
@@ -139,7 +139,7 @@ def test_a_fault_in_a_subclass_autotuners_cache_lets_the_subclass_search_as_alon
             return self.fn.run(*args, **kwargs, **config.all_kwargs())
 
     tuner = OwnRun(_scale, _scale.arg_names, CONFIGS, ["n"], None, None, do_bench=cpu_bench)
-    monkeypatch.setattr(capture_sharing._Shared, "table", _boom)
+    monkeypatch.setattr(capture_sharing.Shared, "table", _boom)
     x, out = torch.randn(N), torch.empty(N)
     with tunesvc.capture(db=tmp_db), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -607,16 +607,16 @@ def test_finalists_are_the_candidates_within_the_window_of_the_fastest():
         return Measurement(Status.OK, time_ms=ms, spread=0.0, reps=1)
 
     wrong = Measurement(Status.WRONG_RESULT, time_ms=0.5, rel_error=1.0)
-    assert CAPTURE._contenders([ok(1.0), ok(1.2), wrong]) == 1  # ahead by more than the window
-    assert CAPTURE._contenders([ok(1.03), ok(1.0), ok(1.2)]) == 2
-    assert CAPTURE._contenders([ok(1.0)] * 5) == CAPTURE.FINALISTS
-    assert CAPTURE._contenders([wrong]) == 0
+    assert CAPTURE.contender_count([ok(1.0), ok(1.2), wrong]) == 1  # ahead by more than the window
+    assert CAPTURE.contender_count([ok(1.03), ok(1.0), ok(1.2)]) == 2
+    assert CAPTURE.contender_count([ok(1.0)] * 5) == CAPTURE.FINALISTS
+    assert CAPTURE.contender_count([wrong]) == 0
 
 
 def test_only_keys_hashed_by_identity_are_left_to_triton():
-    assert CAPTURE._by_identity(torch.zeros(1)) and CAPTURE._by_identity((1, torch.zeros(1)))
-    assert CAPTURE._by_identity(object())
-    assert not any(CAPTURE._by_identity(v) for v in (None, 3, 2.5, True, "x", torch.float16, (1, 2), tl.float16))
+    assert CAPTURE.by_identity(torch.zeros(1)) and CAPTURE.by_identity((1, torch.zeros(1)))
+    assert CAPTURE.by_identity(object())
+    assert not any(CAPTURE.by_identity(v) for v in (None, 3, 2.5, True, "x", torch.float16, (1, 2), tl.float16))
 
 
 def _outcome(call):
@@ -663,12 +663,12 @@ def test_a_call_triton_refuses_is_refused_the_same_under_capture(how, tmp_db):
 def _launch_in_child(n, queue):
     import tunesvc._capture.sharing as sharing
 
-    inherited = len(sharing._shared)
+    inherited = len(sharing.SHARED)
     kernel = FORKED[0]
     x, out = torch.randn(n), torch.empty(n)
     kernel[grid(n)](x, out, n, 2.0)
     torch.testing.assert_close(out, x * 2.0)
-    queue.put((inherited, sum(s._store is not None for s in sharing._shared.values())))
+    queue.put((inherited, sum(s._store is not None for s in sharing.SHARED.values())))
 
 
 FORKED: list = []
@@ -685,7 +685,7 @@ def test_a_forked_child_tunes_on_connections_of_its_own(tmp_db):
     FORKED[:] = [autotuned(_scale)]
     with tunesvc.capture(db=tmp_db):
         FORKED[0][grid(N)](torch.randn(N), torch.empty(N), N, 2.0)  # the parent's store is open
-        assert any(s._store is not None for s in sharing._shared.values())
+        assert any(s._store is not None for s in sharing.SHARED.values())
         context = multiprocessing.get_context("fork")
         queue = context.Queue()
         child = context.Process(target=_launch_in_child, args=(N + 7, queue))

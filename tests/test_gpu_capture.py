@@ -12,12 +12,18 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
+import triton
+import triton.language as tl
+from _capture import captured_name
+from _capture import trial_total
 from _capture import trials_by_kernel
 from _library_kernels import CASES
 from _library_kernels import CONFIGS
 from _library_kernels import run
 
 import tunesvc
+from tunesvc._capture import STATS
 
 pytestmark = pytest.mark.gpu
 
@@ -153,3 +159,49 @@ def test_flag_gems_replacing_torch_ops_under_capture(tmp_db, tmp_path):
     stored = trials_by_kernel(tmp_db)
     assert any(k.startswith("flag_gems.") for k in stored), stored
     assert not any(statuses["wrong_result"] for statuses in stored.values()), stored
+
+
+@triton.jit
+def _graph_scale(x_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def test_a_first_launch_inside_cuda_graph_capture_measures_nothing_replays_and_is_tuned_outside(tmp_db):
+    """triton.autotune benchmarks a new key inside the capture, which invalidates it
+    (cudaErrorStreamCaptureInvalidated); captured, the graph holds the first config and the key
+    is tuned at its next launch outside a graph."""
+    configs = [triton.Config({"BLOCK": b}, num_warps=w) for b in (256, 1024) for w in (4, 8)]
+    kernel = triton.autotune(configs=configs, key=["n"])(_graph_scale)
+    n = 1 << 20
+    x = torch.randn(n, device="cuda")
+    out = torch.zeros_like(x)
+
+    def launch():
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n, 3.0)
+
+    with tunesvc.capture(db=tmp_db):
+        STATS.clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            launch()
+        assert STATS["in_graph"] == 1 and STATS["benchmarks"] == 0 and STATS["tuned"] == 0
+        assert kernel.best_config is configs[0] and not kernel.cache
+        x.copy_(torch.randn(n, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, 3.0 * x)
+        assert trial_total(tmp_db) == 0
+
+        out.zero_()
+        launch()  # the next launch outside a graph tunes the key
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, 3.0 * x)
+        assert STATS["tuned"] == 1 and STATS["benchmarks"] >= len(configs)
+        assert trials_by_kernel(tmp_db)[captured_name(kernel)]["ok"] == len(configs)
+
+        out.zero_()
+        graph.replay()  # the graph keeps the config it was captured with, and still replays
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, 3.0 * x)

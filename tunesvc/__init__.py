@@ -7,6 +7,7 @@ torch, Triton nor SQLAlchemy, so the `tune` CLI answers --help and shell complet
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -30,6 +31,23 @@ def _tune_on_miss(miss: _on_miss.MissedKey) -> dict[str, Any]:
 
 
 _on_miss.register(_tune_on_miss)
+
+from tunesvc import shipped as _shipped  # noqa: E402
+
+
+def _kernels_of(family: str) -> ModuleType:
+    """A shipped template's kernel module, handed to the templates here: the kernels import their
+    templates, so the templates never import the kernels."""
+    return importlib.import_module(f"tunesvc.kernels.{family}")
+
+
+def _template_module(name: str) -> ModuleType:
+    """A shipped template's module, handed to the catalogue (tunesvc.template) here: the
+    templates subclass its Template, so it never imports them."""
+    return importlib.import_module(f"tunesvc.templates.{name}")
+
+
+_shipped.use_loaders(kernels=_kernels_of, templates=_template_module)
 
 if TYPE_CHECKING:
     from tunesvc._capture import capture

@@ -1,12 +1,14 @@
 """Values that cross layers: a measurement and its status, made by the measurers
 (:mod:`tunesvc.bench`) and kept by the store (:mod:`tunesvc.store`), which does not import the
 measurers; and the records the store returns (rows as frozen values, as Optuna's storages
-return ``FrozenTrial``). Imports nothing of tunesvc's.
+return ``FrozenTrial``), and the values that cross layers beside them (a winner as users see it,
+a claimed job). Imports nothing of tunesvc's.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -170,3 +172,36 @@ class MissRecord:
     status: str
     first_seen: datetime
     last_seen: datetime
+
+
+# -- values the store returns that are not one row's columns -----------------------------------
+
+
+@dataclass(frozen=True)
+class WinnerEntry:
+    """A winner as users see it (detached from the ORM session)."""
+
+    kernel: str
+    kernel_version: str
+    device: str
+    hardware_id: str
+    shape_key: str
+    config: dict[str, Any]
+    time_ms: float
+    updated_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "updated_at": self.updated_at.isoformat()}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A claimed job of a shared sweep (see :mod:`tunesvc.fleet.jobs`), detached from the database session."""
+
+    id: int
+    kernel: str
+    shape_key: str
+    problem: dict
+    strategy: str
+    budget: int | None
+    seed: int

@@ -21,6 +21,7 @@ Modes, the same for the shipped kernels' runtime, captured ``triton.autotune`` k
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 MODES = ("tune", "lookup", "heuristic", "off")
@@ -77,7 +78,11 @@ _warned: set[tuple[str, str]] = set()
 def _warn(name: str, value: str, fix: str, used: object) -> None:
     if (name, value) not in _warned:  # once per variable and value, however often it is read
         _warned.add((name, value))
-        warnings.warn(f"tunesvc: {name}={value!r} {fix}; using {used!r}.", RuntimeWarning, stacklevel=3)
+        message = f"tunesvc: {name}={value!r} {fix}; using {used!r}."
+        try:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        except Exception:  # an error filter (-W error): said on stderr, never raised (see tunesvc.text.warn)
+            sys.stderr.write(f"RuntimeWarning: {message}\n")
 
 
 def raw(name: str, default: str | None = None) -> str | None:

@@ -15,7 +15,7 @@ The space lives in ``search_spaces/<name>.toml`` beside the kernels folder (or w
 ``space_path`` points). The version is a hash of the template's module source, so an edited
 kernel never reuses configs tuned for the old one.
 
-Shipped templates are found by name in :mod:`tunesvc.kernels`; users' own templates load by
+Shipped templates are found by name in :data:`SHIPPED` (modules of :mod:`tunesvc.templates`); users' own templates load by
 ``module:attribute`` or through the ``tunesvc.templates`` entry point group.
 """
 
@@ -458,7 +458,10 @@ def get_template(name: str) -> Template:
     name = canonical_name(name)
     if name in SHIPPED:
         module_name, _, attr = SHIPPED[name].partition(":")
-        return _instantiate(getattr(importlib.import_module(f"tunesvc.templates.{module_name}"), attr), name)
+        # through the loader the package root sets: this module never imports a template, which subclasses its Template
+        from tunesvc.shipped import template_module
+
+        return _instantiate(getattr(template_module(module_name), attr), name)
     from importlib.metadata import entry_points  # here, not at the top: every `tune` start would pay for it
 
     points = list(entry_points(group="tunesvc.templates"))

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import html
 import re
+import sys
 import unicodedata
+import warnings
 
 #: Unicode categories a terminal acts on or shows as nothing instead of a glyph: controls (Cc:
 #: C0, C1, DEL), format characters (Cf: zero-width spaces and joiners, bidirectional marks,
@@ -63,3 +65,17 @@ def natural_order(text: str) -> tuple[tuple[int, int | str], ...]:
     return tuple(
         (1, int(part)) if part.isascii() and part.isdigit() else (0, part) for part in _NUMBERS.split(text) if part
     )
+
+
+def warn(message: str, category: type[Warning] = RuntimeWarning, stacklevel: int = 1) -> None:
+    """``warnings.warn`` for a line tunesvc says while it serves a program: where a filter turns
+    warnings into errors (``python -W error``, ``PYTHONWARNINGS=error``, pytest's
+    ``filterwarnings = error``), the line goes to stderr instead, since a warning of tunesvc's
+    raised inside a user's launch would end a program that runs without tunesvc."""
+    try:
+        warnings.warn(message, category, stacklevel=stacklevel + 1)
+    except Exception:  # an error filter raised it (or a showwarning hook failed): said, never raised
+        try:
+            sys.stderr.write(f"{category.__name__}: {message}\n")
+        except Exception:  # no stderr to write to (closed, a broken pipe): nothing left to say it on
+            pass

@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import os
 import time
-import warnings
 
 from tunesvc import settings
 from tunesvc.errors import TunesvcError
 from tunesvc.files import append_line
 from tunesvc.files import read_regular
+from tunesvc.text import warn
 
 ENV = "TUNESVC_TIMELINE"
 #: the most of a timeline file :func:`read` reads (a sweep's is a few KiB)
@@ -53,7 +53,7 @@ def mark(event: str, *, once: bool = True, **detail: object) -> None:
     except TunesvcError as exc:  # a FIFO or a device: said once, never waited on
         if path not in _refused:
             _refused.add(path)
-            warnings.warn(f"tunesvc: {ENV}: {exc} No timeline is written.", RuntimeWarning, stacklevel=2)
+            warn(f"tunesvc: {ENV}: {exc} No timeline is written.", RuntimeWarning, stacklevel=2)
     except OSError:  # a timeline that cannot be written never stops a sweep
         pass
 

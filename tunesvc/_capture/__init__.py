@@ -33,13 +33,13 @@ call) is one warning line naming the kernel, the reason and what to do, and the 
 later launch of that kernel in the process, runs as Triton's own autotuner would. Tuning leaves
 no trace but the store: it measures on aliases of the call's tensors (``Tensor.data``: autograd
 version counters untouched), without autograd, with the RNG state, the current device and stream
-put back, and the tensors' contents restored (see :func:`tunesvc._capture.bench._untraced`).
+put back, and the tensors' contents restored (see :func:`tunesvc._capture.bench.untraced`).
 
 The modules, each importing only those listed before it:
 
 - :mod:`~tunesvc._capture.identity`: kernel names and versions, key text, stored configs, and a
   captured kernel as the store and the runtime see it (no torch, no Triton: `tune lookup` reads it);
-- :mod:`~tunesvc._capture.failopen`: failing open (:func:`~tunesvc._capture.failopen._give_up`),
+- :mod:`~tunesvc._capture.failopen`: failing open (:func:`~tunesvc._capture.failopen.give_up`),
   the process's counters and the summary;
 - :mod:`~tunesvc._capture.sharing`: :class:`Settings`, what the kernels of one Settings share, and
   each kernel's own state;
@@ -50,6 +50,10 @@ The modules, each importing only those listed before it:
 - :mod:`~tunesvc._capture.miss`: a key's first launch, stored, tuned or the fallback;
 - :mod:`~tunesvc._capture.launch`: the launch path, :class:`CapturedKernel` and :func:`autotune`,
   :func:`capture` and :func:`uncapture`.
+
+What these modules share is their internal surface, named without an underscore (the package
+itself is private: ``tunesvc._capture``): ``give_up``, ``STAGE``, ``State``, ``Shared``,
+``pruned_configs``, ``measure_configs`` ...; a name with an underscore is its own module's alone.
 
 The names below load on first use (PEP 562), each from the module that defines it, so that
 importing :mod:`tunesvc._capture.identity` imports no torch. A test that patches a name patches
@@ -65,7 +69,7 @@ from typing import Any
 if TYPE_CHECKING:
     from tunesvc._capture.bench import FINALISTS
     from tunesvc._capture.bench import CaptureBench
-    from tunesvc._capture.bench import _contenders
+    from tunesvc._capture.bench import contender_count
     from tunesvc._capture.failopen import STATS
     from tunesvc._capture.failopen import stats
     from tunesvc._capture.failopen import summary_line
@@ -76,7 +80,7 @@ if TYPE_CHECKING:
     from tunesvc._capture.identity import kernel_name
     from tunesvc._capture.identity import kernel_version
     from tunesvc._capture.identity import key_text
-    from tunesvc._capture.launch import _TRITON_RUN
+    from tunesvc._capture.launch import TRITON_AUTOTUNER_RUN
     from tunesvc._capture.launch import Capture
     from tunesvc._capture.launch import CapturedKernel
     from tunesvc._capture.launch import autotune
@@ -84,7 +88,7 @@ if TYPE_CHECKING:
     from tunesvc._capture.launch import capture_from_env
     from tunesvc._capture.launch import capturing
     from tunesvc._capture.launch import uncapture
-    from tunesvc._capture.miss import _by_identity
+    from tunesvc._capture.miss import by_identity
     from tunesvc._capture.precompile import RecordedKernel
     from tunesvc._capture.precompile import compile_workers
     from tunesvc._capture.recorded import check_call
@@ -99,7 +103,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "FINALISTS": "bench",
     "CaptureBench": "bench",
-    "_contenders": "bench",
+    "contender_count": "bench",
     "STATS": "failopen",
     "stats": "failopen",
     "summary_line": "failopen",
@@ -110,7 +114,7 @@ _EXPORTS = {
     "kernel_name": "identity",
     "kernel_version": "identity",
     "key_text": "identity",
-    "_TRITON_RUN": "launch",
+    "TRITON_AUTOTUNER_RUN": "launch",
     "Capture": "launch",
     "CapturedKernel": "launch",
     "autotune": "launch",
@@ -118,7 +122,7 @@ _EXPORTS = {
     "capture_from_env": "launch",
     "capturing": "launch",
     "uncapture": "launch",
-    "_by_identity": "miss",
+    "by_identity": "miss",
     "RecordedKernel": "precompile",
     "compile_workers": "precompile",
     "check_call": "recorded",
@@ -147,7 +151,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "FINALISTS",
     "STATS",
-    "_TRITON_RUN",
+    "TRITON_AUTOTUNER_RUN",
     "Capture",
     "CaptureBench",
     "CapturedKernel",
@@ -155,15 +159,15 @@ __all__ = [
     "CapturedTemplate",
     "RecordedKernel",
     "Settings",
-    "_by_identity",
-    "_contenders",
     "autotune",
+    "by_identity",
     "capture",
     "capture_from_env",
     "capturing",
     "check_call",
     "compile_workers",
     "config_dict",
+    "contender_count",
     "describe_call",
     "find_autotuner",
     "kernel_name",

@@ -363,7 +363,7 @@ def autotune(
                 "runtime, reference, output and heuristic belong to a space= kernel; a triton.Config list "
                 "checks candidates against the first valid config."
             )
-        from tunesvc._capture import autotune as captured_autotune
+        from tunesvc._capture.launch import autotune as captured_autotune
 
         return captured_autotune(
             configs,
@@ -442,6 +442,17 @@ def tuned(kernel: Any, space: str | os.PathLike | Sequence[Config], key: Sequenc
 def _forget_all() -> None:
     for kernel in list(_KERNELS):
         kernel.forget()
+
+
+def _locks_remade_in_the_child() -> None:
+    """In a forked child: each kernel's lock made anew (one held by a parent's thread tuning a
+    key at the fork would be held for ever in the child, where that thread does not exist)."""
+    for kernel in list(_KERNELS):
+        kernel._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_locks_remade_in_the_child)
 
 
 _runtime.on_configure.append(_forget_all)

@@ -1,11 +1,11 @@
 """Checking and timing a captured key's candidates on the call's own arguments.
 
-The candidates are the configs Triton's pruning keeps for the call (:func:`_pruned`,
-:class:`_Pruned`); :class:`CaptureBench` measures each (its output against the first valid
-config's, the inputs restored before each one), :func:`_measured` runs it over the candidates and
-:func:`_contenders` says how many finalists are re-timed. Measuring leaves no trace but the store:
-:func:`_untraced` (no autograd; the RNG, the device and the stream put back), :func:`_aliased`
-(the call's tensors under version counters of their own), and :func:`_measuring`, which marks the
+The candidates are the configs Triton's pruning keeps for the call (:func:`pruned_configs`,
+:class:`Pruned`); :class:`CaptureBench` measures each (its output against the first valid
+config's, the inputs restored before each one), :func:`measure_configs` runs it over the candidates and
+:func:`contender_count` says how many finalists are re-timed. Measuring leaves no trace but the store:
+:func:`untraced` (no autograd; the RNG, the device and the stream put back), :func:`aliased`
+(the call's tensors under version counters of their own), and :func:`measuring_context`, which marks the
 thread so that the autotuned launches the measuring causes tune nothing.
 """
 
@@ -24,14 +24,15 @@ from typing import Any
 import torch
 
 from tunesvc import settings
+from tunesvc._capture.failopen import LeftToTriton
 from tunesvc._capture.identity import config_dict
 from tunesvc.bench import Bench
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
+from tunesvc.bench import compile_error_types
+from tunesvc.bench import one_line as _one_line
+from tunesvc.bench import out_of_resources_types
 from tunesvc.bench import relative_error
-from tunesvc.bench._base import one_line as _one_line
-from tunesvc.bench._inprocess import _compile_error_types
-from tunesvc.bench._inprocess import _out_of_resources_types
 from tunesvc.space import config_hash
 
 if TYPE_CHECKING:
@@ -48,16 +49,16 @@ LOOSE_TOLERANCE = settings.CONFIG_TOLERANCE_OTHER
 #: rounds of the finalists' re-measurement on a GPU (tunesvc.tuning.sweep's interleaved rounds)
 FINALISTS = 3
 #: candidates whose first time is within this fraction of the fastest's are re-timed as finalists
-#: (see :func:`_contenders`)
+#: (see :func:`contender_count`)
 FINALIST_WINDOW = 0.05
 
 
-#: how deep this thread is in tunesvc's own measuring of a kernel (see :func:`_measuring`)
-_MEASURING = threading.local()
+#: how deep this thread is in tunesvc's own measuring of a kernel (see :func:`measuring_context`)
+MEASURING = threading.local()
 
 
 @contextmanager
-def _measuring() -> Iterator[None]:
+def measuring_context() -> Iterator[None]:
     """Mark this thread as measuring: autotuned launches that the measuring itself causes tune
     nothing. A library may have put autotuned kernels under torch's ops (FlagGems' ``use_gems``
     and ``enable`` replace the CUDA kernels of norm, sub, copy and others), and tunesvc's checks
@@ -65,19 +66,19 @@ def _measuring() -> Iterator[None]:
     the same kernel's key again inside its own (its lock is held). Such a key gets its stored
     winner or the fallback, and is not remembered: when the program launches it, it is tuned.
     """
-    _MEASURING.depth = getattr(_MEASURING, "depth", 0) + 1
+    MEASURING.depth = getattr(MEASURING, "depth", 0) + 1
     try:
         yield
     finally:
-        _MEASURING.depth -= 1
+        MEASURING.depth -= 1
 
 
-def _nested() -> bool:
-    return getattr(_MEASURING, "depth", 0) > 0
+def is_nested() -> bool:
+    return getattr(MEASURING, "depth", 0) > 0
 
 
 @contextmanager
-def _untraced(tensors: list[torch.Tensor]) -> Iterator[None]:
+def untraced(tensors: list[torch.Tensor]) -> Iterator[None]:
     """Tuning leaves no trace but the store: no autograd graph (inference mode where the call's
     tensors are inference tensors, which only it may write), the RNG states, the current CUDA
     device and stream as they were."""
@@ -95,7 +96,7 @@ def _untraced(tensors: list[torch.Tensor]) -> Iterator[None]:
             torch.cuda.set_stream(stream)  # type: ignore[arg-type]
 
 
-def _aliased(values: Any) -> Any:
+def aliased(values: Any) -> Any:
     """The call's arguments with each tensor as ``Tensor.data``: the same memory under a version
     counter of its own, so that restoring the inputs between candidates (and reset_to_zero,
     restore_value) never bumps the version of a tensor autograd saved for backward."""
@@ -103,7 +104,7 @@ def _aliased(values: Any) -> Any:
     def alias(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return v.data
-        base = v.base if _is_descriptor(v) else None
+        base = v.base if is_descriptor(v) else None
         if isinstance(base, torch.Tensor) and dataclasses.is_dataclass(v) and not isinstance(v, type):
             return dataclasses.replace(v, base=base.data)
         return v
@@ -113,7 +114,7 @@ def _aliased(values: Any) -> Any:
     return tuple(alias(v) for v in values)
 
 
-def _pruned(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+def pruned_configs(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
     """The configs Triton's pruning keeps for a call, each once (a list may repeat one: torchao's
     int8 GEMM lists two of its 27 twice). ``prune_configs`` reads the call from ``tuner.nargs``,
     which is put back as it was after: a subclass's own run (FlagGems' LibTuner) sets it before
@@ -130,8 +131,8 @@ def _pruned(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
     return list(unique.values())
 
 
-class _Pruned:
-    """The configs Triton's pruning keeps for one call (:func:`_pruned`), computed on first use."""
+class Pruned:
+    """The configs Triton's pruning keeps for one call (:func:`pruned_configs`), computed on first use."""
 
     def __init__(self, tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> None:
         self._call = (tuner, args, kwargs)
@@ -139,8 +140,31 @@ class _Pruned:
 
     def __call__(self) -> list[Any]:
         if self._configs is None:
-            self._configs = _pruned(*self._call)
+            tuner, args, kwargs = self._call
+            try:
+                kept = pruned_configs(tuner, args, kwargs)
+            except Exception as exc:
+                if not _raised_by_pruning(exc):
+                    raise
+                # the kernel's own pruning refuses the call: Triton's run raises it, in its words
+                raise LeftToTriton from exc
+            if not kept:  # an early_config_prune that kept nothing (Triton 3.6 has no check of its own)
+                raise LeftToTriton
+            self._configs = kept
         return self._configs
+
+
+def _raised_by_pruning(exc: BaseException) -> bool:
+    """Whether ``exc`` came from the autotuner's ``prune_configs`` (Triton's, or a subclass's; the
+    kernel's ``early_config_prune`` and ``perf_model`` run inside it), not from tunesvc's own code:
+    the frame that :func:`pruned_configs` called is ``prune_configs``."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is pruned_configs.__code__:
+            below = tb.tb_next
+            return below is not None and below.tb_frame.f_code.co_name == "prune_configs"
+        tb = tb.tb_next
+    return False
 
 
 class CaptureBench(Bench):
@@ -180,7 +204,7 @@ class CaptureBench(Bench):
         self._grids = grids
         #: every config a finalist's stored dict may name: listed, or built by the pruner for this call
         self._configs = {config_hash(config_dict(c)): c for c in (*tuner.configs, *candidates)}
-        self._tensors = _tensors_of(self.inputs)
+        self._tensors = tensors_of(self.inputs)
         self._names = _tensor_names(tuner, self.inputs, self._tensors)
         self._pristine = [t.clone() for t in self._tensors]
         #: the tensors the autotuner zeroes before each launch (reset_to_zero), by position
@@ -249,9 +273,9 @@ class CaptureBench(Bench):
         try:
             outputs = self._launch(config, self.inputs, check=True, starts=starts)
             self._sync()
-        except _out_of_resources_types() as exc:
+        except out_of_resources_types() as exc:
             return Measurement(Status.INVALID, message=_one_line(exc))
-        except _compile_error_types() as exc:
+        except compile_error_types() as exc:
             return Measurement(Status.COMPILE_ERROR, message=_one_line(exc))
         except Exception as exc:  # a candidate's failure is data
             return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {_one_line(exc)}")
@@ -265,7 +289,7 @@ class CaptureBench(Bench):
             err = 0.0
         elif not self._ref_finite and self._finite(outputs):
             # the reference wrote NaN or inf where this config writes none: this one takes over,
-            # and the configs measured before it are to be judged again (see _measured)
+            # and the configs measured before it are to be judged again (see measure_configs)
             self.ref, self._ref_starts, self._ref_finite, self.took_over = outputs, starts, True, True
             err = 0.0
         else:
@@ -327,7 +351,7 @@ class CaptureBench(Bench):
         return lambda inputs: lambda: self._launch(config, inputs)
 
 
-def _contenders(measured: list[Measurement]) -> int:
+def contender_count(measured: list[Measurement]) -> int:
     """How many of a key's fastest correct candidates the finalists' re-timing takes: those whose
     first time is within FINALIST_WINDOW of the fastest, at most FINALISTS. Long replays are spent
     only where they can change the answer: a fastest candidate ahead of every other by more
@@ -448,7 +472,9 @@ def launch_listed(
     return result
 
 
-def _measured(bench: CaptureBench, configs: list[Any], ready: Callable[[int], None] | None = None) -> list[Measurement]:
+def measure_configs(
+    bench: CaptureBench, configs: list[Any], ready: Callable[[int], None] | None = None
+) -> list[Measurement]:
     """Each config measured by ``bench`` (once ``ready(i)`` returns, where given); where one takes
     over as the reference, the configs before it are measured again, against it."""
     out: list[Measurement] = []
@@ -480,14 +506,14 @@ def _write(t: torch.Tensor, values: torch.Tensor) -> None:
     t.as_strided((extent,), (1,))[spots] = values.flatten().to(t.dtype)
 
 
-def _tensors_of(inputs: tuple[tuple, dict[str, Any]]) -> list[torch.Tensor]:
+def tensors_of(inputs: tuple[tuple, dict[str, Any]]) -> list[torch.Tensor]:
     """The call's tensors: its tensor arguments and the tensors under its host-side tensor
     descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``: FlagGems' host-TMA GEMM
     takes A, B and C only so), each once."""
     args, kwargs = inputs
     found: dict[int, torch.Tensor] = {}
     for v in (*args, *kwargs.values()):
-        tensor = v.base if _is_descriptor(v) else v
+        tensor = v.base if is_descriptor(v) else v
         if isinstance(tensor, torch.Tensor):
             found.setdefault(id(tensor), tensor)
     return list(found.values())
@@ -498,13 +524,13 @@ def _tensor_names(tuner: Autotuner, inputs: tuple[tuple, dict[str, Any]], tensor
     args, kwargs = inputs
     names: dict[int, str] = {}
     for name, v in (*zip(tuner.arg_names, args), *kwargs.items()):
-        tensor = v.base if _is_descriptor(v) else v
+        tensor = v.base if is_descriptor(v) else v
         if isinstance(tensor, torch.Tensor):
             names.setdefault(id(tensor), name)
     return [names.get(id(t), "?") for t in tensors]
 
 
-def _is_descriptor(value: Any) -> bool:
+def is_descriptor(value: Any) -> bool:
     # by name: triton.tools.tensor_descriptor exists from Triton 3.4, and launches stay import-free
     return type(value).__name__ == "TensorDescriptor" and hasattr(value, "block_shape")
 
@@ -515,7 +541,7 @@ def _cloned(inputs: tuple[tuple, dict[str, Any]]) -> tuple[tuple, dict[str, Any]
     def copy(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return v.clone()
-        base = v.base if _is_descriptor(v) else None
+        base = v.base if is_descriptor(v) else None
         if isinstance(base, torch.Tensor) and dataclasses.is_dataclass(v) and not isinstance(v, type):
             return dataclasses.replace(v, base=base.clone())  # a host-side descriptor over a copy
         return v

@@ -1,17 +1,16 @@
 """Capture fails open: a failure inside tunesvc leaves the kernel to Triton's own autotuner, said once.
 
-:func:`_give_up` turns a kernel's capture off for the rest of the process with one warning line
-(the kernel, the reason, what to do); :data:`_STAGE` names what the failing thread was doing;
-:class:`_LeftToTriton` leaves one key to Triton, already said; :class:`_Off` is the state of a
+:func:`give_up` turns a kernel's capture off for the rest of the process with one warning line
+(the kernel, the reason, what to do); :data:`STAGE` names what the failing thread was doing;
+:class:`LeftToTriton` leaves one key to Triton, already said; :class:`Off` is the state of a
 kernel whose own could not be made. Also the process's counters (:data:`STATS`,
 :data:`FAILED_OPEN`, :data:`KERNELS`, :data:`TUNE_SECONDS`) and the summary made of them
-(:func:`summary_record`, :func:`summary_line`; :func:`_write_summary` at exit).
+(:func:`summary_record`, :func:`summary_line`; :func:`write_summary` at exit).
 """
 
 from __future__ import annotations
 
 import threading
-import warnings
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,9 +18,10 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from tunesvc import settings
-from tunesvc.bench._base import one_line as _one_line
+from tunesvc.bench import one_line as _one_line
 from tunesvc.errors import TunesvcError
 from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 #: (measured here), ``benchmarks`` (candidates measured), ``fallback`` (mode lookup, no stored
 #: winner), ``heuristic`` (mode heuristic), ``untuned`` (one config survived pruning), ``nested``
 #: (met while tunesvc was measuring: stored winner or fallback, see
-#: :func:`~tunesvc._capture.bench._measuring`), ``precompiled`` (candidates a compile worker
+#: :func:`~tunesvc._capture.bench.measuring_context`), ``in_graph`` (met inside CUDA-graph capture:
+#: stored winner or fallback, tuned at a later launch outside a graph), ``precompiled`` (candidates a compile worker
 #: compiled before their measurement), ``failed_open`` (kernels left to Triton's own autotuner
 #: after a failure inside tunesvc)
 STATS: Counter[str] = Counter()
@@ -80,7 +81,7 @@ def summary_line(records: list[dict[str, Any]]) -> str:
     return text + "."
 
 
-def _write_summary() -> None:
+def write_summary() -> None:
     """At exit: the summary line on stderr ($TUNESVC_SUMMARY) and/or a JSON line for `tune run`."""
     import json
     import sys
@@ -102,8 +103,9 @@ def _write_summary() -> None:
         pass
 
 
-class _LeftToTriton(Exception):
-    """A key tunesvc leaves to Triton's own autotuner, already said (see :func:`_give_up`)."""
+class LeftToTriton(Exception):
+    """A key tunesvc leaves to Triton's own autotuner, already said (see :func:`give_up`), or Triton's
+    own to say (a call the kernel's pruning refuses: Triton's run raises its own exception)."""
 
 
 class _Stage(threading.local):
@@ -131,10 +133,10 @@ class _Stage(threading.local):
         return getattr(exc, "_tunesvc_stage", self.name)
 
 
-_STAGE = _Stage()
+STAGE = _Stage()
 
 
-def _give_up(state: Any, exc: BaseException | str, stage: str, *, stacklevel: int) -> None:
+def give_up(state: Any, exc: BaseException | str, stage: str, *, stacklevel: int) -> None:
     """Leave the kernel to Triton's own autotuner for the rest of the process, said in one line
     naming the kernel, the reason and what to do (``stacklevel`` as the caller's own, so that the
     line points at the user's launch). ``exc`` is an exception, or a reason of tunesvc's own."""
@@ -151,7 +153,7 @@ def _give_up(state: Any, exc: BaseException | str, stage: str, *, stacklevel: in
         else:
             fix = "set TUNESVC_MODE=off to leave it to Triton quietly, and report this tunesvc bug"
     FAILED_OPEN[category] += 1
-    warnings.warn(
+    warn(
         visible(f"tunesvc: {state.name}: {reason}; it runs with Triton's own autotuner in this process ({fix})."),
         RuntimeWarning,
         stacklevel=stacklevel + 1,
@@ -162,7 +164,7 @@ def _give_up(state: Any, exc: BaseException | str, stage: str, *, stacklevel: in
 _DATABASE_STAGES = ("look up", "open the database", "claim", "store")
 
 
-class _Off:
+class Off:
     """The state of a kernel whose own state could not be made: Triton's own autotuner runs it."""
 
     off = True

@@ -1,8 +1,9 @@
 """What names a captured kernel and its keys in the store; it imports neither torch nor Triton.
 
 A kernel is ``module:qualname`` of its Python function (:func:`kernel_name`, also the path to
-import it); its version (:func:`kernel_version`) hashes its source's syntax tree, its config list
-and the Triton version. A shape key is Triton's key tuple as readable text (:func:`key_text`), a
+import it); its version (:func:`kernel_version`) hashes its source's syntax tree, those of the
+``@triton.jit`` functions it calls, the ``tl.constexpr`` globals they read, its config list and the
+Triton version. A shape key is Triton's key tuple as readable text (:func:`key_text`), a
 config is stored as :func:`config_dict` writes it. :class:`CapturedTemplate`, :class:`CapturedKey`
 and :class:`ListedConfigs` are a captured kernel as the store, the runtime's one chain and
 `tune lookup` see it (the CLI reads them without importing torch).
@@ -10,8 +11,11 @@ and :class:`ListedConfigs` are a captured kernel as the store, the runtime's one
 
 from __future__ import annotations
 
+import ast
 import inspect
 import math
+import textwrap
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -62,18 +66,97 @@ def _base_function(fn: Any) -> Callable[..., Any]:
 
 
 def kernel_version(fn: Any, configs: list[Any]) -> str:
-    """Hash of the kernel's syntax tree, its config list and the Triton version."""
+    """Hash of the kernel's syntax tree, its config list and the Triton version, and of what
+    Triton's own cache key follows besides (:func:`_dependencies`): the syntax tree of every
+    ``@triton.jit`` function it calls and the value of every ``tl.constexpr`` global it reads."""
     import triton
 
     listing = repr([sorted(config_dict(c).items()) for c in configs])
+    base = _base_function(fn)
+    sources = [_source_of(base), listing, repr(triton.__version__)]
+    helpers, values = _dependencies(base)
+    if helpers or values:  # a kernel that reaches none keeps the version it always had
+        sources += [_source_of(helper) for _, helper in helpers]
+        sources.append(repr([helper.__qualname__ for _, helper in helpers] + values))
+    return source_version(*sources)
+
+
+def _source_of(fn: Callable[..., Any]) -> str:
     try:
-        source = inspect.getsource(_base_function(fn))
+        return inspect.getsource(fn)
     except (OSError, TypeError):  # no source file (exec'd code): the name stands in
-        source = f"# {kernel_name(fn)}"
-    return source_version(source, listing, repr(triton.__version__))
+        return f"# {fn.__module__}:{fn.__qualname__}"
 
 
-def _value_text(value: Any) -> str:
+def _jit_base(value: Any) -> Callable[..., Any] | None:
+    """The Python function under a ``@triton.jit`` object (a JITFunction, the interpreter's
+    InterpretedFunction, a ``constexpr_function``), found as Triton's own wrappers are: ``.fn``."""
+    if not type(value).__module__.startswith("triton.") or inspect.isfunction(value):
+        return None
+    for _ in range(8):  # a short chain of wrappers; a value whose fn never ends is no kernel
+        value = getattr(value, "fn", None)
+        if value is None:
+            return None
+        if inspect.isfunction(value):
+            return value
+    return None
+
+
+def _dependencies(fn: Callable[..., Any]) -> tuple[list[tuple[str, Callable[..., Any]]], list[str]]:
+    """What Triton's cache key (``JITFunction.cache_key``, its ``DependenciesFinder``) follows
+    beyond a kernel's own source: every ``@triton.jit`` function it reaches by a global or closure
+    name or a module attribute, transitively (Triton's own, versioned with Triton, left out), and
+    the ``tl.constexpr`` globals each reads (``function:name=value``), in a fixed order. Module
+    names are left out, as Triton's key leaves them: the same code moved keeps its version.
+
+    Walked here rather than read from ``cache_key``: that hash also covers each function's line
+    number and comments (a line added above a kernel would drop its winners), and Triton's
+    interpreter has none."""
+    helpers: dict[str, Callable[..., Any]] = {}
+    values: set[str] = set()
+    todo = [fn]
+    seen = {fn}
+    while todo:
+        current = todo.pop()
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(current)))
+        except (OSError, TypeError, SyntaxError):  # no source to walk: its name stands in above
+            continue
+        closure = dict(zip(current.__code__.co_freevars, (c.cell_contents for c in current.__closure__ or ())))
+        scope = {**current.__globals__, **closure}
+        for node in ast.walk(tree):
+            path = _name_path(node)
+            if not path or path[0] not in scope:
+                continue
+            value = scope[path[0]]
+            for attr in path[1:]:
+                if not isinstance(value, types.ModuleType):
+                    break
+                value = getattr(value, attr, None)
+            else:
+                base = _jit_base(value)
+                if base is not None:
+                    if not base.__module__.startswith("triton.") and base not in seen:
+                        seen.add(base)
+                        todo.append(base)
+                        helpers[f"{base.__module__}:{base.__qualname__}"] = base
+                elif type(value).__name__ == "constexpr" and type(value).__module__.startswith("triton."):
+                    values.add(f"{current.__qualname__}:{'.'.join(path)}={getattr(value, 'value', value)!r}")
+    return sorted(helpers.items(), key=lambda item: (item[1].__qualname__, item[0])), sorted(values)
+
+
+def _name_path(node: ast.AST) -> list[str] | None:
+    """``a.b.c`` read in code as ``["a", "b", "c"]`` (None: not a name, nor attributes of one)."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or not isinstance(node.ctx, ast.Load):
+        return None
+    return [node.id, *reversed(parts)]
+
+
+def value_text(value: Any) -> str:
     if value is None or isinstance(value, (bool, int)):
         return str(value)
     if isinstance(value, float):
@@ -84,7 +167,7 @@ def _value_text(value: Any) -> str:
 def key_text(names: list[str], key: tuple, dtype_names: list[str]) -> str:
     """Triton's key tuple as stable, readable text: ``n=1000,flag=True,x.dtype=float16``."""
     values = len(key) - len(dtype_names)
-    parts = [f"{n}={_value_text(v)}" for n, v in zip(names[:values], key[:values])]
+    parts = [f"{n}={value_text(v)}" for n, v in zip(names[:values], key[:values])]
     parts += [f"{n}.dtype={str(d).removeprefix('torch.')}" for n, d in zip(dtype_names, key[values:])]
     return ",".join(parts)
 

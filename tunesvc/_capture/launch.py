@@ -1,7 +1,7 @@
 """The launch path: tunesvc's ``Autotuner.run``, and the ways a kernel comes to run it.
 
 :func:`captured_run` is the run of every captured kernel: a key met before is one dict lookup, then
-the kernel's launch; a miss goes to :func:`tunesvc._capture.miss._resolve`. A kernel gets it as a
+the kernel's launch; a miss goes to :func:`tunesvc._capture.miss.resolve_config`. A kernel gets it as a
 :class:`CapturedKernel` (``tunesvc.autotune``'s Autotuner subclass: :func:`autotune`) or
 process-wide: :func:`capture` puts it on Triton's ``Autotuner`` class and wraps the ``run`` of
 subclasses that have their own (:class:`_StoreCache` answers their cache's misses);
@@ -25,29 +25,32 @@ from typing import Any
 from triton.runtime.autotuner import Autotuner
 
 from tunesvc import settings
-from tunesvc._capture.bench import _MEASURING
-from tunesvc._capture.bench import _nested
-from tunesvc._capture.bench import _Pruned
-from tunesvc._capture.failopen import _STAGE
+from tunesvc._capture.bench import MEASURING
+from tunesvc._capture.bench import Pruned
+from tunesvc._capture.bench import is_nested
 from tunesvc._capture.failopen import KERNELS
-from tunesvc._capture.failopen import _give_up
-from tunesvc._capture.failopen import _LeftToTriton
-from tunesvc._capture.failopen import _Off
-from tunesvc._capture.failopen import _write_summary
-from tunesvc._capture.miss import _config_for
-from tunesvc._capture.miss import _key_text_of
-from tunesvc._capture.miss import _nested_config
-from tunesvc._capture.miss import _resolve
-from tunesvc._capture.miss import _triton_key
+from tunesvc._capture.failopen import STAGE
+from tunesvc._capture.failopen import LeftToTriton
+from tunesvc._capture.failopen import Off
+from tunesvc._capture.failopen import give_up
+from tunesvc._capture.failopen import write_summary
+from tunesvc._capture.miss import HEARD
+from tunesvc._capture.miss import config_for
+from tunesvc._capture.miss import key_text_of
+from tunesvc._capture.miss import nested_config
+from tunesvc._capture.miss import resolve_config
+from tunesvc._capture.miss import triton_cache_key
+from tunesvc._capture.miss import unremembered
+from tunesvc._capture.sharing import SHARED
 from tunesvc._capture.sharing import Settings
-from tunesvc._capture.sharing import _settings_lock
-from tunesvc._capture.sharing import _shared
-from tunesvc._capture.sharing import _State
+from tunesvc._capture.sharing import State
+from tunesvc._capture.sharing import settings_lock
 from tunesvc.errors import TunesvcError
+from tunesvc.text import warn
 
 #: Triton's own Autotuner.run (the interpreter-start hook may have put a trampoline there first,
 #: and a library its own run over that: the hook kept Triton's)
-_TRITON_RUN: Callable[..., Any] = getattr(sys.modules.get("_tunesvc_capture"), "TRITON_RUN", None) or getattr(
+TRITON_AUTOTUNER_RUN: Callable[..., Any] = getattr(sys.modules.get("_tunesvc_capture"), "TRITON_RUN", None) or getattr(
     Autotuner.run, "__tunesvc_original__", Autotuner.run
 )
 
@@ -57,28 +60,55 @@ _STATES: weakref.WeakSet[Autotuner] = weakref.WeakSet()
 _process: Settings | None = None
 
 
-def _state_of(tuner: Autotuner) -> _State:
+def _state_of(tuner: Autotuner) -> State:
     state = tuner.__dict__.get("_tunesvc")
     if state is None:
-        with _settings_lock:
+        with settings_lock:
             state = tuner.__dict__.get("_tunesvc")
             if state is None:
                 try:
-                    if isinstance(tuner, CapturedKernel):  # a copy of one (see _State.__reduce__)
+                    if isinstance(tuner, CapturedKernel):  # a copy of one (see State.__reduce__)
                         state = tuner._new_state()
                     elif _process is None:  # reached through a library's own run after uncapture()
-                        state = _Off(tuner)
+                        state = Off(tuner)
                     else:
-                        state = _State(tuner, _process, None, {})
+                        state = State(tuner, _process, None, {})
                 except Exception as exc:  # fails open: the kernel runs as Triton's
-                    off = _Off(tuner)
-                    _give_up(off, exc, "setting up", stacklevel=4)
+                    off = Off(tuner)
+                    give_up(off, exc, "setting up", stacklevel=4)
                     state = off
                 if not state.off:
                     KERNELS.add(state.name)
                 tuner.__dict__["_tunesvc"] = state
                 _STATES.add(tuner)
     return state
+
+
+def _locks_remade_in_the_child() -> None:
+    """In a forked child: every lock of capture made anew, unheld. A lock another thread of the
+    parent held at the fork (a kernel's, for the whole of a key's tuning) would otherwise stay held
+    in the child for ever, since that thread does not exist there: the child's first launch of
+    the kernel would wait on it, and the parent on the child. A key the parent was tuning is
+    resolved again in the child, where the one key claim makes it wait for the parent's winner."""
+    _remade(settings_lock)  # imported by name where it is used: made anew in place
+    for tuner in list(_STATES):
+        state = tuner.__dict__.get("_tunesvc")
+        if state is not None and hasattr(state, "lock"):
+            state.lock = threading.Lock()
+
+
+def _remade(lock: Any) -> None:
+    """``lock`` unheld, in place: CPython's ``_at_fork_reinit`` (what threading and logging call
+    after a fork), else a release (a plain Lock may be released by any thread)."""
+    reinit = getattr(lock, "_at_fork_reinit", None)
+    if reinit is not None:
+        reinit()
+    elif lock.locked():
+        lock.release()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_locks_remade_in_the_child)
 
 
 def _forget_all() -> None:
@@ -89,7 +119,7 @@ def _forget_all() -> None:
             del tuner.__dict__["_tunesvc"]
         elif state is not None:
             state.chosen.clear()
-    _shared.clear()
+    SHARED.clear()
 
 
 def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
@@ -98,7 +128,7 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     if state.off or (kwargs and not state.set_by_configs.isdisjoint(kwargs)):
         # a call that passes a parameter its configs set is refused by Triton (a ValueError while
         # it benchmarks, a TypeError at a launch): so it is here, by Triton itself
-        return _TRITON_RUN(self, *args, **kwargs)
+        return TRITON_AUTOTUNER_RUN(self, *args, **kwargs)
     # Triton's key: the key arguments' values, then the dtype of every argument that has one;
     # the dtype objects themselves, not their names (str() on every call is measurable)
     nargs = dict(zip(self.arg_names, args))
@@ -114,16 +144,20 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
     try:
         hit = state.chosen.get(key)
     except TypeError:  # an unhashable dtype: Triton's own key, with dtype names
-        key = _triton_key(self, nargs)
+        key = triton_cache_key(self, nargs)
         hit = state.chosen.get(key)
     if hit is None:
         try:
-            hit = _resolve(self, state, key, nargs, args, kwargs)
-        except _LeftToTriton:
-            return _TRITON_RUN(self, *args, **kwargs)
+            hit = resolve_config(self, state, key, nargs, args, kwargs)
+        except LeftToTriton:
+            return TRITON_AUTOTUNER_RUN(self, *args, **kwargs)
         except Exception as exc:  # capture fails open (see tunesvc._capture)
-            _give_up(state, exc, _STAGE.of(exc), stacklevel=2)
-            return _TRITON_RUN(self, *args, **kwargs)
+            HEARD.__dict__.pop("call", None)
+            give_up(state, exc, STAGE.of(exc), stacklevel=2)
+            return TRITON_AUTOTUNER_RUN(self, *args, **kwargs)
+        heard = HEARD.__dict__.pop("call", None)
+        if heard is not None:  # Triton's autotuning listener (see tunesvc._capture.miss._listener)
+            heard()
     config, launch = hit
     self.best_config = config
     if config.pre_hook is not None:
@@ -138,7 +172,7 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
 
 
 #: tunesvc's run is Triton's run, captured (a trampoline that finds it on Autotuner calls it)
-captured_run.__tunesvc_original__ = _TRITON_RUN  # type: ignore[attr-defined]
+captured_run.__tunesvc_original__ = TRITON_AUTOTUNER_RUN  # type: ignore[attr-defined]
 
 
 # -- Autotuner subclasses with a run of their own (FlagGems' LibTuner, for one) ------------------
@@ -159,7 +193,7 @@ class _StoreCache:
     def __init__(self, tuner: Autotuner, inner: Any) -> None:
         self.tuner = tuner
         self.inner = inner
-        self._state: _State | None = None
+        self._state: State | None = None
         self._resolved: dict[Any, Any] = {}
 
     def _answers(self) -> dict[Any, Any] | None:
@@ -184,28 +218,29 @@ class _StoreCache:
         assert state is not None
         args, kwargs = call
         nargs = {k: v for k, v in {**dict(zip(tuner.arg_names, args)), **kwargs}.items() if k in state.arg_set}
-        if _nested():  # answered for this launch alone, as _resolve does
-            _MEASURING.answer = (
-                self,
-                key,
-                _nested_config(state, _key_text_of(tuner, key, nargs), _Pruned(tuner, args, kwargs)),
-            )
-            return True
+        text, pruned = key_text_of(tuner, key, nargs), Pruned(tuner, args, kwargs)
         try:
+            # inside tunesvc's measuring or a CUDA graph: answered for this launch alone, as resolve_config does
+            alone = nested_config(state, text, pruned) if is_nested() else None
+            if alone is None:
+                alone = unremembered(tuner, state, text, pruned, args, kwargs)
+            if alone is not None:
+                MEASURING.answer = (self, key, alone)
+                return True
             with state.lock:
                 if key not in answers:
-                    answers[key] = _config_for(tuner, state, _key_text_of(tuner, key, nargs), args, kwargs)
-        except _LeftToTriton:
+                    answers[key] = config_for(tuner, state, text, args, kwargs)
+        except LeftToTriton:
             return key in self.inner
         except Exception as exc:  # capture fails open: the subclass searches as it would alone
-            _give_up(state, exc, _STAGE.of(exc), stacklevel=3)
+            give_up(state, exc, STAGE.of(exc), stacklevel=3)
             return key in self.inner
         return True
 
     def __getitem__(self, key: Any) -> Any:
-        nested = getattr(_MEASURING, "answer", None)
+        nested = getattr(MEASURING, "answer", None)
         if nested is not None and nested[0] is self and nested[1] == key:
-            _MEASURING.answer = None
+            MEASURING.answer = None
             return nested[2]
         answers = self._answers()
         if answers is not None and key in answers:
@@ -255,7 +290,7 @@ def _wrap_run(cls: type) -> None:
             try:
                 self.cache = _StoreCache(self, self.cache)
             except Exception as exc:  # a cache tunesvc cannot stand in for (a read-only property)
-                _give_up(state, exc, "setting up", stacklevel=2)
+                give_up(state, exc, "setting up", stacklevel=2)
                 return own(self, *args, **kwargs)
         outer = getattr(_CALL, "value", None)
         _CALL.value = (args, kwargs)
@@ -325,9 +360,9 @@ class CapturedKernel(Autotuner):
 
     run = captured_run
 
-    def _new_state(self) -> _State:
+    def _new_state(self) -> State:
         """Its state under the capture of now: explicit options keep winning."""
-        return _State(self, Settings.resolve(*self._explicit, base=_process), *self._named)
+        return State(self, Settings.resolve(*self._explicit, base=_process), *self._named)
 
     def _rebind(self) -> None:
         """New settings after capture()/configure()."""
@@ -421,10 +456,8 @@ def capture(
     previous = _process
     _apply(Settings.resolve(mode, db, bundle))
     if not _ours(Autotuner.__dict__.get("run")):
-        import warnings
-
         run = Autotuner.__dict__.get("run")
-        warnings.warn(
+        warn(
             f"tunesvc: Autotuner.run is {getattr(run, '__module__', '?')}.{getattr(run, '__qualname__', run)}, "
             "another library's: it stays, and capture reaches plain triton.autotune kernels only through the run "
             "it replaced (call tunesvc.capture() before that library replaces it).",
@@ -444,16 +477,16 @@ _summary_registered = False
 
 def _apply(chosen: Settings | None) -> None:
     global _process, _summary_registered
-    with _settings_lock:
+    with settings_lock:
         _process = chosen
         if _ours(Autotuner.__dict__.get("run")):  # a library's own run stays (it may call tunesvc's)
-            Autotuner.run = captured_run if chosen is not None else _TRITON_RUN
+            Autotuner.run = captured_run if chosen is not None else TRITON_AUTOTUNER_RUN
         if chosen is not None:
             _wrap_subclasses()
             if not _summary_registered and (settings.summary_requested() or settings.summary_file()):
                 import atexit
 
-                atexit.register(_write_summary)
+                atexit.register(write_summary)
                 _summary_registered = True
     _forget_all()
     for tuner in list(_STATES):
@@ -463,7 +496,7 @@ def _apply(chosen: Settings | None) -> None:
 
 def _ours(run: Any) -> bool:
     """Whether ``run`` on Autotuner is Triton's, tunesvc's or the start-up hook's trampoline."""
-    return run is _TRITON_RUN or getattr(run, "__tunesvc_original__", None) is not None
+    return run is TRITON_AUTOTUNER_RUN or getattr(run, "__tunesvc_original__", None) is not None
 
 
 def capturing() -> Settings | None:

@@ -3,7 +3,7 @@
 Triton holds the GIL while it compiles, hence processes: once a key has been measured for
 PRECOMPILE_AFTER_S, and where what is left is worth PRECOMPILE_WORTH_S, workers
 (:func:`compile_workers` of them) compile the candidates this process has not reached into
-Triton's on-disk cache (:class:`_Precompile`, started by :func:`_precompiled`), each rebuilding
+Triton's on-disk cache (:class:`_Precompile`, started by :func:`precompiled_configs`), each rebuilding
 the kernel and its call from the record (:class:`RecordedKernel`).
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from tunesvc import settings
-from tunesvc._capture.bench import _tensors_of
 from tunesvc._capture.bench import launch_listed
+from tunesvc._capture.bench import tensors_of
 from tunesvc._capture.failopen import STATS
 from tunesvc._capture.identity import config_dict
 from tunesvc._capture.recorded import find_autotuner
@@ -35,12 +35,12 @@ from tunesvc.space import config_hash
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
 
-    from tunesvc._capture.sharing import _State
+    from tunesvc._capture.sharing import State
     from tunesvc.device import Device
     from tunesvc.space import Config as ConfigDict
 
 
-#: compile workers a captured key's candidates get at most (see :func:`_precompiled`)
+#: compile workers a captured key's candidates get at most (see :func:`precompiled_configs`)
 MAX_COMPILE_WORKERS = 8
 #: GPU memory counted for a compile worker beside its copy of the call's tensors: a margin for
 #: its CUDA context with torch and Triton loaded (some hundreds of MB)
@@ -101,7 +101,7 @@ PRECOMPILE_WORTH_S = 20.0
 class _Precompile:
     """Compile workers for one key's candidates, started in the background after
     PRECOMPILE_AFTER_S where those left are worth it (PRECOMPILE_WORTH_S), which take the
-    candidates this process has not reached yet (see :func:`_precompiled`)."""
+    candidates this process has not reached yet (see :func:`precompiled_configs`)."""
 
     def __init__(self, workers: int, kernel: RecordedKernel, configs: list[ConfigDict]) -> None:
         self._lock = threading.Lock()
@@ -173,9 +173,9 @@ class _Precompile:
 
 
 @contextmanager
-def _precompiled(
+def precompiled_configs(
     tuner: Autotuner,
-    state: _State,
+    state: State,
     device: Device,
     candidates: list[Any],
     call: dict[str, Any],
@@ -195,7 +195,7 @@ def _precompiled(
     it would without workers, instead of waiting behind the others.
     """
     describable = all("unsupported" not in spec for spec in [*call.get("args", []), *call.get("kwargs", {}).values()])
-    call_bytes = sum(t.numel() * t.element_size() for t in _tensors_of((args, kwargs)))
+    call_bytes = sum(t.numel() * t.element_size() for t in tensors_of((args, kwargs)))
     workers = compile_workers(len(candidates), device, call_bytes) if describable else 0
     if workers > 0:
         try:

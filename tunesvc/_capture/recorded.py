@@ -1,7 +1,7 @@
 """A captured call as data, and back: what offline tuning and `tune verify` replay.
 
 :func:`describe_call` records a call (its tensors by shape, stride and dtype, the grid of each
-listed config); :func:`_record_miss` writes a miss served untuned, with its call, for
+listed config); :func:`record_missed_call` writes a miss served untuned, with its call, for
 `tune misses --tune`. Offline, :func:`find_autotuner` imports a kernel by its name,
 :func:`check_call` refuses a record that cannot be replayed safely, and :func:`rebuild_call`
 makes arguments from one. Tuning a recorded key and re-measuring its stored configs
@@ -13,29 +13,32 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from typing import TYPE_CHECKING
 from typing import Any
 
 import torch
 from triton.runtime.autotuner import Autotuner
 
-from tunesvc._capture.bench import _is_descriptor
-from tunesvc._capture.identity import _value_text
+from tunesvc._capture.bench import is_descriptor
 from tunesvc._capture.identity import config_dict
 from tunesvc._capture.identity import kernel_name
+from tunesvc._capture.identity import value_text
 from tunesvc.errors import TunesvcError
 from tunesvc.space import config_hash
 from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
-    from tunesvc._capture.sharing import _Shared
-    from tunesvc._capture.sharing import _State
+    from tunesvc._capture.sharing import Shared
+    from tunesvc._capture.sharing import State
     from tunesvc.device import Device
 
 
-def _record_miss(shared: _Shared, state: _State, text: str, tuner: Autotuner, args: tuple, kwargs: dict) -> None:
-    """Write the miss to the database for offline tuning; serving goes on if it cannot."""
+def record_missed_call(
+    shared: Shared, state: State, text: str, tuner: Autotuner, args: tuple, kwargs: dict, *, values: bool = True
+) -> None:
+    """Write the miss to the database for offline tuning; serving goes on if it cannot (``values``:
+    see :func:`describe_call`)."""
     from tunesvc.store import DatabaseLocked
 
     if shared.locked_out is not None:  # another process held the write lock: nothing is written
@@ -47,30 +50,30 @@ def _record_miss(shared: _Shared, state: _State, text: str, tuner: Autotuner, ar
         from tunesvc.device import current_device
 
         device = current_device()
-        store.record_miss(state.template, device, text, describe_call(tuner, args, kwargs))
+        store.record_miss(state.template, device, text, describe_call(tuner, args, kwargs, values=values))
     except DatabaseLocked as exc:  # said once for the process, not once a miss
         shared.lock_out(exc, stacklevel=4)
     except Exception as exc:  # a serving process never fails on bookkeeping
-        warnings.warn(
-            visible(f"tunesvc: could not record the miss of {state.name} ({exc})."), RuntimeWarning, stacklevel=4
-        )
+        warn(visible(f"tunesvc: could not record the miss of {state.name} ({exc})."), RuntimeWarning, stacklevel=4)
 
 
-def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any], *, values: bool = True) -> dict[str, Any]:
     """The call's arguments as data (tensors by shape, stride and dtype; small integer tensors by
-    value, since they are often offsets or indices), and the grid each listed config launches."""
+    value, since they are often offsets or indices), and the grid each listed config launches.
+    ``values=False`` (inside CUDA-graph capture, where reading a GPU tensor on the host is refused):
+    GPU tensors by shape, stride and dtype alone."""
 
     def arg(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             out: dict[str, Any] = {
                 "tensor": {"shape": list(value.shape), "stride": list(value.stride()), "dtype": str(value.dtype)}
             }
-            if not value.is_floating_point() and value.numel() <= 4096:
+            if not value.is_floating_point() and value.numel() <= 4096 and (values or value.device.type == "cpu"):
                 out["tensor"]["values"] = value.detach().cpu().flatten().tolist()
             return out
         if value is None or isinstance(value, (bool, int, float, str)):
             return {"value": value}
-        if _is_descriptor(value) and isinstance(value.base, torch.Tensor):
+        if is_descriptor(value) and isinstance(value.base, torch.Tensor):
             return {
                 "descriptor": {
                     **arg(value.base),
@@ -114,8 +117,10 @@ def find_autotuner(name: str) -> Autotuner:
 
     try:
         module = import_user_module(module_name)
-    except TunesvcError:
-        raise
+    except TunesvcError as exc:  # no such module: its sentence says where it was looked for
+        raise TunesvcError(
+            f"Module {module_name} of {name} does not import here: {str(exc)[:1].lower()}{str(exc)[1:]}"
+        ) from None
     except Exception as exc:
         raise TunesvcError(
             f"Module {module_name} of {name} does not import here ({type(exc).__name__}: {exc})."
@@ -172,7 +177,7 @@ def check_call(tuner: Autotuner, call: Any, device: Device, shape_key: str | Non
     stored = dict(part.partition("=")[::2] for part in shape_key.split(","))
     for name, spec in [*zip(tuner.arg_names, call.get("args", [])), *call.get("kwargs", {}).items()]:
         if name in tuner.keys and "value" in spec:
-            field, recorded = name, _value_text(spec["value"])
+            field, recorded = name, value_text(spec["value"])
         elif "tensor" in spec:
             field, recorded = f"{name}.dtype", str(spec["tensor"]["dtype"]).removeprefix("torch.")
         else:

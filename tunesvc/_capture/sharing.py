@@ -1,6 +1,6 @@
 """Capture's settings and what is kept under them: :class:`Settings` (where captured kernels read and
-write winners, and what a miss does), :class:`_Shared` (what the kernels of one Settings share: the
-winner source read once, one store connection; :func:`_shared_for`) and :class:`_State` (one
+write winners, and what a miss does), :class:`Shared` (what the kernels of one Settings share: the
+winner source read once, one store connection; :func:`shared_for`) and :class:`State` (one
 kernel's identity, settings and chosen configs).
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,6 +28,7 @@ from tunesvc.settings import OFF
 from tunesvc.settings import TUNE
 from tunesvc.space import config_hash
 from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
@@ -78,8 +78,8 @@ class Settings:
         return self.db or settings.DEFAULT_DB
 
 
-_settings_lock = threading.Lock()
-_shared: dict[Settings, _Shared] = {}
+settings_lock = threading.Lock()
+SHARED: dict[Settings, Shared] = {}
 
 #: seconds a captured program's write waits for another process's write lock on a SQLite file
 #: (a sweep's transactions last milliseconds; a lock held longer is a peer's long transaction, and
@@ -87,7 +87,7 @@ _shared: dict[Settings, _Shared] = {}
 LOCK_WAIT_S = 2.0
 
 
-class _Shared:
+class Shared:
     """What the kernels of one Settings share: the bundle read once, one store connection."""
 
     def __init__(self, settings: Settings) -> None:
@@ -100,13 +100,13 @@ class _Shared:
 
     def table(self, template: Template) -> dict[str, ConfigDict]:
         """The stored winners of ``template`` on this device (bundle, else database; {}: none)."""
-        from tunesvc.serving.runtime import _database_exists
+        from tunesvc.serving.source import database_exists
         from tunesvc.store import DatabaseNotCreated
 
         runtime = self._runtime or self._open()
         if runtime is None:
             return {}
-        if not self.settings.bundle and not _database_exists(self.settings.db_path):
+        if not self.settings.bundle and not database_exists(self.settings.db_path):
             return {}  # deleted since the runtime opened it: as no file (the store says so, and makes one)
         try:
             table = runtime._table(template)
@@ -120,16 +120,14 @@ class _Shared:
         say) over these settings' winner source; None while there is no database (not kept:
         another process may create it before the next miss)."""
         from tunesvc.serving.runtime import Runtime
-        from tunesvc.serving.runtime import _database_exists
+        from tunesvc.serving.source import database_exists
 
         s = self.settings
-        if not s.bundle and not _database_exists(s.db_path):
+        if not s.bundle and not database_exists(s.db_path):
             return None
         return Runtime(db=None if s.bundle else s.db_path, bundle=s.bundle, mode="lookup", strict=True)
 
-    def answer(
-        self, state: _State, text: str, pruned: Callable[[], list[Any]], *, said: bool = True
-    ) -> tuple[Any, str]:
+    def answer(self, state: State, text: str, pruned: Callable[[], list[Any]], *, said: bool = True) -> tuple[Any, str]:
         """The config, and its source, that the runtime's one chain gives a key not tuned here:
         its stored winner, else predicted, nearest, transferred (as one of the kernel's configs),
         else the first config Triton's pruning keeps for the call (the heuristic, as in mode
@@ -146,11 +144,11 @@ class _Shared:
     def store(self, create: bool) -> Store | None:
         """The writable store (created if ``create``), or None where there is no database."""
         if self._store is None:
-            from tunesvc.serving.runtime import _database_exists
+            from tunesvc.serving.source import database_exists
             from tunesvc.store import Store
 
             path = self.settings.db_path
-            if not create and not (self.settings.db or _database_exists(path)):
+            if not create and not (self.settings.db or database_exists(path)):
                 return None
             self._store = Store(path, busy_timeout_s=LOCK_WAIT_S)
         return self._store
@@ -162,7 +160,7 @@ class _Shared:
         if self.locked_out is not None:
             return
         self.locked_out = str(exc)
-        warnings.warn(
+        warn(
             visible(
                 f"tunesvc: another process held the write lock of {self.settings.db_path} for over {LOCK_WAIT_S:g} s; "
                 "this process writes no more to it: its keys not stored yet run with Triton's own autotuner "
@@ -178,28 +176,28 @@ def _connections_left_to_the_parent() -> None:
     closing them (SQLAlchemy's ``dispose(close=False)``); the child opens its own on its next
     miss. A SQLite or PostgreSQL connection must not be used from two processes: the child's
     writes would interleave with the parent's on one file handle or socket."""
-    for shared in list(_shared.values()):
+    for shared in list(SHARED.values()):
         if shared._store is not None:
             try:
                 shared._store.engine.dispose(close=False)
             except Exception:  # a fork handler cannot warn the program: the child opens its own anyway
                 pass
-    _shared.clear()
+    SHARED.clear()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
     os.register_at_fork(after_in_child=_connections_left_to_the_parent)
 
 
-def _shared_for(settings: Settings) -> _Shared:
-    with _settings_lock:
-        shared = _shared.get(settings)
+def shared_for(settings: Settings) -> Shared:
+    with settings_lock:
+        shared = SHARED.get(settings)
         if shared is None:
-            shared = _shared[settings] = _Shared(settings)
+            shared = SHARED[settings] = Shared(settings)
         return shared
 
 
-class _State:
+class State:
     """tunesvc's state of one autotuner: its identity, settings and chosen configs."""
 
     def __init__(self, tuner: Autotuner, settings: Settings, name: str | None, options: dict[str, Any]) -> None:

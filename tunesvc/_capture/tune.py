@@ -1,6 +1,6 @@
 """Tuning a captured key: on a launch's miss, once across processes and hosts, or offline on a recorded call.
 
-:func:`_tune_locked` takes the one key claim (other processes wait, then read the winner) and
+:func:`tune_locked` takes the one key claim (other processes wait, then read the winner) and
 measures on the call's own arguments, leaving no trace but the store; :func:`tune_key` checks and
 times every candidate, re-times the finalists and stores every trial and the winner.
 :func:`tune_recorded` tunes a key recorded while serving (`tune misses --tune`), and
@@ -17,26 +17,26 @@ from typing import Any
 
 from tunesvc import settings
 from tunesvc._capture.bench import CaptureBench
-from tunesvc._capture.bench import _aliased
-from tunesvc._capture.bench import _contenders
-from tunesvc._capture.bench import _measured
-from tunesvc._capture.bench import _measuring
-from tunesvc._capture.bench import _pruned
-from tunesvc._capture.bench import _tensors_of
-from tunesvc._capture.bench import _untraced
-from tunesvc._capture.failopen import _STAGE
+from tunesvc._capture.bench import aliased
+from tunesvc._capture.bench import contender_count
+from tunesvc._capture.bench import measure_configs
+from tunesvc._capture.bench import measuring_context
+from tunesvc._capture.bench import pruned_configs
+from tunesvc._capture.bench import tensors_of
+from tunesvc._capture.bench import untraced
+from tunesvc._capture.failopen import STAGE
 from tunesvc._capture.failopen import STATS
 from tunesvc._capture.failopen import TUNE_SECONDS
 from tunesvc._capture.identity import config_dict
-from tunesvc._capture.precompile import _precompiled
+from tunesvc._capture.precompile import precompiled_configs
 from tunesvc._capture.recorded import describe_call
 from tunesvc._capture.recorded import find_autotuner
 from tunesvc._capture.recorded import rebuild_call
 from tunesvc._capture.sharing import Settings
-from tunesvc._capture.sharing import _State
+from tunesvc._capture.sharing import State
+from tunesvc.bench import FIRST_GRAPH_SHARE
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
-from tunesvc.bench._inprocess import FIRST_GRAPH_SHARE
 from tunesvc.errors import TunesvcError
 from tunesvc.settings import LOOKUP
 from tunesvc.settings import TUNE
@@ -45,8 +45,8 @@ from tunesvc.space import config_hash
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
 
-    from tunesvc._capture.bench import _Pruned
-    from tunesvc._capture.sharing import _Shared
+    from tunesvc._capture.bench import Pruned
+    from tunesvc._capture.sharing import Shared
     from tunesvc.device import Device
     from tunesvc.store import Store
 
@@ -65,26 +65,26 @@ FIRST_PASS_SHARE = 0.25
 CAPTURE_FINALIST_GRAPH_SHARE = FIRST_GRAPH_SHARE / 3
 
 
-def _tune_locked(
+def tune_locked(
     tuner: Autotuner,
-    state: _State,
-    shared: _Shared,
+    state: State,
+    shared: Shared,
     text: str,
     args: tuple,
     kwargs: dict[str, Any],
-    pruned: _Pruned,
+    pruned: Pruned,
 ) -> Any:
     """Tune the key once across processes and hosts; the others wait and then read the winner
     (the one key claim: :class:`tunesvc.tuning.claim.KeyClaim`)."""
     from tunesvc.device import current_device
     from tunesvc.tuning.claim import KeyClaim
 
-    with _STAGE("prune"):
+    with STAGE("prune"):
         candidates = pruned()
     if len(candidates) == 1:  # as triton.autotune: nothing to choose between, nothing measured
         STATS["untuned"] += 1
         return candidates[0]
-    with _STAGE("open the database"):
+    with STAGE("open the database"):
         store = shared.store(create=True)
         assert store is not None
         device = current_device()
@@ -95,13 +95,13 @@ def _tune_locked(
         return state.match(next((w.config for w in rows if w.shape_key == text), None), pruned)
 
     ident = f"{state.name}|{template.version}|{device.hardware_id}|{text}"
-    with _STAGE("claim"), KeyClaim(store, state.name, ident, text, winner) as claim:
+    with STAGE("claim"), KeyClaim(store, state.name, ident, text, winner) as claim:
         if claim.winner is not None:
             STATS["stored"] += 1
             return claim.winner
         started = time.perf_counter()
-        with _untraced(_tensors_of((args, kwargs))):
-            config = tune_key(tuner, state, store, device, text, list(candidates), _aliased(args), _aliased(kwargs))
+        with untraced(tensors_of((args, kwargs))):
+            config = tune_key(tuner, state, store, device, text, list(candidates), aliased(args), aliased(kwargs))
         TUNE_SECONDS[0] += time.perf_counter() - started
         STATS["tuned"] += 1
         return config
@@ -109,7 +109,7 @@ def _tune_locked(
 
 def tune_key(
     tuner: Autotuner,
-    state: _State,
+    state: State,
     store: Store,
     device: Device,
     text: str,
@@ -128,7 +128,7 @@ def tune_key(
     from tunesvc.bench import remeasure_finalists
 
     template = state.template
-    with _STAGE("store"):
+    with STAGE("store"):
         kv_id = store.kernel_version_id(template)
         device_id = store.device_id(device)
         started = time.perf_counter()
@@ -137,9 +137,9 @@ def tune_key(
         sweep_id = store.start_sweep(kv_id, device_id, text, call, "capture", len(candidates), 0)
     rep_ms = float(getattr(tuner, "num_reps", None) or settings.REP_MS)
     with (
-        _STAGE("measure"),
-        _measuring(),
-        _precompiled(tuner, state, device, candidates, call, args, kwargs) as ready,
+        STAGE("measure"),
+        measuring_context(),
+        precompiled_configs(tuner, state, device, candidates, call, args, kwargs) as ready,
     ):
         bench = CaptureBench(
             tuner,
@@ -152,17 +152,17 @@ def tune_key(
             candidates=candidates,
         )
         try:
-            measured = _measured(bench, candidates, ready)
+            measured = measure_configs(bench, candidates, ready)
             STATS["benchmarks"] += bench.measurements
             results = [(config_dict(c), config_hash(config_dict(c)), m) for c, m in zip(candidates, measured)]
-            with _STAGE("store"):
+            with STAGE("store"):
                 new = store.add_trials(sweep_id, kv_id, device_id, text, results)
                 if None in new:  # measured before (`tune verify --retune`): the stored trials take the new measurements
                     stored = {r.config_hash: r.id for r in store.trials(kv_id, device_id, text)}
                     store.replace_measurements(
                         [(stored[h], m) for (_, h, m), i in zip(results, new) if i is None and h in stored]
                     )
-            contenders = _contenders(measured)
+            contenders = contender_count(measured)
             if device.is_gpu and contenders > 1:
                 rows = store.trials(kv_id, device_id, text)
                 store.replace_measurements(
@@ -175,7 +175,7 @@ def tune_key(
         c: [m.time_ms if m.ok and m.time_ms is not None else math.inf] * 3 for c, (_, _, m) in zip(candidates, results)
     }
     tuner.bench_time = time.perf_counter() - started
-    with _STAGE("store"):
+    with STAGE("store"):
         winner = store.update_winner(kv_id, device_id, text)
         store.finish_sweep(sweep_id, time.perf_counter() - started)
     if winner is None:
@@ -204,7 +204,7 @@ def _tune_recorded_here(store: Store, name: str, version: str, shape_key: str, c
     from tunesvc.device import current_device
 
     tuner = find_autotuner(name)
-    state = _State(tuner, Settings(TUNE, store.url, None), name, {})
+    state = State(tuner, Settings(TUNE, store.url, None), name, {})
     if state.template.version != version:
         raise TunesvcError(
             f"{name} changed since the key was recorded (version {version}, now {state.template.version}); "
@@ -212,7 +212,7 @@ def _tune_recorded_here(store: Store, name: str, version: str, shape_key: str, c
         )
     device = current_device()
     args, kwargs, grids = rebuild_call(tuner, call, device, shape_key)
-    pruned = [c for c in _pruned(tuner, args, kwargs) if config_hash(config_dict(c)) in grids]
+    pruned = [c for c in pruned_configs(tuner, args, kwargs) if config_hash(config_dict(c)) in grids]
     if not pruned:
         raise TunesvcError(f"No config of {name} has a recorded grid for {shape_key}.")
     winner = tune_key(tuner, state, store, device, shape_key, pruned, args, kwargs, grids=grids, call=call)
@@ -257,12 +257,12 @@ def _measure_stored_here(
     if call is None:
         raise TunesvcError(f"No recorded call of {name} for {shape_key}; tune it again to re-measure it.")
     args, kwargs, grids = rebuild_call(tuner, call, device, shape_key)
-    state = _State(tuner, Settings(LOOKUP, store.url, None), name, {})
-    with _measuring():
+    state = State(tuner, Settings(LOOKUP, store.url, None), name, {})
+    with measuring_context():
         bench = CaptureBench(tuner, device, args, kwargs, grids=grids)
         listed = [state.listed(stored) for stored in configs]
         try:
-            measured = iter(_measured(bench, [c for c in listed if c is not None]))
+            measured = iter(measure_configs(bench, [c for c in listed if c is not None]))
         finally:
             bench.restore()
     gone = Measurement(Status.INVALID, message="not in the kernel's config list any more")

@@ -14,6 +14,7 @@ from tunesvc.bench._base import CONTEXT_LOST
 from tunesvc.bench._base import Measurement
 from tunesvc.bench._base import Measurer
 from tunesvc.bench._base import Status
+from tunesvc.bench._base import one_line
 from tunesvc.bench._base import relative_error
 from tunesvc.bench._choose import measurer_for
 from tunesvc.bench._choose import picklable
@@ -23,14 +24,17 @@ from tunesvc.bench._finalists import FINALIST_ROUNDS
 from tunesvc.bench._finalists import remeasure_finalists
 from tunesvc.bench._finalists import timed_in_rounds
 from tunesvc.bench._inprocess import DEFAULT_L2_BYTES
+from tunesvc.bench._inprocess import FIRST_GRAPH_SHARE
 from tunesvc.bench._inprocess import GRAPH_BELOW_MS
 from tunesvc.bench._inprocess import L2_MULTIPLE
 from tunesvc.bench._inprocess import MAX_INPUT_SETS
 from tunesvc.bench._inprocess import Bench
+from tunesvc.bench._inprocess import compile_error_types
 from tunesvc.bench._inprocess import graph_time
 from tunesvc.bench._inprocess import input_bytes
 from tunesvc.bench._inprocess import input_sets_needed
 from tunesvc.bench._inprocess import l2_bytes
+from tunesvc.bench._inprocess import out_of_resources_types
 from tunesvc.bench._worker import STARTUP_TIMEOUT_S
 from tunesvc.bench._worker import Worker
 
@@ -38,6 +42,7 @@ __all__ = [
     "CONTEXT_LOST",
     "DEFAULT_L2_BYTES",
     "FINALIST_ROUNDS",
+    "FIRST_GRAPH_SHARE",
     "GRAPH_BELOW_MS",
     "L2_MULTIPLE",
     "MAX_INPUT_SETS",
@@ -48,11 +53,14 @@ __all__ = [
     "Measurer",
     "Status",
     "Worker",
+    "compile_error_types",
     "graph_time",
     "input_bytes",
     "input_sets_needed",
     "l2_bytes",
     "measurer_for",
+    "one_line",
+    "out_of_resources_types",
     "picklable",
     "pool_size",
     "relative_error",

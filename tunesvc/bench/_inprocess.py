@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from tunesvc.template import Template
 
 
-def _compile_error_types() -> tuple[type[BaseException], ...]:
+def compile_error_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = []
     for module, name in (("triton.compiler.errors", "CompilationError"), ("triton.compiler", "CompilationError")):
         cls = getattr(__import__(module, fromlist=[name]), name, None)
@@ -45,7 +45,7 @@ def _compile_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types) or (triton.CompilationError,)
 
 
-def _out_of_resources_types() -> tuple[type[BaseException], ...]:
+def out_of_resources_types() -> tuple[type[BaseException], ...]:
     try:
         from triton.runtime.errors import OutOfResources
     except ImportError:  # older or newer layouts
@@ -141,9 +141,9 @@ class Bench(Measurer):
         try:
             out = self.template.launch(self.inputs, config)
             self._sync()
-        except _out_of_resources_types() as exc:
+        except out_of_resources_types() as exc:
             return Measurement(Status.INVALID, message=one_line(exc))
-        except _compile_error_types() as exc:
+        except compile_error_types() as exc:
             return Measurement(Status.COMPILE_ERROR, message=one_line(exc))
         except Exception as exc:  # a candidate's failure is data, not a crash of the sweep
             return Measurement(Status.ERROR, message=f"{type(exc).__name__}: {one_line(exc)}")

@@ -1,6 +1,7 @@
 """`tune`: the command line. Each command is a thin layer over a library call.
 
-The app, and what its commands share, is in :mod:`tunesvc.cli._common`; each module imported
+The app, and what its commands share, is in :mod:`tunesvc.cli._common` (its underscore names
+are imported by this package's modules alone); each module imported
 below holds a group of commands, which its ``@app.command()`` decorators register on that app:
 the order of these imports is the order of `tune --help` (and of docs/cli.md).
 

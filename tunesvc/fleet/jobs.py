@@ -39,8 +39,8 @@ from typing import TypeVar
 
 from tunesvc import settings
 from tunesvc.errors import TunesvcError
+from tunesvc.records import JobSpec
 from tunesvc.store import DatabaseUnavailable
-from tunesvc.store import JobSpec
 from tunesvc.store import Store
 from tunesvc.template import template_named_by_data
 from tunesvc.timeline import mark

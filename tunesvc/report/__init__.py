@@ -17,7 +17,8 @@ database is only read.
 
 The code is in three modules: :mod:`tunesvc.report._data` (the records and :func:`collect`),
 :mod:`tunesvc.report._figures` (the matplotlib figures) and :mod:`tunesvc.report._html` (the page and
-:func:`write_report`); the names below are the ones used outside them.
+:func:`write_report`); the names below are the ones used outside them (the underscore names
+they import from each other, such as ``_figures._short_key``, stay inside this package).
 """
 
 from __future__ import annotations

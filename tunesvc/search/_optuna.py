@@ -41,12 +41,12 @@ from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from tunesvc.bench._base import one_line as _one_line
+from tunesvc.bench import one_line as _one_line
 from tunesvc.errors import TunesvcError
 from tunesvc.search._base import Strategy
 from tunesvc.space import Config
 from tunesvc.space import config_hash
-from tunesvc.store._store import BUSY_TIMEOUT_S
+from tunesvc.store import BUSY_TIMEOUT_S
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -16,7 +16,6 @@ import contextlib
 import functools
 import os
 import threading
-import warnings
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -42,7 +41,6 @@ from tunesvc.serving.source import BundleSource
 from tunesvc.serving.source import DatabaseSource
 from tunesvc.serving.source import Winners
 from tunesvc.serving.source import WinnerSource
-from tunesvc.serving.source import database_exists as _database_exists  # noqa: F401 (capture's sharing reads it here)
 from tunesvc.serving.source import in_space
 from tunesvc.serving.source import stored_winners as stored_winners  # tuning's tune-on-miss policy reads it here
 from tunesvc.settings import MODES
@@ -50,6 +48,7 @@ from tunesvc.template import ShapeKey
 from tunesvc.template import Template
 from tunesvc.template import get_template
 from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
     from tunesvc.device import Device
@@ -100,7 +99,7 @@ class Runtime:
         if mode is None:
             mode = settings.mode("lookup")
             if mode == "tune" and bundle is not None:  # from the environment: a warning, never an error
-                warnings.warn(
+                warn(
                     "tunesvc: TUNESVC_MODE=tune with a bundle alone has no database to store in; serving it "
                     "in mode lookup (set TUNESVC_DB to tune).",
                     RuntimeWarning,
@@ -229,7 +228,7 @@ class Runtime:
         if (kernel, what) not in self._warned:
             self._warned.add((kernel, what))
             # shown as text: a stored key, config or device name may hold escape sequences
-            warnings.warn(visible(message), RuntimeWarning, stacklevel=stacklevel)
+            warn(visible(message), RuntimeWarning, stacklevel=stacklevel)
 
     def lookup(self, kernel: str | Template, /, **problem: Any) -> LookupResult:
         """The config for this problem on the current CUDA device and how it was found; a

@@ -268,7 +268,7 @@ class DatabaseSource(WinnerSource):
 
 class BundleSource(WinnerSource):
     """The winners in a bundle (``path``, a JSON file from `tune export`; ``data``: the bundle
-    already read by :func:`tunesvc.bundle.read_bundle`, else read here on first use, its header
+    already read by :func:`tunesvc.serving.bundle_format.read_bundle`, else read here on first use, its header
     checked then and each kernel's section when that kernel is first asked for).
 
     A bundle holds one device's winners and one version per kernel: it gives its winners to that
@@ -295,7 +295,7 @@ class BundleSource(WinnerSource):
 
     def _data(self) -> dict[str, Any]:
         if self.data is None:  # read once; each kernel's section is checked when first loaded
-            from tunesvc.bundle import read_bundle
+            from tunesvc.serving.bundle_format import read_bundle
 
             try:
                 self.data = read_bundle(self.path, check_kernels=False)
@@ -315,7 +315,7 @@ class BundleSource(WinnerSource):
         return str(self._data()["device"]["hardware_id"])
 
     def stored(self, kernel: str, version: str | None) -> dict[str, Config]:
-        from tunesvc.bundle import kernel_configs
+        from tunesvc.serving.bundle_format import kernel_configs
 
         data = self._data()
         if data["device"]["hardware_id"] != self.device.hardware_id or kernel not in data["kernels"]:
@@ -335,14 +335,14 @@ class BundleSource(WinnerSource):
             or (version is not None and section.get("version") != version)
         ):
             return None
-        from tunesvc.bundle import kernel_configs
+        from tunesvc.serving.bundle_format import kernel_configs
 
         winners = kernel_configs(self.path, data, kernel)
         name = info.get("name") or info["hardware_id"]
         return transfers.SiblingTable(name, info["hardware_id"], dict(winners))
 
     def selector_data(self, template: Template) -> dict[str, Any] | None:
-        from tunesvc.bundle import bundle_selector
+        from tunesvc.serving.bundle_format import bundle_selector
 
         return bundle_selector(self._read_data(), template, self.device)
 

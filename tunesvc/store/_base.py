@@ -16,15 +16,15 @@ if TYPE_CHECKING:
     from tunesvc.device import Device
     from tunesvc.records import DeviceRecord
     from tunesvc.records import JobRecord
+    from tunesvc.records import JobSpec
     from tunesvc.records import Measurement
     from tunesvc.records import MissRecord
     from tunesvc.records import RejectedTrials
     from tunesvc.records import TrialRecord
+    from tunesvc.records import WinnerEntry
     from tunesvc.records import WinnerRecord
     from tunesvc.space import Config
     from tunesvc.store._store import History
-    from tunesvc.store._store import JobSpec
-    from tunesvc.store._store import WinnerEntry
     from tunesvc.template import Template
 
 

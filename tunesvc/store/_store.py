@@ -16,15 +16,12 @@ import socket
 import stat
 import threading
 import time
-import warnings
 import zlib
 from collections.abc import Iterator
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import fields
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -64,9 +61,11 @@ from tunesvc.errors import TunesvcError
 from tunesvc.files import open_regular
 from tunesvc.records import DeviceRecord
 from tunesvc.records import JobRecord
+from tunesvc.records import JobSpec
 from tunesvc.records import MissRecord
 from tunesvc.records import RejectedTrials
 from tunesvc.records import TrialRecord
+from tunesvc.records import WinnerEntry
 from tunesvc.records import WinnerRecord
 from tunesvc.space import config_hash
 from tunesvc.store import _migrate
@@ -81,6 +80,7 @@ from tunesvc.store.models import Trial
 from tunesvc.store.models import Winner
 from tunesvc.store.models import utcnow
 from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
     from tunesvc.records import Measurement
@@ -115,36 +115,6 @@ def database_name(db: str | os.PathLike | None = None) -> str:
     if parsed.get_backend_name() == "sqlite" and parsed.database:
         return parsed.database
     return parsed.render_as_string(hide_password=True)
-
-
-@dataclass(frozen=True)
-class WinnerEntry:
-    """A winner as users see it (detached from the ORM session)."""
-
-    kernel: str
-    kernel_version: str
-    device: str
-    hardware_id: str
-    shape_key: str
-    config: Config
-    time_ms: float
-    updated_at: datetime
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "updated_at": self.updated_at.isoformat()}
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """A claimed job of a shared sweep (see :mod:`tunesvc.fleet.jobs`), detached from the database session."""
-
-    id: int
-    kernel: str
-    shape_key: str
-    problem: dict
-    strategy: str
-    budget: int | None
-    seed: int
 
 
 @dataclass(frozen=True)
@@ -424,7 +394,7 @@ class Store(BaseStore):
             return
         self._skipped.add((what, kernel, key))
         shown = visible(key if len(key) <= 120 else key[:120] + "...")
-        warnings.warn(
+        warn(
             f"tunesvc: skipped {what} of {visible(kernel)[:200]} for key '{shown}' in {self._where()}: "
             f"{why}; re-tune the key or restore the database from a copy.",
             RuntimeWarning,
@@ -532,7 +502,7 @@ class Store(BaseStore):
             self._prepare_schema(created=created)
             self._file = _file_identity(self._file_path)
             what = "deleted" if now is None else "replaced by another file"
-            warnings.warn(
+            warn(
                 f"tunesvc: {self._where()} was {what} while this process ran; what it stores from now on goes to "
                 f"the {'new ' if now is None else ''}file at that path.",
                 RuntimeWarning,
@@ -569,7 +539,7 @@ class Store(BaseStore):
 
         def notice() -> None:
             said.set()
-            warnings.warn(
+            warn(
                 f"tunesvc: a transaction on {where} is still open after {LOCK_NOTICE_S:g} s: it waits for "
                 f"another process's write lock (up to {self.busy_timeout_s:g} s), or works on much data.",
                 RuntimeWarning,
@@ -584,7 +554,7 @@ class Store(BaseStore):
         finally:
             timer.cancel()
             if said.is_set():
-                warnings.warn(
+                warn(
                     f"tunesvc: the transaction on {where} took {time.monotonic() - started:.1f} s.",
                     RuntimeWarning,
                     stacklevel=4,

@@ -3,12 +3,12 @@ their kernels the modules of :mod:`tunesvc.kernels`."""
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 from tunesvc.errors import TunesvcError
+from tunesvc.shipped import kernels_of
 from tunesvc.template import Template
 
 
@@ -27,5 +27,6 @@ class ShippedTemplate(Template):
     def kernels(self) -> ModuleType:
         """The family's module of :mod:`tunesvc.kernels` (its Triton kernels and launches), imported
         when a method that makes inputs, launches or checks first needs it: it imports torch and
-        Triton (seconds), and it imports this template's module (by name here, so no import cycle)."""
-        return importlib.import_module(f"tunesvc.kernels.{self.kernel_module}")
+        Triton (seconds), and it imports this template's module: the loader is the package root's
+        (:func:`tunesvc.shipped.use_loaders`), so the templates never import the kernels."""
+        return kernels_of(self.kernel_module)

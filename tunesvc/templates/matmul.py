@@ -49,7 +49,7 @@ def tail_split(tiles: int, k_steps: int, block_k: int, sms: int) -> tuple[int, i
     return best[1], best[2]
 
 
-def _config(variant: str, m: int, n: int, k: int, group: int, split: int, warps: int, stages: int) -> Config:
+def matmul_config(variant: str, m: int, n: int, k: int, group: int, split: int, warps: int, stages: int) -> Config:
     return {
         "VARIANT": variant,
         "BLOCK_M": m,
@@ -132,23 +132,23 @@ class MatmulTemplate(ShippedTemplate):
     # winner among them); then tutorial 03's CUDA autotune list for the grouped kernel, less its
     # two num_warps=2 entries, which lie outside this space.
     known_good = (
-        _config("tma", 128, 256, 64, 8, 1, 8, 3),
-        _config("tma", 128, 128, 64, 8, 1, 8, 4),
-        _config("tma", 128, 128, 128, 8, 1, 8, 3),
-        _config("splittail", 128, 256, 64, 8, 1, 8, 3),
-        _config("splittail", 128, 128, 64, 8, 1, 8, 4),
-        _config("persistent", 128, 256, 64, 8, 1, 8, 3),
-        _config("persistent", 128, 128, 64, 8, 1, 8, 4),
-        _config("splitk", 16, 64, 128, 1, 4, 4, 4),
-        _config("splitk", 16, 128, 128, 1, 2, 4, 4),
-        _config("splitk", 32, 64, 128, 1, 4, 4, 4),
-        _config("splitk", 64, 64, 128, 1, 2, 4, 4),
-        _config("tma", 64, 128, 64, 1, 1, 4, 4),
-        _config("tma", 16, 128, 128, 1, 1, 4, 4),
-        _config("grouped", 64, 128, 64, 1, 1, 4, 4),
-        _config("grouped", 16, 64, 128, 1, 1, 4, 5),
+        matmul_config("tma", 128, 256, 64, 8, 1, 8, 3),
+        matmul_config("tma", 128, 128, 64, 8, 1, 8, 4),
+        matmul_config("tma", 128, 128, 128, 8, 1, 8, 3),
+        matmul_config("splittail", 128, 256, 64, 8, 1, 8, 3),
+        matmul_config("splittail", 128, 128, 64, 8, 1, 8, 4),
+        matmul_config("persistent", 128, 256, 64, 8, 1, 8, 3),
+        matmul_config("persistent", 128, 128, 64, 8, 1, 8, 4),
+        matmul_config("splitk", 16, 64, 128, 1, 4, 4, 4),
+        matmul_config("splitk", 16, 128, 128, 1, 2, 4, 4),
+        matmul_config("splitk", 32, 64, 128, 1, 4, 4, 4),
+        matmul_config("splitk", 64, 64, 128, 1, 2, 4, 4),
+        matmul_config("tma", 64, 128, 64, 1, 1, 4, 4),
+        matmul_config("tma", 16, 128, 128, 1, 1, 4, 4),
+        matmul_config("grouped", 64, 128, 64, 1, 1, 4, 4),
+        matmul_config("grouped", 16, 64, 128, 1, 1, 4, 5),
         *(
-            _config("grouped", m, n, k, 8, 1, w, s)
+            matmul_config("grouped", m, n, k, 8, 1, w, s)
             for m, n, k, s, w in (
                 (128, 256, 64, 3, 8),
                 (64, 256, 32, 4, 4),
@@ -205,7 +205,7 @@ class MatmulTemplate(ShippedTemplate):
         if m <= 64:
             block_m = max(16, pow2_bucket(m))  # no tile taller than the problem
             block_k = 128 if m <= 16 else 64
-            config = _config("grouped", block_m, 64, block_k, 8, 1, 4, 4)
+            config = matmul_config("grouped", block_m, 64, block_k, 8, 1, 4, 4)
             # split K until the tiles fill the SMs, keeping at least two K steps per slice
             tiles = cdiv(m, block_m) * cdiv(n, 64)
             split = 1
@@ -214,7 +214,7 @@ class MatmulTemplate(ShippedTemplate):
             if split > 1:
                 config.update(VARIANT="splitk", SPLIT_K=split, GROUP_M=1)
         else:
-            config = _config("grouped", 128, 128, 64, 8, 1, 8, 3)
+            config = matmul_config("grouped", 128, 128, 64, 8, 1, 8, 3)
         if cdiv(m, int(config["BLOCK_M"])) == 1:
             config["GROUP_M"] = 1  # a single tile-row has nothing to group
         if self.violations(config, problem, device):

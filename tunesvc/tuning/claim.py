@@ -19,13 +19,13 @@ import socket
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
 
 from tunesvc import settings
 from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
     from tunesvc.store import Store
@@ -109,7 +109,7 @@ class KeyClaim:
                 waited = time.monotonic() - started
                 if not noticed and waited >= NOTICE_S:
                     noticed = True
-                    warnings.warn(
+                    warn(
                         visible(
                             f"tunesvc: waiting for {holder or 'another process'} to finish tuning {self.kernel} "
                             f"[{self.key}]; its claim is taken over after {self._stale_s:g} s without a heartbeat."
@@ -122,7 +122,7 @@ class KeyClaim:
             self.waited_s = time.monotonic() - started
             if noticed:
                 found = "its winner" if self.winner is not None else "the claim"
-                warnings.warn(
+                warn(
                     visible(f"tunesvc: waited {self.waited_s:.1f} s for {self.kernel} [{self.key}]; took {found}."),
                     RuntimeWarning,
                     stacklevel=3,

@@ -56,6 +56,12 @@ def test_the_environment_is_read_in_the_settings_module_alone():
         ("TUNESVC_CLAIM_STALE_S", "-3", settings.claim_stale_s, 10.0),
         ("TUNESVC_CLAIM_STALE_S", "nan", settings.claim_stale_s, 10.0),
         ("TUNESVC_COMPILE_WORKERS", "two", settings.compile_workers, 0),
+        # past the range where each works: a wait of 1e308 s overflows, 10**6 processes do not start
+        ("TUNESVC_CLAIM_STALE_S", "1e308", settings.claim_stale_s, 10.0),
+        ("TUNESVC_CLAIM_STALE_S", "inf", settings.claim_stale_s, 10.0),
+        ("TUNESVC_CLAIM_STALE_S", "0.01", settings.claim_stale_s, 10.0),
+        ("TUNESVC_COMPILE_WORKERS", "1000000", settings.compile_workers, 0),
+        ("TUNESVC_MAX_KEYS", str(10**30), settings.max_keys, 256),
     ],
 )
 def test_a_value_that_does_not_parse_is_one_warning_and_the_default(name, value, read, expected, monkeypatch):
@@ -67,6 +73,22 @@ def test_a_value_that_does_not_parse_is_one_warning_and_the_default(name, value,
         assert read() == expected
     said = [str(w.message) for w in caught]
     assert len(said) == 1 and name in said[0] and repr(value) in said[0], said
+
+
+@pytest.mark.parametrize(
+    "name, value, read, expected",
+    [
+        ("TUNESVC_CLAIM_STALE_S", "86400", settings.claim_stale_s, 86400.0),
+        ("TUNESVC_CLAIM_STALE_S", "1", settings.claim_stale_s, 1.0),
+        ("TUNESVC_COMPILE_WORKERS", str(settings.MAX_COMPILE_WORKERS), settings.compile_workers, 256),
+        ("TUNESVC_MAX_KEYS", str(settings.MAX_KEYS), settings.max_keys, settings.MAX_KEYS),
+    ],
+)
+def test_a_value_at_the_edge_of_its_range_is_taken_without_a_warning(name, value, read, expected, monkeypatch):
+    monkeypatch.setenv(name, value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read() == expected
 
 
 def test_every_mode_is_one_vocabulary():

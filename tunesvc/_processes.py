@@ -209,6 +209,18 @@ def start_child(main: Callable[..., None], *args: Any) -> tuple[BaseProcess, Con
     return process, parent_end
 
 
+def receive_within(process: BaseProcess, connection: Connection, time_limit_s: float | None) -> Any:
+    """The answer a child started by :func:`start_child` sends on ``connection``: EOFError where
+    it ended without one; TimeoutError where none came within ``time_limit_s`` (None: no limit),
+    the child then killed (SIGKILL: a kernel that never ends never reads a gentler signal) and
+    reaped."""
+    if time_limit_s is not None and not connection.poll(time_limit_s):  # poll is True at EOF too
+        process.kill()
+        process.join()
+        raise TimeoutError(f"no answer within {time_limit_s:g} s")
+    return connection.recv()
+
+
 def _child_main(
     main: Callable[..., None],
     connection: Connection,
@@ -251,3 +263,58 @@ def start_worker(owner: int) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="tunesvc-owner-watch", daemon=True).start()
+
+
+# -- a command run in place of this process (`tune run`) ----------------------------------------
+#: the signals a command run by :func:`run_command` is sent when this process is (SIGINT: see
+#: :func:`_from_the_terminal`); those a terminal or a supervisor sends to stop or notify a program
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+
+
+def run_command(command: Sequence[str], env: dict[str, str]) -> int:
+    """Run ``command`` as if it ran in this process's place, and return the exit status a shell
+    gives it: its own, else 128 + the signal that ended it (137 for SIGKILL).
+
+    Every signal of :data:`FORWARDED_SIGNALS` this process gets while the command runs is sent on
+    to it (a supervisor's SIGTERM stops the command, not only its wrapper); a SIGINT or SIGQUIT a
+    terminal sent to its foreground process group has reached the command already and is not sent
+    twice. OSError where the command cannot start.
+    """
+    import signal
+    import subprocess
+
+    process = subprocess.Popen(list(command), env=env)
+    kept: dict[int, Any] = {}
+
+    def forward(signum: int, _frame: Any) -> None:
+        if signum in (signal.SIGINT, signal.SIGQUIT) and _from_the_terminal():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+
+    if threading.current_thread() is threading.main_thread():  # handlers can be set from it alone
+        for name in FORWARDED_SIGNALS:
+            number = getattr(signal, name, None)
+            if number is not None:
+                kept[number] = signal.signal(number, forward)
+    try:
+        code = process.wait()  # a handler runs in between, and the wait resumes (PEP 475)
+    finally:
+        for number, handler in kept.items():
+            signal.signal(number, handler)
+    return 128 - code if code < 0 else code
+
+
+def _from_the_terminal() -> bool:
+    """Whether this process is in its terminal's foreground process group, where the terminal's
+    SIGINT (Ctrl-C) and SIGQUIT reach every process of the group, a child run in it included.
+    A heuristic (a signal handler is not told who sent the signal): a ``kill -INT`` aimed at this
+    process alone while it runs in the foreground is then not forwarded, as under ``uv run``."""
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except (AttributeError, OSError, ValueError):
+            continue
+    return False

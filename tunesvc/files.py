@@ -9,14 +9,17 @@ target by a rename (:func:`os.replace`): the rename replaces a name, never the f
 that name points to. Before that, :func:`check_replaceable` refuses to replace what the user did
 not ask to replace: a link, a folder, or a file that is not one the command itself wrote.
 
-A file read (a bundle) may be a FIFO, whose opening waits for a writer forever, or a device such
-as /dev/zero, which never ends: :func:`read_regular` opens without waiting and refuses any path
-that is not a regular file.
+A file read (a bundle) or appended to (a timeline, a summary) may be a FIFO, whose opening waits
+for a writer (or a reader) forever, or a device such as /dev/zero, which never ends:
+:func:`open_regular` (under :func:`read_regular` and :func:`append_line`) opens without waiting
+and refuses any path that is not a regular file, and :func:`check_regular` refuses one before
+another library (SQLite) opens it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -53,21 +56,64 @@ FILE_KINDS = {
 }
 
 
-def read_regular(path: Path, most: int, what: str) -> bytes:
-    """At most ``most`` + 1 bytes of the regular file at ``path`` (a link to one is followed).
+def _not_regular(path: str | os.PathLike, mode: int, what: str) -> TunesvcError:
+    kind = FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return TunesvcError(f"{path} is {kind}, not {what}; check the path.")
 
-    Opened without blocking (O_NONBLOCK: a FIFO opens at once instead of waiting for a writer)
-    and checked on the open file (no other file can take its place between a check and the
-    read); anything but a regular file raises TunesvcError saying what it is and that it is not
-    ``what`` ("a bundle file"). OSError (not there, not allowed) is the caller's to word.
+
+def open_regular(path: str | os.PathLike, flags: int, what: str) -> int:
+    """A descriptor of the regular file at ``path`` (a link to one is followed), opened with
+    ``flags`` (os.O_RDONLY, os.O_WRONLY | os.O_APPEND | os.O_CREAT ...; a file created gets mode
+    0o644 under the umask).
+
+    Opened without blocking (O_NONBLOCK: a FIFO opens at once instead of waiting for a writer or
+    a reader; a write-only FIFO with no reader fails with ENXIO, said as a FIFO too) and checked on
+    the open file (no other file can take its place between a check and the use); anything but
+    a regular file raises TunesvcError saying what it is and that it is not ``what`` ("a bundle
+    file"). O_NONBLOCK changes nothing for a regular file. OSError (not there, not allowed) is the
+    caller's to word.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as handle:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
-            raise TunesvcError(f"{path} is {kind}, not {what}; check the path.")
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO no process reads: opening it for writing is refused
+            with contextlib.suppress(OSError):
+                raise _not_regular(path, os.stat(path).st_mode, what) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_regular(path, mode, what)
+    return fd
+
+
+def check_regular(path: str | os.PathLike, what: str) -> None:
+    """Raise TunesvcError where something that is not a regular file is at ``path`` (a folder, a
+    FIFO, a device, a socket; a link to a regular file is one); nothing there is fine. For a
+    file another library opens itself, such as SQLite's database and its side files."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # not there, or a name the system refuses: said where it is opened
+        return
+    if not stat.S_ISREG(mode):
+        raise _not_regular(path, mode, what)
+
+
+def read_regular(path: str | os.PathLike, most: int, what: str) -> bytes:
+    """At most ``most`` + 1 bytes of the regular file at ``path`` (see :func:`open_regular`)."""
+    with os.fdopen(open_regular(path, os.O_RDONLY, what), "rb") as handle:
         return handle.read(most + 1)
+
+
+def append_line(path: str | os.PathLike, line: str, what: str) -> None:
+    """Append ``line`` (UTF-8, a newline added) to the regular file at ``path``, creating it, in one
+    ``write`` of a descriptor opened with O_APPEND: lines of processes appending to one local file
+    at once are never interleaved. Refuses what :func:`open_regular` refuses."""
+    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, what)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def write_atomically(path: Path, text: str) -> None:

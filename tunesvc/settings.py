@@ -31,6 +31,9 @@ TUNE, LOOKUP, HEURISTIC, OFF = MODES
 DEFAULT_DB = "tune.db"
 #: milliseconds of replay a measurement's timing aims at (sweeps, captured keys, re-measures)
 REP_MS = 100.0
+#: seconds a recorded call's replay (`tune misses --tune`, `tune verify`) may run before its
+#: process is stopped: a record that passes every check may still launch a kernel that never ends
+REPLAY_TIME_LIMIT_S = 600.0
 
 #: The tolerance tables, by dtype name: the largest relative error ||out - ref|| / ||ref||.
 #: Against a float32/float64 torch reference (a shipped template's or a space= kernel's check):
@@ -45,6 +48,11 @@ CONFIG_TOLERANCE = {"float64": 1e-5, "float32": 1e-4, "float16": 1e-2, "bfloat16
 #: ... of a float dtype that table does not list (float8 variants); integer and bool outputs
 #: must match exactly
 CONFIG_TOLERANCE_OTHER = 0.125
+
+#: the most compile processes TUNESVC_COMPILE_WORKERS (and `--compile-workers`) may ask for
+MAX_COMPILE_WORKERS = 256
+#: the most distinct keys TUNESVC_MAX_KEYS may allow a kernel (each is a row and an entry in memory)
+MAX_KEYS = 1_000_000
 
 #: the variables and what they hold (``tune run --help`` and docs/settings.md list them from here)
 VARIABLES = {
@@ -104,7 +112,8 @@ def flag(name: str) -> bool:
     return (text(name) or "0") != "0"
 
 
-def integer(name: str, default: int, minimum: int = 0) -> int:
+def integer(name: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
+    """A whole number from ``minimum`` to ``maximum`` (None: no bound), else one warning and ``default``."""
     value = text(name)
     if value is None:
         return default
@@ -113,22 +122,29 @@ def integer(name: str, default: int, minimum: int = 0) -> int:
     except ValueError:
         _warn(name, value, "is not a whole number", default)
         return default
-    if number < minimum:
-        _warn(name, value, f"is below {minimum}", default)
+    if number < minimum or (maximum is not None and number > maximum):
+        _warn(
+            name,
+            value,
+            f"is not between {minimum} and {maximum}" if maximum is not None else f"is below {minimum}",
+            default,
+        )
         return default
     return number
 
 
-def seconds(name: str, default: float) -> float:
+def seconds(name: str, default: float, minimum: float = 0.0, maximum: float = 86400.0) -> float:
+    """Seconds from ``minimum`` to ``maximum`` (a day by default: a value past what a wait or a
+    timer takes, such as 1e308, would fail where it is used), else one warning and ``default``."""
     value = text(name)
     if value is None:
         return default
     try:
         number = float(value)
     except ValueError:
-        number = -1.0
-    if not number >= 0 or number == float("inf"):
-        _warn(name, value, "is not a number of seconds", default)
+        number = float("nan")
+    if not minimum <= number <= maximum:  # NaN fails too
+        _warn(name, value, f"is not a number of seconds from {minimum:g} to {maximum:g}", default)
         return default
     return number
 
@@ -176,15 +192,16 @@ def compile_workers() -> int | None:
     """$TUNESVC_COMPILE_WORKERS (0: none), or None where unset (the capture's own rule)."""
     if text("TUNESVC_COMPILE_WORKERS") is None:
         return None
-    return integer("TUNESVC_COMPILE_WORKERS", 0)
+    return integer("TUNESVC_COMPILE_WORKERS", 0, maximum=MAX_COMPILE_WORKERS)
 
 
 def max_keys() -> int:
-    return integer("TUNESVC_MAX_KEYS", 256, minimum=1)
+    return integer("TUNESVC_MAX_KEYS", 256, minimum=1, maximum=MAX_KEYS)
 
 
 def claim_stale_s() -> float:
-    return seconds("TUNESVC_CLAIM_STALE_S", 10.0)
+    # at least a second: its holder's heartbeat, every quarter of it, is a database write
+    return seconds("TUNESVC_CLAIM_STALE_S", 10.0, minimum=1.0)
 
 
 def replay_enabled() -> bool:

@@ -48,6 +48,7 @@ from typing import Any
 from typing import cast
 
 from tunesvc.errors import TunesvcError
+from tunesvc.files import read_regular
 
 if TYPE_CHECKING:
     import optuna
@@ -409,8 +410,7 @@ class Space:
         try:
             if path.is_dir():
                 raise TunesvcError(f"{path} is a folder; pass a space file (.toml).")
-            with path.open("rb") as handle:
-                raw = handle.read(MAX_FILE_BYTES + 1)
+            raw = read_regular(path, MAX_FILE_BYTES, "a space file (.toml)")  # a FIFO is refused, not waited on
         except FileNotFoundError:
             raise TunesvcError(f"{path}: space file not found; check the path.") from None
         except OSError as exc:

@@ -19,12 +19,19 @@ import os
 import time
 
 from tunesvc import settings
+from tunesvc.errors import TunesvcError
+from tunesvc.files import append_line
+from tunesvc.files import read_regular
+from tunesvc.text import warn
 
 ENV = "TUNESVC_TIMELINE"
+#: the most of a timeline file :func:`read` reads (a sweep's is a few KiB)
+MAX_READ_BYTES = 256 << 20
 
 #: set by whatever starts a process in a new interpreter (a sweep worker); forked children call set_role
 _role = settings.timeline_role()
 _seen: set[str] = set()
+_refused: set[str] = set()
 
 
 def set_role(role: str) -> None:
@@ -40,18 +47,18 @@ def mark(event: str, *, once: bool = True, **detail: object) -> None:
     if not path or (once and event in _seen):
         return
     _seen.add(event)
-    line = json.dumps({"t": time.time(), "pid": os.getpid(), "role": _role, "event": event, **detail}) + "\n"
+    line = json.dumps({"t": time.time(), "pid": os.getpid(), "role": _role, "event": event, **detail})
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        append_line(path, line, "a timeline file")
+    except TunesvcError as exc:  # a FIFO or a device: said once, never waited on
+        if path not in _refused:
+            _refused.add(path)
+            warn(f"tunesvc: {ENV}: {exc} No timeline is written.", RuntimeWarning, stacklevel=2)
     except OSError:  # a timeline that cannot be written never stops a sweep
         pass
 
 
 def read(path: str) -> list[dict]:
     """The lines of a timeline file, oldest first."""
-    with open(path) as f:
-        return sorted((json.loads(line) for line in f if line.strip()), key=lambda e: e["t"])
+    text = read_regular(path, MAX_READ_BYTES, "a timeline file").decode("utf-8", "replace")
+    return sorted((json.loads(line) for line in text.splitlines() if line.strip()), key=lambda e: e["t"])

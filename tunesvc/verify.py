@@ -32,6 +32,7 @@ from dataclasses import field
 from typing import TYPE_CHECKING
 from typing import Any
 
+from tunesvc import settings
 from tunesvc.bench import Bench
 from tunesvc.device import Device
 from tunesvc.device import current_device
@@ -94,11 +95,13 @@ def verify(
     budget: int = 8,
     strategy: str = "grid",
     progress: Callable[[str, int, int], None] | None = None,
+    time_limit_s: float = settings.REPLAY_TIME_LIMIT_S,
 ) -> list[Verdict]:
     """Re-measure this device's stored winners (filtered by ``kernel``); see the module docstring.
 
     ``progress(what, step, total)`` is told before each key is judged (``what``: its kernel and
-    shape key; ``step`` keys done of ``total``) and once at the end."""
+    shape key; ``step`` keys done of ``total``) and once at the end. A captured kernel's recorded
+    call is replayed in a process stopped after ``time_limit_s``."""
     if not 0 <= margin < float("inf"):  # NaN too: every comparison with it is false, so it never flagged
         raise TunesvcError(f"--margin must be at least 0 and finite, got {margin}.")
     if budget < 1:
@@ -137,9 +140,11 @@ def verify(
                 verdict.flags.append(UNKNOWN)
                 verdict.detail = "kernel not found here, and no call of it recorded in this database to re-measure"
             elif ":" in name:  # a captured triton.autotune kernel, by module:qualname
-                now, fresh = _verify_captured(verdict, store, device, margin, named=entry.kernel == kernel)
+                now, fresh = _verify_captured(
+                    verdict, store, device, margin, named=entry.kernel == kernel, time_limit_s=time_limit_s
+                )
                 if retune and verdict.retunable and now is not None:
-                    kv_id = _retune_captured(verdict, store, device, now)
+                    kv_id = _retune_captured(verdict, store, device, now, time_limit_s=time_limit_s)
                     if kv_id is not None:
                         _overrule(verdict, store, device, kv_id, fresh)
             else:
@@ -228,7 +233,9 @@ def _retune(
     verdict.retuned_ms, verdict.retuned_config = result.winner_ms, result.winner
 
 
-def _retune_captured(verdict: Verdict, store: Store, device: Device, version: str) -> int | None:
+def _retune_captured(
+    verdict: Verdict, store: Store, device: Device, version: str, *, time_limit_s: float
+) -> int | None:
     """Tune a flagged captured key again, as the kernel's current ``version`` over every listed
     config, on inputs rebuilt from the call its sweep recorded. Returns the id of that kernel
     version (None: not retuned, and the detail says why)."""
@@ -240,7 +247,7 @@ def _retune_captured(verdict: Verdict, store: Store, device: Device, version: st
     try:
         if call is None:
             raise TunesvcError("no recorded call of this key")
-        config = tune_recorded(store, verdict.kernel, version, verdict.shape_key, call)
+        config = tune_recorded(store, verdict.kernel, version, verdict.shape_key, call, time_limit_s=time_limit_s)
     except TunesvcError as exc:
         verdict.detail = f"{verdict.detail}; not retuned: {exc}"
         return None
@@ -257,7 +264,7 @@ def _captured(store: Store, kernel: str) -> bool:
 
 
 def _verify_captured(
-    verdict: Verdict, store: Store, device: Device, margin: float, *, named: bool
+    verdict: Verdict, store: Store, device: Device, margin: float, *, named: bool, time_limit_s: float
 ) -> tuple[str | None, list[tuple[Config, Measurement]]]:
     """Re-measure a captured kernel's winner beside its first listed config, on inputs rebuilt
     from the recorded call; when its module is not named on the command line (``named``: stored
@@ -290,7 +297,9 @@ def _verify_captured(
         return current, []
     first = config_dict(tuner.configs[0])
     try:
-        measured = measure_stored(store, verdict.kernel, verdict.shape_key, [verdict.config, first], device)
+        measured = measure_stored(
+            store, verdict.kernel, verdict.shape_key, [verdict.config, first], device, time_limit_s=time_limit_s
+        )
     except TunesvcError as exc:
         verdict.flags.append(NOT_MEASURED)
         verdict.detail = f"not re-measured: {exc}"

@@ -93,8 +93,12 @@ def write_summary() -> None:
             print(summary_line([summary_record()]), file=sys.stderr)
         path = settings.summary_file()
         if path:
-            with open(path, "a") as f:
-                f.write(json.dumps(summary_record()) + "\n")
+            from tunesvc.files import append_line
+
+            try:
+                append_line(path, json.dumps(summary_record()), "a summary file")
+            except TunesvcError as exc:  # a FIFO or a device: never waited on
+                print(f"tunesvc: TUNESVC_SUMMARY_FILE: {exc} No summary is written.", file=sys.stderr)
     except Exception:  # a summary must never change how the program ends
         pass
 

@@ -23,6 +23,7 @@ import torch
 from tunesvc import settings
 from tunesvc._capture.bench import Pruned
 from tunesvc._capture.bench import is_nested
+from tunesvc._capture.failopen import FAILED_OPEN
 from tunesvc._capture.failopen import STAGE
 from tunesvc._capture.failopen import STATS
 from tunesvc._capture.failopen import LeftToTriton
@@ -34,10 +35,12 @@ from tunesvc._capture.sharing import shared_for
 from tunesvc._capture.tune import tune_locked
 from tunesvc.settings import HEURISTIC
 from tunesvc.settings import LOOKUP
+from tunesvc.store import DatabaseLocked
 
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
 
+    from tunesvc._capture.sharing import Shared
     from tunesvc._capture.sharing import State
 
 
@@ -216,7 +219,7 @@ def config_for(
             record_missed_call(shared, state, text, tuner, args, kwargs)
             STATS["fallback"] += 1
         else:
-            config = tune_locked(tuner, state, shared, text, args, kwargs, pruned)
+            config = tune_unless_locked(tuner, state, shared, text, args, kwargs, pruned)
             # the winners were read before this one was stored: the next miss that asks the one
             # chain (a key met inside a CUDA graph) reads them again, this one's included
             shared._runtime = None
@@ -225,3 +228,24 @@ def config_for(
         # launch that follows a key's first resolution starts from zero: so does this one
         tuner.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()}, reset_only=True)
     return config
+
+
+#: the summary's reason for the keys left to Triton while another process held the write lock
+LOCKED_REASON = "keys met while another process held the database's write lock"
+
+
+def tune_unless_locked(
+    tuner: Autotuner, state: State, shared: Shared, text: str, args: tuple, kwargs: dict[str, Any], pruned: Pruned
+) -> Any:
+    """:func:`~tunesvc._capture.tune.tune_locked`, unless another process holds the database's write lock: then this
+    launch is Triton's own (it benchmarks, as without capture) and the key is left for a later
+    run; the first such wait (at most LOCK_WAIT_S, twice where a claim was held) is said once and
+    ends the process's writes (:meth:`~tunesvc._capture.sharing.Shared.lock_out`), so a peer's
+    lock costs a program a few seconds in all, not a wait per kernel or key."""
+    if shared.locked_out is None:
+        try:
+            return tune_locked(tuner, state, shared, text, args, kwargs, pruned)
+        except DatabaseLocked as exc:
+            shared.lock_out(exc, stacklevel=5)
+    FAILED_OPEN[LOCKED_REASON] += 1
+    raise LeftToTriton

@@ -39,6 +39,10 @@ def record_missed_call(
 ) -> None:
     """Write the miss to the database for offline tuning; serving goes on if it cannot (``values``:
     see :func:`describe_call`)."""
+    from tunesvc.store import DatabaseLocked
+
+    if shared.locked_out is not None:  # another process held the write lock: nothing is written
+        return
     try:
         store = shared.store(create=False)
         if store is None:
@@ -47,6 +51,8 @@ def record_missed_call(
 
         device = current_device()
         store.record_miss(state.template, device, text, describe_call(tuner, args, kwargs, values=values))
+    except DatabaseLocked as exc:  # said once for the process, not once a miss
+        shared.lock_out(exc, stacklevel=4)
     except Exception as exc:  # a serving process never fails on bookkeeping
         warn(visible(f"tunesvc: could not record the miss of {state.name} ({exc})."), RuntimeWarning, stacklevel=4)
 

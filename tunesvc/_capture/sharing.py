@@ -27,6 +27,8 @@ from tunesvc.settings import LOOKUP
 from tunesvc.settings import OFF
 from tunesvc.settings import TUNE
 from tunesvc.space import config_hash
+from tunesvc.text import visible
+from tunesvc.text import warn
 
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
@@ -79,6 +81,11 @@ class Settings:
 settings_lock = threading.Lock()
 SHARED: dict[Settings, Shared] = {}
 
+#: seconds a captured program's write waits for another process's write lock on a SQLite file
+#: (a sweep's transactions last milliseconds; a lock held longer is a peer's long transaction, and
+#: the launch has a program waiting on it); once one such wait fails, the process writes no more
+LOCK_WAIT_S = 2.0
+
 
 class Shared:
     """What the kernels of one Settings share: the bundle read once, one store connection."""
@@ -88,14 +95,19 @@ class Shared:
         self._runtime: Runtime | None = None
         self._store: Store | None = None
         self.lock = threading.Lock()
+        #: why this process writes no more to the database (another process held its write lock)
+        self.locked_out: str | None = None
 
     def table(self, template: Template) -> dict[str, ConfigDict]:
         """The stored winners of ``template`` on this device (bundle, else database; {}: none)."""
+        from tunesvc.serving.source import database_exists
         from tunesvc.store import DatabaseNotCreated
 
         runtime = self._runtime or self._open()
         if runtime is None:
             return {}
+        if not self.settings.bundle and not database_exists(self.settings.db_path):
+            return {}  # deleted since the runtime opened it: as no file (the store says so, and makes one)
         try:
             table = runtime._table(template)
         except DatabaseNotCreated:
@@ -138,8 +150,25 @@ class Shared:
             path = self.settings.db_path
             if not create and not (self.settings.db or database_exists(path)):
                 return None
-            self._store = Store(path)
+            self._store = Store(path, busy_timeout_s=LOCK_WAIT_S)
         return self._store
+
+    def lock_out(self, exc: Exception, *, stacklevel: int) -> None:
+        """Write no more to the database in this process (another process held its write lock
+        past LOCK_WAIT_S): said in one warning line, the first time; the keys met from then on
+        run with Triton's own autotuner (counted in the summary) and are tuned by a later run."""
+        if self.locked_out is not None:
+            return
+        self.locked_out = str(exc)
+        warn(
+            visible(
+                f"tunesvc: another process held the write lock of {self.settings.db_path} for over {LOCK_WAIT_S:g} s; "
+                "this process writes no more to it: its keys not stored yet run with Triton's own autotuner "
+                "and are tuned by a later run."
+            ),
+            RuntimeWarning,
+            stacklevel=stacklevel + 1,
+        )
 
 
 def _connections_left_to_the_parent() -> None:

@@ -183,13 +183,21 @@ def tune_key(
     return state.match(winner.config, lambda: candidates) or candidates[0]
 
 
-def tune_recorded(store: Store, name: str, version: str, shape_key: str, call: dict[str, Any]) -> Any:
+def tune_recorded(
+    store: Store,
+    name: str,
+    version: str,
+    shape_key: str,
+    call: dict[str, Any],
+    *,
+    time_limit_s: float | None = settings.REPLAY_TIME_LIMIT_S,
+) -> Any:
     """Tune one recorded key offline: import the kernel, rebuild the call, tune as on a miss, in
-    a process of its own (:func:`_apart`).
+    a process of its own (:func:`_apart`), stopped after ``time_limit_s``.
 
     Returns the winning config as stored (a dict), or raises TunesvcError with the reason.
     """
-    return _apart(name, shape_key, _tune_recorded_here, store.url, name, version, shape_key, call)
+    return _apart(name, shape_key, _tune_recorded_here, store.url, name, version, shape_key, call, limit=time_limit_s)
 
 
 def _tune_recorded_here(store: Store, name: str, version: str, shape_key: str, call: dict[str, Any]) -> Any:
@@ -223,14 +231,20 @@ def _tune_recorded_here(store: Store, name: str, version: str, shape_key: str, c
 
 
 def measure_stored(
-    store: Store, name: str, shape_key: str, configs: list[dict[str, Any]], device: Device
+    store: Store,
+    name: str,
+    shape_key: str,
+    configs: list[dict[str, Any]],
+    device: Device,
+    *,
+    time_limit_s: float | None = settings.REPLAY_TIME_LIMIT_S,
 ) -> list[Measurement]:
     """Re-measure stored configs of a captured key on inputs rebuilt from the call its sweep
     recorded (`tune verify`), in a process of its own (:func:`_apart`); each config after the
     first is checked against the first's output (or a later one's, where the first wrote NaN or
-    inf: see :class:`CaptureBench`)."""
+    inf: see :class:`CaptureBench`); stopped after ``time_limit_s``."""
     measured: list[Measurement] = _apart(
-        name, shape_key, _measure_stored_here, store.url, name, shape_key, configs, device
+        name, shape_key, _measure_stored_here, store.url, name, shape_key, configs, device, limit=time_limit_s
     )
     return measured
 
@@ -255,9 +269,10 @@ def _measure_stored_here(
     return [gone if config is None else next(measured) for config in listed]
 
 
-def _apart(name: str, shape_key: str, work: Any, url: str, *args: Any) -> Any:
+def _apart(name: str, shape_key: str, work: Any, url: str, *args: Any, limit: float | None = None) -> Any:
     """``work(store, *args)`` in a measuring child (:func:`tunesvc._processes.start_child`) with
-    its own connection to the database at ``url``; its answer, or TunesvcError with its reason.
+    its own connection to the database at ``url``; its answer, or TunesvcError with its reason
+    (the child stopped where it runs past ``limit`` seconds).
 
     A recorded call is data from anyone, and :func:`tunesvc._capture.recorded.check_call` judges
     it against itself, not against the kernel's code: a kernel that multiplies two arguments the
@@ -267,13 +282,19 @@ def _apart(name: str, shape_key: str, work: Any, url: str, *args: Any) -> Any:
     """
     import signal
 
+    from tunesvc._processes import receive_within
     from tunesvc._processes import start_child
 
     process, connection = start_child(_apart_main, work, url, args)
     try:
-        answer = connection.recv()
+        answer = receive_within(process, connection, limit)
     except EOFError:
         answer = None
+    except TimeoutError:
+        raise TunesvcError(
+            f"Replaying the recorded call of {name} on {shape_key} ran past its time limit of {limit:g} s, so "
+            "its process was stopped and the key left as it was; pass a longer --time-limit if it needs one."
+        ) from None
     finally:
         connection.close()
         process.join()

@@ -153,6 +153,16 @@ DbOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+#: how long one replay of a captured kernel's recorded call may run (`misses --tune`, `verify`)
+TimeLimitOption = Annotated[
+    float,
+    typer.Option(
+        "--time-limit",
+        min=1.0,
+        max=86400.0,
+        help="Seconds one replay of a captured kernel's recorded call may run before its process is stopped.",
+    ),
+]
 
 
 def _complete_kernel(incomplete: str) -> list[str]:

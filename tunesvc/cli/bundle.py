@@ -12,10 +12,12 @@ from typing import Any
 import typer
 from rich.text import Text
 
+from tunesvc import settings
 from tunesvc.cli._common import DbOption
 from tunesvc.cli._common import JsonOption
 from tunesvc.cli._common import KernelFilter
 from tunesvc.cli._common import TextConsole
+from tunesvc.cli._common import TimeLimitOption
 from tunesvc.cli._common import _check_count
 from tunesvc.cli._common import _count
 from tunesvc.cli._common import _kernel_filter
@@ -165,6 +167,7 @@ def verify(
     budget: Annotated[int, typer.Option(help="New trials per key with --retune.")] = 8,
     db: DbOption = None,
     as_json: JsonOption = False,
+    time_limit: TimeLimitOption = settings.REPLAY_TIME_LIMIT_S,
 ) -> None:
     """Re-measure this device's stored winners; flag stale ones (kernel or Triton changed) and ones slower than the heuristic."""
     # re-measuring (torch, Triton); the database (SQLAlchemy)
@@ -184,7 +187,13 @@ def verify(
     try:
         with progress:  # on stderr: --json's output stays the JSON alone
             verdicts = verify_winners(
-                store, kernel=kernel, margin=margin, retune=retune, budget=budget, progress=on_key
+                store,
+                kernel=kernel,
+                margin=margin,
+                retune=retune,
+                budget=budget,
+                progress=on_key,
+                time_limit_s=time_limit,
             )
         stored_on = sorted({w.device for w in store.winners(kernel=kernel)}) if not verdicts else []
         if kernel is not None and not verdicts and not stored_on:

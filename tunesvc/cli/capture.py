@@ -13,6 +13,7 @@ from tunesvc import settings
 from tunesvc.cli._common import DbOption
 from tunesvc.cli._common import JsonOption
 from tunesvc.cli._common import TextConsole
+from tunesvc.cli._common import TimeLimitOption
 from tunesvc.cli._common import _config_text
 from tunesvc.cli._common import _count
 from tunesvc.cli._common import _keyed_table
@@ -54,22 +55,23 @@ def run(
         int | None,
         typer.Option(
             min=0,
+            max=settings.MAX_COMPILE_WORKERS,
             help="Processes that compile a long-tuning key's configs ahead of their measurement; 0: none "
             "\\[default: $TUNESVC_COMPILE_WORKERS, else on a GPU half the cores, at most 8].",
         ),
     ] = None,
+    time_limit: TimeLimitOption = settings.REPLAY_TIME_LIMIT_S,
 ) -> None:
     """Run COMMAND with every triton.autotune kernel captured by tunesvc; exit with its exit code.
 
     Ends with one line on stderr over all of COMMAND's processes: kernels captured, keys served
     from the store, tuned (and their seconds), served untuned, and kernels left to Triton's own
     autotuner and why."""
-    import json
     import os
-    import subprocess
     import tempfile
 
     from tunesvc._capture import summary_line
+    from tunesvc._processes import run_command
     from tunesvc.settings import MODES
 
     if mode is not None and mode not in MODES:
@@ -92,18 +94,31 @@ def run(
             if value is not None:
                 env[name] = str(value)
         try:
-            code = subprocess.call(command, env=env)
+            code = run_command(command, env)
         except OSError as exc:
             raise TunesvcError(f"Cannot run {command[0]}: {exc.strerror}.") from None
         finally:
             with open(summary) as f:
-                records = [json.loads(line) for line in f if line.strip()]
+                records = [_summary_record(line) for line in f if line.strip()]
             os.unlink(summary)
         stderr = TextConsole(stderr=True)
-        stderr.print(summary_line(records), highlight=False, soft_wrap=whole_lines(stderr))
-    if tune_misses and _tune_misses(db, kernel or []):
+        stderr.print(
+            summary_line([r for r in records if r is not None]), highlight=False, soft_wrap=whole_lines(stderr)
+        )
+    if tune_misses and _tune_misses(db, kernel or [], time_limit):
         code = code or 1  # a key not tuned (said, one line each)
     raise typer.Exit(code)
+
+
+def _summary_record(line: str) -> dict | None:
+    """One process's summary record (None: a line cut short, by a process killed while writing it)."""
+    import json
+
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 @app.command()
@@ -120,10 +135,11 @@ def misses(
     ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,
+    time_limit: TimeLimitOption = settings.REPLAY_TIME_LIMIT_S,
 ) -> None:
     """List the shape keys captured kernels met with no stored winner in mode lookup (or tune them)."""
     if tune:
-        if _tune_misses(db, kernel or []):
+        if _tune_misses(db, kernel or [], time_limit):
             raise typer.Exit(1)  # a key not tuned (said, one line each)
         return
     from tunesvc.store import Store
@@ -183,7 +199,7 @@ def misses(
     )
 
 
-def _tune_misses(db: str | None, kernels: list[str]) -> int:
+def _tune_misses(db: str | None, kernels: list[str], time_limit_s: float) -> int:
     """Tune the open misses of ``kernels``: named on the command line, since tuning imports each
     one's module and stored data never chooses a module to import. Returns how many were not
     tuned (each said in one line, and left open): a recorded call refused as unsafe to replay, a
@@ -207,7 +223,7 @@ def _tune_misses(db: str | None, kernels: list[str]) -> int:
         for m in todo:
             console.print(f"{m.kernel} {m.shape_key}: importing {m.kernel.partition(':')[0]} to tune it")
             try:
-                winner = tune_recorded(store, m.kernel, m.version, m.shape_key, m.call)
+                winner = tune_recorded(store, m.kernel, m.version, m.shape_key, m.call, time_limit_s=time_limit_s)
             except TunesvcError as exc:
                 console.print(f"  not tuned: {exc}", markup=False, highlight=False, soft_wrap=whole_lines(console))
                 untuned += 1

@@ -7,6 +7,7 @@ from tunesvc.records import WinnerEntry
 from tunesvc.store._base import BaseStore
 from tunesvc.store._migrate import head_revision
 from tunesvc.store._store import BUSY_TIMEOUT_S
+from tunesvc.store._store import DatabaseLocked
 from tunesvc.store._store import DatabaseNotCreated
 from tunesvc.store._store import DatabaseUnavailable
 from tunesvc.store._store import History
@@ -19,6 +20,7 @@ from tunesvc.store._store import upgrade
 __all__ = [
     "BUSY_TIMEOUT_S",
     "BaseStore",
+    "DatabaseLocked",
     "DatabaseNotCreated",
     "DatabaseUnavailable",
     "History",

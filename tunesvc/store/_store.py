@@ -58,6 +58,7 @@ from tunesvc.checks import key_problem
 from tunesvc.checks import load_json
 from tunesvc.device import Device
 from tunesvc.errors import TunesvcError
+from tunesvc.files import open_regular
 from tunesvc.records import DeviceRecord
 from tunesvc.records import JobRecord
 from tunesvc.records import JobSpec
@@ -142,6 +143,10 @@ class DatabaseUnavailable(TunesvcError):
     """The database server cannot be reached (restarting, network): worth retrying, unlike other errors."""
 
 
+class DatabaseLocked(TunesvcError):
+    """Another process held the SQLite file's write lock for longer than this store waits for it."""
+
+
 class DatabaseNotCreated(TunesvcError):
     """A file with no tables yet, opened read-only: empty, or another process is creating them."""
 
@@ -151,6 +156,9 @@ class Store(BaseStore):
 
     ``readonly=True`` opens a SQLite file without changing it in any way (not even its journal
     mode) and refuses a path with no database: inspection must never create or alter files.
+    ``busy_timeout_s`` is how long a write waits for another process's write lock on a SQLite
+    file before it fails with :class:`DatabaseLocked` (a captured program waits briefly: it has a
+    launch to run).
 
     The schema is versioned by Alembic migrations (see :mod:`tunesvc.store._migrate`): a new
     database is created at the head revision; one at an older revision is read, but a writable
@@ -158,7 +166,15 @@ class Store(BaseStore):
     database's revision once open, ``revision_found`` the one it had (None: it was created).
     """
 
-    def __init__(self, db: str | os.PathLike | None = None, *, readonly: bool = False, upgrade: bool = False) -> None:
+    def __init__(
+        self,
+        db: str | os.PathLike | None = None,
+        *,
+        readonly: bool = False,
+        upgrade: bool = False,
+        busy_timeout_s: float = BUSY_TIMEOUT_S,
+    ) -> None:
+        self.busy_timeout_s = busy_timeout_s
         if readonly and upgrade:
             raise ValueError("a read-only store cannot upgrade its database")
         if db is not None and not str(db).strip():
@@ -177,8 +193,11 @@ class Store(BaseStore):
         self.is_sqlite = url.get_backend_name() == "sqlite"
         self.path = url.database if self.is_sqlite else None
         self.readonly = readonly
+        #: the SQLite file's absolute path: a process that changes its working folder keeps its file
+        self._file_path: str | None = None
         if self.is_sqlite and self.path not in (None, "", ":memory:"):
             path = Path(self.path)
+            self._file_path = os.path.abspath(path)
             _check_regular_file(path)  # before anything opens it: opening a FIFO waits for a writer
             if readonly and not path.exists():
                 raise TunesvcError(f"No database at {path}; run `tune sweep` first or pass --db.")
@@ -188,6 +207,8 @@ class Store(BaseStore):
                 _check_sqlite_file(path)
             if readonly:
                 url = url.set(database=_readonly_uri(path), query={"uri": "true"})
+            else:
+                url = url.set(database=self._file_path)
         try:
             # no pool_pre_ping (a round trip per transaction): a connection that died with its server
             # fails once, SQLAlchemy then drops the whole pool, and callers retry (tunesvc.fleet.jobs)
@@ -205,13 +226,16 @@ class Store(BaseStore):
         with self._errors():
             created = self._create_whole() if self.is_sqlite and not readonly and self.path else False
             self._prepare_schema(upgrade, created)
+        #: the SQLite file this store writes, as (device, inode): see _follow_the_path
+        self._file = _file_identity(self._file_path) if self._file_path and not readonly else None
+        self._file_lock = threading.Lock()
         self._insert_new_trials = _insert_new_trials(
             self.engine.dialect
         )  # once connected: the dialect knows its server
 
     def _sqlite_pragmas(self, dbapi_connection, _record) -> None:
         cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+        cursor.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
         # in WAL mode NORMAL syncs at checkpoints, not at every commit: a killed process still loses
         # no committed trial and the file never corrupts; only a power cut may undo the last few
         cursor.execute("PRAGMA synchronous = NORMAL")
@@ -227,10 +251,12 @@ class Store(BaseStore):
         that create one database at once (the runtime's first misses, a fleet's workers) thus
         never read a file another is still creating, nor open it while it changes journal mode.
         True when this process's file is the one at the path."""
-        path = Path(str(self.path))
-        if path.exists() or self.path == ":memory:":
+        if self._file_path is None:
             return False
-        new = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.new")
+        path = Path(self._file_path)
+        if path.exists():
+            return False
+        new = path.with_name(_creation_name(path.name))
         engine = create_engine(f"sqlite:///{new}")
         event.listen(engine, "connect", self._sqlite_pragmas)
         try:
@@ -246,11 +272,11 @@ class Store(BaseStore):
             return False
         finally:
             engine.dispose()
-            for side in ("", "-wal", "-shm", "-journal"):
+            for side in ("", *SIDE_FILES):
                 Path(f"{new}{side}").unlink(missing_ok=True)
 
     def _prepare_schema(self, upgrade: bool = False, created: bool = False) -> None:
-        if self.is_sqlite and self.path not in (None, "", ":memory:") and Path(self.path).exists():
+        if self._file_path is not None and Path(self._file_path).exists():
             self._quick_check()
         with self.engine.connect() as connection:
             found, _ = _migrate.revision_of(connection, self._where())  # refuses foreign and newer ones
@@ -282,12 +308,12 @@ class Store(BaseStore):
         so a damaged file is left exactly as it was."""
         import sqlite3
 
-        path = Path(str(self.path))
+        path = Path(str(self._file_path))
         deadline = time.monotonic() + WRITER_WAIT_S
         while True:
             before = _file_state(path)
             try:
-                connection = sqlite3.connect(_readonly_uri(path), uri=True, timeout=BUSY_TIMEOUT_S)
+                connection = sqlite3.connect(_readonly_uri(path), uri=True, timeout=self.busy_timeout_s)
                 try:
                     problems = [row[0] for row in connection.execute("PRAGMA quick_check(1)")]
                 finally:
@@ -318,7 +344,7 @@ class Store(BaseStore):
         without its busy timeout, while another process holds it (several processes creating the
         same new database): retry for as long as the busy timeout would have waited.
         """
-        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        deadline = time.monotonic() + self.busy_timeout_s
         with self.engine.connect() as connection:
             while connection.exec_driver_sql("PRAGMA journal_mode").scalar() != "wal":
                 try:
@@ -398,6 +424,10 @@ class Store(BaseStore):
                 raise TunesvcError(
                     f"{where} is damaged ({' '.join(text.split())[:160]}); restore it from a copy or pass another --db."
                 ) from None
+            if self.is_sqlite and "database is locked" in text:
+                raise DatabaseLocked(
+                    f"{where} is locked by another process's write for over {self.busy_timeout_s:g} s; run again once it is done"
+                ) from None
             if "readonly" in text or "read-only" in text:
                 raise TunesvcError(f"{where} is read-only; make it writable or pass another --db.") from None
             if "unable to open" in text:
@@ -438,8 +468,61 @@ class Store(BaseStore):
     @contextmanager
     def session(self) -> Iterator[Session]:
         """One transaction: committed on success, rolled back on any error."""
+        with self._errors():
+            if self._file is not None and _file_identity(self._file_path) != self._file:
+                self._follow_the_path()
         with self._errors(), self._said_if_waiting(), self._sessions() as session, session.begin():
             yield session
+
+    def _follow_the_path(self) -> None:
+        """The SQLite file at the path is not the one this store opened (deleted, or replaced by
+        another file: a restored copy, a `mv`): what is written from now on goes to the file at the
+        path, created where none is, said in one warning. Without it every later write would go
+        to a file no other process can open, silently, and be lost when this one exits. The
+        identity is one stat before each transaction (about a microsecond)."""
+        with self._file_lock:
+            now = _file_identity(self._file_path)
+            if now == self._file:  # another thread followed it first
+                return
+            path = Path(str(self._file_path))
+            self._empty_the_old_wal()
+            self.engine.dispose()  # the old file's connections: none is used again
+            if now is None and not path.parent.is_dir():
+                self._file = None  # said once: the writes that follow fail as on any missing folder
+                raise TunesvcError(
+                    f"{self._where()} was deleted with its folder while this process ran; recreate the folder "
+                    "(a later run tunes what this one could not store)"
+                )
+            created = False
+            if now is None:
+                created = self._create_whole()
+            else:
+                _check_regular_file(path)
+                _check_sqlite_file(path)
+            self._prepare_schema(created=created)
+            self._file = _file_identity(self._file_path)
+            what = "deleted" if now is None else "replaced by another file"
+            warn(
+                f"tunesvc: {self._where()} was {what} while this process ran; what it stores from now on goes to "
+                f"the {'new ' if now is None else ''}file at that path.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _empty_the_old_wal(self) -> None:
+        """Before the connections to a moved file close: move its write-ahead log into it and
+        truncate the log (``wal_checkpoint(TRUNCATE)``), through a connection opened before the
+        move (a new one would open the file now at the path). SQLite closes a moved file without
+        its checkpoint and leaves its ``-wal`` at the path, where the next file there would read
+        the old file's pages as its own."""
+        pool = self.engine.pool
+        if not getattr(pool, "checkedin", lambda: 0)():  # no connection of the old file is open
+            return
+        try:
+            with self.engine.connect() as connection:  # a pooled one: the queue's first
+                connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        except Exception:  # the old file's log is the old file's loss, never this store's failure
+            pass
 
     @contextmanager
     def _said_if_waiting(self) -> Iterator[None]:
@@ -447,7 +530,7 @@ class Store(BaseStore):
         with the seconds: SQLite's busy timeout waits for another process's write lock silently,
         for up to BUSY_TIMEOUT_S. A timer thread, as sqlite3 offers no busy callback; it cannot
         tell such a wait from a transaction that works on much data, so the warning names both."""
-        if not self.is_sqlite:
+        if not self.is_sqlite or self.busy_timeout_s < LOCK_NOTICE_S:  # fails before it would be said
             yield
             return
         started = time.monotonic()
@@ -458,7 +541,7 @@ class Store(BaseStore):
             said.set()
             warn(
                 f"tunesvc: a transaction on {where} is still open after {LOCK_NOTICE_S:g} s: it waits for "
-                f"another process's write lock (up to {BUSY_TIMEOUT_S} s), or works on much data.",
+                f"another process's write lock (up to {self.busy_timeout_s:g} s), or works on much data.",
                 RuntimeWarning,
                 stacklevel=1,
             )
@@ -1595,8 +1678,8 @@ def _check_sqlite_file(path: Path) -> None:
     a truncated copy fails here, before SQLite reads a page that is not there.
     """
     try:
-        size = path.stat().st_size
-        with path.open("rb") as handle:
+        with os.fdopen(open_regular(path, os.O_RDONLY, "a database file"), "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
             header = handle.read(100)
     except OSError as exc:
         raise TunesvcError(f"Cannot read {path} ({exc.strerror or exc}); check its permissions.") from None
@@ -1625,22 +1708,57 @@ _FILE_KINDS = {
 }
 
 
+#: the longest file name most file systems take (ext4, XFS, APFS, NTFS: 255 bytes)
+NAME_MAX = 255
+
+
+def _creation_name(name: str) -> str:
+    """The name a new database is made under before it is linked to ``name``: hidden, of this
+    process and random, and short enough for its own side files (``-journal``, the longest) to
+    stay within NAME_MAX bytes wherever ``name``'s own side files do; a long ``name`` is cut."""
+    tail = f".{os.getpid()}-{secrets.token_hex(4)}.new"
+    room = NAME_MAX - len(".") - len(tail) - len("-journal")
+    kept = name.encode()[:room].decode("utf-8", "ignore")  # a character cut in two is dropped
+    return f".{kept}{tail}"
+
+
 def _utf8_or_replaced(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
+#: the files SQLite opens beside a database (its rollback journal, its write-ahead log and index)
+SIDE_FILES = ("-journal", "-wal", "-shm")
+
+
 def _check_regular_file(path: Path) -> None:
-    """Refuse a path that is there but is not a regular file (a link to one is one): opening a
-    FIFO waits for a writer forever, and a device or a socket is no database."""
+    """Refuse a path that is there but is not a regular file (a link to one is one), and the same
+    at a side file's name (SQLite opens a ``-journal`` it finds to see whether it is hot, a
+    ``-wal`` and a ``-shm`` to read): opening a FIFO waits for a writer forever, and a device or
+    a socket is no database."""
     try:
         mode = path.stat().st_mode
     except OSError:  # not there, or a path the system refuses (a name too long): said where it is opened
-        return
-    if stat.S_ISDIR(mode):
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
         raise TunesvcError(f"{path} is a directory, not a database file; name a database file instead.")
-    if not stat.S_ISREG(mode):
+    if mode is not None and not stat.S_ISREG(mode):
         kind = _FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
         raise TunesvcError(f"{path} is {kind}, not a database file; name a database file instead.")
+    for side in SIDE_FILES:
+        try:
+            side_mode = os.stat(f"{path}{side}").st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(side_mode):
+            kind = (
+                "a directory"
+                if stat.S_ISDIR(side_mode)
+                else _FILE_KINDS.get(stat.S_IFMT(side_mode), "not a regular file")
+            )
+            raise TunesvcError(
+                f"{path}{side} is {kind}, where SQLite keeps the database's {side[1:]} file; "
+                "remove it, or pass another --db."
+            )
 
 
 _UNDEFINED = re.compile(
@@ -1678,6 +1796,15 @@ def _file_state(path: Path) -> tuple[int, int, bool, bool]:
     except OSError:
         return (-1, -1, False, False)
     return (info.st_size, info.st_mtime_ns, Path(f"{path}-wal").exists(), Path(f"{path}-journal").exists())
+
+
+def _file_identity(path: str | None) -> tuple[int, int] | None:
+    """The (device, inode) of the file at ``path`` (a link followed), or None where none is."""
+    try:
+        info = os.stat(str(path))
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
 
 
 def _readonly_uri(path: Path) -> str:

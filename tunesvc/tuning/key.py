@@ -150,10 +150,13 @@ class Finalists:
         return list(results.items())
 
 
-def default_finalists(device: Device, count: int | None = None, window: float | None = None) -> Finalists:
+def default_finalists(
+    device: Device, count: int | None = None, window: float | None = None, rep_ms: float | None = None
+) -> Finalists:
     """A sweep's finalists: the ``count`` fastest (default :data:`FINALISTS` on a GPU, none in
-    the interpreter) within ``window`` of the fastest (default: whatever their distance)."""
-    return Finalists((FINALISTS if device.is_gpu else 0) if count is None else count, window=window)
+    the interpreter) within ``window`` of the fastest (default: whatever their distance), each
+    re-timed for ``rep_ms`` (default: the measurer's)."""
+    return Finalists((FINALISTS if device.is_gpu else 0) if count is None else count, window=window, rep_ms=rep_ms)
 
 
 def in_process(device: Device, rep_ms: float) -> Finalists:
@@ -263,15 +266,22 @@ class KeyTuning:
 
     def chosen(self, finalists: Finalists | None = None, keep: Iterable[str] = ()) -> list[Trial]:
         """The trials :meth:`retime` would re-time first (it re-times none of fewer than two)."""
-        return (finalists or self.finalists).chosen(self.trials(), self.kept(keep))
+        rule, kept = finalists or self.finalists, self.kept(keep)
+        if rule.count < 2 and not kept:  # none to read the trials for: one at most qualifies
+            return []
+        return rule.chosen(self.trials(), kept)
 
     def retime(
         self, measurer: Measurer, finalists: Finalists | None = None, keep: Iterable[str] = ()
     ) -> list[tuple[int, Measurement]]:
         """Re-time the key's finalists (this tuning's rule, or ``finalists``) beside the served
         answer and the configs hashed in ``keep``, and store their new measurements."""
-        retimed = (finalists or self.finalists).retime(measurer, self.trials(), self.kept(keep))
-        self.store.replace_measurements(retimed)
+        rule, kept = finalists or self.finalists, self.kept(keep)
+        if rule.count < 2 and not kept:  # one at most qualifies: nothing to compare
+            return []
+        retimed = rule.retime(measurer, self.trials(), kept)
+        if retimed:
+            self.store.replace_measurements(retimed)
         return retimed
 
     def finish(self, seconds: float | None = None, peer_ms: float | None = None) -> KeyOutcome:

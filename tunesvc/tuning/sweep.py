@@ -332,7 +332,7 @@ def run_sweep(
         time_budget=time_budget,
         patience=patience,
         min_improvement=min_improvement,
-        finalists=default_finalists(device, finalists, finalist_window),
+        finalists=default_finalists(device, finalists, finalist_window, rep_ms),
         isolate=device.is_gpu if isolate is None else isolate,
         measure_timeout=measure_timeout,
         rep_ms=rep_ms,

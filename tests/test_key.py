@@ -19,10 +19,12 @@ from tunesvc.template import Template
 from tunesvc.tuning.key import Finalists
 from tunesvc.tuning.key import KeyTuning
 from tunesvc.tuning.key import first_pass
+from tunesvc.tuning.sweep import run_sweep
 
 
 class Sleepy(Template):
-    """y = 2x, a config's launch sleeping 10 ms per unit of A: times that are the config's."""
+    """y = 2x, a config's launch sleeping 20 ms per unit of A: times that are the config's, far
+    apart beside the sleep's jitter on a loaded machine."""
 
     name = "sleepy"
     dims = ("N",)
@@ -36,7 +38,7 @@ class Sleepy(Template):
         return torch.randn(problem["N"])
 
     def launch(self, inputs, config):
-        time.sleep(config["A"] * 1e-2)
+        time.sleep(config["A"] * 2e-2)
         return inputs * 2
 
     def reference(self, inputs):
@@ -133,3 +135,29 @@ def test_the_first_pass_checks_before_it_times(device):
     right, wrong = first_pass(bench, configs(1, 2))
     assert right.ok and right.time_ms > 0
     assert wrong.status is Status.WRONG_RESULT and wrong.time_ms is None
+
+
+def test_a_sweeps_finalist_window_leaves_the_far_ones_with_their_first_time(tmp_db, device):
+    """finalists=3, finalist_window=1.5: of first times 20, 40 and 80 ms, the two within 2.5x of
+    the fastest are re-timed (the fastest is also the untuned answer, the heuristic), the third not."""
+    template = Sleepy()
+    problem = template.problem(N=16, dtype="float32")
+    fast, near, far = configs(1, 2, 4)
+    with closing(Store(tmp_db)) as store:
+        [result] = run_sweep(
+            template,
+            [problem],
+            store,
+            candidates=[fast, near, far],
+            finalists=3,
+            finalist_window=1.5,
+            device=device,
+            refit_selector=False,
+        )
+        reps = {
+            r.config_hash: r.reps
+            for r in store.trials(store.kernel_version_id(template), store.device_id(device), result.shape_key)
+        }
+    assert reps[config_hash(far)] == 3  # its three first runs alone
+    assert reps[config_hash(fast)] == reps[config_hash(near)] == 3 + 3 * 3
+    assert result.winner == fast

@@ -39,6 +39,8 @@ from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
 from tunesvc.space import config_hash
 from tunesvc.template import template_named_by_data
+from tunesvc.tuning.key import KeyTuning
+from tunesvc.tuning.key import first_pass
 from tunesvc.tuning.sweep import run_sweep
 
 if TYPE_CHECKING:
@@ -187,16 +189,20 @@ def _overrule(
     than the heuristic, is kept (the sweep alone would keep one whose stored time is older)."""
     if not fresh or not (WRONG in verdict.flags or SLOWER in verdict.flags):
         return
-    device_id = store.device_id(device)
-    stored = {r.config_hash: r.id for r in store.trials(kv_id, device_id, verdict.shape_key)}
     measured = {config_hash(dict(c)): (dict(c), m) for c, m in fresh}
-    store.replace_measurements([(stored[h], m) for h, (_, m) in measured.items() if h in stored])
-    new = [(c, h, m) for h, (c, m) in measured.items() if h not in stored]
-    if new:
-        sweep_id = store.start_sweep(kv_id, device_id, verdict.shape_key, problem or {}, "verify", len(new), 0)
-        store.add_trials(sweep_id, kv_id, device_id, verdict.shape_key, new)
-        store.finish_sweep(sweep_id, 0.0)
-    winner = store.update_winner(kv_id, device_id, verdict.shape_key)
+    tuning = KeyTuning(
+        store,
+        kv_id,
+        store.device_id(device),
+        verdict.shape_key,
+        problem=problem or {},
+        strategy="verify",
+        budget=len(measured),
+        served=verdict.config,
+        replace=True,
+    )
+    tuning.record([(c, h, m) for h, (c, m) in measured.items()])
+    winner = tuning.finish(0.0).winner
     verdict.retuned_config = dict(winner.config) if winner is not None else None
     verdict.retuned_ms = winner.time_ms if winner is not None else None
 
@@ -204,11 +210,12 @@ def _overrule(
 def _measure(
     verdict: Verdict, template: Template, problem: Problem, device: Device, margin: float
 ) -> list[tuple[Config, Measurement]]:
-    """Measure the winner and the heuristic now; flag ``wrong`` or ``slower``. Returns both measurements."""
-    bench = Bench(template, problem, device)
-    winner = bench.measure(verdict.config)
+    """Measure the winner and the heuristic now (checked, then timed: :func:`tunesvc.tuning.key.first_pass`);
+    flag ``wrong`` or ``slower``. Returns both measurements."""
     heuristic = template.heuristic(problem, device)
-    theirs: Measurement = winner if heuristic == verdict.config else bench.measure(heuristic)
+    configs = [verdict.config] if heuristic == verdict.config else [verdict.config, heuristic]
+    measured = first_pass(Bench(template, problem, device), configs)
+    winner, theirs = measured[0], measured[-1]
     verdict.measured_ms = winner.time_ms
     verdict.heuristic_ms = theirs.time_ms if theirs.ok else None
     if not winner.ok:

@@ -34,6 +34,7 @@ from tunesvc.bench import one_line as _one_line
 from tunesvc.bench import out_of_resources_types
 from tunesvc.bench import relative_error
 from tunesvc.space import config_hash
+from tunesvc.tuning.key import IN_PROCESS
 
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
@@ -46,11 +47,10 @@ if TYPE_CHECKING:
 TOLERANCE = {getattr(torch, name): tolerance for name, tolerance in settings.CONFIG_TOLERANCE.items()}
 LOOSE_TOLERANCE = settings.CONFIG_TOLERANCE_OTHER
 
-#: rounds of the finalists' re-measurement on a GPU (tunesvc.tuning.sweep's interleaved rounds)
-FINALISTS = 3
-#: candidates whose first time is within this fraction of the fastest's are re-timed as finalists
-#: (see :func:`contender_count`)
-FINALIST_WINDOW = 0.05
+#: at most this many finalists, those whose first time is within FINALIST_WINDOW of the
+#: fastest's (capture's parameters of the one finalist rule, tunesvc.tuning.key.IN_PROCESS)
+FINALISTS = IN_PROCESS.count
+FINALIST_WINDOW = IN_PROCESS.window
 
 
 #: how deep this thread is in tunesvc's own measuring of a kernel (see :func:`measuring_context`)
@@ -352,14 +352,11 @@ class CaptureBench(Bench):
 
 
 def contender_count(measured: list[Measurement]) -> int:
-    """How many of a key's fastest correct candidates the finalists' re-timing takes: those whose
-    first time is within FINALIST_WINDOW of the fastest, at most FINALISTS. Long replays are spent
-    only where they can change the answer: a fastest candidate ahead of every other by more
-    than the window wins on its first time (one contender: no re-timing)."""
-    times = sorted(m.time_ms for m in measured if m.ok and m.time_ms is not None)
-    if not times:
-        return 0
-    return min(FINALISTS, sum(1 for t in times if t <= times[0] * (1 + FINALIST_WINDOW)))
+    """How many of a key's fastest correct candidates capture's finalists take on a GPU (the one
+    rule, :class:`tunesvc.tuning.key.Finalists`, with capture's window): those whose first time
+    is within FINALIST_WINDOW of the fastest, at most FINALISTS. A fastest candidate ahead of
+    every other by more than the window wins on its first time (one contender: no re-timing)."""
+    return IN_PROCESS.contenders(m.time_ms if m.ok else None for m in measured)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,6 @@ from typing import Any
 from tunesvc import settings
 from tunesvc._capture.bench import CaptureBench
 from tunesvc._capture.bench import aliased
-from tunesvc._capture.bench import contender_count
 from tunesvc._capture.bench import measure_configs
 from tunesvc._capture.bench import measuring_context
 from tunesvc._capture.bench import pruned_configs
@@ -34,13 +33,15 @@ from tunesvc._capture.recorded import find_autotuner
 from tunesvc._capture.recorded import rebuild_call
 from tunesvc._capture.sharing import Settings
 from tunesvc._capture.sharing import State
-from tunesvc.bench import FIRST_GRAPH_SHARE
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
 from tunesvc.errors import TunesvcError
 from tunesvc.settings import LOOKUP
 from tunesvc.settings import TUNE
 from tunesvc.space import config_hash
+from tunesvc.tuning.key import FIRST_PASS_SHARE
+from tunesvc.tuning.key import KeyTuning
+from tunesvc.tuning.key import in_process
 
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
@@ -49,20 +50,6 @@ if TYPE_CHECKING:
     from tunesvc._capture.sharing import Shared
     from tunesvc.device import Device
     from tunesvc.store import Store
-
-
-#: each candidate's first timing of a captured key is this share of the replay length (rep:
-#: triton.autotune's ``rep``, else settings.REP_MS); the finalists are then re-timed over the
-#: whole of it, with any candidate whose first time beats theirs. triton.autotune spends its whole
-#: rep on every config, and the program waits for capture's tuning as for Triton's: the short
-#: first pass is what keeps a captured first run no slower than one without capture
-FIRST_PASS_SHARE = 0.25
-#: a captured key's finalists replay graphs of rep_ms / 30 (3.3 ms at the default), not an offline
-#: sweep's rep_ms (100 ms): the program's first call waits for them, and the long replays would add
-#: about 8 s a key to it (nine rounds at the 0.85 s a round and config a sweep's long replays took on
-#: an H100), where a captured GEMM's first call took 8.9-9.4 s, triton.autotune's 6.1-7.1 s
-#: (benchmarks/results/capture.csv)
-CAPTURE_FINALIST_GRAPH_SHARE = FIRST_GRAPH_SHARE / 3
 
 
 def tune_locked(
@@ -120,22 +107,33 @@ def tune_key(
     grids: dict[str, Any] | None = None,
     call: dict[str, Any] | None = None,
 ) -> Any:
-    """Check and time every candidate on the call's arguments, store every trial and the winner.
+    """Check and time every candidate on the call's arguments, store every trial and the winner
+    (:class:`tunesvc.tuning.key.KeyTuning`, with capture's first pass: in this process, under
+    the key claim the caller holds, a quarter of the replay length each and the finalists
+    within 5% of the fastest, :func:`tunesvc.tuning.key.in_process`). No served answer is kept
+    among the finalists: a captured key is tuned at its first launch, before it was served one.
 
     Returns the winning triton.Config (the first candidate where none is correct: its launch
     then raises what triton.autotune would). The call's tensors are left as they were given.
     """
-    from tunesvc.bench import remeasure_finalists
-
     template = state.template
+    rep_ms = float(getattr(tuner, "num_reps", None) or settings.REP_MS)
     with STAGE("store"):
-        kv_id = store.kernel_version_id(template)
-        device_id = store.device_id(device)
         started = time.perf_counter()
         # the call as data: `tune verify` and offline tuning rebuild inputs of the same shapes from it
         call = call if call is not None else describe_call(tuner, args, kwargs)
-        sweep_id = store.start_sweep(kv_id, device_id, text, call, "capture", len(candidates), 0)
-    rep_ms = float(getattr(tuner, "num_reps", None) or settings.REP_MS)
+        tuning = KeyTuning(
+            store,
+            store.kernel_version_id(template),
+            store.device_id(device),
+            text,
+            problem=call,
+            strategy="capture",
+            budget=len(candidates),
+            finalists=in_process(device, rep_ms),
+            replace=True,  # measured before (`tune verify --retune`): the stored trials take the new measurements
+        )
+        tuning.open()
     with (
         STAGE("measure"),
         measuring_context(),
@@ -156,18 +154,8 @@ def tune_key(
             STATS["benchmarks"] += bench.measurements
             results = [(config_dict(c), config_hash(config_dict(c)), m) for c, m in zip(candidates, measured)]
             with STAGE("store"):
-                new = store.add_trials(sweep_id, kv_id, device_id, text, results)
-                if None in new:  # measured before (`tune verify --retune`): the stored trials take the new measurements
-                    stored = {r.config_hash: r.id for r in store.trials(kv_id, device_id, text)}
-                    store.replace_measurements(
-                        [(stored[h], m) for (_, h, m), i in zip(results, new) if i is None and h in stored]
-                    )
-            contenders = contender_count(measured)
-            if device.is_gpu and contenders > 1:
-                rows = store.trials(kv_id, device_id, text)
-                store.replace_measurements(
-                    remeasure_finalists(bench, rows, contenders, rep_ms, graph_ms=rep_ms * CAPTURE_FINALIST_GRAPH_SHARE)
-                )
+                tuning.record(results)
+            tuning.retime(bench)
         finally:
             bench.restore()  # the caller launches the winner on the inputs as they were given
     # what triton.autotune leaves for code that reads them (first measurements, as Triton's)
@@ -176,8 +164,7 @@ def tune_key(
     }
     tuner.bench_time = time.perf_counter() - started
     with STAGE("store"):
-        winner = store.update_winner(kv_id, device_id, text)
-        store.finish_sweep(sweep_id, time.perf_counter() - started)
+        winner = tuning.finish(time.perf_counter() - started).winner
     if winner is None:
         return candidates[0]
     return state.match(winner.config, lambda: candidates) or candidates[0]

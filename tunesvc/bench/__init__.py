@@ -21,7 +21,6 @@ from tunesvc.bench._choose import picklable
 from tunesvc.bench._compile import Compiler
 from tunesvc.bench._compile import pool_size
 from tunesvc.bench._finalists import FINALIST_ROUNDS
-from tunesvc.bench._finalists import remeasure_finalists
 from tunesvc.bench._finalists import timed_in_rounds
 from tunesvc.bench._inprocess import DEFAULT_L2_BYTES
 from tunesvc.bench._inprocess import FIRST_GRAPH_SHARE
@@ -64,7 +63,6 @@ __all__ = [
     "picklable",
     "pool_size",
     "relative_error",
-    "remeasure_finalists",
     "start_forkserver",
     "timed_in_rounds",
 ]

@@ -16,6 +16,8 @@ from typing import Any
 
 from tunesvc.errors import TunesvcError
 from tunesvc.space import config_hash
+from tunesvc.tuning.key import Finalists
+from tunesvc.tuning.key import KeyTuning
 from tunesvc.tuning.selector_fit import choose
 from tunesvc.tuning.selector_fit import distinct_candidates
 from tunesvc.tuning.selector_fit import nearest_pick
@@ -66,7 +68,6 @@ def cross_measure(
     """
     from tunesvc.bench import FINALIST_ROUNDS
     from tunesvc.bench import measurer_for
-    from tunesvc.bench import remeasure_finalists
 
     winners = tuned_winners(store, template, device.hardware_id)
     stored = store.trial_times(template.name, template.version, device.hardware_id)
@@ -91,24 +92,29 @@ def cross_measure(
         problem = template.problem_of_key(key)
         if on_key is not None:
             on_key(key, len(candidates) if again else len(missing))
-        sweep_id = store.start_sweep(kv_id, device_id, key, problem, CROSS_RETIME if again else CROSS_MEASURE, None, 0)
+        # the key is served its stored winner: it is kept among the finalists. The candidates get
+        # first timings, the stored winner had a finalist's longer one (which a GPU at its power
+        # cap reads slower): the fastest, if it is not the winner, is re-timed beside it, as a
+        # sweep's finalists are, before it can take the key on a time taken another way
+        tuning = KeyTuning(
+            store,
+            kv_id,
+            device_id,
+            key,
+            problem=problem,
+            strategy=CROSS_RETIME if again else CROSS_MEASURE,
+            served=winners[key],
+            finalists=Finalists(1),
+        )
+        tuning.open()
         started = _now()
         with measurer_for(template, problem, device) as measurer:
-            results = [(c, h, measurer.measure(c)) for c, h in missing]
-            total += sum(i is not None for i in store.add_trials(sweep_id, kv_id, device_id, key, results))
-            rows, winner = store.trials(kv_id, device_id, key), config_hash(winners[key])
+            total += sum(i is not None for i in tuning.record(tuning.measure(measurer, [c for c, _ in missing])))
             if again:  # every candidate, once, as a finalist's round times it
-                retimed_now = remeasure_finalists(
-                    measurer, rows, 0, measurer.rep_ms / FINALIST_ROUNDS, keep=hashes | {winner}, rounds=1
-                )
+                tuning.retime(measurer, Finalists(0, rep_ms=measurer.rep_ms / FINALIST_ROUNDS, rounds=1), keep=hashes)
             else:
-                # these are first timings, the stored winner a finalist's longer one (which a GPU
-                # at its power cap reads slower): one that beats it is re-timed beside it, as a
-                # sweep's finalists are, before it can take the key on a time taken another way
-                retimed_now = remeasure_finalists(measurer, rows, 1, measurer.rep_ms, keep={winner})
-            store.replace_measurements(retimed_now)
-        store.update_winner(kv_id, device_id, key)
-        store.finish_sweep(sweep_id, _now() - started)
+                tuning.retime(measurer)
+        tuning.finish(_now() - started)
     return total
 
 

@@ -37,7 +37,6 @@ from tunesvc.bench import Worker
 from tunesvc.bench import measurer_for
 from tunesvc.bench import picklable
 from tunesvc.bench import pool_size
-from tunesvc.bench import remeasure_finalists
 from tunesvc.device import Device
 from tunesvc.device import fork_safe_current_device
 from tunesvc.errors import TunesvcError
@@ -50,6 +49,9 @@ from tunesvc.space import config_hash
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
 from tunesvc.timeline import mark
+from tunesvc.tuning.key import Finalists
+from tunesvc.tuning.key import KeyTuning
+from tunesvc.tuning.key import default_finalists
 from tunesvc.tuning.selector_fit import untuned_answer
 
 if TYPE_CHECKING:
@@ -273,6 +275,7 @@ def run_sweep(
     patience: int | None = None,
     min_improvement: float = 0.01,
     finalists: int | None = None,
+    finalist_window: float | None = None,
     isolate: bool | None = None,
     measure_timeout: float = 60.0,
     rep_ms: float = settings.REP_MS,
@@ -292,10 +295,12 @@ def run_sweep(
 
     Per problem, the search stops at ``budget`` trials, after ``time_budget`` seconds, or once
     ``patience`` trials in a row have not improved the best time by ``min_improvement`` (a
-    fraction). The ``finalists`` fastest configs (default 3 on a GPU, none in the interpreter)
-    are then re-measured interleaved, ``FINALIST_ROUNDS`` times over longer graph replays, and
-    keep the median, with any trial whose first time beats the fastest of them (see
-    :func:`remeasure_finalists`), so a config that won by noise is not stored as the winner.
+    fraction). The ``finalists`` fastest configs (default 3 on a GPU, none in the interpreter;
+    with ``finalist_window``, only those whose first time is within that fraction of the
+    fastest's), and what the runtime launched for the key before, are then re-measured
+    interleaved, ``FINALIST_ROUNDS`` times over longer graph replays, and keep the median, with
+    any trial whose first time beats the fastest of them (the one rule of
+    :class:`tunesvc.tuning.key.Finalists`), so a config that won by noise is not stored as the winner.
     With ``isolate`` (default: on a GPU) every candidate is measured in a
     :class:`~tunesvc.bench.Worker` process, and one that crashes it or runs past
     ``measure_timeout`` seconds is stored as ``crash`` or ``timeout``.
@@ -327,7 +332,7 @@ def run_sweep(
         time_budget=time_budget,
         patience=patience,
         min_improvement=min_improvement,
-        finalists=(3 if device.is_gpu else 0) if finalists is None else finalists,
+        finalists=default_finalists(device, finalists, finalist_window, rep_ms),
         isolate=device.is_gpu if isolate is None else isolate,
         measure_timeout=measure_timeout,
         rep_ms=rep_ms,
@@ -426,7 +431,7 @@ class _Options:
     time_budget: float | None
     patience: int | None
     min_improvement: float
-    finalists: int
+    finalists: Finalists
     isolate: bool
     measure_timeout: float
     rep_ms: float
@@ -497,20 +502,29 @@ class _ProblemSweep:
             grid_all = options.budget is None and options.strategy == "grid"
             limit = len(candidates) if grid_all else options.budget or DEFAULT_OPTUNA_BUDGET
             self.search = self._strategy(candidates)
-            stored = store.trials(self.kv_id, self.device_id, self.key)
+            self.tuning = KeyTuning(
+                store,
+                self.kv_id,
+                self.device_id,
+                self.key,
+                problem=problem,
+                strategy=options.strategy,
+                budget=options.budget,
+                seed=options.seed,
+                served=self.untuned,
+                finalists=options.finalists,
+            )
+            stored = self.tuning.trials()
             self.measured = {row.config_hash: _measurement(row) for row in stored}
             for row in stored:
                 self.search.tell(dict(row.config), self.measured[row.config_hash])
             self.best_ms = min((r.time_ms for r in stored if r.status == "ok" and r.time_ms is not None), default=None)
             self.budget = TrialBudget(min(limit, len(candidates)), self.search)
             self.rules = self._stop_rules()
-            self.new = 0
             self.measurer: Measurer | None = None
             if run.on_start:
                 run.on_start(problem, self.key, self.budget.limit)
-            self.sweep_id = store.start_sweep(
-                self.kv_id, self.device_id, self.key, problem, options.strategy, options.budget, options.seed
-            )
+            self.tuning.open()
 
     def _candidates(self) -> list[Config]:
         template, device = self.run.template, self.run.device
@@ -626,12 +640,11 @@ class _ProblemSweep:
         # With a --budget, the store counts every writer's trials of this key against it.
         shared = self.budget.limit if self.run.options.budget is not None else None
         with self.clock.phase("trial writes"):
-            ids = self.run.store.add_trials(self.sweep_id, self.kv_id, self.device_id, self.key, results, budget=shared)
+            ids = self.tuning.record(results, budget=shared)
         mark("first trials stored", trials=len(ids))
         for (config, h, m), trial_id in zip(results, ids):
             if trial_id is not None:
                 self.measured[h] = m
-                self.new += 1
             self.search.tell(config, m)
             for rule in self.rules:
                 rule.tell(m, stored=trial_id is not None)
@@ -649,18 +662,19 @@ class _ProblemSweep:
         return self.measurer
 
     def _finalists(self) -> None:
-        k = self.run.options.finalists
-        if not self.new or k <= 1:
+        """Re-time the finalists, with the untuned answer, where this sweep measured anything new
+        (stored trials were re-timed by the sweep that stored them)."""
+        if not self.tuning.new:
             return
-        self.run.on_phase(self.key, f"re-timing {k} finalists")
+        with self.clock.phase("finalists"):
+            chosen = self.tuning.chosen()
+        if len(chosen) < 2:
+            return
+        self.run.on_phase(self.key, f"re-timing {len(chosen)} finalists")
         with self.clock.phase("measurer start"):
             measurer = self._measurer()
         with self.clock.phase("finalists"):
-            rows = self.run.store.trials(self.kv_id, self.device_id, self.key)
-            keep = {config_hash(self.untuned)}
-            self.run.store.replace_measurements(
-                remeasure_finalists(measurer, rows, k, self.run.options.rep_ms, keep=keep)
-            )
+            self.tuning.retime(measurer)
 
     def _peer(self) -> float | None:
         # a sweep that measured nothing makes no inputs for the peer
@@ -671,12 +685,10 @@ class _ProblemSweep:
             return _time_peer(self.measurer)
 
     def _result(self, stopped: str, peer_ms: float | None) -> ProblemResult:
-        store = self.run.store
         with self.clock.phase("winner"):
-            winner = store.update_winner(self.kv_id, self.device_id, self.key)
-            rows = store.trials(self.kv_id, self.device_id, self.key)
+            winner = self.tuning.finish(self.clock.elapsed(), peer_ms=peer_ms).winner
+            rows = self.tuning.trials()
             heuristic = next((r for r in rows if r.config_hash == config_hash(self.heuristic)), None)
-            store.finish_sweep(self.sweep_id, self.clock.elapsed(), peer_ms=peer_ms)
         self.run.on_phase(self.key, "done")
         return ProblemResult(
             problem=self.problem,
@@ -685,7 +697,7 @@ class _ProblemSweep:
             winner_ms=winner.time_ms if winner else None,
             heuristic=self.heuristic,
             heuristic_ms=heuristic.time_ms if heuristic and heuristic.status == "ok" else None,
-            trials_new=self.new,
+            trials_new=self.tuning.new,
             trials_stored=len(rows),
             failures=sum(r.status != Status.OK.value for r in rows),
             wall_seconds=sum(self.clock.phases.values()),

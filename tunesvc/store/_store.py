@@ -117,6 +117,14 @@ def database_name(db: str | os.PathLike | None = None) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
+def _device_matches(text: str) -> Any:
+    """The stored devices whose name or hardware id holds ``text``, in any case (a filter's --device)."""
+    text = text.lower()
+    return func.lower(StoredDevice.name).contains(text, autoescape=True) | func.lower(
+        StoredDevice.hardware_id
+    ).contains(text, autoescape=True)
+
+
 @dataclass(frozen=True)
 class History:
     """What a database recorded, as named columns (not ORM rows), for reading in bulk (`tune report`).
@@ -873,11 +881,7 @@ class Store(BaseStore):
             if version is not None:
                 query = query.where(KernelVersion.version == version)
             if device is not None:
-                text = device.lower()
-                query = query.where(
-                    func.lower(StoredDevice.name).contains(text, autoescape=True)
-                    | func.lower(StoredDevice.hardware_id).contains(text, autoescape=True)
-                )
+                query = query.where(_device_matches(device))
             if shape is not None:
                 query = query.where(func.lower(Winner.shape_key).contains(shape.lower(), autoescape=True))
             query = query.order_by(KernelVersion.kernel, StoredDevice.name, Winner.shape_key, Winner.updated_at)
@@ -952,11 +956,7 @@ class Store(BaseStore):
                 KernelVersion.kernel == kernel
             )
         if device is not None:
-            text = device.lower()
-            query = query.join(StoredDevice, Trial.device_id == StoredDevice.id).where(
-                func.lower(StoredDevice.name).contains(text, autoescape=True)
-                | func.lower(StoredDevice.hardware_id).contains(text, autoescape=True)
-            )
+            query = query.join(StoredDevice, Trial.device_id == StoredDevice.id).where(_device_matches(device))
         if shape is not None:
             query = query.where(func.lower(Trial.shape_key).contains(shape.lower(), autoescape=True))
         with self.session() as session:
@@ -978,11 +978,7 @@ class Store(BaseStore):
         if kernel is not None:
             query = query.where(KernelVersion.kernel == kernel)
         if device is not None:
-            text = device.lower()
-            query = query.where(
-                func.lower(StoredDevice.name).contains(text, autoescape=True)
-                | func.lower(StoredDevice.hardware_id).contains(text, autoescape=True)
-            )
+            query = query.where(_device_matches(device))
         if shape is not None:
             query = query.where(func.lower(Trial.shape_key).contains(shape.lower(), autoescape=True))
         totals: dict[tuple[str, str, str], int] = {}

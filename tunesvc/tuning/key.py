@@ -311,9 +311,8 @@ def _fastest_first(rows: Sequence[Trial]) -> list[Trial]:
     return sorted((r for r in rows if r.status == "ok" and r.time_ms is not None), key=lambda r: r.time_ms or 0.0)
 
 
-def _of(row: Trial | None) -> Measurement | None:
-    if row is None:
-        return None
+def measurement_of(row: Trial) -> Measurement:
+    """A stored trial as the measurement it recorded."""
     return Measurement(
         Status(row.status),
         time_ms=row.time_ms,
@@ -322,6 +321,10 @@ def _of(row: Trial | None) -> Measurement | None:
         rel_error=row.rel_error,
         message=row.message,
     )
+
+
+def _of(row: Trial | None) -> Measurement | None:
+    return None if row is None else measurement_of(row)
 
 
 def _finalist_result(row: Trial, rounds: list[Measurement]) -> Measurement:

@@ -52,10 +52,10 @@ from tunesvc.timeline import mark
 from tunesvc.tuning.key import Finalists
 from tunesvc.tuning.key import KeyTuning
 from tunesvc.tuning.key import default_finalists
+from tunesvc.tuning.key import measurement_of
 from tunesvc.tuning.selector_fit import untuned_answer
 
 if TYPE_CHECKING:
-    from tunesvc.records import TrialRecord as Trial
     from tunesvc.space import Config
     from tunesvc.store import Store
     from tunesvc.template import Problem
@@ -515,7 +515,7 @@ class _ProblemSweep:
                 finalists=options.finalists,
             )
             stored = self.tuning.trials()
-            self.measured = {row.config_hash: _measurement(row) for row in stored}
+            self.measured = {row.config_hash: measurement_of(row) for row in stored}
             for row in stored:
                 self.search.tell(dict(row.config), self.measured[row.config_hash])
             self.best_ms = min((r.time_ms for r in stored if r.status == "ok" and r.time_ms is not None), default=None)
@@ -799,14 +799,3 @@ def check_time_budget(time_budget: float | None) -> None:
     """A --time-budget (of a sweep, ``tune selector --cross-measure`` or ``tune evaluate``) is positive seconds."""
     if time_budget is not None and not time_budget > 0:
         raise TunesvcError(f"--time-budget must be a positive number of seconds, got {time_budget}.")
-
-
-def _measurement(row: Trial) -> Measurement:
-    return Measurement(
-        Status(row.status),
-        time_ms=row.time_ms,
-        spread=row.spread,
-        reps=row.reps,
-        rel_error=row.rel_error,
-        message=row.message,
-    )

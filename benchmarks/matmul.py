@@ -82,6 +82,7 @@ def autotuned_matmul():
             M,
             N,
             K,
+            N,  # NB: B's columns wrap modulo its own width, N where B is not padded
             a.stride(0),
             a.stride(1),
             b.stride(0),

@@ -111,6 +111,7 @@ def kernel_launchers(config: dict, bundle: Path):
             M,
             N,
             K,
+            N,  # NB: B's columns wrap modulo its own width, N where B is not padded
             a.stride(0),
             a.stride(1),
             b.stride(0),
@@ -133,6 +134,7 @@ def kernel_launchers(config: dict, bundle: Path):
             M,
             N,
             K,
+            N,  # NB: B's columns wrap modulo its own width, N where B is not padded
             a.stride(0),
             a.stride(1),
             b.stride(0),
@@ -223,7 +225,7 @@ def breakdown_rows(a: torch.Tensor, b: torch.Tensor, decorated, run_direct, run_
     blocks = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
     options = {k: config[k] for k in ("num_warps", "num_stages")}
     even_k = K % config["BLOCK_K"] == 0
-    args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    args = (a, b, c, M, N, K, N, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     stored = dict(
         decorated._configs[(M, N, K, a.dtype, a.get_device())]
     )  # the decorator's config, in the bundle's key order

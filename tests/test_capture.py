@@ -608,3 +608,24 @@ def test_an_unusable_database_leaves_the_kernel_to_triton(tmp_path):
         kernel[grid(n)](x, y, out, n, 1.0)
     torch.testing.assert_close(out, x + y)
     assert (tmp_path / "not-a-db").read_text() == "this is not SQLite"
+
+
+def test_a_key_whose_every_candidate_fails_is_counted_failed_not_tuned(tmp_db):
+    """The summary calls a key tuned only where a winner was stored: one whose every candidate
+    fails (each config's pre_hook raises, so it cannot launch here) is counted failed, and its
+    launch raises what triton.autotune's would."""
+    from tunesvc._capture import summary_line
+    from tunesvc._capture import summary_record
+
+    def cannot_launch(nargs):
+        raise RuntimeError("this config cannot launch here")
+
+    configs = [triton.Config({"BLOCK": b}, pre_hook=cannot_launch) for b in (16, 32)]
+    ours = tunesvc.autotune(configs=configs, key=["n"], db=tmp_db)(_scale_add)
+    n = 100
+    x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
+    with pytest.raises(RuntimeError, match="cannot launch here"):
+        ours[grid(n)](x, y, out, n, 0.5)
+    assert STATS["tuned"] == 0 and STATS["failed"] == 1
+    line = summary_line([summary_record()])
+    assert "0 tuned in" in line and "1 failed (no candidate ran correctly)" in line, line

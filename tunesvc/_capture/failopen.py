@@ -54,6 +54,7 @@ def summary_record() -> dict[str, Any]:
         "kernels": len(KERNELS),
         "stored": STATS["stored"],
         "tuned": STATS["tuned"],
+        "failed": STATS["failed"],
         "tune_s": round(TUNE_SECONDS[0], 3),
         "untuned": STATS["untuned"],
         "fallback": STATS["fallback"] + STATS["heuristic"],
@@ -67,7 +68,7 @@ def summary_line(records: list[dict[str, Any]]) -> str:
     reasons: Counter[str] = Counter()
     seconds = 0.0
     for r in records:
-        total.update({k: int(r.get(k, 0)) for k in ("kernels", "stored", "tuned", "untuned", "fallback")})
+        total.update({k: int(r.get(k, 0)) for k in ("kernels", "stored", "tuned", "failed", "untuned", "fallback")})
         seconds += float(r.get("tune_s", 0.0))
         reasons.update(r.get("failed_open", {}))
     text = (
@@ -75,6 +76,8 @@ def summary_line(records: list[dict[str, Any]]) -> str:
         f"{total['stored']} served from the store, {total['tuned']} tuned in {seconds:.1f} s, "
         f"{total['untuned']} with one config, {total['fallback']} served untuned"
     )
+    if total["failed"]:  # measured, and no candidate ran correctly: no winner stored
+        text += f", {total['failed']} failed (no candidate ran correctly)"
     if reasons:
         why = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
         text += f"; left to Triton's autotuner: {why}"

@@ -90,7 +90,6 @@ def tune_locked(
         with untraced(tensors_of((args, kwargs))):
             config = tune_key(tuner, state, store, device, text, list(candidates), aliased(args), aliased(kwargs))
         TUNE_SECONDS[0] += time.perf_counter() - started
-        STATS["tuned"] += 1
         return config
 
 
@@ -165,6 +164,8 @@ def tune_key(
     tuner.bench_time = time.perf_counter() - started
     with STAGE("store"):
         winner = tuning.finish(time.perf_counter() - started).winner
+    # a key counts as tuned only where a winner was stored; one whose every candidate failed is failed
+    STATS["tuned" if winner is not None else "failed"] += 1
     if winner is None:
         return candidates[0]
     return state.match(winner.config, lambda: candidates) or candidates[0]
@@ -213,7 +214,6 @@ def _tune_recorded_here(store: Store, name: str, version: str, shape_key: str, c
             + (f", the first saying {said}" if said else "")
             + "), so it has no winner."
         )
-    STATS["tuned"] += 1
     return config_dict(winner)
 
 

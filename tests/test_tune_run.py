@@ -166,3 +166,49 @@ def test_a_terminals_ctrl_c_reaches_the_command_once_not_twice(tmp_path):
             os.close(secondary)
     assert out.read_text().split() == ["SIGINT"]
     assert process.returncode == 42
+
+
+#: a program whose one triton.autotune kernel is launched once, then exits with the status it is given
+LAUNCHES = textwrap.dedent(
+    """
+    import sys
+    import torch, triton, triton.language as tl
+
+    @triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (16, 32)], key=["n"],
+                     do_bench=lambda fn, quantiles: (fn(), [1.0] * len(quantiles))[1])
+    @triton.jit
+    def double(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+    x = torch.ones(40)
+    double[lambda m: (triton.cdiv(40, m["BLOCK"]),)](x, 40)
+    sys.exit(int(sys.argv[1]))
+    """
+)
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_tune_run_leaves_the_database_its_command_wrote_whole_and_no_side_files(status, tmp_path):
+    """The database the command created is left as the command left it: SQLite's -wal and -shm
+    files are gone once `tune run` exits, and a command that fails keeps the file it wrote a
+    winner to (the file of a failed command is removed only where it holds nothing)."""
+    import sqlite3
+
+    (tmp_path / "launches.py").write_text(LAUNCHES)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tunesvc", "run", "--mode", "tune", "--", sys.executable, "launches.py", str(status)],
+        cwd=tmp_path,
+        env={**env, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == status, done.stderr[-2000:]
+    db = tmp_path / "tune.db"
+    assert db.exists() and not Path(f"{db}-wal").exists() and not Path(f"{db}-shm").exists(), sorted(
+        p.name for p in tmp_path.iterdir()
+    )
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT count(*) FROM tunesvc_winners").fetchone() == (1,)

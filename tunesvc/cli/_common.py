@@ -319,24 +319,34 @@ def _removed_if_new_and_failing(db: str | None, uses_db: bool):
     existed = path is None or path.exists()
     try:
         yield
-    except BaseException:
-        if not existed and path is not None and path.exists() and _holds_no_trials(path):
+    except BaseException as exc:
+        succeeded = isinstance(exc, (typer.Exit, SystemExit)) and not getattr(exc, "exit_code", getattr(exc, "code", 1))
+        if not succeeded and not existed and path is not None and path.exists() and _holds_nothing(path):
             for suffix in ("", "-wal", "-shm", "-journal"):
                 with contextlib.suppress(OSError):
                     Path(f"{path}{suffix}").unlink()
         raise
 
 
-def _holds_no_trials(path: Path) -> bool:
+#: the tables whose rows are data a user would miss (a command's own device and kernel rows are not)
+_DATA_TABLES = ("tunesvc_trials", "tunesvc_winners", "tunesvc_misses", "tunesvc_selectors", "tunesvc_jobs")
+
+
+def _holds_nothing(path: Path) -> bool:
+    """Whether the SQLite file holds no trial, winner, miss, selector or job (the misses a
+    program under `tune run` recorded before it failed are kept, with the file)."""
     import sqlite3
 
     try:
-        connection = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        # read-write, never created: the last connection to close removes SQLite's -wal and -shm
+        # files, which a read-only one would leave beside the database
+        connection = sqlite3.connect(f"file:{path.resolve()}?mode=rw", uri=True)
         try:
             tables = {r[0] for r in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            return (
-                "tunesvc_trials" not in tables
-                or not connection.execute("SELECT 1 FROM tunesvc_trials LIMIT 1").fetchall()
+            return not any(
+                connection.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchall()  # table names of ours, never data
+                for table in _DATA_TABLES
+                if table in tables
             )
         finally:
             connection.close()

@@ -30,6 +30,8 @@ from tunesvc._capture.failopen import LeftToTriton
 from tunesvc._capture.failopen import give_up
 from tunesvc._capture.identity import key_text
 from tunesvc._capture.identity import value_text
+from tunesvc._capture.printing import HOW
+from tunesvc._capture.printing import print_resolved
 from tunesvc._capture.recorded import record_missed_call
 from tunesvc._capture.sharing import shared_for
 from tunesvc._capture.tune import tune_locked
@@ -130,6 +132,8 @@ def resolve_config(
         tuner.cache[triton_key] = config
         hit = state.chosen[key] = (config, config.all_kwargs())
         state.keys_met += 1
+        # TRITON_PRINT_AUTOTUNING's line, once per key as Triton's (none for a key with one config)
+        print_resolved(tuner, triton_key, config, "tuned" if tuned else getattr(HOW, "name", None), pruned)
         return hit
 
 
@@ -206,11 +210,13 @@ def config_for(
         with STAGE("prune"):
             config = pruned()[0]
         STATS["heuristic"] += 1
+        HOW.name = "heuristic"
     else:
         shared = shared_for(state.settings)
         with STAGE("look up"):
             table = shared.table(state.template)
             config = state.match(table.get(text), pruned)
+        HOW.name = "stored"  # read, or (mode tune, not tuned here) another process's winner
         if config is not None:
             STATS["stored"] += 1
         elif state.settings.mode == LOOKUP:
@@ -218,6 +224,7 @@ def config_for(
                 config, _ = shared.answer(state, text, pruned)
             record_missed_call(shared, state, text, tuner, args, kwargs)
             STATS["fallback"] += 1
+            HOW.name = "fallback"
         else:
             config = tune_unless_locked(tuner, state, shared, text, args, kwargs, pruned)
             # the winners were read before this one was stored: the next miss that asks the one

@@ -7,11 +7,12 @@ served from the store or served untuned (no seconds: nothing was tuned).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
+
+from tunesvc import settings
 
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
@@ -36,7 +37,7 @@ def printing() -> bool:
     autotuning = getattr(getattr(triton, "knobs", None), "autotuning", None)
     if autotuning is not None and hasattr(autotuning, "print"):
         return bool(autotuning.print)
-    return os.environ.get("TRITON_PRINT_AUTOTUNING") == "1"
+    return settings.text("TRITON_PRINT_AUTOTUNING") == "1"
 
 
 def print_resolved(tuner: Autotuner, key: tuple, config: Any, how: str | None, pruned: Callable[[], list[Any]]) -> None:

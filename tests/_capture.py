@@ -18,6 +18,26 @@ from tunesvc.store import Store
 from tunesvc.store.models import KernelVersion
 from tunesvc.store.models import Trial
 
+#: a program whose one triton.autotune kernel (two configs, key n) is launched once and checked;
+#: it prints "ran", then exits with the status its first argument gives (0 without one)
+DOUBLING_PROGRAM = """
+import sys
+import torch, triton, triton.language as tl
+
+@triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (16, 32)], key=["n"],
+                 do_bench=lambda fn, quantiles: (fn(), [1.0] * len(quantiles))[1])
+@triton.jit
+def double(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+x = torch.ones(40)
+double[lambda m: (triton.cdiv(40, m["BLOCK"]),)](x, 40)
+assert bool((x == 2).all())
+print("ran")
+sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+
 
 def trials_by_kernel(db: str) -> dict[str, Counter[str]]:
     """{kernel name: Counter(status: trials)} of every trial stored in ``db``."""

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _capture import DOUBLING_PROGRAM
 
 PROCESSES = Path(__file__).resolve().parent.parent / "tunesvc" / "_processes.py"
 
@@ -57,29 +58,12 @@ def test_where_a_gpu_may_be_present_torch_decides_just_before_triton_is_imported
     assert seen["flag_at_triton"] == ("1" if seen["gpus"] == 0 else None)
 
 
-PROGRAM = """
-import torch, triton, triton.language as tl
-
-@triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (16, 32)], key=["n"],
-                 do_bench=lambda fn, quantiles: (fn(), [1.0] * len(quantiles))[1])
-@triton.jit
-def double(x_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(x_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
-
-x = torch.ones(40)
-double[lambda m: (triton.cdiv(40, m["BLOCK"]),)](x, 40)
-assert bool((x == 2).all())
-print("ran")
-"""
-
-
 @pytest.mark.skipif(sys.platform == "win32" or not _no_gpu_nodes(), reason="needs a machine without a GPU")
 def test_without_a_gpu_capture_runs_where_triton_would_and_tune_run_sets_the_interpreter(tmp_path):
     """As the README says: on a machine without a GPU, a program under TUNESVC_CAPTURE=1 uses
     Triton's interpreter exactly where it would without tunesvc (TRITON_INTERPRET=1 set by its
     user), and `tune run` sets it for the command it runs, as every `tune` command does."""
-    (tmp_path / "program.py").write_text(PROGRAM)
+    (tmp_path / "program.py").write_text(DOUBLING_PROGRAM)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TUNESVC_", "TRITON_INTERPRET"))}
     base["TUNESVC_DB"] = str(tmp_path / "tune.db")
 

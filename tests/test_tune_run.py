@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _capture import DOUBLING_PROGRAM
 
 #: a command that says it is ready, then records the first signal it gets and exits 42
 TRAPS = textwrap.dedent(
@@ -168,26 +169,6 @@ def test_a_terminals_ctrl_c_reaches_the_command_once_not_twice(tmp_path):
     assert process.returncode == 42
 
 
-#: a program whose one triton.autotune kernel is launched once, then exits with the status it is given
-LAUNCHES = textwrap.dedent(
-    """
-    import sys
-    import torch, triton, triton.language as tl
-
-    @triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (16, 32)], key=["n"],
-                     do_bench=lambda fn, quantiles: (fn(), [1.0] * len(quantiles))[1])
-    @triton.jit
-    def double(x_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(x_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
-
-    x = torch.ones(40)
-    double[lambda m: (triton.cdiv(40, m["BLOCK"]),)](x, 40)
-    sys.exit(int(sys.argv[1]))
-    """
-)
-
-
 @pytest.mark.parametrize("status", [0, 3])
 def test_tune_run_leaves_the_database_its_command_wrote_whole_and_no_side_files(status, tmp_path):
     """The database the command created is left as the command left it: SQLite's -wal and -shm
@@ -195,7 +176,7 @@ def test_tune_run_leaves_the_database_its_command_wrote_whole_and_no_side_files(
     winner to (the file of a failed command is removed only where it holds nothing)."""
     import sqlite3
 
-    (tmp_path / "launches.py").write_text(LAUNCHES)
+    (tmp_path / "launches.py").write_text(DOUBLING_PROGRAM)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")}
     done = subprocess.run(
         [sys.executable, "-m", "tunesvc", "run", "--mode", "tune", "--", sys.executable, "launches.py", str(status)],

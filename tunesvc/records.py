@@ -38,6 +38,30 @@ class Measurement:
     def ok(self) -> bool:
         return self.status is Status.OK
 
+    @property
+    def noise(self) -> float | None:
+        """The half-width of this time's noise interval, a fraction of it: its spread (the
+        width of its central 60% over its median), at least :data:`MIN_NOISE`; None without a time."""
+        if self.time_ms is None:
+            return None
+        return max(self.spread or 0.0, MIN_NOISE)
+
+    def interval(self) -> tuple[float, float] | None:
+        """The times this one cannot be told apart from: ``time_ms`` +- :attr:`noise`."""
+        if self.time_ms is None or self.noise is None:
+            return None
+        return self.time_ms * (1 - self.noise), self.time_ms * (1 + self.noise)
+
+    def within(self, time_ms: float) -> bool:
+        """Whether ``time_ms`` lies inside this measurement's noise interval."""
+        bounds = self.interval()
+        return bounds is not None and bounds[0] <= time_ms <= bounds[1]
+
+
+#: the narrowest noise interval a time is given (a fraction of it, each side): a GPU's timings of
+#: one config from one graph move by about this much from one replay to the next at a steady clock
+MIN_NOISE = 0.01
+
 
 # -- what the store returns (tunesvc.store): frozen values, never ORM rows ---------------------
 # Each has the field names of its table's columns (tunesvc.store.models), so code that read a row

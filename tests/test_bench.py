@@ -74,7 +74,7 @@ def test_measure_ok(template, problem, device):
     assert m.reps >= 1
     assert m.spread is not None and m.spread >= 0
     assert m.rel_error is not None and m.rel_error < 1e-5
-    assert m.message is None
+    assert m.message == "timed: interpreter, wall clock"
 
 
 def test_measure_ok_half_precision(template, device):

@@ -111,12 +111,15 @@ def test_every_config_of_per_program_partials_is_accepted_and_the_fastest_stored
     assert [r.status for r in rows] == ["ok"] * len(BLOCKS), [(r.config, r.status, r.message) for r in rows]
     # the first config is the reference; every other one wrote fewer slots, and says how it was compared
     axis = 1 if slots_last else 0
-    assert rows[0].message is None
+    how = "timed: interpreter, wall clock of its one run"
+    assert rows[0].message == how
     said = f"tensor argument 1 (partial_ptr) compared by its sums over axis {axis} (the configs wrote different slots of it)"
-    assert [r.message for r in rows[1:]] == [said] * (len(BLOCKS) - 1)
-    fastest = min(rows, key=lambda r: (r.time_ms, r.id))
-    assert _winner(tmp_db, ":_column_partials") == dict(fastest.config)
-    assert kernel.best_config.kwargs["BLOCK_M"] == fastest.config["BLOCK_M"]
+    assert [r.message for r in rows[1:]] == [f"{how}; {said}"] * (len(BLOCKS) - 1)
+    # the fastest, or a config tied with it (within its 1% noise floor: the tie rule's pick)
+    fastest = min(r.time_ms for r in rows)
+    stored = _winner(tmp_db, ":_column_partials")
+    assert next(r.time_ms for r in rows if dict(r.config) == stored) <= fastest * 1.01
+    assert kernel.best_config.kwargs["BLOCK_M"] == stored["BLOCK_M"]
 
 
 def test_a_config_computing_a_wrong_partial_is_rejected_and_says_why(tmp_db):

@@ -262,30 +262,30 @@ def test_a_faulting_kernel_is_a_crash_and_the_sweep_goes_on(tmp_path, workers):
     assert result.winner in (configs[0], configs[2])
 
 
-def test_small_kernels_are_timed_from_a_cuda_graph(monkeypatch):
-    import triton.testing
-
-    calls = []
-    original = triton.testing.do_bench_cudagraph
-
-    def spy(fn, *args, **kwargs):
-        calls.append(kwargs)
-        return original(fn, *args, **kwargs)
-
-    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", spy)
+def test_small_kernels_are_timed_from_a_cuda_graph_and_finalists_side_by_side():
     problem = TEMPLATE.problem(M=64, N=64, K=64, dtype="bfloat16")
     bench = Bench(TEMPLATE, problem, current_device())
-    m = bench.measure(TEMPLATE.heuristic(problem, current_device()))
+    heuristic = TEMPLATE.heuristic(problem, current_device())
+    m = bench.measure(heuristic)
     assert m.status is Status.OK and 0 < m.time_ms < 0.02
-    assert len(calls) == 1  # a 64^3 GEMM takes a few us: under the launch overhead
+    # a 64^3 GEMM takes a few us, under the launch overhead: timed from a graph, its inputs cold
+    assert m.message is not None and m.message.startswith("timed: graph, L2 cold"), m.message
     # the replay cycles through copies of the inputs that together exceed L2 twice
     sets = bench.input_sets()
     assert len(sets) == MAX_INPUT_SETS and sets[0] is bench.inputs
     assert len({a.data_ptr() for a, _ in sets}) == len(sets)
+    other = {**heuristic, "num_warps": 8 if heuristic["num_warps"] != 8 else 4}
+    assert bench.measure(other).ok
+    together = bench.time_together([heuristic, other])
+    assert [t.status for t in together] == [Status.OK, Status.OK]
+    assert all("timed together" in (t.message or "") and 0 < (t.time_ms or 0) < 0.02 for t in together)
+    # the same config timed twice side by side reads the same time, within a few percent
+    a, b = bench.time_together([heuristic, heuristic])
+    assert a.time_ms is not None and b.time_ms is not None and abs(a.time_ms / b.time_ms - 1) < 0.05
     big = TEMPLATE.problem(M=8192, N=8192, K=8192, dtype="bfloat16")
     slow = Bench(TEMPLATE, big, current_device()).measure(TEMPLATE.heuristic(big, current_device()))
     assert slow.ok and slow.time_ms > GRAPH_BELOW_MS
-    assert len(calls) == 1  # over GRAPH_BELOW_MS (~1.5 ms on an H100): event timing is exact enough
+    assert (slow.message or "").startswith("timed: events")  # over GRAPH_BELOW_MS: event timing is exact enough
 
 
 def test_tuned_matmul_under_torch_compile_with_cuda_graphs():

@@ -52,16 +52,74 @@ def configs(*values):
     return [{"A": a, "num_warps": 4} for a in values]
 
 
-def ok(ms):
-    return Measurement(Status.OK, time_ms=ms, spread=0.0, reps=1)
+def ok(ms, spread=0.0):
+    return Measurement(Status.OK, time_ms=ms, spread=spread, reps=1)
 
 
 def test_the_window_and_the_count_bound_the_contenders():
     assert Finalists(3).contenders([1.0, 1.5, 9.0, None]) == 3  # no window: the count alone
     assert Finalists(2).contenders([1.0, 1.5, 9.0]) == 2
+    # the noise rule: those within the noise of the fastest, CONTENDER_FLOOR (3%) at least
+    assert Finalists(3, noise=True).contenders([1.0, 1.02, 1.5, 9.0, None]) == 2
+    assert Finalists(3, noise=True).contenders([1.0, 1.3, 2.0], [0.2, 0.2, 0.2]) == 2  # within 20% + 20%
+    assert Finalists(1, noise=True).contenders([1.0, 1.01]) == 1
     assert Finalists(3, window=0.05).contenders([1.03, 1.0, 1.2]) == 2
     assert Finalists(3, window=0.05).contenders([None, None]) == 0
     assert Finalists(0).contenders([1.0, 2.0]) == 0
+
+
+def _winner_of(store, template, device, problem, measured, **options):
+    """The winner a KeyTuning stores from ``measured``: (config, measurement)s recorded in that order."""
+    tuning = _key(store, template, device, problem, strategy="test", **options)
+    tuning.record([(c, config_hash(c), m) for c, m in measured])
+    outcome = tuning.finish(0.0)
+    assert outcome.winner is not None
+    return outcome.winner.config
+
+
+def test_a_tie_goes_to_the_served_answer_then_the_heuristic_whatever_the_order_measured(tmp_path, device):
+    template = Sleepy()
+    problem = template.problem(N=16, dtype="float32")
+    a, b, c = configs(1, 2, 3)
+    cases = [
+        # (served, heuristic, measurements, winner): b is 3% slower than a, inside a's 5% noise
+        (b, None, [(a, ok(1.0, 0.05)), (b, ok(1.03, 0.05)), (c, ok(2.0))], b),
+        (None, c, [(a, ok(1.0, 0.05)), (b, ok(1.04, 0.05)), (c, ok(1.02, 0.05))], c),
+        # outside the fastest's interval (1% noise at least): the fastest, whoever was served
+        (b, c, [(a, ok(1.0, 0.001)), (b, ok(1.03, 0.001)), (c, ok(1.02, 0.001))], a),
+        # the served answer failed: the tie is the heuristic's
+        (b, c, [(a, ok(1.0, 0.05)), (b, Measurement(Status.WRONG_RESULT, rel_error=1.0)), (c, ok(1.01))], c),
+    ]
+    for i, (served, heuristic, measured, expected) in enumerate(cases):
+        for order, rows in enumerate((measured, measured[::-1])):
+            with closing(Store(tmp_path / f"tie-{i}-{order}.db")) as store:
+                got = _winner_of(store, template, device, problem, rows, served=served, heuristic=heuristic)
+            assert got == expected, (i, order)
+
+
+def test_a_tie_neither_served_nor_the_heuristic_goes_to_the_cheaper_config():
+    from tunesvc.tuning.key import config_cost
+    from tunesvc.tuning.key import tie_break
+
+    small = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    big = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
+    deep = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 4}
+    assert config_cost(small) < config_cost(big) < config_cost(deep)
+    ordered = sorted([deep, big, small], key=lambda c: tie_break(c, config_hash(c), None, None))
+    assert ordered == [small, big, deep]
+    # the served answer comes before the heuristic, both before the cheaper
+    first = min([small, big, deep], key=lambda c: tie_break(c, config_hash(c), deep, big))
+    assert first == deep
+
+
+def test_a_tied_winner_replaces_a_stored_faster_one_only_within_the_noise(tmp_db, device):
+    template = Sleepy()
+    problem = template.problem(N=16, dtype="float32")
+    a, b = configs(1, 2)
+    with closing(Store(tmp_db)) as store:
+        assert _winner_of(store, template, device, problem, [(a, ok(1.0, 0.05))]) == a
+        # b, served and tied with a, takes the key; the stored winner a is within its noise
+        assert _winner_of(store, template, device, problem, [(b, ok(1.03, 0.05))], served=b) == b
 
 
 def _key(store, template, device, problem, **options):

@@ -125,7 +125,7 @@ def assert_ok(m: Measurement) -> None:
     assert m.time_ms is not None and m.time_ms > 0
     assert m.reps >= 1 and m.spread is not None and m.spread >= 0
     assert m.rel_error is not None and m.rel_error < 1e-5
-    assert m.message is None
+    assert m.message is not None and m.message.startswith("timed: "), m.message  # how it was timed
 
 
 def assert_failed(m: Measurement, *statuses: Status) -> None:
@@ -155,6 +155,17 @@ def test_the_protocol_states_its_rules():
 def test_a_correct_config_is_ok_with_a_time(case):
     assert_ok(case.measurer.measure(case.good))
     assert_ok(case.measurer.measure(case.other))
+
+
+def test_configs_timed_together_get_one_measurement_each_in_order(case):
+    assert_ok(case.measurer.measure(case.good))
+    assert_ok(case.measurer.measure(case.other))
+    together = case.measurer.time_together([case.good, case.other, case.good])
+    assert len(together) == 3
+    for m in together:
+        assert m.status is Status.OK and m.time_ms is not None and m.time_ms > 0, m
+        assert m.spread is not None and m.spread >= 0 and m.reps >= 1
+    assert case.measurer.time_together([]) == []
 
 
 def test_a_wrong_config_is_wrong_result_with_its_error_and_no_time(case):

@@ -297,9 +297,10 @@ class CaptureBench(Bench):
             if message:
                 return Measurement(Status.WRONG_RESULT, rel_error=err, message=message)
         if not self.device.is_gpu:  # the interpreter: its one run is its time
-            return Measurement(Status.OK, time_ms=elapsed_ms, spread=0.0, reps=1, rel_error=err, message=note)
+            how = "timed: interpreter, wall clock of its one run"
+            return Measurement(Status.OK, time_ms=elapsed_ms, spread=0.0, reps=1, rel_error=err, message=_and(how, note))
         timed = self._timed(self._launcher(config), rel_error=err)
-        return dataclasses.replace(timed, message=note) if timed.ok and note else timed
+        return dataclasses.replace(timed, message=_and(timed.message, note)) if timed.ok and note else timed
 
     def _finite(self, outputs: list[torch.Tensor]) -> bool:
         """No NaN or inf in the floating tensors the reference config wrote."""
@@ -349,6 +350,11 @@ class CaptureBench(Bench):
         if isinstance(config, dict):  # a finalist, by its stored dict
             config = self._configs[config_hash(config)]
         return lambda inputs: lambda: self._launch(config, inputs)
+
+
+def _and(how: str | None, note: str | None) -> str | None:
+    """An ok measurement's message: how it was timed, then what its check noted."""
+    return "; ".join(part for part in (how, note) if part) or None
 
 
 def contender_count(measured: list[Measurement]) -> int:

@@ -129,6 +129,7 @@ def tune_key(
             problem=call,
             strategy="capture",
             budget=len(candidates),
+            heuristic=config_dict(candidates[0]) if candidates else None,  # the untuned fallback's: the first listed
             finalists=in_process(device, rep_ms),
             replace=True,  # measured before (`tune verify --retune`): the stored trials take the new measurements
         )

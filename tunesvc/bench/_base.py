@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import abc
+import statistics
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,6 +20,10 @@ if TYPE_CHECKING:
     from tunesvc.template import Template
 
 
+#: rounds of a finalist's re-timing where the measurer cannot interleave finer (Measurer.time_together)
+FINALIST_ROUNDS = 3
+
+
 class Measurer(abc.ABC):
     """Measures configs of one template on one problem, on one device: the sweep's one interface
     to timing, whichever process the candidates run in.
@@ -30,7 +36,8 @@ class Measurer(abc.ABC):
     * :meth:`measure` checks a config against the space's constraints and the device, runs it,
       compares its output with the reference (``wrong_result`` if it differs: a wrong config can
       never win) and only then times it;
-    * :meth:`time_only` re-times a config already checked (a finalist);
+    * :meth:`time_only` re-times a config already checked, and :meth:`time_together` several
+      side by side under the same clocks (the finalists);
     * :meth:`time_peer` times the template's torch peer on the same inputs.
 
     :meth:`close` releases what the measurer holds (a child process); a measurer is also a
@@ -45,9 +52,10 @@ class Measurer(abc.ABC):
     * **Failures are statuses**: a candidate that breaks a constraint, does not compile, raises
       or crashes is a Measurement (INVALID, COMPILE_ERROR, ERROR, CRASH, TIMEOUT) with a
       one-line message and no time; only the measurer's own set-up may raise (TunesvcError).
-    * **Checked, then timed**: OK carries ``time_ms`` > 0, ``reps`` >= 1, ``spread`` >= 0 and the
-      ``rel_error`` it passed with; an output off the reference by more than the tolerance is
-      WRONG_RESULT with that ``rel_error`` and no time.
+    * **Checked, then timed**: OK carries ``time_ms`` > 0, ``reps`` >= 1, ``spread`` >= 0, the
+      ``rel_error`` it passed with and a ``message`` saying how it was timed ("timed: ..."); an
+      output off the reference by more than the tolerance is WRONG_RESULT with that
+      ``rel_error`` and no time.
     * **Same inputs for every candidate**: what one candidate writes into its inputs is undone
       before the next (a captured call's tensors are restored before each); measuring a config
       again gives the same status, whatever was measured between.
@@ -71,6 +79,20 @@ class Measurer(abc.ABC):
         measurer's); where it is timed from a CUDA graph, each of the ten replays lasts
         ``graph_ms`` (default: the measurer's rep_ms, longer than a first timing's)."""
 
+    def time_together(
+        self, configs: Sequence[Config], rep_ms: float | None = None, rounds: int = FINALIST_ROUNDS
+    ) -> list[Measurement]:
+        """Configs already checked by :meth:`measure`, timed side by side under the same clocks
+        for about ``rep_ms`` each (default: the measurer's): one measurement per config, in
+        order. Here, ``rounds`` round-robin rounds of :meth:`time_only` of rep_ms / ``rounds``
+        each, combined by :func:`combined_rounds`; a Bench on a GPU interleaves graph replays."""
+        rep_ms = rep_ms or self.rep_ms
+        timings: list[list[Measurement]] = [[] for _ in configs]
+        for _ in range(rounds):
+            for i, config in enumerate(configs):
+                timings[i].append(self.time_only(config, rep_ms / rounds))
+        return [combined_rounds(t) for t in timings]
+
     @abc.abstractmethod
     def time_peer(self) -> Measurement:
         """Time the template's torch peer (``Template.peer``) on these inputs, as a candidate is
@@ -88,6 +110,23 @@ class Measurer(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def combined_rounds(rounds: Sequence[Measurement]) -> Measurement:
+    """One config's rounds as one measurement: the first failure, else the median of their
+    times, the range of them over it as the spread, and every round's repetitions."""
+    failed = next((m for m in rounds if not m.ok), None)
+    if failed is not None:
+        return failed
+    times = sorted(m.time_ms or 0.0 for m in rounds)
+    median = statistics.median(times)
+    return Measurement(
+        Status.OK,
+        time_ms=median,
+        spread=(times[-1] - times[0]) / median,
+        reps=sum(m.reps for m in rounds),
+        message=rounds[0].message if rounds else None,
+    )
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -8,11 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 from typing import TypeVar
 
+from tunesvc.bench._base import FINALIST_ROUNDS
 from tunesvc.bench._base import Measurement
 from tunesvc.bench._base import Measurer
-
-#: rounds of the finalists' interleaved re-measurement
-FINALIST_ROUNDS = 3
 
 K = TypeVar("K")
 

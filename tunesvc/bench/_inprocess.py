@@ -2,18 +2,25 @@
 
 Every candidate's output is compared with the template's torch reference *before* it is
 timed, so a config that computes the wrong answer is recorded as ``wrong_result`` and can
-never win. GPU timing uses ``triton.testing.do_bench`` (CUDA events, warm-up, L2 flushed
-between repetitions, median and 20th/80th percentiles), or, for a kernel faster than
-``GRAPH_BELOW_MS``, launches replayed from a CUDA graph (:func:`graph_time`), so that the host's
-launch cost does not hide the kernel, over enough copies of the inputs that no launch finds its
-inputs in L2; in the CPU interpreter, a few wall-clock runs. Spread = (p80 - p20) / median.
+never win. GPU timing: a kernel whose launches take ``GRAPH_BELOW_MS`` or more is timed by
+``triton.testing.do_bench`` (CUDA events, warm-up, L2 flushed between repetitions, median and
+20th/80th percentiles); a faster one, whose host launch cost would hide it, from a CUDA graph of
+its calls over enough copies of the inputs that no call finds its inputs in L2
+(:class:`GraphTimer`). Finalists are timed together (:meth:`Bench.time_together`): their graphs
+replayed in turn, sample after sample, all queued before one wait, so that every one of them
+runs under the same clocks and the GPU never idles between them. In the CPU interpreter, a few
+wall-clock runs. Spread = (p80 - p20) / median; an ok measurement's message says how it was
+timed (graph or events, L2 cold or warm, the SM clock seen).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import time
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -23,6 +30,7 @@ import triton.testing
 from torch.utils._pytree import tree_leaves
 
 from tunesvc import settings
+from tunesvc.bench._base import FINALIST_ROUNDS
 from tunesvc.bench._base import Measurement
 from tunesvc.bench._base import Measurer
 from tunesvc.bench._base import Status
@@ -62,14 +70,21 @@ def out_of_resources_types() -> tuple[type[BaseException], ...]:
 #: own compile workers can carry a fast candidate's event reading past a threshold set near the
 #: host's time, and that candidate would keep the host's time while slower ones are graph-timed.
 GRAPH_BELOW_MS = 1.0
-#: a candidate's first timing replays its CUDA graph ten times, each replay this share of rep_ms
-#: long (100 ms in all at the default rep_ms); a finalist's replays last rep_ms each (1 s in all).
-#: An H100 running GEMMs back to back sits at its 700 W power cap with its SM clock swinging
-#: between 1035 and 1830 MHz: one config's 10 ms replays ranged over 19% from one timing to the
-#: next (57.6-68.5 us at 200x8192x8192 bf16), its 100 ms replays over 3%, and sweeps' winners of
-#: compute-bound GEMMs took 3-11% longer over 100 ms replays than their first timings said. So
-#: the short replays sort the candidates, and the long ones decide the winner among the fastest.
-FIRST_GRAPH_SHARE = 0.1
+#: a candidate's first timing from a graph lasts ten times this share of rep_ms (50 ms at the
+#: default rep_ms), in samples of :data:`SAMPLE_MS`; finalists are then timed together for rep_ms
+#: each (:meth:`Bench.time_together`). The first timing only sorts the candidates: an H100 running
+#: GEMMs back to back sits at its 700 W power cap with its SM clock swinging between 1035 and
+#: 1830 MHz, and one config's 10 ms replays ranged over 19% from one timing to the next, so the
+#: winner is decided among the fastest timed side by side, under the same clocks
+FIRST_GRAPH_SHARE = 0.05
+#: one timing sample of a graph: its calls replayed once, about this long (at least one cycle
+#: through the input copies); short enough that a timing holds tens of samples, long enough that
+#: the gap between two replays is a small share of one
+SAMPLE_MS = 2.0
+#: most calls captured into one sample's graph (a kernel of a few microseconds)
+MAX_GRAPH_CALLS = 4096
+#: graph replays before a timing's samples are kept: the clocks settle under load, as do_bench's warm-up
+WARMUP_MS = 10.0
 #: the input sets a graph replay cycles through hold at least this many times the L2 cache
 L2_MULTIPLE = 2
 #: most input sets a graph replay cycles through (tiny inputs: some L2 hits remain)
@@ -97,13 +112,128 @@ def l2_bytes() -> int:
 
 def graph_time(calls: list, rep_ms: float, quantiles: list[float]) -> list[float]:
     """GPU time of one call, replayed from a CUDA graph of ``calls`` taken in turn (each on its
-    own copy of the inputs). Triton's ``do_bench_cudagraph`` replays one call back to back, so
-    inputs that fit in L2 stay there and it times the cache, not a kernel reading memory as it
-    does in a model; the cycle keeps that out. Returns the ``quantiles`` in ms."""
+    own copy of the inputs), for about ``rep_ms`` after a warm-up; the ``quantiles`` in ms."""
+    timer = GraphTimer(calls, estimate_ms(calls[0]))
+    return quantiles_of(sample_together([timer], rep_ms)[0], quantiles)
 
-    turn = itertools.cycle(calls)
-    times = triton.testing.do_bench_cudagraph(lambda: next(turn)(), rep=rep_ms, quantiles=quantiles)
-    return list(times) if isinstance(times, (list, tuple)) else [times]  # one quantile: a float
+
+def estimate_ms(fn: Callable[[], Any]) -> float:
+    """One call's time from five launched back to back between two events, as
+    ``do_bench_cudagraph`` estimates it: the host's launch time where that is longer."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    end.synchronize()
+    return max(start.elapsed_time(end) / 5, 1e-4)
+
+
+class GraphTimer:
+    """``calls`` (each on its own copy of the inputs) taken in turn into one CUDA graph of about
+    :data:`SAMPLE_MS` of GPU work, captured once and replayed for every sample.
+
+    Written here, not with ``triton.testing.do_bench_cudagraph``: that one replays a single call
+    (inputs that fit in L2 stay there: it times the cache, not a kernel reading memory as it
+    does in a model), captures a new graph of rep_ms of calls at every timing (a host cost larger
+    than the GPU time of a small kernel's), and cannot interleave two configs' replays.
+    """
+
+    def __init__(self, calls: Sequence[Callable[[], Any]], estimate: float) -> None:
+        self.calls = list(calls)
+        self.stream = torch.cuda.Stream()
+        self._capture(self._count(estimate))
+        # the estimate is the host's launch time for a kernel faster than it: size by the GPU's
+        per_call = self.replay_ms() / self.count
+        if self.count < MAX_GRAPH_CALLS and per_call * self.count < SAMPLE_MS / 2:
+            self._capture(self._count(per_call))
+
+    def _count(self, per_call_ms: float) -> int:
+        cycle = len(self.calls)
+        wanted = min(MAX_GRAPH_CALLS, math.ceil(SAMPLE_MS / max(per_call_ms, 1e-4)))
+        return max(cycle, -(-wanted // cycle) * cycle)  # whole cycles through the input copies
+
+    def _capture(self, count: int) -> None:
+        self.count = count
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(self.stream):
+            for call in self.calls:  # warm on the capture's stream, as do_bench_cudagraph does
+                call()
+            self.stream.synchronize()
+            turn = itertools.cycle(self.calls)
+            with torch.cuda.graph(self.graph, stream=self.stream):
+                for _ in range(count):
+                    next(turn)()
+        self.stream.synchronize()
+
+    def replay_ms(self) -> float:
+        """One replay's GPU time, waited for."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(self.stream):
+            start.record()
+            self.graph.replay()
+            end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+
+#: the SM clock of the GPU seen during the last :func:`sample_together` (MHz; None: NVML unavailable)
+last_sm_clock: list[int | None] = [None]
+
+
+def sample_together(timers: Sequence[GraphTimer], rep_ms: float) -> list[list[float]]:
+    """Each timer's per-call times (ms), one a sample: the timers' graphs replayed in turn,
+    :data:`WARMUP_MS` first and then about ``rep_ms`` of samples each, every replay queued on one
+    stream before one wait, so that the GPU runs them back to back under the same clocks."""
+    if not timers:
+        return []
+    stream = timers[0].stream
+    unit = sum(t.replay_ms() for t in timers)  # one turn through every timer, its graphs now loaded
+    warmup = math.ceil(WARMUP_MS / max(unit, 1e-3))
+    rounds = max(5, math.ceil(rep_ms * len(timers) / max(unit, 1e-3)))
+    events: list[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = [[] for _ in timers]
+    with torch.cuda.stream(stream):
+        for turn in range(warmup + rounds):
+            for i, timer in enumerate(timers):
+                if turn < warmup:
+                    timer.graph.replay()
+                    continue
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                timer.graph.replay()
+                end.record()
+                events[i].append((start, end))
+            if turn == warmup + rounds // 2:
+                last_sm_clock[0] = sm_clock_mhz()  # read while the GPU runs what is queued
+    stream.synchronize()
+    return [[s.elapsed_time(e) / timer.count for s, e in pairs] for timer, pairs in zip(timers, events)]
+
+
+def quantiles_of(times: Sequence[float], quantiles: Sequence[float]) -> list[float]:
+    """The ``quantiles`` of ``times`` (linear interpolation, as torch.quantile's default)."""
+    ordered = sorted(times)
+    out = []
+    for q in quantiles:
+        pos = q * (len(ordered) - 1)
+        low = math.floor(pos)
+        high = min(low + 1, len(ordered) - 1)
+        out.append(ordered[low] + (ordered[high] - ordered[low]) * (pos - low))
+    return out
+
+
+def sm_clock_mhz() -> int | None:
+    """The current GPU's SM clock in MHz (NVML, through torch.cuda.clock_rate); None where NVML
+    is not installed or refuses."""
+    try:
+        return int(torch.cuda.clock_rate())
+    except Exception:  # no NVML library or driver support: the clock is left unsaid
+        return None
+
+
+def timing_note(method: str, l2_cold: bool, clock_mhz: int | None) -> str:
+    """An ok measurement's message: how it was timed."""
+    clock = f", SM {clock_mhz} MHz" if clock_mhz else ""
+    return f"timed: {method}, L2 {'cold' if l2_cold else 'warm'}{clock}"
 
 
 class Bench(Measurer):
@@ -164,10 +294,12 @@ class Bench(Measurer):
         ERROR, not a crash."""
         try:
             rep_ms = rep_ms or self.rep_ms
-            median, low, high, reps = self._time(call_on, rep_ms, graph_ms or rep_ms * FIRST_GRAPH_SHARE)
+            median, low, high, reps, note = self._time(call_on, rep_ms, graph_ms or rep_ms * FIRST_GRAPH_SHARE)
         except Exception as exc:
             return Measurement(Status.ERROR, rel_error=rel_error, message=f"{type(exc).__name__}: {one_line(exc)}")
-        return Measurement(Status.OK, time_ms=median, spread=(high - low) / median, reps=reps, rel_error=rel_error)
+        return Measurement(
+            Status.OK, time_ms=median, spread=(high - low) / median, reps=reps, rel_error=rel_error, message=note
+        )
 
     def _sync(self) -> None:
         if self.device.is_gpu:
@@ -175,9 +307,44 @@ class Bench(Measurer):
 
     def time_only(self, config: Config, rep_ms: float | None = None, graph_ms: float | None = None) -> Measurement:
         """Re-time a config already checked by :meth:`measure` (a finalist): events for ``rep_ms``
-        (default: the Bench's), and where it is timed from a CUDA graph, replays that each last
+        (default: the Bench's), and where it is timed from a CUDA graph, for ten times
         ``graph_ms`` (default: the Bench's rep_ms; see :data:`FIRST_GRAPH_SHARE`)."""
         return self._timed(self._launcher(config), rep_ms=rep_ms, graph_ms=graph_ms or self.rep_ms)
+
+    def time_together(
+        self, configs: Sequence[Config], rep_ms: float | None = None, rounds: int = FINALIST_ROUNDS
+    ) -> list[Measurement]:
+        """Configs already checked timed side by side: on a GPU, each one's graph (see
+        :class:`GraphTimer`) replayed in turn with the others', about ``rep_ms`` (default: the
+        Bench's) of samples each, all under the same clocks; where a graph cannot be captured
+        (or in the interpreter), ``rounds`` round-robin rounds of :meth:`time_only`."""
+        rep_ms = rep_ms or self.rep_ms
+        if not self.device.is_gpu or len(configs) < 1:
+            return super().time_together(configs, rep_ms, rounds)
+        try:
+            timers = []
+            for config in configs:
+                call_on = self._launcher(config)
+                calls = [call_on(inputs) for inputs in self.input_sets()]
+                timers.append(GraphTimer(calls, estimate_ms(calls[0])))
+            samples = sample_together(timers, rep_ms)
+        except Exception:  # a launch that cannot be captured: each config timed on its own, in rounds
+            return super().time_together(configs, rep_ms, rounds)
+        note = timing_note("graph, timed together", self._l2_cold(), last_sm_clock[0])
+        out = []
+        for timer, times in zip(timers, samples):
+            median, low, high = quantiles_of(times, [0.5, 0.2, 0.8])
+            out.append(
+                Measurement(
+                    Status.OK, time_ms=median, spread=(high - low) / median, reps=timer.count * len(times), message=note
+                )
+            )
+        return out
+
+    def _l2_cold(self) -> bool:
+        """Whether the input copies a graph cycles through exceed the L2 cache (no call finds its inputs there)."""
+        sets = self.input_sets()
+        return input_bytes(self.inputs) * len(sets) >= l2_bytes()
 
     def time_peer(self) -> Measurement:
         """Time the template's torch peer (``Template.peer``) on these inputs, as a candidate is timed.
@@ -198,25 +365,31 @@ class Bench(Measurer):
             lambda inputs: run if inputs is self.inputs else self.template.peer(inputs), graph_ms=self.rep_ms
         )
 
-    def _time(self, call_on, rep_ms: float, graph_ms: float) -> tuple[float, float, float, int]:
+    def _time(self, call_on, rep_ms: float, graph_ms: float) -> tuple[float, float, float, int, str]:
+        """(median, p20, p80, repetitions, how it was timed) of ``call_on(inputs)()``: from a graph
+        for ten times ``graph_ms`` where five launches take less than GRAPH_BELOW_MS each, else
+        do_bench's events for ``rep_ms``."""
         fn = call_on(self.inputs)
         if self.device.is_gpu:
+            estimate = estimate_ms(fn)
+            if estimate < GRAPH_BELOW_MS:
+                try:
+                    timer = GraphTimer([fn] + [call_on(inputs) for inputs in self.input_sets()[1:]], estimate)
+                    times = sample_together([timer], 10 * graph_ms)[0]
+                    median, low, high = quantiles_of(times, [0.5, 0.2, 0.8])
+                    note = timing_note("graph", self._l2_cold(), last_sm_clock[0])
+                    return median, low, high, timer.count * len(times), note
+                except Exception:  # a launch that cannot be captured keeps an event timing
+                    pass
             median, low, high = triton.testing.do_bench(
                 fn, warmup=min(25, rep_ms), rep=rep_ms, quantiles=[0.5, 0.2, 0.8]
             )
-            if median < GRAPH_BELOW_MS:
-                try:
-                    calls = [fn] + [call_on(inputs) for inputs in self.input_sets()[1:]]
-                    # the graph is replayed 10 times, each replay graph_ms long
-                    median, low, high = graph_time(calls, graph_ms, [0.5, 0.2, 0.8])
-                except Exception:  # a launch that cannot be captured keeps its event timing
-                    pass
             # do_bench sizes its repetitions to fill rep_ms; this is that count
-            return median, low, high, max(1, round(rep_ms / median))
+            return median, low, high, max(1, round(rep_ms / median)), timing_note("events", True, sm_clock_mhz())
         times = []
         for _ in range(3):
             start = time.perf_counter()
             fn()
             times.append((time.perf_counter() - start) * 1e3)
         times.sort()
-        return statistics.median(times), times[0], times[-1], len(times)
+        return statistics.median(times), times[0], times[-1], len(times), "timed: interpreter, wall clock"

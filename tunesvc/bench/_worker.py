@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
+from typing import Any
 
 from tunesvc import settings
 from tunesvc._processes import start_child
+from tunesvc.bench._base import FINALIST_ROUNDS
 from tunesvc.bench._base import Measurement
 from tunesvc.bench._base import Measurer
 from tunesvc.bench._base import Status
@@ -75,6 +78,17 @@ class Worker(Measurer):
     def time_peer(self) -> Measurement:
         return self._request("peer", None)
 
+    def time_together(
+        self, configs: Sequence[Config], rep_ms: float | None = None, rounds: int = FINALIST_ROUNDS
+    ) -> list[Measurement]:
+        """The child's Bench times them side by side (one request: the child interleaves them)."""
+        if not configs:
+            return []
+        answer = self._request("together", [dict(c) for c in configs], (rep_ms, float(rounds)))
+        if isinstance(answer, list):
+            return answer
+        return [answer for _ in configs]  # the child crashed or timed out: every config says so
+
     def load(self, template: Template, problem: Problem) -> None:
         """Measure ``problem`` (of ``template``) from now on, in the same child: a worker that runs
         one job after another keeps its process, CUDA context and loaded kernels, and only makes
@@ -98,16 +112,14 @@ class Worker(Measurer):
         if not self._ready:
             self._wait_ready()
 
-    def _request(
-        self, kind: str, config: Config | None, times: tuple[float | None, float | None] | None = None
-    ) -> Measurement:
+    def _request(self, kind: str, config: Any, times: tuple[float | None, float | None] | None = None) -> Any:
         self.wait_ready()
         try:
             self._conn.send((kind, config, times))
             if self._conn.poll(self.timeout_s):
                 measurement = self._conn.recv()
-                if measurement.status is Status.CRASH:  # the child exits after saying so
-                    self._replace()
+                if isinstance(measurement, Measurement) and measurement.status is Status.CRASH:
+                    self._replace()  # the child exits after saying so
                 return measurement
         except (EOFError, OSError):  # the pipe broke: the child is gone
             pass
@@ -187,7 +199,14 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
             bench = Bench(template, problem, current_device(), rep_ms=default_rep_ms)
             conn.send("ready")
             continue
-        if kind == "measure":
+        if kind == "together":  # config holds the configs; times (rep_ms, rounds)
+            ms = bench.time_together(config, times[0], int(times[1]))
+            lost = next((m for m in ms if bench.device.is_gpu and not m.ok and context_lost(m.message)), None)
+            if lost is None:
+                conn.send(ms)
+                continue
+            m = lost
+        elif kind == "measure":
             m = bench.measure(config)
         elif kind == "peer":
             m = bench.time_peer()

@@ -773,9 +773,10 @@ class Store(BaseStore):
     def replace_measurements(self, measured: Sequence[tuple[int, Measurement]]) -> None:
         """Re-measurements of stored trials (finalists), in one transaction.
 
-        An OK measurement replaces the trial's time, spread and repetitions (and makes a trial
-        that had failed an OK one: a re-measured key, `tune verify --retune`); a failed one its
-        status and message, and drops its time, so that it can no longer win.
+        An OK measurement replaces the trial's time, spread, repetitions and how it was timed
+        (its message; and makes a trial that had failed an OK one: a re-measured key, `tune
+        verify --retune`); a failed one its status and message, and drops its time, so that it
+        can no longer win.
         """
         with self.session() as session:
             for trial_id, m in measured:
@@ -784,13 +785,19 @@ class Store(BaseStore):
                     continue
                 if m.ok:
                     trial.time_ms, trial.spread, trial.reps = m.time_ms, m.spread, m.reps
-                    if trial.status != m.status.value:
-                        trial.status, trial.message = m.status.value, m.message
+                    if m.message is not None or trial.status != m.status.value:  # a failure's line goes
+                        trial.message = m.message
+                    trial.status = m.status.value
                 else:
                     trial.status, trial.time_ms, trial.message = m.status.value, None, m.message
 
-    def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> WinnerRecord | None:
-        """Make the fastest correct trial of this key the winner (or none, if none is correct).
+    def update_winner(
+        self, kv_id: int, device_id: int, shape_key: str, trial_id: int | None = None, tolerance: float = 0.0
+    ) -> WinnerRecord | None:
+        """Make the fastest correct trial of this key the winner (or none, if none is correct);
+        with ``trial_id``, that trial (a correct one of the key: the tie rule's choice, see
+        tunesvc.tuning.key), which replaces a stored winner up to ``tolerance`` faster than it
+        (a fraction: the chosen time's noise).
 
         One INSERT ... SELECT ... ON CONFLICT DO UPDATE (SQLite, PostgreSQL): choosing the best
         trial and writing it is one statement, so sweeps of one key that finish at once neither
@@ -799,7 +806,8 @@ class Store(BaseStore):
         """
         dialect_insert = _dialect_insert(self.engine.dialect)
         if dialect_insert is None:
-            return self._update_winner_by_select(kv_id, device_id, shape_key)
+            return self._update_winner_by_select(kv_id, device_id, shape_key, trial_id)
+        chosen = () if trial_id is None else (Trial.id == trial_id,)
         best = (
             select(
                 Trial.kernel_version_id,
@@ -816,6 +824,7 @@ class Store(BaseStore):
                 Trial.device_id == device_id,
                 Trial.shape_key == shape_key,
                 Trial.status == "ok",
+                *chosen,
             )
             .order_by(Trial.time_ms, Trial.id)
             .limit(1)
@@ -823,7 +832,7 @@ class Store(BaseStore):
         columns = ["kernel_version_id", "device_id", "shape_key", "config", "config_hash", "time_ms", "trial_id"]
         statement = dialect_insert(Winner).from_select([*columns, "updated_at"], best)
         with self.session() as session:
-            session.execute(_winner_upsert(statement, replace_own_trial=True))
+            session.execute(_winner_upsert(statement, replace_own_trial=True, tolerance=tolerance))
         with self.session() as session:
             row = session.scalar(
                 select(Winner).where(
@@ -832,8 +841,11 @@ class Store(BaseStore):
             )
             return _record(WinnerRecord, row) if row is not None else None
 
-    def _update_winner_by_select(self, kv_id: int, device_id: int, shape_key: str) -> WinnerRecord | None:
+    def _update_winner_by_select(
+        self, kv_id: int, device_id: int, shape_key: str, trial_id: int | None = None
+    ) -> WinnerRecord | None:
         """update_winner for a dialect without ON CONFLICT: select, then insert or update."""
+        chosen = () if trial_id is None else (Trial.id == trial_id,)
         with self.session() as session:
             best = session.scalar(
                 select(Trial)
@@ -842,6 +854,7 @@ class Store(BaseStore):
                     Trial.device_id == device_id,
                     Trial.shape_key == shape_key,
                     Trial.status == "ok",
+                    *chosen,
                 )
                 .order_by(Trial.time_ms, Trial.id)
                 .limit(1)
@@ -1561,16 +1574,17 @@ def _dialect_insert(dialect):
     return {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(dialect.name)
 
 
-def _winner_upsert(statement, *, replace_own_trial: bool):
+def _winner_upsert(statement, *, replace_own_trial: bool, tolerance: float = 0.0):
     """``statement`` (an INSERT of a winner row) as INSERT ... ON CONFLICT DO UPDATE.
 
-    A stored winner of the key is replaced when the new one is strictly faster; with
+    A stored winner of the key is replaced when the new one is strictly faster (or slower by at
+    most ``tolerance``, a fraction: a tie rule's choice within the noise); with
     ``replace_own_trial`` also when both are the same trial (its time was re-measured), or when
     the stored one's trial failed or its time no longer matches the winner's (that trial was
     re-measured slower): the winner then follows the trials, as a sweep's re-timed finalists need.
     """
     excluded = statement.excluded
-    replace = excluded.time_ms < Winner.time_ms
+    replace = excluded.time_ms < Winner.time_ms * (1 + tolerance) if tolerance else excluded.time_ms < Winner.time_ms
     if replace_own_trial:
         # The stored row's trial_id as a bare column: SQLAlchemy does not correlate a subquery
         # with an INSERT's target, and would add the winners table to its FROM (every row).

@@ -15,25 +15,27 @@ each tune a key through one :class:`KeyTuning`, so each of these decisions is ma
   the key is served today (``served``: the selector's pick, the nearest tuned key's winner, a
   sibling GPU's, the heuristic, or the stored winner), so that the winner has beaten what it
   replaces under the same clocks;
-* **the winner**: the fastest correct trial (:meth:`KeyTuning.finish`), and the served answer's
-  re-timed measurement beside it in :class:`KeyOutcome` (each with its spread), where a rule
-  that stores a winner only when it is not slower than what it replaces, and a tie rule, belong.
+* **the winner** (:meth:`KeyTuning.finish`): the fastest correct trial, unless others lie within
+  its noise interval (its spread, at least 1%: :attr:`Measurement.noise
+  <tunesvc.records.Measurement.noise>`): those are a tie, broken by one fixed rule (the config
+  served before, then the heuristic's, then the cheaper: :func:`tie_break`), so that a re-tune
+  from an empty database picks the same config. It is stored only where it is no slower than
+  0.98x the answer it replaces (:data:`NEVER_SLOWER`), timed beside it; else that answer stays.
+  :class:`KeyOutcome` holds both measurements, each with its spread.
 
 Where callers differ, it is a parameter:
 
 * ``finalists`` (:class:`Finalists`): how many of the fastest are re-timed, and the window of the
-  fastest's first time they must be within (None for the sweep, whose ``finalists`` fastest are
-  all re-timed; :data:`IN_PROCESS`'s 5% for capture, which spends long replays only where they can
-  change the answer).
+  fastest's first time they must be within (the sweep's default: those within the first times'
+  noise, :data:`CONTENDER_FLOOR` at least; :data:`IN_PROCESS`'s 5% for capture).
 * capture's first pass (:data:`FIRST_PASS_SHARE`, :data:`IN_PROCESS`): inside a user's process,
   with the in-process measurer, under the key claim, each candidate's first timing is a quarter
-  of the replay length and the finalists replay shorter graphs, because the program waits for
-  its tuning as it waits for triton.autotune's.
+  of the replay length, because the program waits for its tuning as it waits for triton.autotune's.
 """
 
 from __future__ import annotations
 
-import statistics
+import itertools
 from collections.abc import Iterable
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,10 +43,8 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from tunesvc.bench import FINALIST_ROUNDS
-from tunesvc.bench import FIRST_GRAPH_SHARE
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
-from tunesvc.bench import timed_in_rounds
 from tunesvc.space import config_hash
 
 if TYPE_CHECKING:
@@ -65,54 +65,65 @@ FINALISTS = 3
 #: rep on every config, and the program waits for capture's tuning as for Triton's: the short
 #: first pass is what keeps a captured first run no slower than one without capture
 FIRST_PASS_SHARE = 0.25
-#: a captured key's finalists replay graphs of rep_ms / 30 (3.3 ms at the default), not an offline
-#: sweep's rep_ms (100 ms): the program's first call waits for them, and the long replays would add
-#: about 8 s a key to it (nine rounds at the 0.85 s a round and config a sweep's long replays took on
-#: an H100), where a captured GEMM's first call took 8.9-9.4 s, triton.autotune's 6.1-7.1 s
-#: (benchmarks/results/capture.csv)
-CAPTURE_FINALIST_GRAPH_SHARE = FIRST_GRAPH_SHARE / 3
 #: capture's finalists: those whose first time is within 5% of the fastest's, at most FINALISTS
 CAPTURE_WINDOW = 0.05
+#: the sweep's finalists: those whose first time is within the noise of the fastest's (the sum of
+#: both noises) or within this fraction of it, whichever is wider. First timings are short and
+#: taken one after another, seconds apart, as the clocks move (a GPU at its power cap), so two
+#: that sorted close may be in either order; one further off cannot win when timed beside them
+CONTENDER_FLOOR = 0.03
+#: a winner is stored only where, timed beside the answer it replaces, it runs at no less than
+#: this share of that answer's speed: "tuned" never means slower
+NEVER_SLOWER = 0.98
 
 
 @dataclass(frozen=True)
 class Finalists:
     """The one finalist rule: after the first pass, the ``count`` fastest correct trials whose
-    first time is within ``window`` (a fraction) of the fastest's, and the trials of the configs
-    kept (the answer the key is served today), are re-timed round-robin in ``rounds`` rounds of
-    rep_ms / ``rounds`` each (``rep_ms``: default the measurer's; ``graph_ms``: each graph
-    replay's length, default ``Measurer.time_only``'s), and each keeps the median of its rounds
-    and their spread; then any trial whose first time is below the fastest finalist's new one is
-    re-timed beside it, until none is. Nothing is re-timed where fewer than two trials qualify.
+    first time is within ``window`` (a fraction) of the fastest's (with none: within the noise
+    of it where ``noise``, see :data:`CONTENDER_FLOOR`, else the count alone), and the trials of
+    the configs kept (the answer the key is served
+    today), are timed side by side (:meth:`Measurer.time_together
+    <tunesvc.bench.Measurer.time_together>`: each config's graph replayed in turn with the
+    others', ``rep_ms`` each, default the measurer's; ``rounds`` where the measurer can only
+    interleave whole timings), and each keeps its new time and spread; then any trial whose first
+    time is below the fastest finalist's new one is timed beside it, until none is. Nothing is
+    re-timed where fewer than two trials qualify.
 
-    Interleaving puts every finalist under the same clocks and temperatures, so a config whose
-    first measurement was lucky falls back before it can be declared the winner. A finalist's
-    rounds are timed longer than a first measurement, and a GPU at its power cap times a
-    compute-bound kernel slower over a long replay than over a short one (see
-    ``tunesvc.bench.FIRST_GRAPH_SHARE``): the chase after the rounds makes the winner
-    (the fastest correct trial) one timed as every trial that could beat it. A finalist that fails
-    now (a crash, a timeout) keeps that status and cannot win.
+    Timing them side by side puts every finalist under the same clocks and temperatures, so a
+    config whose first measurement was lucky falls back before it can be declared the winner,
+    and the chase after them makes the winner (the fastest correct trial) one timed as every
+    trial that could beat it. A finalist that fails now (a crash, a timeout) keeps that status
+    and cannot win.
 
     Re-timing starts wherever two trials qualify, a kept served answer counted: re-timed beside
     the fastest, even with a count of one, it keeps a winner from being slower than what it
-    replaces. The count and the window are the caller's: the sweep's count with no window (every
-    one of its fastest re-timed), capture's within 5% (long replays spent only where they can
-    change the answer, since the program waits for them), the cross-measure's one (a new
-    candidate re-timed only where it beats the stored winner it is kept beside).
+    replaces. The count and the window are the caller's: the sweep's count within the noise,
+    capture's within 5%, the cross-measure's one (a new candidate re-timed only where it beats
+    the stored winner it is kept beside).
     """
 
     count: int
     window: float | None = None
     rep_ms: float | None = None
-    graph_ms: float | None = None
     rounds: int = FINALIST_ROUNDS
+    #: with no ``window``: True, those within the noise of the fastest; False, the count alone
+    noise: bool = False
 
-    def contenders(self, times: Iterable[float | None]) -> int:
-        """How many of these first times (None: failed) the count and the window admit."""
-        ok = sorted(t for t in times if t is not None)
+    def contenders(self, times: Iterable[float | None], noises: Iterable[float | None] | None = None) -> int:
+        """How many of these first times (None: failed; ``noises``: each one's, see
+        :attr:`Measurement.noise <tunesvc.records.Measurement.noise>`) the count and the window admit."""
+        pairs = zip(times, noises if noises is not None else itertools.repeat(None))
+        ok = sorted((t, n or 0.0) for t, n in pairs if t is not None)
         if not ok:
             return 0
-        within = ok if self.window is None else [t for t in ok if t <= ok[0] * (1 + self.window)]
+        best, best_noise = ok[0]
+        if self.window is not None:
+            within = [t for t, _ in ok if t <= best * (1 + self.window)]
+        elif self.noise:
+            within = [t for t, n in ok if t <= best * (1 + max(CONTENDER_FLOOR, best_noise + n))]
+        else:
+            within = [t for t, _ in ok]
         return min(self.count, len(within))
 
     def chosen(self, rows: Sequence[Trial], keep: Iterable[str] = ()) -> list[Trial]:
@@ -120,7 +131,7 @@ class Finalists:
         trials of the configs hashed in ``keep`` among the others that ran correctly."""
         ok = _fastest_first(rows)
         keep = set(keep)
-        n = self.contenders(r.time_ms for r in ok)
+        n = self.contenders((r.time_ms for r in ok), (measurement_of(r).noise for r in ok))
         return ok[:n] + [r for r in ok[n:] if r.config_hash in keep]
 
     def retime(
@@ -133,14 +144,11 @@ class Finalists:
         if len(batch) < 2:
             return []
         rep_ms = self.rep_ms if self.rep_ms is not None else measurer.rep_ms
-        timings: dict[int, list[Measurement]] = {}
         results: dict[int, Measurement] = {}
         while batch:
-            configs = {r.id: r.config for r in batch}
-            for i, measured in timed_in_rounds(measurer, configs, rep_ms, self.rounds, self.graph_ms).items():
-                timings.setdefault(i, []).extend(measured)
-            for row in batch:
-                results[row.id] = _finalist_result(row, timings[row.id])
+            measured = measurer.time_together([dict(r.config) for r in batch], rep_ms, self.rounds)
+            for row, m in zip(batch, measured):
+                results[row.id] = _finalist_result(row, m, results.get(row.id))
             timed = [(m.time_ms, i) for i, m in results.items() if m.ok and m.time_ms is not None]
             if not timed:
                 break
@@ -153,19 +161,21 @@ class Finalists:
 def default_finalists(
     device: Device, count: int | None = None, window: float | None = None, rep_ms: float | None = None
 ) -> Finalists:
-    """A sweep's finalists: the ``count`` fastest (default :data:`FINALISTS` on a GPU, none in
-    the interpreter) within ``window`` of the fastest (default: whatever their distance), each
-    re-timed for ``rep_ms`` (default: the measurer's)."""
-    return Finalists((FINALISTS if device.is_gpu else 0) if count is None else count, window=window, rep_ms=rep_ms)
+    """A sweep's finalists: the ``count`` fastest (default: at most :data:`FINALISTS` on a GPU,
+    those within the noise of the fastest; none in the interpreter) within ``window`` of the
+    fastest (default: whatever their distance, where a count is given), each re-timed for
+    ``rep_ms`` (default: the measurer's)."""
+    if count is None:
+        return Finalists(FINALISTS if device.is_gpu else 0, window=window, rep_ms=rep_ms, noise=True)
+    return Finalists(count, window=window, rep_ms=rep_ms)
 
 
 def in_process(device: Device, rep_ms: float) -> Finalists:
     """Capture's finalists inside a user's process (see the module docstring): within
     :data:`CAPTURE_WINDOW` of the fastest, at most :data:`FINALISTS` on a GPU (none in the
-    interpreter), over the whole replay length ``rep_ms`` in graphs of ``rep_ms`` *
-    :data:`CAPTURE_FINALIST_GRAPH_SHARE`."""
+    interpreter), timed side by side for ``rep_ms`` each."""
     count = FINALISTS if device.is_gpu else 0
-    return Finalists(count, window=CAPTURE_WINDOW, rep_ms=rep_ms, graph_ms=rep_ms * CAPTURE_FINALIST_GRAPH_SHARE)
+    return Finalists(count, window=CAPTURE_WINDOW, rep_ms=rep_ms)
 
 
 #: capture's window and count, for code that reads them without a device (a GPU's)
@@ -190,7 +200,8 @@ class KeyTuning:
     re-timed and its winner stored.
 
     ``served``: the config the key is served today (the runtime's untuned answer, or the stored
-    winner), kept among the finalists. ``finalists``: the rule's parameters (:class:`Finalists`).
+    winner), kept among the finalists; ``heuristic``: the template's (a captured kernel's first
+    listed config), the tie rule's second choice. ``finalists``: the rule's parameters (:class:`Finalists`).
     ``replace``: a config stored before takes this run's measurement (a re-measure: ``tune
     verify``, capture's retune) instead of keeping its trial.
     """
@@ -207,12 +218,14 @@ class KeyTuning:
         budget: int | None = None,
         seed: int = 0,
         served: Config | None = None,
+        heuristic: Config | None = None,
         finalists: Finalists = Finalists(0),
         replace: bool = False,
     ) -> None:
         self.store, self.kv_id, self.device_id, self.key = store, kv_id, device_id, shape_key
         self.problem, self.strategy, self.budget, self.seed = problem, strategy, budget, seed
         self.served = served
+        self.heuristic = heuristic
         self.finalists = finalists
         self.replace = replace
         self.sweep_id: int | None = None
@@ -285,18 +298,75 @@ class KeyTuning:
         return retimed
 
     def finish(self, seconds: float | None = None, peer_ms: float | None = None) -> KeyOutcome:
-        """Store the key's winner, the fastest correct trial, and end the sweep row (``seconds``:
-        its wall time; ``peer_ms``: the torch peer's time), where one was started."""
-        winner = self.store.update_winner(self.kv_id, self.device_id, self.key)
+        """Store the key's winner and end the sweep row (``seconds``: its wall time; ``peer_ms``:
+        the torch peer's time), where one was started.
+
+        The winner is :func:`certified`'s choice among the key's correct trials: the fastest,
+        or the tie rule's among those within its noise, and never one slower than
+        :data:`NEVER_SLOWER` of the answer served before."""
+        rows = self.trials()
+        choice = certified(rows, self.served, self.heuristic)
+        if choice is None:
+            winner = self.store.update_winner(self.kv_id, self.device_id, self.key)
+        else:
+            noise = measurement_of(_fastest_first(rows)[0]).noise or 0.0
+            winner = self.store.update_winner(self.kv_id, self.device_id, self.key, trial_id=choice.id, tolerance=noise)
         if self.sweep_id is not None and seconds is not None:
             self.store.finish_sweep(self.sweep_id, seconds, peer_ms=peer_ms)
-        rows = {r.config_hash: r for r in self.trials()}
+        by_hash = {r.config_hash: r for r in rows}
         return KeyOutcome(
             winner=winner,
-            winner_measurement=_of(rows.get(winner.config_hash)) if winner is not None else None,
+            winner_measurement=_of(by_hash.get(winner.config_hash)) if winner is not None else None,
             served=self.served,
-            served_measurement=_of(rows.get(config_hash(self.served))) if self.served is not None else None,
+            served_measurement=_of(by_hash.get(config_hash(self.served))) if self.served is not None else None,
         )
+
+
+def certified(rows: Sequence[Trial], served: Config | None = None, heuristic: Config | None = None) -> Trial | None:
+    """The trial to store as a key's winner, of its trials ``rows``; None where none ran correctly.
+
+    The fastest correct trial, unless others lie within its noise interval
+    (:meth:`Measurement.within <tunesvc.records.Measurement.within>`): those are a tie, and
+    :func:`tie_break` picks among them. Then, where the answer served before (``served``) ran
+    correctly and the choice is slower than :data:`NEVER_SLOWER` of its speed (timed beside it:
+    the served answer is always among the finalists), the served answer stays.
+    """
+    ok = _fastest_first(rows)
+    if not ok:
+        return None
+    best = measurement_of(ok[0])
+    tied = [r for r in ok if r.time_ms is not None and best.within(r.time_ms)]
+    choice = min(tied, key=lambda r: tie_break(r.config, r.config_hash, served, heuristic))
+    kept = next((r for r in ok if served is not None and r.config_hash == config_hash(served)), None)
+    slower = kept is not None and kept.time_ms is not None and (choice.time_ms or 0.0) * NEVER_SLOWER > kept.time_ms
+    return kept if slower and kept is not None else choice
+
+
+def tie_break(config: Config, digest: str, served: Config | None, heuristic: Config | None) -> tuple:
+    """The fixed order among tied configs: the config served before, then the heuristic's, then
+    the cheaper (fewer warps times stages, then smaller tiles), then by hash, so that the same
+    trials always give the same winner, whatever order they were measured in."""
+    return (
+        served is None or digest != config_hash(served),
+        heuristic is None or digest != config_hash(heuristic),
+        *config_cost(config),
+        digest,
+    )
+
+
+def config_cost(config: Config) -> tuple[int, int]:
+    """The tie rule's "cheaper": warps times pipeline stages (what a program holds on an SM), then
+    the product of the config's tile sizes (its parameters named BLOCK...)."""
+
+    def number(name: str, default: int) -> int:
+        value = config.get(name, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    tiles = 1
+    for name, value in config.items():
+        if "BLOCK" in name.upper() and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            tiles *= value
+    return number("num_warps", 4) * number("num_stages", 1), tiles
 
 
 def first_pass(measurer: Measurer, configs: Sequence[Config]) -> list[Measurement]:
@@ -327,28 +397,29 @@ def _of(row: Trial | None) -> Measurement | None:
     return None if row is None else measurement_of(row)
 
 
-def _finalist_result(row: Trial, rounds: list[Measurement]) -> Measurement:
-    """A finalist's measurement from its rounds: the first failure, else their median and their
-    spread (its first measurement left out: it was timed over shorter replays)."""
-    failed = next((m for m in rounds if not m.ok), None)
-    if failed is not None:
-        return Measurement(failed.status, message=f"as a finalist: {failed.message}")
-    times = sorted(m.time_ms or 0.0 for m in rounds)
-    median = statistics.median(times)
-    reps = row.reps + sum(m.reps for m in rounds)
-    return Measurement(Status.OK, time_ms=median, spread=(times[-1] - times[0]) / median, reps=reps)
+def _finalist_result(row: Trial, m: Measurement, before: Measurement | None = None) -> Measurement:
+    """A finalist's new measurement (``before``: its last one, where the chase times it again):
+    its failure, else its new time and spread, with every repetition counted."""
+    if not m.ok:
+        return Measurement(m.status, message=f"as a finalist: {m.message}")
+    reps = (before.reps if before is not None and before.ok else row.reps) + m.reps
+    return Measurement(Status.OK, time_ms=m.time_ms, spread=m.spread, reps=reps, message=m.message)
 
 
 __all__ = [
-    "CAPTURE_FINALIST_GRAPH_SHARE",
     "CAPTURE_WINDOW",
+    "CONTENDER_FLOOR",
     "FINALISTS",
     "FIRST_PASS_SHARE",
     "IN_PROCESS",
+    "NEVER_SLOWER",
     "Finalists",
     "KeyOutcome",
     "KeyTuning",
+    "certified",
+    "config_cost",
     "default_finalists",
     "first_pass",
     "in_process",
+    "tie_break",
 ]

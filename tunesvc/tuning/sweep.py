@@ -512,6 +512,7 @@ class _ProblemSweep:
                 budget=options.budget,
                 seed=options.seed,
                 served=self.untuned,
+                heuristic=self.heuristic,
                 finalists=options.finalists,
             )
             stored = self.tuning.trials()
@@ -690,6 +691,7 @@ class _ProblemSweep:
             rows = self.tuning.trials()
             heuristic = next((r for r in rows if r.config_hash == config_hash(self.heuristic)), None)
         self.run.on_phase(self.key, "done")
+        mark(f"swept {self.key}", phases={k: round(v, 4) for k, v in self.clock.phases.items()})
         return ProblemResult(
             problem=self.problem,
             shape_key=self.key,

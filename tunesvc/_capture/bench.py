@@ -298,7 +298,9 @@ class CaptureBench(Bench):
                 return Measurement(Status.WRONG_RESULT, rel_error=err, message=message)
         if not self.device.is_gpu:  # the interpreter: its one run is its time
             how = "timed: interpreter, wall clock of its one run"
-            return Measurement(Status.OK, time_ms=elapsed_ms, spread=0.0, reps=1, rel_error=err, message=_and(how, note))
+            return Measurement(
+                Status.OK, time_ms=elapsed_ms, spread=0.0, reps=1, rel_error=err, message=_and(how, note)
+            )
         timed = self._timed(self._launcher(config), rel_error=err)
         return dataclasses.replace(timed, message=_and(timed.message, note)) if timed.ok and note else timed
 

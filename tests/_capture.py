@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import time
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -98,6 +100,16 @@ def wall_clock_bench(kernel_call: Any, quantiles: Any = None, **_: Any) -> Any:
     kernel_call()
     ms = (time.perf_counter() - start) * 1e3
     return [ms] * len(quantiles) if quantiles else ms
+
+
+def next_line() -> int:
+    """The line after the caller's: where a test launches the kernel whose warnings it checks."""
+    return sys._getframe(1).f_lineno + 1
+
+
+def said_at(caught: list[warnings.WarningMessage]) -> set[tuple[str, int]]:
+    """Where tunesvc's warnings in ``caught`` point: the (file, line) each names."""
+    return {(w.filename, w.lineno) for w in caught if str(w.message).startswith("tunesvc:")}
 
 
 def interpreter_env(**extra: str) -> dict[str, str]:

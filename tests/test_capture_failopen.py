@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 from _capture import cast as _cast
 from _capture import interpreter_env
+from _capture import next_line
+from _capture import said_at
 from _capture import scale as _scale
 from _capture import trials_by_kernel
 
@@ -99,8 +101,8 @@ FAULTS = {
 @pytest.mark.parametrize("stage", sorted(FAULTS))
 def test_a_fault_at_any_stage_runs_the_launch_as_triton_autotune_with_one_warning(stage, tmp_db, monkeypatch):
     """The in-place kernel's result is what Triton's own autotuner gives (x + y once, the
-    tensors restored after any partial measuring), the warning names the kernel and the stage,
-    and later launches run as Triton's with no further warning."""
+    tensors restored after any partial measuring), the warning names the kernel and the stage
+    and points at the launch, and later launches run as Triton's with no further warning."""
     x0, y = torch.randn(N), torch.randn(N)
     expected = x0.clone()
     plain = autotuned(_add_in_place, restore_value=["x_ptr"])
@@ -111,6 +113,7 @@ def test_a_fault_at_any_stage_runs_the_launch_as_triton_autotune_with_one_warnin
     x = x0.clone()
     with tunesvc.capture(db=tmp_db), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        launch = next_line()
         kernel[grid(N)](x, y, N)
         torch.testing.assert_close(x, expected, rtol=0, atol=0)
         kernel[grid(N)](x, y, N)  # Triton's own now: silently
@@ -121,6 +124,7 @@ def test_a_fault_at_any_stage_runs_the_launch_as_triton_autotune_with_one_warnin
     assert "_add_in_place" in said[0] and "injected fault" in said[0] and "Triton's own autotuner" in said[0]
     assert f": {named} failed with RuntimeError" in said[0], said[0]
     assert "\n" not in said[0]
+    assert said_at(caught) == {(__file__, launch)}
     assert not STATS["tuned"]
 
 
@@ -138,6 +142,7 @@ def test_a_fault_in_a_subclass_autotuners_cache_lets_the_subclass_search_as_alon
             self.best_config = config
             return self.fn.run(*args, **kwargs, **config.all_kwargs())
 
+    own_check = OwnRun.run.__tunesvc_original__.__code__.co_firstlineno + 2  # its cache check
     tuner = OwnRun(_scale, _scale.arg_names, CONFIGS, ["n"], None, None, do_bench=cpu_bench)
     monkeypatch.setattr(capture_sharing.Shared, "table", _boom)
     x, out = torch.randn(N), torch.empty(N)
@@ -147,6 +152,8 @@ def test_a_fault_in_a_subclass_autotuners_cache_lets_the_subclass_search_as_alon
     torch.testing.assert_close(out, 3.0 * x)
     assert tuner.best_config is CONFIGS[-1]
     assert len(_tunesvc_warnings(caught)) == 1
+    # the warning names the first frame outside tunesvc and Triton: the subclass's own cache check
+    assert said_at(caught) == {(__file__, own_check)}
 
 
 # -- no trace -------------------------------------------------------------------------------------
@@ -365,10 +372,12 @@ def test_a_key_naming_a_tensor_is_left_to_triton_with_one_warning_and_no_rows(tm
         warnings.simplefilter("always")
         for _ in range(3):
             x, out = torch.randn(N), torch.empty(N)
+            launch = next_line()
             kernel[grid(N)](x, out, N, 2.0)
             torch.testing.assert_close(out, 2.0 * x)
     said = _tunesvc_warnings(caught)
     assert len(said) == 1 and "Tensor" in said[0], said
+    assert said_at(caught) == {(__file__, launch)}
     assert not os.path.exists(tmp_db) or not trials_by_kernel(tmp_db)
 
 
@@ -484,6 +493,28 @@ def test_a_bad_setting_is_one_warning_and_the_program_runs(variable, value, app)
     assert said and all(variable in line for line in said), done.stderr  # each line names what to fix
     assert len([line for line in said if "appkernels:scale" in line]) <= 1
     assert "Traceback" not in done.stderr
+
+
+def test_each_warning_of_a_captured_program_names_the_programs_own_line(app, tmp_path):
+    """Under TUNESVC_CAPTURE=1 with a damaged database: the captured kernel's fail-open warning
+    names the line of its launch, the shipped kernel's and the lookup's name their calls, each
+    past tunesvc's, Triton's and torch's frames (and the start-up hook's)."""
+    db = tmp_path / "damaged.db"
+    db.write_text("not a database")
+    env = _env(TUNESVC_CAPTURE="1", TUNESVC_DB=str(db))
+    done = subprocess.run(
+        [sys.executable, str(app)], env=env, cwd=app.parent, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    lines = app.read_text().splitlines()
+    launch, shipped, lookup = (
+        next(n for n, line in enumerate(lines, 1) if text in line) for text in ("scale[", "softmax(a)", "lookup(")
+    )
+    said = [line for line in done.stderr.splitlines() if "RuntimeWarning: tunesvc:" in line]
+    assert said and {line.split(": RuntimeWarning: ")[0] for line in said} == {
+        f"{app}:{n}" for n in (launch, shipped, lookup)
+    }, done.stderr
+    assert any(line.startswith(f"{app}:{launch}: ") and "appkernels:scale" in line for line in said)
 
 
 def test_summary_line_of_a_captured_program_where_asked(app, tmp_path):

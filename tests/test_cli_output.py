@@ -286,6 +286,34 @@ def test_sweep_gpus_shows_a_progress_bar_per_job(tmp_path):
     assert quiet.exit_code == 0 and "━" not in quiet.stderr
 
 
+@pytest.mark.parametrize("best", [True, False], ids=["sweep", "sweep-gpus"])
+def test_sweep_progress_at_an_80_column_terminal_keeps_counts_and_clock_whole(best):
+    """Three-digit counts, the best time and the clock whole, the key and its phase cut at their
+    end instead; every line two columns short of the edge, where a terminal echoes ^C."""
+    import io
+
+    from rich.console import Console
+
+    from tunesvc.cli._progress import sweep_progress
+
+    screen = io.StringIO()
+    console = Console(width=80, force_terminal=True, file=screen, color_system=None)
+    progress = sweep_progress(console, best=best, disable=False)
+    rows = {
+        "M=128,N=70,K=50,dtype=float16": ("checking and timing", "best 43.47 ms", 123),
+        "B=4,H=16,S=1024,D=128,causal=True,dtype=bfloat16": ("compiling 352 candidates", "best 0.02087 ms", 5),
+    }
+    for key, (phase, best_ms, done) in rows.items():
+        progress.update(progress.add_task(key, total=352, phase=phase, best=best_ms), completed=done)
+    console.print(progress.get_renderable())
+    lines = screen.getvalue().splitlines()
+    assert len(lines) == 2 and all(len(line) <= 78 for line in lines), lines
+    for line, (key, (_, best_ms, done)) in zip(lines, rows.items(), strict=True):
+        assert line.startswith(key[:20]) and f" {done:3}/352 " in line, line
+        assert re.search(r" \d+:\d\d:\d\d$", line) and (best_ms in line) == best, line
+    assert "compiling" not in lines[1] and "…" in lines[1]  # the long key's phase gave way first
+
+
 # -- tune sweep into a pipe ------------------------------------------------------------------------
 def test_sweep_into_a_pipe_prints_whole_lines_and_the_table_side_by_side(tmp_path):
     """Without a terminal and without $COLUMNS (`tune sweep ... | cat`), rich's 80 columns would cut

@@ -8,7 +8,14 @@ import sys
 import warnings
 
 import pytest
+import torch
+import triton
+import triton.language as tl
+from _capture import next_line
+from _capture import said_at
 
+import tunesvc
+from tunesvc.kernels import softmax
 from tunesvc.serving.runtime import Runtime
 from tunesvc.store import Store
 from tunesvc.tuning.sweep import run_sweep
@@ -49,6 +56,37 @@ def test_fallback_warns_once_per_kernel_and_counts_every_lookup(tuned_db):
     assert len([w for w in caught if "heuristic one" in str(w.message)]) == 1
     runtime.lookup("matmul", **SHAPE)
     assert runtime.stats() == {"matmul": {"exact": 1, "heuristic": 2}}
+
+
+@triton.jit
+def _double(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def test_a_miss_is_said_at_the_line_that_called_in(tmp_db):
+    """Each miss's warning names this file and the line of the call, past tunesvc's frames and
+    Triton's (a tunesvc.autotune launch) or torch's autograd (a shipped kernel)."""
+    Store(tmp_db).close()
+    tunesvc.configure(db=tmp_db)
+    kernel = tunesvc.autotune([{"BLOCK": 16}, {"BLOCK": 32}], key=["n"], name="double_miss", db=tmp_db)(_double)
+    x = torch.ones(40)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        launch = next_line()
+        kernel[lambda meta: (triton.cdiv(40, meta["BLOCK"]),)](x, 40)
+    assert said_at(caught) == {(__file__, launch)} and torch.equal(x, torch.full((40,), 2.0))
+    a = torch.randn(5, 37, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call = next_line()
+        softmax(a).sum().backward()
+    assert said_at(caught) == {(__file__, call)} and a.grad is not None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call = next_line()
+        assert tunesvc.lookup("matmul", M=8, N=8, K=8, dtype="bfloat16").source == "heuristic"
+    assert said_at(caught) == {(__file__, call)}
 
 
 def test_unknown_mode_is_one_clear_error():

@@ -73,6 +73,7 @@ def test_a_value_that_does_not_parse_is_one_warning_and_the_default(name, value,
         assert read() == expected
     said = [str(w.message) for w in caught]
     assert len(said) == 1 and name in said[0] and repr(value) in said[0], said
+    assert caught[0].filename == __file__  # the reader's caller, not tunesvc's settings module
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,8 @@ Modes, the same for the shipped kernels' runtime, captured ``triton.autotune`` k
 from __future__ import annotations
 
 import os
-import sys
-import warnings
+
+from tunesvc.text import warn
 
 MODES = ("tune", "lookup", "heuristic", "off")
 TUNE, LOOKUP, HEURISTIC, OFF = MODES
@@ -78,11 +78,7 @@ _warned: set[tuple[str, str]] = set()
 def _warn(name: str, value: str, fix: str, used: object) -> None:
     if (name, value) not in _warned:  # once per variable and value, however often it is read
         _warned.add((name, value))
-        message = f"tunesvc: {name}={value!r} {fix}; using {used!r}."
-        try:
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
-        except Exception:  # an error filter (-W error): said on stderr, never raised (see tunesvc.text.warn)
-            sys.stderr.write(f"RuntimeWarning: {message}\n")
+        warn(f"tunesvc: {name}={value!r} {fix}; using {used!r}.", RuntimeWarning)
 
 
 def raw(name: str, default: str | None = None) -> str | None:

@@ -11,10 +11,15 @@ written as UTF-8 at all, a pair of ``$`` makes matplotlib parse mathtext (which 
 from __future__ import annotations
 
 import html
+import os
 import re
 import sys
 import unicodedata
 import warnings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 #: Unicode categories a terminal acts on or shows as nothing instead of a glyph: controls (Cc:
 #: C0, C1, DEL), format characters (Cf: zero-width spaces and joiners, bidirectional marks,
@@ -67,13 +72,58 @@ def natural_order(text: str) -> tuple[tuple[int, int | str], ...]:
     )
 
 
-def warn(message: str, category: type[Warning] = RuntimeWarning, stacklevel: int = 1) -> None:
-    """``warnings.warn`` for a line tunesvc says while it serves a program: where a filter turns
-    warnings into errors (``python -W error``, ``PYTHONWARNINGS=error``, pytest's
-    ``filterwarnings = error``), the line goes to stderr instead, since a warning of tunesvc's
-    raised inside a user's launch would end a program that runs without tunesvc."""
+#: the modules whose frames a warning of tunesvc's looks past to the user's line that called into
+#: them: a ``kernel[grid](...)`` launch reaches tunesvc through Triton's frames (and the start-up
+#: hook's trampoline), a shipped kernel through torch's autograd
+_LOOKED_PAST = ("tunesvc", "tunesvc.kernels", "_tunesvc_capture", "triton", "torch")
+#: ... and the file names of code they generate: tunesvc's replayed ops and launch plans, torch.fx's graphs
+_GENERATED = ("<tunesvc.", "<eval_with_key>")
+
+
+def _looked_past() -> tuple[str, ...]:
+    """The file-name prefixes of :data:`_LOOKED_PAST`'s modules imported so far (a module not
+    imported has no frame on the stack): a package's folders, a module's file; and :data:`_GENERATED`."""
+    prefixes = list(_GENERATED)
+    for name in _LOOKED_PAST:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        if hasattr(module, "__path__"):
+            prefixes += [os.path.join(folder, "") for folder in module.__path__]
+        elif module.__file__:
+            prefixes.append(module.__file__)
+    return tuple(prefixes)
+
+
+def _user_stacklevel(prefixes: tuple[str, ...]) -> int:
+    """The ``stacklevel`` of :func:`warn`'s call to ``warnings.warn`` that names the first frame
+    whose file is outside ``prefixes``, counted as ``warnings`` counts (no frame of the import
+    machinery); the outermost frame where every frame is inside."""
+    level = 1  # warn itself; the walk starts at warn's caller
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not ("importlib" in name and "_bootstrap" in name):
+            level += 1
+            if not name.startswith(prefixes):
+                break
+        frame = frame.f_back
+    return level
+
+
+def warn(message: str, category: type[Warning] = RuntimeWarning) -> None:
+    """``warnings.warn`` for a line tunesvc says while it serves a program, its file and line the
+    user's: the first frame outside tunesvc, Triton and torch (the ``kernel[grid](...)`` launch,
+    the call of a shipped kernel or of :func:`tunesvc.lookup`). Where a filter turns warnings into
+    errors (``python -W error``, ``PYTHONWARNINGS=error``, pytest's ``filterwarnings = error``), the
+    line goes to stderr instead, since a warning of tunesvc's raised inside a user's launch would
+    end a program that runs without tunesvc."""
+    prefixes = _looked_past()
     try:
-        warnings.warn(message, category, stacklevel=stacklevel + 1)
+        if sys.version_info >= (3, 12):
+            warnings.warn(message, category, stacklevel=2, skip_file_prefixes=prefixes)
+        else:  # no skip_file_prefixes before Python 3.12: the same frame, found by walking the stack
+            warnings.warn(message, category, stacklevel=_user_stacklevel(prefixes))
     except Exception:  # an error filter raised it (or a showwarning hook failed): said, never raised
         try:
             sys.stderr.write(f"{category.__name__}: {message}\n")

@@ -53,7 +53,7 @@ def mark(event: str, *, once: bool = True, **detail: object) -> None:
     except TunesvcError as exc:  # a FIFO or a device: said once, never waited on
         if path not in _refused:
             _refused.add(path)
-            warn(f"tunesvc: {ENV}: {exc} No timeline is written.", RuntimeWarning, stacklevel=2)
+            warn(f"tunesvc: {ENV}: {exc} No timeline is written.", RuntimeWarning)
     except OSError:  # a timeline that cannot be written never stops a sweep
         pass
 

@@ -139,10 +139,10 @@ class _Stage(threading.local):
 STAGE = _Stage()
 
 
-def give_up(state: Any, exc: BaseException | str, stage: str, *, stacklevel: int) -> None:
+def give_up(state: Any, exc: BaseException | str, stage: str) -> None:
     """Leave the kernel to Triton's own autotuner for the rest of the process, said in one line
-    naming the kernel, the reason and what to do (``stacklevel`` as the caller's own, so that the
-    line points at the user's launch). ``exc`` is an exception, or a reason of tunesvc's own."""
+    naming the kernel, the reason and what to do, at the user's launch (see :func:`tunesvc.text.warn`).
+    ``exc`` is an exception, or a reason of tunesvc's own."""
     state.off = True
     if isinstance(exc, str):
         category, reason, fix = stage, exc, "nothing is wrong with the program"
@@ -159,7 +159,6 @@ def give_up(state: Any, exc: BaseException | str, stage: str, *, stacklevel: int
     warn(
         visible(f"tunesvc: {state.name}: {reason}; it runs with Triton's own autotuner in this process ({fix})."),
         RuntimeWarning,
-        stacklevel=stacklevel + 1,
     )
 
 

@@ -75,7 +75,7 @@ def _state_of(tuner: Autotuner) -> State:
                         state = State(tuner, _process, None, {})
                 except Exception as exc:  # fails open: the kernel runs as Triton's
                     off = Off(tuner)
-                    give_up(off, exc, "setting up", stacklevel=4)
+                    give_up(off, exc, "setting up")
                     state = off
                 if not state.off:
                     KERNELS.add(state.name)
@@ -153,7 +153,7 @@ def captured_run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
             return TRITON_AUTOTUNER_RUN(self, *args, **kwargs)
         except Exception as exc:  # capture fails open (see tunesvc._capture)
             HEARD.__dict__.pop("call", None)
-            give_up(state, exc, STAGE.of(exc), stacklevel=2)
+            give_up(state, exc, STAGE.of(exc))
             return TRITON_AUTOTUNER_RUN(self, *args, **kwargs)
         heard = HEARD.__dict__.pop("call", None)
         if heard is not None:  # Triton's autotuning listener (see tunesvc._capture.miss._listener)
@@ -233,7 +233,7 @@ class _StoreCache:
         except LeftToTriton:
             return key in self.inner
         except Exception as exc:  # capture fails open: the subclass searches as it would alone
-            give_up(state, exc, STAGE.of(exc), stacklevel=3)
+            give_up(state, exc, STAGE.of(exc))
             return key in self.inner
         return True
 
@@ -290,7 +290,7 @@ def _wrap_run(cls: type) -> None:
             try:
                 self.cache = _StoreCache(self, self.cache)
             except Exception as exc:  # a cache tunesvc cannot stand in for (a read-only property)
-                give_up(state, exc, "setting up", stacklevel=2)
+                give_up(state, exc, "setting up")
                 return own(self, *args, **kwargs)
         outer = getattr(_CALL, "value", None)
         _CALL.value = (args, kwargs)
@@ -462,7 +462,6 @@ def capture(
             "another library's: it stays, and capture reaches plain triton.autotune kernels only through the run "
             "it replaced (call tunesvc.capture() before that library replaces it).",
             RuntimeWarning,
-            stacklevel=2,
         )
     return Capture(previous, True)
 

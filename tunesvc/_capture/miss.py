@@ -186,7 +186,7 @@ def _check_key(tuner: Autotuner, state: State, key: tuple, nargs: dict[str, Any]
         reason = f"it met {state.keys_met} distinct keys, more than TUNESVC_MAX_KEYS allows; its key changes on almost every call"
     else:
         return
-    give_up(state, reason, "a key that changes on every call", stacklevel=5)
+    give_up(state, reason, "a key that changes on every call")
     raise LeftToTriton
 
 
@@ -253,6 +253,6 @@ def tune_unless_locked(
         try:
             return tune_locked(tuner, state, shared, text, args, kwargs, pruned)
         except DatabaseLocked as exc:
-            shared.lock_out(exc, stacklevel=5)
+            shared.lock_out(exc)
     FAILED_OPEN[LOCKED_REASON] += 1
     raise LeftToTriton

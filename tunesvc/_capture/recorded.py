@@ -52,9 +52,9 @@ def record_missed_call(
         device = current_device()
         store.record_miss(state.template, device, text, describe_call(tuner, args, kwargs, values=values))
     except DatabaseLocked as exc:  # said once for the process, not once a miss
-        shared.lock_out(exc, stacklevel=4)
+        shared.lock_out(exc)
     except Exception as exc:  # a serving process never fails on bookkeeping
-        warn(visible(f"tunesvc: could not record the miss of {state.name} ({exc})."), RuntimeWarning, stacklevel=4)
+        warn(visible(f"tunesvc: could not record the miss of {state.name} ({exc})."), RuntimeWarning)
 
 
 def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any], *, values: bool = True) -> dict[str, Any]:

@@ -153,7 +153,7 @@ class Shared:
             self._store = Store(path, busy_timeout_s=LOCK_WAIT_S)
         return self._store
 
-    def lock_out(self, exc: Exception, *, stacklevel: int) -> None:
+    def lock_out(self, exc: Exception) -> None:
         """Write no more to the database in this process (another process held its write lock
         past LOCK_WAIT_S): said in one warning line, the first time; the keys met from then on
         run with Triton's own autotuner (counted in the summary) and are tuned by a later run."""
@@ -167,7 +167,6 @@ class Shared:
                 "and are tuned by a later run."
             ),
             RuntimeWarning,
-            stacklevel=stacklevel + 1,
         )
 
 

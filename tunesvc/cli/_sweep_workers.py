@@ -163,18 +163,6 @@ def _report_jobs(rows: list, winners: dict, title: str, codes: list, as_json: bo
 
 def _jobs_progress(quiet: bool) -> Any:
     """A progress display of a queued batch: a bar per job, its status and stored trials of its budget."""
-    from rich.progress import BarColumn
-    from rich.progress import MofNCompleteColumn
-    from rich.progress import Progress
-    from rich.progress import TextColumn
-    from rich.progress import TimeElapsedColumn
+    from tunesvc.cli._progress import sweep_progress
 
-    return Progress(
-        TextColumn("{task.description}", markup=False),
-        TextColumn("[dim]{task.fields[phase]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=wide_when_piped(TextConsole(stderr=True)),
-        disable=quiet,
-    )
+    return sweep_progress(wide_when_piped(TextConsole(stderr=True)), best=False, disable=quiet)

@@ -181,12 +181,7 @@ def _sweep_here(
     quiet: bool,
 ) -> None:
     """The sweep in this process, a progress bar per shape key, then the winners' table (or JSON)."""
-    from rich.progress import BarColumn
-    from rich.progress import MofNCompleteColumn
-    from rich.progress import Progress
-    from rich.progress import TextColumn
-    from rich.progress import TimeElapsedColumn
-
+    from tunesvc.cli._progress import sweep_progress
     from tunesvc.device import fork_safe_current_device
     from tunesvc.fleet.jobs import trials_stored
     from tunesvc.store import Store
@@ -197,16 +192,7 @@ def _sweep_here(
     store = Store(db)
     keys = list(dict.fromkeys(str(template.key(p)) for p in problems))
     before = trials_stored(store, template, device.hardware_id, keys)
-    progress = Progress(
-        TextColumn("{task.description}", markup=False),
-        TextColumn("[dim]{task.fields[phase]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[best]}"),
-        TimeElapsedColumn(),
-        console=wide_when_piped(TextConsole(stderr=True)),
-        disable=as_json or quiet,
-    )
+    progress = sweep_progress(wide_when_piped(TextConsole(stderr=True)), best=True, disable=as_json or quiet)
     tasks: dict[str, Any] = {}
 
     def on_start(problem: dict, key: str, limit: int) -> None:

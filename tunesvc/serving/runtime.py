@@ -103,7 +103,6 @@ class Runtime:
                     "tunesvc: TUNESVC_MODE=tune with a bundle alone has no database to store in; serving it "
                     "in mode lookup (set TUNESVC_DB to tune).",
                     RuntimeWarning,
-                    stacklevel=2,
                 )
                 mode = "lookup"
         if mode == "off":  # tunesvc steps aside: a shipped kernel has no autotuner but its heuristic
@@ -224,11 +223,11 @@ class Runtime:
             return "no winners (mode 'heuristic')"
         return self.source.where()
 
-    def _warn_once(self, kernel: str, what: str, message: str, stacklevel: int = 4) -> None:
+    def _warn_once(self, kernel: str, what: str, message: str) -> None:
         if (kernel, what) not in self._warned:
             self._warned.add((kernel, what))
             # shown as text: a stored key, config or device name may hold escape sequences
-            warn(visible(message), RuntimeWarning, stacklevel=stacklevel)
+            warn(visible(message), RuntimeWarning)
 
     def lookup(self, kernel: str | Template, /, **problem: Any) -> LookupResult:
         """The config for this problem on the current CUDA device and how it was found; a
@@ -322,7 +321,6 @@ class Runtime:
                     f"tunesvc: no tuned config of {template.name} for {text} on {self.device.name} ({self.where()}); "
                     f"using the {result.source} {which} ({template.tune_hint}). Warned once per kernel."
                 ),
-                stacklevel=5,
             )
         return result
 

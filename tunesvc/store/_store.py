@@ -406,7 +406,6 @@ class Store(BaseStore):
             f"tunesvc: skipped {what} of {visible(kernel)[:200]} for key '{shown}' in {self._where()}: "
             f"{why}; re-tune the key or restore the database from a copy.",
             RuntimeWarning,
-            stacklevel=3,
         )
 
     @contextmanager
@@ -514,7 +513,6 @@ class Store(BaseStore):
                 f"tunesvc: {self._where()} was {what} while this process ran; what it stores from now on goes to "
                 f"the {'new ' if now is None else ''}file at that path.",
                 RuntimeWarning,
-                stacklevel=4,
             )
 
     def _empty_the_old_wal(self) -> None:
@@ -551,7 +549,6 @@ class Store(BaseStore):
                 f"tunesvc: a transaction on {where} is still open after {LOCK_NOTICE_S:g} s: it waits for "
                 f"another process's write lock (up to {self.busy_timeout_s:g} s), or works on much data.",
                 RuntimeWarning,
-                stacklevel=1,
             )
 
         timer = threading.Timer(LOCK_NOTICE_S, notice)
@@ -565,7 +562,6 @@ class Store(BaseStore):
                 warn(
                     f"tunesvc: the transaction on {where} took {time.monotonic() - started:.1f} s.",
                     RuntimeWarning,
-                    stacklevel=4,
                 )
 
     # -- identities ---------------------------------------------------------------------

@@ -115,7 +115,6 @@ class KeyClaim:
                             f"[{self.key}]; its claim is taken over after {self._stale_s:g} s without a heartbeat."
                         ),
                         RuntimeWarning,
-                        stacklevel=3,
                     )
                 time.sleep(POLL_S)
         finally:
@@ -125,7 +124,6 @@ class KeyClaim:
                 warn(
                     visible(f"tunesvc: waited {self.waited_s:.1f} s for {self.kernel} [{self.key}]; took {found}."),
                     RuntimeWarning,
-                    stacklevel=3,
                 )
 
     def _heartbeat(self) -> None:

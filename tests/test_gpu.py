@@ -268,8 +268,9 @@ def test_small_kernels_are_timed_from_a_cuda_graph_and_finalists_side_by_side():
     heuristic = TEMPLATE.heuristic(problem, current_device())
     m = bench.measure(heuristic)
     assert m.status is Status.OK and 0 < m.time_ms < 0.02
-    # a 64^3 GEMM takes a few us, under the launch overhead: timed from a graph, its inputs cold
-    assert m.message is not None and m.message.startswith("timed: graph, L2 cold"), m.message
+    # a 64^3 GEMM takes a few us, under the launch overhead: timed from a graph. Its 64 input
+    # copies hold under 2 MB, less than the L2: the timing says its inputs were found there
+    assert m.message is not None and m.message.startswith("timed: graph, L2 warm"), m.message
     # the replay cycles through copies of the inputs that together exceed L2 twice
     sets = bench.input_sets()
     assert len(sets) == MAX_INPUT_SETS and sets[0] is bench.inputs

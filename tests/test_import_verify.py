@@ -202,8 +202,8 @@ def test_verify_flags_a_winner_slower_than_the_heuristic(source_db, tmp_db, monk
     shutil.copy(source_db, tmp_db)
     heuristic = template.heuristic(template.problem(**PROBLEM), device)
     other = {**heuristic, "num_warps": 8 if heuristic["num_warps"] == 4 else 4}
-    with sqlite3.connect(tmp_db) as db:
-        db.execute("UPDATE tunesvc_winners SET config = ?", (json.dumps(other),))
+    with sqlite3.connect(tmp_db) as db:  # stored at the time it measures now: only the heuristic flags it
+        db.execute("UPDATE tunesvc_winners SET config = ?, time_ms = 2.0", (json.dumps(other),))
     # timings are the point here, not the interpreter's noise: the heuristic measures 2x faster
     monkeypatch.setattr(
         Bench, "measure", lambda self, c: Measurement(Status.OK, time_ms=1.0 if c == heuristic else 2.0)
@@ -273,7 +273,11 @@ def test_retune_never_keeps_a_winner_it_measured_slower_than_the_heuristic(
         [winner] = store.winners()
     finally:
         store.close()
-    assert verdict.flags == ["slower"] and (verdict.measured_ms, verdict.heuristic_ms) == (2.0, 1.0)
+    assert verdict.flags == ["slower", "slower-than-stored"] and (verdict.measured_ms, verdict.heuristic_ms) == (
+        2.0,
+        1.0,
+    )
+    assert "now 2,000x its stored 0.001 ms ±" in verdict.detail
     assert verdict.retuned_config == heuristic and verdict.retuned_ms == 1.0
     assert (winner.config, winner.time_ms) == (heuristic, 1.0)
 

@@ -340,7 +340,8 @@ def test_retune_of_a_captured_key_never_keeps_the_winner_it_measured_slower(fold
     command = ["verify", "--kernel", NAME, "--db", tmp_db, "--json"]
     flagged = CliRunner().invoke(app, command)
     [verdict] = json.loads(flagged.output)
-    assert verdict["flags"] == ["slower"] and (verdict["measured_ms"], verdict["heuristic_ms"]) == (2.0, 1.0)
+    assert verdict["flags"] == ["slower", "slower-than-stored"], verdict  # stored at 0.001 ms, 2 ms now
+    assert (verdict["measured_ms"], verdict["heuristic_ms"]) == (2.0, 1.0)
     retuned = CliRunner().invoke(app, [*command, "--retune"])
     assert retuned.exit_code == 0, retuned.output
     [verdict] = json.loads(retuned.output)
@@ -444,3 +445,31 @@ def test_a_tensor_whose_elements_share_a_location_is_restored_between_candidates
     strided = torch.zeros(8)[::2]  # apart, not shared: copied as it is
     _write(strided, torch.ones(4))
     assert strided.tolist() == [1.0] * 4 and strided._base.tolist() == [1, 0, 1, 0, 1, 0, 1, 0]
+
+
+def test_drifted_measures_a_captured_winner_tuned_under_another_triton(folder, tmp_db):
+    """A captured winner tuned under another Triton and torch (its device row's) is measured on
+    its recorded call with --drifted, and its drift said; the kernel's source edited, it is stale
+    all the same; tuned under this stack, it is skipped."""
+    import torch
+    import triton
+
+    _capture(folder, tmp_db, "tune")
+    command = ["verify", "--kernel", NAME, "--db", tmp_db, "--margin", "100", "--drifted", "--json"]
+    done = _tune(folder, *command)
+    [here] = json.loads(done.stdout)
+    assert here["skipped"] and here["measured_ms"] is None and here["drift"] == {}, done.stdout + done.stderr
+    with sqlite3.connect(tmp_db) as connection:
+        connection.execute("UPDATE tunesvc_devices SET triton = '3.4.0', torch = '2.8.0', fingerprint = 'older'")
+    done = _tune(folder, *command)
+    [drifted] = json.loads(done.stdout)
+    assert not drifted["skipped"] and drifted["flags"] == [], done.stdout + done.stderr
+    assert drifted["measured_ms"] is not None and drifted["heuristic_ms"] is not None
+    assert drifted["drift"] == {"torch": ["2.8.0", torch.__version__], "triton": ["3.4.0", triton.__version__]}
+    module = folder / "recmod.py"
+    module.write_text(
+        module.read_text().replace("alpha * tl.load", "tl.load(x_ptr + offs, mask=mask) * alpha + 0 * tl.load", 1)
+    )
+    done = _tune(folder, *command)
+    [edited] = json.loads(done.stdout)
+    assert edited["flags"] == ["stale-kernel"] and edited["measured_ms"] is None, done.stdout + done.stderr

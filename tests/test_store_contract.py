@@ -172,6 +172,12 @@ def test_winners_follow_the_fastest_correct_trial(store, template, device, swept
     assert store.winners(kernel="nope") == [] and store.winners(shape="m=64") == [entry]
     [(with_device, stored)] = store.winners_with_devices(kernel=template.name)
     assert with_device == entry and stored == device
+    trial = store.winner_trial(template.name, template.version, device, KEY)
+    assert_record(trial, TrialRecord)
+    assert (trial.id, trial.config, trial.time_ms, trial.spread) == (winner.trial_id, cfg(32), 1.0, 0.1)
+    other_stack = dataclasses.replace(device, triton="0.0.1")  # the same GPU model, another software stack
+    assert store.winner_trial(template.name, template.version, other_stack, KEY) is None
+    assert store.winner_trial(template.name, "other-version", device, KEY) is None
     assert store.trial_counts(kernel=template.name) == {"ok": 3}
     assert store.swept_keys(kv, dev, "grid") == {KEY}
     history = store.history(template.name)

@@ -226,22 +226,26 @@ def measure_stored(
     device: Device,
     *,
     time_limit_s: float | None = settings.REPLAY_TIME_LIMIT_S,
+    recorded_on: str | None = None,
 ) -> list[Measurement]:
-    """Re-measure stored configs of a captured key on inputs rebuilt from the call its sweep
-    recorded (`tune verify`), in a process of its own (:func:`_apart`); each config after the
-    first is checked against the first's output (or a later one's, where the first wrote NaN or
-    inf: see :class:`CaptureBench`); stopped after ``time_limit_s``."""
+    """Re-measure stored configs of a captured key on ``device``, on inputs rebuilt from the
+    call its sweep recorded on the device model ``recorded_on`` (a hardware id; default:
+    ``device``'s) (`tune verify`), in a process of its own (:func:`_apart`); each config after
+    the first is checked against the first's output (or a later one's, where the first wrote NaN
+    or inf: see :class:`CaptureBench`); stopped after ``time_limit_s``."""
+    hardware_id = recorded_on or device.hardware_id
     measured: list[Measurement] = _apart(
-        name, shape_key, _measure_stored_here, store.url, name, shape_key, configs, device, limit=time_limit_s
-    )
+        name, shape_key, _measure_stored_here, store.url, name, shape_key, configs, device, hardware_id,
+        limit=time_limit_s,
+    )  # fmt: skip
     return measured
 
 
 def _measure_stored_here(
-    store: Store, name: str, shape_key: str, configs: list[dict[str, Any]], device: Device
+    store: Store, name: str, shape_key: str, configs: list[dict[str, Any]], device: Device, hardware_id: str
 ) -> list[Measurement]:
     tuner = find_autotuner(name)
-    call = store.captured_call(name, shape_key, device.hardware_id)
+    call = store.captured_call(name, shape_key, hardware_id)
     if call is None:
         raise TunesvcError(f"No recorded call of {name} for {shape_key}; tune it again to re-measure it.")
     args, kwargs, grids = rebuild_call(tuner, call, device, shape_key)

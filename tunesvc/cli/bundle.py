@@ -155,7 +155,10 @@ def _key_progress() -> Progress:
 def verify(
     kernel: KernelFilter = None,
     margin: Annotated[
-        float, typer.Option(help="Flag a winner when the heuristic is faster by more than this fraction.")
+        float,
+        typer.Option(
+            help="Flag a winner when the heuristic is faster by more than this fraction, or when its time now and its stored time differ by more than it and by more than their spreads."
+        ),
     ] = 0.05,
     retune: Annotated[
         bool,
@@ -165,14 +168,30 @@ def verify(
         ),
     ] = False,
     budget: Annotated[int, typer.Option(help="New trials per key with --retune.")] = 8,
+    drifted: Annotated[
+        bool,
+        typer.Option(
+            "--drifted",
+            help="Measure only the winners measured under another driver, CUDA, torch or Triton version than here (or on another GPU: --from-device), judged by their times alone; skip and count the others. Default: measure every winner, and flag those of another Triton stale.",
+        ),
+    ] = False,
+    from_device: Annotated[
+        str | None,
+        typer.Option(
+            "--from-device",
+            help="Verify the winners of this stored device (its name or hardware id, as `tune show` lists them), measured here beside this device's heuristic. Default: this device's own.",
+        ),
+    ] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
     time_limit: TimeLimitOption = settings.REPLAY_TIME_LIMIT_S,
 ) -> None:
-    """Re-measure this device's stored winners; flag stale ones (kernel or Triton changed) and ones slower than the heuristic."""
+    """Re-measure this device's stored winners; flag stale ones (kernel or Triton changed), ones slower than the heuristic, and ones whose time moved from the stored one."""
     # re-measuring (torch, Triton); the database (SQLAlchemy)
     from tunesvc.device import current_device
     from tunesvc.store import Store
+    from tunesvc.verify import FASTER_THAN_STORED
+    from tunesvc.verify import drift_text
     from tunesvc.verify import verify as verify_winners
 
     _check_count("--budget", budget)
@@ -185,6 +204,9 @@ def verify(
         progress.update(task, description=what, completed=step, total=total)
 
     try:
+        source = (
+            store.find_device(from_device) if from_device is not None else None
+        )  # before the bar: an error is one line
         with progress:  # on stderr: --json's output stays the JSON alone
             verdicts = verify_winners(
                 store,
@@ -194,6 +216,8 @@ def verify(
                 budget=budget,
                 progress=on_key,
                 time_limit_s=time_limit,
+                drifted=drifted,
+                winners_of=from_device,
             )
         stored_on = sorted({w.device for w in store.winners(kernel=kernel)}) if not verdicts else []
         if kernel is not None and not verdicts and not stored_on:
@@ -203,27 +227,35 @@ def verify(
     if as_json:
         return _print_json([v.to_dict() for v in verdicts])
     here = current_device()
+    of = source.name if source is not None else here.name
+    which = f"{kernel} winners" if kernel else "winners"
     if not verdicts:
-        which = f"{kernel} winners" if kernel else "winners"
         elsewhere = f": it holds {', '.join(stored_on)} {which} only" if stored_on else ""
-        console.print(
-            named(
-                f"No {which} of {here.name} in {store.shown_url} to verify{elsewhere} "
-                "(verify on that GPU, or sweep this one with `tune sweep`)."
-            ),
-            highlight=False,
-            soft_wrap=whole_lines(console),
+        measure_here = f", measure them here with --from-device '{stored_on[0]}'" if stored_on else ""
+        return _say(
+            f"No {which} of {of} in {store.shown_url} to verify{elsewhere} "
+            f"(verify on that GPU{measure_here}, or sweep this one with `tune sweep`)."
         )
-        return
-    console.print(
-        Text(visible(f"Winners of {here.name} in {store.shown_url}"), style="bold"),
-        highlight=False,
-        soft_wrap=whole_lines(console),
-    )
+    shown = [v for v in verdicts if not v.skipped]
+    skipped = len(verdicts) - len(shown)
+    if not shown:
+        return _say(
+            f"All {_count(skipped, which[:-1])} of {of} in {store.shown_url} were measured under "
+            f"this device's driver, CUDA, torch and Triton versions: none drifted, none measured "
+            "(verify without --drifted to measure them)."
+        )
+    title = f"Winners of {of} in {store.shown_url}" + (f", measured on {here.name}" if of != here.name else "")
+    console.print(Text(visible(title), style="bold"), highlight=False, soft_wrap=whole_lines(console))
+    drifts: dict[str, int] = {}
+    for v in shown:
+        if v.drift:
+            drifts[drift_text(v.drift)] = drifts.get(drift_text(v.drift), 0) + 1
+    for text, n in drifts.items():
+        _say(f"Measured in another environment than this one ({_count(n, 'winner')}): {text}.")
     columns = ["shape key", "stored ms", "now ms", "heuristic ms", "flags", *(["retuned ms"] if retune else [])]
-    for name, version in dict.fromkeys((v.kernel, v.version) for v in verdicts):
+    for name, version in dict.fromkeys((v.kernel, v.version) for v in shown):
         rows = []
-        for v in verdicts:
+        for v in shown:
             if (v.kernel, v.version) != (name, version):
                 continue
             flags = ", ".join(v.flags) + (f" ({v.detail})" if v.detail else "") if v.flags else "ok"
@@ -238,14 +270,23 @@ def verify(
                 ]
             )
         console.print(_keyed_table(f"{name} {version}", columns, rows))
-    flagged = sum(v.retunable for v in verdicts)
-    unjudged = len(verdicts) - sum(v.measured for v in verdicts)
-    console.print(
-        f"{_count(len(verdicts), 'winner')} checked, {flagged} flagged"
+    flagged = sum(v.retunable for v in shown)
+    faster = sum(FASTER_THAN_STORED in v.flags for v in shown)
+    unjudged = len(shown) - sum(v.measured for v in shown)
+    _say(
+        f"{_count(len(shown), 'winner')} checked, {flagged} flagged"
+        + (f", {faster} faster than stored (not retuned)" if faster else "")
         + (f", {unjudged} not measured (see their flags)" if unjudged else "")
+        + (f"; {skipped} skipped: measured under this device's versions" if skipped else "")
         + "."
         + ("" if retune or not flagged else " Run with --retune to sweep the flagged ones again.")
     )
+
+
+def _say(line: str) -> None:
+    """A message line: names of the database's (kernels, devices) printed as they are, whole
+    lines to a pipe, word-wrapped at a terminal."""
+    console.print(named(line), highlight=False, soft_wrap=whole_lines(console))
 
 
 @app.command()

@@ -203,6 +203,13 @@ class BaseStore(ABC):
         ...
 
     @abstractmethod
+    def winner_trial(self, kernel: str, version: str, device: Device, shape_key: str) -> TrialRecord | None:
+        """The trial the winner of this key (of ``kernel`` at ``version``, measured on ``device``:
+        one software stack) points at, the evidence of its time (its spread, its repetitions);
+        None where no winner is stored there. Read only."""
+        ...
+
+    @abstractmethod
     def sibling_winners(self, kernel: str, version: str, device: Device) -> list[WinnerEntry]:
         """The winners of ``kernel`` at ``version`` on the GPU models that share ``device``'s
         compute capability and SM count but not its hardware id, oldest first; none for the

@@ -1093,6 +1093,32 @@ class Store(BaseStore):
                 if self._usable_winner(w)
             ]
 
+    def winner_trial(self, kernel: str, version: str, device: Device, shape_key: str) -> TrialRecord | None:
+        """The trial the winner of this key (of ``kernel`` at ``version``, measured on ``device``:
+        one software stack) points at, the evidence of its time (its spread, its repetitions);
+        None where no winner is stored there. Read only."""
+        query = (
+            select(Trial)
+            .join(Winner, Winner.trial_id == Trial.id)
+            .join(KernelVersion, Winner.kernel_version_id == KernelVersion.id)
+            .join(StoredDevice, Winner.device_id == StoredDevice.id)
+            .where(
+                KernelVersion.kernel == kernel,
+                KernelVersion.version == version,
+                StoredDevice.fingerprint == device.fingerprint,
+                Winner.shape_key == shape_key,
+            )
+        )
+        with self.session() as session:
+            row = session.scalar(query)
+            if row is None:
+                return None
+            why = key_problem(row.shape_key) or _config_problem(row.config)
+            if why is not None:
+                self._skip(f"trial {row.id}", kernel, row.shape_key, why)
+                return None
+            return _record(TrialRecord, row)
+
     def merge_winner(
         self, kernel: str, version: str, device: Device, shape_key: str, config: Config, time_ms: float, source: str
     ) -> tuple[str, float | None]:

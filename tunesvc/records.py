@@ -213,6 +213,13 @@ class WinnerEntry:
     config: dict[str, Any]
     time_ms: float
     updated_at: datetime
+    #: its trial's spread (see Measurement.noise); None where the trial records none
+    spread: float | None = None
+
+    @property
+    def noise(self) -> float:
+        """The half-width of the winner's noise interval, a fraction of its time (Measurement.noise)."""
+        return max(self.spread or 0.0, MIN_NOISE)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "updated_at": self.updated_at.isoformat()}

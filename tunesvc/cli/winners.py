@@ -112,7 +112,7 @@ def show(
                     _keyed_table(
                         f"{name} {version} ({which})",
                         ["shape key", "config", "ms"],
-                        [[w.shape_key, _config_text(w.config), f"{w.time_ms:.4g}"] for w in rows],
+                        [[w.shape_key, _config_text(w.config), f"{w.time_ms:.4g} ±{w.noise:.0%}"] for w in rows],
                     )
                 )
                 said = rejected.get((name, version, hardware_id))

@@ -894,7 +894,18 @@ class Store(BaseStore):
             if shape is not None:
                 query = query.where(func.lower(Winner.shape_key).contains(shape.lower(), autoescape=True))
             query = query.order_by(KernelVersion.kernel, StoredDevice.name, Winner.shape_key, Winner.updated_at)
-            return [_winner_entry(w) for w in session.scalars(query).unique() if self._usable_winner(w)]
+            spreads = self._winner_spreads(session, query)
+            return [
+                _winner_entry(w, spreads.get(w.trial_id))
+                for w in session.scalars(query).unique()
+                if self._usable_winner(w)
+            ]
+
+    @staticmethod
+    def _winner_spreads(session: Session, query: Any) -> dict[int, float | None]:
+        """The spread of each winner's trial in ``query`` (a select of winners), by trial id."""
+        ids = select(query.subquery().c.trial_id)
+        return dict(session.execute(select(Trial.id, Trial.spread).where(Trial.id.in_(ids))).all())
 
     def sibling_winners(self, kernel: str, version: str, device: Device) -> list[WinnerEntry]:
         """The winners of ``kernel`` at ``version`` on the GPU models that share ``device``'s compute
@@ -1578,7 +1589,7 @@ def _record(cls: Any, row: Any) -> Any:
     return cls(**values)
 
 
-def _winner_entry(w: Winner) -> WinnerEntry:
+def _winner_entry(w: Winner, spread: float | None = None) -> WinnerEntry:
     return WinnerEntry(
         kernel=w.kernel_version.kernel,
         kernel_version=w.kernel_version.version,
@@ -1588,6 +1599,7 @@ def _winner_entry(w: Winner) -> WinnerEntry:
         config=dict(w.config),
         time_ms=w.time_ms,
         updated_at=w.updated_at,
+        spread=spread,
     )
 
 

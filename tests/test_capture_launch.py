@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import warnings
 
 import pytest
@@ -17,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from _capture import interpreter_env
+from _forks import exit_status_within
 
 import tunesvc
 from tunesvc._capture import STATS
@@ -248,19 +248,6 @@ def test_a_captured_kernels_version_follows_its_jit_helpers_and_constexpr_global
 
 
 # -- 5. forks and threads --------------------------------------------------------------------------
-def _wait_for(pid: int, seconds: float) -> int | None:
-    """The exit status of child ``pid``, or None (after killing it) where it runs past ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return None
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 def test_a_fork_in_the_middle_of_another_threads_tuning_leaves_both_processes_running(tmp_db):
     measuring, forked = threading.Event(), threading.Event()
@@ -294,7 +281,7 @@ def test_a_fork_in_the_middle_of_another_threads_tuning_leaves_both_processes_ru
     tuning.join(60)
     assert not tuning.is_alive(), "the parent's tuning did not finish"
     torch.testing.assert_close(out, x + y)
-    assert _wait_for(pid, 60) == 0, "the child did not finish, or computed a wrong answer"
+    assert exit_status_within(pid, 60) == 0, "the child did not finish, or computed a wrong answer"
 
 
 # -- 4. warnings never end a program ---------------------------------------------------------------

@@ -120,6 +120,22 @@ def test_inside_graph_capture_a_nearer_key_answers_the_miss_is_recorded_and_noth
     assert misses == {"n=700,x_ptr.dtype=float32,total_ptr.dtype=float32"}
 
 
+def test_inside_graph_capture_a_key_left_one_config_launches_it_and_records_no_miss(tmp_db, monkeypatch):
+    """Nothing to choose between, so nothing for `tune misses --tune` to tune later."""
+    Store(tmp_db).close()  # a database there: a miss would be recorded in it
+    monkeypatch.setattr(MISS, "_in_graph_capture", lambda: True)
+    kernel = tunesvc.autotune(
+        configs=CONFIGS, key=["n"], db=tmp_db, prune_configs_by={"early_config_prune": lambda c, a, **k: c[-1:]}
+    )(_scale_add)
+    n = 300
+    x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
+    kernel[grid(n)](x, y, out, n, 2.0)
+    torch.testing.assert_close(out, 2.0 * x + y)
+    assert kernel.best_config is CONFIGS[-1]
+    assert STATS["in_graph"] == 1 and STATS["benchmarks"] == 0
+    assert _count(tmp_db, "tunesvc_misses") == 0 and _count(tmp_db, "tunesvc_trials") == 0
+
+
 def test_the_graph_capture_check_is_torchs_own_and_false_without_a_capture():
     assert MISS._in_graph_capture() is False
     assert callable(torch.cuda.is_current_stream_capturing)

@@ -220,6 +220,64 @@ def test_per_config_pre_hook_and_a_single_surviving_config(tmp_db):
     assert pruned.best_config is CONFIGS[-1] and STATS["untuned"] == 1
 
 
+def _first_of_one(configs, nargs, **kwargs):
+    """An early_config_prune that keeps one config: the last."""
+    return configs[-1:]
+
+
+@pytest.mark.parametrize("mode", ["tune", "lookup"])
+@pytest.mark.parametrize(
+    "configs, prune",
+    [(CONFIGS[-1:], None), (CONFIGS, {"early_config_prune": _first_of_one})],
+    ids=["one listed config", "pruned to one"],
+)
+def test_a_key_left_one_config_launches_it_with_nothing_measured_stored_or_recorded(
+    tmp_db, mode, configs, prune, monkeypatch, capsys
+):
+    """Nothing to choose between: the one config is launched as Triton's autotuner launches it,
+    which (Triton 3.8 on) benchmarks nothing, prints nothing and leaves the reset_to_zero
+    arguments as the caller gave them, and (before) benchmarks it, prints its line and zeroes
+    them; tunesvc measures nothing, stores no trial or winner and records no miss, in any Triton
+    version."""
+    Store(tmp_db).close()  # a database there: mode lookup records the misses it serves
+    monkeypatch.setattr(triton.knobs.autotuning, "print", True)  # TRITON_PRINT_AUTOTUNING=1
+    benched = []
+
+    def counting_bench(fn, quantiles):
+        benched.append(fn)
+        return cpu_bench(fn, quantiles)
+
+    def build():
+        return triton.autotune(
+            configs, key=["n"], reset_to_zero=["total_ptr"], prune_configs_by=prune, do_bench=counting_bench
+        )(_atomic_sum)
+
+    n = 77
+    x = torch.arange(n, dtype=torch.float64)
+    theirs = torch.full((1,), 5.0, dtype=torch.float64)
+    build()[grid(n)](x, theirs, n)  # Triton's own autotuner, as the program runs without capture
+    assert theirs.item() in (x.sum().item(), 5.0 + x.sum().item())
+    printed = "Triton autotuning for function _atomic_sum" in capsys.readouterr().out
+    benched.clear()
+    with tunesvc.capture(db=tmp_db, mode=mode):
+        kernel = build()
+        total = torch.full((1,), 5.0, dtype=torch.float64)
+        kernel[grid(n)](x, total, n)
+        kernel[grid(n)](x, total, n)  # a hit: accumulates, as Triton's second launch of a key
+    assert kernel.best_config is configs[-1]
+    assert total.item() == theirs.item() + x.sum().item()
+    assert ("Triton autotuning for function _atomic_sum" in capsys.readouterr().out) == printed
+    stats = tunesvc.capture_stats()
+    assert benched == [] and stats.get("benchmarks", 0) == 0
+    assert stats.get("tuned", 0) == 0 and stats.get("fallback", 0) == 0
+    assert stats.get("untuned", 0) == (0 if prune is None else 1)  # one listed config: Triton's own
+    store = Store(tmp_db, readonly=True)
+    try:
+        assert store.winners() == [] and store.trial_counts() == {} and store.misses() == []
+    finally:
+        store.close()
+
+
 def test_lookup_mode_never_benchmarks_records_the_miss_and_takes_the_nearest_winner(tmp_db):
     x, y = torch.randn(1000), torch.randn(1000)
     tuned = tunesvc.autotune(configs=CONFIGS, key=["n"], db=tmp_db)(_scale_add)

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import warnings
 
 import pytest
@@ -17,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from _capture import interpreter_env
+from _forks import exit_status_within
 
 import tunesvc
 from tunesvc._capture import STATS
@@ -118,6 +118,22 @@ def test_inside_graph_capture_a_nearer_key_answers_the_miss_is_recorded_and_noth
     finally:
         store.close()
     assert misses == {"n=700,x_ptr.dtype=float32,total_ptr.dtype=float32"}
+
+
+def test_inside_graph_capture_a_key_left_one_config_launches_it_and_records_no_miss(tmp_db, monkeypatch):
+    """Nothing to choose between, so nothing for `tune misses --tune` to tune later."""
+    Store(tmp_db).close()  # a database there: a miss would be recorded in it
+    monkeypatch.setattr(MISS, "_in_graph_capture", lambda: True)
+    kernel = tunesvc.autotune(
+        configs=CONFIGS, key=["n"], db=tmp_db, prune_configs_by={"early_config_prune": lambda c, a, **k: c[-1:]}
+    )(_scale_add)
+    n = 300
+    x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
+    kernel[grid(n)](x, y, out, n, 2.0)
+    torch.testing.assert_close(out, 2.0 * x + y)
+    assert kernel.best_config is CONFIGS[-1]
+    assert STATS["in_graph"] == 1 and STATS["benchmarks"] == 0
+    assert _count(tmp_db, "tunesvc_misses") == 0 and _count(tmp_db, "tunesvc_trials") == 0
 
 
 def test_the_graph_capture_check_is_torchs_own_and_false_without_a_capture():
@@ -248,19 +264,6 @@ def test_a_captured_kernels_version_follows_its_jit_helpers_and_constexpr_global
 
 
 # -- 5. forks and threads --------------------------------------------------------------------------
-def _wait_for(pid: int, seconds: float) -> int | None:
-    """The exit status of child ``pid``, or None (after killing it) where it runs past ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return None
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 def test_a_fork_in_the_middle_of_another_threads_tuning_leaves_both_processes_running(tmp_db):
     measuring, forked = threading.Event(), threading.Event()
@@ -294,7 +297,7 @@ def test_a_fork_in_the_middle_of_another_threads_tuning_leaves_both_processes_ru
     tuning.join(60)
     assert not tuning.is_alive(), "the parent's tuning did not finish"
     torch.testing.assert_close(out, x + y)
-    assert _wait_for(pid, 60) == 0, "the child did not finish, or computed a wrong answer"
+    assert exit_status_within(pid, 60) == 0, "the child did not finish, or computed a wrong answer"
 
 
 # -- 4. warnings never end a program ---------------------------------------------------------------

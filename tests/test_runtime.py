@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
 import sqlite3
+import threading
 
 import pytest
 import torch
+from _forks import exit_status_within
 
 import tunesvc
 import tunesvc.kernels
@@ -22,6 +26,7 @@ from tunesvc.bundle import read_bundle
 from tunesvc.bundle import write_bundles
 from tunesvc.space import config_hash
 from tunesvc.store import Store
+from tunesvc.template import Template
 from tunesvc.tuning.sweep import run_sweep
 
 TUNED = {"M": 16, "N": 32, "K": 32, "dtype": "float16"}
@@ -160,6 +165,47 @@ def test_configure_then_kernel_call(tuned_db, winner):
     assert ((out.double() - ref).norm() / ref.norm()).item() < 5e-3
     assert runtime.counters[("matmul", "exact")] == 1
     assert tunesvc.lookup("matmul", **TUNED).config == winner
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_fork_while_another_thread_holds_the_runtimes_locks_leaves_the_child_launching(
+    tuned_db, winner, template, monkeypatch
+):
+    """A thread inside a lookup at a fork (holding the runtime's lock, and on Python 3.11 the
+    lock functools.cached_property computes a template's version under): the child's first
+    launch of a kernel it has not looked up yet takes the same locks, and must not wait for
+    ever on a thread the child does not have."""
+    runtime = tunesvc.configure(db=tuned_db)
+    monkeypatch.delitem(vars(template), "version", raising=False)  # the child computes it
+    cached = [getattr(vars(Template)[name], "lock", None) for name in ("version", "space")]  # none from 3.12
+    locks = [runtime._lock, *(lock for lock in cached if lock is not None)]
+    held, forked = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            held.set()
+            forked.wait(60)
+
+    holder = threading.Thread(target=hold, name="lookup")
+    holder.start()
+    assert held.wait(60)
+    a = torch.randn(16, 32, dtype=torch.float16)
+    b = torch.randn(32, 32, dtype=torch.float16)
+    pid = os.fork()
+    if pid == 0:  # the child: a launch of the tuned kernel, served its stored winner
+        code = 3
+        try:
+            out = tunesvc.kernels.matmul(a, b)
+            ref = a.double() @ b.double()
+            right = ((out.double() - ref).norm() / ref.norm()).item() < 5e-3
+            code = 0 if right and runtime.lookup("matmul", **TUNED).config == winner else 1
+        finally:
+            os._exit(code)
+    forked.set()
+    holder.join(60)
+    assert exit_status_within(pid, 60) == 0, "the child hung at its first launch, or computed a wrong answer"
 
 
 def test_configure_rejects_db_and_bundle(tuned_db):

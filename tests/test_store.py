@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sqlite3
+import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from _backends import db_url  # noqa: F401  (fixture: a SQLite file, a PostgreSQ
 from _backends import pg_admin_url
 from _backends import pg_database
 from _devices import H100
+from _forks import exit_status_within
 from sqlalchemy import create_engine
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -440,6 +444,37 @@ def test_racing_stores_add_one_device_and_kernel_version(db_url, template, devic
         assert len(store.devices()) == 1
     finally:
         store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_fork_while_another_thread_holds_the_file_lock_leaves_the_child_writing(tmp_db, file_store, template):
+    """A thread following a replaced file holds the store's file lock at a fork: the child's
+    first write after the file at the path changed takes the same lock, and must not wait for
+    ever on a thread the child does not have."""
+    held, forked = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with file_store._file_lock:
+            held.set()
+            forked.wait(60)
+
+    holder = threading.Thread(target=hold, name="following")
+    holder.start()
+    assert held.wait(60)
+    Path(tmp_db).unlink()  # the next write follows the path to a new file
+    pid = os.fork()
+    if pid == 0:  # the child: a write, into the new file at the path
+        code = 3
+        try:
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                file_store.kernel_version_id(template)
+            code = 0 if Path(tmp_db).exists() and any("was deleted" in str(w.message) for w in said) else 1
+        finally:
+            os._exit(code)
+    forked.set()
+    holder.join(60)
+    assert exit_status_within(pid, 60) == 0, "the child hung at its first write, or wrote elsewhere"
 
 
 def test_merge_selector_adds_where_none_is_stored_and_keeps_a_stored_one(store, template):

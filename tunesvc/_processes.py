@@ -19,6 +19,10 @@ The policy, in one place:
   :func:`tunesvc.device.fork_safe_current_device`) to stay a process that can fork. The children
   never touch the parent's database connections and end with ``os._exit``, so fork leaves those
   alone.
+* **Locks across a fork.** A lock another thread held at a fork stays held in the child for
+  ever, since that thread does not exist there; each module whose locks a child may take makes
+  them anew in an ``os.register_at_fork(after_in_child=...)`` handler (:func:`remake_unheld`,
+  :func:`remake_cached_property_locks`).
 * **Every worker** (:func:`start_worker`) uses one CPU thread and exits once the sweep's process
   is gone; a measuring child (:func:`start_child`) sees the parent's ``sys.path``.
 """
@@ -26,6 +30,7 @@ The policy, in one place:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.abc
 import multiprocessing
 import os
@@ -180,6 +185,29 @@ def call_in_forked_child(fn: Callable[[], T]) -> T | None:
 def _answer(sender: Connection, fn: Callable[[], Any]) -> None:
     sender.send(fn())
     sender.close()
+
+
+# -- locks across a fork ------------------------------------------------------------------------
+def remake_unheld(lock: Any) -> None:
+    """``lock`` unheld, in place (for a forked child): CPython's ``_at_fork_reinit`` (what
+    threading and logging call after a fork), else a release (a plain Lock may be released by
+    any thread)."""
+    reinit = getattr(lock, "_at_fork_reinit", None)
+    if reinit is not None:
+        reinit()
+    elif lock.locked():
+        lock.release()
+
+
+def remake_cached_property_locks(cls: type) -> None:
+    """The locks of ``cls``'s functools.cached_property attributes unheld (for a forked child):
+    Python 3.11 computes each attribute under one lock shared by every instance (3.12 takes none),
+    so a thread computing one at a fork would leave that attribute of every instance unreadable
+    in the child."""
+    for attribute in vars(cls).values():
+        lock = getattr(attribute, "lock", None) if isinstance(attribute, functools.cached_property) else None
+        if lock is not None:
+            remake_unheld(lock)
 
 
 # -- workers ------------------------------------------------------------------------------------

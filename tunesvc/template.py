@@ -43,6 +43,7 @@ from typing import Any
 from typing import ClassVar
 
 from tunesvc import settings
+from tunesvc._processes import remake_cached_property_locks
 from tunesvc.errors import TunesvcError
 from tunesvc.space import Config
 from tunesvc.space import Space
@@ -364,6 +365,11 @@ class Template:
         :meth:`~tunesvc.space.Space.distance`: a tile halved is one step, another variant one
         step), or None where none is near: what a selector launches when its pick does not fit."""
         return self.space.nearest(config, self.problem_vars(problem), device.limits())
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    # a thread reading a template's version or space at a fork would leave it unreadable in the child
+    os.register_at_fork(after_in_child=functools.partial(remake_cached_property_locks, Template))
 
 
 #: shipped template name -> module of tunesvc.templates that defines it (as a module attribute

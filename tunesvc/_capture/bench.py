@@ -12,7 +12,9 @@ thread so that the autotuned launches the measuring causes tune nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -152,6 +154,18 @@ class Pruned:
                 raise LeftToTriton
             self._configs = kept
         return self._configs
+
+
+@functools.cache
+def benchmarks_one_config() -> bool:
+    """Whether this Triton's autotuner benchmarks a key whose pruning keeps one config, and so
+    zeroes its ``reset_to_zero`` arguments and prints its TRITON_PRINT_AUTOTUNING line as after
+    any tuning: before Triton 3.8, which launches that config unmeasured, as a kernel's one
+    listed config, and leaves the arguments as the caller gave them."""
+    import triton
+
+    found = re.match(r"(\d+)\.(\d+)", triton.__version__)
+    return found is not None and (int(found[1]), int(found[2])) < (3, 8)
 
 
 def _raised_by_pruning(exc: BaseException) -> bool:

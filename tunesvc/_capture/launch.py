@@ -45,6 +45,7 @@ from tunesvc._capture.sharing import SHARED
 from tunesvc._capture.sharing import Settings
 from tunesvc._capture.sharing import State
 from tunesvc._capture.sharing import settings_lock
+from tunesvc._processes import remake_unheld
 from tunesvc.errors import TunesvcError
 from tunesvc.text import warn
 
@@ -90,21 +91,11 @@ def _locks_remade_in_the_child() -> None:
     in the child for ever, since that thread does not exist there: the child's first launch of
     the kernel would wait on it, and the parent on the child. A key the parent was tuning is
     resolved again in the child, where the one key claim makes it wait for the parent's winner."""
-    _remade(settings_lock)  # imported by name where it is used: made anew in place
+    remake_unheld(settings_lock)  # imported by name where it is used: made anew in place
     for tuner in list(_STATES):
         state = tuner.__dict__.get("_tunesvc")
         if state is not None and hasattr(state, "lock"):
             state.lock = threading.Lock()
-
-
-def _remade(lock: Any) -> None:
-    """``lock`` unheld, in place: CPython's ``_at_fork_reinit`` (what threading and logging call
-    after a fork), else a release (a plain Lock may be released by any thread)."""
-    reinit = getattr(lock, "_at_fork_reinit", None)
-    if reinit is not None:
-        reinit()
-    elif lock.locked():
-        lock.release()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork

@@ -22,6 +22,7 @@ import torch
 
 from tunesvc import settings
 from tunesvc._capture.bench import Pruned
+from tunesvc._capture.bench import benchmarks_one_config
 from tunesvc._capture.bench import is_nested
 from tunesvc._capture.failopen import FAILED_OPEN
 from tunesvc._capture.failopen import STAGE
@@ -76,13 +77,15 @@ def unremembered(
     else the one chain's answer, else the first config the pruning keeps, nothing measured (None:
     not in a capture). The key is not remembered, so its next launch outside a graph resolves it
     again (and tunes it, in mode tune); where a database is there, the miss is recorded for
-    `tune misses --tune` too, for a key that only ever launches inside graphs."""
+    `tune misses --tune` too, for a key that only ever launches inside graphs (not one whose
+    pruning keeps one config: nothing to tune)."""
     if not _in_graph_capture():
         return None
     STATS["in_graph"] += 1
-    if state.settings.mode == HEURISTIC:
-        with STAGE("prune"):
-            return pruned()[0]
+    with STAGE("prune"):
+        alone = len(pruned()) == 1
+    if state.settings.mode == HEURISTIC or alone:
+        return pruned()[0]
     shared = shared_for(state.settings)
     with STAGE("look up"):
         config, _ = shared.answer(state, text, pruned, said=False)
@@ -204,13 +207,18 @@ def config_for(
     tuner: Autotuner, state: State, text: str, args: tuple, kwargs: dict[str, Any], pruned: Pruned | None = None
 ) -> Any:
     """The config for a key's text: stored, else tuned now (mode tune) or the fallback (lookup);
-    in mode heuristic the first config the pruning keeps, nothing read."""
+    in mode heuristic, or where the pruning keeps one config, the first it keeps, nothing read."""
     pruned = Pruned(tuner, args, kwargs) if pruned is None else pruned
+    with STAGE("prune"):
+        alone = len(pruned()) == 1
     if state.settings.mode == HEURISTIC:
-        with STAGE("prune"):
-            config = pruned()[0]
+        config = pruned()[0]
         STATS["heuristic"] += 1
         HOW.name = "heuristic"
+    elif alone:  # as triton.autotune: nothing to choose between, so nothing read, measured or recorded
+        config = pruned()[0]
+        STATS["untuned"] += 1
+        HOW.name = "untuned"
     else:
         shared = shared_for(state.settings)
         with STAGE("look up"):
@@ -230,7 +238,7 @@ def config_for(
             # the winners were read before this one was stored: the next miss that asks the one
             # chain (a key met inside a CUDA graph) reads them again, this one's included
             shared._runtime = None
-    if len(tuner.configs) > 1:
+    if len(tuner.configs) > 1 and (not alone or benchmarks_one_config()):
         # triton.autotune zeroes the reset_to_zero arguments after benchmarking a key, so the
         # launch that follows a key's first resolution starts from zero: so does this one
         tuner.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()}, reset_only=True)

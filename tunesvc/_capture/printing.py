@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from tunesvc import settings
+from tunesvc._capture.bench import benchmarks_one_config
 
 if TYPE_CHECKING:
     from triton.runtime.autotuner import Autotuner
@@ -22,6 +23,7 @@ _SERVED = {
     "stored": "served from the tunesvc store (not tuned in this process)",
     "fallback": "served untuned (no stored winner; mode lookup)",
     "heuristic": "served untuned (mode heuristic)",
+    "untuned": "served untuned (one config left by pruning)",
 }
 
 #: how the config this thread's :func:`~tunesvc._capture.miss.config_for` returned came: a key of
@@ -42,10 +44,11 @@ def printing() -> bool:
 
 def print_resolved(tuner: Autotuner, key: tuple, config: Any, how: str | None, pruned: Callable[[], list[Any]]) -> None:
     """Print the line for a key just resolved (``how``: ``tuned`` or a key of :data:`_SERVED`),
-    unless the call's pruning kept one config (Triton prints nothing: nothing was chosen). Never
-    raises: a line that cannot be printed (a closed stdout) is not the launch's failure."""
+    unless the call's pruning kept one config and this Triton prints nothing for it (nothing was
+    chosen; see :func:`~tunesvc._capture.bench.benchmarks_one_config`). Never raises: a line
+    that cannot be printed (a closed stdout) is not the launch's failure."""
     try:
-        if not printing() or len(pruned()) < 2:
+        if not printing() or (len(pruned()) < 2 and not benchmarks_one_config()):
             return
         if how == "tuned":
             done = f"finished after {tuner.bench_time:.2f}s"

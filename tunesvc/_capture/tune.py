@@ -68,9 +68,6 @@ def tune_locked(
 
     with STAGE("prune"):
         candidates = pruned()
-    if len(candidates) == 1:  # as triton.autotune: nothing to choose between, nothing measured
-        STATS["untuned"] += 1
-        return candidates[0]
     with STAGE("open the database"):
         store = shared.store(create=True)
         assert store is not None

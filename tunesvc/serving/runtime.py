@@ -16,12 +16,14 @@ import contextlib
 import functools
 import os
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
 
 from tunesvc import settings
+from tunesvc._processes import remake_unheld
 from tunesvc.command import named
 from tunesvc.device import current_device
 from tunesvc.device import device_at
@@ -123,6 +125,7 @@ class Runtime:
         #: that reaches the transferred step, with their parsed keys
         self._siblings: dict[str, tuple[transfers.SiblingTable, list[tuple[ShapeKey, str]]] | None] = {}
         self._lock = threading.Lock()
+        _RUNTIMES.add(self)
         self._warned: set[tuple[str, str]] = set()
         #: problems resolved per (kernel, source); a problem seen again is served from a memo
         #: and not counted again
@@ -411,6 +414,23 @@ class Runtime:
         for (kernel, source), n in sorted(counters.items()):
             out.setdefault(kernel, {})[source] = n
         return out
+
+
+#: every runtime of this process, for the fork handler below
+_RUNTIMES: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
+
+def _locks_remade_in_the_child() -> None:
+    """In a forked child: each runtime's lock made anew, unheld. One that a parent's thread held
+    at the fork (loading a kernel's winners, reading its selector) would otherwise stay held in
+    the child for ever, since that thread does not exist there: the child's first launch of a
+    kernel it had not looked up yet would wait on it."""
+    for runtime in list(_RUNTIMES):
+        remake_unheld(runtime._lock)
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_locks_remade_in_the_child)
 
 
 def _no_gpu() -> int:

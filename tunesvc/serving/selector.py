@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 
+from tunesvc._processes import remake_cached_property_locks
 from tunesvc.errors import TunesvcError
 
 if TYPE_CHECKING:
@@ -306,6 +308,11 @@ class Selector:
         if self.project:
             lines.append(PROJECT_LINE)
         return lines
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    # a thread reading a selector's parsed points at a fork would leave them unreadable in the child
+    os.register_at_fork(after_in_child=functools.partial(remake_cached_property_locks, Selector))
 
 
 def _short(config: Config) -> str:

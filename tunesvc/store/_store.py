@@ -16,6 +16,7 @@ import socket
 import stat
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Iterator
 from collections.abc import Sequence
@@ -53,6 +54,7 @@ from sqlalchemy.orm import aliased
 from sqlalchemy.orm import sessionmaker
 
 from tunesvc import settings
+from tunesvc._processes import remake_unheld
 from tunesvc.checks import json_problem
 from tunesvc.checks import key_problem
 from tunesvc.checks import load_json
@@ -237,6 +239,7 @@ class Store(BaseStore):
         #: the SQLite file this store writes, as (device, inode): see _follow_the_path
         self._file = _file_identity(self._file_path) if self._file_path and not readonly else None
         self._file_lock = threading.Lock()
+        _STORES.add(self)
         self._insert_new_trials = _insert_new_trials(
             self.engine.dialect
         )  # once connected: the dialect knows its server
@@ -1566,6 +1569,22 @@ class Store(BaseStore):
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+#: every store of this process, for the fork handler below
+_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+def _locks_remade_in_the_child() -> None:
+    """In a forked child: each store's file lock made anew, unheld (one a parent's thread held at
+    the fork, following a replaced file, would otherwise stay held in the child for ever). The
+    connections are their owner's to leave to the parent (tunesvc._capture.sharing does)."""
+    for store in list(_STORES):
+        remake_unheld(store._file_lock)
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_locks_remade_in_the_child)
 
 
 def _winner_problem(key: Any, config: Any, time_ms: Any) -> str | None:

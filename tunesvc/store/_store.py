@@ -934,17 +934,9 @@ class Store(BaseStore):
                 )
                 .order_by(Winner.updated_at, Winner.id)
             )
+            spreads = self._winner_spreads(session, query)
             return [
-                WinnerEntry(
-                    kernel=w.kernel_version.kernel,
-                    kernel_version=w.kernel_version.version,
-                    device=w.device.name,
-                    hardware_id=w.device.hardware_id,
-                    shape_key=w.shape_key,
-                    config=dict(w.config),
-                    time_ms=w.time_ms,
-                    updated_at=w.updated_at,
-                )
+                _winner_entry(w, spreads.get(w.trial_id))
                 for w in session.scalars(query).unique()
                 if self._usable_winner(w)
             ]
@@ -1101,8 +1093,12 @@ class Store(BaseStore):
             if hardware_id is not None:
                 query = query.where(StoredDevice.hardware_id == hardware_id)
             query = query.order_by(KernelVersion.kernel, Winner.shape_key, Winner.updated_at)
+            spreads = self._winner_spreads(session, query)
             return [
-                (_winner_entry(w), Device(**{f: getattr(w.device, f) for f in Device.__dataclass_fields__}))
+                (
+                    _winner_entry(w, spreads.get(w.trial_id)),
+                    Device(**{f: getattr(w.device, f) for f in Device.__dataclass_fields__}),
+                )
                 for w in session.scalars(query).unique()
                 if self._usable_winner(w)
             ]

@@ -84,6 +84,8 @@ class Compiler:
         self.timeout_s = timeout_s
         #: how many times the pool was replaced after a worker died or hung
         self.restarts = 0
+        #: batches submitted so far (the first finds the workers still starting)
+        self.batches = 0
         self._warm_up = (template, problem)
         self._pool = self._new_pool()
 
@@ -122,6 +124,7 @@ class Compiler:
     def submit(self, template: Launchable, problem: Problem, configs: list[Config]) -> list[Future]:
         """Launch each config once in the pool: a future per config, of None or the error it raised."""
         # submit() is thread-safe: the first candidates go to the first workers started
+        self.batches += 1
         return [self._pool.submit(_compile_in_worker, template, problem, c) for c in configs]
 
     def _outcomes(self, futures: list) -> Iterator[tuple[int, str | None]]:
@@ -181,6 +184,7 @@ def _warm_worker(template: Launchable | None = None, problem: Problem | None = N
     compiles need (the forkserver has preloaded tunesvc's kernels; a forked worker has the
     parent's modules)."""
     set_role("compile")
+    mark("compile worker started")
     if template is not None and problem is not None:
         _inputs(template, problem)  # the device's context and the inputs, before the first candidate
     mark("compile worker warm")
@@ -202,6 +206,7 @@ def _compile_in_worker(template: Launchable, problem: Problem, config: Config) -
         template.launch(inputs, config)
         if device.is_gpu:
             torch.cuda.synchronize()
+        mark("first compile in a worker")
     except Exception as exc:  # measured again, and classified, by the timing process
         message = f"{type(exc).__name__}: {one_line(exc)}"
         if device.is_gpu and context_lost(message):

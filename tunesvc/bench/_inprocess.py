@@ -36,6 +36,7 @@ from tunesvc.bench._base import Measurer
 from tunesvc.bench._base import Status
 from tunesvc.bench._base import one_line
 from tunesvc.bench._base import relative_error
+from tunesvc.timeline import mark
 
 if TYPE_CHECKING:
     from tunesvc.device import Device
@@ -271,6 +272,7 @@ class Bench(Measurer):
         try:
             out = self.template.launch(self.inputs, config)
             self._sync()
+            mark("first candidate launched")  # its compile (or Triton's cache) and first run
         except out_of_resources_types() as exc:
             return Measurement(Status.INVALID, message=one_line(exc))
         except compile_error_types() as exc:
@@ -282,7 +284,10 @@ class Bench(Measurer):
             return Measurement(
                 Status.WRONG_RESULT, rel_error=err, message=f"relative error {err:.3g} > {self.tolerance:g}"
             )
-        return self._timed(self._launcher(config), rel_error=err)
+        mark("first candidate checked")
+        timed = self._timed(self._launcher(config), rel_error=err)
+        mark("first candidate timed")
+        return timed
 
     def _launcher(self, config: Config):
         return lambda inputs: lambda: self.template.launch(inputs, config)

@@ -18,6 +18,7 @@ runtime launched before it (up to the finalists' timing noise).
 from __future__ import annotations
 
 import abc
+import itertools
 import time
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -628,11 +629,18 @@ class _ProblemSweep:
         return results
 
     def _compiled(self, configs: list[Config]) -> Iterator[int]:
-        """The indices of ``configs`` in the order they finish compiling."""
+        """The indices of ``configs`` in the order they finish compiling. A pool's first batch
+        finds its workers still starting (their imports, their CUDA contexts, which the driver
+        makes one after another): its first candidate is compiled by the measuring process
+        itself meanwhile, from Triton's cache on a warm host, so that the first trial need not
+        wait for the pool."""
         compiler = self.run.compiler
         if compiler is None:
             return iter(range(len(configs)))
         self.run.on_phase(self.key, f"compiling {len(configs)} candidates")
+        if compiler.batches == 0 and len(configs) > 1:
+            rest = compiler.compile_each(self.run.template, self.problem, configs[1:])
+            return itertools.chain([0], (i + 1 for i, _ in rest))
         return (i for i, _ in compiler.compile_each(self.run.template, self.problem, configs))
 
     def _store_and_tell(self, results: list[tuple[Config, str, Measurement]]) -> None:

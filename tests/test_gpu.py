@@ -275,7 +275,7 @@ def test_small_kernels_are_timed_from_a_cuda_graph_and_finalists_side_by_side():
     sets = bench.input_sets()
     assert len(sets) == MAX_INPUT_SETS and sets[0] is bench.inputs
     assert len({a.data_ptr() for a, _ in sets}) == len(sets)
-    other = {**heuristic, "num_warps": 8 if heuristic["num_warps"] != 8 else 4}
+    other = {**heuristic, "BLOCK_K": 32 if heuristic["BLOCK_K"] != 32 else 64}
     assert bench.measure(other).ok
     together = bench.time_together([heuristic, other])
     assert [t.status for t in together] == [Status.OK, Status.OK]

@@ -271,7 +271,8 @@ def test_direct_launch_picks_the_compiled_kernel_triton_picks():
                 expected = _axpy_kernel.warmup(x, y, out, n, stride, 2.5, grid=grid, **kwargs)
                 assert chosen is expected, (offset, n, stride, shift)
                 torch.cuda.synchronize()
-                _close(out, 2.5 * x[: n * stride : stride] + y + shift, 1e-6)
+                # float32: a few roundings of terms as large as the shift (3) in a result near 0.2: 1e-5
+                _close(out, 2.5 * x[: n * stride : stride] + y + shift, 1e-5)
 
 
 @pytest.mark.parametrize("context", CONTEXTS)

@@ -267,7 +267,9 @@ def test_tiny_sweep_numbers(tiny_db, template):
     for key in section.keys:
         assert len(key.trials) == 3
         assert [t.id for t in key.trials] == sorted(t.id for t in key.trials)
-        assert key.winner_ms == winners[key.shape_key].time_ms == min(key.ok_times)
+        # the fastest, or one tied with it (within its noise interval: the tie rule's pick)
+        assert key.winner_ms == winners[key.shape_key].time_ms
+        assert min(key.ok_times) <= key.winner_ms <= min(key.ok_times) * (1 + winners[key.shape_key].noise)
         assert key.winner_config == winners[key.shape_key].config
         # the problem measured, from the sweeps table; the first trial is what the runtime
         # launched untuned: the heuristic for the key swept first (KEYS[0]), for the other the

@@ -42,9 +42,7 @@ class Measurement:
     def noise(self) -> float | None:
         """The half-width of this time's noise interval, a fraction of it: its spread (the
         width of its central 60% over its median), at least :data:`MIN_NOISE`; None without a time."""
-        if self.time_ms is None:
-            return None
-        return max(self.spread or 0.0, MIN_NOISE)
+        return None if self.time_ms is None else noise_of(self.spread)
 
     def interval(self) -> tuple[float, float] | None:
         """The times this one cannot be told apart from: ``time_ms`` +- :attr:`noise`."""
@@ -61,6 +59,11 @@ class Measurement:
 #: the narrowest noise interval a time is given (a fraction of it, each side): a GPU's timings of
 #: one config from one graph move by about this much from one replay to the next at a steady clock
 MIN_NOISE = 0.01
+
+
+def noise_of(spread: float | None) -> float:
+    """A time's noise interval's half-width, a fraction of it, from its spread: at least MIN_NOISE."""
+    return max(spread or 0.0, MIN_NOISE)
 
 
 # -- what the store returns (tunesvc.store): frozen values, never ORM rows ---------------------
@@ -219,7 +222,7 @@ class WinnerEntry:
     @property
     def noise(self) -> float:
         """The half-width of the winner's noise interval, a fraction of its time (Measurement.noise)."""
-        return max(self.spread or 0.0, MIN_NOISE)
+        return noise_of(self.spread)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "updated_at": self.updated_at.isoformat()}

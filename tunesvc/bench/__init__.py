@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from tunesvc._processes import start_forkserver
 from tunesvc.bench._base import CONTEXT_LOST
+from tunesvc.bench._base import FINALIST_ROUNDS
 from tunesvc.bench._base import Measurement
 from tunesvc.bench._base import Measurer
 from tunesvc.bench._base import Status
 from tunesvc.bench._base import one_line
 from tunesvc.bench._base import relative_error
+from tunesvc.bench._base import timed_in_rounds
 from tunesvc.bench._choose import measurer_for
 from tunesvc.bench._choose import picklable
 from tunesvc.bench._compile import Compiler
 from tunesvc.bench._compile import pool_size
-from tunesvc.bench._finalists import FINALIST_ROUNDS
-from tunesvc.bench._finalists import timed_in_rounds
 from tunesvc.bench._inprocess import DEFAULT_L2_BYTES
 from tunesvc.bench._inprocess import FIRST_GRAPH_SHARE
 from tunesvc.bench._inprocess import GRAPH_BELOW_MS

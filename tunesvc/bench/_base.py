@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import abc
 import statistics
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -86,12 +89,8 @@ class Measurer(abc.ABC):
         for about ``rep_ms`` each (default: the measurer's): one measurement per config, in
         order. Here, ``rounds`` round-robin rounds of :meth:`time_only` of rep_ms / ``rounds``
         each, combined by :func:`combined_rounds`; a Bench on a GPU interleaves graph replays."""
-        rep_ms = rep_ms or self.rep_ms
-        timings: list[list[Measurement]] = [[] for _ in configs]
-        for _ in range(rounds):
-            for i, config in enumerate(configs):
-                timings[i].append(self.time_only(config, rep_ms / rounds))
-        return [combined_rounds(t) for t in timings]
+        timings = timed_in_rounds(self, dict(enumerate(configs)), rep_ms or self.rep_ms, rounds)
+        return [combined_rounds(timings[i]) for i in range(len(configs))]
 
     @abc.abstractmethod
     def time_peer(self) -> Measurement:
@@ -110,6 +109,26 @@ class Measurer(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+K = TypeVar("K")
+
+
+def timed_in_rounds(
+    measurer: Measurer,
+    configs: Mapping[K, Any],
+    rep_ms: float,
+    rounds: int = FINALIST_ROUNDS,
+    graph_ms: float | None = None,
+) -> dict[K, list[Measurement]]:
+    """Each config (checked before) timed ``rounds`` times, round-robin, each time for rep_ms /
+    ``rounds`` (``Measurer.time_only``, graph replays of ``graph_ms``): every config under the
+    same clocks and temperatures as the others, as far as whole timings can interleave."""
+    timings: dict[K, list[Measurement]] = {key: [] for key in configs}
+    for _ in range(rounds):
+        for key, config in configs.items():
+            timings[key].append(measurer.time_only(config, rep_ms / rounds, graph_ms))
+    return timings
 
 
 def combined_rounds(rounds: Sequence[Measurement]) -> Measurement:

@@ -115,7 +115,8 @@ def graph_time(calls: list, rep_ms: float, quantiles: list[float]) -> list[float
     """GPU time of one call, replayed from a CUDA graph of ``calls`` taken in turn (each on its
     own copy of the inputs), for about ``rep_ms`` after a warm-up; the ``quantiles`` in ms."""
     timer = GraphTimer(calls, estimate_ms(calls[0]))
-    return quantiles_of(sample_together([timer], rep_ms)[0], quantiles)
+    samples, _ = sample_together([timer], rep_ms)
+    return quantiles_of(samples[0], quantiles)
 
 
 def estimate_ms(fn: Callable[[], Any]) -> float:
@@ -178,16 +179,14 @@ class GraphTimer:
         return start.elapsed_time(end)
 
 
-#: the SM clock of the GPU seen during the last :func:`sample_together` (MHz; None: NVML unavailable)
-last_sm_clock: list[int | None] = [None]
-
-
-def sample_together(timers: Sequence[GraphTimer], rep_ms: float) -> list[list[float]]:
+def sample_together(timers: Sequence[GraphTimer], rep_ms: float) -> tuple[list[list[float]], int | None]:
     """Each timer's per-call times (ms), one a sample: the timers' graphs replayed in turn,
     :data:`WARMUP_MS` first and then about ``rep_ms`` of samples each, every replay queued on one
-    stream before one wait, so that the GPU runs them back to back under the same clocks."""
+    stream before one wait, so that the GPU runs them back to back under the same clocks; and the
+    SM clock seen meanwhile (MHz; None: NVML unavailable)."""
     if not timers:
-        return []
+        return [], None
+    clock = None
     stream = timers[0].stream
     unit = sum(t.replay_ms() for t in timers)  # one turn through every timer, its graphs now loaded
     warmup = math.ceil(WARMUP_MS / max(unit, 1e-3))
@@ -205,9 +204,9 @@ def sample_together(timers: Sequence[GraphTimer], rep_ms: float) -> list[list[fl
                 end.record()
                 events[i].append((start, end))
             if turn == warmup + rounds // 2:
-                last_sm_clock[0] = sm_clock_mhz()  # read while the GPU runs what is queued
+                clock = sm_clock_mhz()  # read while the GPU runs what is queued
     stream.synchronize()
-    return [[s.elapsed_time(e) / timer.count for s, e in pairs] for timer, pairs in zip(timers, events)]
+    return [[s.elapsed_time(e) / timer.count for s, e in pairs] for timer, pairs in zip(timers, events)], clock
 
 
 def quantiles_of(times: Sequence[float], quantiles: Sequence[float]) -> list[float]:
@@ -332,10 +331,10 @@ class Bench(Measurer):
                 call_on = self._launcher(config)
                 calls = [call_on(inputs) for inputs in self.input_sets()]
                 timers.append(GraphTimer(calls, estimate_ms(calls[0])))
-            samples = sample_together(timers, rep_ms)
+            samples, clock = sample_together(timers, rep_ms)
         except Exception:  # a launch that cannot be captured: each config timed on its own, in rounds
             return super().time_together(configs, rep_ms, rounds)
-        note = timing_note("graph, timed together", self._l2_cold(), last_sm_clock[0])
+        note = timing_note("graph, timed together", self._l2_cold(), clock)
         out = []
         for timer, times in zip(timers, samples):
             median, low, high = quantiles_of(times, [0.5, 0.2, 0.8])
@@ -380,9 +379,10 @@ class Bench(Measurer):
             if estimate < GRAPH_BELOW_MS:
                 try:
                     timer = GraphTimer([fn] + [call_on(inputs) for inputs in self.input_sets()[1:]], estimate)
-                    times = sample_together([timer], 10 * graph_ms)[0]
+                    samples, clock = sample_together([timer], 10 * graph_ms)
+                    times = samples[0]
                     median, low, high = quantiles_of(times, [0.5, 0.2, 0.8])
-                    note = timing_note("graph", self._l2_cold(), last_sm_clock[0])
+                    note = timing_note("graph", self._l2_cold(), clock)
                     return median, low, high, timer.count * len(times), note
                 except Exception:  # a launch that cannot be captured keeps an event timing
                     pass

@@ -1633,7 +1633,7 @@ def _winner_upsert(statement, *, replace_own_trial: bool, tolerance: float = 0.0
     re-measured slower): the winner then follows the trials, as a sweep's re-timed finalists need.
     """
     excluded = statement.excluded
-    replace = excluded.time_ms < Winner.time_ms * (1 + tolerance) if tolerance else excluded.time_ms < Winner.time_ms
+    replace = excluded.time_ms < Winner.time_ms * (1 + tolerance)
     if replace_own_trial:
         # The stored row's trial_id as a bare column: SQLAlchemy does not correlate a subquery
         # with an INSERT's target, and would add the winners table to its FROM (every row).

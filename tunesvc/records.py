@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict
 from dataclasses import dataclass
+from dataclasses import replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -54,6 +55,12 @@ class Measurement:
         """Whether ``time_ms`` lies inside this measurement's noise interval."""
         bounds = self.interval()
         return bounds is not None and bounds[0] <= time_ms <= bounds[1]
+
+    def noted(self, note: str | None) -> Measurement:
+        """This measurement with ``note`` after its message (where its config came from)."""
+        if not note:
+            return self
+        return replace(self, message="; ".join(p for p in (self.message, note) if p))
 
 
 #: the narrowest noise interval a time is given (a fraction of it, each side): a GPU's timings of

@@ -96,6 +96,7 @@ if TYPE_CHECKING:
     from tunesvc._capture.recorded import find_autotuner
     from tunesvc._capture.recorded import rebuild_call
     from tunesvc._capture.sharing import Settings
+    from tunesvc._capture.tune import adopt_recorded
     from tunesvc._capture.tune import measure_stored
     from tunesvc._capture.tune import tune_recorded
 
@@ -130,6 +131,7 @@ _EXPORTS = {
     "find_autotuner": "recorded",
     "rebuild_call": "recorded",
     "Settings": "sharing",
+    "adopt_recorded": "tune",
     "measure_stored": "tune",
     "tune_recorded": "tune",
 }
@@ -159,6 +161,7 @@ __all__ = [
     "CapturedTemplate",
     "RecordedKernel",
     "Settings",
+    "adopt_recorded",
     "autotune",
     "by_identity",
     "capture",

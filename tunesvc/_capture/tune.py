@@ -102,6 +102,7 @@ def tune_key(
     *,
     grids: dict[str, Any] | None = None,
     call: dict[str, Any] | None = None,
+    notes: dict[str, str] | None = None,
 ) -> Any:
     """Check and time every candidate on the call's arguments, store every trial and the winner
     (:class:`tunesvc.tuning.key.KeyTuning`, with capture's first pass: in this process, under
@@ -111,6 +112,7 @@ def tune_key(
 
     Returns the winning triton.Config (the first candidate where none is correct: its launch
     then raises what triton.autotune would). The call's tensors are left as they were given.
+    ``notes``: a line per config hash that its trial's message ends with (``tune adopt``'s provenance).
     """
     template = state.template
     rep_ms = float(getattr(tuner, "num_reps", None) or settings.REP_MS)
@@ -150,6 +152,8 @@ def tune_key(
             measured = measure_configs(bench, candidates, ready)
             STATS["benchmarks"] += bench.measurements
             results = [(config_dict(c), config_hash(config_dict(c)), m) for c, m in zip(candidates, measured)]
+            if notes:
+                results = [(c, h, m.noted(notes.get(h))) for c, h, m in results]
             with STAGE("store"):
                 tuning.record(results)
             tuning.retime(bench)
@@ -213,6 +217,70 @@ def _tune_recorded_here(store: Store, name: str, version: str, shape_key: str, c
             + "), so it has no winner."
         )
     return config_dict(winner)
+
+
+def adopt_recorded(
+    store: Store,
+    name: str,
+    version: str,
+    shape_key: str,
+    configs: list[dict[str, Any]],
+    *,
+    recorded_on: str,
+    notes: dict[str, str] | None = None,
+    time_limit_s: float | None = settings.REPLAY_TIME_LIMIT_S,
+) -> tuple[dict[str, Any] | None, int]:
+    """Tune a captured key on this device over ``configs`` only (`tune adopt`: another GPU
+    model's winners and the first listed config), on inputs rebuilt from the call its sweep
+    recorded on the device model ``recorded_on``, as a miss tunes it; in a process of its own
+    (:func:`_apart`), stopped after ``time_limit_s``. The call is recorded for this device too.
+
+    Returns the stored winner (None where no candidate ran correctly) and the id of the
+    kernel's version in the store, or raises TunesvcError with the reason."""
+    done: tuple[dict[str, Any] | None, int] = _apart(
+        name, shape_key, _adopt_recorded_here, store.url, name, version, shape_key, configs, recorded_on, notes,
+        limit=time_limit_s,
+    )  # fmt: skip
+    return done
+
+
+def _adopt_recorded_here(
+    store: Store,
+    name: str,
+    version: str,
+    shape_key: str,
+    configs: list[dict[str, Any]],
+    recorded_on: str,
+    notes: dict[str, str] | None,
+) -> tuple[dict[str, Any] | None, int]:
+    from tunesvc.device import current_device
+
+    tuner = find_autotuner(name)
+    state = State(tuner, Settings(TUNE, store.url, None), name, {})
+    if state.template.version != version:
+        raise TunesvcError(
+            f"{name} changed since its winners were tuned (version {version}, now {state.template.version})."
+        )
+    call = store.captured_call(name, shape_key, recorded_on)
+    if call is None:
+        raise TunesvcError(
+            f"No recorded call of {name} for {shape_key} on the other device; it cannot be re-measured here."
+        )
+    device = current_device()
+    args, kwargs, grids = rebuild_call(tuner, call, device, shape_key)
+    listed = [state.listed(c) for c in configs]
+    candidates = [c for c in listed if c is not None and config_hash(config_dict(c)) in grids]
+    if not candidates:
+        raise TunesvcError(
+            f"None of the configs to adopt for {shape_key} is in {name}'s config list with a recorded grid."
+        )
+    winner = tune_key(
+        tuner, state, store, device, shape_key, candidates, args, kwargs, grids=grids, call=call, notes=notes
+    )
+    kv_id = store.kernel_version_id(state.template)
+    rows = store.trials(kv_id, store.device_id(device), shape_key)
+    correct = any(r.status == Status.OK.value for r in rows)
+    return (config_dict(winner) if correct else None), kv_id
 
 
 def measure_stored(

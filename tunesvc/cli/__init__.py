@@ -18,7 +18,7 @@ from __future__ import annotations
 from tunesvc.cli import catalog  # noqa: F401  (kernels, space)
 from tunesvc.cli import sweep  # noqa: F401  (sweep)
 from tunesvc.cli import winners  # noqa: F401  (show, lookup)
-from tunesvc.cli import bundle  # noqa: F401  (export, import, verify, report)
+from tunesvc.cli import bundle  # noqa: F401  (export, import, verify, adopt, report)
 from tunesvc.cli import capture  # noqa: F401  (run, misses)
 from tunesvc.cli import selector  # noqa: F401  (selector, evaluate)
 from tunesvc.cli import db  # noqa: F401  (db init, db upgrade, db current)

@@ -1,5 +1,6 @@
-"""`tune export`, `tune import`, `tune verify` and `tune report`: winners written as bundles,
-merged from bundles and databases, re-measured against the heuristic, and reported as HTML."""
+"""`tune export`, `tune import`, `tune verify`, `tune adopt` and `tune report`: winners written as bundles,
+merged from bundles and databases, re-measured against the heuristic, adopted from another GPU
+model, and reported as HTML."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from tunesvc.cli._common import console
 from tunesvc.cli._common import named
 from tunesvc.cli._common import user_errors
 from tunesvc.cli._common import whole_lines
+from tunesvc.errors import TunesvcError
 from tunesvc.text import visible
 
 if TYPE_CHECKING:
@@ -280,6 +282,75 @@ def verify(
         + (f"; {skipped} skipped: measured under this device's versions" if skipped else "")
         + "."
         + ("" if retune or not flagged else " Run with --retune to sweep the flagged ones again.")
+    )
+
+
+@app.command()
+@user_errors
+def adopt(
+    from_device: Annotated[
+        str,
+        typer.Option(
+            "--from-device",
+            help="The stored GPU model whose winners to adopt (its name or hardware id, as `tune show` lists them): a sibling of this one (same architecture and SM count) is what they suit best.",
+        ),
+    ],
+    kernel: KernelFilter = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+    time_limit: TimeLimitOption = settings.REPLAY_TIME_LIMIT_S,
+) -> None:
+    """Make another GPU model's winners this one's: per key, measure its winner, its winners of the nearest keys and the heuristic (3 at most), and store the fastest correct one, noting where it came from."""
+    # measuring (torch, Triton); the database (SQLAlchemy)
+    from tunesvc.adopt import adopt as adopt_winners
+    from tunesvc.device import current_device
+    from tunesvc.store import Store
+
+    kernel = _kernel_filter(kernel)
+    store = Store(db)
+    progress = _key_progress()
+    task = progress.add_task("", total=None)
+
+    def on_key(what: str, step: int, total: int) -> None:
+        progress.update(task, description=what, completed=step, total=total)
+
+    try:
+        source = store.find_device(from_device)  # before the bar: an error is one line
+        with progress:  # on stderr: --json's output stays the JSON alone
+            adoptions = adopt_winners(store, from_device, kernel=kernel, progress=on_key, time_limit_s=time_limit)
+        if not adoptions:
+            raise (
+                _nothing_matches(store, "winners", kernel=kernel)
+                if kernel
+                else TunesvcError(f"{source.name} has no winners in {store.shown_url} to adopt.")
+            )
+    finally:
+        store.close()
+    if as_json:
+        return _print_json([a.to_dict() for a in adoptions])
+    here = current_device()
+    title = f"Winners of {source.name} in {store.shown_url}, measured and adopted on {here.name}"
+    console.print(Text(visible(title), style="bold"), highlight=False, soft_wrap=whole_lines(console))
+    columns = ["shape key", "theirs ms", "heuristic ms", "adopted ms", "adopted"]
+    for name, version in dict.fromkeys((a.kernel, a.version) for a in adoptions):
+        rows = [
+            [
+                a.shape_key,
+                _ms(a.theirs_ms),
+                _ms(a.heuristic_ms),
+                _ms(a.winner_ms),
+                (a.chosen or "-") if a.adopted and not a.detail else a.detail or "-",
+            ]
+            for a in adoptions
+            if (a.kernel, a.version) == (name, version)
+        ]
+        console.print(_keyed_table(f"{name} {version}", columns, rows))
+    done = sum(a.adopted for a in adoptions)
+    theirs = sum(a.adopted and a.chosen is not None and a.chosen.startswith("its winner") for a in adoptions)
+    _say(
+        f"{done} of {_count(len(adoptions), 'key')} adopted: {theirs} with {source.name}'s own winner of the key, "
+        f"{done - theirs} with a nearer key's winner or the heuristic, measured faster here."
+        + (f" {len(adoptions) - done} not adopted (see the table)." if done < len(adoptions) else "")
     )
 
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from dataclasses import field
@@ -283,6 +284,8 @@ def run_sweep(
     compiler: Compiler | None = None,
     measurer: Worker | None = None,
     refit_selector: bool = True,
+    label: str | None = None,
+    notes: Mapping[str, str] | None = None,
 ) -> list[ProblemResult]:
     """Tune ``template`` on every problem; returns one result per problem, in order.
 
@@ -311,6 +314,9 @@ def run_sweep(
     :func:`measuring_process`) into which each problem loads its inputs in turn (with ``isolate``).
     ``refit_selector``: once a winner is stored, refit the kernel's selector on this device from
     the store (see :mod:`tunesvc.tuning.selector_fit`).
+    ``label``: what the sweep rows name as their strategy instead of ``strategy`` (``adopt``);
+    ``notes``: a line per config hash that its new trial's message ends with (where the config
+    came from: :mod:`tunesvc.adopt`).
     """
     check_sweep_arguments(strategy, budget, time_budget, patience)
     clock = Clock()
@@ -337,6 +343,8 @@ def run_sweep(
         isolate=device.is_gpu if isolate is None else isolate,
         measure_timeout=measure_timeout,
         rep_ms=rep_ms,
+        label=label or strategy,
+        notes=dict(notes or {}),
     )
     run = _Run(
         template, store, device, options, compiler, candidates, on_start, on_trial, on_phase or _no_phase, measurer
@@ -436,6 +444,8 @@ class _Options:
     isolate: bool
     measure_timeout: float
     rep_ms: float
+    label: str
+    notes: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -509,7 +519,7 @@ class _ProblemSweep:
                 self.device_id,
                 self.key,
                 problem=problem,
-                strategy=options.strategy,
+                strategy=options.label,
                 budget=options.budget,
                 seed=options.seed,
                 served=self.untuned,
@@ -648,6 +658,9 @@ class _ProblemSweep:
         # per trial (benchmarks/write_throughput.py); a kill loses at most the batch in flight.
         # With a --budget, the store counts every writer's trials of this key against it.
         shared = self.budget.limit if self.run.options.budget is not None else None
+        notes = self.run.options.notes
+        if notes:
+            results = [(c, h, m.noted(notes.get(h))) for c, h, m in results]
         with self.clock.phase("trial writes"):
             ids = self.tuning.record(results, budget=shared)
         mark("first trials stored", trials=len(ids))
@@ -773,16 +786,27 @@ def stored_warm_start(store: Store, template: Template, device: Device, shape_ke
 
 
 def sibling_warm_start(store: Store, template: Template, device: Device, shape_key: str) -> list[Config]:
-    """This key's winners on ``device``'s sibling GPU models (same capability and SM count, see
-    tunesvc.serving.transfer), the sibling the runtime would transfer from first: on a new model,
-    the likeliest winner before any measurement of its own. Measured, never copied: a sweep on
-    ``device`` stores only what it timed there."""
+    """The winners of ``device``'s sibling GPU models (same capability and SM count, see
+    tunesvc.serving.transfer) worth measuring first for ``shape_key``: this key's on each
+    sibling (the one the runtime would transfer from first), then those of the ``NEIGHBOURS``
+    nearest other keys that sibling tuned. On a new model these are the likeliest winners
+    before any measurement of its own (benchmarks/adopt.py measures how few trials they save).
+    Measured, never copied: a sweep on ``device`` stores only what it timed there."""
     entries = store.sibling_winners(template.name, template.version, device)
     first = transfers.pick_sibling(entries)
     newest = {e.hardware_id: e.config for e in entries if e.shape_key == shape_key}  # oldest first: the newest wins
     ordered = sorted(newest, key=lambda h: (first is None or h != first.hardware_id, h))
-    checked = [template.space.stored_config(newest[h]) for h in ordered]  # a parameter added since: its first choice
-    return [c for c in checked if not isinstance(c, str)]
+    configs = [newest[h] for h in ordered]
+    if first is not None:
+        target = ShapeKey.parse(shape_key)
+        near = sorted(
+            (distance, key)
+            for parsed, key in first.parsed()
+            if key != shape_key and (distance := template.key_distance(target, parsed)) != float("inf")
+        )
+        configs += [first.winners[key] for _, key in near[:NEIGHBOURS]]
+    checked = [template.space.stored_config(c) for c in configs]  # a parameter added since: its first choice
+    return _unique([dict(c) for c in checked if not isinstance(c, str)])
 
 
 def _unique(configs: list[Config]) -> list[Config]:

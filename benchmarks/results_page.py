@@ -430,6 +430,83 @@ def _transfer_targets(results_dir: Path) -> list[str]:
     return lines
 
 
+#: adopt.csv's targets: adopted within 3% of the config tuned here on 90% of the keys, never below
+#: 0.9x of it; the 8-trial warm-started sweep within 2% of the exhaustive best on 80% of its keys;
+#: the whole adoption (adopt_runs.csv) in at most 180 s
+ADOPT_WITHIN, ADOPT_SHARE, ADOPT_FLOOR, WARM_WITHIN, WARM_SHARE, ADOPT_SECONDS = 0.03, 0.9, 0.9, 0.02, 0.8, 180.0
+ADOPT_RUNS_CSV = HERE / "data" / "adopt_runs.csv"
+
+
+def _adopt_targets(results_dir: Path, runs_csv: Path = ADOPT_RUNS_CSV) -> list[str]:
+    """adopt.csv's latest run per GPU model: per label (adopted, the sibling's winner served
+    blind, the heuristic, the 8-trial sweep), how many keys lie within the target of the config
+    tuned here, the worst, the geometric mean; adopt_runs.csv's latest wall time; what is missed."""
+    path = results_dir / "adopt.csv"
+    if not path.exists():
+        return []
+    rows = read_rows(path)
+    latest: dict[str, tuple[str, str]] = {}
+    for r in rows:
+        latest[r["gpu"]] = max(latest.get(r["gpu"], _run_of(r)), _run_of(r))
+    lines = [
+        "Another GPU model's winners on a new one (`benchmarks/adopt.py`, `adopt.csv`, each GPU model's latest run):",
+        "per key, the time of the config tuned on this GPU (every feasible config where there are at most 100,",
+        "else 32 Optuna trials) / the labelled config's time, timed side by side (1: as fast as tuned here).",
+        f"Targets: adopted within {ADOPT_WITHIN:.0%} on {ADOPT_SHARE:.0%} of the keys and never below {ADOPT_FLOOR}x;",
+        f"the 8-trial sweep (keys swept whole only) within {WARM_WITHIN:.0%} on {WARM_SHARE:.0%} of them; the whole",
+        f"adoption in at most {ADOPT_SECONDS:.0f} s.",
+        "",
+        "| GPU | run | config | keys | within target | worst, at | geomean |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    misses = []
+    for gpu, run in sorted(latest.items()):
+        mine = [r for r in rows if r["gpu"] == gpu and _run_of(r) == run]
+        for label in dict.fromkeys(r["kernel"].partition(" [")[2].rstrip("]") for r in mine):
+            ratios = {
+                f"{r['kernel'].partition(' [')[0]} {r['shape']}": float(r["ratio"])
+                for r in mine
+                if r["kernel"].endswith(f"[{label}]") and r["ratio"]
+            }
+            if not ratios:
+                continue
+            within = WARM_WITHIN if label == "8 trials" else ADOPT_WITHIN
+            share = sum(v >= 1 / (1 + within) for v in ratios.values()) / len(ratios)
+            worst = min(ratios, key=ratios.__getitem__)
+            lines.append(
+                f"| {gpu} | {_run_text(run)} | {label} | {len(ratios)} | {share:.0%} within {within:.0%} "
+                f"| {ratios[worst]:.3f}, {worst} | {statistics.geometric_mean(ratios.values()):.3f} |"
+            )
+            if label == "adopted" and share < ADOPT_SHARE:
+                misses.append(
+                    f"- {gpu}, adopted within {ADOPT_WITHIN:.0%}: {share:.0%} of the keys, target {ADOPT_SHARE:.0%}"
+                )
+            if label == "adopted" and ratios[worst] < ADOPT_FLOOR:
+                misses.append(
+                    f"- {gpu}, worst adopted / tuned here: {ratios[worst]:.3f} at {worst}, target {ADOPT_FLOOR}"
+                )
+            if label == "8 trials" and share < WARM_SHARE:
+                misses.append(
+                    f"- {gpu}, 8 trials within {WARM_WITHIN:.0%}: {share:.0%} of the keys, target {WARM_SHARE:.0%}"
+                )
+    lines.append("")
+    if runs_csv.exists():
+        with runs_csv.open(newline="") as f:
+            walls = list(csv.DictReader(f))
+        for gpu in sorted({w["gpu"] for w in walls}):
+            w = [x for x in walls if x["gpu"] == gpu][-1]
+            lines.append(
+                f"`tune adopt` of {w['keys']} keys on the {gpu} ({w['date']}, from the {w['from_device']}, Triton cache "
+                f"{w['triton_cache']}): {w['adopted']} adopted, {w['candidates']} candidates measured, {float(w['seconds']):.0f} s."
+            )
+            if float(w["seconds"]) > ADOPT_SECONDS:
+                misses.append(f"- {gpu}, the whole adoption: {float(w['seconds']):.0f} s, target {ADOPT_SECONDS:.0f} s")
+        lines.append("")
+    if misses:
+        lines += ["Missed, and by how much:", "", *misses, ""]
+    return lines
+
+
 #: launch cost: a shipped kernel's host time per eager call at most 1.2x its torch peer's, a
 #: @tunesvc.autotune hit at most 1.0x a bare kernel[grid] launch (ratio = peer / ours)
 LAUNCH_TARGETS = {"@tunesvc.autotune hit": 1.0, "@tunesvc.autotune(space=) hit": 1.0}
@@ -750,6 +827,9 @@ def render(results_dir: Path = RESULTS_DIR, conformance_csv: Path = CONFORMANCE_
     transfer = _transfer_targets(results_dir)
     if transfer:
         lines += ["", "## Targets of transferred configs", "", *transfer]
+    adopted = _adopt_targets(results_dir)
+    if adopted:
+        lines += ["", "## Targets of adopted winners", "", *adopted]
     gemm = _gemm_heldout(results_dir)
     if gemm:
         lines += ["", "## Held-out GEMM set (`benchmarks/gemm_heldout.py`)", "", *gemm]

@@ -40,6 +40,7 @@ import csv
 import datetime
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -103,9 +104,7 @@ def _how(template: Any, key: str, device: Any) -> str:
 
 
 def step_adopt(args: argparse.Namespace) -> None:
-    from tunesvc.adopt import adopt
     from tunesvc.device import current_device
-    from tunesvc.store import Store
 
     done = args.work / "adopt.json"
     if done.exists():
@@ -115,17 +114,20 @@ def step_adopt(args: argparse.Namespace) -> None:
     db.unlink(missing_ok=True)
     shutil.copyfile(args.db, db)
     sibling = args.from_device or _sibling(args.db)
-    store = Store(str(db))
+    command = [sys.executable, "-m", "tunesvc", "adopt", "--from-device", sibling, "--db", str(db), "--json"]
     started = time.perf_counter()
-    try:
-        adoptions = adopt(store, sibling)
-    finally:
-        store.close()
+    done_run = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    adopted = sum(a.adopted for a in adoptions)
-    measured = sum(len(a.candidates) for a in adoptions)
+    if done_run.returncode != 0:
+        raise SystemExit(f"tune adopt failed ({done_run.returncode}): {done_run.stderr[-2000:]}")
+    adoptions = json.loads(done_run.stdout)
+    adopted = sum(bool(a["winner"]) for a in adoptions)
+    measured = sum(len(a["candidates"]) for a in adoptions)
     print(f"adopt: {adopted} of {len(adoptions)} keys adopted from {sibling}, {measured} candidates, {seconds:.1f} s")
-    done.write_text(json.dumps({"seconds": seconds, "sibling": sibling, "adoptions": [a.to_dict() for a in adoptions]}))
+    for a in adoptions:
+        if not a["winner"] or a["detail"]:
+            print(f"  {a['kernel']} {a['shape_key']}: {a['detail']}", flush=True)
+    done.write_text(json.dumps({"seconds": seconds, "sibling": sibling, "adoptions": adoptions}))
     device = current_device()
     row = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
@@ -148,25 +150,55 @@ def step_adopt(args: argparse.Namespace) -> None:
 
 
 def step_own(args: argparse.Namespace) -> None:
-    from _common import sweep
-
     import tunesvc
     from tunesvc.device import fork_safe_current_device
+    from tunesvc.store import Store
+    from tunesvc.tuning.sweep import compile_pool
+    from tunesvc.tuning.sweep import measuring_process
+    from tunesvc.tuning.sweep import run_sweep
 
     device = fork_safe_current_device()
     db = _copy(args.db, args.work / "own.db")
     started = time.perf_counter()
-    for kernel, keys in _keys(args.db, args.kernels).items():
-        if time.perf_counter() - started > args.deadline:
-            print(f"own: deadline reached before {kernel}", flush=True)
-            break
-        template = tunesvc.get_template(kernel)
-        by_how: dict[str, list[dict]] = {}
-        for key in keys:
-            by_how.setdefault(_how(template, key, device), []).append(dict(template.problem_of_key(key)))
-        for how, problems in by_how.items():
-            budget = None if how == "grid" else args.budget
-            sweep(template, problems, str(db), strategy=how, budget=budget or 10**6, refit_selector=False)
+    store = Store(str(db))
+    try:
+        for kernel, keys in _keys(args.db, args.kernels).items():
+            template = tunesvc.get_template(kernel)
+            problems = [template.problem_of_key(k) for k in keys]
+            tuned = {
+                w.shape_key
+                for w in store.winners(kernel=kernel, hardware_id=device.hardware_id, version=template.version)
+            }
+            todo = [p for p in problems if str(template.key(p)) not in tuned]
+            if not todo:
+                continue
+            if time.perf_counter() - started > args.deadline:
+                print(f"own: deadline reached at {kernel}; {len(todo)} of its keys left", flush=True)
+                return
+            compiler = compile_pool(template, todo[0], strategy="grid", device=device)
+            measurer = measuring_process(template, todo[0], device=device)
+            try:
+                for problem in todo:
+                    if time.perf_counter() - started > args.deadline:
+                        print(f"own: deadline reached in {kernel}", flush=True)
+                        return
+                    how = _how(template, str(template.key(problem)), device)
+                    [result] = run_sweep(
+                        template, [problem], store, strategy=how, budget=None if how == "grid" else args.budget,
+                        device=device, workers=compiler.workers if compiler is not None else 0,
+                        compiler=compiler, measurer=measurer, refit_selector=False,
+                    )  # fmt: skip
+                    print(
+                        f"own: {kernel} {result.shape_key} ({how}): {result.trials_stored} trials in "
+                        f"{result.wall_seconds:.1f} s, best {result.winner_ms} ms",
+                        flush=True,
+                    )
+            finally:
+                for part in (measurer, compiler):
+                    if part is not None:
+                        part.close()
+    finally:
+        store.close()
 
 
 def step_warm(args: argparse.Namespace) -> None:

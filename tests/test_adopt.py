@@ -60,7 +60,7 @@ def test_candidates_are_theirs_then_the_nearest_keys_then_the_heuristic_each_onc
     far = "M=4096,N=100,dtype=float32"
     theirs = {key: THEIRS, "M=128,N=100,dtype=float32": OTHER, far: {**OTHER, "num_warps": 4}}
     picked = candidates_for(template, problem, key, theirs, device, heuristic)
-    assert [what for what, _ in picked] == [OWN, "its winner of M=128,N=100,dtype=float32", HEURISTIC]
+    assert [what for what, _ in picked] == [OWN, "winner of M=128,N=100,dtype=float32", HEURISTIC]
     assert [c for _, c in picked] == [THEIRS, OTHER, heuristic]
     # the same config twice is measured once: the heuristic as their winner leaves room for two nearer keys
     same = candidates_for(
@@ -100,7 +100,7 @@ def test_adopt_stores_what_it_measured_here_with_its_provenance(db):
     for key in KEYS:
         messages = [m for k, m, _ in trials if k == key]
         assert 1 <= len(messages) <= CANDIDATES
-        assert any(f"adopted: the {H100.name} {OWN}" in m for m in messages), messages
+        assert any(f"adopted: {H100.name}'s {OWN}" in m for m in messages), messages
         assert any("adopted: the heuristic" in m for m in messages), messages
     assert {s for _, _, s in trials} == {"adopt"}
     for a in adoptions:

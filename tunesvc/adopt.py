@@ -14,7 +14,7 @@ over this explicit list: first pass, the finalists side by side, the tie rule an
 ``NEVER_SLOWER`` of :class:`tunesvc.tuning.key.KeyTuning`), and the certified one is stored as
 this device's winner. Nothing of the other model's is copied: every stored time was measured
 here. Where it came from is kept: the sweep rows' strategy is ``adopt``, and each trial's message
-ends with its provenance (``adopted: the NVIDIA H100 80GB HBM3 winner of this key``).
+ends with its provenance (``adopted: NVIDIA H100 80GB HBM3's winner of this key``).
 
 The compiles of every key's candidates are started at once in one pool (a fresh GPU host compiles
 each config once, many at a time), and one measuring process loads each key's inputs in turn.
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 #: the most configs measured per key: the other model's winner, its nearest keys' and the heuristic
 CANDIDATES = 3
 #: what a candidate is, as a trial's provenance names it
-OWN, NEAREST, HEURISTIC = "its winner of this key", "its winner of", "the heuristic"
+OWN, NEAREST, HEURISTIC = "winner of this key", "winner of", "the heuristic"
 
 
 @dataclass
@@ -238,10 +238,11 @@ def _plan_captured(
 
 
 def _provenance(other: str, what: str) -> str:
+    """A trial's provenance: ``adopted: NVIDIA H100 80GB HBM3's winner of this key``."""
     return (
-        f"adopted: the {other} {what}"
+        f"adopted: {other}'s {what}"
         if what != HEURISTIC
-        else f"adopted: {HEURISTIC}, measured beside the {other} winners"
+        else f"adopted: {HEURISTIC}, measured beside {other}'s winners"
     )
 
 

@@ -302,6 +302,7 @@ def adopt(
 ) -> None:
     """Make another GPU model's winners this one's: per key, measure its winner, its winners of the nearest keys and the heuristic (3 at most), and store the fastest correct one, noting where it came from."""
     # measuring (torch, Triton); the database (SQLAlchemy)
+    from tunesvc.adopt import OWN
     from tunesvc.adopt import adopt as adopt_winners
     from tunesvc.device import current_device
     from tunesvc.store import Store
@@ -346,7 +347,7 @@ def adopt(
         ]
         console.print(_keyed_table(f"{name} {version}", columns, rows))
     done = sum(a.adopted for a in adoptions)
-    theirs = sum(a.adopted and a.chosen is not None and a.chosen.startswith("its winner") for a in adoptions)
+    theirs = sum(a.adopted and a.chosen == OWN for a in adoptions)
     _say(
         f"{done} of {_count(len(adoptions), 'key')} adopted: {theirs} with {source.name}'s own winner of the key, "
         f"{done - theirs} with a nearer key's winner or the heuristic, measured faster here."

@@ -54,7 +54,7 @@ GRID_UPTO = 100
 #: the warm-started sweep's budget in trials (issue: within 2% of the exhaustive best in 8)
 WARM_TRIALS = 8
 #: each config's share of the side-by-side timing, in ms, and its rounds
-REP_MS, ROUNDS = 100.0, 3
+REP_MS, ROUNDS = 60.0, 3
 #: the labels of the configs timed per key, as the CSV's kernel column names them
 ADOPTED, TUNED, THEIRS, HEURISTIC, WARM = "adopted", "tuned here", "sibling's winner", "heuristic", "8 trials"
 

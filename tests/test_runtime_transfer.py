@@ -268,8 +268,8 @@ def test_tune_lookup_says_transferred_and_from_which_device(sibling_db):
         f"why     heuristic: the {H100.name} winner of M=512,N=512,K=1024,dtype=bfloat16 (distance 0.00) ran only "
         "1.05x the heuristic there (at least 1.20x is served)."
     ) in slow.stdout
-    own = CliRunner().invoke(app, [*args, "--device", H100.name])
-    assert "why     exact: tuned on this GPU model for this key." in own.stdout
+    own = CliRunner().invoke(app, [*args, "--device", H100.name, "--json"])
+    assert json.loads(own.stdout)["reason"] == "exact: tuned on this GPU model for this key."
 
 
 @pytest.mark.parametrize(
@@ -304,7 +304,10 @@ def test_the_margin_asked_grows_with_the_distance_up_to_a_farthest_key(tmp_db):
     _add(tmp_db, H100, far_key, WINNER, heuristic_ms=1.0)  # 10x there, but 3 doublings from M=512
     far = Runtime(db=tmp_db, device=H200).lookup("matmul", **{**TUNED, "M": 32768})
     assert (far.source, far.matched_key) == ("heuristic", None)
-    assert far.reason == f"heuristic: the {H100.name} winner of {far_key} (distance 3.00) is farther than 1.5 from this key."
+    assert (
+        far.reason
+        == f"heuristic: the {H100.name} winner of {far_key} (distance 3.00) is farther than 1.5 from this key."
+    )
     assert Runtime(db=tmp_db, device=H200).lookup("matmul", **{**TUNED, "M": 4096}).source == "transferred"
 
 
@@ -315,7 +318,9 @@ def test_a_siblings_evidence_is_read_in_one_query_per_kernel(tmp_db, monkeypatch
         _add(tmp_db, H100, f"M={m},N=512,K=512,dtype=bfloat16", WINNER)
     calls = []
     read = Store.trial_times
-    monkeypatch.setattr(Store, "trial_times", lambda self, *a, **k: calls.append(k.get("hashes")) or read(self, *a, **k))
+    monkeypatch.setattr(
+        Store, "trial_times", lambda self, *a, **k: calls.append(k.get("hashes")) or read(self, *a, **k)
+    )
     runtime = Runtime(db=tmp_db, device=H200)
     answers = [runtime.lookup("matmul", **{**TUNED, "M": m}).source for m in (512, 1024, 2048, 700, 1500)]
     assert answers == ["transferred"] * 5
@@ -333,7 +338,9 @@ def test_a_bundle_carries_the_evidence_for_a_sibling(sibling_db, tmp_path, templ
     finally:
         store.close()
     winners = json.loads(path.read_text())["kernels"]["matmul"]["winners"]
-    assert winners[TUNED_KEY]["heuristic_ms"] == 0.2 and "heuristic_ms" not in winners["M=512,N=512,K=2048,dtype=bfloat16"]
+    assert (
+        winners[TUNED_KEY]["heuristic_ms"] == 0.2 and "heuristic_ms" not in winners["M=512,N=512,K=2048,dtype=bfloat16"]
+    )
     for k, source in ((512, "transferred"), (1024, "heuristic"), (2048, "heuristic")):
         from_bundle = Runtime(bundle=path, device=H200).lookup("matmul", **{**TUNED, "K": k})
         from_db = Runtime(db=sibling_db, device=H200).lookup("matmul", **{**TUNED, "K": k})
@@ -484,7 +491,10 @@ def test_tune_lookup_of_a_captured_kernel_in_a_sibling_models_bundle(tmp_db, tmp
         [path] = write_bundles(build_bundles(store), tmp_path / "h100.json")
     finally:
         store.close()
-    assert "heuristic_ms" not in json.loads(path.read_text())["kernels"]["lib.ops:_scale"]["winners"]["n=1000,x.dtype=float16"]
+    assert (
+        "heuristic_ms"
+        not in json.loads(path.read_text())["kernels"]["lib.ops:_scale"]["winners"]["n=1000,x.dtype=float16"]
+    )
     monkeypatch.setattr(tunesvc.device, "current_device", lambda: H200)  # run on the H100's sibling
     args = ["lookup", "lib.ops:_scale", "--shape", "n=1000,x.dtype=float16", "--bundle", str(path), "--json"]
     data = json.loads(CliRunner().invoke(app, args).stdout)

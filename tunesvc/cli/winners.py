@@ -249,7 +249,8 @@ def lookup(
         soft_wrap=whole_lines(console),
     )
     console.print(f"config  {_config_text(result.config)}", highlight=False, soft_wrap=whole_lines(console))
-    console.print(f"why     {result.reason}", highlight=False, soft_wrap=whole_lines(console))
+    if result.source in ("transferred", "heuristic"):  # the answer line says why for the others; --json has it for all
+        console.print(f"why     {result.reason}", highlight=False, soft_wrap=whole_lines(console))
     if other_dtypes:
         held = ", ".join(f"{_count(n, 'key')} in {dtype}" for dtype, n in sorted(other_dtypes.items()))
         first = sorted(other_dtypes, key=lambda d: -other_dtypes[d])[0]
@@ -353,7 +354,8 @@ def _captured_lookup(
         else "the kernel's first config that its pruning keeps (not read here: that needs its module imported)"
     )
     console.print(f"config  {shown}", highlight=False, soft_wrap=True)
-    console.print(f"why     {reason}", highlight=False, soft_wrap=True)
+    if answered in ("transferred", "first listed config"):  # as for a shipped kernel: the answer line says the rest
+        console.print(f"why     {reason}", highlight=False, soft_wrap=True)
     return True
 
 

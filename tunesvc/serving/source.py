@@ -166,7 +166,9 @@ class WinnerSource(ABC):
     def sibling(self, template: Template) -> Winners | None:
         """A sibling model's winners of ``template``'s current version, checked against its space
         (None: no sibling holds any)."""
-        found = self.sibling_stored(template.name, template.version, lambda key: heuristic_at(template, key, self.device))
+        found = self.sibling_stored(
+            template.name, template.version, lambda key: heuristic_at(template, key, self.device)
+        )
         if found is None:
             return None
         checked = in_space(template, found.winners, model=found.name, hardware_id=found.hardware_id)

@@ -152,13 +152,16 @@ def judge(table: SiblingTable, moved: Transferred) -> Verdict:
     winner_ms = table.winner_ms.get(moved.matched_key)
     if heuristic_ms is None or not winner_ms:
         return Verdict(
-            False, visible(f"heuristic: {winner} has no timing of the heuristic beside it there, so no evidence it wins.")
+            False,
+            visible(f"heuristic: {winner} has no timing of the heuristic beside it there, so no evidence it wins."),
         )
     margin, needed = heuristic_ms / winner_ms, required_margin(moved.distance)
     if margin < needed:
         return Verdict(
             False,
-            visible(f"heuristic: {winner} ran only {margin:.2f}x the heuristic there (at least {needed:.2f}x is served)."),
+            visible(
+                f"heuristic: {winner} ran only {margin:.2f}x the heuristic there (at least {needed:.2f}x is served)."
+            ),
         )
     return Verdict(
         True,

@@ -21,7 +21,8 @@
 # HELDOUT_SIZE=small (default, ~8 min on one GPU) | medium | full; HELDOUT_KERNELS limits the kernels;
 # the shapes are spread over every GPU of the machine.
 # transfer: benchmarks/transfer.py on a copy of tune.db.example (H100 SXM winners) on a sibling GPU model
-# (an H200): transferred configs against configs tuned there and cuBLAS (~7 min; ARGS_transfer=--quick ~4).
+# (an H200): transferred configs against configs tuned there and cuBLAS (~7 min; ARGS_transfer=--quick ~4;
+# ARGS_transfer=--served-only ~2-3: no sweeps, what the chain serves against the heuristic; benchmarks/transfer-served.sh).
 rm -rf /tmp/site /tmp/tsvc /tmp/conformance  # a warm machine keeps an earlier run's installs, which pip --target would not replace
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/tsvc . || exit 1

@@ -348,6 +348,9 @@ def _targets(results_dir: Path) -> list[str]:
 #: transferred configs (benchmarks/transfer.py): within 5% of the config tuned on the GPU itself on
 #: this share of the held-out shapes, never below this fraction of it
 TRANSFER_WITHIN, TRANSFER_FLOOR = 0.8, 0.85
+#: what the chain serves in mode lookup from a sibling's winners (benchmarks/transfer.py's "served"):
+#: at least this fraction of the heuristic's speed on every held-out shape, and this geometric mean
+SERVED_FLOOR, SERVED_MEAN = 0.95, 1.0
 
 
 def _transfer_targets(results_dir: Path) -> list[str]:
@@ -361,8 +364,12 @@ def _transfer_targets(results_dir: Path) -> list[str]:
     runs = _by_run(read_rows(path))
     latest: dict[str, tuple[str, str]] = {}
     for (_, _, run), roles in runs.items():
-        gpu = next(iter(roles.values()))["gpu"]
-        latest[gpu] = max(latest.get(gpu, run), run)
+        if "tuned" in roles:  # a --served-only run tunes nothing: its own section below
+            gpu = next(iter(roles.values()))["gpu"]
+            latest[gpu] = max(latest.get(gpu, run), run)
+    served = _served_targets(runs)
+    if not latest:
+        return served
     lines = [
         "A sibling GPU model's winners on a new one (`transfer.csv`, `benchmarks/transfer.py`, each GPU model's latest",
         "run): per held-out GEMM, the time of the config a short sweep tuned on that GPU / the config's time",
@@ -427,6 +434,64 @@ def _transfer_targets(results_dir: Path) -> list[str]:
         lines += ["Missed, and by how much:", "", *misses, ""]
     if order:
         lines += ["Transferred against this GPU's own nearest answer (the order of the two tiers):", "", *order, ""]
+    return lines + served
+
+
+def _served_targets(runs: dict[tuple[str, str, tuple[str, str]], dict[str, dict[str, str]]]) -> list[str]:
+    """transfer.csv's latest run per GPU model with "served" rows: what the chain serves in mode
+    lookup, and the sibling's winner served blind ("transferred"), against the heuristic, per
+    held-out GEMM; the targets and by how much each is missed."""
+    latest: dict[str, tuple[str, str]] = {}
+    for (_, _, run), roles in runs.items():
+        if "served" in roles and "heuristic" in roles:
+            gpu = roles["served"]["gpu"]
+            latest[gpu] = max(latest.get(gpu, run), run)
+    if not latest:
+        return []
+    lines = [
+        "What the chain serves in mode lookup from a sibling's winners (`transfer.csv`, `benchmarks/transfer.py`,",
+        "each GPU model's latest run with it): per held-out GEMM, the heuristic's time / the config's (1: as fast as",
+        "the heuristic). `served`: the sibling's winner where the sibling's own trials say it beat the heuristic",
+        "there, else the heuristic; `transferred`: the sibling's winner, served blind. Targets: served at least",
+        f"{SERVED_FLOOR}x the heuristic on every shape and {SERVED_MEAN}x on average (geometric mean).",
+        "",
+        "| GPU | run | shapes | config | worst / heuristic, at | below the floor | geomean / heuristic |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    misses = []
+    for gpu, run in sorted(latest.items()):
+        shapes = {
+            shape: roles
+            for (_, shape, r), roles in runs.items()
+            if r == run and "served" in roles and "heuristic" in roles and roles["served"]["gpu"] == gpu
+        }
+        for role in ("served", "transferred"):
+            vs = {
+                shape: float(roles["heuristic"]["ours_ms"]) / float(roles[role]["ours_ms"])
+                for shape, roles in shapes.items()
+                if role in roles
+            }
+            if not vs:
+                continue
+            worst = min(vs, key=vs.__getitem__)
+            mean = statistics.geometric_mean(vs.values())
+            below = sum(v < SERVED_FLOOR for v in vs.values())
+            lines.append(
+                f"| {gpu} | {_run_text(run)} | {len(vs)} | {role} | {vs[worst]:.3f}, {worst} | {below} | {mean:.3f}x |"
+            )
+            if role == "served" and vs[worst] < SERVED_FLOOR:
+                misses.append(
+                    f"- {gpu}, worst served / heuristic: {vs[worst]:.3f} at {worst}, "
+                    f"{vs[worst] / SERVED_FLOOR:.0%} of the target {SERVED_FLOOR}"
+                )
+            if role == "served" and mean < SERVED_MEAN:
+                misses.append(
+                    f"- {gpu}, served / heuristic geometric mean: {mean:.3f}, {mean / SERVED_MEAN:.0%} of the "
+                    f"target {SERVED_MEAN}"
+                )
+    lines.append("")
+    if misses:
+        lines += ["Missed, and by how much:", "", *misses, ""]
     return lines
 
 

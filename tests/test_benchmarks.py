@@ -74,3 +74,44 @@ def test_the_benchmarks_own_launches_of_the_matmul_kernel_match_its_signature():
     assert done.returncode == 0, done.stderr[-3000:]
     errors = json.loads(done.stdout.splitlines()[-1])
     assert len(errors) == 3 and all(e < 1e-2 for e in errors), errors
+
+
+def test_transfer_benchmark_picks_what_the_chain_serves_beside_the_siblings_winner(tmp_path, monkeypatch):
+    """benchmarks/transfer.py on tune.db.example as an H200 would read it (the H100's sibling):
+    per held-out GEMM, "served" is the chain's answer in mode lookup, the sibling's winner only
+    where its own trials show a margin over the heuristic, and "transferred" the winner it
+    considered; both kinds of answer occur; the summary states the targets."""
+    import shutil
+    import warnings
+
+    from _devices import H200
+
+    import tunesvc.device
+    import tunesvc.serving.runtime
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import transfer
+
+    db = str(tmp_path / "example.db")
+    shutil.copyfile(BENCHMARKS.parent / "tune.db.example", db)
+    for module in (tunesvc.device, tunesvc.serving.runtime):
+        monkeypatch.setattr(module, "current_device", lambda: H200)
+    shapes = transfer.problems(db, quick=False, served_only=True)
+    assert len(shapes) > len(transfer.problems(db, quick=False))  # SERVED_M's shapes besides
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        picks = transfer.untuned(db, shapes)
+    sources = {p["answer"].source for p in picks.values()}
+    assert sources == {"transferred", "heuristic"}
+    for pick in picks.values():
+        answer = pick["answer"]
+        if answer.source == "transferred":
+            assert answer.config == pick["transferred"] and answer.reason.startswith("transferred: ")
+        else:
+            assert answer.config == pick["heuristic"] and answer.reason.startswith("heuristic: ")
+    assert any(p["answer"].source == "heuristic" and p["transferred"] is not None for p in picks.values())
+    lines = transfer.served_summary({"a": 1.0, "b": 1.2}, {"a": 0.5, "b": 1.2})
+    assert lines[0] == "served / heuristic: worst 1.000x at a, below 0.95x on 0 of 2 shapes, geometric mean 1.095x"
+    assert lines[1].startswith("transferred / heuristic: worst 0.500x at a, below 0.95x on 1 of 2 shapes")
+    assert lines[2].endswith(": met")
+    assert transfer.served_summary({"a": 0.9}, {})[-1].endswith(": missed")

@@ -51,13 +51,38 @@ WINNER = {
 }
 
 
-def _add(db: str, device: Device, key: str, config: dict, template=None) -> None:
+def _add(
+    db: str,
+    device: Device,
+    key: str,
+    config: dict,
+    template=None,
+    heuristic_ms: float | None = 0.2,
+    heuristic_of: Device = H200,
+) -> None:
+    """``config`` as ``device``'s winner of ``key`` at 0.1 ms, and (``heuristic_ms`` not None) a
+    trial beside it of the heuristic's config of ``key`` on ``heuristic_of`` (the model served):
+    the evidence a transfer needs."""
     template = template or tunesvc.get_template("matmul")
     store = Store(db)
     try:
         store.merge_winner(template.name, template.version, device, key, config, 0.1, "test")
+        if heuristic_ms is not None:
+            _time_heuristic(store, template, device, key, heuristic_ms, heuristic_of)
     finally:
         store.close()
+
+
+def _time_heuristic(store: Store, template, device: Device, key: str, ms: float, heuristic_of: Device) -> None:
+    """A trial on ``device`` at ``ms`` of the heuristic's config of ``key`` on ``heuristic_of``, as a sweep stores it."""
+    from tunesvc.bench import Measurement
+    from tunesvc.bench import Status
+    from tunesvc.space import config_hash
+
+    config = template.heuristic(template.problem_of_key(key), heuristic_of)
+    kv, dev = store._kernel_version_id(template.name, template.version), store.device_id(device)
+    sweep = store.start_sweep(kv, dev, key, {}, "grid", None, 0)
+    store.add_trial(sweep, kv, dev, key, config, config_hash(config), Measurement(Status.OK, time_ms=ms, reps=1))
 
 
 def _rows(db: str) -> dict[str, list]:
@@ -86,6 +111,11 @@ def test_a_sibling_models_winner_is_served_as_transferred(sibling_db):
     assert result.transferred_from == H100.name
     assert result.key == result.matched_key == TUNED_KEY and result.distance == 0.0
     assert result.to_dict()["transferred_from"] == H100.name
+    assert result.reason == (
+        f"transferred: the {H100.name} winner of {TUNED_KEY} (distance 0.00) ran 2.00x faster than the "
+        "heuristic there (at least 1.20x)."
+    )
+    assert result.to_dict()["reason"] == result.reason
     near = runtime.lookup("matmul", **NEAR)  # the sibling's nearest tuned key, as the nearest rule measures it
     assert (near.source, near.matched_key, near.distance) == ("transferred", TUNED_KEY, 1.0)
     assert runtime.stats() == {"matmul": {"transferred": 2}}
@@ -151,11 +181,11 @@ def test_a_sibling_config_that_does_not_fit_is_skipped(sibling_db, template):
     assert Runtime(db=sibling_db, device=small).lookup("matmul", **TUNED).source == "heuristic"
     # a farther key whose winner fits answers instead of the exact key's that does not
     fits = {**WINNER, "num_stages": 2}
-    _add(sibling_db, H100, "M=4096,N=512,K=512,dtype=bfloat16", fits)
+    _add(sibling_db, H100, "M=1024,N=512,K=512,dtype=bfloat16", fits, heuristic_of=small)
     result = Runtime(db=sibling_db, device=small).lookup("matmul", **TUNED)
     assert (result.source, result.matched_key, result.config) == (
         "transferred",
-        "M=4096,N=512,K=512,dtype=bfloat16",
+        "M=1024,N=512,K=512,dtype=bfloat16",
         fits,
     )
     # a tile taller than the problem (tile_m): the same key's stored 128-row tile does not fit M=9
@@ -223,8 +253,103 @@ def test_tune_lookup_says_transferred_and_from_which_device(sibling_db):
     result = CliRunner().invoke(app, [*args, "--device", H200.name])
     assert result.exit_code == 0, result.output
     assert f"answer  transferred for {H200.name}: {H100.name}'s winner of the same key" in result.stdout
+    assert f"why     transferred: the {H100.name} winner of {TUNED_KEY} (distance 0.00) ran 2.00x faster" in (
+        result.stdout
+    )
     data = json.loads(CliRunner().invoke(app, [*args, "--device", H200.name, "--json"]).stdout)
     assert (data["source"], data["transferred_from"], data["config"]) == ("transferred", H100.name, WINNER)
+    assert data["reason"].startswith("transferred: ")
+    # a sibling winner without the evidence: the heuristic, and why
+    _add(sibling_db, H100, "M=512,N=512,K=1024,dtype=bfloat16", WINNER, heuristic_ms=0.105)
+    slow = CliRunner().invoke(app, [*args[:3], "512x512x1024", *args[4:], "--device", H200.name])
+    assert slow.exit_code == 0, slow.output
+    assert f"answer  heuristic for {H200.name}" in slow.stdout
+    assert (
+        f"why     heuristic: the {H100.name} winner of M=512,N=512,K=1024,dtype=bfloat16 (distance 0.00) ran only "
+        "1.05x the heuristic there (at least 1.20x is served)."
+    ) in slow.stdout
+    own = CliRunner().invoke(app, [*args, "--device", H100.name, "--json"])
+    assert json.loads(own.stdout)["reason"] == "exact: tuned on this GPU model for this key."
+
+
+@pytest.mark.parametrize(
+    ("heuristic_ms", "why"),
+    [
+        (0.11, "ran only 1.10x the heuristic there (at least 1.20x is served)."),
+        (0.1, "ran only 1.00x the heuristic there (at least 1.20x is served)."),
+        (None, "has no timing of the heuristic beside it there, so no evidence it wins."),
+    ],
+    ids=["a small margin", "no faster", "the heuristic never timed there"],
+)
+def test_a_siblings_winner_without_a_clear_margin_falls_to_the_heuristic(tmp_db, template, heuristic_ms, why):
+    _add(tmp_db, H100, TUNED_KEY, WINNER, heuristic_ms=heuristic_ms)
+    result = Runtime(db=tmp_db, device=H200).lookup("matmul", **TUNED)
+    assert (result.source, result.transferred_from) == ("heuristic", None)
+    assert result.config == template.heuristic(template.problem(**TUNED), H200) != WINNER
+    assert result.reason == f"heuristic: the {H100.name} winner of {TUNED_KEY} (distance 0.00) {why}"
+
+
+def test_the_margin_asked_grows_with_the_distance_up_to_a_farthest_key(tmp_db):
+    """1.22x at the same key is served; 1 doubling away it must be 1.25x; 3 doublings away, nothing is."""
+    _add(tmp_db, H100, TUNED_KEY, WINNER, heuristic_ms=0.122)
+    runtime = Runtime(db=tmp_db, device=H200)
+    assert runtime.lookup("matmul", **TUNED).source == "transferred"
+    near = runtime.lookup("matmul", **NEAR)
+    assert (near.source, near.reason) == (
+        "heuristic",
+        f"heuristic: the {H100.name} winner of {TUNED_KEY} (distance 1.00) ran only 1.22x the heuristic there "
+        "(at least 1.25x is served).",
+    )
+    far_key = "M=4096,N=512,K=512,dtype=bfloat16"
+    _add(tmp_db, H100, far_key, WINNER, heuristic_ms=1.0)  # 10x there, but 3 doublings from M=512
+    far = Runtime(db=tmp_db, device=H200).lookup("matmul", **{**TUNED, "M": 32768})
+    assert (far.source, far.matched_key) == ("heuristic", None)
+    assert (
+        far.reason
+        == f"heuristic: the {H100.name} winner of {far_key} (distance 3.00) is farther than 1.5 from this key."
+    )
+    assert Runtime(db=tmp_db, device=H200).lookup("matmul", **{**TUNED, "M": 4096}).source == "transferred"
+
+
+def test_a_siblings_evidence_is_read_in_one_query_per_kernel(tmp_db, monkeypatch):
+    """The heuristic's times on the sibling come with its winners, on the kernel's first miss: one
+    trial query for every key the runtime then answers."""
+    for m in (512, 1024, 2048):
+        _add(tmp_db, H100, f"M={m},N=512,K=512,dtype=bfloat16", WINNER)
+    calls = []
+    read = Store.trial_times
+    monkeypatch.setattr(
+        Store, "trial_times", lambda self, *a, **k: calls.append(k.get("hashes")) or read(self, *a, **k)
+    )
+    runtime = Runtime(db=tmp_db, device=H200)
+    answers = [runtime.lookup("matmul", **{**TUNED, "M": m}).source for m in (512, 1024, 2048, 700, 1500)]
+    assert answers == ["transferred"] * 5
+    assert len(calls) == 1 and len(calls[0]) <= 3  # the heuristics' configs only
+
+
+def test_a_bundle_carries_the_evidence_for_a_sibling(sibling_db, tmp_path, template):
+    """`tune export` writes the heuristic's time beside each winner where a trial measured it: a
+    sibling is served the bundle's winner on it as on the database's; without it, the heuristic."""
+    _add(sibling_db, H100, "M=512,N=512,K=1024,dtype=bfloat16", WINNER, heuristic_ms=0.105)
+    _add(sibling_db, H100, "M=512,N=512,K=2048,dtype=bfloat16", WINNER, heuristic_ms=None)
+    store = Store(sibling_db, readonly=True)
+    try:
+        [path] = write_bundles(build_bundles(store), tmp_path / "h100.json")
+    finally:
+        store.close()
+    winners = json.loads(path.read_text())["kernels"]["matmul"]["winners"]
+    assert (
+        winners[TUNED_KEY]["heuristic_ms"] == 0.2 and "heuristic_ms" not in winners["M=512,N=512,K=2048,dtype=bfloat16"]
+    )
+    for k, source in ((512, "transferred"), (1024, "heuristic"), (2048, "heuristic")):
+        from_bundle = Runtime(bundle=path, device=H200).lookup("matmul", **{**TUNED, "K": k})
+        from_db = Runtime(db=sibling_db, device=H200).lookup("matmul", **{**TUNED, "K": k})
+        assert from_bundle.source == from_db.source == source
+        assert from_bundle.reason == from_db.reason
+    data = json.loads(path.read_text())
+    del data["kernels"]["matmul"]["winners"][TUNED_KEY]["heuristic_ms"]  # a bundle from before the evidence
+    path.write_text(json.dumps(data))
+    assert Runtime(bundle=path, device=H200).lookup("matmul", **TUNED).source == "heuristic"
 
 
 def test_a_sweep_on_the_new_model_measures_the_siblings_winner_first(sibling_db, template, device, monkeypatch):
@@ -284,10 +409,24 @@ def test_a_captured_kernel_walks_the_same_chain(tmp_db):
     assert (near.source, near.matched_key, near.config) == ("nearest", h200_key, first)
     moved = answer("n=1000,x.dtype=bfloat16")  # no key of this dtype here: the sibling has none either
     assert (moved.source, moved.config) == ("heuristic", first)
-    _add(tmp_db, H100, "n=1000,x.dtype=bfloat16", second, captured)
-    moved = answer("n=1000,x.dtype=bfloat16")
+    # the sibling's winner without a time of the first listed config beside it: no evidence
+    _add(tmp_db, H100, "n=1000,x.dtype=bfloat16", second, captured, heuristic_ms=None)
+    blind = answer("n=1000,x.dtype=bfloat16")
+    assert (blind.source, blind.config) == ("heuristic", first)
+    assert "has no timing of the heuristic beside it there" in blind.reason
+    # the first listed config timed beside it on the H100, only 1.1x slower: not enough
+    store = Store(tmp_db)
+    try:
+        _time_heuristic(store, captured, H100, "n=1000,x.dtype=bfloat16", 0.11, H200)
+    finally:
+        store.close()
+    assert (answer("n=1000,x.dtype=bfloat16").source, answer("n=1000,x.dtype=bfloat16").config) == ("heuristic", first)
+    # 2x slower, at another key of that dtype: served
+    _add(tmp_db, H100, "n=2000,x.dtype=bfloat16", second, captured)
+    moved = answer("n=2000,x.dtype=bfloat16")
     assert (moved.source, moved.config, moved.transferred_from) == ("transferred", second, H100.name)
-    assert answer("n=1000,x.dtype=bfloat16", transfer=False).source == "heuristic"
+    assert moved.reason.startswith(f"transferred: the {H100.name} winner of n=2000,x.dtype=bfloat16 (distance 0.00)")
+    assert answer("n=2000,x.dtype=bfloat16", transfer=False).source == "heuristic"
     # the H100's winner was read, never stored as the H200's
     assert Runtime(db=tmp_db, device=H200).tuned_keys(captured) == [h200_key]
     # a key whose fields are not the stored keys' is no neighbour of them
@@ -310,9 +449,11 @@ def _captured(db: str, device: Device, key: str, config: dict, kernel: str = "li
         store.close()
 
 
-def test_tune_lookup_of_a_captured_kernel_says_transferred_as_the_runtime_serves_it(tmp_db):
-    """`tune lookup module:qualname` walks the one chain too: a key the H200 has no winner for (nor
-    a neighbour of) is answered with the H100's winner, named as such; never with it as its own."""
+def test_tune_lookup_of_a_captured_kernel_serves_a_siblings_winner_blind_only_with_evidence(tmp_db):
+    """`tune lookup module:qualname` walks the one chain too, without importing the kernel: its
+    first listed config (the heuristic) is its module's, so no trial on the H100 can be told to be
+    it, and the H100's winner is not served blind; the reason says so. This model's own winners
+    are served as they are."""
     winner = {"BLOCK": 128, "num_warps": 8}
     _captured(tmp_db, H100, "n=1000,x.dtype=float16", winner)
     store = Store(tmp_db)
@@ -323,18 +464,24 @@ def test_tune_lookup_of_a_captured_kernel_says_transferred_as_the_runtime_serves
     args = ["lookup", "lib.ops:_scale", "--shape", "n=1000,x.dtype=float16", "--db", tmp_db, "--device", H200.name]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert f"answer  transferred for {H200.name}: {H100.name}'s winner of the same key" in result.stdout
+    assert f"answer  first listed config for {H200.name}" in result.stdout
+    assert f"why     first listed config: the {H100.name} winner of n=1000,x.dtype=float16 (distance 0.00)" in (
+        result.stdout
+    )
+    assert "not known without importing it" in result.stdout
     data = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
-    assert (data["source"], data["transferred_from"], data["config"]) == ("transferred", H100.name, winner)
-    near = json.loads(CliRunner().invoke(app, [*args[:3], "n=2000,x.dtype=float16", *args[4:], "--json"]).stdout)
-    assert (near["source"], near["matched_key"], near["config"]) == ("transferred", "n=1000,x.dtype=float16", winner)
+    assert (data["source"], data["transferred_from"], data["config"]) == ("first listed config", None, None)
+    assert data["reason"].startswith("first listed config: ")
     own = json.loads(CliRunner().invoke(app, [*args[:-2], "--device", H100.name, "--json"]).stdout)
-    assert (own["source"], own["transferred_from"]) == ("exact", None)
+    assert (own["source"], own["transferred_from"], own["config"]) == ("exact", None, winner)
+    assert own["reason"] == "exact: tuned on this GPU model for this key."
     off = CliRunner().invoke(app, [*args, "--json"], env={"TUNESVC_TRANSFER": "0"})
     assert json.loads(off.stdout)["source"] == "first listed config"
 
 
-def test_tune_lookup_of_a_captured_kernel_in_a_sibling_models_bundle_is_transferred(tmp_db, tmp_path, monkeypatch):
+def test_tune_lookup_of_a_captured_kernel_in_a_sibling_models_bundle(tmp_db, tmp_path, monkeypatch):
+    """A bundle holds a captured kernel's winners but no time of its first listed config (export
+    does not import it): on a sibling, `tune lookup` answers the first listed config and says why."""
     import tunesvc.device
 
     winner = {"BLOCK": 64, "num_warps": 4}
@@ -344,10 +491,15 @@ def test_tune_lookup_of_a_captured_kernel_in_a_sibling_models_bundle_is_transfer
         [path] = write_bundles(build_bundles(store), tmp_path / "h100.json")
     finally:
         store.close()
+    assert (
+        "heuristic_ms"
+        not in json.loads(path.read_text())["kernels"]["lib.ops:_scale"]["winners"]["n=1000,x.dtype=float16"]
+    )
     monkeypatch.setattr(tunesvc.device, "current_device", lambda: H200)  # run on the H100's sibling
     args = ["lookup", "lib.ops:_scale", "--shape", "n=1000,x.dtype=float16", "--bundle", str(path), "--json"]
     data = json.loads(CliRunner().invoke(app, args).stdout)
-    assert (data["source"], data["transferred_from"], data["config"]) == ("transferred", H100.name, winner)
+    assert (data["source"], data["transferred_from"]) == ("first listed config", None)
+    assert H100.name in data["reason"] and "not known without importing it" in data["reason"]
     monkeypatch.setattr(tunesvc.device, "current_device", lambda: H100_PCIE)  # another SM count: no sibling
     result = CliRunner().invoke(app, args)
     assert result.exit_code != 0 and "Traceback" not in result.output

@@ -185,6 +185,10 @@ def test_winners_follow_the_fastest_correct_trial(store, template, device, swept
     assert [s.problem for s in history.sweeps] == [PROBLEM] and history.sweeps[0].peer_ms == 0.5
     times = store.trial_times(template.name, template.version, device.hardware_id)
     assert times == {KEY: {config_hash(cfg(bm)): bm / 32 for bm in (32, 64, 128)}}
+    # of some configs only, as the runtime reads a sibling's heuristic times: one query
+    some = store.trial_times(template.name, template.version, device.hardware_id, hashes={config_hash(cfg(64)), "x"})
+    assert some == {KEY: {config_hash(cfg(64)): 2.0}}
+    assert store.trial_times(template.name, template.version, device.hardware_id, hashes=set()) == {}
     hashes = {config_hash(cfg(64)), "nope"}
     assert store.trial_configs(template.name, template.version, device.hardware_id, hashes) == {
         config_hash(cfg(64)): cfg(64)

@@ -208,8 +208,19 @@ def test_a_selector_with_a_candidate_outside_the_space_is_an_error_of_both(tmp_p
 def test_both_sources_give_a_sibling_models_winners_only_to_a_sibling(tmp_path, template, device):
     db = str(tmp_path / "tuned.db")
     build(db, template, device)  # holds an H100's winner of OTHER_DEVICE's key
-    h100 = export(db, tmp_path / "bundles", H100)
     problem, config = OTHER_DEVICE
+    key = key_of(template, problem)
+    heuristic = template.heuristic(template.problem(**problem), H200)
+    assert heuristic != config
+    store = Store(db)
+    try:  # the heuristic's config timed beside the winner on the H100: the evidence for a blind transfer
+        kv, h100_id = store.kernel_version_id(template), store.device_id(H100)
+        sweep = store.start_sweep(kv, h100_id, key, problem, "grid", 1, 0)
+        ok = Measurement(Status.OK, time_ms=1.5, spread=0.01, reps=3, rel_error=0.0)
+        store.add_trials(sweep, kv, h100_id, key, [(heuristic, config_hash(heuristic), ok)])
+    finally:
+        store.close()
+    h100 = export(db, tmp_path / "bundles", H100)
     on_h200 = {"db": DatabaseSource(db, H200), "bundle": BundleSource(h100, H100).on(H200)}
     for name, source in on_h200.items():
         assert source.winners(template).table == {}, name  # never the H100's as the H200's own
@@ -218,6 +229,7 @@ def test_both_sources_give_a_sibling_models_winners_only_to_a_sibling(tmp_path, 
         assert sibling.table == {key_of(template, problem): template.space.with_defaults(config)}
         assert (sibling.model, sibling.hardware_id) == (H100.name, H100.hardware_id)
         assert sibling.sibling() is not None and sibling.sibling().name == H100.name
+        assert (sibling.winner_ms, sibling.heuristic_ms) == ({key: 1.0}, {key: 1.5}), name
         assert source.on(device).sibling(template) is None, name  # the interpreter has none
     assert BundleSource(h100, H100).winners(template).table == {key_of(template, problem): config}
 

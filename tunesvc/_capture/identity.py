@@ -194,6 +194,9 @@ class CapturedTemplate(Template):
     def problem(self, **kwargs: Any) -> dict[str, Any]:
         return {"key": str(kwargs["key"])}
 
+    def problem_of_key(self, key: str) -> dict[str, Any]:
+        return {"key": key}
+
     def key(self, problem: dict[str, Any]) -> ShapeKey:
         return CapturedKey.of(problem["key"])
 

@@ -73,7 +73,30 @@ def build_bundles(store: Store, kernel: str | None = None, hardware_id: str | No
             selector = store.selector(name, section["version"], hardware_id)
             if selector is not None:
                 section["selector"] = selector
+            for key, ms in heuristic_times(store, name, section, devices[hardware_id]).items():
+                section["winners"][key]["heuristic_ms"] = round(ms, TIME_DECIMALS)
     return bundles
+
+
+def heuristic_times(store: Store, kernel: str, section: dict[str, Any], record: Any) -> dict[str, float]:
+    """Shape key -> the stored time of the heuristic's config of that key, of a bundle's section
+    of ``kernel`` on the device of ``record``: the evidence a sibling model is served a winner
+    on (tunesvc.serving.transfer). None for a kernel not importable here (a captured kernel: its
+    first listed config is its module's), or whose code is not the section's version."""
+    from tunesvc.device import Device
+    from tunesvc.serving.source import heuristic_at
+    from tunesvc.template import template_named_by_data
+
+    try:
+        template = template_named_by_data(kernel)
+        if template.version != section["version"]:  # another version's heuristic may be another config
+            return {}
+    except (TunesvcError, ImportError, AttributeError):  # a registered template that does not load here
+        return {}
+    device = Device(**{f: getattr(record, f) for f in Device.__dataclass_fields__})
+    hashes = {key: config_hash(c) for key in section["winners"] if (c := heuristic_at(template, key, device))}
+    times = store.trial_times(kernel, section["version"], record.hardware_id, hashes=set(hashes.values()))
+    return {key: ms for key, digest in hashes.items() if (ms := times.get(key, {}).get(digest)) is not None}
 
 
 #: the most characters of a hardware id a bundle's file name keeps (file names end at 255 bytes)

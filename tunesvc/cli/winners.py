@@ -249,6 +249,8 @@ def lookup(
         soft_wrap=whole_lines(console),
     )
     console.print(f"config  {_config_text(result.config)}", highlight=False, soft_wrap=whole_lines(console))
+    if result.source in ("transferred", "heuristic"):  # the answer line says why for the others; --json has it for all
+        console.print(f"why     {result.reason}", highlight=False, soft_wrap=whole_lines(console))
     if other_dtypes:
         held = ", ".join(f"{_count(n, 'key')} in {dtype}" for dtype, n in sorted(other_dtypes.items()))
         first = sorted(other_dtypes, key=lambda d: -other_dtypes[d])[0]
@@ -309,9 +311,16 @@ def _captured_lookup(
     found = chain.answer(
         template, {"key": key}, template.key({"key": key}), device, table, lambda: parsed, sibling=lambda: moved
     )
-    answered, matched, distance = found.source, found.matched_key, found.distance
+    answered, matched, distance, reason = found.source, found.matched_key, found.distance, found.reason
     if answered == chain.HEURISTIC:
         answered, matched, distance = "first listed config", None, None
+        reason = f"first listed config: {reason.partition(': ')[2]}"
+        if moved is not None and found.reason != chain.NOTHING_TUNED and not moved[0].heuristic_ms:
+            # the first listed config is the module's: its trials on the sibling cannot be told apart here
+            reason += (
+                f" Which config is {kernel}'s first listed one is not known without importing it; "
+                "the runtime, which imports it, serves the sibling's winner where its trials say it wins."
+            )
     result = {
         "kernel": kernel,
         "key": key,
@@ -320,6 +329,7 @@ def _captured_lookup(
         "distance": distance,
         "config": found.config if matched else None,
         "transferred_from": found.transferred_from,
+        "reason": reason,
     }
     if as_json:
         _print_json(result)
@@ -344,6 +354,8 @@ def _captured_lookup(
         else "the kernel's first config that its pruning keeps (not read here: that needs its module imported)"
     )
     console.print(f"config  {shown}", highlight=False, soft_wrap=True)
+    if answered in ("transferred", "first listed config"):  # as for a shipped kernel: the answer line says the rest
+        console.print(f"why     {reason}", highlight=False, soft_wrap=True)
     return True
 
 

@@ -7,8 +7,13 @@ Format (``format_version`` 2)::
      "device": {"hardware_id": ..., "name": ..., "capability": ..., "sm_count": ...},
      "kernels": {"matmul": {"version": "<source hash>", "torch": ..., "triton": ...,
                             "configs": {"<config hash>": {...}},
-                            "winners": {"<shape key>": {"config": "<config hash>", "time_ms": ...}},
+                            "winners": {"<shape key>": {"config": "<config hash>", "time_ms": ...,
+                                                         "heuristic_ms": ...}},
                             "selector": {...}}}}
+
+``heuristic_ms``, optional, is the time of the heuristic's config of that key on that device,
+from the trial that measured it: the evidence a sibling model needs to be served the winner
+blind (see tunesvc.serving.transfer). A tunesvc that predates it ignores it.
 
 ``selector``, optional, is the kernel's fitted selector on that device (see tunesvc.serving.selector):
 feature names, candidate configs and a decision tree as plain arrays. Bundles without it load
@@ -210,6 +215,7 @@ def _schemas() -> dict[str, Any]:
     class WinnerRef(Strict):
         config: Annotated[str, StringConstraints(max_length=64)]
         time_ms: Time
+        heuristic_ms: Time | None = None
 
     class Section2(Section):
         configs: dict[Annotated[str, StringConstraints(max_length=64)], Config]

@@ -7,7 +7,10 @@
 
 Transferred comes after this model's own answers: a measurement on this model, even of a
 neighbouring key, is preferred to one of the same key on another model (benchmarks/transfer.py
-times both against a config tuned here).
+times both against a config tuned here). A sibling's winner is served only where the sibling's
+own trials say it beat the heuristic there by a margin that grows with the key distance
+(:func:`tunesvc.serving.transfer.judge`); elsewhere the heuristic is. Every answer says why, in
+one sentence (:attr:`LookupResult.reason`), which `tune lookup` prints.
 
 Its inputs come from one winner source (:mod:`tunesvc.serving.source`). The runtime walks it
 over the winners it loaded (:meth:`tunesvc.serving.runtime.Runtime.answer`, a captured kernel's
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from tunesvc.serving import transfer as transfers
+from tunesvc.text import visible
 
 if TYPE_CHECKING:
     from tunesvc.device import Device
@@ -45,6 +49,14 @@ EXACT, PREDICTED, NEAREST, TRANSFERRED, HEURISTIC, TUNED = (
     "tuned",
 )
 
+#: the reasons of the answers that name nothing stored
+TUNED_HERE = "exact: tuned on this GPU model for this key."
+SELECTED = "predicted: the selector fitted on this GPU model's trials picked it among its winners."
+NOTHING_TUNED = "heuristic: no winner of this key or a comparable one on this GPU model, nor a sibling's to transfer."
+HEURISTIC_MODE = "heuristic: mode 'heuristic' reads no winners."
+TUNED_NOW = "tuned: tuned on this GPU model on this miss."
+NOTHING_RAN = "heuristic: no candidate ran correctly when this key was tuned on this miss."
+
 
 @dataclass(frozen=True)
 class LookupResult:
@@ -56,6 +68,9 @@ class LookupResult:
     distance: float | None = None
     #: the sibling GPU model whose winner a transferred answer is (its name); None otherwise
     transferred_from: str | None = None
+    #: why this answer, one sentence that starts with its source ("exact: tuned on this GPU model
+    #: for this key"), stored names shown as text
+    reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +81,7 @@ class LookupResult:
             "matched_key": self.matched_key,
             "distance": self.distance,
             "transferred_from": self.transferred_from,
+            "reason": self.reason,
         }
 
 
@@ -88,22 +104,33 @@ def answer(
     ``selector()`` and a sibling model's winners ``sibling()``."""
     text = str(key)
     if text in winners:
-        return LookupResult(template.name, winners[text], EXACT, text, text, 0.0)
+        return LookupResult(template.name, winners[text], EXACT, text, text, 0.0, reason=TUNED_HERE)
     fitted = selector()
     config = fitted.pick(template, problem, device) if fitted is not None else None
     if config is not None:
-        return LookupResult(template.name, config, PREDICTED, text)
+        return LookupResult(template.name, config, PREDICTED, text, reason=SELECTED)
     found = nearest(template, problem, key, device, winners, parsed())
     if found is not None:
         return found
     table = sibling()
+    reason = NOTHING_TUNED
     if table is not None:
         moved = transfers.transferred(template, problem, key, table[0], table[1], device)
         if moved is not None:
-            return LookupResult(
-                template.name, moved.config, TRANSFERRED, text, moved.matched_key, moved.distance, moved.sibling
-            )
-    return LookupResult(template.name, template.heuristic(problem, device), HEURISTIC, text)
+            verdict = transfers.judge(table[0], moved)
+            if verdict.serve:
+                return LookupResult(
+                    template.name,
+                    moved.config,
+                    TRANSFERRED,
+                    text,
+                    moved.matched_key,
+                    moved.distance,
+                    moved.sibling,
+                    verdict.reason,
+                )
+            reason = verdict.reason
+    return LookupResult(template.name, template.heuristic(problem, device), HEURISTIC, text, reason=reason)
 
 
 def nearest(
@@ -122,4 +149,5 @@ def nearest(
     config = winners[matched]
     if template.violations(config, problem, device):  # e.g. a tile taller than this M
         return None
-    return LookupResult(template.name, config, NEAREST, str(key), matched, distance)
+    reason = visible(f"nearest: the winner tuned on this GPU model for {matched} (distance {distance:.2f}).")
+    return LookupResult(template.name, config, NEAREST, str(key), matched, distance, reason=reason)

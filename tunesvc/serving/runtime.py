@@ -13,6 +13,7 @@ module imports no tuning.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import threading
@@ -314,6 +315,8 @@ class Runtime:
             lambda: self._selector(template),
             lambda: self._transfer_table(template),
         )
+        if self.mode == "heuristic":
+            result = dataclasses.replace(result, reason=chain.HEURISTIC_MODE)
         self.counters[(template.name, result.source)] += 1
         if said and result.source in (PREDICTED, NEAREST, TRANSFERRED, HEURISTIC) and self.mode != "heuristic":
             which = f"one, from {result.transferred_from}" if result.source == TRANSFERRED else "one"
@@ -383,9 +386,11 @@ class Runtime:
             self._tables[template.name].update(table)
             self._keys.pop(template.name, None)
         if text in table:
-            return LookupResult(template.name, table[text], TUNED, text, text, 0.0)
+            return LookupResult(template.name, table[text], TUNED, text, text, 0.0, reason=chain.TUNED_NOW)
         # no candidate ran correctly: never guess a tuned answer
-        return LookupResult(template.name, template.heuristic(problem, self.device), HEURISTIC, text)
+        return LookupResult(
+            template.name, template.heuristic(problem, self.device), HEURISTIC, text, reason=chain.NOTHING_RAN
+        )
 
     def config_for(self, template: Template, /, **problem: Any) -> Config:
         """The config to launch with on the current CUDA device (memoised like :meth:`lookup`)."""

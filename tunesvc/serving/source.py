@@ -18,6 +18,8 @@ import os
 from abc import ABC
 from abc import abstractmethod
 from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -25,8 +27,10 @@ from typing import Any
 from tunesvc import settings
 from tunesvc.errors import TunesvcError
 from tunesvc.serving import transfer as transfers
+from tunesvc.space import config_hash
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from collections.abc import Iterable
 
     from tunesvc.device import Device
@@ -48,10 +52,15 @@ class Winners:
     #: the model they were measured on, as answers name it, and its hardware id
     model: str = ""
     hardware_id: str = ""
+    #: a sibling's: shape key -> the winner's time and the heuristic's there, ms (transfers.SiblingTable)
+    winner_ms: dict[str, float] = field(default_factory=dict)
+    heuristic_ms: dict[str, float] = field(default_factory=dict)
 
     def sibling(self) -> transfers.SiblingTable | None:
         """These winners as a sibling model's table for the chain's transferred step; None where none fits."""
-        return transfers.SiblingTable(self.model, self.hardware_id, self.table) if self.table else None
+        if not self.table:
+            return None
+        return transfers.SiblingTable(self.model, self.hardware_id, self.table, self.winner_ms, self.heuristic_ms)
 
 
 def in_space(template: Template, table: dict[str, Config], model: str = "", hardware_id: str = "") -> Winners:
@@ -128,9 +137,13 @@ class WinnerSource(ABC):
         measurement of each key)."""
 
     @abstractmethod
-    def sibling_stored(self, kernel: str, version: str | None) -> transfers.SiblingTable | None:
+    def sibling_stored(
+        self, kernel: str, version: str | None, heuristic: Callable[[str], Config | None] | None = None
+    ) -> transfers.SiblingTable | None:
         """A sibling model's winners of ``kernel`` at ``version``, unchecked (None: no sibling
-        holds any); ``version`` None: the newest version the source holds of the kernel."""
+        holds any); ``version`` None: the newest version the source holds of the kernel.
+        ``heuristic``: the heuristic's config of a sibling key (None: none), whose time on the
+        sibling the table then holds where a trial measured it (:attr:`SiblingTable.heuristic_ms`)."""
 
     @abstractmethod
     def selector_data(self, template: Template) -> dict[str, Any] | None:
@@ -153,10 +166,13 @@ class WinnerSource(ABC):
     def sibling(self, template: Template) -> Winners | None:
         """A sibling model's winners of ``template``'s current version, checked against its space
         (None: no sibling holds any)."""
-        found = self.sibling_stored(template.name, template.version)
+        found = self.sibling_stored(
+            template.name, template.version, lambda key: heuristic_at(template, key, self.device)
+        )
         if found is None:
             return None
-        return in_space(template, found.winners, model=found.name, hardware_id=found.hardware_id)
+        checked = in_space(template, found.winners, model=found.name, hardware_id=found.hardware_id)
+        return replace(checked, winner_ms=found.winner_ms, heuristic_ms=found.heuristic_ms)
 
     def selector(self, template: Template) -> Selector | None:
         """The kernel's selector for this device's model and current version (None: none); a
@@ -239,7 +255,9 @@ class DatabaseSource(WinnerSource):
             entries = store.winners(kernel=kernel, hardware_id=self.device.hardware_id, version=version)
         return newest_per_key(entries)
 
-    def sibling_stored(self, kernel: str, version: str | None) -> transfers.SiblingTable | None:
+    def sibling_stored(
+        self, kernel: str, version: str | None, heuristic: Callable[[str], Config | None] | None = None
+    ) -> transfers.SiblingTable | None:
         reader = self._read(absent=True)
         if reader is None:
             return None
@@ -249,7 +267,14 @@ class DatabaseSource(WinnerSource):
                 if not every:
                     return None
                 version = max(every, key=lambda e: e.updated_at).kernel_version
-            return transfers.pick_sibling(store.sibling_winners(kernel, version, self.device))
+            table = transfers.pick_sibling(store.sibling_winners(kernel, version, self.device))
+            if table is None or heuristic is None:
+                return table
+            # the heuristic's time at each sibling key: one more query, of the heuristics' configs only
+            hashes = {key: config_hash(config) for key in table.winners if (config := heuristic(key))}
+            times = store.trial_times(kernel, version, table.hardware_id, hashes=set(hashes.values()))
+        measured = {key: ms for key, digest in hashes.items() if (ms := times.get(key, {}).get(digest)) is not None}
+        return replace(table, heuristic_ms=measured)
 
     def selector_data(self, template: Template) -> dict[str, Any] | None:
         reader = self._read(absent=True)
@@ -323,7 +348,9 @@ class BundleSource(WinnerSource):
         table = kernel_configs(self.path, data, kernel)  # checks the section, of any version
         return table if version is None or data["kernels"][kernel]["version"] == version else {}
 
-    def sibling_stored(self, kernel: str, version: str | None) -> transfers.SiblingTable | None:
+    def sibling_stored(
+        self, kernel: str, version: str | None, heuristic: Callable[[str], Config | None] | None = None
+    ) -> transfers.SiblingTable | None:
         data = self._read_data()
         info = data.get("device", {})
         section = data.get("kernels", {}).get(kernel)
@@ -339,7 +366,15 @@ class BundleSource(WinnerSource):
 
         winners = kernel_configs(self.path, data, kernel)
         name = info.get("name") or info["hardware_id"]
-        return transfers.SiblingTable(name, info["hardware_id"], dict(winners))
+        raw = section["winners"]  # checked by kernel_configs: each time finite and positive
+        return transfers.SiblingTable(
+            name,
+            info["hardware_id"],
+            dict(winners),
+            winner_ms={key: float(raw[key]["time_ms"]) for key in winners},
+            # the heuristic's time there, as `tune export` wrote it (a bundle holds no trials)
+            heuristic_ms={key: float(ms) for key in winners if (ms := raw[key].get("heuristic_ms")) is not None},
+        )
 
     def selector_data(self, template: Template) -> dict[str, Any] | None:
         from tunesvc.serving.bundle_format import bundle_selector
@@ -348,6 +383,15 @@ class BundleSource(WinnerSource):
 
     def captured(self, kernel: str) -> bool:
         return kernel in self._data()["kernels"]
+
+
+def heuristic_at(template: Template, key: str, device: Device) -> Config | None:
+    """The heuristic's config of ``template`` for a stored shape key on ``device`` (None: none,
+    e.g. a captured kernel whose config list is not known here, or a key that is no problem of it)."""
+    try:
+        return template.heuristic(template.problem_of_key(key), device) or None
+    except Exception:  # a stored key anyone may have written: no heuristic, so no evidence, never an error
+        return None
 
 
 def newest_per_key(entries: Iterable[Any]) -> dict[str, Config]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from abc import ABC
 from abc import abstractmethod
+from collections.abc import Collection
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
@@ -294,9 +295,12 @@ class BaseStore(ABC):
         ...
 
     @abstractmethod
-    def trial_times(self, kernel: str, version: str, hardware_id: str) -> dict[str, dict[str, float | None]]:
+    def trial_times(
+        self, kernel: str, version: str, hardware_id: str, hashes: Collection[str] | None = None
+    ) -> dict[str, dict[str, float | None]]:
         """Shape key -> config hash -> the newest trial's time (None: it failed or broke a
-        constraint) of one kernel version on every software stack of one device model."""
+        constraint) of one kernel version on every software stack of one device model; of the
+        configs of ``hashes`` only, where given (one query either way)."""
         ...
 
     @abstractmethod

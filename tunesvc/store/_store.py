@@ -18,6 +18,7 @@ import threading
 import time
 import weakref
 import zlib
+from collections.abc import Collection
 from collections.abc import Iterator
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -1449,12 +1450,17 @@ class Store(BaseStore):
                 row.status = status
 
     # -- selectors (revision 0007; see tunesvc.serving.selector) ----------------------------------
-    def trial_times(self, kernel: str, version: str, hardware_id: str) -> dict[str, dict[str, float | None]]:
+    def trial_times(
+        self, kernel: str, version: str, hardware_id: str, hashes: Collection[str] | None = None
+    ) -> dict[str, dict[str, float | None]]:
         """Shape key -> config hash -> the newest trial's time (None: it failed or broke a
-        constraint) of one kernel version on every software stack of one device model."""
+        constraint) of one kernel version on every software stack of one device model; of the
+        configs of ``hashes`` only, where given (one query either way)."""
         query = self._trials_of(
             kernel, version, hardware_id, Trial.shape_key, Trial.config_hash, Trial.status, Trial.time_ms
         )
+        if hashes is not None:
+            query = query.where(Trial.config_hash.in_(sorted(hashes)))
         query = query.order_by(Trial.created_at, Trial.id)
         out: dict[str, dict[str, float | None]] = {}
         with self.session() as session:

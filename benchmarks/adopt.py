@@ -59,8 +59,9 @@ REP_MS, ROUNDS = 60.0, 3
 ADOPTED, TUNED, THEIRS, HEURISTIC, WARM = "adopted", "tuned here", "sibling's winner", "heuristic", "8 trials"
 
 
-def _keys(db: Path, kernels: list[str] | None) -> dict[str, list[str]]:
-    """Kernel -> the shape keys of its current version that --db holds winners of (any device)."""
+def _keys(db: Path, kernels: list[str] | None, most: int | None = None) -> dict[str, list[str]]:
+    """Kernel -> the shape keys of its current version that --db holds winners of (any device),
+    in sorted order, the first ``most`` of each kernel where given."""
     import tunesvc
     from tunesvc.store import Store
 
@@ -74,7 +75,7 @@ def _keys(db: Path, kernels: list[str] | None) -> dict[str, list[str]]:
                 out.setdefault(w.kernel, [])
                 if w.shape_key not in out[w.kernel]:
                     out[w.kernel].append(w.shape_key)
-        return out
+        return {k: sorted(keys)[:most] for k, keys in out.items()}
     finally:
         store.close()
 
@@ -114,9 +115,10 @@ def step_adopt(args: argparse.Namespace) -> None:
     db.unlink(missing_ok=True)
     shutil.copyfile(args.db, db)
     sibling = args.from_device or _sibling(args.db)
-    command = [sys.executable, "-m", "tunesvc", "adopt", "--from-device", sibling, "--db", str(db), "--json"]
+    command = [sys.executable, "-m", "tunesvc", "adopt", "--from-device", sibling, "--db", str(db.resolve()), "--json"]
     started = time.perf_counter()
-    done_run = subprocess.run(command, capture_output=True, text=True)
+    # from outside any source tree: `-m` puts the working folder first on the path
+    done_run = subprocess.run(command, capture_output=True, text=True, cwd=args.work.resolve())
     seconds = time.perf_counter() - started
     if done_run.returncode != 0:
         raise SystemExit(f"tune adopt failed ({done_run.returncode}): {done_run.stderr[-2000:]}")
@@ -162,7 +164,7 @@ def step_own(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     store = Store(str(db))
     try:
-        for kernel, keys in _keys(args.db, args.kernels).items():
+        for kernel, keys in _keys(args.db, args.kernels, args.max_keys).items():
             template = tunesvc.get_template(kernel)
             problems = [template.problem_of_key(k) for k in keys]
             tuned = {
@@ -209,12 +211,20 @@ def step_warm(args: argparse.Namespace) -> None:
 
     device = fork_safe_current_device()
     db = _copy(args.db, args.work / "warm.db")
-    for kernel, keys in _keys(args.db, args.kernels).items():
+    own = _winners(args.work / "own.db", device.hardware_id)
+    done = _winners(db, device.hardware_id)
+    started = time.perf_counter()
+    for kernel, keys in _keys(args.db, args.kernels, args.max_keys).items():
+        if time.perf_counter() - started > args.deadline:
+            print(f"warm: deadline reached at {kernel}", flush=True)
+            return
         template = tunesvc.get_template(kernel)
         exhaustive = [
             k
             for k in keys
-            if _how(template, k, device) == "grid"
+            if (kernel, k) in own
+            and (kernel, k) not in done
+            and _how(template, k, device) == "grid"
             and len(template.feasible(template.problem_of_key(k), device)) > WARM_TRIALS
         ]
         if exhaustive:
@@ -253,12 +263,16 @@ def step_compare(args: argparse.Namespace) -> None:
     adopted = _winners(args.work / "adopted.db", device.hardware_id)
     own = _winners(args.work / "own.db", device.hardware_id)
     warm = _winners(args.work / "warm.db", device.hardware_id)
-    rows = []
-    for kernel, keys in _keys(args.db, args.kernels).items():
+    started = time.perf_counter()
+    for kernel, keys in _keys(args.db, args.kernels, args.max_keys).items():
         template = tunesvc.get_template(kernel)
+        rows: list[dict] = []
         for key in keys:
             if (kernel, key) not in own:
                 continue
+            if time.perf_counter() - started > args.deadline:
+                print(f"compare: deadline reached at {kernel} {key}", flush=True)
+                break
             problem = template.problem_of_key(key)
             configs = {
                 TUNED: own[kernel, key],
@@ -269,8 +283,8 @@ def step_compare(args: argparse.Namespace) -> None:
             }
             present = {k: v for k, v in configs.items() if v is not None}
             rows += _timed(template, problem, key, present, device, Bench, config_hash)
-    if rows:
-        record("adopt", rows)
+        if rows:  # a kernel at a time: a run stopped later keeps what it timed
+            record("adopt", rows)
 
 
 def _timed(
@@ -319,7 +333,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--from-device", default=None, help="default: the device with the most winners in --db")
     parser.add_argument("--kernels", nargs="*", default=None, help="default: every kernel with winners in --db")
     parser.add_argument("--budget", type=int, default=32, help="Optuna trials of the own tuning where not exhaustive")
-    parser.add_argument("--deadline", type=float, default=420.0, help="seconds after which `own` starts no kernel")
+    parser.add_argument("--deadline", type=float, default=420.0, help="seconds after which a step starts no key")
+    parser.add_argument("--max-keys", type=int, default=None, help="the first N keys of each kernel (default: all)")
     parser.add_argument("--cache", default="as found", help="what the Triton cache held at the start, for the CSV")
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args(argv)
@@ -329,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
 
         import tunesvc
 
-        for kernel, keys in _keys(args.db, args.kernels).items():
+        for kernel, keys in _keys(args.db, args.kernels, args.max_keys).items():
             template = tunesvc.get_template(kernel)
             hows = [_how(template, k, H200) for k in keys]
             print(f"{kernel}: {len(keys)} keys, {hows.count('grid')} swept whole, {hows.count('optuna')} by Optuna")

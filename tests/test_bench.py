@@ -392,3 +392,33 @@ def test_workers_are_forked_from_a_process_without_cuda_and_start_after_parallel
         compiler._starting.join()
         worker.close()
     assert child.exitcode == 0  # told to stop, it exits at once (not killed after the close's 5 s grace)
+
+
+class NoInputs(_Matmul):
+    name = "no_inputs_matmul"
+
+    def make_inputs(self, problem, device):
+        raise MemoryError("no room for the inputs of this problem")
+
+
+def test_a_measuring_process_that_cannot_make_its_inputs_says_why_in_one_line():
+    """Its child's error (out of memory, a template's own) is the sweep's message, not a hint to
+    run again without isolation; a later problem still gets a process of its own."""
+    from tunesvc.bench import Worker
+    from tunesvc.device import current_device
+    from tunesvc.errors import TunesvcError
+
+    template = NoInputs()
+    problem = template.problem(M=20, N=33, K=20, dtype="float32")
+    worker = Worker(template, problem, current_device(), timeout_s=5.0)
+    try:
+        with pytest.raises(TunesvcError) as caught:
+            worker.wait_ready()
+        said = str(caught.value)
+        assert "could not make the inputs and reference" in said and "MemoryError: no room" in said, said
+        assert "\n" not in said
+        good = _Matmul()
+        worker.load(good, good.problem(M=20, N=33, K=20, dtype="float32"))
+        assert worker.measure(SMALL).status is Status.OK
+    finally:
+        worker.close()

@@ -191,10 +191,15 @@ def _warm_worker(template: Launchable | None = None, problem: Problem | None = N
 
 
 def _inputs(template: Launchable, problem: Problem) -> Any:
-    """This worker's copy of the problem's inputs (one problem at a time: they can be large)."""
+    """This worker's copy of the problem's inputs (one problem at a time: they can be large; the
+    memory of the one before goes back to the device, so that a pool compiling many problems in
+    turn, as `tune adopt`'s does, holds one problem's inputs per worker, not its largest)."""
     key = repr(sorted(problem.items()))
     if key not in _worker_inputs:
-        _worker_inputs.clear()
+        if _worker_inputs:
+            _worker_inputs.clear()
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
         _worker_inputs[key] = template.make_inputs(problem, current_device())
     return _worker_inputs[key]
 

@@ -21,6 +21,7 @@ from tunesvc.bench._base import Measurement
 from tunesvc.bench._base import Measurer
 from tunesvc.bench._base import Status
 from tunesvc.bench._base import context_lost
+from tunesvc.bench._base import one_line
 from tunesvc.bench._inprocess import Bench
 from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
@@ -140,11 +141,16 @@ class Worker(Measurer):
     def _wait_ready(self) -> None:
         # making the inputs and the reference is not a candidate's time: it has its own, long wait
         try:
-            ready = self._conn.poll(max(self.timeout_s, STARTUP_TIMEOUT_S)) and self._conn.recv() == "ready"
+            said = self._conn.recv() if self._conn.poll(max(self.timeout_s, STARTUP_TIMEOUT_S)) else None
         except (EOFError, OSError):
-            ready = False
-        if not ready:
+            said = None
+        if said != "ready":
             self._stop(grace_s=0.0)
+            if isinstance(said, tuple) and said[:1] == ("failed",):
+                raise TunesvcError(
+                    f"The measuring process for {self.template.name} could not make the inputs and reference "
+                    f"of {self.problem}: {said[1]}"
+                )
             raise TunesvcError(
                 f"The measuring process for {self.template.name} did not start; run the sweep with isolate=False to see why."
             )
@@ -176,6 +182,16 @@ class Worker(Measurer):
         self._stop(grace_s=5.0)
 
 
+def _made(conn: Connection, template: Any, problem: Any, rep_ms: float) -> Bench | None:
+    """The problem's Bench (its inputs and reference); None where they cannot be made (out of
+    memory, a template's error), after telling the parent why in one line."""
+    try:
+        return Bench(template, problem, current_device(), rep_ms=rep_ms)
+    except Exception as exc:
+        conn.send(("failed", f"{type(exc).__name__}: {one_line(exc)}"))
+        return None
+
+
 def _worker_main(conn: Connection, payload: bytes) -> None:
     """The child of a :class:`Worker`: a Bench answering (kind, config, times) requests until told
     to stop, EOF, or the sweep's process exiting (kind: measure, time, or peer, which has no config;
@@ -183,7 +199,9 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
     set_role("measurer")
     mark("measurer process started")
     template, problem, default_rep_ms = pickle.loads(payload)
-    bench = Bench(template, problem, current_device(), rep_ms=default_rep_ms)
+    bench = _made(conn, template, problem, default_rep_ms)
+    if bench is None:
+        return
     mark("inputs and reference made")
     conn.send("ready")
     while True:
@@ -196,7 +214,10 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
         if kind == "load":  # the next problem (Worker.load): config holds its pickled (template, problem, rep_ms)
             template, problem, default_rep_ms = pickle.loads(config)
             del bench  # the old inputs go before the new ones are made
-            bench = Bench(template, problem, current_device(), rep_ms=default_rep_ms)
+            made = _made(conn, template, problem, default_rep_ms)
+            if made is None:
+                return
+            bench = made
             conn.send("ready")
             continue
         if kind == "together":  # config holds the configs; times (rep_ms, rounds)

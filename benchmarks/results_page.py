@@ -507,9 +507,9 @@ def _adopt_targets(results_dir: Path, runs_csv: Path = ADOPT_RUNS_CSV) -> list[s
     blind, the heuristic, the 8-trial sweep), how many keys lie within the target of the config
     tuned here, the worst, the geometric mean; adopt_runs.csv's latest wall time; what is missed."""
     path = results_dir / "adopt.csv"
-    if not path.exists():
+    if not path.exists() and not runs_csv.exists():
         return []
-    rows = read_rows(path)
+    rows = read_rows(path) if path.exists() else []
     latest: dict[str, tuple[str, str]] = {}
     for r in rows:
         latest[r["gpu"]] = max(latest.get(r["gpu"], _run_of(r)), _run_of(r))
@@ -521,9 +521,14 @@ def _adopt_targets(results_dir: Path, runs_csv: Path = ADOPT_RUNS_CSV) -> list[s
         f"the 8-trial sweep (keys swept whole only) within {WARM_WITHIN:.0%} on {WARM_SHARE:.0%} of them; the whole",
         f"adoption in at most {ADOPT_SECONDS:.0f} s.",
         "",
-        "| GPU | run | config | keys | within target | worst, at | geomean |",
-        "|---|---|---|---|---|---|---|",
     ]
+    if rows:
+        lines += [
+            "| GPU | run | config | keys | within target | worst, at | geomean |",
+            "|---|---|---|---|---|---|---|",
+        ]
+    else:
+        lines.append("No key has been timed side by side yet (`adopt.csv` holds no rows).")
     misses = []
     for gpu, run in sorted(latest.items()):
         mine = [r for r in rows if r["gpu"] == gpu and _run_of(r) == run]

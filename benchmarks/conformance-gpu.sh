@@ -4,7 +4,12 @@
 # library's three runs one after another on its GPU.
 #
 #   bash benchmarks/conformance-gpu.sh [suite|before|all]     (default: all)
+#   bash benchmarks/conformance-gpu.sh suite 2/3   (the second of three calls: a share of the libraries)
 #   CONFORMANCE_LIBRARIES="siglip-kernel mase-triton" bash benchmarks/conformance-gpu.sh   (a few)
+#
+# One call may run 10 minutes: on one GPU the suite takes about 25 (its runs of the ten libraries
+# one after another), so it is split into PARTS calls (the libraries dealt into GPUs x PARTS shares
+# of about equal expected time); the rows of each call come back in its own $OUT.
 #
 #   suite:  every library, runs (a), (b), (c), with this checkout's tunesvc: conformance rows and
 #           run (b)'s candidates and wrong_result rejections per kernel
@@ -19,7 +24,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder that comes back}"
 what=${1:-all}
-case $what in suite | before | all) ;; *) echo "usage: $0 [suite|before|all]" >&2; exit 2 ;; esac
+part=${2:-1/1}
+case $what in suite | before | all) ;; *) echo "usage: $0 [suite|before|all] [PART/PARTS]" >&2; exit 2 ;; esac
+k=${part%/*} parts=${part#*/}
+[[ $k =~ ^[0-9]+$ && $parts =~ ^[0-9]+$ ]] && ((k >= 1 && k <= parts)) || { echo "PART/PARTS: e.g. 1/2" >&2; exit 2; }
 
 # the image's packages, then the carried wheels (those of .conformance/wheels that .whl lacks)
 wheels=(.whl/*.whl)
@@ -39,15 +47,18 @@ declare -A cost=([liger-kernel]=330 [cut-cross-entropy]=325 [fla-core]=215 [flag
 listed=${CONFORMANCE_LIBRARIES:-}  # a few of them (names as in LIBRARIES), else all
 [ -n "$listed" ] || listed=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import conformance; print(' '.join(l.name for l in conformance.LIBRARIES))")
 for lib in $listed; do [[ " ${order[*]} " == *" $lib "* ]] || order+=("$lib"); done  # one added later: last
-declare -a share load
-for ((g = 0; g < gpus; g++)); do share[g]=""; load[g]=0; done
+# dealt into gpus x parts shares; this call runs part k's shares, one per GPU
+slots=$((gpus * parts))
+declare -a slot load share
+for ((g = 0; g < slots; g++)); do slot[g]=""; load[g]=0; done
 for lib in "${order[@]}"; do
   [[ " $listed " == *" $lib "* ]] || continue
   best=0
-  for ((g = 1; g < gpus; g++)); do ((load[g] < load[best])) && best=$g; done
-  share[best]="${share[best]} $lib"
+  for ((g = 1; g < slots; g++)); do ((load[g] < load[best])) && best=$g; done
+  slot[best]="${slot[best]} $lib"
   load[best]=$((load[best] + ${cost[$lib]:-120}))
 done
+for ((g = 0; g < gpus; g++)); do share[g]=${slot[(k - 1) * gpus + g]}; done
 
 # one pass over every GPU's share; $1: a name for its files, the rest: conformance.py's options
 run_pass() {

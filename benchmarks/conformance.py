@@ -2,6 +2,8 @@
 
     python benchmarks/conformance.py fetch [--wheels]        # test files (and GPU wheels) into .conformance/
     python benchmarks/conformance.py [run] [--libraries liger-kernel conch-triton-kernels] [--out DIR]
+    python benchmarks/conformance.py tree f744484^            # that commit's tunesvc into .conformance/trees/
+    python benchmarks/conformance.py run --runs b --tunesvc .conformance/trees/COMMIT   # run (b) with it
 
 For each library of LIBRARIES (pip name, pinned version, where its test files come from, which
 of them run), pytest runs the selection three times, each in a fresh process: (a) without
@@ -11,6 +13,14 @@ outcome in all three runs and run (c) adds no trial and no sweep to the database
 measured). Wall times of the three runs are recorded beside them; the speed requirement is that
 (b) takes no longer than (a) (``SLOWER_BY`` allows for the spread of a test run's wall time).
 Rows go to benchmarks/data/conformance.csv; benchmarks/RESULTS.md shows the latest per library.
+
+Run (b)'s database is read (``Store.rejected_trials``, before run (c)) for each captured kernel's
+candidates measured and those stored as ``wrong_result``, with their reasons: one row per kernel
+in benchmarks/data/conformance_rejections.csv, naming the tunesvc tree and its commit. ``--runs b``
+runs (b) alone (rejection rows only); ``--tunesvc TREE`` makes the runs capture with another
+tunesvc source tree (``tree REVISION`` exports one of this checkout's commits), installed apart
+and put first on their PYTHONPATH: the counts before and after a change of capture's check.
+benchmarks/conformance-gpu.sh runs all of it on the GPU machine.
 
 Test files are each library's own, at the release that matches the pinned version: extracted
 from its sdist on the package index where the sdist ships them, else from a mirror of its

@@ -641,7 +641,7 @@ def conform(
     db.unlink(missing_ok=True)
     env = base_env(interpreter) | dict(lib.env)
     if tunesvc_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join((str(PLUGINS), str(tunesvc_path), env["PYTHONPATH"]))
+        env["PYTHONPATH"] = os.pathsep.join((str(tunesvc_path), env["PYTHONPATH"]))
     runs: dict[str, Run] = {}
     cut: set[str] = set()  # runs given less than ``timeout`` by the deadline
     counts: list[tuple[int, int]] = []
@@ -745,7 +745,7 @@ def rejection_rows(
 ) -> list[dict[str, Any]]:
     """One row per kernel version that run (b) captured: its candidates measured, those rejected
     as ``wrong_result``, and the reasons (``trials x reason: the most frequent message``, most
-    first); one row without a kernel where run (b) captured none or did not run."""
+    first, `` | `` between them); one row without a kernel where run (b) captured none or did not run."""
     row: dict[str, Any] = dict.fromkeys(REJECTION_COLUMNS, "") | common | {"library": lib.name, "version": lib.version}
     if result is None:
         return [row | {"status": status}]
@@ -760,13 +760,17 @@ def rejection_rows(
             "kernel_version": r.kernel_version,
             "candidates": r.trials,
             "rejected": r.rejected,
-            "reasons": " | ".join(
-                f"{n} x {reason}: {said[:REASON_CHARS]}" for reason, n, said in wrong_reasons(r.wrong)
-            ),
+            "reasons": " | ".join(_reason_text(reason, n, said) for reason, n, said in wrong_reasons(r.wrong)),
             "status": result.status,
         }
         for r in result.rejected
     ]
+
+
+def _reason_text(reason: str, trials: int, said: str) -> str:
+    """``trials x reason: the rest of its most frequent message`` (a message starts with its reason)."""
+    rest = said[len(reason) :].lstrip(": ") if said.startswith(reason) else said
+    return f"{trials} x {reason}" + (f": {rest[:REASON_CHARS]}" if rest else "")
 
 
 def append_rows(path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> None:
@@ -881,10 +885,11 @@ def main() -> int:
 
     def record(row: dict[str, Any], rejected: list[dict[str, Any]]) -> None:
         # each library's rows as soon as they are known: a run stopped from outside keeps the rows so far
-        rows.append(row)
+        if complete:  # a conformance row says all three runs; --runs b gives rejection rows only
+            rows.append(row)
         rejected_rows.extend(rejected)
         if not args.no_csv:
-            if complete:  # a conformance row says all three runs; --runs b gives rejection rows only
+            if complete:
                 append_rows(args.csv, [row])
             if "b" in runs_of:
                 append_rows(args.rejections_csv, rejected, REJECTION_COLUMNS)

@@ -170,7 +170,7 @@ def test_rejected_candidates_are_counted_per_kernel_with_their_reasons_and_shown
     common = {"device": "GPU A", "tunesvc_tree": "this checkout", "tunesvc_commit": "new", "run": "2030-01-02"}
     [row] = conformance.rejection_rows(result, lib, common)
     assert (row["candidates"], row["rejected"], row["status"]) == (4, 2, "ok")
-    assert row["reasons"].startswith("2 x tensor argument 1 (out_ptr): tensor argument 1 (out_ptr): relative error ")
+    assert row["reasons"].startswith("2 x tensor argument 1 (out_ptr): relative error "), row["reasons"]
     [none] = conformance.rejection_rows(None, lib, common, "not installed")
     assert (none["kernel"], none["status"]) == ("", "not installed")
 

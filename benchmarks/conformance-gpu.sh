@@ -6,6 +6,7 @@
 #   bash benchmarks/conformance-gpu.sh [suite|before|all]     (default: all)
 #   bash benchmarks/conformance-gpu.sh suite 2/3   (the second of three calls: a share of the libraries)
 #   CONFORMANCE_LIBRARIES="siglip-kernel mase-triton" bash benchmarks/conformance-gpu.sh   (a few)
+#   CONFORMANCE_DRY=1 CONFORMANCE_GPUS=1 bash benchmarks/conformance-gpu.sh suite 1/4      (the deal only)
 #
 # One call may run 10 minutes: on one GPU the suite takes about 25 (its runs of the ten libraries
 # one after another), so it is split into PARTS calls (the libraries dealt into GPUs x PARTS shares
@@ -29,14 +30,7 @@ case $what in suite | before | all) ;; *) echo "usage: $0 [suite|before|all] [PA
 k=${part%/*} parts=${part#*/}
 [[ $k =~ ^[0-9]+$ && $parts =~ ^[0-9]+$ ]] && ((k >= 1 && k <= parts)) || { echo "PART/PARTS: e.g. 1/2" >&2; exit 2; }
 
-# the image's packages, then the carried wheels (those of .conformance/wheels that .whl lacks)
-wheels=(.whl/*.whl)
-for w in .conformance/wheels/*.whl; do [ -e ".whl/$(basename "$w")" ] || wheels+=("$w"); done
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${wheels[@]}" \
-  && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/tsvc . \
-  && export PYTHONPATH=/tmp/tsvc:/tmp/site PYTHONUNBUFFERED=1 || exit 1
-
-gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+gpus=${CONFORMANCE_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}
 [ "$gpus" -ge 1 ] || { echo "no GPU visible" >&2; exit 1; }
 # longest first (seconds of the three runs on an H200 in earlier rows), dealt to the GPU with the
 # least so far: the shares end near one another
@@ -59,6 +53,20 @@ for lib in "${order[@]}"; do
   load[best]=$((load[best] + ${cost[$lib]:-120}))
 done
 for ((g = 0; g < gpus; g++)); do share[g]=${slot[(k - 1) * gpus + g]}; done
+if [ -n "${CONFORMANCE_DRY:-}" ]; then  # the deal only: which call runs what, expected seconds of (a)+(b)+(c)
+  for ((g = 0; g < slots; g++)); do echo "part $((g / gpus + 1))/$parts, GPU $((g % gpus)): ${load[g]} s:${slot[g]}"; done
+  exit 0
+fi
+
+# the image's packages, then the carried wheels (those of .conformance/wheels that .whl lacks)
+wheels=(.whl/*.whl)
+for w in .conformance/wheels/*.whl; do [ -e ".whl/$(basename "$w")" ] || wheels+=("$w"); done
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${wheels[@]}" \
+  && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/tsvc . \
+  && export PYTHONPATH=/tmp/tsvc:/tmp/site PYTHONUNBUFFERED=1 || exit 1
+
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+[ "$gpus" -ge 1 ] || { echo "no GPU visible" >&2; exit 1; }
 
 # one pass over every GPU's share; $1: a name for its files, the rest: conformance.py's options
 run_pass() {

@@ -2,6 +2,8 @@
 
     python benchmarks/conformance.py fetch [--wheels]        # test files (and GPU wheels) into .conformance/
     python benchmarks/conformance.py [run] [--libraries liger-kernel conch-triton-kernels] [--out DIR]
+    python benchmarks/conformance.py tree f744484^            # that commit's tunesvc into .conformance/trees/
+    python benchmarks/conformance.py run --runs b --tunesvc .conformance/trees/COMMIT   # run (b) with it
 
 For each library of LIBRARIES (pip name, pinned version, where its test files come from, which
 of them run), pytest runs the selection three times, each in a fresh process: (a) without
@@ -11,6 +13,14 @@ outcome in all three runs and run (c) adds no trial and no sweep to the database
 measured). Wall times of the three runs are recorded beside them; the speed requirement is that
 (b) takes no longer than (a) (``SLOWER_BY`` allows for the spread of a test run's wall time).
 Rows go to benchmarks/data/conformance.csv; benchmarks/RESULTS.md shows the latest per library.
+
+Run (b)'s database is read (``Store.rejected_trials``, before run (c)) for each captured kernel's
+candidates measured and those stored as ``wrong_result``, with their reasons: one row per kernel
+in benchmarks/data/conformance_rejections.csv, naming the tunesvc tree and its commit. ``--runs b``
+runs (b) alone (rejection rows only); ``--tunesvc TREE`` makes the runs capture with another
+tunesvc source tree (``tree REVISION`` exports one of this checkout's commits), installed apart
+and put first on their PYTHONPATH: the counts before and after a change of capture's check.
+benchmarks/conformance-gpu.sh runs all of it on the GPU machine.
 
 Test files are each library's own, at the release that matches the pinned version: extracted
 from its sdist on the package index where the sdist ships them, else from a mirror of its
@@ -50,12 +60,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CACHE = ROOT / ".conformance"
 CSV = HERE / "data" / "conformance.csv"
+REJECTIONS_CSV = HERE / "data" / "conformance_rejections.csv"
 PLUGINS = HERE / "pytest_plugins"
 MIRROR = Path("/work/.mirror")
 #: a pytest run's wall time varies by a few percent between identical runs
 SLOWER_BY = 1.05
 #: seconds one pytest run may take (--timeout overrides)
 TIMEOUT = 240
+#: the three runs by their letters in --runs: (a) without capture, (b) on a fresh database, (c) again
+RUNS = {"a": ("plain", False), "b": ("capture_first", True), "c": ("capture_second", True)}
 
 COLUMNS = (
     "timestamp",
@@ -81,6 +94,25 @@ COLUMNS = (
     "status",
 )
 
+#: per library and captured kernel, what run (b) measured and stored as wrong_result
+REJECTION_COLUMNS = (
+    "timestamp",
+    "run",
+    "library",
+    "version",
+    "device",
+    "torch",
+    "triton",
+    "tunesvc_tree",
+    "tunesvc_commit",
+    "kernel",
+    "kernel_version",
+    "candidates",
+    "rejected",
+    "reasons",
+    "status",
+)
+
 
 @dataclass(frozen=True)
 class Library:
@@ -88,7 +120,8 @@ class Library:
     ``git:OWNER/NAME@TAG`` (a mirror of its repository); ``paths`` are extracted from it, and
     pytest runs ``tests`` (paths or node ids, relative to the extracted root) with ``select``
     as ``-k`` and ``env`` added to the environment of all three runs. ``cpu``: the selection
-    passes under Triton's interpreter."""
+    passes under Triton's interpreter. ``needs``: pinned pip specs of what the library or its
+    tests import beyond torch, triton, transformers, einops and pytest (fetched as wheels too)."""
 
     name: str
     version: str
@@ -101,6 +134,7 @@ class Library:
     cpu: bool = False
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    needs: tuple[str, ...] = ()
 
 
 #: in the order they run: where a time budget stops the run, the libraries that cover the most
@@ -189,6 +223,58 @@ LIBRARIES = [
         # float32 only: the bfloat16 case fails under the interpreter with capture off as well
         select="test_single_token or (test_correctness and dtype0 and 7-4-64-32-2)",
         cpu=True,
+    ),
+    Library(
+        "late-interaction-kernels",
+        "0.4.5",
+        "late_interaction_kernels",
+        "sdist",
+        ("tests/",),
+        (
+            "tests/test_fp8.py::test_maxsim_fp8_parity[tensor-token-Nq2_Nd8_Lq32_Ld128_d128]",
+            "tests/test_fp8.py::test_maxsim_fp8_parity[token-tensor-Nq2_Nd8_Lq32_Ld128_d128]",
+            "tests/test_backward.py::test_grad_parity_fp16[2-4-16-32-128]",
+            "tests/test_backward.py::test_grad_parity_fp16[4-8-32-128-128]",
+            "tests/test_varlen.py::test_varlen_backward_matches_padded[q_lens0-d_lens0-128]",
+        ),
+        "bool keys (the fp8 MaxSim kernel is keyed on SCALE_Q_PER_TOKEN and SCALE_D_PER_TOKEN); "
+        "early_config_prune by shared memory; an autograd Function whose backward kernels "
+        "reset_to_zero the gradients they accumulate into; cache_results=True (Triton's own disk cache)",
+        # node ids, one or two shapes per kernel family: its tests hard-code device="cuda" (GPU only)
+    ),
+    Library(
+        "siglip-kernel",
+        "0.1.2",
+        "siglip_kernel",
+        "sdist",
+        ("tests/",),
+        (
+            "tests/test_correctness.py::test_fully_fused_loss[64-128]",
+            "tests/test_correctness.py::test_fully_fused_gradients[64-128]",
+            "tests/test_gpu_kernels.py::test_autotuned_fused_loss[128-256]",
+            "tests/test_gpu_kernels.py::test_autotuned_fused_gradients[64-128]",
+            "tests/test_new_backends.py::test_chunked_epilogue_parity",
+            "tests/test_new_backends.py::test_chunked_epilogue_fp8_parity",
+            "tests/test_new_backends.py::test_epilogue_repeat_calls_consistent",
+        ),
+        "autograd Functions (a fused SigLIP loss, forward and backward in one kernel) whose autotuned "
+        "kernels reset_to_zero their gradient and loss outputs; early_config_prune on B and D; a GEMM "
+        "with a BCE epilogue (bf16 and fp8) that writes per-program partial sums it reset_to_zero",
+        # one shape per test: each (B, D) is a new key; the package imports CUDA state (GPU only)
+    ),
+    Library(
+        "mase-triton",
+        "0.0.7",
+        "mase_triton",
+        "sdist",
+        ("test/",),
+        ("test/test_optical_compute_quantized_core.py",),
+        "kernels launched from torch.library custom ops (quantised linear and bmm, forward and backward "
+        "through register_autograd) autotuned on M, N, K, with bool constexprs (USE_BIAS, SKIP_QUANTIZE) "
+        "and a seed they advance",
+        # its ops' CPU implementations are PyTorch code: under the interpreter no Triton kernel runs,
+        # so the selection is the GPU's (the cuda-parametrised cases launch the Triton kernels)
+        needs=("colorlog==6.12.0",),
     ),
     Library(
         "conch-triton-kernels",
@@ -295,13 +381,14 @@ def _extract_git(lib: Library, mirror: Path, dest: Path) -> None:
 
 
 def fetch_wheels(libs: list[Library], cache: Path = CACHE) -> Path:
-    """CPython 3.12 x86-64 wheels of the pinned libraries for a machine that reaches no index
-    (a library published only as an sdist is built into a wheel here)."""
+    """CPython 3.12 x86-64 wheels of the pinned libraries and of what they need (``needs``) for a
+    machine that reaches no index (a library published only as an sdist is built into a wheel here)."""
     dest = cache / "wheels"
     dest.mkdir(parents=True, exist_ok=True)
     platforms = ["manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
-    for lib in libs:
-        spec = f"{lib.name}=={lib.version}"
+    specs = [f"{lib.name}=={lib.version}" for lib in libs]
+    specs += sorted({need for lib in libs for need in lib.needs} - set(specs))
+    for spec in specs:
         binary = subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version"]
             + ["3.12", "--implementation", "cp", *[f"--platform={p}" for p in platforms], "--platform=any"]
@@ -390,6 +477,86 @@ def stored_counts(db: Path) -> tuple[int, int]:
         connection.close()
 
 
+def rejections(db: Path) -> list[Any]:
+    """Per kernel version captured into ``db``: its trials (candidates measured) and those stored
+    as ``wrong_result`` by message (tunesvc's ``Store.rejected_trials``, opened read-only: a
+    database written by an older tree is read at its own schema revision)."""
+    if not db.exists():
+        return []
+    from tunesvc.store import Store
+
+    store = Store(db, readonly=True)
+    try:
+        return list(store.rejected_trials())
+    finally:
+        store.engine.dispose()
+
+
+def tree_commit(tree: Path) -> str:
+    """The commit of a tunesvc source tree: ``git rev-parse`` where it is a checkout (``+dirty``
+    with uncommitted changes to tracked files), else the ``.commit`` file that ``tree`` and
+    ``fetch`` write beside the files (a tree carried without its .git); else ``unknown``."""
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0 and Path(tree, ".git").exists():
+        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True)  # fmt: skip
+        return head.stdout.strip()[:12] + ("+dirty" if dirty.stdout.strip() else "")
+    marker = tree / ".commit"
+    return marker.read_text().strip() if marker.exists() else "unknown"
+
+
+#: what installing a tunesvc tree reads (its tests, benchmarks and example database stay behind)
+TREE_PATHS = (
+    "README.md",
+    "pyproject.toml",
+    "setup.py",
+    "_tunesvc_capture.py",
+    "tunesvc-capture.pth",
+    "tunesvc",
+    "kernels",
+    "search_spaces",
+)
+
+
+def export_tree(revision: str, cache: Path = CACHE) -> Path:
+    """The tunesvc source tree at ``revision`` of this checkout (``git archive``), under
+    .conformance/trees/COMMIT, with its commit in ``.commit``: the tree that ``--tunesvc`` runs."""
+    parsed = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{revision}^{{commit}}"],
+                            capture_output=True, text=True)  # fmt: skip
+    if parsed.returncode != 0:
+        raise FetchError(f"{revision!r} is no commit of {ROOT}: {parsed.stderr.strip()[-300:]}")
+    commit = parsed.stdout.strip()[:12]
+    dest = cache / "trees" / commit
+    if (dest / ".commit").exists():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", commit, *TREE_PATHS], capture_output=True
+    )
+    untar = subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, capture_output=True)
+    if archive.returncode != 0 or untar.returncode != 0:
+        raise FetchError(f"Cannot export {commit}: {(archive.stderr or untar.stderr).decode()[-300:]}")
+    (dest / ".commit").write_text(f"{commit} ({revision})\n")
+    return dest
+
+
+def install_tree(tree: Path, work: Path) -> Path:
+    """A folder where ``tree``'s tunesvc is installed (``pip install --target``, no index, no
+    build isolation: it runs offline), put first on the runs' PYTHONPATH by ``--tunesvc``."""
+    target = (work / f"tunesvc-{tree_commit(tree).split()[0]}").resolve()
+    if (target / "tunesvc").is_dir():
+        return target
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-build-isolation"]
+        + ["--no-compile", "--target", str(target), str(tree)],
+        capture_output=True,
+        text=True,
+    )
+    if built.returncode != 0 or not (target / "tunesvc").is_dir():
+        raise FetchError(f"Cannot install the tunesvc tree {tree} (pip exit {built.returncode}): {built.stderr[-800:]}")
+    return target
+
+
 def base_env(interpreter: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGINS), env.get("PYTHONPATH", "")) if p)
@@ -425,6 +592,13 @@ class Conformance:
     trials: tuple[int, int]  # after (b), after (c)
     sweeps: tuple[int, int]
     status: str = "ok"
+    #: Store.rejected_trials of run (b)'s database, read before run (c)
+    rejected: list[Any] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """All three runs were asked for (``--runs abc``): the verdicts below apply."""
+        return all(name in self.runs for name, _ in RUNS.values())
 
     @property
     def differing(self) -> list[str]:
@@ -449,18 +623,30 @@ class Conformance:
 
 
 def conform(
-    lib: Library, work: Path, timeout: float, interpreter: bool, cache: Path = CACHE, deadline: float | None = None
+    lib: Library,
+    work: Path,
+    timeout: float,
+    interpreter: bool,
+    cache: Path = CACHE,
+    deadline: float | None = None,
+    runs_of: str = "abc",
+    tunesvc_path: Path | None = None,
 ) -> Conformance:
-    """Run ``lib``'s selection (a) without capture, (b) with it on a fresh database, (c) again;
-    each run stops after ``timeout`` seconds or at ``deadline`` (time.monotonic()), if sooner."""
+    """Run ``lib``'s selection (a) without capture, (b) with it on a fresh database, (c) again
+    (those of ``runs_of``; (c) needs (b)); each run stops after ``timeout`` seconds or at
+    ``deadline`` (time.monotonic()), if sooner. ``tunesvc_path``: a folder holding another
+    tunesvc installation, first on the runs' PYTHONPATH (``install_tree``)."""
     where = source_dir(lib, cache)
     db = work / f"{lib.name}.db"
     db.unlink(missing_ok=True)
     env = base_env(interpreter) | dict(lib.env)
+    if tunesvc_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join((str(tunesvc_path), env["PYTHONPATH"]))
     runs: dict[str, Run] = {}
     cut: set[str] = set()  # runs given less than ``timeout`` by the deadline
     counts: list[tuple[int, int]] = []
-    for name, capture in (("plain", False), ("capture_first", True), ("capture_second", True)):
+    rejected: list[Any] = []
+    for name, capture in (RUNS[letter] for letter in "abc" if letter in runs_of):
         run_env = dict(env)
         # a fresh Triton cache for (a) and for (b), so both compile everything; (c) is a later
         # process on the machine where (b) ran, and finds (b)'s compiled kernels
@@ -482,6 +668,9 @@ def conform(
         )
         if capture:
             counts.append(stored_counts(db))
+        if name == "capture_first":
+            rejected = rejections(db)
+    counts += [counts[-1] if counts else (0, 0)] * (2 - len(counts))  # (c) not run: nothing new
     status = "ok"
     timed_out = [name for name, run in runs.items() if run.returncode is None and name not in cut]
     stopped = [name for name, run in runs.items() if run.returncode is None and name in cut]
@@ -489,12 +678,22 @@ def conform(
         said = [f"timed out after {timeout:.0f} s: {', '.join(timed_out)}"] if timed_out else []
         said += [f"stopped where the --budget ran out: {', '.join(stopped)}"] if stopped else []
         status = "; ".join(said)
-    elif "passed" not in runs["plain"].outcomes.values():
+    elif "passed" not in next(iter(runs.values())).outcomes.values():
         # a selection that fails to collect fails alike three times: the same outcome, tested nothing
-        status = f"no test passed without capture (exit {runs['plain'].returncode}; see {lib.name}.plain.log)"
-    elif counts[0][0] == 0:
+        first = next(iter(runs))
+        said = "without capture" if first == "plain" else f"in run {first}"
+        status = f"no test passed {said} (exit {runs[first].returncode}; see {lib.name}.{first}.log)"
+    elif tunesvc_path is not None and any(
+        not str(r.stats.get("tunesvc_from", "")).startswith(str(tunesvc_path.resolve()))
+        for r in runs.values()
+        if r.stats
+    ):
+        found = {str(r.stats.get("tunesvc_from")) for r in runs.values() if r.stats}
+        status = f"the runs captured with tunesvc from {', '.join(sorted(found))}, not from --tunesvc's {tunesvc_path}"
+    elif "capture_first" in runs and counts[0][0] == 0:
         status = "run (b) stored no trial: the selection launched no autotuned kernel under capture"
-    return Conformance(lib, runs, (counts[0][0], counts[1][0]), (counts[0][1], counts[1][1]), status)
+    trials, sweeps = (counts[0][0], counts[1][0]), (counts[0][1], counts[1][1])
+    return Conformance(lib, runs, trials, sweeps, status, rejected)
 
 
 def _tally(outcomes: dict[str, str]) -> str:
@@ -537,16 +736,53 @@ def row_of(result: Conformance | None, lib: Library, common: dict[str, str], sta
     }
 
 
-def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+#: one reason's message as the rejections CSV keeps it (a message names tensors and figures)
+REASON_CHARS = 300
+
+
+def rejection_rows(
+    result: Conformance | None, lib: Library, common: dict[str, str], status: str = ""
+) -> list[dict[str, Any]]:
+    """One row per kernel version that run (b) captured: its candidates measured, those rejected
+    as ``wrong_result``, and the reasons (``trials x reason: the most frequent message``, most
+    first, `` | `` between them); one row without a kernel where run (b) captured none or did not run."""
+    row: dict[str, Any] = dict.fromkeys(REJECTION_COLUMNS, "") | common | {"library": lib.name, "version": lib.version}
+    if result is None:
+        return [row | {"status": status}]
+    if not result.rejected:
+        return [row | {"candidates": 0, "rejected": 0, "status": result.status}]
+    from tunesvc.records import wrong_reasons
+
+    return [
+        row
+        | {
+            "kernel": r.kernel,
+            "kernel_version": r.kernel_version,
+            "candidates": r.trials,
+            "rejected": r.rejected,
+            "reasons": " | ".join(_reason_text(reason, n, said) for reason, n, said in wrong_reasons(r.wrong)),
+            "status": result.status,
+        }
+        for r in result.rejected
+    ]
+
+
+def _reason_text(reason: str, trials: int, said: str) -> str:
+    """``trials x reason: the rest of its most frequent message`` (a message starts with its reason)."""
+    rest = said[len(reason) :].lstrip(": ") if said.startswith(reason) else said
+    return f"{trials} x {reason}" + (f": {rest[:REASON_CHARS]}" if rest else "")
+
+
+def append_rows(path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> None:
     new = not path.exists()
     if not new:
         with path.open(newline="") as f:
             header = next(csv.reader(f), [])
-        if tuple(header) != COLUMNS:
-            raise SystemExit(f"{path}: columns {header} are not {list(COLUMNS)}; nothing appended.")
+        if tuple(header) != columns:
+            raise SystemExit(f"{path}: columns {header} are not {list(columns)}; nothing appended.")
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         if new:
             writer.writeheader()
         writer.writerows(rows)
@@ -554,7 +790,8 @@ def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", nargs="?", choices=["run", "fetch"], default="run")
+    parser.add_argument("action", nargs="?", choices=["run", "fetch", "tree"], default="run")
+    parser.add_argument("revision", nargs="?", help="tree: the commit of this checkout to export (e.g. f744484^)")
     parser.add_argument("--libraries", nargs="+", choices=list(BY_NAME), default=None, help="default: all")
     parser.add_argument("--out", type=Path, default=None, help="logs and JUnit files (default: a temporary folder)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds one pytest run may take")
@@ -562,14 +799,42 @@ def main() -> int:
         "--budget", type=float, default=None, help="seconds for all libraries; those not reached get a row saying so"
     )
     parser.add_argument("--csv", type=Path, default=CSV)
+    parser.add_argument("--rejections-csv", type=Path, default=REJECTIONS_CSV)
+    parser.add_argument(
+        "--runs",
+        default="abc",
+        help="which runs: a (without capture), b (capture, fresh database), c (again); b alone counts "
+        "the rejected candidates; conformance rows need all three",
+    )
+    parser.add_argument(
+        "--tunesvc",
+        type=Path,
+        default=None,
+        help="a tunesvc source tree (see the tree action) that the runs use instead of the installed one",
+    )
     parser.add_argument("--no-csv", action="store_true", help="print the results, append no rows")
     parser.add_argument("--cache", type=Path, default=CACHE, help="where fetched test files (and wheels) go")
     parser.add_argument("--mirror", type=Path, default=MIRROR, help="folder of OWNER+NAME/repo git mirrors")
     parser.add_argument("--wheels", action="store_true", help="fetch: also CPython 3.12 wheels of the libraries")
     args = parser.parse_args()
     libs = [BY_NAME[n] for n in args.libraries] if args.libraries else list(LIBRARIES)
+    runs_of = args.runs.lower()
+    if not runs_of or set(runs_of) - set(RUNS) or ("c" in runs_of and "b" not in runs_of):
+        parser.error(f"--runs {args.runs!r}: give letters of a, b, c (c needs b), e.g. abc or b.")
 
+    if args.action == "tree":
+        if not args.revision:
+            parser.error("tree: name the commit to export, e.g. `tree f744484^`.")
+        try:
+            print(f"tunesvc at {args.revision}: {export_tree(args.revision, args.cache)}")
+        except FetchError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        return 0
     if args.action == "fetch":
+        args.cache.mkdir(parents=True, exist_ok=True)
+        # the commit of this checkout for rows written where it travels without its .git
+        (args.cache / "commit").write_text(tree_commit(ROOT) + "\n")
         failed = 0
         for lib in libs:
             try:
@@ -587,50 +852,89 @@ def main() -> int:
         print("Triton's interpreter: only the selections that run on the CPU.", flush=True)
     work = args.out or Path(tempfile.mkdtemp(prefix="conformance-"))
     work.mkdir(parents=True, exist_ok=True)
+    tunesvc_path = None
+    if args.tunesvc is not None:
+        if not (args.tunesvc / "tunesvc" / "__init__.py").exists():
+            parser.error(f"--tunesvc {args.tunesvc}: no tunesvc source tree there (no tunesvc/__init__.py).")
+        try:
+            tunesvc_path = install_tree(args.tunesvc, work)
+        except FetchError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        tree, commit = str(args.tunesvc), tree_commit(args.tunesvc)
+    else:
+        carried = args.cache / "commit"
+        commit = tree_commit(ROOT)
+        if commit == "unknown" and carried.exists():
+            commit = f"{carried.read_text().strip()} (at fetch)"
+        tree = "this checkout"
     started = datetime.datetime.now(datetime.UTC)
     common = environment() | {
         "timestamp": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "run": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     print(f"{common['device']}, torch {common['torch']}, triton {common['triton']}; logs in {work}", flush=True)
+    print(f"tunesvc: {tree} at {commit}; runs {', '.join(RUNS[letter][0] for letter in runs_of)}", flush=True)
+    tagged = common | {"tunesvc_tree": tree, "tunesvc_commit": commit}
+    complete = runs_of == "abc"
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
     deadline = None if args.budget is None else time.monotonic() + args.budget
 
-    def record(row: dict[str, Any]) -> None:
-        # each library's row as soon as it is known: a run stopped from outside keeps the rows so far
-        rows.append(row)
+    rejected_rows: list[dict[str, Any]] = []
+
+    def record(row: dict[str, Any], rejected: list[dict[str, Any]]) -> None:
+        # each library's rows as soon as they are known: a run stopped from outside keeps the rows so far
+        if complete:  # a conformance row says all three runs; --runs b gives rejection rows only
+            rows.append(row)
+        rejected_rows.extend(rejected)
         if not args.no_csv:
-            append_rows(args.csv, [row])
+            if complete:
+                append_rows(args.csv, [row])
+            if "b" in runs_of:
+                append_rows(args.rejections_csv, rejected, REJECTION_COLUMNS)
 
     for lib in libs:
         print(f"{lib.name} {lib.version}: {lib.covers}", flush=True)
         if deadline is not None and deadline - time.monotonic() < 30:
             print(f"  not run: the --budget of {args.budget:.0f} s is spent", flush=True)
-            record(row_of(None, lib, common, f"not run: the --budget of {args.budget:.0f} s was spent"))
+            why = f"not run: the --budget of {args.budget:.0f} s was spent"
+            record(row_of(None, lib, common, why), rejection_rows(None, lib, tagged, why))
             failures.append(f"{lib.name}: not run (budget)")
             continue
         try:
             fetch(lib, args.cache, args.mirror)
         except FetchError as exc:
             print(f"  {exc}", flush=True)
-            record(row_of(None, lib, common, f"test files not fetched: {exc}"))
+            why = f"test files not fetched: {exc}"
+            record(row_of(None, lib, common, why), rejection_rows(None, lib, tagged, why))
             failures.append(f"{lib.name}: test files not fetched")
             continue
         why = installed(lib, base_env(interpreter))
         if why is not None:
             print(f"  {why}", flush=True)
-            record(row_of(None, lib, common, why))
+            record(row_of(None, lib, common, why), rejection_rows(None, lib, tagged, why))
             failures.append(f"{lib.name}: {why}")
             continue
         try:
-            result = conform(lib, work, args.timeout, interpreter, args.cache, deadline)
+            result = conform(lib, work, args.timeout, interpreter, args.cache, deadline, runs_of, tunesvc_path)
         except Exception as exc:  # this script's own failure on one library must not lose the others' rows
             print(f"  {lib.name}: the benchmark failed: {type(exc).__name__}: {exc}", flush=True)
-            record(row_of(None, lib, common, f"benchmark error: {type(exc).__name__}: {exc}"))
+            why = f"benchmark error: {type(exc).__name__}: {exc}"
+            record(row_of(None, lib, common, why), rejection_rows(None, lib, tagged, why))
             failures.append(f"{lib.name}: benchmark error")
             continue
-        record(row_of(result, lib, common))
+        record(row_of(result, lib, common) if complete else {}, rejection_rows(result, lib, tagged))
+        for r in result.rejected:
+            print(
+                f"  {lib.name}: {r.kernel}: {r.trials} candidates measured, {r.rejected} rejected as wrong", flush=True
+            )
+            for reason, n, said in r.reasons():
+                print(f"    {n} x {reason}: {said[:REASON_CHARS]}", flush=True)
+        if not complete:
+            if result.status != "ok":
+                failures.append(f"{lib.name}: {result.status}")
+            continue
         verdicts = [
             f"same outcome {'yes' if result.same_outcome else 'NO'}",
             f"nothing measured in run (c) {'yes' if result.nothing_measured_again else 'NO'}",
@@ -641,6 +945,18 @@ def main() -> int:
             print(f"    differs: {test}: " + " / ".join(r.outcomes.get(test, "absent") for r in result.runs.values()))
         if result.status != "ok" or not (result.same_outcome and result.nothing_measured_again and result.no_slower):
             failures.append(f"{lib.name}: {result.status}; {'; '.join(verdicts)}")
+    if "b" in runs_of:
+        print(f"\nCandidates of run (b), tunesvc {tree} at {commit}:")
+        print("| library | kernel | candidates | rejected as wrong |")
+        print("|---|---|---|---|")
+        for r in rejected_rows:
+            print(f"| {r['library']} | {r['kernel']} | {r['candidates']} | {r['rejected']} |")
+    if not complete:
+        if not args.no_csv and "b" in runs_of:
+            print(f"{len(rejected_rows)} rows appended to {args.rejections_csv}")
+        for line in failures:
+            print(f"FAILED {line}")
+        return 1 if failures else 0
     print(
         "| library | version | tests | same outcome | plain s | capture first s | capture second s | trials | new in (c) |"
     )
@@ -652,7 +968,7 @@ def main() -> int:
             f"| {row['trials_second_new']} |" + (f" {row['status']}" if row["status"] != "ok" else "")
         )
     if not args.no_csv:
-        print(f"{len(rows)} rows appended to {args.csv}")
+        print(f"{len(rows)} rows appended to {args.csv}, {len(rejected_rows)} to {args.rejections_csv}")
     for line in failures:
         print(f"FAILED {line}")
     return 1 if failures else 0

@@ -22,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
 #: benchmarks/conformance.py's rows: its own layout (per library and run, not per kernel and shape)
 CONFORMANCE_CSV = HERE / "data" / "conformance.csv"
+REJECTIONS_CSV = HERE / "data" / "conformance_rejections.csv"
 PAGE = HERE / "RESULTS.md"
 README = HERE.parent / "README.md"
 COMMAND = "python benchmarks/results_page.py"
@@ -868,7 +869,72 @@ def _conformance(path: Path) -> list[str]:
     return lines
 
 
-def render(results_dir: Path = RESULTS_DIR, conformance_csv: Path = CONFORMANCE_CSV) -> str:
+def _rejections(path: Path) -> list[str]:
+    """Per device, library and captured kernel: the candidates that run (b) of the conformance
+    suite measured and those stored as ``wrong_result``, for each tunesvc tree it ran with (the
+    latest run of each library per tree), then every rejection's reasons."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    # (device, tree commit, library) -> that library's rows of its latest run with that tree
+    latest: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+    for row in rows:
+        at = (row["device"], row["tunesvc_commit"], row["library"])
+        held = latest.get(at)
+        if held is None or row["run"] > held[0]["run"]:
+            latest[at] = [row]
+        elif row["run"] == held[0]["run"]:
+            held.append(row)
+    lines = [
+        "Run (b) of `benchmarks/conformance.py` (capture on a fresh database) stores every candidate it",
+        "measures as a trial, and a candidate whose outputs differ from the first valid config's as a",
+        "`wrong_result` trial with the reason (`benchmarks/data/conformance_rejections.csv`, read through",
+        "`Store.rejected_trials`). Per tunesvc tree (its commit; `--tunesvc` runs another tree, e.g.",
+        "the one before the slot-aware check, f744484^), candidates measured / rejected as wrong, from",
+        "the latest run of each library with that tree.",
+    ]
+    for device in sorted({d for d, _, _ in latest}):
+        trees = sorted(
+            {c for d, c, _ in latest if d == device},
+            key=lambda c: min(r["run"] for (d, cc, _), rs in latest.items() if (d, cc) == (device, c) for r in rs),
+        )
+        kernels: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
+        for (d, commit, library), held in latest.items():
+            if d != device:
+                continue
+            for row in held:
+                kernels.setdefault((library, row["kernel"]), {})[commit] = row
+        lines += ["", f"{device}:", ""]
+        lines.append("| library | kernel | " + " | ".join(f"tunesvc {c}" for c in trees) + " |")
+        lines.append("|---|---|" + "---|" * len(trees))
+
+        def cell(row: dict[str, str] | None) -> str:
+            if row is None:
+                return ""
+            if not row["kernel"]:
+                return row["status"] or "no kernel captured"
+            rejected = row["rejected"]
+            return f"{row['candidates']} / {rejected if rejected == '0' else f'**{rejected}**'}"
+
+        for (library, kernel), by_tree in sorted(kernels.items()):
+            lines.append(
+                f"| {library} | {kernel or '(none)'} | " + " | ".join(cell(by_tree.get(c)) for c in trees) + " |"
+            )
+        for commit in trees:
+            said = [
+                f"- {library} `{kernel}`: {row['reasons']}"
+                for (library, kernel), by_tree in sorted(kernels.items())
+                if (row := by_tree.get(commit)) is not None and row["reasons"]
+            ]
+            if said:
+                lines += ["", f"Rejections with tunesvc {commit} on {device} (trials x reason: a message):", "", *said]
+    return lines
+
+
+def render(
+    results_dir: Path = RESULTS_DIR, conformance_csv: Path = CONFORMANCE_CSV, rejections_csv: Path = REJECTIONS_CSV
+) -> str:
     files = {path.stem: read_rows(path) for path in sorted(results_dir.glob("*.csv"))}
     lines = [
         "# Benchmark results",
@@ -909,6 +975,9 @@ def render(results_dir: Path = RESULTS_DIR, conformance_csv: Path = CONFORMANCE_
     conformance = _conformance(conformance_csv)
     if conformance:
         lines += ["", "## Libraries' own test suites under capture", "", *conformance]
+    rejections = _rejections(rejections_csv)
+    if rejections:
+        lines += ["", "## Candidates rejected as wrong in the libraries' test suites", "", *rejections]
     for name, rows in files.items():
         lines += ["", f"## {name}", "", f"`benchmarks/{name}.py`, `benchmarks/results/{name}.csv`:", "", *_table(rows)]
     return "\n".join(lines) + "\n"

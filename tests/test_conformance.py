@@ -9,11 +9,17 @@ git-ignored .conformance/ folder); the libraries themselves are pinned in the ``
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tunesvc
 
 # benchmarks/ is a folder of scripts, not a package: the benchmark's own table and runner, imported
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -121,3 +127,81 @@ def test_runs_cut_short_by_the_budget_say_so_not_timed_out(tmp_path):
     result = conformance.conform(lib, tmp_path, 600, interpreter=True, deadline=time.monotonic() + 1.0)
     assert all(run.returncode is None for run in result.runs.values())
     assert result.status == "stopped where the --budget ran out: plain, capture_first, capture_second"
+
+
+@pytest.mark.parametrize(
+    "lib", [lib for lib in conformance.LIBRARIES if lib.source == "sdist"], ids=lambda lib: lib.name
+)
+def test_a_library_from_its_sdist_ships_the_test_files_its_selection_names(lib):
+    """The GPU-only selections too: each node id's or path's file is in the release's sdist, and
+    what the library needs beyond the image's packages is pinned (its wheel is fetched with it)."""
+    try:
+        where = conformance.fetch(lib)
+    except conformance.FetchError as exc:
+        pytest.fail(f"{lib.name}'s own tests are needed from the package index: {exc}")
+    for test in lib.tests:
+        assert (where / test.partition("::")[0]).exists(), f"{lib.name} {lib.version} has no {test}"
+    assert all("==" in need for need in lib.needs), lib.needs
+
+
+@triton.jit
+def _shifted_copy(x_ptr, out_ptr, n, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
+    """out[i + SHIFT] = x[i]: with SHIFT 1, a config that writes its results one place off."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs + SHIFT, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def test_rejected_candidates_are_counted_per_kernel_with_their_reasons_and_shown_per_tree(tmp_path):
+    import results_page
+
+    db = tmp_path / "lib.db"
+    configs = [triton.Config({"SHIFT": s, "BLOCK": b}) for s, b in ((0, 16), (1, 32), (0, 64), (1, 64))]
+    kernel = tunesvc.autotune(configs=configs, key=["n"], db=str(db))(_shifted_copy)
+    x, out = torch.rand(200) + 1.0, torch.zeros(201)
+    kernel[lambda meta: (triton.cdiv(200, meta["BLOCK"]),)](x, out, 200)
+
+    [found] = conformance.rejections(db)
+    assert found.kernel.endswith(":_shifted_copy") and (found.trials, found.rejected) == (4, 2)
+    lib = CPU_LIBRARIES[0]
+    runs = {"capture_first": conformance.Run(1.0, 0, {"t::a": "passed"})}
+    result = conformance.Conformance(lib, runs, trials=(4, 4), sweeps=(1, 1), rejected=[found])
+    assert not result.complete
+    common = {"device": "GPU A", "tunesvc_tree": "this checkout", "tunesvc_commit": "new", "run": "2030-01-02"}
+    [row] = conformance.rejection_rows(result, lib, common)
+    assert (row["candidates"], row["rejected"], row["status"]) == (4, 2, "ok")
+    assert row["reasons"].startswith("2 x tensor argument 1 (out_ptr): relative error "), row["reasons"]
+    [none] = conformance.rejection_rows(None, lib, common, "not installed")
+    assert (none["kernel"], none["status"]) == ("", "not installed")
+
+    path = tmp_path / "rejections.csv"
+    before = row | {"tunesvc_commit": "old (f744484^)", "run": "2030-01-01", "candidates": 4, "rejected": 3}
+    conformance.append_rows(path, [before, row], conformance.REJECTION_COLUMNS)
+    page = "\n".join(results_page._rejections(path))
+    assert f"| {lib.name} | {found.kernel} | 4 / **3** | 4 / **2** |" in page  # the older tree first
+    assert "| library | kernel | tunesvc old (f744484^) | tunesvc new |" in page
+    assert (
+        f"Rejections with tunesvc new on GPU A (trials x reason: a message):\n\n- {lib.name} `{found.kernel}`: 2 x"
+        in page
+    )
+    with pytest.raises(SystemExit, match="columns"):
+        conformance.append_rows(path, [row])  # the conformance table's columns: refused, nothing appended
+
+
+def test_run_b_alone_with_another_tunesvc_tree_captures_with_that_tree(tmp_path):
+    """``--runs b --tunesvc TREE``: a tree exported at a commit (f744484^ on the GPU; HEAD here)
+    is installed apart and captures run (b); its database is read for the rejection counts."""
+    lib = next(lib for lib in CPU_LIBRARIES if lib.name == "conch-triton-kernels")
+    try:
+        conformance.fetch(lib)
+    except conformance.FetchError as exc:
+        pytest.fail(f"{lib.name}'s own tests are needed from the package index: {exc}")
+    tree = conformance.export_tree("HEAD", tmp_path / "cache")
+    assert (tree / "tunesvc" / "__init__.py").exists() and not (tree / "tests").exists()
+    installed = conformance.install_tree(tree, tmp_path)
+    result = conformance.conform(lib, tmp_path, conformance.TIMEOUT, True, runs_of="b", tunesvc_path=installed)
+    assert list(result.runs) == ["capture_first"] and result.status == "ok", result.status
+    assert result.runs["capture_first"].stats["tunesvc_from"].startswith(str(installed))
+    assert result.rejected and sum(r.trials for r in result.rejected) == result.trials[0] > 0
+    head = subprocess.run(["git", "-C", str(conformance.ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert conformance.tree_commit(tree) == f"{head.stdout.strip()[:12]} (HEAD)"

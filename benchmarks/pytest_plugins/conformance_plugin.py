@@ -9,7 +9,8 @@ of a library's own test suite, with capture off and on alike. It changes nothing
   ``pip install --target`` (the GPU machine's) never runs; the plugin makes the same call, which
   does nothing where the hook already ran.
 - With CONFORMANCE_STATS set, the process's capture counters (tunesvc._capture.STATS: keys tuned,
-  keys served from the store, candidates measured) go to that JSON file at the end.
+  keys served from the store, candidates measured) and the folder of the tunesvc package that
+  captured (``tunesvc_from``) go to that JSON file at the end.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def pytest_unconfigure(config: Any) -> None:
     if not path:
         return
     capture = sys.modules.get("tunesvc._capture")  # imported only where capture took over
-    stats = dict(capture.STATS) if capture is not None else {}
+    stats: dict[str, Any] = dict(capture.STATS) if capture is not None else {}
+    if capture is not None:  # which tunesvc captured (benchmarks/conformance.py --tunesvc runs another tree)
+        stats["tunesvc_from"] = os.path.dirname(os.path.dirname(os.path.abspath(capture.__file__)))
     with open(path, "w") as f:
         json.dump(stats, f)

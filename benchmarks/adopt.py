@@ -129,6 +129,14 @@ def step_adopt(args: argparse.Namespace) -> None:
     for a in adoptions:
         if not a["winner"] or a["detail"]:
             print(f"  {a['kernel']} {a['shape_key']}: {a['detail']}", flush=True)
+    phases: dict[str, float] = {}
+    for a in adoptions:
+        for name, seconds_in in a.get("phases", {}).items():
+            phases[name] = phases.get(name, 0.0) + seconds_in
+    print(
+        "adopt: seconds by phase over its keys: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]))
+    )
     done.write_text(json.dumps({"seconds": seconds, "sibling": sibling, "adoptions": adoptions}))
     device = current_device()
     row = {

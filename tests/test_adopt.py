@@ -106,6 +106,7 @@ def test_adopt_stores_what_it_measured_here_with_its_provenance(db):
     for a in adoptions:
         assert a["chosen"] is not None and a["winner_ms"] == mine[a["shape_key"]].time_ms
         assert a["theirs_ms"] is not None and a["heuristic_ms"] is not None
+        assert a["phases"].get("checking and timing", 0) > 0 and "torch peer" not in a["phases"], a["phases"]
 
 
 def test_adopt_prints_a_table_and_what_it_adopted(db):

@@ -73,6 +73,8 @@ class Adoption:
     heuristic_ms: float | None = None
     #: why the key was not adopted, or what went wrong
     detail: str = ""
+    #: where its seconds went (a sweep's phases: compile waits, checking and timing, finalists...)
+    phases: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -294,7 +296,9 @@ class _Measuring:
             refit_selector=False,
             label="adopt",
             notes=notes,
+            time_peer=False,  # nothing of adopt's reads it
         )
+        adoption.phases = {k: round(v, 3) for k, v in result.phases.items()}
         _record(adoption, result.winner, result.winner_ms, store, store.kernel_version_id(template), self.device)
 
 

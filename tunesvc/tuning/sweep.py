@@ -286,6 +286,7 @@ def run_sweep(
     refit_selector: bool = True,
     label: str | None = None,
     notes: Mapping[str, str] | None = None,
+    time_peer: bool = True,
 ) -> list[ProblemResult]:
     """Tune ``template`` on every problem; returns one result per problem, in order.
 
@@ -316,7 +317,8 @@ def run_sweep(
     the store (see :mod:`tunesvc.tuning.selector_fit`).
     ``label``: what the sweep rows name as their strategy instead of ``strategy`` (``adopt``);
     ``notes``: a line per config hash that its new trial's message ends with (where the config
-    came from: :mod:`tunesvc.adopt`).
+    came from: :mod:`tunesvc.adopt`). ``time_peer``: time the template's torch peer beside the
+    winner (its ``peer_ms``); off where nothing reads it.
     """
     check_sweep_arguments(strategy, budget, time_budget, patience)
     clock = Clock()
@@ -345,6 +347,7 @@ def run_sweep(
         rep_ms=rep_ms,
         label=label or strategy,
         notes=dict(notes or {}),
+        time_peer=time_peer,
     )
     run = _Run(
         template, store, device, options, compiler, candidates, on_start, on_trial, on_phase or _no_phase, measurer
@@ -446,6 +449,7 @@ class _Options:
     rep_ms: float
     label: str
     notes: dict[str, str]
+    time_peer: bool
 
 
 @dataclass(frozen=True)
@@ -700,7 +704,7 @@ class _ProblemSweep:
 
     def _peer(self) -> float | None:
         # a sweep that measured nothing makes no inputs for the peer
-        if self.measurer is None or not has_peer(self.run.template):
+        if self.measurer is None or not self.run.options.time_peer or not has_peer(self.run.template):
             return None
         self.run.on_phase(self.key, "timing the torch peer")
         with self.clock.phase("torch peer"):

@@ -6,6 +6,7 @@
     python benchmarks/adopt.py warm --work DIR         # 3. 8-trial sweeps from the sibling's winners
     python benchmarks/adopt.py compare --work DIR      # 4. all of them timed side by side
     python benchmarks/adopt.py --list                  # the keys and how each is tuned here; no GPU
+    bash benchmarks/adopt-gpu.sh                       # on the lent GPU machine: all four, within one call
 
 Run on a GPU model that is a sibling of the one --db was tuned on (default: tune.db.example, an
 H100 SXM's winners, on an H200). --db is copied into --work; nothing is written to it. Each step
@@ -198,9 +199,11 @@ def step_own(args: argparse.Namespace) -> None:
                         device=device, workers=compiler.workers if compiler is not None else 0,
                         compiler=compiler, measurer=measurer, refit_selector=False,
                     )  # fmt: skip
+                    slowest = sorted(result.phases.items(), key=lambda kv: -kv[1])[:3]
                     print(
                         f"own: {kernel} {result.shape_key} ({how}): {result.trials_stored} trials in "
-                        f"{result.wall_seconds:.1f} s, best {result.winner_ms} ms",
+                        f"{result.wall_seconds:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in slowest)}), "
+                        f"best {result.winner_ms} ms",
                         flush=True,
                     )
             finally:

@@ -250,3 +250,27 @@ def test_a_sweep_on_a_sibling_model_starts_from_its_winners_of_this_key_then_the
     finally:
         store.close()
     assert warm == configs[: 1 + NEIGHBOURS]
+
+
+def test_a_key_tuned_under_two_versions_is_adopted_from_the_current_ones_winner(tmp_path):
+    """The other model's winner of the kernel's current version is the candidate, even where a
+    winner of another version was stored later; a key of another version only is said, not run."""
+    from tunesvc.adopt import by_key
+
+    template = tunesvc.get_template("softmax")
+    db = str(tmp_path / "tune.db")
+    old_only = "M=4096,N=100,dtype=float32"
+    store = Store(db)
+    try:
+        key = next(iter(KEYS))
+        store.merge_winner(template.name, template.version, H100, key, THEIRS, 0.01, "t")
+        store.merge_winner(template.name, "0ld0ld0ld0ld", H100, key, OTHER, 0.01, "t")  # later, another version
+        store.merge_winner(template.name, "0ld0ld0ld0ld", H100, old_only, OTHER, 0.01, "t")
+        entries = [e for e, _ in store.winners_with_devices(kernel="softmax", hardware_id=H100.hardware_id)]
+        assert by_key(entries, template.version)[key].config == THEIRS
+        assert by_key(entries, None)[key].config == OTHER  # no version asked: the newest
+        adoptions = {a.shape_key: a for a in adopt(store, H100.name, kernel="softmax")}
+    finally:
+        store.close()
+    assert adoptions[key].candidates[0] == (OWN, THEIRS) and adoptions[key].adopted
+    assert not adoptions[old_only].candidates and "tuned for kernel version 0ld0ld0ld0ld" in adoptions[old_only].detail

@@ -133,12 +133,9 @@ def adopt(
             f"'{from_device}' is this device ({device.name}); adopt takes another GPU model's winners: "
             "name one that `tune show` lists."
         )
-    by_kernel: dict[str, dict[str, WinnerEntry]] = {}
+    by_kernel: dict[str, list[WinnerEntry]] = {}
     for entry, _ in store.winners_with_devices(kernel=kernel, hardware_id=other.hardware_id):
-        by_kernel.setdefault(entry.kernel, {})
-        held = by_kernel[entry.kernel].get(entry.shape_key)
-        if held is None or entry.updated_at >= held.updated_at:
-            by_kernel[entry.kernel][entry.shape_key] = entry
+        by_kernel.setdefault(entry.kernel, []).append(entry)
     plans: list[tuple[Template | None, Adoption, Problem | None]] = []
     for name in sorted(by_kernel):
         plans += _plan(store, name, by_kernel[name], device, named=name == kernel)
@@ -168,19 +165,34 @@ def adopt(
     return [a for _, a, _ in plans]
 
 
+def by_key(entries: list[WinnerEntry], version: str | None) -> dict[str, WinnerEntry]:
+    """One winner per shape key: of kernel ``version`` where the key has one, else the newest."""
+    out: dict[str, WinnerEntry] = {}
+    for e in entries:
+        held = out.get(e.shape_key)
+        if held is None or (e.kernel_version == version, e.updated_at) >= (
+            held.kernel_version == version,
+            held.updated_at,
+        ):
+            out[e.shape_key] = e
+    return out
+
+
 def _plan(
-    store: Store, name: str, winners: dict[str, WinnerEntry], device: Device, *, named: bool
+    store: Store, name: str, entries: list[WinnerEntry], device: Device, *, named: bool
 ) -> list[tuple[Template | None, Adoption, Problem | None]]:
-    """Each of the other model's keys of kernel ``name`` as an adoption to run (its candidates
-    chosen) or one that says why it is not run."""
+    """Each of the other model's keys of kernel ``name`` (its winners: ``entries``, any version)
+    as an adoption to run (its candidates chosen) or one that says why it is not run."""
     if ":" in name and store.captured_kernels(name):
-        return _plan_captured(store, name, winners, device, named=named)
+        return _plan_captured(store, name, entries, device, named=named)
     try:
         template = template_named_by_data(name, (name if named else None,))
     except TunesvcError as exc:
         return [
-            (None, Adoption(name, k, w.kernel_version, detail=f"not adopted: {exc}"), None) for k, w in winners.items()
+            (None, Adoption(name, k, w.kernel_version, detail=f"not adopted: {exc}"), None)
+            for k, w in sorted(by_key(entries, None).items())
         ]
+    winners = by_key(entries, template.version)
     current = {k: w for k, w in winners.items() if w.kernel_version == template.version}
     theirs = {k: dict(w.config) for k, w in current.items()}
     out: list[tuple[Template | None, Adoption, Problem | None]] = []
@@ -207,7 +219,7 @@ def _plan(
 
 
 def _plan_captured(
-    store: Store, name: str, winners: dict[str, WinnerEntry], device: Device, *, named: bool
+    store: Store, name: str, entries: list[WinnerEntry], device: Device, *, named: bool
 ) -> list[tuple[Template | None, Adoption, Problem | None]]:
     from tunesvc._capture import CapturedTemplate
     from tunesvc._capture import config_dict
@@ -215,7 +227,8 @@ def _plan_captured(
     from tunesvc._capture import kernel_version
 
     def said(detail: str) -> list[tuple[Template | None, Adoption, Problem | None]]:
-        return [(None, Adoption(name, k, w.kernel_version, detail=detail), None) for k, w in sorted(winners.items())]
+        newest = by_key(entries, None)
+        return [(None, Adoption(name, k, w.kernel_version, detail=detail), None) for k, w in sorted(newest.items())]
 
     if not named:
         return said(f"not adopted: a captured kernel, adopted on its recorded calls when named: --kernel {name}")
@@ -225,6 +238,7 @@ def _plan_captured(
         return said(f"not adopted: {exc}")
     version = kernel_version(tuner.fn, tuner.configs)
     template = CapturedTemplate(name, version, tuner.configs)
+    winners = by_key(entries, version)
     current = {k: w for k, w in winners.items() if w.kernel_version == version}
     theirs = {k: dict(w.config) for k, w in current.items()}
     first = config_dict(tuner.configs[0])

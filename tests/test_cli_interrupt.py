@@ -24,6 +24,16 @@ from _capture import interpreter_env
 pytestmark = pytest.mark.serial  # a sweep on every core, interrupted at a moment read from its database
 
 
+@pytest.fixture(autouse=True)
+def _sigint_reaches_the_command():
+    """The commands here get SIGINT as from a terminal's Ctrl-C. A test run started in the
+    background of a non-interactive shell (`cmd &`, as CI scripts do) inherits SIGINT ignored, and
+    a command would inherit that too: handled here, it is reset to its default at their exec."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def _trials(db) -> int:
     try:
         connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)

@@ -208,9 +208,7 @@ def main() -> int:
     import _common
     from _common import geomean
     from _common import print_table
-    from _common import record
     from _common import require_gpu
-    from _common import result_row
     from heldout import time_shape
 
     from tunesvc.device import current_device
@@ -287,18 +285,7 @@ def main() -> int:
         print(f"{key}: timing {', '.join(configs)} and cuBLAS (nearest here: {matched})", flush=True)
         peer_name, times = time_shape(template, problem, configs)
         peer_ms = times.get("peer")
-        rows = [
-            {
-                **result_row(
-                    template, problem, peer=peer_name, ours_ms=ms, peer_ms=peer_ms, timing_method="cuda_graph"
-                ),
-                "kernel": f"matmul [{label}]",
-            }
-            for label in configs
-            if (ms := times.get(label)) is not None and peer_ms is not None
-        ]
-        if rows:
-            record("transfer", rows)  # per shape: a run stopped by a time limit keeps what it timed
+        _record_shape(template, problem, configs, peer_name, times)
         tuned_ms = times.get(TUNED)
         served_vs(key, times, served_ratios, transferred_ratios)
         for label in ratios:
@@ -359,8 +346,6 @@ def served_only(
     """--served-only: per shape, the served config, the transferred one, the heuristic and cuBLAS,
     timed together; rows to transfer.csv; a table and the targets' summary printed."""
     from _common import print_table
-    from _common import record
-    from _common import result_row
     from heldout import time_shape
 
     served, transferred, table = {}, {}, []
@@ -376,18 +361,7 @@ def served_only(
             configs[TRANSFERRED] = picks[key]["transferred"]
         peer_name, times = time_shape(template, problem, configs)
         peer_ms = times.get("peer")
-        rows = [
-            {
-                **result_row(
-                    template, problem, peer=peer_name, ours_ms=ms, peer_ms=peer_ms, timing_method="cuda_graph"
-                ),
-                "kernel": f"matmul [{label}]",
-            }
-            for label in configs
-            if (ms := times.get(label)) is not None and peer_ms is not None
-        ]
-        if rows:
-            record("transfer", rows)  # per shape: a run stopped by a time limit keeps what it timed
+        if _record_shape(template, problem, configs, peer_name, times):
             timed += 1
         served_vs(key, times, served, transferred)
         cells = [f"{d[key]:.3f}" if key in d else "-" for d in (served, transferred)]
@@ -402,6 +376,28 @@ def served_only(
     for line in served_summary(served, transferred):
         print(line, flush=True)
     print(f"{timed} of {len(shapes)} shapes timed in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def _record_shape(
+    template: Any, problem: dict[str, Any], configs: dict[str, Any], peer_name: str, times: dict[str, float | None]
+) -> list[dict[str, Any]]:
+    """One shape's rows ("matmul [label]" against the peer, each timed config), appended to
+    transfer.csv at once: a run stopped by a time limit keeps what it timed."""
+    from _common import record
+    from _common import result_row
+
+    peer_ms = times.get("peer")
+    rows = [
+        {
+            **result_row(template, problem, peer=peer_name, ours_ms=ms, peer_ms=peer_ms, timing_method="cuda_graph"),
+            "kernel": f"matmul [{label}]",
+        }
+        for label in configs
+        if (ms := times.get(label)) is not None and peer_ms is not None
+    ]
+    if rows:
+        record("transfer", rows)
+    return rows
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+from _capture import interpreter_env
 from _devices import H100
 from typer.testing import CliRunner
 
@@ -160,10 +161,7 @@ NAME = "adoptmod:scale_add"
 
 
 def _env(folder, **extra: str) -> dict[str, str]:
-    import os
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNESVC_")}
-    return {**env, "TRITON_INTERPRET": "1", "PYTHONPATH": str(folder), "COLUMNS": "300", **extra}
+    return interpreter_env(PYTHONPATH=str(folder), COLUMNS="300", **extra)
 
 
 def test_a_captured_kernel_is_adopted_on_the_call_recorded_on_the_other_model(tmp_path):

@@ -107,14 +107,18 @@ def sweep(
     db: str,
     *,
     strategy: str = "optuna",
-    budget: int = 40,
+    budget: int | None = 40,
     workers: int | None = None,
     refit_selector: bool = True,
+    candidates: Callable[[dict], list[dict]] | None = None,
+    on_result: Callable[[Any], None] | None = None,
 ) -> dict[str, float]:
     """Tune every problem into db (resuming what is stored there: a killed run continues where
     it stopped); shape key -> wall seconds. One compile pool and one measuring process serve
     every problem, as ``tune sweep`` over several shapes does: their start-up (processes, CUDA
-    contexts, imports) is paid once. ``refit_selector``: as run_sweep's, after each problem."""
+    contexts, imports) is paid once. ``refit_selector``: as run_sweep's, after each problem;
+    ``candidates``: a problem's explicit configs (run_sweep's), in place of the space's;
+    ``on_result``: called with each problem's ProblemResult as it ends."""
     if not problems:
         return {}
     store = Store(db)
@@ -133,8 +137,11 @@ def sweep(
                 compiler=compiler,
                 measurer=measurer,
                 refit_selector=refit_selector,
+                candidates=candidates(problem) if candidates is not None else None,
             )
             seconds[result.shape_key] = result.wall_seconds
+            if on_result is not None:
+                on_result(result)
             print(
                 f"swept {template.name} {result.shape_key}: {result.trials_stored} trials in "
                 f"{result.wall_seconds:.1f} s, best {result.winner_ms} ms {result.winner}",

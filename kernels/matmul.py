@@ -11,7 +11,9 @@
 - ``tma``: persistent, loading A and B through tensor descriptors (Hopper's TMA engine, Triton
   3.4+ ``tl.make_tensor_descriptor``). TMA needs 16-byte aligned rows; an operand without them
   (e.g. A with K=777 in bf16) is first copied into a row-padded buffer, which costs one pass
-  over it but turns every later load into an aligned bulk copy.
+  over it but turns every later load into an aligned bulk copy. FLATTEN = 1 compiles its tile
+  and K loops as one software pipeline, overlapping each tile's epilogue with the next one's
+  first loads; SUBTILE = 1 stores C in two halves (tutorial 09's epilogue subtiling).
 - ``splitk``: for small M and large K, where the tiles alone leave most SMs idle: SPLIT_K
   programs per tile each sum one slice of K into a float32 workspace and count their arrival
   on the tile's counter; the last to arrive adds the slices in a fixed order (s = 0, 1, ...)
@@ -52,6 +54,8 @@ from tunesvc.templates.matmul import MatmulTemplate as MatmulTemplate
 from tunesvc.templates.matmul import tail_split as tail_split
 
 VARIANTS = ("grouped", "persistent", "tma", "splitk", "splittail")
+#: the TMA kernel's loop options (see _matmul_tma_kernel); 0, their first choice, where a config lacks them
+_TMA_LOOP = ("FLATTEN", "SUBTILE")
 
 
 @triton.jit
@@ -183,39 +187,77 @@ def _matmul_persistent_kernel(
 
 
 @triton.jit
+def _tma_tile(
+    a_desc, b_desc, c_desc, c_ptr,
+    tile_id, tile_id_c, num_pid_m, num_pid_n, k_tiles, M, N,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    C_DESCRIPTOR: tl.constexpr, SUBTILE: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):  # fmt: skip
+    """One tile of C: tile ``tile_id``'s sum over K, stored at tile ``tile_id_c``'s place (the same
+    tile, counted apart so that a flattened loop's epilogue does not depend on its prologue)."""
+    pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, k_tiles):
+        a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+        b = b_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
+        acc = _dot_step(a, b, acc, DOT_IN_FP32)
+    pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+    if C_DESCRIPTOR:
+        if SUBTILE:
+            # the tile stored as two halves of BLOCK_N / 2 columns: half the shared memory staged
+            # for the store, which the pipeline can spend on a stage more (Triton tutorial 09)
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], left.to(c_ptr.dtype.element_ty))
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], right.to(c_ptr.dtype.element_ty))
+        else:
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+    else:
+        _store_tile(c_ptr, acc.to(c_ptr.dtype.element_ty), pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
 def _matmul_tma_kernel(
     a_ptr, b_ptr, c_ptr,
     M, N, K,
     stride_am, stride_bk,
     stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
-    C_DESCRIPTOR: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    C_DESCRIPTOR: tl.constexpr, DOT_IN_FP32: tl.constexpr, FLATTEN: tl.constexpr = 0, SUBTILE: tl.constexpr = 0,
 ):  # fmt: skip
+    """Persistent: program p walks tiles p, p + NUM_SMS, ... in grouped order. FLATTEN: the tile
+    loop and the K loop are one software pipeline (tl.range(..., flatten=True), Triton 3.3+), so
+    the next tile's first loads are in flight during this one's epilogue (tutorial 09); SUBTILE:
+    C is stored in two halves (see _tma_tile)."""
     # Descriptors know the true extents: loads past M, N or K are zero-filled by the hardware
     # and stores past them are dropped, so no masks are needed.
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1], block_shape=[BLOCK_K, BLOCK_N])
+    c_desc = b_desc  # unused unless C_DESCRIPTOR (a value Triton can type in both branches)
     if C_DESCRIPTOR:
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N])
+        c_desc = tl.make_tensor_descriptor(
+            c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N // (1 + SUBTILE)]
+        )
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile_id in range(tl.program_id(axis=0), num_pid_m * num_pid_n, NUM_SMS):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, k_tiles):
-            a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-            b = b_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
-            if DOT_IN_FP32:
-                # the interpreter's bf16 dot is wrong (see _tile_dot)
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc)
-        c = acc.to(c_ptr.dtype.element_ty)
-        if C_DESCRIPTOR:
-            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c)
-        else:
-            _store_tile(c_ptr, c, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+    tiles = num_pid_m * num_pid_n
+    pid = tl.program_id(axis=0)
+    if FLATTEN:
+        tile_id_c = pid - NUM_SMS
+        for tile_id in tl.range(pid, tiles, NUM_SMS, flatten=True):
+            tile_id_c += NUM_SMS
+            _tma_tile(
+                a_desc, b_desc, c_desc, c_ptr, tile_id, tile_id_c, num_pid_m, num_pid_n, k_tiles, M, N,
+                stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, C_DESCRIPTOR, SUBTILE, DOT_IN_FP32,
+            )  # fmt: skip
+    else:
+        for tile_id in range(pid, tiles, NUM_SMS):
+            _tma_tile(
+                a_desc, b_desc, c_desc, c_ptr, tile_id, tile_id, num_pid_m, num_pid_n, k_tiles, M, N,
+                stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, C_DESCRIPTOR, SUBTILE, DOT_IN_FP32,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -436,7 +478,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype) if out is None else out
     variant = config.get("VARIANT", "grouped")
-    blocks = {k: v for k, v in config.items() if k not in LAUNCH_OPTIONS and k not in ("VARIANT", "SPLIT_K")}
+    blocks = {k: v for k, v in config.items() if k not in LAUNCH_OPTIONS and k not in ("VARIANT", "SPLIT_K", *_TMA_LOOP)}
     options = {k: v for k, v in config.items() if k in LAUNCH_OPTIONS}
     dot_in_fp32 = interpreting() and a.dtype == torch.bfloat16
     tiles = triton.cdiv(M, blocks["BLOCK_M"]) * triton.cdiv(N, blocks["BLOCK_N"])
@@ -472,7 +514,8 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
             a_tma, b_tma, c, M, N, K,
             a_tma.stride(0), b_tma.stride(0),
             c.stride(0), c.stride(1),
-            **blocks, NUM_SMS=num_sms, C_DESCRIPTOR=_tma_ready(c), DOT_IN_FP32=dot_in_fp32, **options,
+            **blocks, NUM_SMS=num_sms, C_DESCRIPTOR=_tma_ready(c), DOT_IN_FP32=dot_in_fp32,
+            **{name: config.get(name, 0) for name in _TMA_LOOP}, **options,
         )  # fmt: skip
     elif variant == "splitk":
         split_k = config["SPLIT_K"]

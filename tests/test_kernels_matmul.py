@@ -159,7 +159,8 @@ def test_kernels_work_when_current_device_is_called_first(tmp_path):
 
 
 # -- variants: persistent, TMA (tensor descriptors), split-K, split tail -----------------------
-def variant(name: str, block_m=16, block_n=32, block_k=32, group=8, split=1, warps=4, stages=3) -> dict:
+def variant(name: str, block_m=16, block_n=32, block_k=32, group=8, split=1, warps=4, stages=3, loop=(0, 0)) -> dict:
+    """A full config of the space; ``loop``: the TMA kernel's (FLATTEN, SUBTILE)."""
     return {
         "VARIANT": name,
         "BLOCK_M": block_m,
@@ -167,6 +168,7 @@ def variant(name: str, block_m=16, block_n=32, block_k=32, group=8, split=1, war
         "BLOCK_K": block_k,
         "GROUP_M": group,
         "SPLIT_K": split,
+        **dict(zip(("FLATTEN", "SUBTILE"), loop)),
         "num_warps": warps,
         "num_stages": stages,
     }
@@ -180,7 +182,17 @@ VARIANT_CONFIGS = [
     variant("tma"),
     variant("splitk", group=1, split=4),
     variant("splittail"),
+    # the TMA kernel's loop options (FLATTEN, SUBTILE)
+    variant("tma", block_n=64, loop=(1, 1)),
+    variant("tma", loop=(1, 0)),
+    variant("tma", block_n=64, loop=(0, 1)),
 ]
+
+
+def config_id(c: dict) -> str:
+    loop = "".join(f"-{k.lower()}" for k in ("FLATTEN", "SUBTILE") if c.get(k))
+    split = f"-{c['SPLIT_K']}" if c["SPLIT_K"] > 1 else ""
+    return f"{c['VARIANT']}{split}{loop}"
 
 # odd M and N; K=77 rows are not 16-byte aligned in any dtype, K=40 rows are in fp16/bf16;
 # K=64 is whole BLOCK_K steps (the kernels' unmasked EVEN_K loop); M > 64 with K=77 and N=45:
@@ -193,7 +205,7 @@ def test_every_variant_is_tested():
     assert set(TEMPLATE.space.parameters["VARIANT"].choices) == set(VARIANTS)
 
 
-@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=lambda c: c["VARIANT"])
+@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=config_id)
 @pytest.mark.parametrize("dtype", list(TOL), ids=str)
 @pytest.mark.parametrize("shape", VARIANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_variant_matches_float64_reference(shape, dtype, config):
@@ -205,7 +217,7 @@ def test_variant_matches_float64_reference(shape, dtype, config):
     assert rel_error(out, a, b) < TOL[dtype]
 
 
-@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=lambda c: c["VARIANT"])
+@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=config_id)
 def test_variant_writes_every_element_and_nothing_outside(config):
     # more tiles (3 x 3) than the interpreter's persistent programs, ragged on every edge,
     # into a window of a NaN buffer (not 16-byte aligned rows: the TMA kernel stores by pointer)
@@ -220,7 +232,7 @@ def test_variant_writes_every_element_and_nothing_outside(config):
     assert rel_error(out, a, b) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=lambda c: c["VARIANT"])
+@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=config_id)
 @pytest.mark.parametrize("shape", [(37, 45, 77), (37, 24, 40), (70, 45, 77)], ids=lambda s: "x".join(map(str, s)))
 def test_variant_on_transposed_inputs(config, shape):
     # B is (K, N) with strides (1, K): no unit stride along rows, so TMA must stage a copy; the
@@ -275,7 +287,7 @@ def test_pointer_kernels_get_operands_they_load_as_pipelined_vectors():
     assert not matmul_module._loadable(torch.randn(48, 37, **bf16).t(), 0)
 
 
-@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=lambda c: c["VARIANT"])
+@pytest.mark.parametrize("config", VARIANT_CONFIGS, ids=config_id)
 def test_k_shorter_than_one_block(config):
     # the unmasked loop takes no step: the masked last step is all of K (split-K: three slices are empty)
     M, N, K = 21, 37, 20
@@ -431,7 +443,9 @@ def test_tma_kernels_count_the_staged_c_tile_in_shared_memory(device):
     feasible = TEMPLATE.feasible(problem, h100)
     for c in feasible:
         if c["VARIANT"] in ("tma", "splittail"):
-            staged = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * c["num_stages"] + c["BLOCK_M"] * c["BLOCK_N"]
+            # with SUBTILE the C tile is staged in two halves, one at a time
+            c_tile = c["BLOCK_M"] * c["BLOCK_N"] // (1 + c["SUBTILE"])
+            staged = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * c["num_stages"] + c_tile
             assert staged * 2 <= 232448, c
 
 

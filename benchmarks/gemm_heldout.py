@@ -28,7 +28,8 @@ H200 with 16 cores: about 0.5 s per trial measured (100 ms of graph replays, the
 the reference, the set-up) while the next ones compile (8 workers; a compile takes 1-4 s, so a
 batch of 8 is about 3 s), then the three finalists re-timed (about 3 s) and cuBLAS timed once:
 about 30 s a shape at 32 trials, plus about 20 s once for the pool and measuring process to
-start. The 25 shapes: about 13 minutes, two calls (``--shapes 0:13``, then ``13:``) of about 7.
+start. The 25 shapes took 93 s and 86 s on an H200 (``--shapes 0:13``, then ``13:``, with
+Triton's cache warm from a sweep of the matmul presets just before).
 
 Without --sweep, per shape of the slice, on one set of random bf16 inputs: the config the
 runtime looks up in --db (as a user's call gets it; the source, ``exact`` once swept, is in the

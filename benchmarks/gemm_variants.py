@@ -37,18 +37,15 @@ import csv
 import datetime
 import math
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gemm_heldout import CHECK_SHAPES  # noqa: E402
-from gemm_heldout import SHAPES  # noqa: E402
-from gemm_heldout import problems_of  # noqa: E402
-from gemm_heldout import slice_of  # noqa: E402
+from gemm_heldout import CHECK_SHAPES
+from gemm_heldout import SHAPES
+from gemm_heldout import problems_of
+from gemm_heldout import slice_of
 
 CSV = Path(__file__).resolve().parent / "data" / "gemm_variants.csv"
 FIELDS = (
@@ -80,9 +77,7 @@ def family_configs(problem: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return {
         "heuristic": [TEMPLATE.heuristic(problem, fork_safe_current_device())],
         "known good": [dict(c) for c in TEMPLATE.known_good],
-        "tma loop": [
-            matmul_config("tma", m, n, k, 8, 1, w, s, loop) for m, n, k, w, s in TMA_TILES for loop in LOOPS
-        ],
+        "tma loop": [matmul_config("tma", m, n, k, 8, 1, w, s, loop) for m, n, k, w, s in TMA_TILES for loop in LOOPS],
     }
 
 
@@ -98,9 +93,8 @@ def family_of(config: dict[str, Any], families: dict[str, list[dict[str, Any]]])
 
 def candidates_for(problem: dict[str, Any]) -> list[dict[str, Any]]:
     from tunesvc.device import fork_safe_current_device
-    from tunesvc.templates.matmul import TEMPLATE
-
     from tunesvc.space import config_hash
+    from tunesvc.templates.matmul import TEMPLATE
 
     device = fork_safe_current_device()
     seen: dict[str, dict[str, Any]] = {}

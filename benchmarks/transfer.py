@@ -6,8 +6,9 @@
     python benchmarks/transfer.py --list           # print the shapes; no GPU needed
 
 Run on a GPU model that is a sibling of the one --db was tuned on (same compute capability and
-SM count, another hardware id): on an H200 with tune.db.example (H100 SXM winners, sm_90, 132
-SMs), the default. --db is copied first; nothing is written to it.
+SM count, another hardware id): tune.db.example holds matmul's current winners of an H200 (sm_90,
+132 SMs; its H100 SXM rows are of an older matmul version), so run it on an H100 SXM with the
+default --db. --db is copied first; nothing is written to it.
 
 The shapes are GEMMs of the attention and MLP projections of current models (benchmarks/heldout.py's
 MODELS: Llama-3-70B, Qwen2.5-7B, Qwen2.5-32B, Mixtral-8x7B) at M from 1 to 8192 tokens, bf16: per
@@ -142,8 +143,8 @@ def untuned(db: str, shapes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     if not any(a["transferred"] is not None for a in out.values()):
         raise SystemExit(
             f"No shape has a sibling's winner to transfer on {device.name} ({device.hardware_id}) from {db}: run this "
-            "on a sibling of the database's GPU model (same compute capability and SM count, e.g. an H200 for "
-            "tune.db.example's H100 SXM), with TUNESVC_TRANSFER unset."
+            "on a sibling of the GPU model that tuned the kernel's current version (same compute capability and "
+            "SM count: an H100 SXM for tune.db.example's H200 matmul winners), with TUNESVC_TRANSFER unset."
         )
     return out
 

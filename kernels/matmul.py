@@ -478,7 +478,9 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, config: Config, out: torch.T
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype) if out is None else out
     variant = config.get("VARIANT", "grouped")
-    blocks = {k: v for k, v in config.items() if k not in LAUNCH_OPTIONS and k not in ("VARIANT", "SPLIT_K", *_TMA_LOOP)}
+    blocks = {
+        k: v for k, v in config.items() if k not in LAUNCH_OPTIONS and k not in ("VARIANT", "SPLIT_K", *_TMA_LOOP)
+    }
     options = {k: v for k, v in config.items() if k in LAUNCH_OPTIONS}
     dot_in_fp32 = interpreting() and a.dtype == torch.bfloat16
     tiles = triton.cdiv(M, blocks["BLOCK_M"]) * triton.cdiv(N, blocks["BLOCK_N"])

@@ -231,7 +231,16 @@ def test_a_sweep_on_a_sibling_model_starts_from_its_winners_of_this_key_then_the
 
     template = tunesvc.get_template("matmul")
     db = str(tmp_path / "tune.db")
-    base = {"VARIANT": "grouped", "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
+    base = {
+        "VARIANT": "grouped",
+        "BLOCK_K": 64,
+        "GROUP_M": 8,
+        "SPLIT_K": 1,
+        "FLATTEN": 0,
+        "SUBTILE": 0,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     tiles = [(64, 64), (128, 64), (64, 128), (128, 128), (32, 64)]
     ms = [512, 1024, 2048, 4096, 8192]  # nearest to M=512 first, in this order
     configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn} for bm, bn in tiles]

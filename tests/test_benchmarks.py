@@ -77,14 +77,15 @@ def test_the_benchmarks_own_launches_of_the_matmul_kernel_match_its_signature():
 
 
 def test_transfer_benchmark_picks_what_the_chain_serves_beside_the_siblings_winner(tmp_path, monkeypatch):
-    """benchmarks/transfer.py on tune.db.example as an H200 would read it (the H100's sibling):
+    """benchmarks/transfer.py on tune.db.example as an H100 would read it (the sibling of the H200,
+    which holds matmul's current winners):
     per held-out GEMM, "served" is the chain's answer in mode lookup, the sibling's winner only
     where its own trials show a margin over the heuristic, and "transferred" the winner it
     considered; both kinds of answer occur; the summary states the targets."""
     import shutil
     import warnings
 
-    from _devices import H200
+    from _devices import H100
 
     import tunesvc.device
     import tunesvc.serving.runtime
@@ -95,7 +96,7 @@ def test_transfer_benchmark_picks_what_the_chain_serves_beside_the_siblings_winn
     db = str(tmp_path / "example.db")
     shutil.copyfile(BENCHMARKS.parent / "tune.db.example", db)
     for module in (tunesvc.device, tunesvc.serving.runtime):
-        monkeypatch.setattr(module, "current_device", lambda: H200)
+        monkeypatch.setattr(module, "current_device", lambda: H100)
     shapes = transfer.problems(db, quick=False, served_only=True)
     assert len(shapes) > len(transfer.problems(db, quick=False))  # SERVED_M's shapes besides
     with warnings.catch_warnings():

@@ -75,7 +75,7 @@ def test_kernels_json(template):
     [row] = [r for r in json.loads(result.stdout) if r["name"] == "matmul"]
     assert row["dims"] == ["M", "N", "K"]
     assert row["version"] == template.version
-    assert row["space_size"] == template.space.size == 30000
+    assert row["space_size"] == template.space.size == 120000
     assert row["presets"] == sorted(template.presets) and {"llm", "tiny", "skinny"} <= set(row["presets"])
     assert Path(row["space_file"]).name == "matmul.toml"
 
@@ -85,7 +85,7 @@ def test_space_json(template, device):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     problem = template.parse_shape(SHAPE)
-    assert data["size"] == 30000
+    assert data["size"] == 120000
     assert data["feasible"] == len(template.feasible(problem, device)) > 0
     assert data["feasible"] < data["size"]
     assert data["shape_key"] == KEY
@@ -98,7 +98,7 @@ def test_space_table():
     result = invoke("space", "matmul", "--shape", SHAPE)
     assert result.exit_code == 0, result.output
     assert "BLOCK_M" in result.stdout and "Constraints" in result.stdout
-    assert "feasible of 30000" in " ".join(result.stdout.split())  # rich wraps at the terminal width
+    assert "feasible of 120000" in " ".join(result.stdout.split())  # rich wraps at the terminal width
 
 
 def test_sweep_prints_a_table(swept, device):

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 import warnings
@@ -116,11 +115,11 @@ def test_show_orders_shape_keys_by_their_numbers():
 def test_a_lookup_says_when_it_ignores_tuned_keys_of_another_dtype():
     """The example is tuned in bfloat16: a lookup without --dtype (float16) answers with the
     heuristic and says which keys it could not use, and how to use them."""
-    args = ["lookup", "matmul", "--shape", "3000x3000x777", "--db", str(EXAMPLE), "--device", "NVIDIA H100 80GB HBM3"]
+    args = ["lookup", "matmul", "--shape", "3000x3000x777", "--db", str(EXAMPLE), "--device", H200]
     result = invoke(*args, width=200)
     assert result.exit_code == 0, result.output
-    assert "answer  heuristic for NVIDIA H100 80GB HBM3" in result.stdout
-    found = re.search(r"note    matmul is tuned on NVIDIA H100 80GB HBM3 for (\d+) keys in bfloat16, which a float16 "
+    assert "answer  heuristic for NVIDIA H200" in result.stdout
+    found = re.search(r"note    matmul is tuned on NVIDIA H200 for (\d+) keys in bfloat16, which a float16 "
                       r"lookup does not use; pass --dtype bfloat16", result.stdout)  # fmt: skip
     assert found, result.stdout
     stored = [w for w in _example_winners()[0] if w.kernel == "matmul" and "dtype=bfloat16" in w.shape_key]
@@ -156,11 +155,12 @@ def test_import_table_keeps_every_shape_key_whole(tmp_path, width):
     for w in current + older:
         assert _intact(w.shape_key, result.stdout), w.shape_key
     assert f"{len(current) + len(older)} added, 0 replaced, 0 kept" in result.stdout
-    assert result.stdout.count(current[0].hardware_id) == 1  # the device once, in a heading
+    assert all(result.stdout.count(w.hardware_id) == 1 for w in current)  # each device once, in a heading
 
 
 def test_import_heading_keeps_the_device_name_whole_whatever_the_source_path(tmp_path):
-    [hardware_id] = {w.hardware_id for w in _example_winners()[0]}
+    hardware_ids = sorted({w.hardware_id for w in _example_winners()[0]})
+    assert len(hardware_ids) == 2  # the H100's, and the H200's matmul
     # source paths of every length modulo the width: a wrapped heading would split the name on some
     for pad in range(0, 80, 7):
         source = tmp_path / f"d{'x' * pad}" / EXAMPLE.name
@@ -168,24 +168,31 @@ def test_import_heading_keeps_the_device_name_whole_whatever_the_source_path(tmp
         shutil.copyfile(EXAMPLE, source)
         result = invoke("import", str(source), "--db", str(tmp_path / f"{pad}.db"), width=80)
         assert result.exit_code == 0, result.output
-        assert f"From {source}, winners of {hardware_id}" in result.stdout.splitlines()
+        for hardware_id in hardware_ids:
+            assert f"From {source}, winners of {hardware_id}" in result.stdout.splitlines()
 
 
 def test_verify_with_no_winners_of_this_device_says_so_in_one_line():
     result = invoke("verify", "--db", str(EXAMPLE), width=80)
     assert result.exit_code == 0, result.output
     [line] = result.stdout.splitlines()
-    assert line.startswith("No winners of ") and "to verify: it holds NVIDIA H100 80GB HBM3 winners only" in line
+    assert (
+        line.startswith("No winners of ")
+        and "to verify: it holds NVIDIA H100 80GB HBM3, NVIDIA H200 winners only" in line
+    )
+    assert "(verify on one of those GPUs, measure them here with --from-device" in line
 
 
 # -- lookups say where they read and how the shape was bucketed --------------------------------------
 H100 = "NVIDIA H100 80GB HBM3"
+#: where tune.db.example's matmul winners of the current version were measured
+H200 = "NVIDIA H200"
 
 
 def test_lookup_names_the_database_and_the_bucketing(tmp_path):
     (tmp_path / "sub").mkdir()
     shutil.copy(EXAMPLE, tmp_path / "sub" / "example.db")
-    args = ("--dtype", "bfloat16", "--db", "sub/example.db", "--device", H100)  # relative to the cwd, tmp_path
+    args = ("--dtype", "bfloat16", "--db", "sub/example.db", "--device", H200)  # relative to the cwd, tmp_path
     exact = invoke("lookup", "matmul", "--shape", "1000x3000x777", *args)
     assert exact.exit_code == 0, exact.output
     lines = exact.stdout.splitlines()
@@ -193,19 +200,13 @@ def test_lookup_names_the_database_and_the_bucketing(tmp_path):
         "key     M=1024,N=3000,K=777,dtype=bfloat16: M=1000 rounded up to the power of two 1024 "
         "(every M from 513 to 1024 shares it); other dims as given"
     )
-    assert lines[1] == f"answer  exact for {H100}; read from database {tmp_path / 'sub' / 'example.db'}"
+    assert lines[1] == f"answer  exact for {H200}; read from database {tmp_path / 'sub' / 'example.db'}"
     assert lines[2].startswith("config  VARIANT=")
 
-    predicted = invoke("lookup", "matmul", "--shape", "3000x3000x777", *args)
-    assert predicted.exit_code == 0, predicted.output
-    assert f"answer  predicted for {H100}; read from database" in predicted.stdout  # the shipped selector's
-    con = sqlite3.connect(tmp_path / "sub" / "example.db")
-    with con:
-        con.execute("DELETE FROM tunesvc_selectors")  # without one, the nearest rule answers
-    con.close()
+    # no selector of the H200's (its sweeps did not cross-measure), so the nearest rule answers
     near = invoke("lookup", "matmul", "--shape", "3000x3000x777", *args)
     assert near.exit_code == 0, near.output
-    assert f"nearest for {H100}: tuned key M=1024,N=3000,K=777,dtype=bfloat16, 2.00 doublings away" in near.stdout
+    assert f"nearest for {H200}: tuned key M=1024,N=3000,K=777,dtype=bfloat16, 2.00 doublings away" in near.stdout
     assert "log2 scale" in near.stdout
     data = json.loads(invoke("lookup", "matmul", "--shape", "3000x3000x777", *args, "--json").stdout)
     assert data["bucketed"] == {"M": [3000, 4096]} and data["distance"] == 2.0
@@ -224,7 +225,7 @@ def test_lookup_without_a_database_says_which_file_it_looked_for(tmp_path):
 
 def test_the_cli_prints_no_raw_python_warning(tmp_path):
     shutil.copy(EXAMPLE, tmp_path / "tune.db")
-    # an untuned answer (the shipped selector's) from ./tune.db: the runtime warns about the miss;
+    # an untuned answer (the nearest tuned key's) from ./tune.db: the runtime warns about the miss;
     # the answer line says it instead
     done = subprocess.run(
         [
@@ -238,7 +239,7 @@ def test_the_cli_prints_no_raw_python_warning(tmp_path):
             "--dtype",
             "bfloat16",
             "--device",
-            H100,
+            H200,
         ],
         capture_output=True,
         text=True,
@@ -246,7 +247,7 @@ def test_the_cli_prints_no_raw_python_warning(tmp_path):
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    assert "answer  predicted for" in done.stdout
+    assert "answer  nearest for" in done.stdout
     assert done.stderr == ""
 
 

@@ -52,9 +52,9 @@ def test_commands_without_a_database_import_neither_torch_nor_sqlalchemy(args, t
 
 def test_a_lookup_in_a_database_imports_sqlalchemy_but_not_torch(tmp_path):
     args = ["lookup", "matmul", "--shape", "3000x3000x777", "--dtype", "bfloat16", "--db", str(EXAMPLE)]
-    heavy, out = _imported_by([*args, "--device", "NVIDIA H100 80GB HBM3"], tmp_path)
+    heavy, out = _imported_by([*args, "--device", "NVIDIA H200"], tmp_path)
     assert heavy == ["sqlalchemy"]
-    assert "predicted for NVIDIA H100 80GB HBM3" in out
+    assert "nearest for NVIDIA H200" in out
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ import importlib.util
 import re
 import subprocess
 import sys
-from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -446,7 +445,8 @@ def test_readme_tour_lookup_prints_what_the_readme_says(monkeypatch):
     from typer.testing import CliRunner
 
     tour = README[README.index("## A tour of `tune.db.example`") :]
-    command, *printed = tour[tour.index("$ tune lookup") :].split("\n$ ")[0].strip().splitlines()
+    block = tour[tour.index("$ tune lookup") :].split("\n$ ")[0].split("\n```")[0]
+    command, *printed = block.strip().splitlines()
     monkeypatch.chdir(ROOT)
     result = CliRunner().invoke(app, shlex.split(command)[2:], env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output
@@ -506,36 +506,23 @@ def test_readme_says_how_errors_exit(tmp_path):
 
 def test_shape_keys_doc_says_what_tune_lookup_prints_on_the_example(tmp_path):
     """docs/shape-keys.md's worked example on tune.db.example: 1000x3000x777 is `exact`;
-    3000x3000x777 is the key M=4096,..., `predicted` by the stored selector and, without one,
-    `nearest`: the winner of M=1024,..., two doublings away."""
-    import shutil
-    import sqlite3
-
+    3000x3000x777 is the key M=4096,..., `nearest` (the H200 has no selector of matmul): the
+    winner of M=1024,..., two doublings away."""
     doc = " ".join((ROOT / "docs" / "shape-keys.md").read_text().split())
     assert "`--shape 1000x3000x777` is `exact`" in doc
-    assert "`M=4096,...`, not tuned, answered `predicted` by matmul's stored selector" in doc
-    assert "`nearest`: the winner of `M=1024,...`, two doublings away" in doc
-    db = tmp_path / "example.db"
-    shutil.copy(ROOT / "tune.db.example", db)
+    assert "it is `nearest`: the winner of `M=1024,...`, two doublings away" in doc
 
     def answer(shape: str) -> str:
-        args = ["lookup", "matmul", "--shape", shape, "--dtype", "bfloat16", "--db", str(db)]
-        result = CliRunner().invoke(app, [*args, "--device", "NVIDIA H100 80GB HBM3"], env={"COLUMNS": "300"})
+        args = ["lookup", "matmul", "--shape", shape, "--dtype", "bfloat16", "--db", str(ROOT / "tune.db.example")]
+        result = CliRunner().invoke(app, [*args, "--device", "NVIDIA H200"], env={"COLUMNS": "300"})
         assert result.exit_code == 0, result.output
         return result.stdout
 
-    assert "answer  exact for NVIDIA H100 80GB HBM3;" in answer("1000x3000x777")
+    assert "answer  exact for NVIDIA H200;" in answer("1000x3000x777")
     printed = answer("3000x3000x777")
-    assert "key     M=4096,N=3000,K=777,dtype=bfloat16:" in printed and "answer  predicted for" in printed
-    with closing(sqlite3.connect(db)) as connection, connection:
-        connection.execute(
-            "DELETE FROM tunesvc_selectors WHERE kernel_version_id IN "
-            "(SELECT id FROM tunesvc_kernel_versions WHERE kernel = 'matmul')"
-        )
-    printed = answer("3000x3000x777")
+    assert "key     M=4096,N=3000,K=777,dtype=bfloat16:" in printed
     assert (
-        "answer  nearest for NVIDIA H100 80GB HBM3: tuned key M=1024,N=3000,K=777,dtype=bfloat16, 2.00 doublings away"
-        in printed
+        "answer  nearest for NVIDIA H200: tuned key M=1024,N=3000,K=777,dtype=bfloat16, 2.00 doublings away" in printed
     )
 
 

@@ -194,6 +194,7 @@ def config_id(c: dict) -> str:
     split = f"-{c['SPLIT_K']}" if c["SPLIT_K"] > 1 else ""
     return f"{c['VARIANT']}{split}{loop}"
 
+
 # odd M and N; K=77 rows are not 16-byte aligned in any dtype, K=40 rows are in fp16/bf16;
 # K=64 is whole BLOCK_K steps (the kernels' unmasked EVEN_K loop); M > 64 with K=77 and N=45:
 # the pointer kernels load copies of A and B, B's with 3 padding columns

@@ -46,6 +46,8 @@ WINNER = {
     "BLOCK_K": 64,
     "GROUP_M": 8,
     "SPLIT_K": 1,
+    "FLATTEN": 0,
+    "SUBTILE": 0,
     "num_warps": 4,
     "num_stages": 3,
 }

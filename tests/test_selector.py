@@ -867,7 +867,7 @@ def test_without_scikit_learn_the_neighbours_model_is_fitted_alone(monkeypatch):
 def _projecting_set(template, device):
     """A neighbours training set over matmul keys M=16, 32, 64 (N=45, K=29) whose first
     candidate, 32 rows tall, ran fastest on every key, and a second one 16 rows tall."""
-    base = {"VARIANT": "grouped", "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "SPLIT_K": 1}
+    base = {"VARIANT": "grouped", "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "SPLIT_K": 1, "FLATTEN": 0, "SUBTILE": 0}
     candidates = (
         {**base, "BLOCK_M": 32, "num_warps": 4, "num_stages": 3},
         {**base, "BLOCK_M": 16, "num_warps": 4, "num_stages": 2},

@@ -30,7 +30,10 @@ def test_matmul_space_loads_from_search_spaces(template):
     space = template.space
     assert Path(space.source).name == "matmul.toml"
     assert Path(space.source).parent.name == "search_spaces"
-    assert space.names == ["VARIANT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages"]
+    assert space.names == [
+        *("VARIANT", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "FLATTEN", "SUBTILE"),
+        *("num_warps", "num_stages"),
+    ]
     assert space.parameters["VARIANT"].choices == ("grouped", "persistent", "tma", "splitk", "splittail")
     assert space.parameters["BLOCK_M"].choices == (16, 32, 64, 128, 256)
     assert space.parameters["GROUP_M"].choices == (1, 8)
@@ -56,7 +59,7 @@ def test_pow2_single_value_and_from_one(tmp_path):
 def test_enumerate_size_is_product_of_choices(template):
     space = template.space
     expected = math.prod(len(p.choices) for p in space.parameters.values())
-    assert expected == 5 * 5 * 4 * 3 * 2 * 5 * 2 * 5  # SPLIT_K: 1, 2, 3, 4, 8
+    assert expected == 5 * 5 * 4 * 3 * 2 * 5 * 2 * 2 * 2 * 5  # SPLIT_K: 1, 2, 3, 4, 8; FLATTEN, SUBTILE: 0, 1
     configs = space.enumerate()
     assert space.size == expected == len(configs)
     assert len({config_hash(c) for c in configs}) == expected  # no duplicates

@@ -42,6 +42,8 @@ BASE = {
     "BLOCK_K": 32,
     "GROUP_M": 1,
     "SPLIT_K": 1,
+    "FLATTEN": 0,
+    "SUBTILE": 0,
     "num_warps": 4,
     "num_stages": 2,
 }

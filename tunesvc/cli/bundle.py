@@ -236,7 +236,8 @@ def verify(
         measure_here = f", measure them here with --from-device '{stored_on[0]}'" if stored_on else ""
         return _say(
             f"No {which} of {of} in {store.shown_url} to verify{elsewhere} "
-            f"(verify on that GPU{measure_here}, or sweep this one with `tune sweep`)."
+            f"(verify on {'that GPU' if len(stored_on) < 2 else 'one of those GPUs'}{measure_here}, "
+            "or sweep this one with `tune sweep`)."
         )
     shown = [v for v in verdicts if not v.skipped]
     skipped = len(verdicts) - len(shown)

@@ -50,7 +50,15 @@ def tail_split(tiles: int, k_steps: int, block_k: int, sms: int) -> tuple[int, i
 
 
 def matmul_config(
-    variant: str, m: int, n: int, k: int, group: int, split: int, warps: int, stages: int, loop: tuple[int, int] = (0, 0)
+    variant: str,
+    m: int,
+    n: int,
+    k: int,
+    group: int,
+    split: int,
+    warps: int,
+    stages: int,
+    loop: tuple[int, int] = (0, 0),
 ) -> Config:
     """A full config; ``loop``: the TMA kernel's (FLATTEN, SUBTILE), 0 for the others."""
     return {

@@ -179,7 +179,8 @@ def test_ctrl_c_at_an_80_column_terminal_leaves_each_progress_line_drawn_once(tm
     os.close(terminal)
     assert typed and os.waitstatus_to_exitcode(status) == 130, output.decode(errors="replace")[-3000:]
     screen = _screen(output.decode(), 80)
-    for key, total in (("M=64,N=45,K=29,dtype=float32", 58), ("M=128,N=70,K=50,dtype=float32", 150)):
+    # the smaller key's total: its feasible configs on the interpreter, fewer than the budget
+    for key, total in (("M=64,N=45,K=29,dtype=float32", 70), ("M=128,N=70,K=50,dtype=float32", 150)):
         drawn = [line for line in screen if line.startswith(key)]
         assert len(drawn) == 1, screen
         assert re.search(rf" +\d+/{total} (.* )?\d+:\d\d:\d\d$", drawn[0]), drawn[0]

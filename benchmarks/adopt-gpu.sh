@@ -5,10 +5,7 @@
 # A work folder carried in .gpu/adopt-work.tgz (a previous call's $OUT/work.tgz) is resumed.
 # ADOPT_KERNELS (default: every kernel of tune.db.example), ADOPT_MAX_KEYS (default: all keys),
 # ADOPT_END (seconds after the start at which compare must end; default 540).
-rm -rf /tmp/tsvc
-[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/tsvc . || exit 1
-export PYTHONPATH=/tmp/tsvc:/tmp/site PYTHONUNBUFFERED=1
+source benchmarks/_gpu_install.sh
 R=$PWD W=/tmp/adopt-work END=${ADOPT_END:-540}
 [ -d $W ] || { [ -f .gpu/adopt-work.tgz ] && tar xzf .gpu/adopt-work.tgz -C /tmp; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$OUT/gpu.txt"

@@ -10,10 +10,7 @@
 #   e.g. bash benchmarks/gemm-gpu.sh variants:0:13 variants:13:
 # The databases live in /tmp/gemm-work; a previous call's $OUT/work.tgz carried as
 # .gpu/gemm-work.tgz is resumed. GEMM_END: seconds after the start by which steps must end (540).
-rm -rf /tmp/tsvc
-[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/tsvc . || exit 1
-export PYTHONPATH=/tmp/tsvc:/tmp/site PYTHONUNBUFFERED=1
+source benchmarks/_gpu_install.sh
 R=$PWD W=/tmp/gemm-work END=${GEMM_END:-540}
 [ -d $W ] || { mkdir -p $W; [ -f .gpu/gemm-work.tgz ] && tar xzf .gpu/gemm-work.tgz -C /tmp; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$OUT/gpu.txt"

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conformance import append_rows
 from gemm_heldout import CHECK_SHAPES
 from gemm_heldout import SHAPES
 from gemm_heldout import problems_of
@@ -81,14 +82,15 @@ def family_configs(problem: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def family_of(config: dict[str, Any], families: dict[str, list[dict[str, Any]]]) -> str:
+def families_by_hash(problem: dict[str, Any]) -> dict[str, str]:
+    """Config hash -> the first family that lists the config."""
     from tunesvc.space import config_hash
 
-    h = config_hash(config)
-    for name, configs in families.items():
-        if any(config_hash(c) == h for c in configs):
-            return name
-    return "other"
+    found: dict[str, str] = {}
+    for name, configs in family_configs(problem).items():
+        for c in configs:
+            found.setdefault(config_hash(c), name)
+    return found
 
 
 def candidates_for(problem: dict[str, Any]) -> list[dict[str, Any]]:
@@ -120,7 +122,7 @@ def write_rows(db: str, problems: list[dict[str, Any]], peer: dict[str, float | 
         for problem in problems:
             key = str(TEMPLATE.key(problem))
             cublas = peer.get(key)
-            families = family_configs(problem)
+            families = families_by_hash(problem)
             for t in store.trials(kv, dev, key):
                 c = t.config
                 ok = t.status == "ok" and t.time_ms
@@ -130,7 +132,7 @@ def write_rows(db: str, problems: list[dict[str, Any]], peer: dict[str, float | 
                         "gpu": device.name,
                         "triton": triton.__version__,
                         "shape": f"{problem['M']}x{problem['N']}x{problem['K']}",
-                        "family": family_of(c, families),
+                        "family": families.get(t.config_hash, "other"),
                         "variant": c.get("VARIANT", "grouped"),
                         "tile": f"{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']}",
                         "split_k": c.get("SPLIT_K", 1),
@@ -148,13 +150,7 @@ def write_rows(db: str, problems: list[dict[str, Any]], peer: dict[str, float | 
                 )
     finally:
         store.close()
-    new = not CSV.exists()
-    CSV.parent.mkdir(parents=True, exist_ok=True)
-    with CSV.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
+    append_rows(CSV, rows, FIELDS)
     return len(rows)
 
 

@@ -70,8 +70,9 @@ MODELS = (
 )
 #: tokens per GEMM: decode batches to prefill chunks, most not powers of two
 GEMM_M = (1, 24, 200, 1000, 3000, 8192)
-#: decode: (batch, context) pairs
-DECODE_BS = ((1, 300), (16, 1000), (4, 5000), (1, 12000), (8, 32768))
+#: decode: (batch, context) pairs, one sequence to a serving batch of 64 (issue 57's range: contexts
+#: 500 to 32k, batch 1 to 64; 300 is shorter still). The models' GQA ratios are 8, 7, 5 and 4.
+DECODE_BS = ((1, 300), (16, 1000), (4, 5000), (1, 12000), (8, 32768), (32, 700), (64, 1800))
 #: attention forward: (batch, sequence length), causal and not
 ATTENTION_BS = ((1, 1000), (2, 3000), (1, 7000))
 #: norms: tokens
@@ -375,8 +376,8 @@ SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
 
 def sdpa_backends(template: Any) -> dict[str, Callable[[Any], Callable[[], Any]]]:
     """name -> inputs -> a call of SDPA held to that backend (``torch.nn.attention.sdpa_kernel``),
-    for attention; none for other kernels or a torch without the backend."""
-    if template.name != "attention":
+    for attention and decode; none for other kernels or a torch without the backend."""
+    if template.name not in ("attention", "decode"):
         return {}
     from torch.nn.attention import SDPBackend
     from torch.nn.attention import sdpa_kernel
@@ -562,18 +563,18 @@ def main() -> int:
             parser.error(f"--shapes {args.shapes!r}: give --list indices, e.g. 0-5 or 0,3,7")
         problems = subset(problems, wanted)
 
+    from _common import copy_bandwidth
     from _common import geomean
     from _common import print_table
-    from _common import record
     from _common import require_gpu
-    from _common import result_row
 
     from tunesvc.device import current_device
     from tunesvc.store import Store
     from tunesvc.template import get_template
     from tunesvc.tuning import selector_fit
     from tunesvc.tuning import selector_measure
-    from tunesvc.tuning.sweep import run_sweep
+    from tunesvc.tuning.sweep import compile_pool
+    from tunesvc.tuning.sweep import measuring_process
 
     require_gpu("benchmarks/heldout.py")
     import _common
@@ -606,71 +607,26 @@ def main() -> int:
     picks = untuned_picks(args.db, problems)
 
     table, summary = [], {}
+    # the kernel's bound in each row's roofline: the larger of its FLOPs at the bf16 peak and its
+    # minimum bytes at the copy bandwidth measured now
+    bandwidth = copy_bandwidth()
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; {device.name}, {device.sm_count} SMs", flush=True)
     for name, shapes in problems.items():
         template = get_template(name)
-        for problem in shapes:
-            key = str(template.key(problem))
-            pick = picks[(name, key)]
-            configs = {label: pick[label] for label in ("selector", "nearest", "heuristic") if label in pick}
-            swept: tuple[float | None, float | None] = (None, None)
-            if not args.no_sweep:
-                sweeps = [("tuned", "optuna", args.budget)]
-                if args.ceiling > args.budget:
-                    sweeps.append((f"space best of {args.ceiling}", "random", args.ceiling))
-                for label, strategy, budget in sweeps:
-                    store = Store(args.db)
-                    try:
-                        [result] = run_sweep(template, [problem], store, strategy=strategy, budget=budget)
-                    finally:
-                        store.close()
-                    if result.winner is not None:
-                        if strategy == "random":
-                            label = ceiling_label(result)
-                        configs[label] = result.winner
-                        if label == "tuned":
-                            swept = (result.winner_ms, result.peer_ms)
-            if args.candidates and pick.get("candidates"):
-                fits = launchable(template, problem, pick["candidates"])
-                best = best_candidate(template, problem, fits, f"{scratch}/candidates.db") if fits else None
-                if best is not None:
-                    configs["best candidate"] = best
-            print(f"{name} {key}: timing {', '.join(configs)} and the peer", flush=True)
-            others = sdpa_backends(template) | triton_peers(template)
-            peer_name, times = time_shape(template, problem, configs, others)
-            peer_ms = times.get("peer")
-            tuned_ms = times.get("tuned")
-            rows = []
-            for label in configs:
-                ours = times[label]
-                if ours is not None and peer_ms is not None:
-                    row = result_row(
-                        template, problem, peer=peer_name, ours_ms=ours, peer_ms=peer_ms, timing_method="cuda_graph"
-                    )
-                    rows.append({**row, "kernel": f"{name} [{label}]"})
-            if rows:
-                record("heldout", rows)  # per shape: a run stopped by a time limit keeps what it measured
-            if explained := reasons(template, problem, configs.get("tuned"), times, swept):
-                record("heldout_reasons", explained)
-            entry = summary.setdefault(name, {"selector": [], "nearest": [], "best candidate": [], "tuned_vs_peer": []})
-            if "best candidate" in configs and tuned_ms is not None and times.get("best candidate"):
-                entry["best candidate"].append(tuned_ms / times["best candidate"])
-            for label in ("selector", "nearest"):
-                # the selector's column is what the runtime launches: its pick, else the nearest rule's
-                picked = label if label in configs else "nearest"
-                if tuned_ms is not None and picked in configs:
-                    ms = times.get(picked)
-                    entry[label].append(tuned_ms / ms if ms else 0.0)
-            if tuned_ms is not None and peer_ms is not None:
-                entry["tuned_vs_peer"].append(peer_ms / tuned_ms)
-            table.append(
-                [
-                    name,
-                    key,
-                    pick["runtime"],
-                    *(_fmt(times.get(label)) for label in ("selector", "nearest", "heuristic", "tuned", "peer")),
-                    f"{peer_ms / tuned_ms:.2f}x" if tuned_ms and peer_ms else "-",
-                ]
+        # one compile pool and one measuring process for the kernel's sweeps, as ``tune sweep`` over
+        # several shapes has: their start-up (processes, CUDA contexts, imports) is paid once
+        compiler = measurer = None
+        if not args.no_sweep:
+            compiler = compile_pool(template, shapes[0], strategy="optuna", budget=args.budget)
+            measurer = measuring_process(template, shapes[0])
+        try:
+            _held_out_kernel(
+                name, template, shapes, picks, args, scratch, compiler, measurer, bandwidth, table, summary
             )
+        finally:
+            for part in (measurer, compiler):
+                if part is not None:
+                    part.close()
     print_table(
         f"Held-out shapes, bf16, GPU ms from CUDA graphs (sweeps: Optuna, {args.budget} trials)",
         ["kernel", "shape key", "runtime", "selector", "nearest", "heuristic", "tuned", "peer", "peer / tuned"],
@@ -689,6 +645,114 @@ def main() -> int:
         print(" ".join(line), flush=True)
     shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def _held_out_kernel(
+    name: str,
+    template: Any,
+    shapes: list[dict[str, Any]],
+    picks: dict[tuple[str, str], dict[str, Any]],
+    args: argparse.Namespace,
+    scratch: str,
+    compiler: Any,
+    measurer: Any,
+    bandwidth: float,
+    table: list[list[Any]],
+    summary: dict[str, dict[str, list[float]]],
+) -> None:
+    """One kernel's held-out shapes in turn: sweep, time the picks, the tuned winner and the
+    peers, record; its rows go to ``table`` and its ratios to ``summary``."""
+    from _common import record
+    from _common import result_row
+    from gemm_heldout import PEAK_TFLOPS
+
+    from tunesvc.store import Store
+    from tunesvc.tuning.sweep import run_sweep
+
+    for problem in shapes:
+        key = str(template.key(problem))
+        pick = picks[(name, key)]
+        configs = {label: pick[label] for label in ("selector", "nearest", "heuristic") if label in pick}
+        swept: tuple[float | None, float | None] = (None, None)
+        if not args.no_sweep:
+            sweeps = [("tuned", "optuna", args.budget)]
+            if args.ceiling > args.budget:
+                sweeps.append((f"space best of {args.ceiling}", "random", args.ceiling))
+            for label, strategy, budget in sweeps:
+                store = Store(args.db)
+                try:
+                    [result] = run_sweep(
+                        template,
+                        [problem],
+                        store,
+                        strategy=strategy,
+                        budget=budget,
+                        workers=compiler.workers if compiler is not None else 0,
+                        compiler=compiler,
+                        measurer=measurer,
+                    )
+                finally:
+                    store.close()
+                if result.winner is not None:
+                    if strategy == "random":
+                        label = ceiling_label(result)
+                    configs[label] = result.winner
+                    if label == "tuned":
+                        swept = (result.winner_ms, result.peer_ms)
+        if args.candidates and pick.get("candidates"):
+            fits = launchable(template, problem, pick["candidates"])
+            best = best_candidate(template, problem, fits, f"{scratch}/candidates.db") if fits else None
+            if best is not None:
+                configs["best candidate"] = best
+        print(f"{name} {key}: timing {', '.join(configs)} and the peer", flush=True)
+        others = sdpa_backends(template) | triton_peers(template)
+        peer_name, times = time_shape(template, problem, configs, others)
+        peer_ms = times.get("peer")
+        tuned_ms = times.get("tuned")
+        cost = template.cost(problem)
+        bound_ms = max(cost.flops / (PEAK_TFLOPS * 1e12), cost.bytes / bandwidth) * 1e3
+        # a memory-bound kernel's rate in GB/s (its bytes), a compute-bound one's in TFLOP/s
+        unit, work = ("TFLOP/s", cost.flops) if name in ("matmul", "attention") else ("GB/s", cost.bytes)
+        rows = []
+        for label in configs:
+            ours = times[label]
+            if ours is not None and peer_ms is not None:
+                row = result_row(
+                    template,
+                    problem,
+                    peer=peer_name,
+                    ours_ms=ours,
+                    peer_ms=peer_ms,
+                    timing_method="cuda_graph",
+                    rate_unit=unit,
+                    work=work,
+                )
+                row.update(kernel=f"{name} [{label}]", roofline=f"{bound_ms / ours:.3f}", config=_short(configs[label]))
+                rows.append(row)
+        if rows:
+            record("heldout", rows)  # per shape: a run stopped by a time limit keeps what it measured
+        if explained := reasons(template, problem, configs.get("tuned"), times, swept):
+            record("heldout_reasons", explained)
+        entry = summary.setdefault(name, {"selector": [], "nearest": [], "best candidate": [], "tuned_vs_peer": []})
+        if "best candidate" in configs and tuned_ms is not None and times.get("best candidate"):
+            entry["best candidate"].append(tuned_ms / times["best candidate"])
+        for label in ("selector", "nearest"):
+            # the selector's column is what the runtime launches: its pick, else the nearest rule's
+            picked = label if label in configs else "nearest"
+            if tuned_ms is not None and picked in configs:
+                ms = times.get(picked)
+                entry[label].append(tuned_ms / ms if ms else 0.0)
+        if tuned_ms is not None and peer_ms is not None:
+            entry["tuned_vs_peer"].append(peer_ms / tuned_ms)
+        table.append(
+            [
+                name,
+                key,
+                pick["runtime"],
+                *(_fmt(times.get(label)) for label in ("selector", "nearest", "heuristic", "tuned", "peer")),
+                f"{peer_ms / tuned_ms:.2f}x" if tuned_ms and peer_ms else "-",
+            ]
+        )
 
 
 def visible_gpus(text: str, torch_count: int) -> list[str]:

@@ -8,9 +8,9 @@
 The shapes come from models, not from the presets, and none has a shape key that a preset of its
 kernel tunes (checked below, before anything runs): GEMMs of the attention and MLP projections of
 Llama-3-70B, Qwen2.5-7B, Qwen2.5-32B and Mixtral-8x7B at M from 1 to 8192 tokens; decode
-attention at contexts from a few hundred to 32k tokens in those models' head layouts; attention
-forward at sequence lengths that are not powers of two; layer and RMS norms at those hidden
-sizes. bf16 throughout.
+attention at contexts from a few hundred to 32k tokens and batches from 1 to 64 in those models'
+head layouts; attention forward at sequence lengths that are not powers of two; layer and RMS
+norms at those hidden sizes. bf16 throughout.
 
 --db should hold the presets' sweeps (a copy of tune.db.example): with --fit, each kernel's
 selector is first fitted there (every stored winner measured on every tuned key, then the tree).
@@ -25,7 +25,9 @@ from CUDA graphs over copies of the inputs that together exceed L2 twice (GPU ti
 tunesvc.bench.graph_time), in the same run: picks that are the same config share one timing, and
 each distinct config and the peer are timed in three interleaved rounds (median). Rows go to
 benchmarks/results/heldout.csv, one per (shape, pick), with the pick in the kernel column
-(``matmul [selector]``). --ceiling N then adds random trials up to N per shape and times their
+(``matmul [selector]``), its config, its rate and its roofline fraction (the larger of its FLOPs
+at the bf16 peak and its minimum bytes at the copy bandwidth measured in the run, over its time).
+--ceiling N then adds random trials up to N per shape and times their
 best beside the others (``matmul [space best of N]``, N the trials its key then holds; ``of all
 N`` where that is every feasible config): whether a missed target is the short sweep's or the
 space's. --gpus N runs N processes, one per GPU, each on a copy of --db (after --fit, which runs
@@ -37,7 +39,7 @@ candidate]``: a grid sweep of its candidates, each as the runtime could launch i
 database): whether a pick outside 5% of tuned is the model's choice or the candidates' reach.
 Beside heldout.csv, heldout_reasons.csv gets what may explain a missed target, timed in the same
 run: GEMMs with M rounded up to the tuned config's BLOCK_M (ours and cuBLAS; a tile of BLOCK_M rows
-computes its padding rows too), attention's tuned config against each SDPA backend by name,
+computes its padding rows too), attention's and decode's tuned config against each SDPA backend by name,
 with the kernel SDPA's default ran (from the profiler), the tuned config against another
 library's Triton kernel for the same op where it is installed (TRITON_PEERS: FlagGems), and the
 tuned winner against the peer as its sweep timed them (``[tuned, as its sweep timed it]``, timing

@@ -197,7 +197,7 @@ def _gemm_heldout(results_dir: Path) -> list[str]:
 
 
 #: issue targets on held-out shapes: tuned / peer geometric mean and lowest, per kernel
-HELDOUT_TARGETS = {"matmul": (1.0, 0.9), "decode": (1.0, None), "attention": (0.9, None)}
+HELDOUT_TARGETS = {"matmul": (1.0, 0.9), "decode": (1.0, 1.0), "attention": (0.9, None)}
 #: the runtime's untuned pick: within 5% of the tuned best on this share of shapes, never below
 PICK_WITHIN, PICK_FLOOR = 0.9, 0.85
 

@@ -571,36 +571,98 @@ def _running_claim(db: str, timeout: float = 120.0) -> None:
     raise AssertionError("the first process never claimed the key")
 
 
+class _Lines:
+    """The lines a child writes to ``stream``, each with the monotonic time it was read, read by a
+    thread; :meth:`wait_for` waits on an event set per line, not on a clock."""
+
+    def __init__(self, stream) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._changed = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._changed:
+                self.lines.append((time.monotonic(), line))
+                self._changed.notify_all()
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def wait_for(self, text: str, timeout: float) -> float | None:
+        """When the first line holding ``text`` was read (None: none before the stream closed,
+        or within ``timeout`` seconds, a cap against a hang and no part of what is tested)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._closed or any(text in line for _, line in self.lines), timeout)
+            return next((at for at, line in self.lines if text in line), None)
+
+    def text(self) -> str:
+        self._thread.join(timeout=60)
+        with self._changed:
+            return "".join(line for _, line in self.lines)
+
+
+#: TUNESVC_CLAIM_STALE_S of the stopped holder's test: its heartbeat (every STALE_S / 4) stops
+#: with it, and the waiter takes its claim over once the last beat is this old
+STALE_S = 8.0
+#: ... and of the killed holder's: a stale heartbeat would take 90 s or more, so a takeover within
+#: TAKEOVER_S of the kill is the dead process seen (the waiter polls every claim.POLL_S)
+KILLED_STALE_S = 120.0
+#: the most seconds from the signal to the waiter's "took the claim", over what the claim itself
+#: waits (nothing for a killed holder, at most STALE_S for a stopped one): slack for a loaded
+#: machine. On 2 cores with 4 busy loops beside the test, the killed holder's claim was taken
+#: 0.22 s after the kill (one poll) and the stopped one's 7.1-8.0 s after the stop (never past STALE_S)
+TAKEOVER_S = 20.0
+
+
 @pytest.mark.parametrize("how", ["killed", "stopped"])
 def test_a_claim_of_a_killed_or_stopped_process_is_taken_over_in_seconds(how, app, tmp_path):
-    """The holder dies (kill -9) or stops (SIGSTOP) while tuning; the next process takes the
-    claim over in seconds (not the minute a stale heartbeat took), says that it waited, and
-    tunes the key."""
+    """The holder dies (kill -9, reaped) or stops (SIGSTOP) while tuning, with the next process
+    already waiting on its claim (it said so while the holder's heartbeat went on); the waiter
+    takes the claim over in seconds (not the minute a stale heartbeat took): a dead holder's at
+    once, a stopped one's once its heartbeat is STALE_S old; it says that it waited and tunes the key.
+
+    The times are taken from the signal to the waiter's line that it took the claim, read as the
+    waiter writes it: how long the processes take to start and the key to tune is not counted."""
     db = str(tmp_path / "claims.db")
-    env = _env(TUNESVC_CAPTURE="1", TUNESVC_DB=db, TUNESVC_CLAIM_STALE_S="8")  # a wait past claim.NOTICE_S: said
+    stale = KILLED_STALE_S if how == "killed" else STALE_S
+    env = _env(TUNESVC_CAPTURE="1", TUNESVC_DB=db, TUNESVC_CLAIM_STALE_S=f"{stale:g}")
     holder = subprocess.Popen(
         [sys.executable, str(app)],
-        env=env | {"APP_NAP": "30"},
+        env=env | {"APP_NAP": "600"},  # holds the claim for as long as the test runs
         cwd=app.parent,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    waiter = None
+    out = tmp_path / "waiter.out"
     try:
         _running_claim(db)
+        with out.open("w") as stdout:
+            waiter = subprocess.Popen(
+                [sys.executable, str(app)], env=env, cwd=app.parent, stdout=stdout, stderr=subprocess.PIPE, text=True
+            )
+        said = _Lines(waiter.stderr)
+        assert said.wait_for("tunesvc: waiting for", timeout=300) is not None, said.text()
+        assert said.wait_for("tunesvc: waited", timeout=0) is None  # a live holder's claim is not taken
         holder.send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
-        started = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, str(app)], env=env, cwd=app.parent, capture_output=True, text=True, timeout=120
-        )
-        took = time.monotonic() - started
+        signalled = time.monotonic()
+        if how == "killed":
+            holder.wait()  # reaped, as a parent reaps its killed child: its pid is gone
+        took = said.wait_for("tunesvc: waited", timeout=300)
+        assert waiter.wait(timeout=300) == 0, said.text()
     finally:
         holder.kill()
         holder.wait()
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == "ok"
-    assert took < 40, took
-    if how == "stopped":  # alive, its heartbeat stopped: a wait, said, then taken over
-        assert "tunesvc: waiting for" in done.stderr and "tunesvc: waited" in done.stderr, done.stderr
+        if waiter is not None:
+            waiter.kill()
+            waiter.wait()
+    stderr = said.text()
+    assert out.read_text().splitlines()[-1] == "ok"
+    assert took is not None and "took the claim." in stderr, stderr
+    assert took - signalled < (0.0 if how == "killed" else STALE_S) + TAKEOVER_S, (took - signalled, stderr)
     store = Store(db)
     try:
         assert [w.shape_key for w in store.winners()] and store.winners()[0].kernel == "appkernels:scale"

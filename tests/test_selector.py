@@ -20,6 +20,7 @@ from sklearn.tree import DecisionTreeClassifier
 import tunesvc
 from tunesvc import TunesvcError
 from tunesvc.bench import Measurement
+from tunesvc.bench import Measurer
 from tunesvc.bench import Status
 from tunesvc.bench import relative_error
 from tunesvc.bundle import build_bundles
@@ -44,7 +45,12 @@ UNTUNED = {"M": 200, "N": 70, "K": 50}
 @pytest.fixture(scope="module")
 def fitted_db(tmp_path_factory):
     """A database with 4 tiny matmul keys swept (3 trials each), every winner cross-measured on
-    every key, and the selector fitted: real interpreter timings."""
+    every key, and the selector fitted: real interpreter timings.
+
+    Which configs win depends on those timings; what the tests below read does not: cross_measure
+    leaves no key without a trial of every candidate (it goes back over the keys where measuring
+    gives one a new winner), so all 4 keys are fitted on, and M=128's winner, whichever of its
+    trials it is, has a tile that fits UNTUNED: UNTUNED's lookup is ``predicted``."""
     path = str(tmp_path_factory.mktemp("selector") / "fitted.db")
     template, device = tunesvc.get_template("matmul"), tunesvc.current_device()
     store = Store(path)
@@ -682,6 +688,64 @@ def test_a_runner_up_is_a_candidate_once_measured_on_every_tuned_key(tmp_db, tem
         # left out, a key's own near-best do not count: without the second key, c is near-best once
         excluded = selector_fit.training_set(store, template, device, exclude=(str(template.key(problems[1])),))
         assert config_hash(c) not in {config_hash(x) for x in excluded.candidates}
+    finally:
+        store.close()
+
+
+class _FixedTimes(Measurer):
+    """A measurer whose times are fixed: ``first[(key, hash)]`` for a first timing, ``again``
+    for each re-timing (a config missing from either breaks no rule it is not asked about)."""
+
+    def __init__(self, template, problem, device, first, again):
+        self.template, self.problem, self.device, self.rep_ms = template, problem, device, 1.0
+        self.key, self.first, self.again = str(template.key(problem)), first, again
+
+    def _timed(self, times, config):
+        return Measurement(
+            Status.OK, time_ms=times[self.key, config_hash(config)], spread=0.0, reps=1, message="timed: fixed"
+        )
+
+    def measure(self, config):
+        return self._timed(self.first, config)
+
+    def time_only(self, config, rep_ms=None, graph_ms=None):
+        return self._timed(self.again, config)
+
+    def time_peer(self):
+        return Measurement(Status.INVALID, message="no peer")
+
+
+def test_cross_measure_measures_a_config_that_wins_a_later_key_on_the_keys_before_it(
+    tmp_db, template, device, monkeypatch
+):
+    """On fixed times: key A's winner x, key B's y (z ran there too). Measuring x on B, x's
+    first time beats y; re-timed side by side both read slower, and the chase re-times z, which
+    now wins B. z never ran on A, measured before B: the same call goes back and measures it
+    there, so that the training set keeps both keys."""
+    problems = [template.problem(M=m, N=n, K=k) for m, n, k in SHAPES[:2]]
+    a, b = (str(template.key(p)) for p in problems)
+    assert sorted([b, a]) == [a, b]  # cross_measure goes over A first
+    x, y, z = [c for c in template.feasible(problems[0], device) if not template.violations(c, problems[1], device)][:3]
+    hx, hy, hz = (config_hash(c) for c in (x, y, z))
+    first = {(a, hy): 2.0, (a, hz): 3.0, (b, hx): 0.5}
+    again = {(b, hx): 1.5, (b, hy): 1.4, (b, hz): 1.3}
+    monkeypatch.setattr("tunesvc.bench.measurer_for", lambda t, p, d, **_: _FixedTimes(t, p, d, first, again))
+    store = Store(tmp_db)
+    try:
+        kv_id, device_id = store.kernel_version_id(template), store.device_id(device)
+        for problem, trials in zip(problems, [[(x, 1.0)], [(y, 1.0), (z, 1.3)]]):
+            key = str(template.key(problem))
+            sweep_id = store.start_sweep(kv_id, device_id, key, problem, "grid", None, 0)
+            measured = [(c, config_hash(c), Measurement(Status.OK, time_ms=t, spread=0.0, reps=1)) for c, t in trials]
+            store.add_trials(sweep_id, kv_id, device_id, key, measured)
+            store.update_winner(kv_id, device_id, key)
+        visits: list[tuple[str, int]] = []
+        assert selector_measure.cross_measure(store, template, device, on_key=lambda k, n: visits.append((k, n))) == 3
+        assert visits == [(a, 1), (b, 1), (a, 1)]  # y on A, x on B; then z, B's new winner, on A
+        assert selector_fit.tuned_winners(store, template, device.hardware_id) == {a: x, b: z}
+        data = selector_fit.training_set(store, template, device)
+        assert data.keys == (a, b) and not data.skipped
+        assert selector_measure.cross_measure(store, template, device) == 0  # nothing left to measure
     finally:
         store.close()
 

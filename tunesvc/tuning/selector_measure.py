@@ -52,6 +52,12 @@ def cross_measure(
     trials (and any new winner) like a sweep's. Returns the number of trials stored. ``on_key(key, n)`` is called
     before a key's ``n`` candidates are measured.
 
+    Measuring a key can change the candidates: a new winner there (a candidate, or one of the
+    key's own trials that the re-timing puts first) or a new runner-up. The keys are gone over
+    again until no candidate lacks a trial on one of them, so that a config that became a
+    candidate on a later key is measured on the earlier ones too; no (key, config) is measured
+    twice in one call.
+
     ``time_budget``: seconds after which no further key is started (the first key with gaps
     always is, so that calls in turn make progress); the keys left keep their gaps, which a
     later call fills, and :func:`training_set` skips them meanwhile.
@@ -69,53 +75,65 @@ def cross_measure(
     from tunesvc.bench import FINALIST_ROUNDS
     from tunesvc.bench import measurer_for
 
-    winners = tuned_winners(store, template, device.hardware_id)
-    stored = store.trial_times(template.name, template.version, device.hardware_id)
-    candidates = distinct_candidates(
-        winners, runner_up_configs(store, template, device.hardware_id, winners, stored, measured=False)
-    )
-    kv_id, device_id = store.kernel_version_id(template), store.device_id(device)
-    retimed = store.swept_keys(kv_id, device_id, CROSS_RETIME) if retime else set()
-    hashes = {config_hash(c) for c in candidates}
-    total, began, measured_keys = 0, _now(), 0
     index, count = shard
     if not 0 <= index < count:
         raise TunesvcError(f"A cross-measure share is (i, n) with 0 <= i < n, not {shard}.")
-    for key in sorted(winners)[index::count]:
-        missing = [(c, config_hash(c)) for c in candidates if config_hash(c) not in stored.get(key, {})]
-        again = retime and key not in retimed
-        if not missing and not again:
-            continue
-        if measured_keys and _spent(began, time_budget):
-            break
-        measured_keys += 1
-        problem = template.problem_of_key(key)
-        if on_key is not None:
-            on_key(key, len(candidates) if again else len(missing))
-        # the key is served its stored winner: it is kept among the finalists. The candidates get
-        # first timings, the stored winner had a finalist's longer one (which a GPU at its power
-        # cap reads slower): the fastest, if it is not the winner, is re-timed beside it, as a
-        # sweep's finalists are, before it can take the key on a time taken another way
-        tuning = KeyTuning(
-            store,
-            kv_id,
-            device_id,
-            key,
-            problem=problem,
-            strategy=CROSS_RETIME if again else CROSS_MEASURE,
-            served=winners[key],
-            finalists=Finalists(1),
+    kv_id, device_id = store.kernel_version_id(template), store.device_id(device)
+    retimed = store.swept_keys(kv_id, device_id, CROSS_RETIME) if retime else set()
+    total, began, measured_keys = 0, _now(), 0
+    #: (key, config hash) pairs this call measured: none is measured twice
+    tried: set[tuple[str, str]] = set()
+    while True:  # a pass over the keys; the next one measures the candidates that it added
+        winners = tuned_winners(store, template, device.hardware_id)
+        stored = store.trial_times(template.name, template.version, device.hardware_id)
+        candidates = distinct_candidates(
+            winners, runner_up_configs(store, template, device.hardware_id, winners, stored, measured=False)
         )
-        tuning.open()
-        started = _now()
-        with measurer_for(template, problem, device) as measurer:
-            total += sum(i is not None for i in tuning.record(tuning.measure(measurer, [c for c, _ in missing])))
-            if again:  # every candidate, once, as a finalist's round times it
-                tuning.retime(measurer, Finalists(0, rep_ms=measurer.rep_ms / FINALIST_ROUNDS, rounds=1), keep=hashes)
-            else:
-                tuning.retime(measurer)
-        tuning.finish(_now() - started)
-    return total
+        hashes = {config_hash(c) for c in candidates}
+        visited = 0
+        for key in sorted(winners)[index::count]:
+            missing = [
+                (c, h) for c in candidates if (h := config_hash(c)) not in stored.get(key, {}) and (key, h) not in tried
+            ]
+            again = retime and key not in retimed
+            if not missing and not again:
+                continue
+            if measured_keys and _spent(began, time_budget):
+                return total
+            measured_keys += 1
+            visited += 1
+            tried.update((key, h) for _, h in missing)
+            problem = template.problem_of_key(key)
+            if on_key is not None:
+                on_key(key, len(candidates) if again else len(missing))
+            # the key is served its stored winner: it is kept among the finalists. The candidates
+            # get first timings, the stored winner had a finalist's longer one (which a GPU at its
+            # power cap reads slower): the fastest, if it is not the winner, is re-timed beside it,
+            # as a sweep's finalists are, before it can take the key on a time taken another way
+            tuning = KeyTuning(
+                store,
+                kv_id,
+                device_id,
+                key,
+                problem=problem,
+                strategy=CROSS_RETIME if again else CROSS_MEASURE,
+                served=winners[key],
+                finalists=Finalists(1),
+            )
+            tuning.open()
+            started = _now()
+            with measurer_for(template, problem, device) as measurer:
+                total += sum(i is not None for i in tuning.record(tuning.measure(measurer, [c for c, _ in missing])))
+                if again:  # every candidate, once, as a finalist's round times it
+                    tuning.retime(
+                        measurer, Finalists(0, rep_ms=measurer.rep_ms / FINALIST_ROUNDS, rounds=1), keep=hashes
+                    )
+                    retimed.add(key)
+                else:
+                    tuning.retime(measurer)
+            tuning.finish(_now() - started)
+        if not visited:
+            return total
 
 
 def _now() -> float:

@@ -929,6 +929,14 @@ def _rejections(path: Path) -> list[str]:
             ]
             if said:
                 lines += ["", f"Rejections with tunesvc {commit} on {device} (trials x reason: a message):", "", *said]
+        # a run stopped early counts only the kernels it reached
+        stopped = sorted(
+            f"- {library} with tunesvc {commit}: {held[0]['status']}; the counts are of the kernels it reached"
+            for (d, commit, library), held in latest.items()
+            if d == device and held[0]["kernel"] and held[0]["status"] not in ("", "ok")
+        )
+        if stopped:
+            lines += ["", f"Runs on {device} that did not finish:", "", *stopped]
     return lines
 
 

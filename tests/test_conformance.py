@@ -184,6 +184,13 @@ def test_rejected_candidates_are_counted_per_kernel_with_their_reasons_and_shown
         f"Rejections with tunesvc new on GPU A (trials x reason: a message):\n\n- {lib.name} `{found.kernel}`: 2 x"
         in page
     )
+    assert "did not finish" not in page
+    stopped = row | {"tunesvc_commit": "newer", "run": "2030-01-03", "status": "timed out after 240 s: capture_first"}
+    conformance.append_rows(path, [stopped], conformance.REJECTION_COLUMNS)
+    page = "\n".join(results_page._rejections(path))
+    assert (
+        f"- {lib.name} with tunesvc newer: timed out after 240 s: capture_first; the counts are of the kernels" in page
+    )
     with pytest.raises(SystemExit, match="columns"):
         conformance.append_rows(path, [row])  # the conformance table's columns: refused, nothing appended
 

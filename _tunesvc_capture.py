@@ -18,16 +18,24 @@ import threading
 import types
 
 TARGET = "triton.runtime.autotuner"
+#: torch's module through which Dynamo traces a Triton kernel's call inside torch.compile
+COMPILED_TARGET = "torch._higher_order_ops.triton_kernel_wrap"
 
 
 def install() -> None:
     if os.environ.get("TUNESVC_CAPTURE", "") in ("", "0"):
         return
-    module = sys.modules.get(TARGET)
-    if module is not None and hasattr(module, "Autotuner"):
-        patch(module)
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    _watch(TARGET, "Autotuner", patch)
+    _watch(COMPILED_TARGET, "TritonHOPifier", patch_compiled)
+
+
+def _watch(name, attribute, on_load) -> None:
+    """``on_load(module)`` now if ``name`` is imported, else once it is."""
+    module = sys.modules.get(name)
+    if module is not None and hasattr(module, attribute):
+        on_load(module)
+    elif not any(isinstance(f, _Finder) and f.target == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder(name, on_load))
 
 
 def patch(module) -> None:
@@ -89,6 +97,33 @@ def _trampoline(autotuner, cls) -> None:
     _HOOKED[cls] = original
 
 
+def patch_compiled(module) -> None:
+    """Start tunesvc where Dynamo first traces a Triton kernel, too: inside torch.compile no
+    ``Autotuner.run`` is called, so a program whose autotuned kernels all run in compiled code
+    would never reach the trampolines above. The trampoline on torch's
+    ``TritonHOPifier.call_triton_kernel`` puts torch's method back, starts tunesvc (which puts its
+    own hook there, :mod:`tunesvc._capture.compiled`) and calls what the class then holds."""
+    cls = getattr(module, "TritonHOPifier", None)
+    original = None if cls is None else cls.__dict__.get("call_triton_kernel")
+    if _STARTED or type(original) is not types.FunctionType or hasattr(original, "__tunesvc_original__"):
+        return
+
+    def call_triton_kernel(self, *args, **kwargs):
+        if cls.__dict__.get("call_triton_kernel") is call_triton_kernel:
+            cls.call_triton_kernel = original
+        autotuner = sys.modules.get(TARGET)
+        if autotuner is not None and hasattr(autotuner, "Autotuner"):
+            _start(autotuner.Autotuner)
+        return cls.call_triton_kernel(self, *args, **kwargs)
+
+    call_triton_kernel.__tunesvc_original__ = original
+    call_triton_kernel.__name__, call_triton_kernel.__qualname__ = original.__name__, original.__qualname__
+    try:
+        cls.call_triton_kernel = call_triton_kernel
+    except Exception:  # left as it is: compiled regions are Inductor's until tunesvc starts
+        pass
+
+
 def _start(autotuner) -> None:
     """Every trampoline's first act: put each class's own run back, then let tunesvc take over
     (it wraps ``Autotuner.run`` and its subclasses' runs as ``tunesvc.capture()`` does)."""
@@ -123,31 +158,36 @@ def _start(autotuner) -> None:
 
 
 class _Finder:
-    """Finds nothing itself: it wraps the loader of triton.runtime.autotuner to patch it once loaded."""
+    """Finds nothing itself: it wraps the loader of its target module to patch it once loaded."""
+
+    def __init__(self, target=TARGET, on_load=None) -> None:
+        self.target = target
+        self.on_load = on_load or patch
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET:
+        if fullname != self.target:
             return None
         sys.meta_path.remove(self)
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             spec = find(fullname, path, target) if find else None
             if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader)
+                spec.loader = _Loader(spec.loader, self.on_load)
                 return spec
         return None
 
 
 class _Loader:
-    def __init__(self, loader) -> None:
+    def __init__(self, loader, on_load) -> None:
         self._loader = loader
+        self._on_load = on_load
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
         self._loader.exec_module(module)
-        patch(module)
+        self._on_load(module)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)

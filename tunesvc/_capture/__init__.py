@@ -48,6 +48,8 @@ The modules, each importing only those listed before it:
 - :mod:`~tunesvc._capture.precompile`: compile workers ahead of the measuring;
 - :mod:`~tunesvc._capture.tune`: tuning a key, on a miss or offline on a recorded call;
 - :mod:`~tunesvc._capture.miss`: a key's first launch, stored, tuned or the fallback;
+- :mod:`~tunesvc._capture.compiled`: kernels inside ``torch.compile``, served the stored winner where
+  Dynamo traces their call (a hook on torch's ``TritonHOPifier``, put on while capture is on);
 - :mod:`~tunesvc._capture.launch`: the launch path, :class:`CapturedKernel` and :func:`autotune`,
   :func:`capture` and :func:`uncapture`.
 

@@ -34,11 +34,18 @@ if TYPE_CHECKING:
 #: :func:`~tunesvc._capture.bench.measuring_context`), ``in_graph`` (met inside CUDA-graph capture:
 #: stored winner or fallback, tuned at a later launch outside a graph), ``precompiled`` (candidates a compile worker
 #: compiled before their measurement), ``failed_open`` (kernels left to Triton's own autotuner
-#: after a failure inside tunesvc)
+#: after a failure inside tunesvc); and, with a ``compiled_`` prefix, the keys met where Dynamo traces a
+#: kernel inside ``torch.compile`` (see :mod:`tunesvc._capture.compiled`): ``compiled_stored``
+#: (its stored winner compiled alone), ``compiled_fallback`` (modes lookup and heuristic),
+#: ``compiled_untuned``, ``compiled_missed`` (no stored winner: tuned by Inductor, the miss
+#: recorded), ``compiled_dynamic`` (a key symbolic at trace time: tuned by Inductor) and
+#: ``compiled_failed_open``
 STATS: Counter[str] = Counter()
 #: seconds spent tuning keys (``tuned``), and why kernels were left to Triton's own autotuner
 TUNE_SECONDS = [0.0]
 FAILED_OPEN: Counter[str] = Counter()
+#: why compiled regions are Inductor's alone in this process (a torch without the method hooked)
+COMPILED_UNHOOKED: list[str] = []
 #: the names of the captured kernels this process launched
 KERNELS: set[str] = set()
 
@@ -59,18 +66,45 @@ def summary_record() -> dict[str, Any]:
         "untuned": STATS["untuned"],
         "fallback": STATS["fallback"] + STATS["heuristic"],
         "failed_open": dict(FAILED_OPEN),
+        "compiled": {k.removeprefix("compiled_"): n for k, n in STATS.items() if k.startswith("compiled_") and n},
+        "compiled_unhooked": list(COMPILED_UNHOOKED),
     }
+
+
+#: what the summary says of each count of keys met inside torch.compile, in its order
+_COMPILED_PARTS = (
+    ("stored", "served from the store"),
+    ("missed", "tuned by Inductor (no stored winner; recorded for `tune misses --tune`)"),
+    ("dynamic", "tuned by Inductor (a key argument symbolic at trace time)"),
+    ("fallback", "served untuned"),
+    ("untuned", "with one config"),
+    ("failed_open", "tuned by Inductor after a failure inside tunesvc"),
+)
+
+
+def _compiled_clause(compiled: Counter[str], unhooked: set[str]) -> str:
+    """What happened inside torch.compile, for the summary ('' where no compiled region met a key)."""
+    if unhooked:
+        return f"; compiled regions (torch.compile) are tuned by Inductor: {', '.join(sorted(unhooked))}"
+    if not any(compiled.values()):
+        return ""
+    parts = [f"{compiled[k]} {what}" for k, what in _COMPILED_PARTS if compiled[k] or k == "stored"]
+    return "; keys inside torch.compile: " + ", ".join(parts)
 
 
 def summary_line(records: list[dict[str, Any]]) -> str:
     """One line over the records of one or more processes (see :func:`summary_record`)."""
     total: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
+    compiled: Counter[str] = Counter()
+    unhooked: set[str] = set()
     seconds = 0.0
     for r in records:
         total.update({k: int(r.get(k, 0)) for k in ("kernels", "stored", "tuned", "failed", "untuned", "fallback")})
         seconds += float(r.get("tune_s", 0.0))
         reasons.update(r.get("failed_open", {}))
+        compiled.update({k: int(n) for k, n in r.get("compiled", {}).items()})
+        unhooked.update(r.get("compiled_unhooked", []))
     text = (
         f"tunesvc: {total['kernels']} kernel{'s' * (total['kernels'] != 1)} captured; keys: "
         f"{total['stored']} served from the store, {total['tuned']} tuned in {seconds:.1f} s, "
@@ -81,7 +115,7 @@ def summary_line(records: list[dict[str, Any]]) -> str:
     if reasons:
         why = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
         text += f"; left to Triton's autotuner: {why}"
-    return text + "."
+    return text + _compiled_clause(compiled, unhooked) + "."
 
 
 def write_summary() -> None:
@@ -89,7 +123,7 @@ def write_summary() -> None:
     import json
     import sys
 
-    if not KERNELS and not FAILED_OPEN:
+    if not KERNELS and not FAILED_OPEN and not COMPILED_UNHOOKED:
         return
     try:
         if settings.summary_requested():

@@ -482,6 +482,25 @@ def _apply(chosen: Settings | None) -> None:
     for tuner in list(_STATES):
         if isinstance(tuner, CapturedKernel):
             tuner._rebind()
+    _hook_compiled_regions(chosen is not None)
+
+
+def _hook_compiled_regions(on: bool) -> None:
+    """Capture's hook where Dynamo traces a kernel inside torch.compile (:mod:`tunesvc._capture.compiled`),
+    on while capture is; one that cannot be put on is said, and leaves compiled regions to Inductor."""
+    try:
+        from tunesvc._capture import compiled
+
+        if on:
+            compiled.install(capturing, _state_of)
+        else:
+            compiled.uninstall()
+    except Exception as exc:  # capture itself goes on: only compiled regions are Inductor's
+        warn(
+            f"tunesvc: could not hook torch.compile ({type(exc).__name__}: {exc}); triton.autotune kernels inside "
+            "compiled regions are tuned by Inductor.",
+            RuntimeWarning,
+        )
 
 
 def _ours(run: Any) -> bool:

@@ -35,40 +35,54 @@ if TYPE_CHECKING:
 
 
 def record_missed_call(
-    shared: Shared, state: State, text: str, tuner: Autotuner, args: tuple, kwargs: dict, *, values: bool = True
+    shared: Shared,
+    state: State,
+    text: str,
+    tuner: Autotuner,
+    args: tuple,
+    kwargs: dict,
+    *,
+    values: bool = True,
+    traced: bool = False,
+    create: bool = False,
 ) -> None:
-    """Write the miss to the database for offline tuning; serving goes on if it cannot (``values``:
-    see :func:`describe_call`)."""
+    """Write the miss to the database for offline tuning; serving goes on if it cannot (``values``,
+    ``traced``: see :func:`describe_call`; ``create``: make the database where there is none)."""
     from tunesvc.store import DatabaseLocked
 
     if shared.locked_out is not None:  # another process held the write lock: nothing is written
         return
     try:
-        store = shared.store(create=False)
+        store = shared.store(create=create)
         if store is None:
             return
         from tunesvc.device import current_device
 
         device = current_device()
-        store.record_miss(state.template, device, text, describe_call(tuner, args, kwargs, values=values))
+        call = describe_call(tuner, args, kwargs, values=values, traced=traced)
+        store.record_miss(state.template, device, text, call)
     except DatabaseLocked as exc:  # said once for the process, not once a miss
         shared.lock_out(exc)
     except Exception as exc:  # a serving process never fails on bookkeeping
         warn(visible(f"tunesvc: could not record the miss of {state.name} ({exc})."), RuntimeWarning)
 
 
-def describe_call(tuner: Autotuner, args: tuple, kwargs: dict[str, Any], *, values: bool = True) -> dict[str, Any]:
+def describe_call(
+    tuner: Autotuner, args: tuple, kwargs: dict[str, Any], *, values: bool = True, traced: bool = False
+) -> dict[str, Any]:
     """The call's arguments as data (tensors by shape, stride and dtype; small integer tensors by
     value, since they are often offsets or indices), and the grid each listed config launches.
     ``values=False`` (inside CUDA-graph capture, where reading a GPU tensor on the host is refused):
-    GPU tensors by shape, stride and dtype alone."""
+    GPU tensors by shape, stride and dtype alone. ``traced``: the tensors are a trace's stand-ins
+    (torch.compile's fake tensors), which hold no values at all: every tensor by shape alone."""
 
     def arg(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             out: dict[str, Any] = {
                 "tensor": {"shape": list(value.shape), "stride": list(value.stride()), "dtype": str(value.dtype)}
             }
-            if not value.is_floating_point() and value.numel() <= 4096 and (values or value.device.type == "cpu"):
+            readable = not traced and (values or value.device.type == "cpu")
+            if readable and not value.is_floating_point() and value.numel() <= 4096:
                 out["tensor"]["values"] = value.detach().cpu().flatten().tolist()
             return out
         if value is None or isinstance(value, (bool, int, float, str)):

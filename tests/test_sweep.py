@@ -297,7 +297,8 @@ def test_compiler_pool_launches_in_workers_and_reports_failures(template, device
 
 
 def test_sweep_with_compile_workers_measures_every_trial_once(tmp_db, template, device):
-    """A batch (one candidate per compile worker) is stored in one transaction, before it is reported."""
+    """A batch (one candidate per compile worker) is stored in one transaction, before it is
+    reported; the pool's first batch stores its first candidate alone, before the pool starts."""
     problem = template.problem(M=24, N=40, K=36)
     seen: list[tuple[str, int]] = []  # (config hash, trial rows committed when it was reported)
     store = Store(tmp_db)
@@ -316,10 +317,92 @@ def test_sweep_with_compile_workers_measures_every_trial_once(tmp_db, template, 
         store.close()
     assert result.trials_new == 4 and result.trials_stored == 4
     assert result.winner is not None and result.failures == 0
-    assert [n for _, n in seen] == [2, 2, 4, 4]
+    assert [n for _, n in seen] == [1, 2, 4, 4]
     assert [h for h, _ in seen] == [r.config_hash for r in rows]
     stamps = [r.created_at for r in rows]  # one transaction per batch: one timestamp per batch
-    assert stamps[0] == stamps[1] != stamps[2] == stamps[3]
+    assert stamps[0] != stamps[1] != stamps[2] == stamps[3]
+
+
+def test_the_first_trial_is_stored_before_the_compile_pool_starts(tmp_db, tmp_path, template, device, monkeypatch):
+    """The pool is made unstarted; its workers start once the first candidate, compiled by the
+    measuring process itself, is measured and stored on its own; the timeline says when."""
+    from tunesvc.bench import Compiler
+    from tunesvc.timeline import read
+
+    log = tmp_path / "timeline.jsonl"
+    monkeypatch.setenv("TUNESVC_TIMELINE", str(log))
+    monkeypatch.setattr("tunesvc.timeline._seen", set())  # this process's marks of earlier tests
+    stored_at_start: list[int] = []
+    start = Compiler.start
+
+    def counted(self):
+        if not self.started:
+            stored_at_start.append(count_trials(tmp_db))
+        start(self)
+
+    monkeypatch.setattr(Compiler, "start", counted)
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(template, [template.problem(M=24, N=40, K=36)], store, budget=3, device=device, workers=2)
+    finally:
+        store.close()
+    assert result.trials_new == 3 and result.failures == 0
+    assert stored_at_start == [1]  # one pool start, with the first trial in the database
+    events = read(str(log))
+    names = [e["event"] for e in events]
+    assert (
+        names.index("first trials stored") < names.index("compile pool started") < names.index("compile worker started")
+    )
+    assert next(e for e in events if e["event"] == "first trials stored")["trials"] == 1
+    assert next(e for e in events if e["event"] == "compile pool started")["workers"] == 2
+
+
+def test_a_sweep_of_one_trial_never_starts_its_compile_pool(tmp_db, template, device, monkeypatch):
+    from tunesvc.bench import Compiler
+
+    started: list[bool] = []
+    monkeypatch.setattr(Compiler, "start", lambda self: started.append(True))
+    store = Store(tmp_db)
+    try:
+        [result] = run_sweep(template, [template.problem(M=24, N=40, K=36)], store, budget=1, device=device, workers=2)
+    finally:
+        store.close()
+    assert result.trials_new == 1 and result.winner is not None and not started
+
+
+@pytest.mark.parametrize("strategy", ["grid", "optuna"])
+def test_the_first_trial_stored_alone_changes_no_config_measured(tmp_path, template, device, strategy):
+    """The same sweep with its pool's first batch stored at once (a pool started before the
+    sweep, as before the first trial was stored on its own) measures and stores the same configs."""
+    from tunesvc.bench import Compiler
+
+    problem = template.problem(M=24, N=40, K=36)
+    stored = {}
+    for way in ("first alone", "batch at once"):
+        db = str(tmp_path / f"{way}.db")
+        store = Store(db)
+        try:
+            if way == "first alone":
+                [result] = run_sweep(template, [problem], store, strategy=strategy, budget=5, device=device, workers=2)
+            else:
+                with Compiler(2, template=template, problem=problem) as compiler:
+                    [result] = run_sweep(
+                        template,
+                        [problem],
+                        store,
+                        strategy=strategy,
+                        budget=5,
+                        device=device,
+                        workers=2,
+                        compiler=compiler,
+                    )
+            rows = trial_rows(store, template, device, result.shape_key)
+        finally:
+            store.close()
+        assert result.trials_new == 5 and result.failures == 0
+        # within a batch, trials are stored in the order their compiles finish
+        stored[way] = (sorted(r.config_hash for r in rows[:2]), sorted(r.config_hash for r in rows[2:]))
+    assert stored["first alone"] == stored["batch at once"]
 
 
 def test_sweep_reports_what_it_is_doing(tmp_db, template, device):

@@ -67,7 +67,10 @@ class Compiler:
 
     The workers start in a background thread (a forkserver that imports torch and triton takes
     seconds), each reading the device and, given ``template`` and ``problem``, making that
-    problem's inputs, so that all of it overlaps the caller's own set-up.
+    problem's inputs, so that all of it overlaps the caller's own set-up. With ``start`` False
+    they start at :meth:`start` (or the first :meth:`submit`) instead: a sweep measures and
+    stores its first candidate before its pool's workers take the host's cores and the
+    driver's context creation.
     """
 
     def __init__(
@@ -78,16 +81,31 @@ class Compiler:
         template: Launchable | None = None,
         problem: Problem | None = None,
         forkserver: bool = False,
+        start: bool = True,
     ) -> None:
         self.workers = workers
         self._forkserver = forkserver  # workers from the forkserver even where this process could fork them
         self.timeout_s = timeout_s
         #: how many times the pool was replaced after a worker died or hung
         self.restarts = 0
-        #: batches submitted so far (the first finds the workers still starting)
-        self.batches = 0
         self._warm_up = (template, problem)
-        self._pool = self._new_pool()
+        self._pool: ProcessPoolExecutor | None = None
+        self._starting: threading.Thread | None = None
+        self._lock = threading.Lock()
+        if start:
+            self.start()
+
+    @property
+    def started(self) -> bool:
+        """Whether the pool's worker processes have been started."""
+        return self._pool is not None
+
+    def start(self) -> None:
+        """Start the pool's worker processes (once; :meth:`submit` starts them if this was not called)."""
+        with self._lock:  # submit() may be called from several threads
+            if self._pool is None:
+                self._pool = self._new_pool()
+                mark("compile pool started", workers=self.workers)
 
     def _new_pool(self) -> ProcessPoolExecutor:
         pool = worker_pool(self.workers, self._forkserver)
@@ -124,8 +142,10 @@ class Compiler:
     def submit(self, template: Launchable, problem: Problem, configs: list[Config]) -> list[Future]:
         """Launch each config once in the pool: a future per config, of None or the error it raised."""
         # submit() is thread-safe: the first candidates go to the first workers started
-        self.batches += 1
-        return [self._pool.submit(_compile_in_worker, template, problem, c) for c in configs]
+        self.start()
+        pool = self._pool
+        assert pool is not None
+        return [pool.submit(_compile_in_worker, template, problem, c) for c in configs]
 
     def _outcomes(self, futures: list) -> Iterator[tuple[int, str | None]]:
         index = {future: i for i, future in enumerate(futures)}
@@ -160,12 +180,16 @@ class Compiler:
     def _kill(self) -> None:
         # ProcessPoolExecutor cannot stop a worker that hangs (Python < 3.14 has no
         # terminate_workers); its private process table is the only handle on them
+        if self._pool is None or self._starting is None:
+            return
         self._starting.join()
         for process in list(getattr(self._pool, "_processes", {}).values()):
             process.kill()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
+        if self._pool is None or self._starting is None:  # never started: no process to stop
+            return
         self._starting.join()
         self._pool.shutdown(wait=False, cancel_futures=True)
 

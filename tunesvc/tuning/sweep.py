@@ -18,7 +18,6 @@ runtime launched before it (up to the finalists' timing noise).
 from __future__ import annotations
 
 import abc
-import itertools
 import time
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -71,7 +70,7 @@ NEIGHBOURS = 3
 #: work overlapped in other processes (the compile pool and the measuring process starting,
 #: candidates compiling while earlier ones are timed) counts only where it holds the sweep up
 PHASES = (
-    "start",  # the first problem only: reading the device, starting the compile pool
+    "start",  # reading the device (the first problem only), starting the compile pool's workers
     "set-up",  # stored trials, warm start, strategy
     "search",  # asking and telling the strategy, progress callbacks
     "measurer start",  # making the inputs and the reference, in this process or the measuring one
@@ -384,7 +383,8 @@ def compile_pool(
     many sweeps of one kind and passes it to each (``tune sweep --gpus`` workers, one job after
     another): its processes, their CUDA contexts (made one after another by the driver, seconds
     for sixteen) and their imports are then paid once, not per sweep. None where the sweep would
-    compile in its own process. The caller closes it. ``cores``: the CPU cores that the pool's
+    compile in its own process. Its workers start after the first sweep's first trial is stored
+    (see :func:`_start_pool`). The caller closes it. ``cores``: the CPU cores that the pool's
     default size may use (default: all of them; a share of them where several workers share a host)."""
     device = device or fork_safe_current_device()
     return _start_pool(_pool_size(workers, device, strategy, budget, None, cores), template, [problem])
@@ -411,10 +411,12 @@ def measuring_process(
 
 
 def _start_pool(size: int, template: Template, problems: list[Problem]) -> Compiler | None:
-    """A pool of ``size`` compile workers warmed up on the first problem; None where a sweep
-    compiles in its own process (one worker or none, or a template the workers cannot unpickle)."""
+    """A pool of ``size`` compile workers, to be warmed up on the first problem; None where a
+    sweep compiles in its own process (one worker or none, or a template the workers cannot
+    unpickle). Its workers start once the sweep has stored its first trial
+    (:meth:`_ProblemSweep._measure_and_store`)."""
     if size > 1 and problems and picklable(template, problems):
-        return Compiler(size, template=template, problem=problems[0])
+        return Compiler(size, template=template, problem=problems[0], start=False)
     return None
 
 
@@ -603,7 +605,7 @@ class _ProblemSweep:
             batch = self._next_batch()
             if not batch:
                 return "exhausted"
-            self._store_and_tell(self._measure(batch))
+            self._measure_and_store(batch)
         return "exhausted" if rule.reason == "budget" and self.search.exhausted else rule.reason
 
     def _next_batch(self) -> list[tuple[Config, str]]:
@@ -622,12 +624,31 @@ class _ProblemSweep:
                 batch.append((config, h))
         return batch
 
-    def _measure(self, batch: list[tuple[Config, str]]) -> list[tuple[Config, str, Measurement]]:
-        """Each candidate checked and timed as soon as it has compiled (in the pool, if any)."""
+    def _measure_and_store(self, batch: list[tuple[Config, str]]) -> None:
+        """Measure the batch and store its trials in one transaction. A pool's first batch: its
+        first candidate is compiled by the measuring process itself (from Triton's cache on a
+        warm host), measured and stored on its own before the pool's workers start, so that the
+        first trial waits neither for their start (imports, a CUDA context each, the problem's
+        inputs, all on the host's cores) nor for the rest of the batch; the rest then compile in
+        the pool as usual. The strategy asked for the whole batch first, and is told in the same
+        order: the configs measured are those of a batch stored at once."""
+        compiler = self.run.compiler
+        if compiler is None or compiler.started:
+            self._store_and_tell(self._measure(batch, pool=compiler is not None))
+            return
+        self._store_and_tell(self._measure(batch[:1], pool=False))
+        if len(batch) > 1:
+            with self.clock.phase("start"):
+                compiler.start()
+            self._store_and_tell(self._measure(batch[1:], pool=True))
+
+    def _measure(self, batch: list[tuple[Config, str]], pool: bool) -> list[tuple[Config, str, Measurement]]:
+        """Each candidate checked and timed as soon as it has compiled (in the pool with
+        ``pool``, else by the measuring process itself)."""
         with self.clock.phase("measurer start"):
             measurer = self._measurer()
             mark("measurer started")
-            compiled = self._compiled([config for config, _ in batch])
+            compiled = self._compiled([config for config, _ in batch], pool)
         results: list[tuple[Config, str, Measurement]] = []
         for i in self.clock.each(compiled, "waiting for compiles"):  # to its end: the end replaces a broken pool
             mark("first compile done")
@@ -642,19 +663,13 @@ class _ProblemSweep:
             mark("first trial measured")
         return results
 
-    def _compiled(self, configs: list[Config]) -> Iterator[int]:
-        """The indices of ``configs`` in the order they finish compiling. A pool's first batch
-        finds its workers still starting (their imports, their CUDA contexts, which the driver
-        makes one after another): its first candidate is compiled by the measuring process
-        itself meanwhile, from Triton's cache on a warm host, so that the first trial need not
-        wait for the pool."""
+    def _compiled(self, configs: list[Config], pool: bool) -> Iterator[int]:
+        """The indices of ``configs`` in the order they finish compiling: in the pool with
+        ``pool``, else in order (the measuring process compiles each at its first launch)."""
         compiler = self.run.compiler
-        if compiler is None:
+        if compiler is None or not pool:
             return iter(range(len(configs)))
         self.run.on_phase(self.key, f"compiling {len(configs)} candidates")
-        if compiler.batches == 0 and len(configs) > 1:
-            rest = compiler.compile_each(self.run.template, self.problem, configs[1:])
-            return itertools.chain([0], (i + 1 for i, _ in rest))
         return (i for i, _ in compiler.compile_each(self.run.template, self.problem, configs))
 
     def _store_and_tell(self, results: list[tuple[Config, str, Measurement]]) -> None:

@@ -241,6 +241,20 @@ def test_update_winner_follows_its_own_re_measured_trial_with_other_keys_stored(
     assert {w.shape_key: w.config for w in store.winners()} == {KEY: cfg(32), other_key: cfg(64)}
 
 
+def test_a_chosen_trial_replaces_a_winner_re_timed_slower_than_it(store, ids):
+    """A re-tune's choice (``trial_id``) is compared with the stored winner as just re-timed
+    beside it, not with the time the winner was first stored at."""
+    kv, dev, _ = ids
+    first = add(store, ids, cfg(16), ok(1.0))
+    second = add(store, ids, cfg(32), ok(1.5))
+    assert store.update_winner(kv, dev, KEY, trial_id=first.id).config == cfg(16)
+    store.replace_measurements([(first.id, ok(2.0))])  # re-timed slower beside the other
+    [entry] = store.winners()
+    assert entry.time_ms == 2.0
+    winner = store.update_winner(kv, dev, KEY, trial_id=second.id, tolerance=0.01)
+    assert winner.config == cfg(32) and winner.time_ms == 1.5
+
+
 def test_update_winner_none_when_nothing_is_correct(store, ids):
     kv, dev, _ = ids
     add(store, ids, cfg(16), Measurement(Status.WRONG_RESULT, time_ms=0.01, rel_error=0.9))

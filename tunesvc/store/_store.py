@@ -775,8 +775,8 @@ class Store(BaseStore):
 
         An OK measurement replaces the trial's time, spread, repetitions and how it was timed
         (its message; and makes a trial that had failed an OK one: a re-measured key, `tune
-        verify --retune`); a failed one its status and message, and drops its time, so that it
-        can no longer win.
+        verify --retune`), and the time of the winner made from that trial; a failed one its
+        status and message, and drops its time, so that it can no longer win.
         """
         with self.session() as session:
             for trial_id, m in measured:
@@ -788,6 +788,9 @@ class Store(BaseStore):
                     if m.message is not None or trial.status != m.status.value:  # a failure's line goes
                         trial.message = m.message
                     trial.status = m.status.value
+                    # a winner's copy of this trial's time follows it: a re-tune then compares its
+                    # choice with the winner as just re-timed beside it, not as first stored
+                    session.execute(update(Winner).where(Winner.trial_id == trial_id).values(time_ms=m.time_ms))
                 else:
                     trial.status, trial.time_ms, trial.message = m.status.value, None, m.message
 

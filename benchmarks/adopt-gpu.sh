@@ -10,7 +10,12 @@ R=$PWD W=/tmp/adopt-work END=${ADOPT_END:-540}
 [ -d $W ] || { [ -f .gpu/adopt-work.tgz ] && tar xzf .gpu/adopt-work.tgz -C /tmp; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$OUT/gpu.txt"
 ARGS="--work $W ${ADOPT_KERNELS:+--kernels $ADOPT_KERNELS} ${ADOPT_MAX_KEYS:+--max-keys $ADOPT_MAX_KEYS}"
-save() { mkdir -p "$OUT/res"; cp "$R"/benchmarks/results/adopt.csv "$R"/benchmarks/data/adopt_runs.csv "$OUT/res/" 2>/dev/null; tar czf "$OUT/work.tgz" -C /tmp adopt-work; }
+# the device returns at most 8 files: the step logs go back as one archive
+save() {
+  mkdir -p "$OUT/res"; cp "$R"/benchmarks/results/adopt.csv "$R"/benchmarks/data/adopt_runs.csv "$OUT/res/" 2>/dev/null
+  tar czf "$OUT/work.tgz" -C /tmp adopt-work
+  (cd "$OUT" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)
+}
 trap save EXIT
 cd /tmp || exit 1  # outside the checkout: the installed tunesvc (with its kernels) is the one imported
 python3 "$R/benchmarks/adopt.py" adopt $ARGS --cache "${ADOPT_CACHE:-as found}" >> "$OUT/adopt.log" 2>&1; tail -3 "$OUT/adopt.log"

@@ -1,0 +1,120 @@
+"""Deployment-matched timing: a sweep times as the program will run (graph or eager), and the
+timing is part of the trials' and winners' identity (tunesvc.bench, tunesvc.tuning.key)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from tunesvc import Status
+from tunesvc import config_hash
+from tunesvc.bench import Bench
+from tunesvc.bench import Measurement
+from tunesvc.cli import app
+from tunesvc.store import Store
+from tunesvc.tuning.key import KeyTuning
+from tunesvc.tuning.sweep import run_sweep
+
+PROBLEM = {"M": 16, "N": 32, "K": 32}  # one program per launch: fast in the interpreter
+
+
+def tune(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def ok(ms: float, spread: float = 0.05) -> Measurement:
+    return Measurement(Status.OK, time_ms=ms, spread=spread, reps=3, rel_error=1e-4, message="timed: eager")
+
+
+def test_eager_bench_times_loops_of_launches_and_interleaves_finalists(template, device):
+    problem = template.problem(**PROBLEM)
+    bench = Bench(template, problem, device, rep_ms=10.0, timing="eager")
+    heuristic = template.heuristic(problem, device)
+    m = bench.measure(heuristic)
+    assert m.ok and m.time_ms > 0 and m.message.startswith("timed: eager")
+    other = next(c for c in template.feasible(problem, device) if config_hash(c) != config_hash(heuristic))
+    assert bench.measure(other).ok
+    together = bench.time_together([heuristic, other])
+    assert all(t.ok and "eager, timed together" in t.message for t in together)
+    graph = Bench(template, problem, device, rep_ms=10.0).measure(heuristic)
+    assert graph.ok and not graph.message.startswith("timed: eager")
+    with pytest.raises(ValueError):
+        Bench(template, problem, device, timing="cuda")
+
+
+def test_an_eager_sweep_measures_the_graph_winner_first_and_stores_its_own_winner(tmp_db, template, device):
+    problem = template.problem(**PROBLEM)
+    store = Store(tmp_db)
+    try:
+        [graph] = run_sweep(template, [problem], store, budget=3, device=device)
+        [eager] = run_sweep(template, [problem], store, budget=3, device=device, timing="eager")
+        assert (graph.timing, eager.timing) == ("graph", "eager") and eager.trials_new == 3
+        kv, dev = store.kernel_version_id(template), store.device_id(device)
+        rows = store.trials(kv, dev, graph.shape_key, timing="eager")
+        assert rows[0].config == graph.winner  # the graph winner, measured first, eagerly
+        assert all(r.timing == "eager" and r.message.startswith("timed: eager") for r in rows)
+        by_hash = {r.config_hash: r for r in rows}
+        winners = {w.timing: w for w in store.winners(kernel=template.name, timing=None)}
+        assert set(winners) == {"graph", "eager"} and winners["graph"].config == graph.winner
+        # never slower than the graph winner timed eagerly beside it
+        assert not eager.graph_kept
+        assert winners["eager"].time_ms <= by_hash[config_hash(graph.winner)].time_ms
+        assert [w.timing for w in store.winners(kernel=template.name)] == ["graph"]  # graph's, by default
+    finally:
+        store.close()
+
+
+def test_an_eager_choice_slower_than_the_graph_winner_timed_eagerly_is_not_stored(tmp_db, template, device):
+    """The rule through the one routine (KeyTuning.finish), on trials stored with known times: the
+    tie rule picks the heuristic (within the noise of the fastest), which is slower than the
+    graph winner timed eagerly, so no eager winner is stored; a faster choice is."""
+    problem = template.problem(**PROBLEM)
+    configs = template.feasible(problem, device)
+    heuristic = template.heuristic(problem, device)
+    graph_winner = next(c for c in configs if config_hash(c) != config_hash(heuristic))
+    store = Store(tmp_db)
+    try:
+        kv, dev, key = store.kernel_version_id(template), store.device_id(device), str(template.key(problem))
+        sweep = store.start_sweep(kv, dev, key, problem, "grid", None, 0)
+        store.add_trials(sweep, kv, dev, key, [(graph_winner, config_hash(graph_winner), ok(0.5))])
+        store.update_winner(kv, dev, key)
+
+        def eager_tuning() -> KeyTuning:
+            return KeyTuning(
+                store, kv, dev, key, problem=problem, strategy="grid", heuristic=heuristic, timing="eager",
+                baseline=graph_winner,
+            )  # fmt: skip
+
+        tuning = eager_tuning()
+        tuning.record(
+            [(graph_winner, config_hash(graph_winner), ok(1.00)), (heuristic, config_hash(heuristic), ok(1.02))]
+        )
+        outcome = tuning.finish()
+        assert outcome.baseline_kept and outcome.winner is None
+        assert [w.timing for w in store.winners(timing=None)] == ["graph"]
+
+        third = next(c for c in configs if config_hash(c) not in {config_hash(graph_winner), config_hash(heuristic)})
+        tuning = eager_tuning()
+        tuning.record([(third, config_hash(third), ok(0.60, spread=0.0))])  # faster than both, beyond their noise
+        outcome = tuning.finish()
+        assert not outcome.baseline_kept and outcome.winner.config == third and outcome.winner.timing == "eager"
+        assert {w.timing: w.config for w in store.winners(timing=None)} == {"graph": graph_winner, "eager": third}
+    finally:
+        store.close()
+
+
+def test_a_bad_timing_is_one_sentence(tmp_path):
+    db = tmp_path / "t.db"
+    result = tune("sweep", "matmul", "--shape", "16x32x32", "--budget", "1", "--timing", "grap", "--db", str(db))
+    assert result.exit_code != 0
+    assert "Unknown timing 'grap' (did you mean 'graph'?); use one of graph, eager." in result.output
+    assert "Traceback" not in result.output and not db.exists()
+
+
+@pytest.mark.parametrize("where", [["--gpus", "0"], ["--ray", "auto"]])
+def test_eager_timing_is_refused_for_sweeps_on_workers(tmp_path, where):
+    db = tmp_path / "t.db"
+    result = tune("sweep", "matmul", "--shape", "16x32x32", "--timing", "eager", *where, "--db", str(db))
+    assert result.exit_code != 0
+    assert "--timing eager sweeps in this process only" in result.output
+    assert not db.exists()  # no data changed

@@ -118,3 +118,63 @@ def test_eager_timing_is_refused_for_sweeps_on_workers(tmp_path, where):
     assert result.exit_code != 0
     assert "--timing eager sweeps in this process only" in result.output
     assert not db.exists()  # no data changed
+
+
+def seeded(db: str, template, device) -> tuple[dict[str, dict], list]:
+    """A database whose key 'both' has a graph and an eager winner (other configs), 'graph' a
+    graph winner only and 'eager' an eager one only; returns the keys' problems and the configs."""
+    configs = template.feasible(template.problem(**PROBLEM), device)[:3]
+    problems = {"both": PROBLEM, "graph": {"M": 32, "N": 32, "K": 32}, "eager": {"M": 64, "N": 32, "K": 32}}
+    store = Store(db)
+    try:
+        kv, dev = store.kernel_version_id(template), store.device_id(device)
+        for name, problem in problems.items():
+            key = str(template.key(template.problem(**problem)))
+            sweep = store.start_sweep(kv, dev, key, problem, "grid", None, 0)
+            for timing, config in (("graph", configs[0]), ("eager", configs[1])):
+                if name in ("both", timing):
+                    store.add_trials(sweep, kv, dev, key, [(config, config_hash(config), ok(1.0))], timing=timing)
+                    store.update_winner(kv, dev, key, timing=timing)
+    finally:
+        store.close()
+    return problems, configs
+
+
+@pytest.mark.parametrize("timing", ["graph", "eager"])
+def test_the_runtime_serves_its_timings_winner_else_the_keys_only_one(tmp_db, template, device, monkeypatch, timing):
+    from tunesvc import Runtime
+
+    problems, configs = seeded(tmp_db, template, device)
+    monkeypatch.setenv("TUNESVC_TIMING", timing)
+    runtime = Runtime(db=tmp_db, device=device)
+    assert runtime.timing == timing
+    answers = {name: runtime.lookup("matmul", **problem) for name, problem in problems.items()}
+    assert {a.source for a in answers.values()} == {"exact"}
+    assert answers["both"].config == (configs[0] if timing == "graph" else configs[1])
+    assert answers["graph"].config == configs[0] and answers["eager"].config == configs[1]
+
+
+def test_an_eager_runtime_serves_the_graph_winner_inside_cuda_graph_capture(tmp_db, template, device, monkeypatch):
+    """No CUDA graph can be captured in the interpreter: capture is stood in for by the one
+    function the runtime asks (tunesvc.serving.runtime.capturing)."""
+    import tunesvc.serving.runtime as runtime_module
+    from tunesvc import Runtime
+
+    problems, configs = seeded(tmp_db, template, device)
+    runtime = Runtime(db=tmp_db, device=device, timing="eager")
+    assert runtime.lookup("matmul", **problems["both"]).config == configs[1]
+    runtime.launch_configs[("k",)] = configs[1]
+    monkeypatch.setattr(runtime_module, "capturing", lambda: True)
+    assert runtime.lookup("matmul", **problems["both"]).config == configs[0]
+    assert runtime.config_for(template, **problems["both"]) == configs[0]
+    assert runtime.launch_configs.get(("k",)) is None  # the twin's memo, not the eager one's
+    monkeypatch.setattr(runtime_module, "capturing", lambda: False)
+    assert runtime.launch_configs.get(("k",)) == configs[1]
+
+
+def test_a_bad_tunesvc_timing_is_one_warning_and_graph(monkeypatch):
+    from tunesvc import settings
+
+    monkeypatch.setenv("TUNESVC_TIMING", "cuda-graph")
+    with pytest.warns(RuntimeWarning, match=r"TUNESVC_TIMING='cuda-graph' is not a timing \(use one of graph, eager\)"):
+        assert settings.timing() == "graph"

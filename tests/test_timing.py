@@ -178,3 +178,53 @@ def test_a_bad_tunesvc_timing_is_one_warning_and_graph(monkeypatch):
     monkeypatch.setenv("TUNESVC_TIMING", "cuda-graph")
     with pytest.warns(RuntimeWarning, match=r"TUNESVC_TIMING='cuda-graph' is not a timing \(use one of graph, eager\)"):
         assert settings.timing() == "graph"
+
+
+def test_a_bundle_round_trip_keeps_eager_winners_and_show_has_a_timing_column(tmp_path, template, device):
+    import json
+
+    from tunesvc import Runtime
+
+    db, bundle, back = str(tmp_path / "a.db"), tmp_path / "b.json", str(tmp_path / "back.db")
+    problems, configs = seeded(db, template, device)
+    result = tune("export", "--db", db, "--out", str(bundle))
+    assert result.exit_code == 0, result.output
+    data = json.loads(bundle.read_text())
+    section = data["kernels"]["matmul"]
+    assert data["format_version"] == 2 and len(section["winners"]) == 2 and len(section["eager_winners"]) == 2
+    # a reader that knows no eager_winners serves the graph winners; this one serves by its timing
+    graph = Runtime(bundle=bundle, device=device, timing="graph")
+    eager = Runtime(bundle=bundle, device=device, timing="eager")
+    assert graph.lookup("matmul", **problems["both"]).config == configs[0]
+    assert eager.lookup("matmul", **problems["both"]).config == configs[1]
+    assert graph.lookup("matmul", **problems["eager"]).config == configs[1]  # the key's only winner
+    for source in (str(bundle), db):  # a bundle, and a database
+        result = tune("import", source, "--db", back)
+        assert result.exit_code == 0, result.output
+    store = Store(back, readonly=True)
+    try:
+        found = sorted((w.shape_key, w.timing, config_hash(w.config)) for w in store.winners(timing=None))
+    finally:
+        store.close()
+    source = Store(db, readonly=True)
+    try:
+        expected = sorted((w.shape_key, w.timing, config_hash(w.config)) for w in source.winners(timing=None))
+    finally:
+        source.close()
+    assert found == expected and {t for _, t, _ in found} == {"graph", "eager"}
+    shown = tune("show", "--db", back)
+    assert shown.exit_code == 0, shown.output
+    assert "timing" in shown.output and "eager" in shown.output and "graph" in shown.output
+
+
+def test_verify_re_measures_each_winner_with_its_own_timing(tmp_db, template, device):
+    from tunesvc.verify import verify
+
+    seeded(tmp_db, template, device)
+    store = Store(tmp_db)
+    try:
+        verdicts = verify(store, kernel="matmul", device=device)
+    finally:
+        store.close()
+    assert sorted(v.timing for v in verdicts) == ["eager", "eager", "graph", "graph"]
+    assert all(v.measured_ms is not None for v in verdicts)

@@ -71,6 +71,10 @@ TIMING_METHODS = {
     "eager_sync": "eager end to end per call: the same loop followed by a synchronisation (benchmarks/launch_cost.py)",
     "gpu_time": "GPU time of one call replayed back to back from a CUDA graph (`triton.testing.do_bench_cudagraph`), "
     "inputs as in the eager loop (benchmarks/launch_cost.py)",
+    "bench_graph": "a sweep's graph timing (`tunesvc.bench.Bench`, timing graph): two configs' CUDA graphs over input "
+    "copies replayed in turn, median (benchmarks/timing_modes.py)",
+    "bench_eager": "a sweep's eager timing (`tunesvc.bench.Bench`, timing eager): two configs' loops of ordinary "
+    "launches over input copies, one synchronisation per loop, taking turns, median (benchmarks/timing_modes.py)",
 }
 
 

@@ -57,7 +57,7 @@ KEY = "M=16,N=16,K=16,dtype=float16"
 TABLES = ("devices", "kernel_versions", "sweeps", "trials", "winners")
 VERSION_TABLES = (VERSION_TABLE, SHARED_VERSION_TABLE)
 #: columns that later revisions add to revision 0001's tables (NULL in upgraded rows)
-ADDED = {"host", "peer_ms"}
+ADDED = {"host", "peer_ms", "timing"}
 
 
 def md5(path) -> str:
@@ -414,6 +414,45 @@ def test_revision_0007_adds_the_selectors_table_keeping_rows(tmp_db):
     assert structure(tmp_db) == before_structure and rows(tmp_db) == before
     assert "tunesvc_selectors" not in table_names(tmp_db)
     assert revision_rows(tmp_db) == ([("0006",)], [("6",)])
+
+
+def test_revision_0008_adds_timing_reading_graph_and_lets_a_key_hold_an_eager_winner(tmp_db):
+    """0007 -> 0008 adds trials.timing and winners.timing, 'graph' in every older row, with the
+    timing in both unique constraints; down again drops them (and the eager rows), rows kept."""
+    database_at_0001(tmp_db, recorded_in=VERSION_TABLE)
+    alembic_to(tmp_db, "0007")
+    before, before_structure = rows(tmp_db), structure(tmp_db)
+    alembic_to(tmp_db, "0008")
+    assert rows(tmp_db) == before
+    con = sqlite3.connect(tmp_db)
+    try:
+        assert con.execute("SELECT DISTINCT timing FROM tunesvc_trials").fetchall() == [("graph",)]
+        assert con.execute("SELECT timing FROM tunesvc_winners").fetchall() == [("graph",)]
+        with con:  # the same key and config, timed eagerly: a trial and a winner of their own
+            con.execute(
+                "INSERT INTO tunesvc_trials (id, sweep_id, kernel_version_id, device_id, shape_key, config, config_hash,"
+                " status, time_ms, spread, reps, created_at, timing) SELECT 10, sweep_id, kernel_version_id, device_id,"
+                " shape_key, config, config_hash, status, 1.2, spread, reps, created_at, 'eager' FROM tunesvc_trials"
+                " WHERE id = 2"
+            )
+            con.execute(
+                "INSERT INTO tunesvc_winners (id, kernel_version_id, device_id, shape_key, config, config_hash, time_ms,"
+                " trial_id, updated_at, timing) SELECT 2, kernel_version_id, device_id, shape_key, config, config_hash,"
+                " 1.2, 10, updated_at, 'eager' FROM tunesvc_winners WHERE id = 1"
+            )
+        with pytest.raises(sqlite3.IntegrityError), con:  # one eager winner per key
+            con.execute(
+                "INSERT INTO tunesvc_winners (kernel_version_id, device_id, shape_key, config, config_hash, time_ms,"
+                " trial_id, updated_at, timing) SELECT kernel_version_id, device_id, shape_key, config, config_hash,"
+                " 1.1, 10, updated_at, 'eager' FROM tunesvc_winners WHERE id = 1"
+            )
+        assert con.execute("SELECT COUNT(*) FROM tunesvc_winners").fetchone() == (2,)
+    finally:
+        con.close()
+    assert revision_rows(tmp_db) == ([("0008",)], [("8",)])
+    alembic_to(tmp_db, "0007", command.downgrade)
+    assert structure(tmp_db) == before_structure and rows(tmp_db) == before
+    assert revision_rows(tmp_db) == ([("0007",)], [("7",)])
 
 
 def test_a_database_before_revision_0007_reads_no_selector(tmp_db, template, device):

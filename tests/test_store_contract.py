@@ -197,6 +197,35 @@ def test_winners_follow_the_fastest_correct_trial(store, template, device, swept
     assert store.update_winner(kv, dev, KEY).config == cfg(64)  # the winner follows its trial
 
 
+def test_a_key_holds_a_graph_and_an_eager_winner_each_of_its_own_trials(store, template, device, swept):
+    """Trials, budgets and winners are per timing: the same configs timed eagerly are trials of
+    their own, and the key's eager winner stands beside its graph one."""
+    kv, dev, _ = swept
+    graph = store.update_winner(kv, dev, KEY)
+    sweep = store.start_sweep(kv, dev, KEY, PROBLEM, "grid", 3, 0)
+    measured = [(cfg(bm), config_hash(cfg(bm)), ok(ms)) for bm, ms in ((32, 3.0), (64, 2.5), (128, 4.0))]
+    ids = store.add_trials(sweep, kv, dev, KEY, measured, budget=3, timing="eager")
+    assert None not in ids  # not the graph trials' configs again: the timing is part of a trial's identity
+    assert store.trial_count(kv, dev, KEY) == 3 and store.trial_count(kv, dev, KEY, timing="eager") == 3
+    assert [t.timing for t in store.trials(kv, dev, KEY, timing="eager")] == ["eager"] * 3
+    assert {t.timing for t in store.trials(kv, dev, KEY)} == {"graph"} and len(store.trials(kv, dev, KEY, None)) == 6
+    eager = store.update_winner(kv, dev, KEY, timing="eager")
+    assert (eager.config, eager.time_ms, eager.timing) == (cfg(64), 2.5, "eager")
+    again = store.update_winner(kv, dev, KEY)
+    assert (again.id, again.config, again.timing) == (graph.id, cfg(32), "graph") and again.id != eager.id
+    assert [(w.config, w.timing) for w in store.winners(kernel=template.name)] == [(cfg(32), "graph")]
+    both = store.winners(kernel=template.name, timing=None)
+    assert sorted((w.timing, w.time_ms) for w in both) == [("eager", 2.5), ("graph", 1.0)]
+    assert [w.timing for w, _ in store.winners_with_devices(template.name, timing="eager")] == ["eager"]
+    assert store.winner_trial(template.name, template.version, device, KEY, timing="eager").time_ms == 2.5
+    # an imported eager winner is compared with the eager one only
+    merged = store.merge_winner(template.name, template.version, device, KEY, cfg(128), 2.0, "b.json", timing="eager")
+    assert merged == ("replaced", 2.5)
+    assert store.merge_winner(template.name, template.version, device, KEY, cfg(128), 2.0, "b.json") == ("kept", 1.0)
+    history = store.history(template.name)  # `tune report` reads graph's
+    assert len(history.trials) == 3 and list(history.winners) == [(kv, dev, KEY)]
+
+
 def test_rejected_trials_count_the_wrong_results_of_each_kernel_version_and_device(store, template, device, swept):
     kv, dev, _ = swept
     trials = store.trials(kv, dev, KEY)

@@ -118,6 +118,8 @@ class TrialRecord:
     message: str | None = None
     #: None in the record :meth:`~tunesvc.store.BaseStore.add_trial` returns (the database sets it)
     created_at: datetime | None = None
+    #: how it was timed: graph | eager (tunesvc.settings.TIMINGS)
+    timing: str = "graph"
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,8 @@ class WinnerRecord:
     time_ms: float
     trial_id: int
     updated_at: datetime
+    #: the timing it was chosen under: graph | eager (tunesvc.settings.TIMINGS)
+    timing: str = "graph"
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,8 @@ class WinnerEntry:
     updated_at: datetime
     #: its trial's spread (see Measurement.noise); None where the trial records none
     spread: float | None = None
+    #: the timing it was chosen under: graph | eager (tunesvc.settings.TIMINGS)
+    timing: str = "graph"
 
     @property
     def noise(self) -> float:

@@ -27,6 +27,13 @@ from tunesvc.text import warn
 MODES = ("tune", "lookup", "heuristic", "off")
 TUNE, LOOKUP, HEURISTIC, OFF = MODES
 
+#: how a sweep times its candidates, and which winner a runtime serves (see tunesvc.bench):
+#: ``graph``, CUDA graph replays over input copies (the default: the GPU time of a kernel as a
+#: CUDA graph or a fused program runs it); ``eager``, loops of ordinary launches from Python, the
+#: host's launch cost counted (a program that launches kernel by kernel)
+TIMINGS = ("graph", "eager")
+GRAPH, EAGER = TIMINGS
+
 #: the database where none is named: a SQLite file in the working folder
 DEFAULT_DB = "tune.db"
 #: milliseconds of replay a measurement's timing aims at (sweeps, captured keys, re-measures)
@@ -66,6 +73,7 @@ VARIABLES = {
     "TUNESVC_MAX_KEYS": "distinct keys one captured kernel may tune in a process before it is left to Triton [256]",
     "TUNESVC_CLAIM_STALE_S": "seconds without a heartbeat after which another process's key claim is taken over [10]",
     "TUNESVC_REPLAY": "0: shipped kernels skip their recorded launch plans",
+    "TUNESVC_TIMING": "graph or eager: the timing whose winners the runtime serves, else a key's only winner [graph]",
     "TUNESVC_TRANSFER": "0: the runtime never serves a sibling GPU model's winners (same capability and SM count) [1]",
     "TUNESVC_TIMELINE": "a file the sweep's timeline events are appended to",
     "TUNESVC_TIMELINE_ROLE": "the role a process's timeline events are written under",
@@ -159,6 +167,24 @@ def mode(default: str) -> str:
         return default
     if check_mode(value) is not None:
         _warn("TUNESVC_MODE", value, f"is not a mode (use one of {', '.join(MODES)})", default)
+        return default
+    return value
+
+
+def check_timing(value: str) -> str | None:
+    """One sentence saying what is wrong with a timing, or None where it is one of :data:`TIMINGS`."""
+    if value in TIMINGS:
+        return None
+    return f"Unknown timing {value!r}; use one of {', '.join(TIMINGS)}."
+
+
+def timing(default: str = GRAPH) -> str:
+    """$TUNESVC_TIMING, else ``default``; an unknown value is one warning and ``default``."""
+    value = text("TUNESVC_TIMING")
+    if value is None:
+        return default
+    if check_timing(value) is not None:
+        _warn("TUNESVC_TIMING", value, f"is not a timing (use one of {', '.join(TIMINGS)})", default)
         return default
     return value
 

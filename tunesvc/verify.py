@@ -122,6 +122,8 @@ class Verdict:
     retuned_config: Config | None = None
     #: what differs between the environment the winner was measured in and this one (:func:`drift`)
     drift: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: the timing the winner was chosen under (graph | eager): it is re-measured, and retuned, so
+    timing: str = "graph"
     #: not measured by choice: ``drifted`` was asked, and nothing differs
     skipped: bool = False
 
@@ -171,9 +173,9 @@ def verify(
         raise TunesvcError(f"--budget must be at least 1, got {budget}.")
     device = device or current_device()
     hardware_id = device.hardware_id if winners_of is None else store.find_device(winners_of).hardware_id
-    newest: dict[tuple[str, str], tuple] = {}
+    newest: dict[tuple[str, str, str], tuple] = {}
     templates: dict[str, Template | None] = {}
-    for entry, tuned_on in store.winners_with_devices(kernel=kernel, hardware_id=hardware_id):
+    for entry, tuned_on in store.winners_with_devices(kernel=kernel, hardware_id=hardware_id, timing=None):
         if entry.kernel not in templates:
             try:
                 # a name from the database: never a module path the data chooses (a captured
@@ -185,21 +187,21 @@ def verify(
                 templates[entry.kernel] = None  # a decorator's kernel, or one not installed here
         template = templates[entry.kernel]
         current = template is not None and entry.kernel_version == template.version
-        slot = (entry.kernel, entry.shape_key)
+        slot = (entry.kernel, entry.shape_key, entry.timing)
         held = newest.get(slot)
         # a winner of the current kernel version beats older versions' ones; then the newest
         if held is None or (current, entry.updated_at) > (held[2], held[0].updated_at):
             newest[slot] = (entry, tuned_on, current)
     verdicts = []
-    for (name, key), (entry, tuned_on, _) in sorted(newest.items()):
-        trial = store.winner_trial(name, entry.kernel_version, tuned_on, key)
+    for (name, key, timing), (entry, tuned_on, _) in sorted(newest.items()):
+        trial = store.winner_trial(name, entry.kernel_version, tuned_on, key, timing=timing)
         verdict = Verdict(
             name, key, entry.kernel_version, entry.config, entry.time_ms, tuned_on.triton,
-            stored_spread=trial.spread if trial is not None else None, drift=drift(tuned_on, device),
+            stored_spread=trial.spread if trial is not None else None, drift=drift(tuned_on, device), timing=timing,
         )  # fmt: skip
         verdict.skipped = drifted and not verdict.drift
         verdicts.append(verdict)
-    judged = [(v, newest[v.kernel, v.shape_key]) for v in verdicts if not v.skipped]
+    judged = [(v, newest[v.kernel, v.shape_key, v.timing]) for v in verdicts if not v.skipped]
     for step, (verdict, (entry, tuned_on, current)) in enumerate(judged):
         name, key = verdict.kernel, verdict.shape_key
         if progress is not None:
@@ -272,6 +274,7 @@ def _overrule(
         budget=len(measured),
         served=verdict.config,
         replace=True,
+        timing=verdict.timing,
     )
     tuning.record([(c, h, m) for h, (c, m) in measured.items()])
     winner = tuning.finish(0.0).winner
@@ -286,7 +289,7 @@ def _measure(
     flag ``wrong``, ``slower`` or a time apart from ``stored`` (:func:`_judge`). Returns both measurements."""
     heuristic = template.heuristic(problem, device)
     configs = [verdict.config] if heuristic == verdict.config else [verdict.config, heuristic]
-    measured = first_pass(Bench(template, problem, device), configs)
+    measured = first_pass(Bench(template, problem, device, timing=verdict.timing), configs)
     winner, theirs = measured[0], measured[-1]
     _judge(verdict, winner, theirs, stored, margin, "heuristic")
     return [(verdict.config, winner), (heuristic, theirs)]
@@ -323,8 +326,11 @@ def _judge(
 def _retune(
     verdict: Verdict, template: Template, problem: Problem, store: Store, device: Device, budget: int, strategy: str
 ) -> None:
-    stored = store.trials(store.kernel_version_id(template), store.device_id(device), verdict.shape_key)
-    [result] = run_sweep(template, [problem], store, strategy=strategy, budget=len(stored) + budget, device=device)
+    kv_id, device_id = store.kernel_version_id(template), store.device_id(device)
+    stored = store.trials(kv_id, device_id, verdict.shape_key, timing=verdict.timing)
+    [result] = run_sweep(
+        template, [problem], store, strategy=strategy, budget=len(stored) + budget, device=device, timing=verdict.timing
+    )
     verdict.retuned_ms, verdict.retuned_config = result.winner_ms, result.winner
 
 

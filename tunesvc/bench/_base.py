@@ -71,6 +71,8 @@ class Measurer(abc.ABC):
     problem: Problem
     device: Device
     rep_ms: float
+    #: graph | eager (tunesvc.settings.TIMINGS): how an OK candidate is timed (see tunesvc.bench.Bench)
+    timing: str = "graph"
 
     @abc.abstractmethod
     def measure(self, config: Config) -> Measurement:

@@ -32,13 +32,15 @@ def measurer_for(
     isolate: bool | None = None,
     timeout_s: float = 60.0,
     rep_ms: float = settings.REP_MS,
+    timing: str = settings.GRAPH,
 ) -> Measurer:
     """A :class:`Worker` (default on a GPU: a crashing or hanging candidate cannot take the caller
     down), else a :class:`Bench` in this process.
 
     A template the child cannot unpickle (e.g. a decorated kernel with local functions) is
-    measured in this process, as before isolation existed.
+    measured in this process, as before isolation existed. ``timing``: graph or eager (see
+    :class:`Bench`).
     """
     if (device.is_gpu if isolate is None else isolate) and picklable(template, problem):
-        return Worker(template, problem, device, timeout_s=timeout_s, rep_ms=rep_ms)
-    return Bench(template, problem, device, rep_ms=rep_ms)
+        return Worker(template, problem, device, timeout_s=timeout_s, rep_ms=rep_ms, timing=timing)
+    return Bench(template, problem, device, rep_ms=rep_ms, timing=timing)

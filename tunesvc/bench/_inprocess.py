@@ -11,6 +11,14 @@ replayed in turn, sample after sample, all queued before one wait, so that every
 runs under the same clocks and the GPU never idles between them. In the CPU interpreter, a few
 wall-clock runs. Spread = (p80 - p20) / median; an ok measurement's message says how it was
 timed (graph or events, L2 cold or warm, the SM clock seen).
+
+That is the ``graph`` timing (the default): the GPU time of a kernel as a CUDA graph or a fused
+program launches it. The ``eager`` timing (``Bench(..., timing="eager")``, `tune sweep --timing
+eager`) times a program that launches kernel by kernel from Python: loops of ordinary launches
+over the same input copies, the wall time of each loop up to its one synchronisation, so the
+host's launch cost counts wherever it exceeds the kernel's (:class:`EagerTimer`); finalists'
+loops take turns (:func:`sample_eager`), as their graphs do. In the interpreter, eager is plain
+loops of launches timed by the wall clock.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ from tunesvc.bench._base import Measurer
 from tunesvc.bench._base import Status
 from tunesvc.bench._base import one_line
 from tunesvc.bench._base import relative_error
+from tunesvc.settings import EAGER
+from tunesvc.settings import GRAPH
 from tunesvc.timeline import mark
 
 if TYPE_CHECKING:
@@ -92,6 +102,10 @@ L2_MULTIPLE = 2
 MAX_INPUT_SETS = 64
 #: the L2 size assumed where torch does not report it (the H100's)
 DEFAULT_L2_BYTES = 50 * 2**20
+
+
+#: one eager sample in the interpreter: a loop of this many launches (its samples: FINALIST_ROUNDS)
+INTERPRETER_LOOP = 2
 
 
 def input_bytes(inputs: Any) -> int:
@@ -209,6 +223,70 @@ def sample_together(timers: Sequence[GraphTimer], rep_ms: float) -> tuple[list[l
     return [[s.elapsed_time(e) / timer.count for s, e in pairs] for timer, pairs in zip(timers, events)], clock
 
 
+class EagerTimer:
+    """``calls`` (each on its own copy of the inputs) launched in turn from Python, a loop of
+    about :data:`SAMPLE_MS` (at least one cycle through the copies, at most
+    :data:`MAX_GRAPH_CALLS` launches) per sample, ``sync`` once at its end: the loop's wall time
+    over its launches is one call's time as a program that launches kernel by kernel sees it,
+    the host's launch cost included where it is the longer. ``per_call_ms``: an estimate of one
+    call's time, which sizes the loop; None: :data:`INTERPRETER_LOOP` launches (the interpreter)."""
+
+    def __init__(self, calls: Sequence[Callable[[], Any]], sync: Callable[[], None], per_call_ms: float | None) -> None:
+        self.calls = list(calls)
+        self.sync = sync
+        cycle = len(self.calls)
+        if per_call_ms is None:
+            count = max(cycle, INTERPRETER_LOOP)
+        else:
+            wanted = min(MAX_GRAPH_CALLS, math.ceil(SAMPLE_MS / max(per_call_ms, 1e-4)))
+            count = max(cycle, -(-wanted // cycle) * cycle)
+        self.count = count
+        self.sequence = [self.calls[i % cycle] for i in range(count)]
+
+    def loop_ms(self) -> float:
+        """One loop's wall time per launch (ms), from the first launch to the synchronisation."""
+        self.sync()  # what was queued before is not this loop's
+        start = time.perf_counter()
+        for call in self.sequence:
+            call()
+        self.sync()
+        return (time.perf_counter() - start) * 1e3 / self.count
+
+
+def eager_estimate_ms(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
+    """One call's wall time from five launched back to back and one synchronisation."""
+    sync()
+    start = time.perf_counter()
+    for _ in range(5):
+        fn()
+    sync()
+    return max((time.perf_counter() - start) * 1e3 / 5, 1e-4)
+
+
+def sample_eager(timers: Sequence[EagerTimer], rep_ms: float, on_gpu: bool = True) -> list[list[float]]:
+    """Each timer's per-call times (ms), one a loop: the timers' loops taking turns, so that every
+    one runs under the same clocks as the others; on a GPU :data:`WARMUP_MS` of loops first and
+    then about ``rep_ms`` of loops each (at least 5), in the interpreter :data:`FINALIST_ROUNDS`
+    loops each (a launch there takes milliseconds of the CPU)."""
+    if not timers:
+        return []
+    samples: list[list[float]] = [[] for _ in timers]
+    if not on_gpu:
+        for _ in range(FINALIST_ROUNDS):
+            for i, timer in enumerate(timers):
+                samples[i].append(timer.loop_ms())
+        return samples
+    unit = sum(t.loop_ms() * t.count for t in timers)  # one turn through every timer, warmed
+    warmup = math.ceil(WARMUP_MS / max(unit, 1e-3))
+    rounds = max(5, math.ceil(rep_ms * len(timers) / max(unit, 1e-3)))
+    for turn in range(warmup + rounds):
+        for i, timer in enumerate(timers):
+            ms = timer.loop_ms()
+            if turn >= warmup:
+                samples[i].append(ms)
+    return samples
+
+
 def quantiles_of(times: Sequence[float], quantiles: Sequence[float]) -> list[float]:
     """The ``quantiles`` of ``times`` (linear interpolation, as torch.quantile's default)."""
     ordered = sorted(times)
@@ -244,12 +322,21 @@ class Bench(Measurer):
     """
 
     def __init__(
-        self, template: Template, problem: Problem, device: Device, *, rep_ms: float = settings.REP_MS
+        self,
+        template: Template,
+        problem: Problem,
+        device: Device,
+        *,
+        rep_ms: float = settings.REP_MS,
+        timing: str = GRAPH,
     ) -> None:
+        if timing not in settings.TIMINGS:
+            raise ValueError(f"timing {timing!r} is not one of {settings.TIMINGS}")
         self.template = template
         self.problem = problem
         self.device = device
         self.rep_ms = rep_ms
+        self.timing = timing
         self.inputs: Any = template.make_inputs(problem, device)
         self.ref = template.reference(self.inputs)
         self.tolerance = template.tolerance(problem)
@@ -323,6 +410,8 @@ class Bench(Measurer):
         Bench's) of samples each, all under the same clocks; where a graph cannot be captured
         (or in the interpreter), ``rounds`` round-robin rounds of :meth:`time_only`."""
         rep_ms = rep_ms or self.rep_ms
+        if self.timing == EAGER and configs:
+            return self._eager_together(configs, rep_ms, rounds)
         if not self.device.is_gpu or len(configs) < 1:
             return super().time_together(configs, rep_ms, rounds)
         try:
@@ -335,6 +424,37 @@ class Bench(Measurer):
         except Exception:  # a launch that cannot be captured: each config timed on its own, in rounds
             return super().time_together(configs, rep_ms, rounds)
         note = timing_note("graph, timed together", self._l2_cold(), clock)
+        out = []
+        for timer, times in zip(timers, samples):
+            median, low, high = quantiles_of(times, [0.5, 0.2, 0.8])
+            out.append(
+                Measurement(
+                    Status.OK, time_ms=median, spread=(high - low) / median, reps=timer.count * len(times), message=note
+                )
+            )
+        return out
+
+    def _eager_timer(self, call_on: Callable[[Any], Callable[[], Any]]) -> EagerTimer:
+        """An :class:`EagerTimer` of ``call_on`` over the input copies, its loop sized on a GPU
+        by five launches' wall time."""
+        calls = [call_on(inputs) for inputs in self.input_sets()]
+        estimate = eager_estimate_ms(calls[0], self._sync) if self.device.is_gpu else None
+        return EagerTimer(calls, self._sync, estimate)
+
+    def _eager_note(self, together: bool = False) -> str:
+        if not self.device.is_gpu:
+            return f"timed: eager{', timed together' if together else ''}, interpreter, wall clock"
+        return timing_note("eager, timed together" if together else "eager", self._l2_cold(), sm_clock_mhz())
+
+    def _eager_together(self, configs: Sequence[Config], rep_ms: float, rounds: int) -> list[Measurement]:
+        """Eager finalists: each config's loops taking turns with the others' (:func:`sample_eager`);
+        where a launch raises, each config timed on its own (its failure a status)."""
+        try:
+            timers = [self._eager_timer(self._launcher(config)) for config in configs]
+            samples = sample_eager(timers, rep_ms, on_gpu=self.device.is_gpu)
+        except Exception:  # a launch that fails now: each config timed alone, in rounds
+            return super().time_together(configs, rep_ms, rounds)
+        note = self._eager_note(together=True)
         out = []
         for timer, times in zip(timers, samples):
             median, low, high = quantiles_of(times, [0.5, 0.2, 0.8])
@@ -372,7 +492,13 @@ class Bench(Measurer):
     def _time(self, call_on, rep_ms: float, graph_ms: float) -> tuple[float, float, float, int, str]:
         """(median, p20, p80, repetitions, how it was timed) of ``call_on(inputs)()``: from a graph
         for ten times ``graph_ms`` where five launches take less than GRAPH_BELOW_MS each, else
-        do_bench's events for ``rep_ms``."""
+        do_bench's events for ``rep_ms``; eager (:attr:`timing`): loops of launches for ten
+        times ``graph_ms`` (:class:`EagerTimer`)."""
+        if self.timing == EAGER:
+            loops = self._eager_timer(call_on)
+            [times] = sample_eager([loops], 10 * graph_ms, on_gpu=self.device.is_gpu)
+            median, low, high = quantiles_of(times, [0.5, 0.2, 0.8])
+            return median, low, high, loops.count * len(times), self._eager_note()
         fn = call_on(self.inputs)
         if self.device.is_gpu:
             estimate = estimate_ms(fn)

@@ -57,12 +57,14 @@ class Worker(Measurer):
         *,
         timeout_s: float = 60.0,
         rep_ms: float = settings.REP_MS,
+        timing: str = settings.GRAPH,
     ) -> None:
         self.template = template
         self.problem = problem
         self.device = device
         self.timeout_s = timeout_s
         self.rep_ms = rep_ms
+        self.timing = timing
         #: how many children were replaced after a crash or a timeout
         self.restarts = 0
         self._process: BaseProcess | None = None
@@ -100,7 +102,7 @@ class Worker(Measurer):
         if self._process is None or self._conn is None:
             return  # the next request starts a child for the new problem
         try:
-            self._conn.send(("load", pickle.dumps((template, problem, self.rep_ms)), None))
+            self._conn.send(("load", pickle.dumps((template, problem, self.rep_ms, self.timing)), None))
         except OSError:  # the child is gone: start a fresh one for the new problem
             self._stop(grace_s=0.0)
             self._start()
@@ -134,7 +136,7 @@ class Worker(Measurer):
 
     def _start(self) -> None:
         # pickled here, unpickled by the child once it has this process's sys.path
-        payload = pickle.dumps((self.template, self.problem, self.rep_ms))
+        payload = pickle.dumps((self.template, self.problem, self.rep_ms, self.timing))
         self._process, self._conn = start_child(_worker_main, payload)
         self._ready = False
 
@@ -182,11 +184,11 @@ class Worker(Measurer):
         self._stop(grace_s=5.0)
 
 
-def _made(conn: Connection, template: Any, problem: Any, rep_ms: float) -> Bench | None:
+def _made(conn: Connection, template: Any, problem: Any, rep_ms: float, timing: str) -> Bench | None:
     """The problem's Bench (its inputs and reference); None where they cannot be made (out of
     memory, a template's error), after telling the parent why in one line."""
     try:
-        return Bench(template, problem, current_device(), rep_ms=rep_ms)
+        return Bench(template, problem, current_device(), rep_ms=rep_ms, timing=timing)
     except Exception as exc:
         conn.send(("failed", f"{type(exc).__name__}: {one_line(exc)}"))
         return None
@@ -198,8 +200,8 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
     times: a time request's (rep_ms, graph_ms))."""
     set_role("measurer")
     mark("measurer process started")
-    template, problem, default_rep_ms = pickle.loads(payload)
-    bench = _made(conn, template, problem, default_rep_ms)
+    template, problem, default_rep_ms, timing = pickle.loads(payload)
+    bench = _made(conn, template, problem, default_rep_ms, timing)
     if bench is None:
         return
     mark("inputs and reference made")
@@ -211,10 +213,10 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
             return
         if kind == "stop":
             return
-        if kind == "load":  # the next problem (Worker.load): config holds its pickled (template, problem, rep_ms)
-            template, problem, default_rep_ms = pickle.loads(config)
+        if kind == "load":  # the next problem (Worker.load): its pickled (template, problem, rep_ms, timing)
+            template, problem, default_rep_ms, timing = pickle.loads(config)
             del bench  # the old inputs go before the new ones are made
-            made = _made(conn, template, problem, default_rep_ms)
+            made = _made(conn, template, problem, default_rep_ms, timing)
             if made is None:
                 return
             bench = made

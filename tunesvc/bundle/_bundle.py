@@ -19,7 +19,7 @@ from tunesvc.errors import TunesvcError
 from tunesvc.serving.bundle_format import FORMAT
 from tunesvc.serving.bundle_format import FORMAT_VERSION
 from tunesvc.serving.bundle_format import bundle_device
-from tunesvc.serving.bundle_format import kernel_configs
+from tunesvc.serving.bundle_format import kernel_tables
 from tunesvc.serving.bundle_format import read_bundle
 from tunesvc.space import config_hash
 
@@ -31,10 +31,13 @@ def build_bundles(store: Store, kernel: str | None = None, hardware_id: str | No
     """One bundle per device hardware id in the store (filtered by kernel / device).
 
     Where a kernel was tuned in several versions, a bundle holds the most recently tuned one;
-    where several software stacks tuned one key, the newest measurement.
+    where several software stacks tuned one key, the newest measurement. Graph winners are a
+    section's ``winners``, eager ones its ``eager_winners`` (only where it has any).
     """
     devices = {d.hardware_id: d for d in store.devices()}  # later rows win: the newest software
-    entries = sorted(store.winners(kernel=kernel, hardware_id=hardware_id), key=lambda e: e.updated_at)
+    entries = sorted(
+        store.winners(kernel=kernel, hardware_id=hardware_id, timing=None), key=lambda e: (e.updated_at, e.timing)
+    )
     latest = {(e.hardware_id, e.kernel): e.kernel_version for e in entries}
     bundles: dict[str, dict[str, Any]] = {}
     for entry in entries:
@@ -67,7 +70,8 @@ def build_bundles(store: Store, kernel: str | None = None, hardware_id: str | No
         )
         digest = config_hash(entry.config)
         section["configs"][digest] = entry.config
-        section["winners"][entry.shape_key] = {"config": digest, "time_ms": round(entry.time_ms, TIME_DECIMALS)}
+        table = section["winners"] if entry.timing == "graph" else section.setdefault("eager_winners", {})
+        table[entry.shape_key] = {"config": digest, "time_ms": round(entry.time_ms, TIME_DECIMALS)}
     for hardware_id, bundle in bundles.items():
         for name, section in bundle["kernels"].items():
             selector = store.selector(name, section["version"], hardware_id)
@@ -202,6 +206,8 @@ class ImportChange:
     incoming_ms: float
     stored_ms: float | None
     config: dict[str, int]
+    #: the timing it was chosen under (graph | eager): compared with the stored winners of that timing only
+    timing: str = "graph"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -239,6 +245,7 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
 
     Conflict rule (see :meth:`tunesvc.store.Store.merge_winner`): for one kernel version,
     device hardware id and shape key, the faster measured time wins; a tie keeps the stored one.
+    Graph and eager winners are merged each with the stored winners of its own timing.
     Times are compared as a bundle keeps them (:data:`TIME_DECIMALS`): a winner exported and
     imported again is kept, not "replaced" by its own rounded time. A winner is replaced only
     where what is served changes: an incoming winner of the stored winner's config is kept
@@ -254,14 +261,14 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
     changes, taken = [], []
     # the best stored time of each (kernel, version, hardware id, key) that an import may meet
     # and its config's hash
-    best: dict[tuple[str, str, str, str], tuple[float, str]] = {}
+    best: dict[tuple[str, str, str, str, str], tuple[float, str]] = {}
     for kernel, version in {(w[0], w[1]) for _, winners, _ in incoming for w in winners}:
-        for w in store.winners(kernel=kernel, version=version):
-            where = (kernel, version, w.hardware_id, w.shape_key)
+        for w in store.winners(kernel=kernel, version=version, timing=None):
+            where = (kernel, version, w.hardware_id, w.shape_key, w.timing)
             best[where] = min(best.get(where, (w.time_ms, config_hash(w.config))), (w.time_ms, config_hash(w.config)))
     for source, winners, selectors in incoming:
-        for kernel, version, device, key, config, time_ms in winners:
-            where = (kernel, version, device.hardware_id, key)
+        for kernel, version, device, key, config, time_ms, timing in winners:
+            where = (kernel, version, device.hardware_id, key, timing)
             stored = best.get(where)
             stored_ms: float | None = stored[0] if stored is not None else None
             if stored is not None and (
@@ -269,11 +276,15 @@ def import_sources(store: Store, sources: list[str | os.PathLike]) -> Imported:
             ):
                 action = "kept"  # as fast as stored at the precision a bundle keeps, or the same config
             else:
-                action, stored_ms = store.merge_winner(kernel, version, device, key, config, time_ms, source)
+                action, stored_ms = store.merge_winner(
+                    kernel, version, device, key, config, time_ms, source, timing=timing
+                )
                 if action != "kept":
                     best[where] = (time_ms, config_hash(config))
             changes.append(
-                ImportChange(source, kernel, version, device.hardware_id, key, action, time_ms, stored_ms, config)
+                ImportChange(
+                    source, kernel, version, device.hardware_id, key, action, time_ms, stored_ms, config, timing
+                )
             )
         for selector in selectors:
             data = selector.to_dict()
@@ -310,7 +321,7 @@ def _check_spaces(source: str, winners: list[tuple], selectors: list[Any]) -> No
     spaces: dict[tuple[str, str], Any] = {}
     configs = [
         (kernel, version, f"the winner of {kernel} for {key[:200]}", config)
-        for kernel, version, _, key, config, _ in winners
+        for kernel, version, _, key, config, _, _ in winners
     ]
     for selector in selectors:
         what = f"a candidate of {selector.kernel}'s selector"
@@ -329,8 +340,8 @@ def _check_spaces(source: str, winners: list[tuple], selectors: list[Any]) -> No
 
 
 def _read_source(source: str | os.PathLike, target: Store) -> tuple[list[tuple], list[Any]]:
-    """Every winner of a bundle or database, as (kernel, version, device, shape key, config, ms),
-    and its selectors (checked); each source is read once."""
+    """Every winner of a bundle or database, as (kernel, version, device, shape key, config, ms,
+    timing), and its selectors (checked); each source is read once."""
     from tunesvc.store import Store
 
     if str(source).endswith(".json"):
@@ -340,7 +351,8 @@ def _read_source(source: str | os.PathLike, target: Store) -> tuple[list[tuple],
     store = Store(source, readonly=True)
     try:
         winners = [
-            (e.kernel, e.kernel_version, d, e.shape_key, e.config, e.time_ms) for e, d in store.winners_with_devices()
+            (e.kernel, e.kernel_version, d, e.shape_key, e.config, e.time_ms, e.timing)
+            for e, d in store.winners_with_devices(timing=None)
         ]
         found = []
         for kernel, version, hardware_id in sorted({(w[0], w[1], w[2].hardware_id) for w in winners}):
@@ -389,8 +401,13 @@ def _bundle_contents(path: str | os.PathLike, target: Store) -> tuple[list[tuple
             raise TunesvcError(
                 f"{path} is a damaged bundle (its device fields do not give its hardware id); re-export it."
             )
-        configs = kernel_configs(path, bundle, kernel)
-        for key, winner in sorted(section["winners"].items()):
-            # time_ms: a finite positive number, checked by the section's schema (kernel_configs)
-            out.append((kernel, section["version"], device, key, dict(configs[key]), float(winner["time_ms"])))
+        graph, eager = kernel_tables(path, bundle, kernel)
+        for timing, configs, raw in (
+            ("graph", graph, section["winners"]),
+            ("eager", eager, section.get("eager_winners", {})),
+        ):
+            for key, winner in sorted(raw.items()):
+                # time_ms: a finite positive number, checked by the section's schema (kernel_tables)
+                time_ms = float(winner["time_ms"])
+                out.append((kernel, section["version"], device, key, dict(configs[key]), time_ms, timing))
     return out, _checked_selectors(found)

@@ -108,7 +108,12 @@ def import_(
                 f"{kernel} {version}",
                 ["shape key", "action", "incoming ms", "stored ms"],
                 [
-                    [c.shape_key, c.action, _ms(c.incoming_ms), _ms(c.stored_ms)]
+                    [
+                        c.shape_key if c.timing == "graph" else f"{c.shape_key} (eager)",
+                        c.action,
+                        _ms(c.incoming_ms),
+                        _ms(c.stored_ms),
+                    ]
                     for c in group
                     if (c.kernel, c.version) == (kernel, version)
                 ],
@@ -264,7 +269,7 @@ def verify(
             flags = ", ".join(v.flags) + (f" ({v.detail})" if v.detail else "") if v.flags else "ok"
             rows.append(
                 [
-                    v.shape_key,
+                    v.shape_key if v.timing == "graph" else f"{v.shape_key} (eager)",
                     _ms(v.stored_ms),
                     _ms(v.measured_ms),
                     _ms(v.heuristic_ms),

@@ -99,6 +99,12 @@ def sweep(
             help="Share the shapes between one worker per GPU: 'all' or indices such as 0,1 (without a GPU: one interpreter worker per index, at most one per CPU core), never more workers than shape keys; each worker applies --budget, --time-budget, --patience and --workers to every shape it takes. The same command on other hosts with the same --db joins the sweep."
         ),
     ] = None,
+    timing: Annotated[
+        str,
+        typer.Option(
+            help="How candidates are timed: graph (CUDA graph replays over input copies: the GPU time, as a CUDA graph or fused program runs the kernel) or eager (loops of ordinary launches, one synchronisation per loop: the host's launch cost counts, as in a program that launches kernel by kernel). The winner is the key's winner of that timing; an eager one is stored only where it is at least as fast as the key's graph winner timed eagerly. --gpus and --ray sweep graph only.",
+        ),
+    ] = "graph",
     ray: Annotated[
         str | None,
         typer.Option(
@@ -115,7 +121,7 @@ def sweep(
     mark("command parsed")
     template = get_template(kernel)
     problems = _problems(template, shape or [], preset, dtype)
-    _check_options(strategy, budget, time_budget, patience, workers, seed, gpus, ray)
+    _check_options(strategy, budget, time_budget, patience, workers, seed, gpus, ray, timing)
     mark("kernel imported")
     if gpus is not None or ray is not None:
         return _sweep_on_workers(
@@ -135,7 +141,7 @@ def sweep(
             quiet=quiet,
             resume=_command_line(ctx, db),
         )
-    options = {"strategy": strategy, "budget": budget, "seed": seed, "workers": workers}
+    options = {"strategy": strategy, "budget": budget, "seed": seed, "workers": workers, "timing": timing}
     _sweep_here(
         template, problems, db, options | {"time_budget": time_budget, "patience": patience}, ctx, as_json, quiet
     )
@@ -150,10 +156,12 @@ def _check_options(
     seed: int,
     gpus: str | None,
     ray: str | None,
+    timing: str = "graph",
 ) -> None:
     """Refuse a sweep's options in one sentence, before any database is opened (a rejected sweep
     creates no file)."""
     from tunesvc.search import STRATEGIES
+    from tunesvc.settings import TIMINGS
     from tunesvc.template import did_you_mean
     from tunesvc.tuning.sweep import check_sweep_arguments
 
@@ -169,6 +177,13 @@ def _check_options(
         raise TunesvcError(f"--seed must be from 0 to 2**32 - 1 (what the samplers take), got {seed}.")
     if gpus is not None and ray is not None:
         raise TunesvcError("Use --gpus (this host's GPUs) or --ray (a Ray cluster's), not both.")
+    if timing not in TIMINGS:
+        hint = did_you_mean(timing, TIMINGS)
+        raise TunesvcError(f"Unknown timing '{timing}'{hint}; use one of {', '.join(TIMINGS)}.")
+    if timing != "graph" and (gpus is not None or ray is not None):
+        raise TunesvcError(
+            f"--timing {timing} sweeps in this process only: --gpus and --ray sweep with graph timing; drop one of them."
+        )
 
 
 def _sweep_here(
@@ -230,7 +245,7 @@ def _print_table(template, device, url: str, results: list) -> None:
     rows = [
         [
             r.shape_key,
-            _config_text(r.winner),
+            "(graph winner kept: none faster eagerly)" if r.graph_kept and r.winner is None else _config_text(r.winner),
             _ms(r.winner_ms),
             _ms(r.heuristic_ms),
             f"{r.heuristic_ms / r.winner_ms:.2f}x" if r.heuristic_ms and r.winner_ms else "-",
@@ -242,9 +257,10 @@ def _print_table(template, device, url: str, results: list) -> None:
         for r in results
     ]
     out = wide_when_piped(TextConsole())
+    eager = any(r.timing == "eager" for r in results)
     out.print(
         _keyed_table(
-            f"{template.name} on {device.name} ({url})",
+            f"{template.name} on {device.name} ({url})" + (", eager timing" if eager else ""),
             ["shape key", "winner", "ms", "heuristic ms", "speed-up", "trials", "new", "failed", "s"],
             rows,
             caption=SWEEP_LEGEND,

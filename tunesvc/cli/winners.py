@@ -65,7 +65,7 @@ def show(
     kernel = _kernel_filter(kernel)
     store = Store(db, readonly=True)
     try:
-        winners = store.winners(kernel=kernel, device=device, shape=shape)
+        winners = store.winners(kernel=kernel, device=device, shape=shape, timing=None)
         counts = store.trial_counts(kernel=kernel, device=device, shape=shape)
         rejected = {
             (r.kernel, r.kernel_version, r.hardware_id): r for r in store.rejected_trials(kernel, device, shape)
@@ -100,7 +100,7 @@ def show(
             for version in versions:
                 rows = sorted(
                     (w for w in on_device if w.kernel == name and w.kernel_version == version),
-                    key=lambda w: natural_order(w.shape_key),
+                    key=lambda w: (natural_order(w.shape_key), w.timing != "graph"),
                 )
                 if version != current[name][0]:
                     which = "older version, not used by lookups"
@@ -111,8 +111,11 @@ def show(
                 out.print(
                     _keyed_table(
                         f"{name} {version} ({which})",
-                        ["shape key", "config", "ms"],
-                        [[w.shape_key, _config_text(w.config), f"{w.time_ms:.4g} ±{w.noise:.0%}"] for w in rows],
+                        ["shape key", "timing", "config", "ms"],
+                        [
+                            [w.shape_key, w.timing, _config_text(w.config), f"{w.time_ms:.4g} ±{w.noise:.0%}"]
+                            for w in rows
+                        ],
                     )
                 )
                 said = rejected.get((name, version, hardware_id))

@@ -9,7 +9,8 @@ Format (``format_version`` 2)::
                             "configs": {"<config hash>": {...}},
                             "winners": {"<shape key>": {"config": "<config hash>", "time_ms": ...,
                                                          "heuristic_ms": ...}},
-                            "selector": {...}}}}
+                            "selector": {...},
+                            "eager_winners": {"<shape key>": {"config": "<config hash>", "time_ms": ...}}}}}
 
 ``heuristic_ms``, optional, is the time of the heuristic's config of that key on that device,
 from the trial that measured it: the evidence a sibling model needs to be served the winner
@@ -18,6 +19,11 @@ blind (see tunesvc.serving.transfer). A tunesvc that predates it ignores it.
 ``selector``, optional, is the kernel's fitted selector on that device (see tunesvc.serving.selector):
 feature names, candidate configs and a decision tree as plain arrays. Bundles without it load
 as before, and a tunesvc that predates it ignores it.
+
+``eager_winners``, optional, are the kernel's eager winners on that device (keys tuned with `tune
+sweep --timing eager`: times of loops of ordinary launches, see tunesvc.bench), naming configs of
+the same ``configs``; ``winners`` are the graph ones. The format version stays 2: a tunesvc that
+predates them ignores them, and serves the graph winners.
 
 Each distinct config is written once, under its :func:`~tunesvc.space.config_hash` (the store's
 id for it), and winners name it: thousands of winners share a few hundred configs, and one small
@@ -143,8 +149,20 @@ def _validate(schema: Any, data: Any, path: Path | str | os.PathLike, where: str
         ) from None
 
 
-def kernel_configs(path: str | os.PathLike, data: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
-    """Shape key -> config of kernel ``name`` in a bundle read by :func:`read_bundle` (checked).
+def kernel_configs(
+    path: str | os.PathLike, data: dict[str, Any], name: str, timing: str = "graph"
+) -> dict[str, dict[str, Any]]:
+    """Shape key -> config of kernel ``name`` in a bundle read by :func:`read_bundle` (checked):
+    its graph ``winners``, or with ``timing="eager"`` its ``eager_winners`` (none in format 1)."""
+    graph, eager = kernel_tables(path, data, name)
+    return graph if timing == "graph" else eager
+
+
+def kernel_tables(
+    path: str | os.PathLike, data: dict[str, Any], name: str
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(graph winners, eager winners) of kernel ``name``, shape key -> config, from one check of
+    its section.
 
     Checked against the section's schema: every config a non-empty table of parameter names
     to whole numbers or short texts, every winner naming a config of the section and giving a
@@ -162,15 +180,18 @@ def kernel_configs(path: str | os.PathLike, data: dict[str, Any], name: str) -> 
     )
     raw = data["kernels"][name]
     if version == 1:
-        return {key: raw["winners"][key]["config"] for key in section.winners}
+        return {key: raw["winners"][key]["config"] for key in section.winners}, {}
     configs = raw["configs"]
-    missing = next((key for key, w in section.winners.items() if w.config not in configs), None)
-    if missing is not None:
-        raise TunesvcError(
-            f"{path} is a damaged bundle (a winner of kernels.{name} has no valid config: winners.{missing[:120]} names "
-            f"config {section.winners[missing].config[:40]}, which the bundle lacks); re-export it with `tune export`."
-        )
-    return {key: configs[w.config] for key, w in section.winners.items()}
+    tables = []
+    for field, winners in (("winners", section.winners), ("eager_winners", section.eager_winners)):
+        missing = next((key for key, w in winners.items() if w.config not in configs), None)
+        if missing is not None:
+            raise TunesvcError(
+                f"{path} is a damaged bundle (a winner of kernels.{name} has no valid config: {field}.{missing[:120]}"
+                f" names config {winners[missing].config[:40]}, which the bundle lacks); re-export it with `tune export`."
+            )
+        tables.append({key: configs[w.config] for key, w in winners.items()})
+    return tables[0], tables[1]
 
 
 @functools.cache
@@ -220,6 +241,7 @@ def _schemas() -> dict[str, Any]:
     class Section2(Section):
         configs: dict[Annotated[str, StringConstraints(max_length=64)], Config]
         winners: dict[Key, WinnerRef]
+        eager_winners: dict[Key, WinnerRef] = {}
 
     class Winner1(Strict):
         config: Config

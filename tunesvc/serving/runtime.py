@@ -5,7 +5,12 @@ and the current kernel version are loaded once per kernel from the runtime's win
 database or an exported bundle (:mod:`tunesvc.serving.source`, which reads and checks them).
 Each lookup then walks the one chain of :mod:`tunesvc.serving.chain` (exact, predicted, nearest,
 transferred, heuristic) and says which step answered; what the runtime adds is when to read,
-the memos, and failing open. In mode 'tune'
+the memos, and failing open.
+
+A key may hold a graph and an eager winner (see tunesvc.bench). A runtime serves those of its
+``timing`` (``TUNESVC_TIMING``, default graph), else each key's only winner; set to eager, it
+serves the graph winners to launches made inside CUDA-graph capture
+(``torch.cuda.is_current_stream_capturing()``: that program replays a graph). In mode 'tune'
 a miss goes to the policy that the tuning side registers (:mod:`tunesvc.serving.on_miss`): this
 module imports no tuning.
 """
@@ -46,7 +51,9 @@ from tunesvc.serving.source import Winners
 from tunesvc.serving.source import WinnerSource
 from tunesvc.serving.source import in_space
 from tunesvc.serving.source import stored_winners as stored_winners  # tuning's tune-on-miss policy reads it here
+from tunesvc.settings import GRAPH
 from tunesvc.settings import MODES
+from tunesvc.settings import TIMINGS
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
 from tunesvc.template import get_template
@@ -76,6 +83,9 @@ class Runtime:
 
     ``transfer`` (default: on unless $TUNESVC_TRANSFER=0): whether a key this GPU model has no
     answer of its own for is served a sibling model's winner (same capability and SM count).
+
+    ``timing`` (or $TUNESVC_TIMING; default graph): whose winners are served, graph's or eager's,
+    else each key's only one; an eager runtime serves the graph winners inside CUDA-graph capture.
     """
 
     def __init__(
@@ -89,7 +99,10 @@ class Runtime:
         strategy: str = "grid",
         strict: bool = False,
         transfer: bool | None = None,
+        timing: str | None = None,
     ) -> None:
+        if timing is not None and timing not in TIMINGS:
+            raise TunesvcError(f"Unknown timing '{timing}'; use one of {', '.join(TIMINGS)}.")
         if db is not None and bundle is not None:
             raise TunesvcError("Give a database or a bundle, not both.")
         if db is None and bundle is None:
@@ -117,6 +130,7 @@ class Runtime:
         self.strategy = strategy
         self.strict = strict
         self.transfer = settings.transfer_enabled() if transfer is None else transfer
+        self.timing = settings.timing() if timing is None else timing
         self._device = device
         self._source: WinnerSource | None = None
         self._tables: dict[str, dict[str, Config]] = {}
@@ -143,9 +157,52 @@ class Runtime:
         #: runtimes of the other GPU models this process drives, by CUDA device index
         self._on_device: dict[int, Runtime] = {}
         self._device_index = _device_index_reader(device)
+        #: an eager runtime's twin set to graph, for launches inside CUDA-graph capture
+        self._graph_twin: Runtime | None = None
+        if self.timing != GRAPH:
+            self._serve_graph_inside_capture()
         if self._device_index is _no_gpu:  # one device: no frame of lookup() in front of the memo
             self.lookup = functools.partial(self.lookup_on, -1)  # type: ignore[method-assign]
             self.config_for = functools.partial(self.config_on, -1)  # type: ignore[method-assign]
+
+    def _serve_graph_inside_capture(self) -> None:
+        """Route this (eager) runtime's lookups and kernels' launch configs to a graph twin while
+        the current stream is capturing a CUDA graph; outside capture, one check more per call."""
+        eager_lookup, eager_config = self.lookup_on, self.config_on
+
+        def lookup_on(index: int, kernel: str | Template, /, **problem: Any) -> LookupResult:
+            if capturing():
+                return self._graph().lookup_on(index, kernel, **problem)
+            return eager_lookup(index, kernel, **problem)
+
+        def config_on(index: int, template: Template, /, **problem: Any) -> Config:
+            if capturing():
+                return self._graph().config_on(index, template, **problem)
+            return eager_config(index, template, **problem)
+
+        self.lookup_on = lookup_on  # type: ignore[method-assign]
+        self.config_on = config_on  # type: ignore[method-assign]
+        self.launch_configs = ByCapture(self._graph)
+
+    def _graph(self) -> Runtime:
+        """The graph twin of an eager runtime: the same source and options, graph's winners."""
+        if self._graph_twin is None:
+            with self._lock:
+                if self._graph_twin is None:
+                    twin = Runtime(
+                        self.db,
+                        self.bundle,
+                        self._device,
+                        mode=self.mode,
+                        budget=self.budget,
+                        strategy=self.strategy,
+                        strict=self.strict,
+                        transfer=self.transfer,
+                        timing=GRAPH,
+                    )
+                    twin._source = self._source
+                    self._graph_twin = twin
+        return self._graph_twin
 
     @property
     def device(self) -> Device:
@@ -177,7 +234,7 @@ class Runtime:
 
     def _load_or_warn(self, template: Template) -> dict[str, Config]:
         try:
-            return self._served(template, self.source.winners(template))
+            return self._served(template, self.source.winners(template, self.timing))
         except TunesvcError as exc:
             if self.strict:
                 raise
@@ -271,6 +328,7 @@ class Runtime:
             strategy=self.strategy,
             strict=self.strict,
             transfer=self.transfer,
+            timing=self.timing,
         )
         runtime._source = self.source.on(device)  # a bundle read once serves every device
         return runtime
@@ -421,6 +479,36 @@ class Runtime:
         return out
 
 
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a CUDA graph (False without a GPU)."""
+    if interpreting():
+        return False
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class ByCapture(dict):
+    """An eager runtime's launch configs (``Runtime.launch_configs``): its own outside CUDA-graph
+    capture, its graph twin's inside it, so that a kernel's memoised config follows the same rule
+    as its lookup."""
+
+    def __init__(self, graph: Callable[[], Runtime]) -> None:
+        super().__init__()
+        self._graph = graph
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if capturing():
+            return self._graph().launch_configs.get(key, default)
+        return super().get(key, default)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if capturing():
+            self._graph().launch_configs[key] = value
+        else:
+            super().__setitem__(key, value)
+
+
 #: every runtime of this process, for the fork handler below
 _RUNTIMES: weakref.WeakSet[Runtime] = weakref.WeakSet()
 
@@ -484,10 +572,12 @@ def configure(
     *,
     mode: str | None = None,
     budget: int = 8,
+    timing: str | None = None,
 ) -> Runtime:
-    """Point the process-wide runtime (used by tunesvc.kernels.*) at a database or bundle."""
+    """Point the process-wide runtime (used by tunesvc.kernels.*) at a database or bundle
+    (``timing``: whose winners it serves, see :class:`Runtime`)."""
     global _default
-    _default = Runtime(db=db, bundle=bundle, mode=mode, budget=budget)
+    _default = Runtime(db=db, bundle=bundle, mode=mode, budget=budget, timing=timing)
     for hook in on_configure:
         hook()
     return _default

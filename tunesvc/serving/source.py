@@ -27,6 +27,7 @@ from typing import Any
 from tunesvc import settings
 from tunesvc.errors import TunesvcError
 from tunesvc.serving import transfer as transfers
+from tunesvc.settings import GRAPH
 from tunesvc.space import config_hash
 
 if TYPE_CHECKING:
@@ -108,7 +109,13 @@ class WinnerSource(ABC):
 
     **Reading.** Each call reads the source (a bundle's file once: its data is kept), so a
     caller keeps what it needs (the runtime loads a kernel once). Where a database holds a key
-    measured under several software stacks, the newest measurement is its winner. A source holds
+    measured under several software stacks, the newest measurement is its winner.
+
+    **Timing.** A key may hold a graph and an eager winner (see tunesvc.bench): :meth:`stored` and
+    :meth:`winners` give each key the winner of the timing asked for (default graph), else the
+    key's only winner, whichever timing it has. Selectors and siblings' winners are graph's.
+
+    A source holds
     no connection between calls, unless it was given an open store, which it uses and never
     closes (and which serves one thread at a time, as every store does); otherwise any thread may
     call it. Records out: plain dicts and frozen values, never ORM rows.
@@ -131,10 +138,10 @@ class WinnerSource(ABC):
         """The same source, answering for ``device`` (another GPU model this process drives)."""
 
     @abstractmethod
-    def stored(self, kernel: str, version: str | None) -> dict[str, Config]:
+    def stored(self, kernel: str, version: str | None, timing: str = GRAPH) -> dict[str, Config]:
         """The device's model's winners of ``kernel`` at ``version``, unchecked, shape key ->
         config; ``version`` None: whichever version the source holds (of a database's, the newest
-        measurement of each key)."""
+        measurement of each key); of each key, its winner of ``timing``, else its only one."""
 
     @abstractmethod
     def sibling_stored(
@@ -154,11 +161,12 @@ class WinnerSource(ABC):
         """Whether the source holds kernel ``kernel`` as a captured one may be named (a database:
         a captured kernel of that name is recorded; a bundle: it has a section of that name)."""
 
-    def winners(self, template: Template) -> Winners:
-        """This device's model's winners of ``template``'s current version, checked against its space."""
+    def winners(self, template: Template, timing: str = GRAPH) -> Winners:
+        """This device's model's winners of ``template``'s current version (of ``timing``, else
+        each key's only one), checked against its space."""
         return in_space(
             template,
-            self.stored(template.name, template.version),
+            self.stored(template.name, template.version, timing),
             model=self.device.name,
             hardware_id=self.device.hardware_id,
         )
@@ -247,13 +255,13 @@ class DatabaseSource(WinnerSource):
 
         return contextlib.closing(Store(db, readonly=True))
 
-    def stored(self, kernel: str, version: str | None) -> dict[str, Config]:
+    def stored(self, kernel: str, version: str | None, timing: str = GRAPH) -> dict[str, Config]:
         reader = self._read(absent=self.absent_is_empty)
         if reader is None:
             return {}
         with reader as store:
-            entries = store.winners(kernel=kernel, hardware_id=self.device.hardware_id, version=version)
-        return newest_per_key(entries)
+            entries = store.winners(kernel=kernel, hardware_id=self.device.hardware_id, version=version, timing=None)
+        return served_per_key(entries, timing)
 
     def sibling_stored(
         self, kernel: str, version: str | None, heuristic: Callable[[str], Config | None] | None = None
@@ -339,14 +347,16 @@ class BundleSource(WinnerSource):
         """The hardware id of the device the bundle holds the winners of."""
         return str(self._data()["device"]["hardware_id"])
 
-    def stored(self, kernel: str, version: str | None) -> dict[str, Config]:
-        from tunesvc.serving.bundle_format import kernel_configs
+    def stored(self, kernel: str, version: str | None, timing: str = GRAPH) -> dict[str, Config]:
+        from tunesvc.serving.bundle_format import kernel_tables
 
         data = self._data()
         if data["device"]["hardware_id"] != self.device.hardware_id or kernel not in data["kernels"]:
             return {}
-        table = kernel_configs(self.path, data, kernel)  # checks the section, of any version
-        return table if version is None or data["kernels"][kernel]["version"] == version else {}
+        graph, eager = kernel_tables(self.path, data, kernel)  # checks the section, of any version
+        if version is not None and data["kernels"][kernel]["version"] != version:
+            return {}
+        return {**graph, **eager} if timing != GRAPH else {**eager, **graph}
 
     def sibling_stored(
         self, kernel: str, version: str | None, heuristic: Callable[[str], Config | None] | None = None
@@ -392,6 +402,14 @@ def heuristic_at(template: Template, key: str, device: Device) -> Config | None:
         return template.heuristic(template.problem_of_key(key), device) or None
     except Exception:  # a stored key anyone may have written: no heuristic, so no evidence, never an error
         return None
+
+
+def served_per_key(entries: Iterable[Any], timing: str = GRAPH) -> dict[str, Config]:
+    """Shape key -> config of stored winner entries of both timings: each key's newest winner of
+    ``timing``, else its newest of the other (the key's only one)."""
+    entries = list(entries)
+    mine = [e for e in entries if e.timing == timing]
+    return {**newest_per_key(e for e in entries if e.timing != timing), **newest_per_key(mine)}
 
 
 def newest_per_key(entries: Iterable[Any]) -> dict[str, Config]:

@@ -54,6 +54,12 @@ class BaseStore(ABC):
     (False otherwise). :meth:`add_trials` skips a config already stored for its key (None).
     :meth:`record_miss` counts on the one row of its key.
 
+    **Timings.** A trial is timed ``graph`` or ``eager`` (tunesvc.settings.TIMINGS), and a key
+    holds a winner of each at most: trials, budgets and winners are per timing, the timing
+    argument defaulting to graph (what every caller that predates eager timing reads); where a
+    method takes ``timing=None``, it means both. A database older than revision 0008 (read-only)
+    holds graph rows only.
+
     **Reading.** A row read back is checked as bundles are (:mod:`tunesvc.checks`: JSON depth and
     size, configs, shape keys of ASCII digits, finite positive times); a row that fails is left
     out with one warning that names its kernel and key (a RuntimeWarning), never an exception:
@@ -101,8 +107,8 @@ class BaseStore(ABC):
         ...
 
     @abstractmethod
-    def trials(self, kv_id: int, device_id: int, shape_key: str) -> list[TrialRecord]:
-        """The key's trials that pass their row check, in the order they were stored."""
+    def trials(self, kv_id: int, device_id: int, shape_key: str, timing: str | None = "graph") -> list[TrialRecord]:
+        """The key's trials of ``timing`` that pass their row check, in the order they were stored."""
         ...
 
     @abstractmethod
@@ -115,6 +121,7 @@ class BaseStore(ABC):
         config: Config,
         config_hash: str,
         m: Measurement,
+        timing: str = "graph",
     ) -> TrialRecord | None:
         """Store one measurement; None if another writer stored the same config first."""
         ...
@@ -128,6 +135,7 @@ class BaseStore(ABC):
         shape_key: str,
         measured: Sequence[tuple[Config, str, Measurement]],
         budget: int | None = None,
+        timing: str = "graph",
     ) -> list[int | None]:
         """Store (config, config hash, measurement)s in one transaction: all of them or, if it fails, none."""
         ...
@@ -139,7 +147,7 @@ class BaseStore(ABC):
         ...
 
     @abstractmethod
-    def trial_count(self, kv_id: int, device_id: int, shape_key: str) -> int:
+    def trial_count(self, kv_id: int, device_id: int, shape_key: str, timing: str = "graph") -> int:
         """Trials stored for one key, by every writer (what a sweep's budget counts)."""
         ...
 
@@ -149,8 +157,16 @@ class BaseStore(ABC):
         ...
 
     @abstractmethod
-    def update_winner(self, kv_id: int, device_id: int, shape_key: str) -> WinnerRecord | None:
-        """Make the fastest correct trial of this key the winner (or none, if none is correct)."""
+    def update_winner(
+        self,
+        kv_id: int,
+        device_id: int,
+        shape_key: str,
+        trial_id: int | None = None,
+        tolerance: float = 0.0,
+        timing: str = "graph",
+    ) -> WinnerRecord | None:
+        """Make the fastest correct trial of this key and timing the winner (or none, if none is correct)."""
         ...
 
     @abstractmethod
@@ -161,6 +177,7 @@ class BaseStore(ABC):
         version: str | None = None,
         device: str | None = None,
         shape: str | None = None,
+        timing: str | None = "graph",
     ) -> list[WinnerEntry]:
         """Winners, optionally filtered; ``device`` and ``shape`` match case-insensitive substrings
         of the device's name or hardware id and of the shape key."""
@@ -198,20 +215,24 @@ class BaseStore(ABC):
 
     @abstractmethod
     def winners_with_devices(
-        self, kernel: str | None = None, hardware_id: str | None = None
+        self, kernel: str | None = None, hardware_id: str | None = None, timing: str | None = "graph"
     ) -> list[tuple[WinnerEntry, Device]]:
         """Winners, each with the full device (software versions included) it was measured on."""
         ...
 
     @abstractmethod
-    def winner_trial(self, kernel: str, version: str, device: Device, shape_key: str) -> TrialRecord | None:
+    def winner_trial(
+        self, kernel: str, version: str, device: Device, shape_key: str, timing: str = "graph"
+    ) -> TrialRecord | None:
         """The trial the winner of this key (of ``kernel`` at ``version``, measured on ``device``:
         one software stack) points at, the evidence of its time (its spread, its repetitions);
         None where no winner is stored there. Read only."""
         ...
 
     @abstractmethod
-    def sibling_winners(self, kernel: str, version: str, device: Device) -> list[WinnerEntry]:
+    def sibling_winners(
+        self, kernel: str, version: str, device: Device, timing: str | None = "graph"
+    ) -> list[WinnerEntry]:
         """The winners of ``kernel`` at ``version`` on the GPU models that share ``device``'s
         compute capability and SM count but not its hardware id, oldest first; none for the
         interpreter. Read only: the runtime serves them as transferred, never as ``device``'s."""
@@ -219,7 +240,15 @@ class BaseStore(ABC):
 
     @abstractmethod
     def merge_winner(
-        self, kernel: str, version: str, device: Device, shape_key: str, config: Config, time_ms: float, source: str
+        self,
+        kernel: str,
+        version: str,
+        device: Device,
+        shape_key: str,
+        config: Config,
+        time_ms: float,
+        source: str,
+        timing: str = "graph",
     ) -> tuple[str, float | None]:
         """Take a winner measured elsewhere if it is faster than every stored one of its key."""
         ...

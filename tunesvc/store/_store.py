@@ -32,6 +32,7 @@ from urllib.parse import quote
 from sqlalchemy import create_engine
 from sqlalchemy import delete
 from sqlalchemy import event
+from sqlalchemy import false
 from sqlalchemy import func
 from sqlalchemy import insert
 from sqlalchemy import inspect
@@ -53,6 +54,7 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import aliased
 from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import undefer
 
 from tunesvc import settings
 from tunesvc._processes import remake_unheld
@@ -70,6 +72,7 @@ from tunesvc.records import RejectedTrials
 from tunesvc.records import TrialRecord
 from tunesvc.records import WinnerEntry
 from tunesvc.records import WinnerRecord
+from tunesvc.settings import GRAPH
 from tunesvc.space import config_hash
 from tunesvc.store import _migrate
 from tunesvc.store._base import BaseStore
@@ -387,6 +390,24 @@ class Store(BaseStore):
         """The database as messages name it: a SQLite file's path, else its URL without the password."""
         return self._where()
 
+    @property
+    def timed(self) -> bool:
+        """Whether the database has revision 0008's timing columns (a read-only open of an older
+        one has not: every row of it is graph's)."""
+        return self.revision is None or self.revision >= "0008"
+
+    def _timing_is(self, column: Any, timing: str | None) -> tuple[Any, ...]:
+        """WHERE clauses keeping the rows of ``timing`` (None: every row)."""
+        if timing is None:
+            return ()
+        if self.timed:
+            return (column == timing,)
+        return () if timing == GRAPH else (false(),)
+
+    def _with_timing(self, query: Any, *entities: Any) -> Any:
+        """``query`` loading the (deferred) timing column of ``entities`` where the database has it."""
+        return query.options(*(undefer(e.timing) for e in entities)) if self.timed else query
+
     def _checked_records(self, rows: list[Any], record: type, what: str, field: str, label: str) -> list[Any]:
         """The records of the rows whose shape key and JSON ``field`` pass their checks; the
         others left out, each with one warning (see :meth:`_skip`)."""
@@ -643,14 +664,19 @@ class Store(BaseStore):
             )
             return set(session.scalars(query))
 
-    def trials(self, kv_id: int, device_id: int, shape_key: str) -> list[TrialRecord]:
+    def trials(self, kv_id: int, device_id: int, shape_key: str, timing: str | None = GRAPH) -> list[TrialRecord]:
         with self.session() as session:
             query = (
                 select(Trial)
-                .where(Trial.kernel_version_id == kv_id, Trial.device_id == device_id, Trial.shape_key == shape_key)
+                .where(
+                    Trial.kernel_version_id == kv_id,
+                    Trial.device_id == device_id,
+                    Trial.shape_key == shape_key,
+                    *self._timing_is(Trial.timing, timing),
+                )
                 .order_by(Trial.id)
             )
-            rows = list(session.scalars(query))
+            rows = list(session.scalars(self._with_timing(query, Trial)))
         out = []
         for row in rows:
             why = key_problem(row.shape_key) or _config_problem(row.config)
@@ -669,9 +695,10 @@ class Store(BaseStore):
         config: Config,
         config_hash: str,
         m: Measurement,
+        timing: str = GRAPH,
     ) -> TrialRecord | None:
         """Store one measurement; None if another writer stored the same config first."""
-        [new] = self.add_trials(sweep_id, kv_id, device_id, shape_key, [(config, config_hash, m)])
+        [new] = self.add_trials(sweep_id, kv_id, device_id, shape_key, [(config, config_hash, m)], timing=timing)
         if new is None:
             return None
         return TrialRecord(
@@ -688,6 +715,7 @@ class Store(BaseStore):
             reps=m.reps,
             rel_error=_finite(m.rel_error),
             message=m.message,
+            timing=timing,
         )
 
     def add_trials(
@@ -698,8 +726,10 @@ class Store(BaseStore):
         shape_key: str,
         measured: Sequence[tuple[Config, str, Measurement]],
         budget: int | None = None,
+        timing: str = GRAPH,
     ) -> list[int | None]:
         """Store (config, config hash, measurement)s in one transaction: all of them or, if it fails, none.
+        ``timing``: how they were timed (graph | eager); a key's trials and budget are counted per timing.
 
         The new trial's id per item, in order; None for a config already stored (by another
         writer, or earlier in ``measured``): it is skipped and the others still go in. Ids, not
@@ -727,19 +757,20 @@ class Store(BaseStore):
                 "rel_error": _finite(m.rel_error),
                 "message": m.message,
                 "created_at": now,
+                "timing": timing,
             }
             for config, digest, m in measured
         ]
         with self._errors(), self.engine.begin() as connection:
             if budget is not None and values and connection.dialect.name == "postgresql":
-                lock = zlib.crc32(f"{kv_id}:{device_id}:{shape_key}".encode())
+                lock = zlib.crc32(f"{kv_id}:{device_id}:{shape_key}:{timing}".encode())
                 connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": lock})
             if self._insert_new_trials is not None:
                 ids = dict(connection.execute(self._insert_new_trials, values).all()) if values else {}
             else:
                 ids = {v["config_hash"]: new for v in values if (new := _insert_one(connection, v)) is not None}
             if budget is not None and ids:
-                over = self._count_trials(connection, kv_id, device_id, shape_key) - budget
+                over = self._count_trials(connection, kv_id, device_id, shape_key, timing) - budget
                 if over > 0:  # other writers filled the budget meanwhile: drop this batch's last ones
                     dropped = sorted(ids.values())[-over:]
                     connection.execute(delete(Trial).where(Trial.id.in_(dropped)))
@@ -748,12 +779,16 @@ class Store(BaseStore):
             ids.pop(v["config_hash"], None) for v in values
         ]  # popped: a config twice in ``measured`` is stored once
 
-    @staticmethod
-    def _count_trials(connection, kv_id: int, device_id: int, shape_key: str) -> int:
+    def _count_trials(self, connection, kv_id: int, device_id: int, shape_key: str, timing: str = GRAPH) -> int:
         return connection.scalar(
             select(func.count())
             .select_from(Trial)
-            .where(Trial.kernel_version_id == kv_id, Trial.device_id == device_id, Trial.shape_key == shape_key)
+            .where(
+                Trial.kernel_version_id == kv_id,
+                Trial.device_id == device_id,
+                Trial.shape_key == shape_key,
+                *self._timing_is(Trial.timing, timing),
+            )
         )
 
     def trials_per_key(self, kernel: str, version: str, hardware_id: str, keys: Sequence[str]) -> dict[str, int]:
@@ -765,10 +800,10 @@ class Store(BaseStore):
             counts = {key: n for key, n in session.execute(query).all()}
         return {key: counts.get(key, 0) for key in keys}
 
-    def trial_count(self, kv_id: int, device_id: int, shape_key: str) -> int:
-        """Trials stored for one key, by every writer (what a sweep's budget counts)."""
+    def trial_count(self, kv_id: int, device_id: int, shape_key: str, timing: str = GRAPH) -> int:
+        """Trials stored for one key and timing, by every writer (what a sweep's budget counts)."""
         with self._errors(), self.engine.connect() as connection:
-            return self._count_trials(connection, kv_id, device_id, shape_key)
+            return self._count_trials(connection, kv_id, device_id, shape_key, timing)
 
     def replace_measurements(self, measured: Sequence[tuple[int, Measurement]]) -> None:
         """Re-measurements of stored trials (finalists), in one transaction.
@@ -795,7 +830,13 @@ class Store(BaseStore):
                     trial.status, trial.time_ms, trial.message = m.status.value, None, m.message
 
     def update_winner(
-        self, kv_id: int, device_id: int, shape_key: str, trial_id: int | None = None, tolerance: float = 0.0
+        self,
+        kv_id: int,
+        device_id: int,
+        shape_key: str,
+        trial_id: int | None = None,
+        tolerance: float = 0.0,
+        timing: str = GRAPH,
     ) -> WinnerRecord | None:
         """Make the fastest correct trial of this key the winner (or none, if none is correct);
         with ``trial_id``, that trial (a correct one of the key: the tie rule's choice, see
@@ -805,11 +846,12 @@ class Store(BaseStore):
         One INSERT ... SELECT ... ON CONFLICT DO UPDATE (SQLite, PostgreSQL): choosing the best
         trial and writing it is one statement, so sweeps of one key that finish at once neither
         break the winners' unique constraint nor replace a faster winner with a slower one
-        (``_winner_upsert`` says when a stored winner is replaced).
+        (``_winner_upsert`` says when a stored winner is replaced). ``timing``: the winner of that
+        timing (graph | eager), chosen among the trials timed so.
         """
         dialect_insert = _dialect_insert(self.engine.dialect)
         if dialect_insert is None:
-            return self._update_winner_by_select(kv_id, device_id, shape_key, trial_id)
+            return self._update_winner_by_select(kv_id, device_id, shape_key, trial_id, timing)
         chosen = () if trial_id is None else (Trial.id == trial_id,)
         best = (
             select(
@@ -821,31 +863,39 @@ class Store(BaseStore):
                 Trial.time_ms,
                 Trial.id,
                 literal(utcnow(), Winner.updated_at.type),
+                Trial.timing,
             )
             .where(
                 Trial.kernel_version_id == kv_id,
                 Trial.device_id == device_id,
                 Trial.shape_key == shape_key,
                 Trial.status == "ok",
+                Trial.timing == timing,
                 *chosen,
             )
             .order_by(Trial.time_ms, Trial.id)
             .limit(1)
         )
         columns = ["kernel_version_id", "device_id", "shape_key", "config", "config_hash", "time_ms", "trial_id"]
-        statement = dialect_insert(Winner).from_select([*columns, "updated_at"], best)
+        statement = dialect_insert(Winner).from_select([*columns, "updated_at", "timing"], best)
         with self.session() as session:
             session.execute(_winner_upsert(statement, replace_own_trial=True, tolerance=tolerance))
         with self.session() as session:
-            row = session.scalar(
-                select(Winner).where(
-                    Winner.kernel_version_id == kv_id, Winner.device_id == device_id, Winner.shape_key == shape_key
-                )
-            )
+            row = session.scalar(self._winner_row(kv_id, device_id, shape_key, timing))
             return _record(WinnerRecord, row) if row is not None else None
 
+    def _winner_row(self, kv_id: int, device_id: int, shape_key: str, timing: str) -> Any:
+        """SELECT the winner of one key and timing, its timing loaded."""
+        query = select(Winner).where(
+            Winner.kernel_version_id == kv_id,
+            Winner.device_id == device_id,
+            Winner.shape_key == shape_key,
+            Winner.timing == timing,
+        )
+        return self._with_timing(query, Winner)
+
     def _update_winner_by_select(
-        self, kv_id: int, device_id: int, shape_key: str, trial_id: int | None = None
+        self, kv_id: int, device_id: int, shape_key: str, trial_id: int | None = None, timing: str = GRAPH
     ) -> WinnerRecord | None:
         """update_winner for a dialect without ON CONFLICT: select, then insert or update."""
         chosen = () if trial_id is None else (Trial.id == trial_id,)
@@ -857,6 +907,7 @@ class Store(BaseStore):
                     Trial.device_id == device_id,
                     Trial.shape_key == shape_key,
                     Trial.status == "ok",
+                    Trial.timing == timing,
                     *chosen,
                 )
                 .order_by(Trial.time_ms, Trial.id)
@@ -864,13 +915,9 @@ class Store(BaseStore):
             )
             if best is None or best.time_ms is None:  # a correct trial always has a time
                 return None
-            winner = session.scalar(
-                select(Winner).where(
-                    Winner.kernel_version_id == kv_id, Winner.device_id == device_id, Winner.shape_key == shape_key
-                )
-            )
+            winner = session.scalar(self._winner_row(kv_id, device_id, shape_key, timing))
             if winner is None:
-                winner = Winner(kernel_version_id=kv_id, device_id=device_id, shape_key=shape_key)
+                winner = Winner(kernel_version_id=kv_id, device_id=device_id, shape_key=shape_key, timing=timing)
                 session.add(winner)
             winner.config, winner.config_hash = best.config, best.config_hash
             winner.time_ms, winner.trial_id = best.time_ms, best.id
@@ -885,11 +932,14 @@ class Store(BaseStore):
         version: str | None = None,
         device: str | None = None,
         shape: str | None = None,
+        timing: str | None = GRAPH,
     ) -> list[WinnerEntry]:
         """Winners, optionally filtered; ``device`` and ``shape`` match case-insensitive substrings
-        of the device's name or hardware id and of the shape key."""
+        of the device's name or hardware id and of the shape key; ``timing``: graph's (the
+        default), eager's, or None for both."""
         with self.session() as session:
             query = select(Winner).join(Winner.kernel_version).join(Winner.device)
+            query = self._with_timing(query.where(*self._timing_is(Winner.timing, timing)), Winner)
             if kernel is not None:
                 query = query.where(KernelVersion.kernel == kernel)
             if hardware_id is not None:
@@ -900,7 +950,9 @@ class Store(BaseStore):
                 query = query.where(_device_matches(device))
             if shape is not None:
                 query = query.where(func.lower(Winner.shape_key).contains(shape.lower(), autoescape=True))
-            query = query.order_by(KernelVersion.kernel, StoredDevice.name, Winner.shape_key, Winner.updated_at)
+            query = query.order_by(
+                KernelVersion.kernel, StoredDevice.name, Winner.shape_key, Winner.updated_at, Winner.id
+            )
             spreads = self._winner_spreads(session, query)
             return [
                 _winner_entry(w, spreads.get(w.trial_id))
@@ -911,10 +963,12 @@ class Store(BaseStore):
     @staticmethod
     def _winner_spreads(session: Session, query: Any) -> dict[int, float | None]:
         """The spread of each winner's trial in ``query`` (a select of winners), by trial id."""
-        ids = select(query.subquery().c.trial_id)
+        ids = query.with_only_columns(Winner.trial_id, maintain_column_froms=True).order_by(None)
         return dict(session.execute(select(Trial.id, Trial.spread).where(Trial.id.in_(ids))).all())
 
-    def sibling_winners(self, kernel: str, version: str, device: Device) -> list[WinnerEntry]:
+    def sibling_winners(
+        self, kernel: str, version: str, device: Device, timing: str | None = GRAPH
+    ) -> list[WinnerEntry]:
         """The winners of ``kernel`` at ``version`` on the GPU models that share ``device``'s compute
         capability and SM count but not its hardware id (an H100 SXM's for an H200), oldest first.
 
@@ -935,9 +989,11 @@ class Store(BaseStore):
                     StoredDevice.capability == device.capability,
                     StoredDevice.sm_count == device.sm_count,
                     StoredDevice.hardware_id != device.hardware_id,
+                    *self._timing_is(Winner.timing, timing),
                 )
                 .order_by(Winner.updated_at, Winner.id)
             )
+            query = self._with_timing(query, Winner)
             spreads = self._winner_spreads(session, query)
             return [
                 _winner_entry(w, spreads.get(w.trial_id))
@@ -1017,27 +1073,32 @@ class Store(BaseStore):
         ]
 
     def history(self, kernel: str | None = None) -> History:
-        """Every kernel version, device, trial (of ``kernel``, if given), winner and sweep."""
+        """Every kernel version, device, graph-timed trial (of ``kernel``, if given), graph winner
+        and sweep (`tune report` reads graph timings only)."""
         device_columns = [getattr(StoredDevice, f) for f in ("id", "hardware_id", *Device.__dataclass_fields__)]
-        trials = select(
-            Trial.id,
-            Trial.sweep_id,
-            Trial.kernel_version_id,
-            Trial.device_id,
-            Trial.shape_key,
-            Trial.config_hash,
-            Trial.status,
-            Trial.time_ms,
-            Trial.created_at,
-            Trial.message,
-        ).order_by(Trial.id)
+        trials = (
+            select(
+                Trial.id,
+                Trial.sweep_id,
+                Trial.kernel_version_id,
+                Trial.device_id,
+                Trial.shape_key,
+                Trial.config_hash,
+                Trial.status,
+                Trial.time_ms,
+                Trial.created_at,
+                Trial.message,
+            )
+            .where(*self._timing_is(Trial.timing, GRAPH))
+            .order_by(Trial.id)
+        )
         if kernel is not None:
             trials = trials.join(KernelVersion, Trial.kernel_version_id == KernelVersion.id).where(
                 KernelVersion.kernel == kernel
             )
         winners = select(
             Winner.kernel_version_id, Winner.device_id, Winner.shape_key, Winner.config, Winner.time_ms, Winner.trial_id
-        )
+        ).where(*self._timing_is(Winner.timing, GRAPH))
         with self.session() as session:
             has_peer = "peer_ms" in {c["name"] for c in inspect(session.connection()).get_columns(Sweep.__tablename__)}
             sweeps = select(
@@ -1087,16 +1148,18 @@ class Store(BaseStore):
 
     # -- merging winners measured elsewhere (`tune import`) and re-checking them (`tune verify`) --
     def winners_with_devices(
-        self, kernel: str | None = None, hardware_id: str | None = None
+        self, kernel: str | None = None, hardware_id: str | None = None, timing: str | None = GRAPH
     ) -> list[tuple[WinnerEntry, Device]]:
-        """Winners, each with the full device (software versions included) it was measured on."""
+        """Winners (of ``timing``; None: both), each with the full device (software versions
+        included) it was measured on."""
         with self.session() as session:
             query = select(Winner).join(Winner.kernel_version).join(Winner.device)
+            query = self._with_timing(query.where(*self._timing_is(Winner.timing, timing)), Winner)
             if kernel is not None:
                 query = query.where(KernelVersion.kernel == kernel)
             if hardware_id is not None:
                 query = query.where(StoredDevice.hardware_id == hardware_id)
-            query = query.order_by(KernelVersion.kernel, Winner.shape_key, Winner.updated_at)
+            query = query.order_by(KernelVersion.kernel, Winner.shape_key, Winner.updated_at, Winner.id)
             spreads = self._winner_spreads(session, query)
             return [
                 (
@@ -1107,7 +1170,9 @@ class Store(BaseStore):
                 if self._usable_winner(w)
             ]
 
-    def winner_trial(self, kernel: str, version: str, device: Device, shape_key: str) -> TrialRecord | None:
+    def winner_trial(
+        self, kernel: str, version: str, device: Device, shape_key: str, timing: str = GRAPH
+    ) -> TrialRecord | None:
         """The trial the winner of this key (of ``kernel`` at ``version``, measured on ``device``:
         one software stack) points at, the evidence of its time (its spread, its repetitions);
         None where no winner is stored there. Read only."""
@@ -1121,8 +1186,10 @@ class Store(BaseStore):
                 KernelVersion.version == version,
                 StoredDevice.fingerprint == device.fingerprint,
                 Winner.shape_key == shape_key,
+                *self._timing_is(Winner.timing, timing),
             )
         )
+        query = self._with_timing(query, Trial)
         with self.session() as session:
             row = session.scalar(query)
             if row is None:
@@ -1134,9 +1201,18 @@ class Store(BaseStore):
             return _record(TrialRecord, row)
 
     def merge_winner(
-        self, kernel: str, version: str, device: Device, shape_key: str, config: Config, time_ms: float, source: str
+        self,
+        kernel: str,
+        version: str,
+        device: Device,
+        shape_key: str,
+        config: Config,
+        time_ms: float,
+        source: str,
+        timing: str = GRAPH,
     ) -> tuple[str, float | None]:
-        """Take a winner measured elsewhere if it is faster than every stored one of its key.
+        """Take a winner measured elsewhere if it is faster than every stored one of its key
+        and ``timing`` (winners of the other timing are not compared with it).
 
         Conflict rule: among the stored winners of (kernel, version, hardware id, shape key), from
         any software stack, the fastest measured time stays unless this one is strictly faster; a
@@ -1160,6 +1236,7 @@ class Store(BaseStore):
                         Winner.kernel_version_id == kv.id,
                         Winner.shape_key == shape_key,
                         StoredDevice.hardware_id == device.hardware_id,
+                        Winner.timing == timing,
                     )
                 )
                 .unique()
@@ -1169,7 +1246,7 @@ class Store(BaseStore):
             if best is not None and not time_ms < best:
                 return "kept", best
             digest = config_hash(config)
-            trial = self._imported_trial(session, kv.id, device_id, shape_key, config, time_ms, source)
+            trial = self._imported_trial(session, kv.id, device_id, shape_key, config, time_ms, source, timing)
             values = {
                 "kernel_version_id": kv.id,
                 "device_id": device_id,
@@ -1178,6 +1255,7 @@ class Store(BaseStore):
                 "config_hash": digest,
                 "time_ms": time_ms,
                 "trial_id": trial.id,
+                "timing": timing,
                 # the runtime takes the newest winner of a key among software stacks: make it this one
                 "updated_at": utcnow(),
             }
@@ -1204,8 +1282,9 @@ class Store(BaseStore):
         config: Config,
         time_ms: float,
         source: str,
+        timing: str = GRAPH,
     ) -> Trial:
-        """The stored trial of this config, else a new one in a sweep with strategy 'import'."""
+        """The stored trial of this config and timing, else a new one in a sweep with strategy 'import'."""
         digest = config_hash(config)
         trial = session.scalar(
             select(Trial).where(
@@ -1213,6 +1292,7 @@ class Store(BaseStore):
                 Trial.device_id == device_id,
                 Trial.shape_key == shape_key,
                 Trial.config_hash == digest,
+                Trial.timing == timing,
             )
         )
         if trial is not None:
@@ -1241,6 +1321,7 @@ class Store(BaseStore):
             time_ms=time_ms,
             reps=0,
             message=f"imported from {source}"[:1024],
+            timing=timing,
         )
         session.add(trial)
         session.flush()
@@ -1491,9 +1572,9 @@ class Store(BaseStore):
                 out[digest] = dict(config)
         return out
 
-    @staticmethod
-    def _trials_of(kernel: str, version: str, hardware_id: str, *columns: Any) -> Any:
-        """SELECT ``columns`` of the trials of one kernel version on every software stack of one device model."""
+    def _trials_of(self, kernel: str, version: str, hardware_id: str, *columns: Any) -> Any:
+        """SELECT ``columns`` of the graph-timed trials of one kernel version on every software
+        stack of one device model (what selectors, transfer and shared sweeps read)."""
         return (
             select(*columns)
             .join(KernelVersion, Trial.kernel_version_id == KernelVersion.id)
@@ -1502,6 +1583,7 @@ class Store(BaseStore):
                 KernelVersion.kernel == kernel,
                 KernelVersion.version == version,
                 StoredDevice.hardware_id == hardware_id,
+                *self._timing_is(Trial.timing, GRAPH),
             )
         )
 
@@ -1606,7 +1688,9 @@ def _config_problem(config: Any) -> str | None:
 
 def _record(cls: Any, row: Any) -> Any:
     """``row`` (an ORM row) as the record ``cls``, field by field; its JSON copied, never shared."""
-    values = {f.name: getattr(row, f.name) for f in fields(cls)}
+    # a deferred column not loaded (timing, of a database older than revision 0008) keeps its default
+    loaded = vars(row) if hasattr(row, "__dict__") else {}
+    values = {f.name: getattr(row, f.name) for f in fields(cls) if f.name != "timing" or "timing" in loaded}
     for name in ("config", "problem", "call"):
         if isinstance(values.get(name), dict):
             values[name] = dict(values[name])
@@ -1624,6 +1708,7 @@ def _winner_entry(w: Winner, spread: float | None = None) -> WinnerEntry:
         time_ms=w.time_ms,
         updated_at=w.updated_at,
         spread=spread,
+        timing=vars(w).get("timing", GRAPH),
     )
 
 
@@ -1654,7 +1739,7 @@ def _winner_upsert(statement, *, replace_own_trial: bool, tolerance: float = 0.0
         own_time = select(Trial.time_ms).where(Trial.id == stored_trial).scalar_subquery()
         replace = replace | (excluded.trial_id == Winner.trial_id) | (own_status != "ok") | (own_time != Winner.time_ms)
     return statement.on_conflict_do_update(
-        index_elements=["kernel_version_id", "device_id", "shape_key"],
+        index_elements=["kernel_version_id", "device_id", "shape_key", "timing"],
         set_={name: excluded[name] for name in ("config", "config_hash", "time_ms", "trial_id", "updated_at")},
         where=replace,
     )

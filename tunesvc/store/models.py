@@ -5,8 +5,13 @@ database: Optuna's schema has its own ``trials`` and ``alembic_version`` tables.
 
 devices -< sweeps >- kernel_versions; every trial row belongs to one sweep and carries its
 (kernel version, device, shape key, config hash), unique together: a config is measured once
-per key and device, and re-running a sweep reuses what is there. One winner row per (kernel
-version, device, shape key).
+per key, device and timing, and re-running a sweep reuses what is there. One winner row per
+(kernel version, device, shape key, timing).
+
+``timing`` (revision 0008) says how a trial was timed and which timing a winner was chosen under:
+``graph`` (CUDA graph replays over input copies, as every sweep timed before it) or ``eager``
+(loops of ordinary launches, the host's launch cost counted); see tunesvc.bench. A key may hold a
+winner of each.
 
 Change the schema here and, with it, add a migration in alembic/versions (the next "000N", which
 SCHEMA_VERSION then names): a new database is created from these models and stamped at the head
@@ -31,10 +36,12 @@ from sqlalchemy.orm import Mapped
 from sqlalchemy.orm import mapped_column
 from sqlalchemy.orm import relationship
 
+from tunesvc.settings import GRAPH
+
 #: The schema's number: the Alembic head revision ("0007" -> 7) of tunesvc/store/alembic/versions.
 #: Each migration writes its number to tunesvc_meta.schema_version, so that a tunesvc from before
 #: Alembic (which reads only that row) also refuses a database newer than itself.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 def utcnow() -> datetime:
@@ -102,7 +109,10 @@ class Sweep(Base):
 class Trial(Base):
     __tablename__ = "tunesvc_trials"
     __table_args__ = (
-        UniqueConstraint("kernel_version_id", "device_id", "shape_key", "config_hash"),
+        # revision 0008: named, so that a later revision can find it on SQLite too
+        UniqueConstraint(
+            "kernel_version_id", "device_id", "shape_key", "config_hash", "timing", name="uq_tunesvc_trials_timing"
+        ),
         # revision 0002: a key's correct trials in time order, so the winner query reads one row
         Index("ix_tunesvc_trials_key_status_time", "kernel_version_id", "device_id", "shape_key", "status", "time_ms"),
     )
@@ -120,11 +130,16 @@ class Trial(Base):
     rel_error: Mapped[float | None]
     message: Mapped[str | None] = mapped_column(String(1024))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: revision 0008: graph | eager (tunesvc.settings.TIMINGS); older rows read graph. Deferred:
+    #: a read-only store of an older revision loads its rows without it (Store.timed)
+    timing: Mapped[str] = mapped_column(String(16), default=GRAPH, server_default=GRAPH, deferred=True)
 
 
 class Winner(Base):
     __tablename__ = "tunesvc_winners"
-    __table_args__ = (UniqueConstraint("kernel_version_id", "device_id", "shape_key"),)
+    __table_args__ = (
+        UniqueConstraint("kernel_version_id", "device_id", "shape_key", "timing", name="uq_tunesvc_winners_timing"),
+    )
     id: Mapped[int] = mapped_column(primary_key=True)
     kernel_version_id: Mapped[int] = mapped_column(ForeignKey("tunesvc_kernel_versions.id"))
     device_id: Mapped[int] = mapped_column(ForeignKey("tunesvc_devices.id"))
@@ -134,6 +149,8 @@ class Winner(Base):
     time_ms: Mapped[float]
     trial_id: Mapped[int] = mapped_column(ForeignKey("tunesvc_trials.id"))
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    #: revision 0008: the timing this winner was chosen under (graph | eager); older rows read graph
+    timing: Mapped[str] = mapped_column(String(16), default=GRAPH, server_default=GRAPH, deferred=True)
 
     kernel_version: Mapped[KernelVersion] = relationship(lazy="joined")
     device: Mapped[StoredDevice] = relationship(lazy="joined")

@@ -22,6 +22,11 @@ each tune a key through one :class:`KeyTuning`, so each of these decisions is ma
   from an empty database picks the same config. It is stored only where it is no slower than
   0.98x the answer it replaces (:data:`NEVER_SLOWER`), timed beside it; else that answer stays.
   :class:`KeyOutcome` holds both measurements, each with its spread.
+* **the timing** (``timing``, tunesvc.settings.TIMINGS): a key's trials and winner are those of
+  one timing. An eager tuning is given the key's graph winner (``baseline``): it is re-timed
+  with the finalists, and an eager winner is stored only where the choice is at least as fast
+  as it, timed eagerly beside it (:func:`beats_baseline`); else the key keeps its graph winner
+  alone, which a runtime set to eager then serves (the key's only winner).
 
 Where callers differ, it is a parameter:
 
@@ -45,6 +50,7 @@ from typing import Any
 from tunesvc.bench import FINALIST_ROUNDS
 from tunesvc.bench import Measurement
 from tunesvc.bench import Status
+from tunesvc.settings import GRAPH
 from tunesvc.space import config_hash
 
 if TYPE_CHECKING:
@@ -192,6 +198,9 @@ class KeyOutcome:
     winner_measurement: Measurement | None
     served: Config | None
     served_measurement: Measurement | None
+    #: an eager tuning whose choice was slower than the key's graph winner timed eagerly: no
+    #: eager winner was stored (``winner`` is the eager one stored before, if any)
+    baseline_kept: bool = False
 
 
 class KeyTuning:
@@ -203,7 +212,9 @@ class KeyTuning:
     winner), kept among the finalists; ``heuristic``: the template's (a captured kernel's first
     listed config), the tie rule's second choice. ``finalists``: the rule's parameters (:class:`Finalists`).
     ``replace``: a config stored before takes this run's measurement (a re-measure: ``tune
-    verify``, capture's retune) instead of keeping its trial.
+    verify``, capture's retune) instead of keeping its trial. ``timing``: the timing of the
+    trials and the winner (graph | eager); ``baseline``: an eager tuning's key's graph winner (see
+    the module docstring), kept among the finalists.
     """
 
     def __init__(
@@ -221,6 +232,8 @@ class KeyTuning:
         heuristic: Config | None = None,
         finalists: Finalists = Finalists(0),
         replace: bool = False,
+        timing: str = GRAPH,
+        baseline: Config | None = None,
     ) -> None:
         self.store, self.kv_id, self.device_id, self.key = store, kv_id, device_id, shape_key
         self.problem, self.strategy, self.budget, self.seed = problem, strategy, budget, seed
@@ -228,6 +241,8 @@ class KeyTuning:
         self.heuristic = heuristic
         self.finalists = finalists
         self.replace = replace
+        self.timing = timing
+        self.baseline = baseline
         self.sweep_id: int | None = None
         #: trials this tuning stored as new (not those other writers or earlier runs stored)
         self.new = 0
@@ -241,7 +256,7 @@ class KeyTuning:
         return self.sweep_id
 
     def trials(self) -> list[Trial]:
-        return self.store.trials(self.kv_id, self.device_id, self.key)
+        return self.store.trials(self.kv_id, self.device_id, self.key, timing=self.timing)
 
     def measure(self, measurer: Measurer, configs: Sequence[Config]) -> list[tuple[Config, str, Measurement]]:
         """Each config checked and timed by ``measurer`` (:func:`first_pass`), with its hash, to
@@ -260,7 +275,11 @@ class KeyTuning:
         stored = {r.config_hash: r.id for r in self.trials()} if self.replace else {}
         new = [r for r in results if r[1] not in stored]
         ids = (
-            self.store.add_trials(self.open(), self.kv_id, self.device_id, self.key, new, budget=budget) if new else []
+            self.store.add_trials(
+                self.open(), self.kv_id, self.device_id, self.key, new, budget=budget, timing=self.timing
+            )
+            if new
+            else []
         )
         added = {h: i for (_, h, _), i in zip(new, ids)}
         out = [added.get(h) for _, h, _ in results]
@@ -274,8 +293,9 @@ class KeyTuning:
         return out
 
     def kept(self, keep: Iterable[str] = ()) -> set[str]:
-        """The config hashes re-timed with the finalists: ``keep`` and the served answer."""
-        return {*keep, *([config_hash(self.served)] if self.served is not None else [])}
+        """The config hashes re-timed with the finalists: ``keep``, the served answer and the baseline."""
+        kept = {*keep, *([config_hash(self.served)] if self.served is not None else [])}
+        return kept | ({config_hash(self.baseline)} if self.baseline is not None else set())
 
     def chosen(self, finalists: Finalists | None = None, keep: Iterable[str] = ()) -> list[Trial]:
         """The trials :meth:`retime` would re-time first (it re-times none of fewer than two)."""
@@ -306,11 +326,18 @@ class KeyTuning:
         :data:`NEVER_SLOWER` of the answer served before."""
         rows = self.trials()
         choice = certified(rows, self.served, self.heuristic)
-        if choice is None:
-            winner = self.store.update_winner(self.kv_id, self.device_id, self.key)
+        kept_baseline = choice is not None and not beats_baseline(choice, rows, self.baseline)
+        if kept_baseline:
+            # no eager winner slower than the graph winner timed eagerly: a trial id no row has
+            # writes nothing, and the winner stored before (if any) is read back
+            winner = self.store.update_winner(self.kv_id, self.device_id, self.key, trial_id=-1, timing=self.timing)
+        elif choice is None:
+            winner = self.store.update_winner(self.kv_id, self.device_id, self.key, timing=self.timing)
         else:
             noise = measurement_of(_fastest_first(rows)[0]).noise or 0.0
-            winner = self.store.update_winner(self.kv_id, self.device_id, self.key, trial_id=choice.id, tolerance=noise)
+            winner = self.store.update_winner(
+                self.kv_id, self.device_id, self.key, trial_id=choice.id, tolerance=noise, timing=self.timing
+            )
         if self.sweep_id is not None and seconds is not None:
             self.store.finish_sweep(self.sweep_id, seconds, peer_ms=peer_ms)
         by_hash = {r.config_hash: r for r in rows}
@@ -319,7 +346,21 @@ class KeyTuning:
             winner_measurement=_of(by_hash.get(winner.config_hash)) if winner is not None else None,
             served=self.served,
             served_measurement=_of(by_hash.get(config_hash(self.served))) if self.served is not None else None,
+            baseline_kept=kept_baseline,
         )
+
+
+def beats_baseline(choice: Trial, rows: Sequence[Trial], baseline: Config | None) -> bool:
+    """Whether ``choice`` (a trial of ``rows``) may be stored beside ``baseline`` (the key's graph
+    winner, timed in ``rows`` as they were: eagerly): at least as fast as the baseline's trial.
+    True where there is no baseline, or its trial did not run correctly (nothing to compare)."""
+    if baseline is None:
+        return True
+    digest = config_hash(baseline)
+    base = next((r for r in rows if r.config_hash == digest and r.status == "ok" and r.time_ms is not None), None)
+    if base is None or base.time_ms is None:
+        return True
+    return (choice.time_ms or 0.0) <= base.time_ms
 
 
 def certified(rows: Sequence[Trial], served: Config | None = None, heuristic: Config | None = None) -> Trial | None:
@@ -416,6 +457,7 @@ __all__ = [
     "Finalists",
     "KeyOutcome",
     "KeyTuning",
+    "beats_baseline",
     "certified",
     "config_cost",
     "default_finalists",

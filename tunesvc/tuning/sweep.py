@@ -13,6 +13,12 @@ interleaved -> the fastest correct trial becomes the key's winner -> the templat
 if it has one, is timed once on the same inputs (sweeps.peer_ms). Measuring the untuned answer
 first, and against the finalists, keeps a sweep from storing a winner slower than what the
 runtime launched before it (up to the finalists' timing noise).
+
+``timing``: graph (the default: CUDA graph replays, see tunesvc.bench) or eager (loops of
+ordinary launches). An eager sweep's trials and winner are the key's eager ones; it measures the
+key's graph winner first, eagerly, keeps it among the finalists, and stores an eager winner only
+where its choice is at least as fast as that (tunesvc.tuning.key.beats_baseline). Selectors are
+refitted after graph sweeps only.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ from tunesvc.search import STRATEGIES
 from tunesvc.search import Strategy
 from tunesvc.search import make_strategy
 from tunesvc.serving import transfer as transfers
+from tunesvc.settings import EAGER
+from tunesvc.settings import GRAPH
+from tunesvc.settings import TIMINGS
 from tunesvc.space import config_hash
 from tunesvc.template import ShapeKey
 from tunesvc.template import Template
@@ -256,6 +265,11 @@ class ProblemResult:
     stopped: str = "budget"
     #: the template's torch peer (``Template.peer``) on the same inputs; None: none, or it failed
     peer_ms: float | None = None
+    #: the timing it was tuned under (graph | eager)
+    timing: str = GRAPH
+    #: an eager sweep whose choice was slower than the key's graph winner timed eagerly: no eager
+    #: winner stored (``winner`` is the eager one stored before, if any; the graph winner serves)
+    graph_kept: bool = False
 
 
 def run_sweep(
@@ -286,6 +300,7 @@ def run_sweep(
     label: str | None = None,
     notes: Mapping[str, str] | None = None,
     time_peer: bool = True,
+    timing: str = GRAPH,
 ) -> list[ProblemResult]:
     """Tune ``template`` on every problem; returns one result per problem, in order.
 
@@ -317,9 +332,10 @@ def run_sweep(
     ``label``: what the sweep rows name as their strategy instead of ``strategy`` (``adopt``);
     ``notes``: a line per config hash that its new trial's message ends with (where the config
     came from: :mod:`tunesvc.adopt`). ``time_peer``: time the template's torch peer beside the
-    winner (its ``peer_ms``); off where nothing reads it.
+    winner (its ``peer_ms``); off where nothing reads it. ``timing``: graph or eager (see the
+    module docstring).
     """
-    check_sweep_arguments(strategy, budget, time_budget, patience)
+    check_sweep_arguments(strategy, budget, time_budget, patience, timing)
     clock = Clock()
     with clock.phase("start"):
         device = device or fork_safe_current_device()  # this process then forks its workers
@@ -347,6 +363,7 @@ def run_sweep(
         label=label or strategy,
         notes=dict(notes or {}),
         time_peer=time_peer,
+        timing=timing,
     )
     run = _Run(
         template, store, device, options, compiler, candidates, on_start, on_trial, on_phase or _no_phase, measurer
@@ -358,7 +375,7 @@ def run_sweep(
     finally:
         if own and compiler is not None:
             compiler.close()
-    if refit_selector and any(r.winner is not None for r in results):
+    if refit_selector and timing == GRAPH and any(r.winner is not None for r in results):
         from tunesvc.tuning.selector_fit import refit_after_sweep
 
         refit_after_sweep(store, template, device)
@@ -452,6 +469,7 @@ class _Options:
     label: str
     notes: dict[str, str]
     time_peer: bool
+    timing: str = GRAPH
 
 
 @dataclass(frozen=True)
@@ -470,19 +488,21 @@ class _Run:
     kept: Worker | None = None  # a measuring process the caller keeps across run_sweep calls
 
 
-def study_name(template: Template, device: Device, shape_key: str, strategy: str) -> str:
+def study_name(template: Template, device: Device, shape_key: str, strategy: str, timing: str = GRAPH) -> str:
     """The Optuna study of one (kernel, kernel version, device, shape key) and strategy, named to
     read in optuna-dashboard's list: kernel, GPU, shape key, strategy, then what keeps it apart
     from the same sweep of another kernel version or software stack on that GPU model.
 
     Studies named ``tunesvc:KERNEL:VERSION:FINGERPRINT:KEY:STRATEGY`` (before this name) stay in
     the database, unread and unchanged; the next sweep of their key starts a study under this
-    name and teaches it the stored trials first, as it does for any new study.
+    name and teaches it the stored trials first, as it does for any new study. An eager sweep's
+    study is another, its name ending in ``| eager``.
     """
-    return (
+    name = (
         f"{template.name} | {device.name} | {shape_key} | {strategy}"
         f" | version {template.version}, device {device.fingerprint[:8]}"
     )
+    return name if timing == GRAPH else f"{name} | {timing}"
 
 
 def study_storage(store: Store) -> str | None:
@@ -506,7 +526,8 @@ class _ProblemSweep:
     def __init__(self, run: _Run, problem: Problem, clock: Clock) -> None:
         self.run, self.problem, self.clock = run, problem, clock
         template, store, device, options = run.template, run.store, run.device, run.options
-        self.kept = run.kept if options.isolate and picklable(template, problem) else None
+        same = run.kept is not None and run.kept.timing == options.timing
+        self.kept = run.kept if same and options.isolate and picklable(template, problem) else None
         if self.kept is not None:
             self.kept.load(template, problem)  # its child makes this problem's inputs during the set-up
         with clock.phase("set-up"):
@@ -516,6 +537,7 @@ class _ProblemSweep:
             candidates = self._candidates()
             self.heuristic = template.heuristic(problem, device)
             _, self.untuned = untuned_answer(store, template, problem, device)
+            self.baseline = graph_winner(store, template, device, self.key) if options.timing == EAGER else None
             grid_all = options.budget is None and options.strategy == "grid"
             limit = len(candidates) if grid_all else options.budget or DEFAULT_OPTUNA_BUDGET
             self.search = self._strategy(candidates)
@@ -531,6 +553,8 @@ class _ProblemSweep:
                 served=self.untuned,
                 heuristic=self.heuristic,
                 finalists=options.finalists,
+                timing=options.timing,
+                baseline=self.baseline,
             )
             stored = self.tuning.trials()
             self.measured = {row.config_hash: measurement_of(row) for row in stored}
@@ -561,8 +585,10 @@ class _ProblemSweep:
         warm = template.warm_start(self.problem, device)
         siblings = sibling_warm_start(run.store, template, device, self.key)
         stored = stored_warm_start(run.store, template, device, self.key)
-        initial = _unique([self.untuned, *siblings, *warm[:1], *stored, *warm[1:]])
+        first = [self.baseline] if self.baseline is not None else []  # an eager sweep's graph winner
+        initial = _unique([*first, self.untuned, *siblings, *warm[:1], *stored, *warm[1:]])
         storage = study_storage(run.store) if run.options.strategy in OPTUNA_STRATEGIES else None
+        name = study_name(template, device, self.key, run.options.strategy, run.options.timing)
         return make_strategy(
             run.options.strategy,
             template.space,
@@ -570,7 +596,7 @@ class _ProblemSweep:
             seed=run.options.seed,
             initial=initial,
             storage=storage,
-            study_name=study_name(template, device, self.key, run.options.strategy) if storage else None,
+            study_name=name if storage else None,
         )
 
     def _stop_rules(self) -> list[StopRule]:
@@ -579,7 +605,7 @@ class _ProblemSweep:
         options, store = self.run.options, self.run.store
         rules: list[StopRule] = [self.budget]
         if options.budget is not None:
-            count = lambda: store.trial_count(self.kv_id, self.device_id, self.key)
+            count = lambda: store.trial_count(self.kv_id, self.device_id, self.key, options.timing)
             rules.append(SharedBudget(self.budget.limit, count))
         if options.time_budget is not None:
             rules.append(TimeBudget(options.time_budget, self.clock, measured=bool(self.measured)))
@@ -727,7 +753,8 @@ class _ProblemSweep:
 
     def _result(self, stopped: str, peer_ms: float | None) -> ProblemResult:
         with self.clock.phase("winner"):
-            winner = self.tuning.finish(self.clock.elapsed(), peer_ms=peer_ms).winner
+            outcome = self.tuning.finish(self.clock.elapsed(), peer_ms=peer_ms)
+            winner = outcome.winner
             rows = self.tuning.trials()
             heuristic = next((r for r in rows if r.config_hash == config_hash(self.heuristic)), None)
         self.run.on_phase(self.key, "done")
@@ -746,7 +773,21 @@ class _ProblemSweep:
             phases=self.clock.phases,
             stopped=stopped,
             peer_ms=peer_ms,
+            timing=self.run.options.timing,
+            graph_kept=outcome.baseline_kept,
         )
+
+
+def graph_winner(store: Store, template: Template, device: Device, shape_key: str) -> Config | None:
+    """The graph winner of ``shape_key`` (the kernel's current version, ``device``'s model; the
+    newest where several software stacks tuned it), which an eager sweep of the key measures
+    first and must not be slower than; None where the key has none."""
+    entries = store.winners(kernel=template.name, hardware_id=device.hardware_id, version=template.version)
+    found = [e for e in entries if e.shape_key == shape_key]
+    if not found:
+        return None
+    checked = template.space.stored_config(max(found, key=lambda e: e.updated_at).config)
+    return None if isinstance(checked, str) else dict(checked)
 
 
 def _fitting(template: Template, problem: Problem, device: Device, configs: list[Config]) -> list[Config]:
@@ -756,7 +797,13 @@ def _fitting(template: Template, problem: Problem, device: Device, configs: list
 
 def _measurer(template: Template, problem: Problem, device: Device, options: _Options) -> Measurer:
     return measurer_for(
-        template, problem, device, isolate=options.isolate, timeout_s=options.measure_timeout, rep_ms=options.rep_ms
+        template,
+        problem,
+        device,
+        isolate=options.isolate,
+        timeout_s=options.measure_timeout,
+        rep_ms=options.rep_ms,
+        timing=options.timing,
     )
 
 
@@ -837,8 +884,14 @@ def _unique(configs: list[Config]) -> list[Config]:
 
 
 def check_sweep_arguments(
-    strategy: str, budget: int | None, time_budget: float | None = None, patience: int | None = None
+    strategy: str,
+    budget: int | None,
+    time_budget: float | None = None,
+    patience: int | None = None,
+    timing: str = GRAPH,
 ) -> None:
+    if timing not in TIMINGS:
+        raise TunesvcError(f"Unknown timing '{timing}'; use one of {', '.join(TIMINGS)}.")
     if strategy not in STRATEGIES:
         raise TunesvcError(f"Unknown strategy '{strategy}'; use one of {', '.join(STRATEGIES)}.")
     if budget is not None and budget < 1:

@@ -361,3 +361,33 @@ def test_a_replayed_call_is_captured_in_a_cuda_graph():
         torch.cuda.synchronize()
         _close(y, torch.softmax(x.float(), -1))
         _close(c, a.float() @ b.float())
+
+
+_STATIC_PROBE = """
+import sys
+import torch
+from tunesvc.serving.launch import use_static_launcher
+use_static_launcher(sys.argv[1] == "on")
+from tunesvc.kernels import matmul
+a = torch.randn(333, 129, device="cuda", dtype=torch.float16)
+b = torch.randn(129, 65, device="cuda", dtype=torch.float16)
+for _ in range(2):
+    c = matmul(a, b)
+err = ((c.double() - a.double() @ b.double()).norm() / (a.double() @ b.double()).norm()).item()
+print(err, "torch._inductor" in sys.modules, "torch._dynamo" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("static", ["on", "off"])
+def test_without_the_static_launcher_a_fresh_process_never_imports_inductor(static):
+    """What a graph-timed measurer does (tunesvc.bench._worker): with the static launcher off, a
+    shipped kernel's launches are right and torch._inductor (and with it torch._dynamo) is never
+    imported; on, it is: the static launcher is what brings it."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _STATIC_PROBE, static], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    err, inductor, dynamo = out.stdout.split()
+    assert float(err) < 1e-2
+    assert (inductor, dynamo) == (("True", "True") if static == "on" else ("False", "False"))

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-import tunesvc  # noqa: F401  (chooses the interpreter where there is no GPU)
+import tunesvc  # chooses the interpreter where there is no GPU
 from tunesvc.serving.launch import DirectLaunch
 from tunesvc.serving.launch import _key_function
 from tunesvc.serving.launch import _no_key
@@ -128,3 +128,27 @@ def test_a_static_launch_passes_every_runtime_parameter_in_order(monkeypatch):
     x = torch.empty(8)
     fn(2, 1, 1, 99, x, 6, 7)
     assert calls == [("function", 2, 1, 1, 4, 128, "OiiO", (x.data_ptr(), 6, 11, None), 99)]
+
+
+@pytest.mark.parametrize("timing", ["graph", "eager"])
+def test_a_measurer_times_graphs_without_the_static_launcher(timing, monkeypatch):
+    """The measuring process's bench (tunesvc.bench._worker) turns torch's static launcher off
+    where it times in CUDA graphs (no host time measured: its import costs the first trial
+    seconds) and on where it times eager launches, whose host time is the runtime's."""
+    from multiprocessing import Pipe
+
+    from tunesvc.bench import _worker
+    from tunesvc.serving import launch
+
+    monkeypatch.setattr(launch, "_static_wanted", timing == "graph")  # the other way round first
+    template = tunesvc.get_template("matmul")
+    problem = template.problem(M=33, N=17, K=9, dtype=torch.float32)
+    parent, child = Pipe()
+    try:
+        assert _worker._made(child, template, problem, 1.0, timing) is not None
+    finally:
+        parent.close()
+        child.close()
+    assert launch._static_wanted is (timing == "eager")
+    if timing == "graph":
+        assert launch._static_launcher(object()) is None and not launch._STATIC

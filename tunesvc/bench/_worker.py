@@ -25,6 +25,7 @@ from tunesvc.bench._base import one_line
 from tunesvc.bench._inprocess import Bench
 from tunesvc.device import current_device
 from tunesvc.errors import TunesvcError
+from tunesvc.serving.launch import use_static_launcher
 from tunesvc.timeline import mark
 from tunesvc.timeline import set_role
 
@@ -186,7 +187,10 @@ class Worker(Measurer):
 
 def _made(conn: Connection, template: Any, problem: Any, rep_ms: float, timing: str) -> Bench | None:
     """The problem's Bench (its inputs and reference); None where they cannot be made (out of
-    memory, a template's error), after telling the parent why in one line."""
+    memory, a template's error), after telling the parent why in one line. Timed in CUDA graphs,
+    its kernels launch through Triton's launcher (no host time is measured; the static one's import
+    would delay the first trial by seconds)."""
+    use_static_launcher(timing != "graph")
     try:
         return Bench(template, problem, current_device(), rep_ms=rep_ms, timing=timing)
     except Exception as exc:

@@ -373,11 +373,24 @@ class _Static:
 
 _STATIC: dict[Any, _Static | None] = {}
 _LOADED: list[Any] = []  # the static kernels: each owns its loaded module
+_static_wanted = True
+
+
+def use_static_launcher(wanted: bool) -> None:
+    """Whether later first launches load torch's static launcher. Its module comes with
+    ``torch._inductor``, whose import brings ``torch._dynamo`` and sympy (seconds in a fresh
+    process); a process that times kernels in CUDA graphs, where host time is not measured,
+    launches through Triton's own launcher instead (the same kernel, replayed the same)."""
+    global _static_wanted
+    _static_wanted = wanted
 
 
 def _static_launcher(compiled: Any) -> _Static | None:
     """``compiled`` through torch's static launcher, or None where it cannot launch it (no such
-    launcher in this torch, TMA descriptors, scratch memory, clusters). One per compiled kernel."""
+    launcher in this torch, TMA descriptors, scratch memory, clusters; :func:`use_static_launcher`
+    turned off). One per compiled kernel."""
+    if not _static_wanted:
+        return None
     if compiled not in _STATIC:
         _STATIC[compiled] = _load_static(compiled)
     return _STATIC[compiled]

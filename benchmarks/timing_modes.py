@@ -119,7 +119,10 @@ def main() -> None:
     rows: list[dict] = []
     try:
         for name, dims in keys:
-            rows += measure_key(store, device, name, dims, args.dtype, budget, rep_ms)
+            measured = measure_key(store, device, name, dims, args.dtype, budget, rep_ms)
+            if measured and (device.is_gpu or args.record):
+                record("timing_modes", measured)  # each key's rows as it ends: a run cut short keeps them
+            rows += measured
     finally:
         store.close()
     print_table(
@@ -130,8 +133,6 @@ def main() -> None:
             for r in rows
         ],
     )
-    if rows and (device.is_gpu or args.record):
-        record("timing_modes", rows)
 
 
 if __name__ == "__main__":

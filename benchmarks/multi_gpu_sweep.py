@@ -330,18 +330,22 @@ def report(args, shapes, budget, runs, one, cold, again, parallel, baseline, che
         f"\nTargets: warm one-GPU run <= {WARM_S:g} s ({one['wall_s']:.1f}), cold <= {COLD_S:g} s ({cold['wall_s']:.1f})."
     )
 
-    print_winners(runs, one, again, baseline, checked)
-    record_rows(args, shapes, budget, runs, one, cold, parallel)
+    side_by_side = print_winners(runs, one, again, baseline, checked)
+    record_rows(args, shapes, budget, runs, one, cold, parallel, side_by_side)
 
 
-def print_winners(runs, one, again, baseline, checked) -> None:
-    """The winners timed side by side: each run's against the fastest; the re-tune's against the warm run's."""
+def print_winners(runs, one, again, baseline, checked) -> list[dict]:
+    """The winners timed side by side: each run's against the fastest; the re-tune's against the
+    warm run's. Returns them as rows: per shape and run, the fastest winner's time over this run's
+    (1: it is the fastest); per shape, whether the re-tune agrees (ratio: warm run's time over the
+    re-tune's, config "same", "within noise" or "differs")."""
     sources = [*runs, *([baseline] if baseline else [])]
     print(f"\n### Winners timed side by side ({checked[0]['note'] if checked else ''}): time / fastest of them\n")
     print("| shape | " + " | ".join(r["name"] for r in sources) + " | re-tune same or within noise |")
     print("|---|" + "---|" * len(sources) + "---|")
     within = {r["name"]: 0 for r in sources}
     same = 0
+    rows: list[dict] = []
     for row in checked:
         cells = []
         for run in sources:
@@ -358,6 +362,20 @@ def print_winners(runs, one, again, baseline, checked) -> None:
         tb = row["timed"].get(b[0]) if b else None
         agree = bool(a and b and (a[0] == b[0] or (ta and tb and abs(tb[0] / ta[0] - 1) <= max(ta[1], 0.01))))
         same += agree
+        for run in runs:
+            w = run["winners"].get(row["key"])
+            t = row["timed"].get(w[0]) if w else None
+            if t is not None and row["best"] is not None:
+                rows.append(
+                    _side_row(
+                        f"{row['shape']} ({run['name']})", "fastest winner of the runs", row["best"] / t[0], row["note"]
+                    )
+                )
+        if ta and tb:
+            verdict = "same" if a[0] == b[0] else ("within noise" if agree else "differs")
+            rows.append(
+                _side_row(f"{row['shape']} (re-tune)", "warm run's winner", ta[0] / tb[0], row["note"], verdict)
+            )
         print(f"| {row['shape']} | " + " | ".join(cells) + f" | {'yes' if agree else 'no'} |")
     print(
         "\nWithin 1% of the fastest: "
@@ -382,9 +400,22 @@ def print_winners(runs, one, again, baseline, checked) -> None:
         print(
             f"Against the baseline's winners: {better} of {len(checked)} within 1% or faster; {changed} winners changed."
         )
+    return rows
 
 
-def record_rows(args, shapes, budget, runs, one, cold, parallel) -> None:
+def _side_row(shape: str, peer: str, ratio: float, note: str, config: str = "") -> dict:
+    return {
+        "kernel": "matmul sweep winner",
+        "shape": shape,
+        "ours_ms": "",
+        "peer": peer,
+        "ratio": round(ratio, 4),
+        "timing_method": note,
+        "config": config,
+    }
+
+
+def record_rows(args, shapes, budget, runs, one, cold, parallel, side_by_side) -> None:
     job_set = f"{args.jobs}: {len(shapes)} shapes x {budget} configs, grid"
     rows = [
         {
@@ -441,6 +472,7 @@ def record_rows(args, shapes, budget, runs, one, cold, parallel) -> None:
                     "timing_method": f"nvidia-smi utilization every 100 ms: {run['busy']:.0%} of the run",
                 }
             )
+    rows += side_by_side
     record("multi_gpu_sweep", [r for r in rows if not (isinstance(r["ours_ms"], float) and math.isnan(r["ours_ms"]))])
 
 

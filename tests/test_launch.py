@@ -152,3 +152,27 @@ def test_a_measurer_times_graphs_without_the_static_launcher(timing, monkeypatch
     assert launch._static_wanted is (timing == "eager")
     if timing == "graph":
         assert launch._static_launcher(object()) is None and not launch._STATIC
+
+
+def test_a_first_shipped_kernel_call_imports_no_dynamo(tmp_path):
+    """A process's first call of a shipped kernel (recorded for its launch plan) imports neither
+    torch._dynamo nor Inductor: torch wraps a dispatch mode's handler in ``torch._disable_dynamo``
+    unless the mode opts out, and that import costs a serving process seconds at its first call."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, torch\n"
+        "from tunesvc.kernels import matmul, rms_norm\n"
+        "a, b = torch.randn(33, 29), torch.randn(29, 65)\n"
+        "for _ in range(2):\n"
+        "    c = matmul(a, b)\n"
+        "    rms_norm(a, torch.ones(29))\n"
+        "assert torch.allclose(c, a @ b, rtol=1e-3, atol=1e-3)\n"
+        "print('torch._dynamo' in sys.modules, 'torch._inductor' in sys.modules)\n"
+    )
+    env = {**os.environ, "TUNESVC_DB": str(tmp_path / "t.db")}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "False"], out.stdout

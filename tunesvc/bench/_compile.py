@@ -21,6 +21,7 @@ from tunesvc._processes import worker_pool
 from tunesvc.bench._base import context_lost
 from tunesvc.bench._base import one_line
 from tunesvc.device import current_device
+from tunesvc.serving.launch import use_static_launcher
 from tunesvc.timeline import mark
 from tunesvc.timeline import set_role
 
@@ -229,6 +230,7 @@ def _inputs(template: Launchable, problem: Problem) -> Any:
 
 
 def _compile_in_worker(template: Launchable, problem: Problem, config: Config) -> str | None:
+    use_static_launcher(False)  # a compile launches once: the static launcher's import would cost it seconds
     device = current_device()
     inputs = _inputs(template, problem)
     try:

@@ -339,6 +339,13 @@ class _Recording(TorchDispatchMode):
         self.launches: list[tuple[DirectLaunch, Any, Any, tuple, dict[str, Any]]] = []
         self.refused: str | None = None
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo otherwise, which imports
+        # torch._dynamo (and Inductor, sympy: seconds) at a process's first shipped-kernel call; a
+        # recording runs only in eager calls (an op traced by Dynamo never records), so nothing here is compiled
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         name = func._schema.name

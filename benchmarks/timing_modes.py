@@ -110,9 +110,18 @@ def main() -> None:
     parser.add_argument("--rep-ms", type=float, default=None, help="each timing's length [100; --tiny: 10]")
     parser.add_argument("--tiny", action="store_true", help="the interpreter's shapes and budget (a CPU check)")
     parser.add_argument("--record", action="store_true", help="record the rows even in the interpreter")
+    parser.add_argument("--kernels", help="only these kernels' keys, comma-separated (e.g. decode,matmul)")
     args = parser.parse_args()
     device = fork_safe_current_device()
     keys = TINY if args.tiny else KEYS
+    if args.kernels:
+        wanted = {k.strip() for k in args.kernels.split(",")}
+        unknown = wanted - {name for name, _ in keys}
+        if unknown:
+            raise SystemExit(
+                f"--kernels: no key of {', '.join(sorted(unknown))} here; the kernels are {', '.join(dict.fromkeys(n for n, _ in keys))}"
+            )
+        keys = [(name, dims) for name, dims in keys if name in wanted]
     budget = args.budget or (3 if args.tiny else 24)
     rep_ms = args.rep_ms or (10.0 if args.tiny else 100.0)
     store = Store(args.db)

@@ -29,9 +29,19 @@ from ray.cluster_utils import Cluster  # noqa: E402
 pytestmark = pytest.mark.serial
 
 
+#: Ray's node health checks, made to bear a starved machine: with its defaults (a 10 s answer,
+#: 5 misses) a 2-core host kept busy by other processes had the head's own raylet marked dead
+#: mid-test, which ends the driver (SystemExit from ray.wait); a killed raylet refuses each check
+#: at once, so it is still found dead after 10 checks, 3 s apart
+HEALTH_CHECKS = {"health_check_timeout_ms": 30_000, "health_check_failure_threshold": 10}
+
+
 @pytest.fixture(scope="module")
 def two_nodes():
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH_CHECKS},
+    )
     nodes.add_node(num_cpus=1)
     nodes.wait_for_nodes()
     yield nodes

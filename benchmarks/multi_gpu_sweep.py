@@ -357,20 +357,14 @@ def print_winners(runs, one, again, baseline, checked) -> list[dict]:
             ratio = t[0] / row["best"]
             within[run["name"]] += ratio <= 1 + WITHIN
             cells.append(f"{ratio:.3f}")
+            if run is not baseline:
+                shape = f"{row['shape']} ({run['name']})"
+                rows.append(_side_row(shape, "fastest winner of the runs", row["best"] / t[0], row["note"]))
         a, b = one["winners"].get(row["key"]), again["winners"].get(row["key"])
         ta = row["timed"].get(a[0]) if a else None
         tb = row["timed"].get(b[0]) if b else None
         agree = bool(a and b and (a[0] == b[0] or (ta and tb and abs(tb[0] / ta[0] - 1) <= max(ta[1], 0.01))))
         same += agree
-        for run in runs:
-            w = run["winners"].get(row["key"])
-            t = row["timed"].get(w[0]) if w else None
-            if t is not None and row["best"] is not None:
-                rows.append(
-                    _side_row(
-                        f"{row['shape']} ({run['name']})", "fastest winner of the runs", row["best"] / t[0], row["note"]
-                    )
-                )
         if ta and tb:
             verdict = "same" if a[0] == b[0] else ("within noise" if agree else "differs")
             rows.append(

@@ -180,13 +180,21 @@ def step_own(args: argparse.Namespace) -> None:
                 w.shape_key
                 for w in store.winners(kernel=kernel, hardware_id=device.hardware_id, version=template.version)
             }
-            todo = [p for p in problems if str(template.key(p)) not in tuned]
+            adoptable = _adopted_keys(args.work)
+            todo = [
+                p
+                for p in problems
+                if str(template.key(p)) not in tuned
+                and (adoptable is None or (kernel, str(template.key(p))) in adoptable)
+            ]
             if not todo:
                 continue
             if time.perf_counter() - started > args.deadline:
                 print(f"own: deadline reached at {kernel}; {len(todo)} of its keys left", flush=True)
                 return
             compiler = compile_pool(template, todo[0], strategy="grid", device=device)
+            if compiler is not None:
+                compiler.timeout_s = args.compile_timeout
             measurer = measuring_process(template, todo[0], device=device)
             try:
                 for problem in todo:
@@ -194,24 +202,34 @@ def step_own(args: argparse.Namespace) -> None:
                         print(f"own: deadline reached in {kernel}", flush=True)
                         return
                     how = _how(template, str(template.key(problem)), device)
+                    failed: dict[str, int] = {}  # why -> how many candidates failed so
                     [result] = run_sweep(
                         template, [problem], store, strategy=how, budget=None if how == "grid" else args.budget,
                         device=device, workers=compiler.workers if compiler is not None else 0,
-                        compiler=compiler, measurer=measurer, refit_selector=False,
+                        compiler=compiler, measurer=measurer, refit_selector=False, time_peer=False,
+                        on_trial=lambda e, f=failed: _count_failure(e.measurement, f),
                     )  # fmt: skip
                     slowest = sorted(result.phases.items(), key=lambda kv: -kv[1])[:3]
                     print(
-                        f"own: {kernel} {result.shape_key} ({how}): {result.trials_stored} trials in "
-                        f"{result.wall_seconds:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in slowest)}), "
-                        f"best {result.winner_ms} ms",
+                        f"own: {kernel} {result.shape_key} ({how}): {result.trials_stored} trials "
+                        f"({result.failures} failed) in {result.wall_seconds:.1f} s "
+                        f"({', '.join(f'{k} {v:.1f}' for k, v in slowest)}), best {result.winner_ms} ms",
                         flush=True,
                     )
+                    if failed:
+                        print("  failed: " + "; ".join(f"{n} x {why}" for why, n in failed.items()), flush=True)
             finally:
                 for part in (measurer, compiler):
                     if part is not None:
                         part.close()
     finally:
         store.close()
+
+
+def _count_failure(measurement: Any, counts: dict[str, int]) -> None:
+    if not measurement.ok:
+        why = (measurement.message or str(measurement.status))[:100]
+        counts[why] = counts.get(why, 0) + 1
 
 
 def step_warm(args: argparse.Namespace) -> None:
@@ -255,6 +273,15 @@ def _winners(db: Path, hardware_id: str) -> dict[tuple[str, str], dict]:
         store.close()
 
 
+def _adopted_keys(work: Path) -> set[tuple[str, str]] | None:
+    """(kernel, shape key) of every key the adopt step adopted; None before that step ran. The
+    keys it could not adopt (another kernel version there) have no adopted winner to compare."""
+    done = work / "adopt.json"
+    if not done.exists():
+        return None
+    return {(a["kernel"], a["shape_key"]) for a in json.loads(done.read_text())["adoptions"] if a["winner"]}
+
+
 def step_compare(args: argparse.Namespace) -> None:
     from _common import record
 
@@ -274,12 +301,13 @@ def step_compare(args: argparse.Namespace) -> None:
     adopted = _winners(args.work / "adopted.db", device.hardware_id)
     own = _winners(args.work / "own.db", device.hardware_id)
     warm = _winners(args.work / "warm.db", device.hardware_id)
+    adoptable = _adopted_keys(args.work)
     started = time.perf_counter()
     for kernel, keys in _keys(args.db, args.kernels, args.max_keys).items():
         template = tunesvc.get_template(kernel)
         rows: list[dict] = []
         for key in keys:
-            if (kernel, key) not in own:
+            if (kernel, key) not in own or (adoptable is not None and (kernel, key) not in adoptable):
                 continue
             if time.perf_counter() - started > args.deadline:
                 print(f"compare: deadline reached at {kernel} {key}", flush=True)
@@ -345,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kernels", nargs="*", default=None, help="default: every kernel with winners in --db")
     parser.add_argument("--budget", type=int, default=32, help="Optuna trials of the own tuning where not exhaustive")
     parser.add_argument("--deadline", type=float, default=420.0, help="seconds after which a step starts no key")
+    parser.add_argument("--compile-timeout", type=float, default=120.0, help="seconds a compile may take in own")
     parser.add_argument("--max-keys", type=int, default=None, help="the first N keys of each kernel (default: all)")
     parser.add_argument("--cache", default="as found", help="what the Triton cache held at the start, for the CSV")
     parser.add_argument("--list", action="store_true")

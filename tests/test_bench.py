@@ -297,7 +297,7 @@ FIRST = {**SMALL, "BLOCK_K": 16}
 
 
 @pytest.mark.parametrize("order", ["fast first", "slow first"])
-def test_sweep_measures_each_candidate_while_later_ones_compile(order, tmp_db, tmp_path, problem, device):
+def test_a_sweep_measures_the_rest_itself_while_its_new_pool_starts(order, tmp_db, tmp_path, problem, device):
     tpl = SlowToCompile(str(tmp_path / "slow-compiled"))
     store = Store(tmp_db)
     try:
@@ -316,11 +316,13 @@ def test_sweep_measures_each_candidate_while_later_ones_compile(order, tmp_db, t
         store.close()
     assert result.trials_new == 3 and result.failures == 0
     slow_compiled = float((tmp_path / "slow-compiled").read_text())
-    # the pool's first batch: its first candidate is compiled and measured here at once, while
-    # the pool's workers start; SMALL is checked and timed while SLOW still compiles in its
-    # worker, even when SLOW comes first among the rest: they are measured as their compiles finish
+    # the pool's first batch: its first candidate is compiled and measured here on its own, then
+    # the pool starts; until one of its workers has finished a compile, this process compiles
+    # and measures the rest itself, from the last, never waiting for SLOW's 4 s in a worker
     measured = tpl.measured_at
-    assert measured[config_hash(FIRST)] < measured[config_hash(SMALL)] < slow_compiled < measured[config_hash(SLOW)]
+    rest = [SLOW, SMALL] if order == "fast first" else [SMALL, SLOW]
+    times = [measured[config_hash(c)] for c in [FIRST, *rest]]
+    assert times == sorted(times) and times[-1] < slow_compiled
 
 
 def test_compile_each_yields_each_config_as_it_finishes(problem, tmp_path):
@@ -332,6 +334,23 @@ def test_compile_each_yields_each_config_as_it_finishes(problem, tmp_path):
         assert not (tmp_path / "m").exists()
         assert sorted(outcomes) == [(0, None), (2, None)]
         assert (tmp_path / "m").exists()
+
+
+def test_compile_each_with_spare_hands_the_caller_the_last_configs_while_nothing_has_compiled(problem, tmp_path):
+    """A pool whose one worker is busy (SLOW takes it 4 s): every config is handed out at once,
+    from the last, for the caller to compile itself; the pool's compiles are still waited for,
+    and none is handed out twice."""
+    with Compiler(1) as compiler:
+        outcomes = compiler.compile_each(SlowToCompile(str(tmp_path / "m")), problem, [SLOW, SMALL, FIRST], spare=True)
+        assert [next(outcomes) for _ in range(3)] == [(2, None), (1, None), (0, None)]
+        assert not (tmp_path / "m").exists()  # handed out before the worker compiled SLOW
+        assert list(outcomes) == []
+        assert (tmp_path / "m").exists() and compiler.restarts == 0
+        # without spare, the configs come as the pool compiles them
+        assert sorted(compiler.compile_each(SlowToCompile(str(tmp_path / "n")), problem, [SMALL, FIRST])) == [
+            (0, None),
+            (1, None),
+        ]
 
 
 def test_compile_past_the_timeout_is_reported_and_the_pool_replaced(problem, tmp_path):

@@ -127,18 +127,24 @@ class Compiler:
         return dict(self.compile_each(template, problem, configs))
 
     def compile_each(
-        self, template: Launchable, problem: Problem, configs: list[Config]
+        self, template: Launchable, problem: Problem, configs: list[Config], *, spare: bool = False
     ) -> Iterator[tuple[int, str | None]]:
         """Launch each config once in the pool, yielding (index, outcome) as each is done, in the
         order they finish (outcome: None, or the error it raised); so the caller measures a
         candidate while the later ones compile, and never waits on a slow one while others are ready.
+
+        With ``spare``, until the pool finishes a compile not handed out yet, the last config not
+        handed out is yielded at once with outcome None, for the caller to compile itself (a
+        measuring process compiles a config at its first launch): while a new pool's workers
+        start (seconds: a CUDA context each, then Triton's first compile in each), the GPU is
+        then not left idle. Such a config's compile in the pool is waited for and not reported.
 
         A worker that dies (a candidate faulted and poisoned its CUDA context) breaks the pool,
         and one that hangs past ``timeout_s`` (counted from the batch's submission) blocks a
         slot: either way the pool is replaced after the batch, so later batches still compile in
         parallel.
         """
-        return self._outcomes(self.submit(template, problem, configs))
+        return self._outcomes(self.submit(template, problem, configs), spare=spare)
 
     def submit(self, template: Launchable, problem: Problem, configs: list[Config]) -> list[Future]:
         """Launch each config once in the pool: a future per config, of None or the error it raised."""
@@ -148,22 +154,38 @@ class Compiler:
         assert pool is not None
         return [pool.submit(_compile_in_worker, template, problem, c) for c in configs]
 
-    def _outcomes(self, futures: list) -> Iterator[tuple[int, str | None]]:
+    def _outcomes(self, futures: list, spare: bool = False) -> Iterator[tuple[int, str | None]]:
         index = {future: i for i, future in enumerate(futures)}
         pending = set(futures)
+        unhanded = list(range(len(futures)))  # the caller's own picks come from its end
         deadline = time.monotonic() + self.timeout_s
         replace = False
         try:
             while pending:
-                done, pending = wait(
-                    pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED
-                )
+                done: set = set()
+                if spare and unhanded:
+                    done, pending = wait(pending, timeout=0, return_when=FIRST_COMPLETED)
+                    spare = not any(index[f] in unhanded for f in done)  # on until the pool hands one over
+                    if spare:
+                        yield unhanded.pop(), None  # nothing compiled to hand: the caller compiles one
+                        if not done:
+                            continue
+                if not done:
+                    done, pending = wait(
+                        pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED
+                    )
                 if not done:  # the deadline passed with these still compiling (or queued behind them)
                     for future in sorted(pending, key=index.__getitem__):
-                        yield index[future], f"compile timeout after {self.timeout_s:g} s"
+                        if index[future] in unhanded:
+                            yield index[future], f"compile timeout after {self.timeout_s:g} s"
                     replace = True
                     return
                 for future in sorted(done, key=index.__getitem__):
+                    if index[future] not in unhanded:  # the caller compiled it itself
+                        if isinstance(future.exception(), BrokenProcessPool):
+                            replace = True
+                        continue
+                    unhanded.remove(index[future])
                     try:
                         outcome = future.result()
                     except BrokenProcessPool as exc:

@@ -666,15 +666,19 @@ class _ProblemSweep:
         if len(batch) > 1:
             with self.clock.phase("start"):
                 compiler.start()
-            self._store_and_tell(self._measure(batch[1:], pool=True))
+            # while the new workers start, the measuring process compiles what is left itself
+            self._store_and_tell(self._measure(batch[1:], pool=True, spare=True))
 
-    def _measure(self, batch: list[tuple[Config, str]], pool: bool) -> list[tuple[Config, str, Measurement]]:
+    def _measure(
+        self, batch: list[tuple[Config, str]], pool: bool, spare: bool = False
+    ) -> list[tuple[Config, str, Measurement]]:
         """Each candidate checked and timed as soon as it has compiled (in the pool with
-        ``pool``, else by the measuring process itself)."""
+        ``pool``, else by the measuring process itself; with ``spare`` too, whenever the pool
+        has none ready: :meth:`Compiler.compile_each`)."""
         with self.clock.phase("measurer start"):
             measurer = self._measurer()
             mark("measurer started")
-            compiled = self._compiled([config for config, _ in batch], pool)
+            compiled = self._compiled([config for config, _ in batch], pool, spare)
         results: list[tuple[Config, str, Measurement]] = []
         for i in self.clock.each(compiled, "waiting for compiles"):  # to its end: the end replaces a broken pool
             mark("first compile done")
@@ -689,14 +693,14 @@ class _ProblemSweep:
             mark("first trial measured")
         return results
 
-    def _compiled(self, configs: list[Config], pool: bool) -> Iterator[int]:
+    def _compiled(self, configs: list[Config], pool: bool, spare: bool = False) -> Iterator[int]:
         """The indices of ``configs`` in the order they finish compiling: in the pool with
         ``pool``, else in order (the measuring process compiles each at its first launch)."""
         compiler = self.run.compiler
         if compiler is None or not pool:
             return iter(range(len(configs)))
         self.run.on_phase(self.key, f"compiling {len(configs)} candidates")
-        return (i for i, _ in compiler.compile_each(self.run.template, self.problem, configs))
+        return (i for i, _ in compiler.compile_each(self.run.template, self.problem, configs, spare=spare))
 
     def _store_and_tell(self, results: list[tuple[Config, str, Measurement]]) -> None:
         # one transaction per batch: many workers on one database commit once per batch, not

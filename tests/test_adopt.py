@@ -110,6 +110,30 @@ def test_adopt_stores_what_it_measured_here_with_its_provenance(db):
         assert a["phases"].get("checking and timing", 0) > 0 and "torch peer" not in a["phases"], a["phases"]
 
 
+def test_a_compile_pool_is_done_and_closed_before_the_first_key_is_timed(db, monkeypatch):
+    """Its workers make inputs and launch candidates on the GPU that times the keys: every
+    candidate is compiled first, then the pool closes, then the keys are timed."""
+    from tunesvc.bench import Compiler
+
+    closed_with: list[int] = []  # trials stored when the pool closed
+    close = Compiler.close
+    before = _rows(db, "SELECT COUNT(*) FROM tunesvc_trials")[0][0]  # the other model's
+
+    def counted(self):
+        closed_with.append(_rows(db, "SELECT COUNT(*) FROM tunesvc_trials")[0][0])
+        close(self)
+
+    monkeypatch.setattr(Compiler, "close", counted)
+    store = Store(db)
+    try:
+        adoptions = adopt(store, H100.name, workers=2)
+    finally:
+        store.close()
+    assert closed_with == [before]
+    assert all(a.winner for a in adoptions) and len(adoptions) == len(KEYS)
+    assert _rows(db, "SELECT COUNT(*) FROM tunesvc_trials")[0][0] > before
+
+
 def test_adopt_prints_a_table_and_what_it_adopted(db):
     done = CliRunner().invoke(app, ["adopt", "--from-device", H100.hardware_id, "--db", db], env={"COLUMNS": "200"})
     assert done.exit_code == 0, done.output

@@ -305,3 +305,24 @@ def test_tuned_matmul_under_torch_compile_with_cuda_graphs():
         out = f(a, b)
     ref = torch.relu(a.double() @ b.double()) + 1.0
     assert relative_error(out, ref) < 2e-2
+
+
+def test_a_measuring_process_whose_peer_capture_failed_makes_the_next_problems_inputs():
+    """layernorm_bwd's torch peer (autograd's backward, its forward run on another stream) fails
+    to capture in a CUDA graph, which leaves torch's CUDA generator capturing in that process;
+    the next problem loaded into the same measuring process must still make its inputs (from a
+    fresh process) and measure."""
+    from tunesvc.bench import Worker
+
+    template = tunesvc.get_template("layernorm_bwd")
+    device = current_device()
+    first, second = template.problem(M=1000, N=1000, dtype="bfloat16"), template.problem(M=300, N=700, dtype="bfloat16")
+    worker = Worker(template, first, device, timeout_s=60.0)
+    try:
+        worker.wait_ready()
+        worker.time_peer()  # whatever it gives: a time, or a failure
+        worker.load(template, second)
+        worker.wait_ready()
+        assert worker.measure(template.heuristic(second, device)).status is Status.OK
+    finally:
+        worker.close()

@@ -206,12 +206,16 @@ CONTEXT_LOST = (
 
 
 def context_lost(message: str | None) -> bool:
-    """Whether this process's CUDA context is unusable after a failure that said ``message``."""
+    """Whether this process's CUDA context is unusable after a failure that said ``message``:
+    also where its random numbers are (a CUDA graph capture that failed at its end, as one of a
+    backward by autograd on another stream does, leaves torch's CUDA generator capturing, and every
+    later torch.randn on the GPU raises, so that the next problem's inputs cannot be made)."""
     if message and any(text in message for text in CONTEXT_LOST):
         return True
     try:  # a fault can surface at the next call rather than in the candidate's own
         torch.cuda.synchronize()
         (torch.ones(1, device="cuda") + 1).item()
+        torch.randn(1, device="cuda")
     except Exception:
         return True
     return False

@@ -177,9 +177,13 @@ class GraphTimer:
                 call()
             self.stream.synchronize()
             turn = itertools.cycle(self.calls)
-            with torch.cuda.graph(self.graph, stream=self.stream):
-                for _ in range(count):
-                    next(turn)()
+            try:
+                with torch.cuda.graph(self.graph, stream=self.stream):
+                    for _ in range(count):
+                        next(turn)()
+            except Exception:
+                _mend_generator()
+                raise
         self.stream.synchronize()
 
     def replay_ms(self) -> float:
@@ -191,6 +195,22 @@ class GraphTimer:
             end.record()
         end.synchronize()
         return start.elapsed_time(end)
+
+
+def _mend_generator() -> None:
+    """After a capture that failed at its end (a call that launched on another stream, such as a
+    backward by autograd whose forward ran there): torch skips its generator's capture epilogue
+    then, which leaves the CUDA generator capturing, and every later torch.randn on the GPU raises
+    "Offset increment outside graph capture" (the next problem's inputs could not be made). One
+    small capture that ends well runs the epilogue again."""
+    try:
+        x = torch.zeros(1, device="cuda")
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream), torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+            x.add_(1)
+        stream.synchronize()
+    except Exception:  # a context past mending: context_lost finds it
+        pass
 
 
 def sample_together(timers: Sequence[GraphTimer], rep_ms: float) -> tuple[list[list[float]], int | None]:

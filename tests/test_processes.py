@@ -79,3 +79,50 @@ def test_without_a_gpu_capture_runs_where_triton_would_and_tune_run_sets_the_int
     assert interpreted.returncode == 0 and "ran" in interpreted.stdout, interpreted.stderr[-2000:]
     through_tune = run(str(Path(sys.executable).with_name("tune")), "run", "--", sys.executable, "program.py")
     assert through_tune.returncode == 0 and "ran" in through_tune.stdout, through_tune.stderr[-2000:]
+
+
+def _collect_the_pool(holder: list) -> None:
+    import gc
+
+    holder.clear()  # the child's copy of the pool goes: its weakref callback runs here, if it can
+    gc.collect()
+    os._exit(0)
+
+
+def test_a_child_forked_while_a_pools_lock_is_held_can_collect_the_pool():
+    """A pool's manager thread takes the pool's shutdown lock at times; a child forked meanwhile
+    inherited it held, and collecting its copy of the pool (whose weakref callback takes that
+    lock) hung the child for ever: a measuring child that never started."""
+    import threading
+
+    from tunesvc._processes import worker_context
+    from tunesvc._processes import worker_pool
+
+    if worker_context().get_start_method() != "fork":
+        pytest.skip("children are forked only while this process has not initialised CUDA")
+    holder = [worker_pool(1)]  # nothing else refers to the pool
+    assert holder[0].submit(abs, -3).result(timeout=60) == 3  # its manager thread running
+    lock = holder[0]._shutdown_lock
+    held, forked = threading.Event(), threading.Event()
+
+    def hold() -> None:  # the manager thread's hold, made long enough to fork in
+        with lock:
+            held.set()
+            forked.wait(60)
+
+    holder_thread = threading.Thread(target=hold)
+    holder_thread.start()
+    held.wait(60)
+    child = worker_context().Process(target=_collect_the_pool, args=(holder,))
+    try:
+        child.start()
+    finally:
+        forked.set()
+        holder_thread.join()
+    child.join(60)
+    hung = child.exitcode is None
+    if hung:
+        child.kill()
+        child.join()
+    holder[0].shutdown()
+    assert not hung and child.exitcode == 0

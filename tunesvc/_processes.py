@@ -37,6 +37,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -211,12 +212,39 @@ def remake_cached_property_locks(cls: type) -> None:
 
 
 # -- workers ------------------------------------------------------------------------------------
+#: every pool :func:`worker_pool` made in this process, for :func:`_pools_left_to_the_parent`
+_POOLS: weakref.WeakSet[ProcessPoolExecutor] = weakref.WeakSet()
+
+
 def worker_pool(size: int, forkserver: bool = False) -> ProcessPoolExecutor:
     """A pool of ``size`` compile workers, started as :func:`start_worker` says; from the
     forkserver where asked (a pool that a background thread fills must not fork this process,
     whose other threads may hold locks the child would inherit held)."""
     context = forkserver_context() if forkserver else worker_context()
-    return ProcessPoolExecutor(size, mp_context=context, initializer=start_worker, initargs=(os.getpid(),))
+    pool = ProcessPoolExecutor(size, mp_context=context, initializer=start_worker, initargs=(os.getpid(),))
+    _POOLS.add(pool)
+    return pool
+
+
+def _pools_left_to_the_parent() -> None:
+    """In a forked child: the parent's pools never woken from here. When a pool is collected,
+    its weakref callback takes the pool's shutdown lock and writes to its manager thread's pipe;
+    in a child forked while that thread (the parent's) held the lock, the callback waited for
+    ever (an H200 measuring child hung so at its first garbage collection, inside an import, and
+    a sweep said its measuring process did not start). The callback is dropped with the weakref
+    (CPython 3.9+ keeps it as the manager thread's ``executor_reference``), and the lock made
+    unheld besides."""
+    for pool in list(_POOLS):
+        thread = getattr(pool, "_executor_manager_thread", None)
+        if thread is not None and hasattr(thread, "executor_reference"):
+            thread.executor_reference = None
+        lock = getattr(pool, "_shutdown_lock", None)
+        if lock is not None:
+            remake_unheld(lock)
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_pools_left_to_the_parent)
 
 
 def start_child(main: Callable[..., None], *args: Any) -> tuple[BaseProcess, Connection]:

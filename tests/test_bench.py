@@ -17,6 +17,7 @@ import tunesvc
 from tunesvc import Bench
 from tunesvc import Status
 from tunesvc import config_hash
+from tunesvc.bench import CALLER
 from tunesvc.bench import MAX_INPUT_SETS
 from tunesvc.bench import Compiler
 from tunesvc.bench import input_bytes
@@ -325,6 +326,42 @@ def test_a_sweep_measures_the_rest_itself_while_its_new_pool_starts(order, tmp_d
     assert times == sorted(times) and times[-1] < slow_compiled
 
 
+class AllSlowToCompile(SlowToCompile):
+    """Takes 4 s to "compile" any config in a compile worker."""
+
+    def launch(self, inputs, config):
+        if multiprocessing.parent_process() is not None:
+            time.sleep(4)
+        return super().launch(inputs, config)
+
+
+def test_what_was_measured_while_the_pool_started_is_re_timed_with_the_finalists(tmp_db, tmp_path, problem, device):
+    """Those candidates were timed beside the new workers' CUDA contexts, inputs and first
+    launches on the same GPU: each is timed again beside the fastest, whatever its first time."""
+    from tunesvc.bench import Bench
+
+    tpl = AllSlowToCompile(str(tmp_path / "slow-compiled"))
+    retimed: list[set[str]] = []
+    together = Bench.time_together
+
+    def seen(self, configs, *args, **kwargs):
+        retimed.append({config_hash(c) for c in configs})
+        return together(self, configs, *args, **kwargs)
+
+    store = Store(tmp_db)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Bench, "time_together", seen)
+            [result] = run_sweep(
+                tpl, [problem], store, strategy="grid", workers=3, isolate=False, device=device,
+                candidates=[FIRST, SMALL, SLOW],
+            )  # fmt: skip
+    finally:
+        store.close()
+    assert result.trials_new == 3 and result.failures == 0
+    assert retimed and {config_hash(SMALL), config_hash(SLOW)} <= retimed[0]
+
+
 def test_compile_each_yields_each_config_as_it_finishes(problem, tmp_path):
     with Compiler(2) as compiler:
         outcomes = compiler.compile_each(
@@ -342,7 +379,7 @@ def test_compile_each_with_spare_hands_the_caller_the_last_configs_while_nothing
     and none is handed out twice."""
     with Compiler(1) as compiler:
         outcomes = compiler.compile_each(SlowToCompile(str(tmp_path / "m")), problem, [SLOW, SMALL, FIRST], spare=True)
-        assert [next(outcomes) for _ in range(3)] == [(2, None), (1, None), (0, None)]
+        assert [next(outcomes) for _ in range(3)] == [(2, CALLER), (1, CALLER), (0, CALLER)]
         assert not (tmp_path / "m").exists()  # handed out before the worker compiled SLOW
         assert list(outcomes) == []
         assert (tmp_path / "m").exists() and compiler.restarts == 0

@@ -20,6 +20,7 @@ from tunesvc.bench._base import relative_error
 from tunesvc.bench._base import timed_in_rounds
 from tunesvc.bench._choose import measurer_for
 from tunesvc.bench._choose import picklable
+from tunesvc.bench._compile import CALLER
 from tunesvc.bench._compile import Compiler
 from tunesvc.bench._compile import pool_size
 from tunesvc.bench._inprocess import DEFAULT_L2_BYTES
@@ -38,6 +39,7 @@ from tunesvc.bench._worker import STARTUP_TIMEOUT_S
 from tunesvc.bench._worker import Worker
 
 __all__ = [
+    "CALLER",
     "CONTEXT_LOST",
     "DEFAULT_L2_BYTES",
     "FINALIST_ROUNDS",

@@ -57,6 +57,10 @@ class Launchable(Protocol):
     def launch(self, inputs: Any, config: Config) -> Any: ...
 
 
+#: :meth:`Compiler.compile_each`'s outcome for a config handed to the caller to compile itself
+CALLER = "compiled by the caller"
+
+
 class Compiler:
     """Compiles candidates in parallel, in worker processes, before they are measured.
 
@@ -134,10 +138,11 @@ class Compiler:
         candidate while the later ones compile, and never waits on a slow one while others are ready.
 
         With ``spare``, until the pool finishes a compile not handed out yet, the last config not
-        handed out is yielded at once with outcome None, for the caller to compile itself (a
-        measuring process compiles a config at its first launch): while a new pool's workers
-        start (seconds: a CUDA context each, then Triton's first compile in each), the GPU is
-        then not left idle. Such a config's compile in the pool is waited for and not reported.
+        handed out is yielded at once with outcome :data:`CALLER`, for the caller to compile
+        itself (a measuring process compiles a config at its first launch): while a new pool's
+        workers start (seconds: a CUDA context each, then Triton's first compile in each), the
+        GPU is then not left idle. Such a config's compile in the pool is waited for and not
+        reported.
 
         A worker that dies (a candidate faulted and poisoned its CUDA context) breaks the pool,
         and one that hangs past ``timeout_s`` (counted from the batch's submission) blocks a
@@ -167,7 +172,7 @@ class Compiler:
                     done, pending = wait(pending, timeout=0, return_when=FIRST_COMPLETED)
                     spare = not any(index[f] in unhanded for f in done)  # on until the pool hands one over
                     if spare:
-                        yield unhanded.pop(), None  # nothing compiled to hand: the caller compiles one
+                        yield unhanded.pop(), CALLER  # nothing compiled to hand: the caller compiles one
                         if not done:
                             continue
                 if not done:

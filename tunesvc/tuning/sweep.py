@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from typing import TypeVar
 
 from tunesvc import settings
+from tunesvc.bench import CALLER
 from tunesvc.bench import Compiler
 from tunesvc.bench import Measurement
 from tunesvc.bench import Measurer
@@ -564,6 +565,9 @@ class _ProblemSweep:
             self.budget = TrialBudget(min(limit, len(candidates)), self.search)
             self.rules = self._stop_rules()
             self.measurer: Measurer | None = None
+            #: configs (hashes) measured while the pool's workers started, beside their CUDA
+            #: contexts, inputs and first launches on the same GPU: re-timed with the finalists
+            self.spared: set[str] = set()
             if run.on_start:
                 run.on_start(problem, self.key, self.budget.limit)
             self.tuning.open()
@@ -680,7 +684,9 @@ class _ProblemSweep:
             mark("measurer started")
             compiled = self._compiled([config for config, _ in batch], pool, spare)
         results: list[tuple[Config, str, Measurement]] = []
-        for i in self.clock.each(compiled, "waiting for compiles"):  # to its end: the end replaces a broken pool
+        for i, by_caller in self.clock.each(
+            compiled, "waiting for compiles"
+        ):  # to its end: the end replaces a broken pool
             mark("first compile done")
             with self.clock.phase("measurer start"):
                 measurer.wait_ready()
@@ -688,19 +694,23 @@ class _ProblemSweep:
             if not results:
                 self.run.on_phase(self.key, "checking and timing")
             config, h = batch[i]
+            if by_caller:
+                self.spared.add(h)
             with self.clock.phase("checking and timing"):
                 results.append((config, h, measurer.measure(config)))
             mark("first trial measured")
         return results
 
-    def _compiled(self, configs: list[Config], pool: bool, spare: bool = False) -> Iterator[int]:
-        """The indices of ``configs`` in the order they finish compiling: in the pool with
+    def _compiled(self, configs: list[Config], pool: bool, spare: bool = False) -> Iterator[tuple[int, bool]]:
+        """The indices of ``configs`` in the order they finish compiling, each with whether the
+        pool left it to the measuring process while its workers started: in the pool with
         ``pool``, else in order (the measuring process compiles each at its first launch)."""
         compiler = self.run.compiler
         if compiler is None or not pool:
-            return iter(range(len(configs)))
+            return ((i, False) for i in range(len(configs)))
         self.run.on_phase(self.key, f"compiling {len(configs)} candidates")
-        return (i for i, _ in compiler.compile_each(self.run.template, self.problem, configs, spare=spare))
+        outcomes = compiler.compile_each(self.run.template, self.problem, configs, spare=spare)
+        return ((i, outcome == CALLER) for i, outcome in outcomes)
 
     def _store_and_tell(self, results: list[tuple[Config, str, Measurement]]) -> None:
         # one transaction per batch: many workers on one database commit once per batch, not
@@ -738,14 +748,14 @@ class _ProblemSweep:
         if not self.tuning.new:
             return
         with self.clock.phase("finalists"):
-            chosen = self.tuning.chosen()
+            chosen = self.tuning.chosen(keep=self.spared)
         if len(chosen) < 2:
             return
         self.run.on_phase(self.key, f"re-timing {len(chosen)} finalists")
         with self.clock.phase("measurer start"):
             measurer = self._measurer()
         with self.clock.phase("finalists"):
-            self.tuning.retime(measurer)
+            self.tuning.retime(measurer, keep=self.spared)
 
     def _peer(self) -> float | None:
         # a sweep that measured nothing makes no inputs for the peer

@@ -684,9 +684,8 @@ class _ProblemSweep:
             mark("measurer started")
             compiled = self._compiled([config for config, _ in batch], pool, spare)
         results: list[tuple[Config, str, Measurement]] = []
-        for i, by_caller in self.clock.each(
-            compiled, "waiting for compiles"
-        ):  # to its end: the end replaces a broken pool
+        # to its end: the end replaces a broken pool
+        for i, by_caller in self.clock.each(compiled, "waiting for compiles"):
             mark("first compile done")
             with self.clock.phase("measurer start"):
                 measurer.wait_ready()

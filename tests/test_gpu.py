@@ -307,11 +307,10 @@ def test_tuned_matmul_under_torch_compile_with_cuda_graphs():
     assert relative_error(out, ref) < 2e-2
 
 
-def test_a_measuring_process_whose_peer_capture_failed_makes_the_next_problems_inputs():
-    """layernorm_bwd's torch peer (autograd's backward, its forward run on another stream) fails
-    to capture in a CUDA graph, which leaves torch's CUDA generator capturing in that process;
-    the next problem loaded into the same measuring process must still make its inputs (from a
-    fresh process) and measure."""
+def test_a_measuring_process_that_timed_a_backward_peer_makes_the_next_problems_inputs():
+    """layernorm_bwd's torch peer (autograd's backward) once failed to capture in a CUDA graph,
+    which left torch's CUDA generator capturing in that process: the next problem loaded into
+    the same measuring process could not make its inputs. It must make them and measure."""
     from tunesvc.bench import Worker
 
     template = tunesvc.get_template("layernorm_bwd")
@@ -326,3 +325,34 @@ def test_a_measuring_process_whose_peer_capture_failed_makes_the_next_problems_i
         assert worker.measure(template.heuristic(second, device)).status is Status.OK
     finally:
         worker.close()
+
+
+def test_a_capture_that_fails_at_its_end_leaves_torch_random_numbers_working():
+    """torch skips its generator's capture epilogue where cudaStreamEndCapture fails; every later
+    torch.randn on the GPU then raised "Offset increment outside graph capture" (GraphTimer mends it)."""
+    from tunesvc.bench._inprocess import GraphTimer
+
+    x = torch.ones(1000, device="cuda")
+
+    def unsafe() -> None:
+        (x * 2).sum().item()  # a wait for the GPU: not allowed while a stream captures
+
+    with pytest.raises(RuntimeError):  # torch's CUDA errors are RuntimeErrors
+        GraphTimer([unsafe], 0.01)
+    assert torch.randn(10, device="cuda").isfinite().all()
+
+
+@pytest.mark.parametrize("name", ["layernorm_bwd", "rmsnorm_bwd", "bias_act_residual_bwd", "attention_bwd"])
+def test_a_backward_peer_is_timed_from_a_cuda_graph(name):
+    """Its forward runs on the stream the graph captures on (tunesvc.template.backward_peer), so
+    autograd's backward is captured, not timed by events for want of a graph."""
+    template = tunesvc.get_template(name)
+    problem = {
+        "layernorm_bwd": {"M": 1000, "N": 1000, "dtype": "bfloat16"},
+        "rmsnorm_bwd": {"M": 1000, "N": 1000, "dtype": "bfloat16"},
+        "bias_act_residual_bwd": {"M": 1000, "N": 1000, "act": "gelu", "dtype": "bfloat16"},
+        "attention_bwd": {"B": 1, "H": 4, "S": 300, "D": 64, "causal": True, "dtype": "bfloat16"},
+    }[name]
+    with Bench(template, template.problem(**problem), current_device()) as bench:
+        m = bench.time_peer()
+    assert m.status is Status.OK and "timed: graph" in (m.message or ""), m

@@ -426,3 +426,42 @@ def test_a_space_with_no_config_for_a_shape_is_one_sentence(tmp_path, monkeypatc
     assert result.exit_code == 1
     assert "every one breaks a constraint" in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("layernorm_bwd", {"M": 37, "N": 100, "dtype": "float32"}),
+        ("rmsnorm_bwd", {"M": 37, "N": 100, "dtype": "float32"}),
+        ("bias_act_residual_bwd", {"M": 37, "N": 100, "act": "gelu", "dtype": "float32"}),
+        ("attention_bwd", {"B": 1, "H": 2, "S": 70, "D": 64, "causal": True, "dtype": "bfloat16"}),
+    ],
+)
+def test_a_backward_peer_gives_autograds_gradients_and_runs_its_forward_once_per_stream(name, problem):
+    """Each backward template's torch peer (tunesvc.template.backward_peer): the gradients the
+    reference gives, its forward run at the first call on a stream and not again."""
+    import torch
+
+    from tunesvc.device import current_device
+
+    template = tunesvc.get_template(name)
+    problem = template.problem(**problem)
+    inputs = template.make_inputs(problem, current_device())
+    peer = template.peer(inputs)
+    assert peer is not None
+    forwards = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: forwards.append(1) or t, lambda t: t):
+        first = peer()
+        second = peer()
+    assert forwards  # the forward ran under the first call (it saved tensors for its backward)
+    saved = len(forwards)
+    third = peer()
+    assert len(forwards) == saved  # and never again on this stream
+    assert all(torch.equal(a, b) for a, b in zip(first, second)) and all(
+        torch.equal(a, b) for a, b in zip(first, third)
+    )
+    from tunesvc.bench import relative_error
+
+    # each reference is the same gradients, in float64, flattened one after another
+    flat = torch.cat([g.flatten() for g in first])
+    assert relative_error(flat, template.reference(inputs).flatten()) < (1e-4 if flat.dtype == torch.float32 else 3e-2)

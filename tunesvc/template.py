@@ -120,6 +120,26 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def backward_peer(forward: Callable[[], Any], leaves: tuple[Any, ...], grad: Any) -> Callable[[], tuple[Any, ...]]:
+    """A backward template's torch peer: autograd's gradients of ``forward()`` at ``leaves``
+    given the output's ``grad``, only the backward timed. The forward runs once per CUDA stream
+    the peer is called on (once on the CPU): autograd runs each backward op on its forward op's
+    stream, so a forward run once on the default stream made every capture of the backward in a
+    CUDA graph, on a stream of its own, fail, and the peer was timed without one."""
+    import torch  # heavy: imported where tensors are made or compared
+
+    outputs: dict[int | None, Any] = {}
+
+    def run() -> tuple[Any, ...]:
+        stream = torch.cuda.current_stream().cuda_stream if grad.is_cuda else None
+        if stream not in outputs:
+            with torch.enable_grad():
+                outputs[stream] = forward()
+        return torch.autograd.grad(outputs[stream], leaves, grad, retain_graph=True)
+
+    return run
+
+
 def source_version(*sources: str) -> str:
     """A 12-hex-digit hash of Python sources' syntax trees, docstrings left out.
 

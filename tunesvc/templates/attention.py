@@ -17,6 +17,7 @@ from tunesvc.template import ELEMENT_BYTES
 from tunesvc.template import Cost
 from tunesvc.template import Problem
 from tunesvc.template import ShapeKey
+from tunesvc.template import backward_peer
 from tunesvc.template import pow2_bucket
 from tunesvc.templates._shipped import ShippedTemplate
 
@@ -195,17 +196,15 @@ class AttentionBwdTemplate(_AttentionBase):
     peer_name = "torch SDPA backward (autograd)"
 
     def peer(self, inputs: AttentionBwdInputs) -> Callable[[], tuple[torch.Tensor, ...]]:
-        """dQ, dK, dV of SDPA by autograd, the forward run once here: the kernel too starts from a
-        saved O and LSE, so only the backward is timed on either side."""
+        """dQ, dK, dV of SDPA by autograd (the forward run before any timing: backward_peer):
+        the kernel too starts from a saved O and LSE, so only the backward is timed on either side."""
         import torch  # heavy: imported where tensors are made or compared
 
         q, k, v, _, _, do, causal, sm_scale = inputs
         leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-        with torch.enable_grad():
-            out = torch.nn.functional.scaled_dot_product_attention(
-                leaves[0], leaves[1], leaves[2], is_causal=causal, scale=sm_scale
-            )
-        return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        query, key, value = leaves
+        return backward_peer(lambda: sdpa(query, key, value, is_causal=causal, scale=sm_scale), leaves, do)
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         warps = 4 if problem["D"] == 64 else 8

@@ -14,6 +14,7 @@ from tunesvc.template import ELEMENT_BYTES
 from tunesvc.template import Cost
 from tunesvc.template import Problem
 from tunesvc.template import ShapeKey
+from tunesvc.template import backward_peer
 from tunesvc.template import cdiv
 from tunesvc.template import pow2_bucket
 from tunesvc.templates._shipped import ShippedTemplate
@@ -131,15 +132,14 @@ class BiasActResidualBwdTemplate(BiasActResidualTemplate):
     def peer(  # type: ignore[override]
         self, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]
     ) -> Callable[[], tuple[torch.Tensor, ...]]:
-        """dx, dbias by autograd of the eager expression, the forward run once here: only the
-        backward is timed."""
+        """dx, dbias by autograd of the eager expression (the forward run before any timing:
+        backward_peer): only the backward is timed."""
         import torch  # heavy: imported where tensors are made or compared
 
         x, bias, dy, act = inputs
         leaves = (x.detach().requires_grad_(), bias.detach().requires_grad_())
-        with torch.enable_grad():
-            y = self.kernels.bias_act_residual_reference(*leaves, torch.zeros_like(x), act)
-        return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)
+        zeros = torch.zeros_like(x)
+        return backward_peer(lambda: self.kernels.bias_act_residual_reference(*leaves, zeros, act), leaves, dy)
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         forward = super().heuristic(problem, device)

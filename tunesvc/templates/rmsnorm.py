@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from tunesvc.template import ELEMENT_BYTES
 from tunesvc.template import Cost
 from tunesvc.template import Problem
+from tunesvc.template import backward_peer
 from tunesvc.templates.layernorm import RowNormTemplate
 
 if TYPE_CHECKING:
@@ -99,16 +100,16 @@ class RMSNormBwdTemplate(RowNormTemplate):
     peer_name = "torch F.rms_norm backward (autograd)"
 
     def peer(self, inputs: tuple[torch.Tensor, ...]) -> Callable[[], tuple[torch.Tensor, ...]] | None:
-        """dx, dw by autograd, the forward run once here: only the backward is timed."""
+        """dx, dw by autograd (the forward run before any timing: backward_peer): only the backward is timed."""
         import torch  # heavy: imported where tensors are made or compared
 
         if not hasattr(torch.nn.functional, "rms_norm"):  # torch < 2.4
             return None
         x, w, dy = inputs[:3]
         leaves = tuple(t.detach().requires_grad_() for t in (x, w))
-        with torch.enable_grad():
-            y = torch.nn.functional.rms_norm(leaves[0], (x.shape[1],), leaves[1], 1e-6)
-        return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)
+        return backward_peer(
+            lambda: torch.nn.functional.rms_norm(leaves[0], (x.shape[1],), leaves[1], 1e-6), leaves, dy
+        )
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         return self.backward_heuristic(problem, device)

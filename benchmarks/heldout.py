@@ -9,8 +9,9 @@ The shapes come from models, not from the presets, and none has a shape key that
 kernel tunes (checked below, before anything runs): GEMMs of the attention and MLP projections of
 Llama-3-70B, Qwen2.5-7B, Qwen2.5-32B and Mixtral-8x7B at M from 1 to 8192 tokens; decode
 attention at contexts from a few hundred to 32k tokens and batches from 1 to 64 in those models'
-head layouts; attention forward at sequence lengths that are not powers of two; layer and RMS
-norms at those hidden sizes. bf16 throughout.
+head layouts; attention forward and backward at sequence lengths that are not powers of two, in
+those models' layouts (D=128) and in three with D=64 (gpt-oss-120b's decoder, Whisper-large-v3's
+encoder, ViT-L/16 at 384 pixels); layer and RMS norms at those hidden sizes. bf16 throughout.
 
 --db should hold the presets' sweeps (a copy of tune.db.example): with --fit, each kernel's
 selector is first fitted there (every stored winner measured on every tuned key, then the tree).
@@ -75,8 +76,15 @@ GEMM_M = (1, 24, 200, 1000, 3000, 8192)
 #: decode: (batch, context) pairs, one sequence to a serving batch of 64 (issue 57's range: contexts
 #: 500 to 32k, batch 1 to 64; 300 is shorter still). The models' GQA ratios are 8, 7, 5 and 4.
 DECODE_BS = ((1, 300), (16, 1000), (4, 5000), (1, 12000), (8, 32768), (32, 700), (64, 1800))
-#: attention forward: (batch, sequence length), causal and not
+#: attention forward and backward: (batch, sequence length), causal and not, in each decoder's layout
 ATTENTION_BS = ((1, 1000), (2, 3000), (1, 7000))
+#: attention layouts with D=64: (model, heads, head dim, (batch, sequence length) pairs, causal),
+#: from each model's config.json (an encoder's attention is not causal)
+ATTENTION_D64 = (
+    ("gpt-oss-120b", 64, 64, ATTENTION_BS, (False, True)),
+    ("Whisper-large-v3 encoder", 20, 64, ((8, 1500),), (False,)),
+    ("ViT-L/16 at 384 px", 16, 64, ((32, 577),), (False,)),
+)
 #: norms: tokens
 NORM_M = (1, 300, 5000)
 
@@ -100,11 +108,13 @@ def decode_shapes() -> list[dict[str, Any]]:
 
 
 def attention_shapes() -> list[dict[str, Any]]:
+    layouts = [(hq, d, ATTENTION_BS, (False, True)) for _, _, _, hq, _, d in MODELS]
+    layouts += [(h, d, bs, causals) for _, h, d, bs, causals in ATTENTION_D64]
     return [
-        {"B": b, "H": hq, "S": s, "D": d, "causal": causal}
-        for _, _, _, hq, _, d in MODELS
-        for b, s in ATTENTION_BS
-        for causal in (False, True)
+        {"B": b, "H": h, "S": s, "D": d, "causal": causal}
+        for h, d, bs, causals in layouts
+        for b, s in bs
+        for causal in causals
     ]
 
 
@@ -116,6 +126,8 @@ SHAPES: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "matmul": gemm_shapes,
     "decode": decode_shapes,
     "attention": attention_shapes,
+    # the same shapes' backward: with the forward's rows of one run, forward+backward against SDPA's
+    "attention_bwd": attention_shapes,
     "layernorm": norm_shapes,
     "rmsnorm": norm_shapes,
 }
@@ -125,8 +137,20 @@ SMALL = {
     "matmul": [(1, 10240, 8192), (200, 37888, 3584), (3000, 5120, 27648)],
     "decode": [(1, 64, 8, 12000, 128, False)],
     "attention": [(1, 28, 7000, 128, True)],
+    "attention_bwd": [(1, 28, 7000, 128, True)],
     "rmsnorm": [(5000, 5120)],
 }
+#: --size medium's attention: D=128 and D=64, causal and not, short and long
+MEDIUM_ATTENTION = [
+    (1, 28, 7000, 128, True),
+    (2, 64, 3000, 128, False),
+    (1, 64, 1000, 128, False),
+    (2, 40, 3000, 128, True),
+    (1, 64, 7000, 64, True),
+    (2, 64, 3000, 64, False),
+    (8, 20, 1500, 64, False),
+    (32, 16, 577, 64, False),
+]
 #: --size medium: more M and contexts, every family
 MEDIUM = {
     # per M, two of the four models' projections, so that each model and each projection kind
@@ -146,12 +170,8 @@ MEDIUM = {
         (8192, 5120, 5120),
     ],
     "decode": [(1, 64, 8, 12000, 128, False), (16, 28, 4, 1000, 128, False), (8, 40, 8, 32768, 128, False)],
-    "attention": [
-        (1, 28, 7000, 128, True),
-        (2, 64, 3000, 128, False),
-        (1, 64, 1000, 128, False),
-        (2, 40, 3000, 128, True),
-    ],
+    "attention": MEDIUM_ATTENTION,
+    "attention_bwd": MEDIUM_ATTENTION,
     "layernorm": [(300, 3584)],
     "rmsnorm": [(5000, 5120), (1, 8192)],
 }
@@ -378,8 +398,8 @@ SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
 
 def sdpa_backends(template: Any) -> dict[str, Callable[[Any], Callable[[], Any]]]:
     """name -> inputs -> a call of SDPA held to that backend (``torch.nn.attention.sdpa_kernel``),
-    for attention and decode; none for other kernels or a torch without the backend."""
-    if template.name not in ("attention", "decode"):
+    for attention (forward and backward) and decode; none for other kernels or a torch without the backend."""
+    if template.name not in ("attention", "attention_bwd", "decode"):
         return {}
     from torch.nn.attention import SDPBackend
     from torch.nn.attention import sdpa_kernel
@@ -645,8 +665,29 @@ def main() -> int:
         if vs:
             line.append(f"tuned / peer geometric mean {geomean(vs):.3f}x, lowest {min(vs):.2f}x")
         print(" ".join(line), flush=True)
+    if both := together(
+        summary.get("attention", {}).get("times", {}), summary.get("attention_bwd", {}).get("times", {})
+    ):
+        print(
+            f"attention forward+backward: tuned / peer geometric mean {geomean(both.values()):.3f}x, "
+            f"lowest {min(both.values()):.2f}x at {min(both, key=both.__getitem__)}, over {len(both)} shapes",
+            flush=True,
+        )
     shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def _shape_of(template: Any, problem: dict[str, Any]) -> str:
+    return ",".join(f"{k}={problem[k]}" for k in (*template.dims, *template.options))
+
+
+def together(forward: dict[str, tuple[float, float]], backward: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """shape -> the peer's forward+backward time over ours, for the shapes both directions timed
+    (each direction's tuned config and peer, (ours ms, peer ms), interleaved in the same run)."""
+    return {
+        shape: (forward[shape][1] + backward[shape][1]) / (forward[shape][0] + backward[shape][0])
+        for shape in forward.keys() & backward.keys()
+    }
 
 
 def _held_out_kernel(
@@ -660,7 +701,7 @@ def _held_out_kernel(
     measurer: Any,
     bandwidth: float,
     table: list[list[Any]],
-    summary: dict[str, dict[str, list[float]]],
+    summary: dict[str, dict[str, Any]],
 ) -> None:
     """One kernel's held-out shapes in turn: sweep, time the picks, the tuned winner and the
     peers, record; its rows go to ``table`` and its ratios to ``summary``."""
@@ -714,7 +755,9 @@ def _held_out_kernel(
         cost = template.cost(problem)
         bound_ms = max(cost.flops / (PEAK_TFLOPS * 1e12), cost.bytes / bandwidth) * 1e3
         # a memory-bound kernel's rate in GB/s (its bytes), a compute-bound one's in TFLOP/s
-        unit, work = ("TFLOP/s", cost.flops) if name in ("matmul", "attention") else ("GB/s", cost.bytes)
+        unit, work = (
+            ("TFLOP/s", cost.flops) if name in ("matmul", "attention", "attention_bwd") else ("GB/s", cost.bytes)
+        )
         rows = []
         for label in configs:
             ours = times[label]
@@ -746,6 +789,7 @@ def _held_out_kernel(
                 entry[label].append(tuned_ms / ms if ms else 0.0)
         if tuned_ms is not None and peer_ms is not None:
             entry["tuned_vs_peer"].append(peer_ms / tuned_ms)
+            entry.setdefault("times", {})[_shape_of(template, problem)] = (tuned_ms, peer_ms)
         table.append(
             [
                 name,

@@ -295,6 +295,7 @@ def time_shape(
     and each peer are timed in ``ROUNDS`` rounds, in turn (the order reversed every other round),
     and keep their median: clocks and temperature drift between configs timed one after another,
     and a 5 us kernel's ratio would carry that drift."""
+    import torch
     from _common import bench_graph_ms
     from _common import copies
 
@@ -332,7 +333,9 @@ def time_shape(
         try:
             other = [make(s) for s in sets]
             # first (on ``inputs``, sets[0]): a library's own autotuning runs outside the graph's capture
-            err = relative_error(other[0](), reference)
+            out = other[0]()
+            # a backward peer gives (dQ, dK, dV), the reference them stacked
+            err = relative_error(torch.stack(out) if isinstance(out, tuple) else out, reference)
         except Exception as exc:  # e.g. an SDPA backend that does not take this shape: no time
             print(f"  peer {name}: {type(exc).__name__}: {exc}", flush=True)
             continue
@@ -705,6 +708,7 @@ def _held_out_kernel(
 ) -> None:
     """One kernel's held-out shapes in turn: sweep, time the picks, the tuned winner and the
     peers, record; its rows go to ``table`` and its ratios to ``summary``."""
+    import torch
     from _common import record
     from _common import result_row
     from gemm_heldout import PEAK_TFLOPS
@@ -750,6 +754,7 @@ def _held_out_kernel(
         print(f"{name} {key}: timing {', '.join(configs)} and the peer", flush=True)
         others = sdpa_backends(template) | triton_peers(template)
         peer_name, times = time_shape(template, problem, configs, others)
+        torch.cuda.empty_cache()  # the shape's inputs, copies and reference: the measuring process needs room
         peer_ms = times.get("peer")
         tuned_ms = times.get("tuned")
         cost = template.cost(problem)

@@ -644,25 +644,35 @@ def reference_attention(
 ) -> tuple[torch.Tensor, ...]:
     """Float32 attention by its definition: (O, LSE), or (dQ, dK, dV) by autograd when ``do`` is given.
 
-    One batch element at a time, so that the S x S score matrix of a benchmark shape fits in memory.
+    A few heads of one batch element at a time, so that the S x S score matrices stay near
+    ``_REFERENCE_BYTES`` (at S=7000 one head's are 196 MB; all 64 heads' with autograd's saved
+    copies held over 50 GiB, which with the timed inputs beside them ran an H200 out of memory).
     """
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    B, H, S, _ = q.shape
+    heads = max(1, _REFERENCE_BYTES // (4 * S * S))
+    above = torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1) if causal else None
     results: list[tuple[torch.Tensor, ...]] = []
-    for b in range(q.shape[0]):
-        with torch.enable_grad():
-            qb, kb, vb = (t[b].float().requires_grad_(do is not None) for t in (q, k, v))
-            scores = (qb @ kb.transpose(-1, -2)) * sm_scale
-            if causal:
-                S = q.shape[2]
-                above = torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1)
-                scores = scores.masked_fill(above, float("-inf"))
-            lse = torch.logsumexp(scores, dim=-1)
-            out = torch.softmax(scores, dim=-1) @ vb
-            if do is None:
-                results.append((out.detach(), lse.detach()))
-            else:
-                results.append(torch.autograd.grad(out, (qb, kb, vb), do[b].float()))
-    return tuple(torch.stack(parts) for parts in zip(*results))
+    for b in range(B):
+        parts: list[tuple[torch.Tensor, ...]] = []
+        for h in range(0, H, heads):
+            with torch.enable_grad():
+                qb, kb, vb = (t[b, h : h + heads].float().requires_grad_(do is not None) for t in (q, k, v))
+                scores = (qb @ kb.transpose(-1, -2)) * sm_scale
+                if above is not None:
+                    scores = scores.masked_fill(above, float("-inf"))
+                lse = torch.logsumexp(scores, dim=-1)
+                out = torch.softmax(scores, dim=-1) @ vb
+                if do is None:
+                    parts.append((out.detach(), lse.detach()))
+                else:
+                    parts.append(torch.autograd.grad(out, (qb, kb, vb), do[b, h : h + heads].float()))
+        results.append(tuple(torch.cat(p) for p in zip(*parts)))
+    return tuple(torch.stack(p) for p in zip(*results))
+
+
+#: score bytes (float32) the reference computes at once, per step over heads
+_REFERENCE_BYTES = 1 << 30
 
 
 # a hit launches the compiled kernel directly (tunesvc.serving.launch); the templates hash the same sources

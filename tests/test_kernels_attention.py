@@ -87,6 +87,32 @@ def test_backward_matches_autograd(case, causal):
         assert rel_error(got, want) < TOL[dtype], name
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_float32_reference_taken_a_few_heads_at_a_time_is_the_definition(causal, monkeypatch):
+    """A long sequence's reference goes over heads in steps (its S x S scores held near a byte
+    budget); set the budget to one head and a half, and each step, and so the whole, is still
+    softmax(Q K^T) V and its gradients (computed in float32), checked against float64."""
+    import importlib
+
+    # the module: the package exports a function of the same name
+    attention_module = importlib.import_module("tunesvc.kernels.attention")
+    B, H, S, D = 2, 5, 37, 64
+    monkeypatch.setattr(attention_module, "_REFERENCE_BYTES", 6 * S * S)
+    q, k, v = (t.double() for t in qkv(B, H, S, D, torch.float32))
+    do = torch.randn_like(q)
+    o, lse = attention_module.reference_attention(q, k, v, causal=causal)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+    assert rel_error(o, want) < 1e-5
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+    if causal:
+        scores = scores.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    assert rel_error(lse, torch.logsumexp(scores, -1)) < 1e-5
+    got = attention_module.reference_attention(q, k, v, causal=causal, do=do)
+    for name, g, w in zip(("dq", "dk", "dv"), got, torch.autograd.grad(want, leaves, do)):
+        assert rel_error(g, w) < 1e-5, name
+
+
 def test_attention_function_gradients_with_strided_inputs():
     # (B, S, H, D) storage viewed as (B, H, S, D), as attention layers produce it; custom scale
     B, H, S, D = 1, 2, 45, 64

@@ -120,22 +120,27 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def backward_peer(forward: Callable[[], Any], leaves: tuple[Any, ...], grad: Any) -> Callable[[], tuple[Any, ...]]:
-    """A backward template's torch peer: autograd's gradients of ``forward()`` at ``leaves``
-    given the output's ``grad``, only the backward timed. The forward runs once per CUDA stream
-    the peer is called on (once on the CPU): autograd runs each backward op on its forward op's
-    stream, so a forward run once on the default stream made every capture of the backward in a
-    CUDA graph, on a stream of its own, fail, and the peer was timed without one."""
+def backward_peer(forward: Callable[..., Any], inputs: tuple[Any, ...], grad: Any) -> Callable[[], tuple[Any, ...]]:
+    """A backward template's torch peer: autograd's gradients of ``forward(*leaves)`` at leaves
+    holding ``inputs``, given the output's ``grad``, only the backward timed. The forward runs once
+    per CUDA stream the peer is called on (once on the CPU), on leaves of its own: autograd runs
+    each backward op on its forward op's stream and each leaf's gradient accumulator on the stream
+    the leaf first met autograd on, so a forward on another stream than a CUDA graph's capture
+    made the capture fail ("operation would make the legacy stream depend on a capturing blocking
+    stream", seen on an H200 after a first call on the default stream), and the peer was timed
+    without a graph."""
     import torch  # heavy: imported where tensors are made or compared
 
-    outputs: dict[int | None, Any] = {}
+    runs: dict[int | None, tuple[Any, tuple[Any, ...]]] = {}
 
     def run() -> tuple[Any, ...]:
         stream = torch.cuda.current_stream().cuda_stream if grad.is_cuda else None
-        if stream not in outputs:
+        if stream not in runs:
+            leaves = tuple(t.detach().requires_grad_() for t in inputs)
             with torch.enable_grad():
-                outputs[stream] = forward()
-        return torch.autograd.grad(outputs[stream], leaves, grad, retain_graph=True)
+                runs[stream] = (forward(*leaves), leaves)
+        output, leaves = runs[stream]
+        return torch.autograd.grad(output, leaves, grad, retain_graph=True)
 
     return run
 

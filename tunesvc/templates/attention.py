@@ -201,10 +201,10 @@ class AttentionBwdTemplate(_AttentionBase):
         import torch  # heavy: imported where tensors are made or compared
 
         q, k, v, _, _, do, causal, sm_scale = inputs
-        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
         sdpa = torch.nn.functional.scaled_dot_product_attention
-        query, key, value = leaves
-        return backward_peer(lambda: sdpa(query, key, value, is_causal=causal, scale=sm_scale), leaves, do)
+        return backward_peer(
+            lambda query, key, value: sdpa(query, key, value, is_causal=causal, scale=sm_scale), (q, k, v), do
+        )
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         warps = 4 if problem["D"] == 64 else 8

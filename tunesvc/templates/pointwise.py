@@ -137,9 +137,10 @@ class BiasActResidualBwdTemplate(BiasActResidualTemplate):
         import torch  # heavy: imported where tensors are made or compared
 
         x, bias, dy, act = inputs
-        leaves = (x.detach().requires_grad_(), bias.detach().requires_grad_())
         zeros = torch.zeros_like(x)
-        return backward_peer(lambda: self.kernels.bias_act_residual_reference(*leaves, zeros, act), leaves, dy)
+        return backward_peer(
+            lambda x, bias: self.kernels.bias_act_residual_reference(x, bias, zeros, act), (x, bias), dy
+        )
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         forward = super().heuristic(problem, device)

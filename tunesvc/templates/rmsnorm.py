@@ -106,10 +106,7 @@ class RMSNormBwdTemplate(RowNormTemplate):
         if not hasattr(torch.nn.functional, "rms_norm"):  # torch < 2.4
             return None
         x, w, dy = inputs[:3]
-        leaves = tuple(t.detach().requires_grad_() for t in (x, w))
-        return backward_peer(
-            lambda: torch.nn.functional.rms_norm(leaves[0], (x.shape[1],), leaves[1], 1e-6), leaves, dy
-        )
+        return backward_peer(lambda x, w: torch.nn.functional.rms_norm(x, (x.shape[1],), w, 1e-6), (x, w), dy)
 
     def heuristic(self, problem: Problem, device: Device) -> Config:
         return self.backward_heuristic(problem, device)

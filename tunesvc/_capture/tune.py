@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from tunesvc._capture.bench import Pruned
     from tunesvc._capture.sharing import Shared
     from tunesvc.device import Device
+    from tunesvc.records import TrialRecord
     from tunesvc.store import Store
 
 
@@ -191,23 +192,12 @@ def tune_recorded(
 
 
 def _tune_recorded_here(store: Store, name: str, version: str, shape_key: str, call: dict[str, Any]) -> Any:
-    from tunesvc.device import current_device
-
-    tuner = find_autotuner(name)
-    state = State(tuner, Settings(TUNE, store.url, None), name, {})
-    if state.template.version != version:
-        raise TunesvcError(
-            f"{name} changed since the key was recorded (version {version}, now {state.template.version}); "
-            "run the program again to record it anew."
-        )
-    device = current_device()
-    args, kwargs, grids = rebuild_call(tuner, call, device, shape_key)
-    pruned = [c for c in pruned_configs(tuner, args, kwargs) if config_hash(config_dict(c)) in grids]
-    if not pruned:
-        raise TunesvcError(f"No config of {name} has a recorded grid for {shape_key}.")
-    winner = tune_key(tuner, state, store, device, shape_key, pruned, args, kwargs, grids=grids, call=call)
-    rows = store.trials(store.kernel_version_id(state.template), store.device_id(device), shape_key)
-    if not any(r.status == Status.OK.value for r in rows):  # every candidate failed: no winner, not tuned
+    winner, rows, _ = _tune_recorded_call(
+        store, name, version, shape_key, call,
+        since="the key was recorded", then="; run the program again to record it anew",
+        none_kept=f"No config of {name} has a recorded grid for {shape_key}.",
+    )  # fmt: skip
+    if winner is None:  # every candidate failed: no winner, not tuned
         statuses = Counter(r.status for r in rows)
         said = next((r.message for r in rows if r.message), None)
         raise TunesvcError(
@@ -216,7 +206,7 @@ def _tune_recorded_here(store: Store, name: str, version: str, shape_key: str, c
             + (f", the first saying {said}" if said else "")
             + "), so it has no winner."
         )
-    return config_dict(winner)
+    return winner
 
 
 def adopt_recorded(
@@ -253,34 +243,60 @@ def _adopt_recorded_here(
     recorded_on: str,
     notes: dict[str, str] | None,
 ) -> tuple[dict[str, Any] | None, int]:
+    winner, _, kv_id = _tune_recorded_call(
+        store, name, version, shape_key, None, recorded_on=recorded_on, configs=configs, notes=notes,
+        since="its winners were tuned",
+        none_kept=f"None of the configs to adopt for {shape_key} is in {name}'s config list with a recorded grid.",
+    )  # fmt: skip
+    return winner, kv_id
+
+
+def _tune_recorded_call(
+    store: Store,
+    name: str,
+    version: str,
+    shape_key: str,
+    call: dict[str, Any] | None,
+    *,
+    since: str,
+    then: str = "",
+    none_kept: str,
+    recorded_on: str = "",
+    configs: list[dict[str, Any]] | None = None,
+    notes: dict[str, str] | None = None,
+) -> tuple[dict[str, Any] | None, list[TrialRecord], int]:
+    """Tune a key on this device over the configs that have a grid in its recorded call, rebuilt
+    here (``call``; None: the call recorded on the device model ``recorded_on``): ``configs``
+    where the kernel lists them, else every config Triton's pruning keeps.
+
+    Returns the stored winner (None where no candidate ran correctly), the key's trials and the id
+    of the kernel's version; raises TunesvcError where the kernel changed since ``version`` (the
+    message says ``since`` and ends with ``then``) or no config is kept (``none_kept``)."""
     from tunesvc.device import current_device
 
     tuner = find_autotuner(name)
     state = State(tuner, Settings(TUNE, store.url, None), name, {})
     if state.template.version != version:
-        raise TunesvcError(
-            f"{name} changed since its winners were tuned (version {version}, now {state.template.version})."
-        )
-    call = store.captured_call(name, shape_key, recorded_on)
+        raise TunesvcError(f"{name} changed since {since} (version {version}, now {state.template.version}){then}.")
     if call is None:
-        raise TunesvcError(
-            f"No recorded call of {name} for {shape_key} on the other device; it cannot be re-measured here."
-        )
+        call = store.captured_call(name, shape_key, recorded_on)
+        if call is None:
+            raise TunesvcError(
+                f"No recorded call of {name} for {shape_key} on the other device; it cannot be re-measured here."
+            )
     device = current_device()
     args, kwargs, grids = rebuild_call(tuner, call, device, shape_key)
-    listed = [state.listed(c) for c in configs]
-    candidates = [c for c in listed if c is not None and config_hash(config_dict(c)) in grids]
+    offered = pruned_configs(tuner, args, kwargs) if configs is None else [state.listed(c) for c in configs]
+    candidates = [c for c in offered if c is not None and config_hash(config_dict(c)) in grids]
     if not candidates:
-        raise TunesvcError(
-            f"None of the configs to adopt for {shape_key} is in {name}'s config list with a recorded grid."
-        )
+        raise TunesvcError(none_kept)
     winner = tune_key(
         tuner, state, store, device, shape_key, candidates, args, kwargs, grids=grids, call=call, notes=notes
     )
     kv_id = store.kernel_version_id(state.template)
     rows = store.trials(kv_id, store.device_id(device), shape_key)
     correct = any(r.status == Status.OK.value for r in rows)
-    return (config_dict(winner) if correct else None), kv_id
+    return (config_dict(winner) if correct else None), rows, kv_id
 
 
 def measure_stored(

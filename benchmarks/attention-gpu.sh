@@ -5,7 +5,6 @@
 # in turn while time is left:
 #   heldout:SLICE   heldout.py --kernels attention,attention_bwd --shapes SLICE (--list's indices):
 #                   tune (Optuna, 32 trials a shape) and time against SDPA
-#   variants:SLICE  attention_variants.py --shapes SLICE: the backward's dQ forms against SDPA
 #   tests:EXPR      the GPU tests that pytest -k EXPR selects
 #   e.g. ATTENTION_RUN=r1 bash benchmarks/attention-gpu.sh heldout:0-7 tests:backward_peer
 # The database lives in /tmp/attention-work (a copy of tune.db.example at first); a previous
@@ -19,8 +18,7 @@ R=$PWD W=/tmp/attention-work END=${ATTENTION_END:-540}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$OUT/gpu.txt"
 save() {
   mkdir -p "$OUT/res"
-  cp "$R"/benchmarks/results/heldout.csv "$R"/benchmarks/results/heldout_reasons.csv \
-    "$R"/benchmarks/data/attention_variants.csv "$OUT/res/" 2>/dev/null
+  cp "$R"/benchmarks/results/heldout.csv "$R"/benchmarks/results/heldout_reasons.csv "$OUT/res/" 2>/dev/null
   tar czf "$OUT/work.tgz" -C /tmp attention-work
 }
 trap save EXIT
@@ -32,7 +30,6 @@ for step in "$@"; do
   case $kind in
     heldout) cmd=(python3 "$R/benchmarks/heldout.py" --db $W/heldout.db --size medium
       --kernels attention,attention_bwd --shapes "$arg" --run "${ATTENTION_RUN:-attention}") ;;
-    variants) cmd=(python3 "$R/benchmarks/attention_variants.py" --db $W/variants.db --shapes "$arg") ;;
     tests) cmd=(python3 -m pytest -q -p no:cacheprovider --rootdir "$R" -c "$R/pyproject.toml" -m gpu "$R/tests" -k "$arg") ;;
     *) echo "unknown step $step"; continue ;;
   esac

@@ -333,7 +333,7 @@ def _attn_bwd_preprocess(
 
 @triton.jit
 def _attn_bwd_dkdv(
-    dk, dv, k, v, Q, DO, LSE, Delta, DQA, sm_scale,
+    dk, dv, k, v, Q, DO, LSE, Delta,
     stride_qm, stride_qd,
     stride_dm, stride_dd,
     S, qk_scale, start_n, start_m, num_steps,
@@ -341,7 +341,6 @@ def _attn_bwd_dkdv(
     MASK: tl.constexpr,  # causal mask (the diagonal blocks)
     EVEN: tl.constexpr,  # every query block lies inside S: unmasked loads
     TMA: tl.constexpr,  # Q and DO are tensor descriptors (rows past S read as zeros)
-    DQ: tl.constexpr,  # 0: dQ is the dQ programs'; 1: added here into DQA (float32 rows of D), 2: DQA a descriptor
 ):  # fmt: skip
     offs_n = start_n + tl.arange(0, BLOCK_N1)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -376,18 +375,6 @@ def _attn_bwd_dkdv(
         dpT = tl.dot(v, tl.trans(do))
         dsT = pT * (dpT - Di[None, :])
         dk += tl.dot(dsT.to(k.dtype), tl.trans(qT))
-        if DQ > 0:
-            # this key block's share of dQ for these queries, added where every key block adds its
-            # own (rows past S: k's rows there are zeros, and a masked or descriptor add drops them)
-            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k) * sm_scale
-            if DQ == 2:
-                DQA.atomic_add([curr_m, 0], dq)
-            elif EVEN:
-                tl.atomic_add(DQA + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq, sem="relaxed")
-            else:
-                tl.atomic_add(
-                    DQA + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq, mask=offs_m[:, None] < S, sem="relaxed"
-                )
         curr_m += BLOCK_M1
     return dk, dv
 
@@ -438,7 +425,7 @@ def _attn_bwd_dq(
 
 @triton.jit
 def _attn_bwd_kernel(
-    Q, K, V, DO, DQ, DK, DV, LSE, Delta, DQA, sm_scale,
+    Q, K, V, DO, DQ, DK, DV, LSE, Delta, sm_scale,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
@@ -447,7 +434,6 @@ def _attn_bwd_kernel(
     H, S,
     HEAD_DIM: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr,
     BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr, EVEN_S: tl.constexpr, TMA: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    DQ_ADD: tl.constexpr,  # 0: dQ programs; 1: the dK/dV programs add dQ into DQA (float32), 2: by TMA reductions
 ):  # fmt: skip
     pid = tl.program_id(0)
     off_hz = tl.program_id(1)
@@ -460,7 +446,6 @@ def _attn_bwd_kernel(
     grad_offset = off_z * stride_gz + off_h * stride_gh
     LSE += off_hz * S
     Delta += off_hz * S
-    DQA += off_hz.to(tl.int64) * S * HEAD_DIM  # contiguous (B, H, S, D) float32
     qk_scale = sm_scale * 1.4426950408889634  # 1 / ln 2
     offs_d = tl.arange(0, HEAD_DIM)
     num_kv_blocks = tl.cdiv(S, BLOCK_N1)
@@ -495,36 +480,30 @@ def _attn_bwd_kernel(
         else:
             q_src = Q
             do_src = DO
-        if DQ_ADD == 2:
-            dq_dst = tl.make_tensor_descriptor(
-                DQA, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_M1, HEAD_DIM]
-            )
-        else:
-            dq_dst = DQA
         if CAUSAL:
             # queries before start_n see none of these keys; the diagonal blocks are masked
             dk, dv = _attn_bwd_dkdv(
-                dk, dv, k, v, q_src, do_src, LSE, Delta, dq_dst, sm_scale,
+                dk, dv, k, v, q_src, do_src, LSE, Delta,
                 stride_qm, stride_qd,
                 stride_dm, stride_dd,
                 S, qk_scale, start_n, start_n, BLOCK_N1 // BLOCK_M1,
-                BLOCK_M1, BLOCK_N1, HEAD_DIM, True, EVEN_S, TMA, DQ_ADD,
+                BLOCK_M1, BLOCK_N1, HEAD_DIM, True, EVEN_S, TMA,
             )  # fmt: skip
             start_m = start_n + BLOCK_N1
             dk, dv = _attn_bwd_dkdv(
-                dk, dv, k, v, q_src, do_src, LSE, Delta, dq_dst, sm_scale,
+                dk, dv, k, v, q_src, do_src, LSE, Delta,
                 stride_qm, stride_qd,
                 stride_dm, stride_dd,
                 S, qk_scale, start_n, start_m, tl.cdiv(S - start_m, BLOCK_M1),
-                BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S, TMA, DQ_ADD,
+                BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S, TMA,
             )  # fmt: skip
         else:
             dk, dv = _attn_bwd_dkdv(
-                dk, dv, k, v, q_src, do_src, LSE, Delta, dq_dst, sm_scale,
+                dk, dv, k, v, q_src, do_src, LSE, Delta,
                 stride_qm, stride_qd,
                 stride_dm, stride_dd,
                 S, qk_scale, start_n, 0, tl.cdiv(S, BLOCK_M1),
-                BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S, TMA, DQ_ADD,
+                BLOCK_M1, BLOCK_N1, HEAD_DIM, False, EVEN_S, TMA,
             )  # fmt: skip
         dk *= sm_scale
         dk_ptrs = DK + grad_offset + offs_n[:, None] * stride_gm + offs_d[None, :] * stride_gd
@@ -637,37 +616,21 @@ def launch_attention_bwd(
         HEAD_DIM=D, BLOCK_M=_PRE_BLOCK,
     )  # fmt: skip
     meta, options = _split(config)
-    meta = {"TMA": 0, "DQ": 0, **meta}
-    dq_add = meta.pop("DQ")
+    meta = {"TMA": 0, **meta}
     if meta["TMA"] and not all(_tma_ready(t) for t in (q, k, v, do)):
         meta["TMA"] = 0
-    if dq_add == 2 and (interpreting() or not _HAS_TMA_REDUCE):
-        dq_add = 1  # the same sums by atomic adds: the interpreter and older Tritons lack TMA reductions
-    if (meta["TMA"] or dq_add == 2) and q.is_cuda:
+    if meta["TMA"] and q.is_cuda:
         _use_torch_allocator()
-    if dq_add:
-        # dQ summed over the key blocks in float32, then cast: only the dK/dV programs run
-        dq_sum = torch.zeros((B, H, S, D), device=q.device, dtype=torch.float32)
-        grid = (triton.cdiv(S, meta["BLOCK_N1"]), B * H)
-        even = S % meta["BLOCK_N1"] == 0
-    else:
-        dq_sum = lse  # never touched
-        grid = (triton.cdiv(S, meta["BLOCK_N1"]) + triton.cdiv(S, meta["BLOCK_M2"]), B * H)
-        even = S % max(meta["BLOCK_N1"], meta["BLOCK_M2"]) == 0
+    grid = (triton.cdiv(S, meta["BLOCK_N1"]) + triton.cdiv(S, meta["BLOCK_M2"]), B * H)
     _attn_bwd_kernel[grid](
-        q, k, v, do, grads[0], grads[1], grads[2], lse, delta, dq_sum, sm_scale,
+        q, k, v, do, grads[0], grads[1], grads[2], lse, delta, sm_scale,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *grads[0].stride(),
         H, S,
-        HEAD_DIM=D, **meta, CAUSAL=causal, EVEN_S=even,
-        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16, DQ_ADD=dq_add, **options,
+        HEAD_DIM=D, **meta, CAUSAL=causal,
+        EVEN_S=S % max(meta["BLOCK_N1"], meta["BLOCK_M2"]) == 0,
+        DOT_IN_FP32=interpreting() and q.dtype == torch.bfloat16, **options,
     )  # fmt: skip
-    if dq_add:
-        grads[0].copy_(dq_sum)
     return grads
-
-
-#: Triton's descriptors take atomic adds (TMA reductions) from Triton 3.4 on
-_HAS_TMA_REDUCE = hasattr(tl.tensor_descriptor, "atomic_add") if hasattr(tl, "tensor_descriptor") else False
 
 
 def reference_attention(

@@ -378,6 +378,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", default="as found", help="what the Triton cache held at the start, for the CSV")
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args(argv)
+    if args.kernels:
+        # "a,b c" as well as "a b c"; a name --db holds no winners of would leave every step empty
+        args.kernels = [k for part in args.kernels for k in part.split(",") if k]
+        held = _keys(args.db, None)
+        if unknown := sorted(set(args.kernels) - set(held)):
+            parser.error(
+                f"--kernels: {args.db} holds no current winners of {', '.join(unknown)}; use some of {', '.join(sorted(held))}"
+            )
     if args.list:
         sys.path.insert(0, str(HERE.parent / "tests"))
         from _devices import H200

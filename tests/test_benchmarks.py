@@ -116,3 +116,19 @@ def test_transfer_benchmark_picks_what_the_chain_serves_beside_the_siblings_winn
     assert lines[1].startswith("transferred / heuristic: worst 0.500x at a, below 0.95x on 1 of 2 shapes")
     assert lines[2].endswith(": met")
     assert transfer.served_summary({"a": 0.9}, {})[-1].endswith(": missed")
+
+
+def test_adopt_takes_kernels_by_commas_or_spaces_and_refuses_a_name_it_has_no_winners_of():
+    """adopt-gpu.sh passes ADOPT_KERNELS="a,b" as one argument: split at commas; a name --db holds no
+    winners of is refused in one line (kept, every step would find nothing to do and say nothing)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = lambda *kernels: subprocess.run(
+        [sys.executable, "adopt.py", "--list", "--kernels", *kernels],
+        cwd=BENCHMARKS, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    listed = run("softmax,rmsnorm_bwd", "softmax_bwd")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert [line.split(":")[0] for line in listed.stdout.splitlines()] == ["rmsnorm_bwd", "softmax", "softmax_bwd"]
+    refused = run("softmax,sofmax")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "holds no current winners of sofmax; use some of" in refused.stderr.splitlines()[-1]

@@ -567,3 +567,28 @@ def test_results_page_states_the_served_targets_against_the_heuristic(tmp_path):
     assert "| NVIDIA H200 | 2030-01-02T10:00:00Z | 3 | transferred | 0.667, M=1,N=64,K=64 | 2 | 0.912x |" in page
     assert "- NVIDIA H200, worst served / heuristic: 0.909 at M=64,N=64,K=64, 96% of the target 0.95" in page
     assert "geometric mean" not in page.split("Missed, and by how much:")[1]  # 1.044 meets 1.0
+
+
+def test_results_page_counts_each_adopted_key_as_its_latest_run_timed_it(tmp_path):
+    """A later run of a few kernels re-times some keys and adds others: the targets count every
+    key once, at its latest run's side-by-side ratio, not the latest run's keys alone."""
+    module = _results_page()
+    base = {**dict.fromkeys(module.COLUMNS, ""), "gpu": "GPU A", "date": "2030-01-02"}
+
+    def row(run, label, shape, ratio):
+        return {**base, "run": run, "kernel": f"softmax [{label}]", "shape": shape, "ratio": str(ratio)}
+
+    first, second = "2030-01-02T01:00:00Z", "2030-01-02T09:00:00Z"
+    rows = [
+        row(first, "adopted", "M=1", 1.0),
+        row(first, "adopted", "M=2", 0.5),  # re-timed below: the later ratio counts
+        row(second, "adopted", "M=2", 0.99),
+        row(second, "adopted", "M=3", 0.95),  # outside 3%
+        row(second, "8 trials", "M=3", 1.0),
+    ]
+    _write_rows(tmp_path / "adopt.csv", module.COLUMNS, rows)
+    page = "\n".join(module._adopt_targets(tmp_path, runs_csv=tmp_path / "none.csv"))
+    assert f"| GPU A | 2 ({second}) | adopted | 3 | 67% within 3% | 0.950, softmax M=3 |" in page
+    assert f"| GPU A | 1 ({second}) | 8 trials | 1 | 100% within 2% |" in page
+    assert "0.500" not in page
+    assert "- GPU A, adopted within 3%: 67% of the keys, target 90%" in page

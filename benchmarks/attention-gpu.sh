@@ -7,8 +7,9 @@
 #                   tune (Optuna, 32 trials a shape) and time against SDPA
 #   tests:EXPR      the GPU tests that pytest -k EXPR selects
 #   e.g. ATTENTION_RUN=r1 bash benchmarks/attention-gpu.sh heldout:0-7 tests:backward_peer
-# The database lives in /tmp/attention-work (a copy of tune.db.example at first); a previous
-# call's $OUT/work.tgz carried as .gpu/attention-work.tgz is resumed. ATTENTION_RUN stamps the rows,
+# The database lives in /tmp/attention-work (a copy of tune.db.example at first), with the untuned
+# picks read before each shape was tuned (picks.json); a previous call's $OUT/work.tgz carried as
+# .gpu/attention-work.tgz is resumed. ATTENTION_RUN stamps the rows,
 # so that forward and backward rows of several calls make one run (forward+backward against SDPA).
 # ATTENTION_END: seconds after the start by which steps must end (540).
 source benchmarks/_gpu_install.sh
@@ -29,7 +30,7 @@ for step in "$@"; do
   kind=${step%%:*} arg=${step#*:}
   case $kind in
     heldout) cmd=(python3 "$R/benchmarks/heldout.py" --db $W/heldout.db --size medium
-      --kernels attention,attention_bwd --shapes "$arg" --run "${ATTENTION_RUN:-attention}") ;;
+      --kernels attention,attention_bwd --shapes "$arg" --run "${ATTENTION_RUN:-attention}" --picks $W/picks.json) ;;
     tests) cmd=(python3 -m pytest -q -p no:cacheprovider --rootdir "$R" -c "$R/pyproject.toml" -m gpu "$R/tests" -k "$arg") ;;
     *) echo "unknown step $step"; continue ;;
   esac

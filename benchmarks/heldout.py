@@ -279,6 +279,27 @@ def untuned_picks(db: str, problems: dict[str, list[dict[str, Any]]]) -> dict[tu
     return picks
 
 
+def kept_picks(path: str, db: str, problems: dict[str, list[dict[str, Any]]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """untuned_picks for the shapes ``path`` does not hold yet (read from --db now, before they are
+    tuned), with those it holds, as an earlier call of the run read them; all written back."""
+    import json
+
+    from tunesvc.template import get_template
+
+    kept = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = {tuple(k.split("|", 1)): v for k, v in json.load(f).items()}
+    new = {
+        name: [p for p in shapes if (name, str(get_template(name).key(p))) not in kept]
+        for name, shapes in problems.items()
+    }
+    kept |= untuned_picks(db, {name: shapes for name, shapes in new.items() if shapes})
+    with open(path, "w") as f:
+        json.dump({f"{name}|{key}": entry for (name, key), entry in kept.items()}, f)
+    return kept
+
+
 #: timing rounds per held-out shape, each config and the peer once per round, in turn (median)
 ROUNDS = 3
 
@@ -563,6 +584,12 @@ def main() -> int:
     )
     parser.add_argument("--run", default="", help="stamp the rows with this run (default: this process's start)")
     parser.add_argument(
+        "--picks",
+        default="",
+        help="a JSON file keeping the untuned picks read before each shape was first tuned: a run split "
+        "over several calls on one --db reads them there (a shape tuned by an earlier call is no longer held out)",
+    )
+    parser.add_argument(
         "--gpus",
         default="1",
         help="spread the shapes over this many GPUs ('all': every visible one), one process each, "
@@ -629,7 +656,7 @@ def main() -> int:
         every = range(sum(map(len, problems.values())))  # --list's indices when --shapes chose none
         return spread(args, sorted(wanted) if args.shapes else list(every), gpus, _common.RUN)
     scratch = tempfile.mkdtemp(prefix="heldout-candidates-")
-    picks = untuned_picks(args.db, problems)
+    picks = kept_picks(args.picks, args.db, problems) if args.picks else untuned_picks(args.db, problems)
 
     table, summary = [], {}
     # the kernel's bound in each row's roofline: the larger of its FLOPs at the bf16 peak and its

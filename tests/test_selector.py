@@ -1038,6 +1038,35 @@ def _heldout():
     return module
 
 
+def test_heldout_keeps_its_untuned_picks_across_calls_of_one_run(tmp_path, device):
+    """--picks: a run split over calls reads each shape's untuned picks before its first call tunes
+    it, and a later call reads them from the file, where --db now holds the shape's winner (which
+    untuned_picks refuses as no longer held out)."""
+    heldout = _heldout()
+    import shutil
+    from pathlib import Path
+
+    from tunesvc.template import get_template
+
+    db, picks = str(tmp_path / "heldout.db"), str(tmp_path / "picks.json")
+    shutil.copyfile(Path(__file__).resolve().parents[1] / "tune.db.example", db)
+    matmul = get_template("matmul")
+    first, second = (matmul.problem(M=m, N=45, K=70, dtype="float32") for m in (37, 300))
+    read = heldout.kept_picks(picks, db, {"matmul": [first]})
+    key = str(matmul.key(first))
+    assert set(read) == {("matmul", key)} and "heuristic" in read["matmul", key]
+    store = Store(db)
+    try:
+        run_sweep(matmul, [first], store, strategy="grid", budget=2, device=device, refit_selector=False)
+    finally:
+        store.close()
+    with pytest.raises(SystemExit, match="not held out"):
+        heldout.untuned_picks(db, {"matmul": [first]})
+    again = heldout.kept_picks(picks, db, {"matmul": [first, second]})
+    assert again["matmul", key] == read["matmul", key]
+    assert ("matmul", str(matmul.key(second))) in again and len(again) == 2
+
+
 def test_heldout_times_the_selectors_candidates_as_launched_and_only_them(tmp_path, device):
     heldout = _heldout()
     from tunesvc.template import get_template

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import statistics
 import sys
 from collections import Counter
@@ -302,7 +303,7 @@ def _targets(results_dir: Path) -> list[str]:
                 ),
             ]
             misses += [
-                f"- {kernel} ({gpu}), {what}: {value:.3f}, {value / goal:.0%} of the target {goal}{where}"
+                f"- {kernel} ({gpu}), {what}: {value:.3f}, {_short_of(value, goal)} of the target {goal}{where}"
                 for what, value, goal, where in checks
                 if value is not None and goal is not None and value < goal
             ]
@@ -854,6 +855,11 @@ def _reasons(
             f" {statistics.geometric_mean(speed[s] for s in swept):.3f}x timed here"
         )
     return {"mean": mean, "lowest": rounded}
+
+
+def _short_of(value: float, goal: float) -> str:
+    """A missed target's share, rounded down: a miss never reads as 100% of it."""
+    return f"{math.floor(100 * value / goal)}%"
 
 
 def _bound_of(row: dict[str, str]) -> str:

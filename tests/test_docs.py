@@ -239,11 +239,11 @@ def test_results_page_says_which_held_out_target_is_missed_and_shows_the_latest_
         writer.writerow(dict(zip(fields, ["matmul", "M=1,N=64,K=64", "1.0", "0.9", "2030-01-02T05:00:00"])))
     page = "\n".join(module._targets(tmp_path))
     # tuned / peer 1.0 and 0.5: geomean 0.707 of 1.0; the lowest 0.5 of 0.9, with its ceiling; picks 1.0 and 0.8
-    assert "- matmul (GPU A), tuned / peer geometric mean: 0.707, 71% of the target 1.0" in page
+    assert "- matmul (GPU A), tuned / peer geometric mean: 0.707, 70% of the target 1.0" in page
     assert (
-        "- matmul (GPU A), lowest tuned / peer: 0.500, 56% of the target 0.9 at M=3,N=64,K=64; the best of 50" in page
+        "- matmul (GPU A), lowest tuned / peer: 0.500, 55% of the target 0.9 at M=3,N=64,K=64; the best of 50" in page
     )
-    assert "- matmul (GPU A), share of picks within 5% of tuned: 0.500, 56% of the target 0.9" in page
+    assert "- matmul (GPU A), share of picks within 5% of tuned: 0.500, 55% of the target 0.9" in page
     assert "- matmul (GPU A), worst pick / tuned: 0.800, 94% of the target 0.85 at M=3,N=64,K=64" in page
     assert "| matmul | 2030-01-02 | GPU A | 2 | 0.707x (>= 1.0) |" in page
     assert "| matmul | 2030-01-03 | GPU B | 1 | 2.000x (>= 1.0) | 2.000x (>= 0.9), M=1,N=64,K=64 | - | - |" in page
@@ -287,7 +287,7 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
 
     page = page_with(reasons)
     assert (
-        "- matmul (GPU A), share of picks within 5% of tuned: 0.500, 56% of the target 0.9; the fastest of the selector's "
+        "- matmul (GPU A), share of picks within 5% of tuned: 0.500, 55% of the target 0.9; the fastest of the selector's "
         "candidates was within 5% of tuned on 100% of the 2 shapes" in page
     )
     assert (
@@ -307,7 +307,7 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
     )
     # the geometric mean with both shapes' M rounded up (3.85x and 1.2x), this run's rows alone
     assert (
-        "- matmul (GPU A), tuned / peer geometric mean: 0.707, 71% of the target 1.0; with M rounded up to the tuned"
+        "- matmul (GPU A), tuned / peer geometric mean: 0.707, 70% of the target 1.0; with M rounded up to the tuned"
         " config's BLOCK_M (2 of the 2 shapes; the rest as they are), tuned / peer geometric mean 2.149x in that run,"
         " against 0.707x" in page
     )
@@ -319,7 +319,7 @@ def test_results_page_gives_the_measured_reasons_of_its_own_run_for_a_missed_tar
         in page_with(slow_peer)
     )
     assert (
-        "- attention (GPU A), tuned / peer geometric mean: 0.800, 89% of the target 0.9; tuned / torch SDPA, "
+        "- attention (GPU A), tuned / peer geometric mean: 0.800, 88% of the target 0.9; tuned / torch SDPA, "
         "CUDNN_ATTENTION backend 0.800x; torch SDPA, FLASH_ATTENTION backend 1.200x (geometric means, same run), "
         "SDPA's default ran cudnn_sdpa_kernel" in page
     )

@@ -9,34 +9,20 @@
 #   e.g. ATTENTION_RUN=r1 bash benchmarks/attention-gpu.sh heldout:0-7 tests:backward_peer
 # The database lives in /tmp/attention-work (a copy of tune.db.example at first), with the untuned
 # picks read before each shape was tuned (picks.json); a previous call's $OUT/work.tgz carried as
-# .gpu/attention-work.tgz is resumed. ATTENTION_RUN stamps the rows,
-# so that forward and backward rows of several calls make one run (forward+backward against SDPA).
-# ATTENTION_END: seconds after the start by which steps must end (540).
-source benchmarks/_gpu_install.sh
-R=$PWD W=/tmp/attention-work END=${ATTENTION_END:-540}
-[ -d $W ] || { mkdir -p $W; [ -f .gpu/attention-work.tgz ] && tar xzf .gpu/attention-work.tgz -C /tmp; }
+# .gpu/attention-work.tgz is resumed, and so is a folder left on a warm machine (remove it to start
+# afresh). ATTENTION_RUN stamps the rows, so that forward and backward rows of several calls make
+# one run (forward+backward against SDPA). ATTENTION_END: seconds after the start by which steps
+# must end (540).
+WORK=attention-work END=${ATTENTION_END:-540} LOG=attention.log
+SAVED=(benchmarks/results/heldout.csv benchmarks/results/heldout_reasons.csv)
+source benchmarks/_gpu_steps.sh
 [ -f $W/heldout.db ] || { cp tune.db.example $W/heldout.db && chmod u+w $W/heldout.db; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$OUT/gpu.txt"
-save() {
-  mkdir -p "$OUT/res"
-  cp "$R"/benchmarks/results/heldout.csv "$R"/benchmarks/results/heldout_reasons.csv "$OUT/res/" 2>/dev/null
-  tar czf "$OUT/work.tgz" -C /tmp attention-work
-}
-trap save EXIT
-cd $W || exit 1  # outside the checkout: the installed tunesvc (with its kernels) is the one imported
-for step in "$@"; do
-  left=$((END - SECONDS))
-  [ $left -gt 20 ] || { echo "no time left for $step"; break; }
-  kind=${step%%:*} arg=${step#*:}
-  case $kind in
+step_command() {
+  case $1 in
     heldout) cmd=(python3 "$R/benchmarks/heldout.py" --db $W/heldout.db --size medium
-      --kernels attention,attention_bwd --shapes "$arg" --run "${ATTENTION_RUN:-attention}" --picks $W/picks.json) ;;
-    tests) cmd=(python3 -m pytest -q -p no:cacheprovider --rootdir "$R" -c "$R/pyproject.toml" -m gpu "$R/tests" -k "$arg") ;;
-    *) echo "unknown step $step"; continue ;;
+      --kernels attention,attention_bwd --shapes "$2" --run "${ATTENTION_RUN:-attention}" --picks $W/picks.json) ;;
+    tests) cmd=(python3 -m pytest -q -p no:cacheprovider --rootdir "$R" -c "$R/pyproject.toml" -m gpu "$R/tests" -k "$2") ;;
+    *) return 1 ;;
   esac
-  echo "== $step ($left s left)" | tee -a "$OUT/attention.log"
-  timeout $left "${cmd[@]}" >> "$OUT/attention.log" 2>&1; echo "exit $?" >> "$OUT/attention.log"
-  tail -6 "$OUT/attention.log"
-  save
-done
-echo "elapsed $SECONDS s"
+}
+run_steps "$@"

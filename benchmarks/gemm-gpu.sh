@@ -10,34 +10,21 @@
 #   e.g. bash benchmarks/gemm-gpu.sh variants:0:13 variants:13:
 # The databases live in /tmp/gemm-work; a previous call's $OUT/work.tgz carried as
 # .gpu/gemm-work.tgz is resumed. GEMM_END: seconds after the start by which steps must end (540).
-source benchmarks/_gpu_install.sh
-R=$PWD W=/tmp/gemm-work END=${GEMM_END:-540}
-[ -d $W ] || { mkdir -p $W; [ -f .gpu/gemm-work.tgz ] && tar xzf .gpu/gemm-work.tgz -C /tmp; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$OUT/gpu.txt"
-save() {
-  mkdir -p "$OUT/res"
-  cp "$R"/benchmarks/data/gemm_variants.csv "$R"/benchmarks/results/gemm_heldout.csv "$OUT/res/" 2>/dev/null
-  tar czf "$OUT/work.tgz" -C /tmp gemm-work
-}
-trap save EXIT
-cd $W || exit 1  # outside the checkout: the installed tunesvc (with its kernels) is the one imported
-for step in "$@"; do
-  left=$((END - SECONDS))
-  [ $left -gt 20 ] || { echo "no time left for $step"; break; }
-  kind=${step%%:*} slice=${step#*:}
-  case $kind in
-    variants) cmd="python3 $R/benchmarks/gemm_variants.py --db $W/variants.db --shapes $slice" ;;
-    sweep) cmd="python3 $R/benchmarks/gemm_heldout.py --db $W/heldout.db --sweep --shapes $slice" ;;
-    time) cmd="python3 $R/benchmarks/gemm_heldout.py --db $W/heldout.db --shapes $slice" ;;
+WORK=gemm-work END=${GEMM_END:-540} LOG=gemm.log
+SAVED=(benchmarks/data/gemm_variants.csv benchmarks/results/gemm_heldout.csv)
+source benchmarks/_gpu_steps.sh
+step_command() {
+  case $1 in
+    variants) cmd=(python3 "$R/benchmarks/gemm_variants.py" --db $W/variants.db --shapes "$2") ;;
+    sweep) cmd=(python3 "$R/benchmarks/gemm_heldout.py" --db $W/heldout.db --sweep --shapes "$2") ;;
+    time) cmd=(python3 "$R/benchmarks/gemm_heldout.py" --db $W/heldout.db --shapes "$2") ;;
     example)
       [ -f $W/example.db ] || cp $R/tune.db.example $W/example.db
+      local shapes
       shapes=$(python3 -c "from tunesvc.templates.matmul import TEMPLATE as t; print(' '.join(f\"-s {p['M']}x{p['N']}x{p['K']}\" for n in ('llm', 'skinny', 'models') for p in t.presets[n]))")
-      cmd="python3 -m tunesvc sweep matmul $shapes --dtype bfloat16 --strategy optuna --budget $slice --db $W/example.db -q" ;;
-    *) echo "unknown step $step"; continue ;;
+      # shellcheck disable=SC2086  # the -s flags, one word each
+      cmd=(python3 -m tunesvc sweep matmul $shapes --dtype bfloat16 --strategy optuna --budget "$2" --db $W/example.db -q) ;;
+    *) return 1 ;;
   esac
-  echo "== $step ($left s left)" | tee -a "$OUT/gemm.log"
-  timeout $left $cmd >> "$OUT/gemm.log" 2>&1; echo "exit $?" >> "$OUT/gemm.log"
-  tail -4 "$OUT/gemm.log"
-  save
-done
-echo "elapsed $SECONDS s"
+}
+run_steps "$@"

@@ -132,3 +132,51 @@ def test_adopt_takes_kernels_by_commas_or_spaces_and_refuses_a_name_it_has_no_wi
     refused = run("softmax,sofmax")
     assert refused.returncode == 2 and refused.stdout == ""
     assert "holds no current winners of sofmax; use some of" in refused.stderr.splitlines()[-1]
+
+
+def test_the_gpu_step_scripts_run_their_steps_in_turn_and_keep_their_files(tmp_path):
+    """gemm-gpu.sh and attention-gpu.sh (benchmarks/_gpu_steps.sh) on a stand-in machine: the
+    install, nvidia-smi and python3 are stubs, so each step's command line is what is checked; an
+    unknown step is said and skipped; the work folder and the saved files come back under $OUT."""
+    import shutil
+
+    repo, out, stubs = tmp_path / "repo", tmp_path / "out", tmp_path / "bin"
+    for folder in (repo / "benchmarks" / "results", repo / "benchmarks" / "data", out, stubs):
+        folder.mkdir(parents=True)
+    for name in ("gemm-gpu.sh", "attention-gpu.sh", "_gpu_steps.sh"):
+        shutil.copy(BENCHMARKS / name, repo / "benchmarks" / name)
+    (repo / "benchmarks" / "_gpu_install.sh").write_text("export PYTHONPATH=/nowhere\n")
+    (repo / "tune.db.example").write_text("")
+    (repo / "benchmarks" / "results" / "heldout.csv").write_text("rows\n")
+    (stubs / "nvidia-smi").write_text("#!/bin/sh\necho 'name, driver'\n")
+    (stubs / "python3").write_text(
+        '#!/bin/sh\ncase "$*" in *presets*) echo \'-s 1x2x3 -s 4x5x6\';; *) echo "ran $*";; esac\n'
+    )
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    work = f"sh-test-{os.getpid()}"
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "OUT": str(out)}
+    try:
+        for script, steps in (
+            ("attention-gpu.sh", ["heldout:0-1", "tests:a or b", "bogus:1"]),
+            ("gemm-gpu.sh", ["example:4", "sweep:0:2"]),
+        ):
+            kind = script.removesuffix("-gpu.sh")
+            text = (repo / "benchmarks" / script).read_text().replace(f"WORK={kind}-work ", f"WORK={kind}-work-{work} ")
+            assert f"WORK={kind}-work-{work} " in text  # a work folder of this test's own
+            (repo / "benchmarks" / script).write_text(text)
+            done = subprocess.run(["bash", f"benchmarks/{script}", *steps], cwd=repo, env=env,
+                                  capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+        attention, gemm = (out / "attention.log").read_text(), (out / "gemm.log").read_text()
+        assert f"ran {repo}/benchmarks/heldout.py --db /tmp/attention-work-{work}/heldout.db --size medium" in attention
+        assert f"--run attention --picks /tmp/attention-work-{work}/picks.json" in attention
+        assert f"-m gpu {repo}/tests -k a or b\nexit 0" in attention
+        assert "ran -m tunesvc sweep matmul -s 1x2x3 -s 4x5x6 --dtype bfloat16 --strategy optuna --budget 4" in gemm
+        assert (
+            f"ran {repo}/benchmarks/gemm_heldout.py --db /tmp/gemm-work-{work}/heldout.db --sweep --shapes 0:2" in gemm
+        )
+        assert (out / "res" / "heldout.csv").read_text() == "rows\n" and (out / "work.tgz").stat().st_size > 0
+    finally:
+        for kind in ("attention", "gemm"):
+            shutil.rmtree(f"/tmp/{kind}-work-{work}", ignore_errors=True)

@@ -721,7 +721,7 @@ def _forward_backward(
     missed = (
         [
             f"- attention forward+backward ({gpu}), lowest tuned / peer: {speed[low]:.3f}, "
-            f"{speed[low] / FORWARD_BACKWARD_FLOOR:.0%} of the target {FORWARD_BACKWARD_FLOOR} at {low}"
+            f"{_short_of(speed[low], FORWARD_BACKWARD_FLOOR)} of the target {FORWARD_BACKWARD_FLOOR} at {low}"
         ]
         if speed[low] < FORWARD_BACKWARD_FLOOR
         else []

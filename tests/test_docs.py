@@ -592,3 +592,37 @@ def test_results_page_counts_each_adopted_key_as_its_latest_run_timed_it(tmp_pat
     assert f"| GPU A | 1 ({second}) | 8 trials | 1 | 100% within 2% |" in page
     assert "0.500" not in page
     assert "- GPU A, adopted within 3%: 67% of the keys, target 90%" in page
+
+
+def test_results_page_times_attention_forward_and_backward_together_per_shape_of_one_run(tmp_path):
+    """The held-out table's forward+backward row: per shape both directions tuned in one run, the
+    peers' summed time over ours, with the 0.8 floor's miss; another run of the backward alone
+    (a later, partial one) makes no such row for its GPU."""
+    module = _results_page()
+    base = {**dict.fromkeys(module.COLUMNS, ""), "gpu": "GPU A", "date": "2030-01-02", "run": "2030-01-02T01:00:00Z"}
+    rows = []
+    for shape, times in (
+        ("B=1,H=2,S=100,D=64,causal=0", (1.0, 0.9, 3.0, 2.0)),
+        ("B=1,H=2,S=300,D=64,causal=1", (1.0, 1.0, 2.0, 2.0)),
+    ):
+        fwd, fwd_peer, bwd, bwd_peer = times
+        rows.append(
+            {**base, "kernel": "attention [tuned]", "shape": shape, "ours_ms": str(fwd), "peer_ms": str(fwd_peer)}
+        )
+        rows.append(
+            {**base, "kernel": "attention_bwd [tuned]", "shape": shape, "ours_ms": str(bwd), "peer_ms": str(bwd_peer)}
+        )
+    rows.append({**base, "gpu": "GPU B", "run": "2030-01-02T05:00:00Z", "kernel": "attention_bwd [tuned]",
+                 "shape": "B=1,H=2,S=100,D=64,causal=0", "ours_ms": "1.0", "peer_ms": "1.0"})  # fmt: skip
+    _write_rows(tmp_path / "heldout.csv", module.COLUMNS, rows)
+    page = "\n".join(module._targets(tmp_path))
+    # (0.9 + 2.0) / (1.0 + 3.0) = 0.725 at S=100; (1 + 2) / (1 + 2) = 1 at S=300
+    assert (
+        "| attention forward+backward | 2030-01-02T01:00:00Z | GPU A | 2 | 0.851x (-) | 0.725x (>= 0.8), B=1,H=2,S=100"
+        in page
+    )
+    assert (
+        "- attention forward+backward (GPU A), lowest tuned / peer: 0.725, 90% of the target 0.8 at B=1,H=2,S=100"
+        in page
+    )
+    assert "forward+backward | 2030-01-02T01:00:00Z | GPU B" not in page

@@ -303,7 +303,7 @@ def _targets(results_dir: Path) -> list[str]:
                 ),
             ]
             misses += [
-                f"- {kernel} ({gpu}), {what}: {value:.3f}, {_short_of(value, goal)} of the target {goal}{where}"
+                _missed(kernel, gpu, what, value, goal, where)
                 for what, value, goal, where in checks
                 if value is not None and goal is not None and value < goal
             ]
@@ -718,15 +718,9 @@ def _forward_backward(
         f"| attention forward+backward | {_run_text(run)} | {gpu} | {len(speed)} | {mean:.3f}x (-) "
         f"| {speed[low]:.3f}x ({_goal(FORWARD_BACKWARD_FLOOR)}), {low} | - | - |"
     )
-    missed = (
-        [
-            f"- attention forward+backward ({gpu}), lowest tuned / peer: {speed[low]:.3f}, "
-            f"{_short_of(speed[low], FORWARD_BACKWARD_FLOOR)} of the target {FORWARD_BACKWARD_FLOOR} at {low}"
-        ]
-        if speed[low] < FORWARD_BACKWARD_FLOOR
-        else []
-    )
-    return line, missed
+    floor = FORWARD_BACKWARD_FLOOR
+    missed = [_missed("attention forward+backward", gpu, "lowest tuned / peer", speed[low], floor, f" at {low}")]
+    return line, missed if speed[low] < floor else []
 
 
 def _by_run(rows: list[dict[str, str]]) -> dict[tuple[str, str, tuple[str, str]], dict[str, dict[str, str]]]:
@@ -857,9 +851,9 @@ def _reasons(
     return {"mean": mean, "lowest": rounded}
 
 
-def _short_of(value: float, goal: float) -> str:
-    """A missed target's share, rounded down: a miss never reads as 100% of it."""
-    return f"{math.floor(100 * value / goal)}%"
+def _missed(kernel: str, gpu: str, what: str, value: float, goal: float, where: str) -> str:
+    """A held-out miss line; its share of the target rounded down, so a miss never reads as 100%."""
+    return f"- {kernel} ({gpu}), {what}: {value:.3f}, {math.floor(100 * value / goal)}% of the target {goal}{where}"
 
 
 def _bound_of(row: dict[str, str]) -> str:

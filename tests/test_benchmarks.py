@@ -168,6 +168,7 @@ def test_the_gpu_step_scripts_run_their_steps_in_turn_and_keep_their_files(tmp_p
             done = subprocess.run(["bash", f"benchmarks/{script}", *steps], cwd=repo, env=env,
                                   capture_output=True, text=True, timeout=120)  # fmt: skip
             assert done.returncode == 0, done.stderr
+            assert ("unknown step bogus:1" in done.stdout) == ("bogus:1" in steps)
         attention, gemm = (out / "attention.log").read_text(), (out / "gemm.log").read_text()
         assert f"ran {repo}/benchmarks/heldout.py --db /tmp/attention-work-{work}/heldout.db --size medium" in attention
         assert f"--run attention --picks /tmp/attention-work-{work}/picks.json" in attention

@@ -124,7 +124,8 @@ def sweep(folder: str, name: str, gpus: str, shapes: list[str], budget: int, cac
     started = datetime.now(UTC).replace(tzinfo=None)  # the jobs table's clock: naive UTC
     busy: list[float] = []
     with gpu_busy(busy):
-        start, end, _ = run_timed(command, log, {"TRITON_CACHE_DIR": cache})
+        # each run in a fresh process, as its figures have always been: its import is part of them
+        start, end, _ = run_timed(command, log, {"TRITON_CACHE_DIR": cache, "TUNESVC_RESIDENT": "0"})
     rows = [r for r in breakdown(log, start, end) if not r["event"].startswith("swept ")]
     measured = [r["at_s"] for r in rows if r["event"] == "first trial measured"]
     stored = [r["at_s"] for r in rows if r["event"] == "first trials stored"]

@@ -12,11 +12,17 @@ trial's time against the target (:data:`TARGET_S` on a warm host, issue 55), and
 rows to benchmarks/results/startup.csv (kernel "sweep start-up", shape "<role>: <milestone>",
 ours_ms = ms from the command's start, timing_method "timeline, run N"), with one row per run
 whose shape is "first trial stored", peer "target" and peer_ms the target (ratio above 1: met).
+
+A warm host is one where a sweep ran before: its resident process (tunesvc/cli/_resident.py) has
+torch, Triton and the kernels imported. The runs start on a host without one (a socket folder of
+their own); the first starts it, and each later run waits until it listens, then goes through it
+("resident process" in timing_method). ``--no-resident`` runs every one in a fresh process.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import subprocess
 import sys
@@ -34,6 +40,8 @@ SHAPES = ["4096x4096x4096", "8192x8192x8192"]
 TARGET_S = 5.0
 #: the milestone of the first trial in the database (tunesvc/tuning/sweep.py)
 FIRST_TRIAL = "first trials stored"
+#: seconds a run waits for the resident process the run before it started (its imports: seconds)
+RESIDENT_WAIT_S = 120.0
 
 
 def command_for(args: argparse.Namespace, db: str) -> list[str]:
@@ -54,6 +62,18 @@ def run_timed(command: list[str], log: str, env: dict[str, str] | None = None) -
     if out.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{out.stderr[-3000:]}")
     return start, end, out.stdout
+
+
+def wait_for_resident(folder: str) -> bool:
+    """Whether a resident process listens under ``folder`` (the runs' XDG_RUNTIME_DIR), waiting for it."""
+    deadline = time.monotonic() + RESIDENT_WAIT_S
+    while time.monotonic() < deadline:
+        if glob.glob(os.path.join(folder, "tunesvc-*", "resident-*.sock")):
+            return True
+        if glob.glob(os.path.join(folder, "tunesvc-*", "resident-*.failed")):
+            return False
+        time.sleep(0.2)
+    return False
 
 
 def breakdown(log: str, start: float, end: float) -> list[dict]:
@@ -104,19 +124,28 @@ def main() -> None:
     parser.add_argument("--workers", type=int, help="tune sweep --workers (compile processes per worker)")
     parser.add_argument("--runs", type=int, default=2, help="runs in a row (the first may compile cold) [2]")
     parser.add_argument("--label", default="", help="added to the CSV rows' timing_method (e.g. the code measured)")
+    parser.add_argument("--no-resident", action="store_true", help="every run in a fresh process (TUNESVC_RESIDENT=0)")
     args = parser.parse_args()
     csv_rows = []
     firsts: list[float | None] = []
     with tempfile.TemporaryDirectory() as folder:
+        runtime = os.path.join(folder, "runtime")
+        os.mkdir(runtime, 0o700)
+        # the resident process exits within a minute of the runs, its socket gone with this folder
+        env = {"XDG_RUNTIME_DIR": runtime, "TUNESVC_RESIDENT": "0" if args.no_resident else "1"}
         for index in range(1, args.runs + 1):
+            resident = index > 1 and not args.no_resident and wait_for_resident(runtime)
             log = os.path.join(folder, f"run{index}.jsonl")
-            start, end, _ = run_timed(command_for(args, os.path.join(folder, f"run{index}.db")), log)
+            start, end, _ = run_timed(command_for(args, os.path.join(folder, f"run{index}.db")), log, env)
             rows = breakdown(log, start, end)
+            if resident and not any(r["event"] == "resident process forked" for r in rows):
+                raise SystemExit(f"run {index}: a resident process listened, but the sweep did not run in it")
             command = f"tune sweep {args.kernel} --gpus {args.gpus} --budget {args.budget}"
             print_breakdown(f"run {index}: {command}", rows)
             first_s = first_trial_s(rows)
             print(f"\nrun {index}: {verdict(first_s)}")
-            method = f"timeline, run {index}" + (f", {args.label}" if args.label else "")
+            how = "resident process" if resident else "fresh process"
+            method = f"timeline, run {index}, {how}" + (f", {args.label}" if args.label else "")
             for r in rows:
                 csv_rows.append(
                     {

@@ -1,7 +1,9 @@
 """Shared fixtures for the CPU test suite.
 
 Every test runs with cwd = its own tmp_path (nothing may write ./tune.db into the repository),
-without TUNESVC_DB / TUNESVC_BUNDLE in the environment, and with a fresh process-wide runtime.
+without TUNESVC_DB / TUNESVC_BUNDLE in the environment, with TUNESVC_RESIDENT=0 (a `tune sweep`
+it runs starts no resident process; tests/test_resident.py turns it on for its own), and with a
+fresh process-wide runtime.
 Triton kernels run in the CPU interpreter (tunesvc.kernels sets TRITON_INTERPRET=1 when no GPU
 is present; it is imported here first because the flag only works if it is set before triton is
 imported), so every shape here is tiny.
@@ -37,6 +39,7 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TUNESVC_DB", raising=False)
     monkeypatch.delenv("TUNESVC_BUNDLE", raising=False)
+    monkeypatch.setenv("TUNESVC_RESIDENT", "0")
     monkeypatch.setattr(tunesvc.serving.runtime, "_default", None)
     yield
     tunesvc.serving.runtime._default = None

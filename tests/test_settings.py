@@ -27,7 +27,7 @@ def _environment_reads(path: Path) -> list[str]:
             elif node.attr == "environ":
                 parent = parents.get(node)
                 writing = (isinstance(parent, ast.Subscript) and isinstance(parent.ctx, (ast.Store, ast.Del))) or (
-                    isinstance(parent, ast.Attribute) and parent.attr in ("setdefault", "update", "pop")
+                    isinstance(parent, ast.Attribute) and parent.attr in ("setdefault", "update", "pop", "clear")
                 )
                 if not writing:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")

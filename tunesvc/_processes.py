@@ -75,6 +75,11 @@ def use_interpreter_without_gpu() -> None:
         sys.meta_path.insert(0, _BeforeTriton())
 
 
+def may_have_gpu() -> bool:
+    """Whether a GPU may be visible to this process, told without importing torch (:func:`_may_have_gpu`)."""
+    return _may_have_gpu()
+
+
 def _may_have_gpu() -> bool:
     """False where torch certainly finds no GPU: CUDA_VISIBLE_DEVICES hides every one, or no GPU
     device node exists (NVIDIA's driver, ROCm and WSL's GPU each show one in /dev; macOS has no

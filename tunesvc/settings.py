@@ -78,6 +78,8 @@ VARIABLES = {
     "TUNESVC_TIMELINE": "a file the sweep's timeline events are appended to",
     "TUNESVC_TIMELINE_ROLE": "the role a process's timeline events are written under",
     "TUNESVC_JOB_KERNEL": "the kernel module path a sweep's workers may import (set by the sweep)",
+    "TUNESVC_RESIDENT": "1: `tune sweep` runs as a fork of a resident process that has torch, Triton and the kernels imported, started by the sweep before; 0: never [1 where a GPU may be present]",
+    "TUNESVC_RESIDENT_IDLE_S": "seconds a resident process waits for the next sweep before it exits [600]",
 }
 
 _warned: set[tuple[str, str]] = set()
@@ -252,3 +254,22 @@ def transfer_enabled() -> bool:
     """Whether a GPU model with no winner of its own for a key may be served a sibling model's
     (same compute capability and SM count, e.g. H100 SXM -> H200): on unless $TUNESVC_TRANSFER=0."""
     return text("TUNESVC_TRANSFER", "1") != "0"
+
+
+#: seconds a resident process (`tunesvc.cli._resident`) waits for the next sweep before it exits
+RESIDENT_IDLE_S = 600.0
+
+
+def resident(default: bool) -> bool:
+    """$TUNESVC_RESIDENT as a choice (1 or 0), else ``default``; another value is one warning and ``default``."""
+    value = text("TUNESVC_RESIDENT")
+    if value is None:
+        return default
+    if value not in ("0", "1"):
+        _warn("TUNESVC_RESIDENT", value, "is not 0 or 1", int(default))
+        return default
+    return value == "1"
+
+
+def resident_idle_s() -> float:
+    return seconds("TUNESVC_RESIDENT_IDLE_S", RESIDENT_IDLE_S)

@@ -24,11 +24,24 @@ from tunesvc.cli import selector  # noqa: F401  (selector, evaluate)
 from tunesvc.cli import db  # noqa: F401  (db init, db upgrade, db current)
 
 # isort: on
+import sys
+
 from tunesvc.cli._common import app
 from tunesvc.cli._common import console
-from tunesvc.cli._common import main
 from tunesvc.cli._common import named
 from tunesvc.cli._common import program
 from tunesvc.cli._common import user_errors
+from tunesvc.cli._resident import run_in_resident
+from tunesvc.timeline import mark
 
 __all__ = ["app", "console", "main", "named", "program", "user_errors"]
+
+
+def main() -> None:
+    """The `tune` command: where a resident process runs (tunesvc.cli._resident), a sweep runs as its
+    fork; everything else, here."""
+    mark("cli imported")
+    code = run_in_resident(sys.argv)
+    if code is not None:
+        sys.exit(code)
+    app()

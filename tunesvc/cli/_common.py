@@ -37,7 +37,6 @@ from tunesvc.command import named as named
 from tunesvc.command import program as program
 from tunesvc.errors import TunesvcError
 from tunesvc.text import visible
-from tunesvc.timeline import mark
 
 
 class _Readable:
@@ -433,8 +432,3 @@ def _absolute(db: str | None) -> str:
 
     name = database_name(db)
     return str(Path(name).resolve()) if "://" not in name else name
-
-
-def main() -> None:
-    mark("cli imported")
-    app()

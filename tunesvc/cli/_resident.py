@@ -54,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -426,7 +427,11 @@ class _Resident:
             if refused is not None:
                 channel.send({"refused": refused})
                 raise ValueError(refused)
-            pid = os.fork()
+            with warnings.catch_warnings():
+                # Python 3.12+ warns of any second thread at a fork: torch's import leaves an idle
+                # native one, as in every sweep that forks its workers (Python threads: refused above)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
         except (OSError, ValueError):
             for fd in fds:
                 os.close(fd)

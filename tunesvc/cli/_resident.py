@@ -518,6 +518,9 @@ def _refusal(conn: socket.socket, request: Any, fds: list[int]) -> str | None:
     for name, kind in expected.items():
         if not isinstance(request.get(name), kind):
             return f"the request's {name} is missing or not a {kind.__name__}"
+    texts = [*request["argv"], *request["path"], *request["env"], *request["env"].values()]
+    if not all(isinstance(text, str) for text in texts):
+        return "the request's argv, path or environment holds what is not text"
     if request["fingerprint"] != _own_fingerprint():
         return "another fingerprint: its imports differ from this process's"
     if not request["argv"][1:2] or request["argv"][1] not in COMMANDS:

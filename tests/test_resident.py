@@ -302,3 +302,24 @@ def test_the_fingerprint_follows_the_import_environment_not_the_commands(monkeyp
     assert _resident.fingerprint() == before
     monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere/triton")  # read when triton is imported
     assert _resident.fingerprint() != before
+
+
+#: a caller on a host where a GPU may be present: tunesvc's finder that asks torch about the GPU
+#: just before triton is first imported is in place, as it is there (tunesvc/_processes.py)
+MAYBE_GPU_CALLER = """
+import os, sys
+import tunesvc
+from tunesvc import _processes
+os.environ.pop("TRITON_INTERPRET", None)
+sys.meta_path.insert(0, _processes._BeforeTriton())
+from tunesvc.cli import _resident
+_resident.fingerprint()
+print("torch" in sys.modules, "triton" in sys.modules)
+"""
+
+
+def test_the_caller_imports_neither_torch_nor_triton():
+    """Its fingerprint looks the libraries up without importing them: the second a fresh import takes is what it saves."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    seen = subprocess.run([sys.executable, "-c", MAYBE_GPU_CALLER], env=env, capture_output=True, text=True, check=True)
+    assert seen.stdout.split() == ["False", "False"]

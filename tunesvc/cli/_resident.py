@@ -39,8 +39,10 @@ goes away first (killed), its child is interrupted as by Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -120,6 +122,7 @@ def run_in_resident(argv: list[str]) -> int | None:
     where = socket_path(print_)
     if where is None:
         return None
+    mark("resident process asked")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         answer = _run_through(client, where, print_)
     if answer is None:
@@ -308,7 +311,13 @@ def _installed_files() -> Iterator[tuple[str, int, int]]:
     hold: every file of tunesvc's packages, the top-level package files of the libraries."""
     for name in (*OWN_PACKAGES, *LIBRARIES):
         try:
-            spec = importlib.util.find_spec(name)
+            # the libraries on sys.path alone: a meta path finder may import on a find (tunesvc's
+            # own, on a host with a GPU, imports torch when triton is first looked for)
+            spec = (
+                importlib.util.find_spec(name)
+                if name in OWN_PACKAGES
+                else importlib.machinery.PathFinder.find_spec(name)
+            )
         except (ImportError, ValueError):
             spec = None
         if spec is None:
@@ -363,6 +372,10 @@ class _Resident:
             self.where.with_suffix(".failed").write_text(problem + "\n")
             return None
         os.chdir("/")  # holds no caller's folder (each child moves to its own)
+        # the imports' objects out of the collector's reach, as the gc docs advise before forks:
+        # a child's collections then never write to (and so copy) the pages it shares with this
+        gc.collect()
+        gc.freeze()
         return self._listen(lock)
 
     def _listen(self, lock: int) -> tuple[dict[str, Any], list[int]] | None:

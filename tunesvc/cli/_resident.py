@@ -39,7 +39,6 @@ goes away first (killed), its child is interrupted as by Ctrl-C.
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import importlib
 import importlib.machinery
@@ -372,10 +371,6 @@ class _Resident:
             self.where.with_suffix(".failed").write_text(problem + "\n")
             return None
         os.chdir("/")  # holds no caller's folder (each child moves to its own)
-        # the imports' objects out of the collector's reach, as the gc docs advise before forks:
-        # a child's collections then never write to (and so copy) the pages it shares with this
-        gc.collect()
-        gc.freeze()
         return self._listen(lock)
 
     def _listen(self, lock: int) -> tuple[dict[str, Any], list[int]] | None:

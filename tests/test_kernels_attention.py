@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -395,6 +399,8 @@ def test_backward_space_offers_tma_only_where_it_runs():
 
 # -- the forward's survey forms: packed half-precision exp2 (FAST_EXP) and the pipelined loop (PIPE)
 
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
 # S=130 and 100: four and three key blocks of 32 (the pipelined loop runs its middle steps), then
 # a ragged block; S=70: two blocks (peeled ends only); S=37: one (the plain loop's fallback);
 # S=128: the unmasked (EVEN_S) path; causal query blocks walk 0 to 3 off-band blocks
@@ -478,6 +484,59 @@ def test_fast_exp_is_forced_off_in_the_interpreter(monkeypatch):
     # configs stored before the two existed are the plain kernel
     launch_attention(q, k, v, FWD)
     assert seen[1]["FAST_EXP"] == seen[1]["PIPE"] == 0
+
+
+def test_packed_exp2_is_offered_only_on_hopper_gpus(monkeypatch, device):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import attention_fwd_variants as survey
+
+    a100 = dataclasses.replace(H100, name="NVIDIA A100-SXM4-80GB", capability="8.0")
+    assert H100.limits()["has_packed_ex2"] == 1
+    assert a100.limits()["has_packed_ex2"] == 0
+    if not device.is_gpu:
+        assert device.limits()["has_packed_ex2"] == 0  # the interpreter runs no PTX
+    space = survey.variant_space()
+    problem = TEMPLATE.problem(B=2, H=64, S=3000, D=128, causal=False, dtype="bfloat16")
+    env = TEMPLATE.problem_vars(problem)
+    config = {"BLOCK_M": 128, "BLOCK_N": 64, "TMA": 0, "WS": 0, "num_warps": 8, "num_stages": 3}
+    for fast_exp in (1, 2):
+        assert space.violations({**config, "FAST_EXP": fast_exp}, env, H100.limits()) == []
+        assert space.violations({**config, "FAST_EXP": fast_exp}, env, a100.limits()) == ["fast_exp"]
+        interpreter = dataclasses.replace(H100, kind="interpreter", capability="0.0")
+        assert space.violations({**config, "FAST_EXP": fast_exp}, env, interpreter.limits()) == ["fast_exp"]
+    # the pipelined loop: not warp-specialised, and one K and one V tile more in shared memory
+    assert space.violations({**config, "PIPE": 1}, env, H100.limits()) == []
+    assert space.violations({**config, "PIPE": 1, "TMA": 1, "WS": 1}, env, H100.limits()) == ["pipe"]
+    wide = {**config, "BLOCK_N": 128, "PIPE": 1}
+    assert space.violations({**wide, "num_stages": 2}, env, H100.limits()) == []
+    assert space.violations({**wide, "num_stages": 3}, env, H100.limits()) == ["pipe_shared_memory"]
+    # the survey's lists: each form at every tile the space and these constraints allow on an H100
+    forms = [survey.form_of(c) for c in survey.form_configs(problem, survey.TILES[128], 1, H100.limits())]
+    assert {f: forms.count(f) for f in survey.FORMS} == {"baseline": 10, "fast exp": 10, "pipelined": 8, "both": 8}
+    assert all(
+        survey.form_of(c) in ("baseline", "pipelined")
+        for c in survey.form_configs(problem, survey.TILES[128], 1, a100.limits())
+    )
+
+
+def test_forward_variants_survey_check_runs_every_step():
+    """benchmarks/attention_fwd_variants.py --check: tiny shapes through the sweep (reference check,
+    timing, trials), the CSV rows and the report, every form of every shape measured."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "attention_fwd_variants.py", "--check"],
+        cwd=BENCHMARKS,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "16 trials written" in done.stdout, done.stdout[-3000:]
+    table = done.stdout[done.stdout.index("SDPA ms") :]
+    assert all(form in table for form in ("baseline", "fast exp", "pipelined", "both", "geomean"))
+    assert "B1 H2 S130 D64 causal" in table and "B1 H1 S70 D128 full" in table
+    assert " - " not in table  # no form without an ok trial
 
 
 @pytest.mark.gpu

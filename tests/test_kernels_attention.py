@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -391,3 +395,163 @@ def test_backward_space_offers_tma_only_where_it_runs():
     assert {c["TMA"] for c in BWD_TEMPLATE.feasible(problem, H100)} == {0, 1}
     a100 = dataclasses.replace(H100, name="NVIDIA A100-SXM4-80GB", capability="8.0")
     assert {c["TMA"] for c in BWD_TEMPLATE.feasible(problem, a100)} == {0}
+
+
+# -- the forward's survey forms: packed half-precision exp2 (FAST_EXP) and the pipelined loop (PIPE)
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+# S=130 and 100: four and three key blocks of 32 (the pipelined loop runs its middle steps), then
+# a ragged block; S=70: two blocks (peeled ends only); S=37: one (the plain loop's fallback);
+# S=128: the unmasked (EVEN_S) path; causal query blocks walk 0 to 3 off-band blocks
+PIPE_CASES = [
+    (1, 2, 130, 64, torch.float16),
+    (2, 1, 100, 64, torch.bfloat16),
+    (1, 1, 70, 128, torch.bfloat16),
+    (1, 2, 37, 128, torch.float16),
+    (1, 2, 128, 64, torch.float16),
+]
+
+
+@pytest.fixture
+def pipelined_steps(monkeypatch):
+    """Counts the interpreter's calls of the pipelined loop's softmax shift: proof that it ran."""
+    import importlib
+
+    module = importlib.import_module("tunesvc.kernels.attention")
+    calls = []
+    original = module._attn_fwd_shift
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "_attn_fwd_shift", counting)
+    return calls
+
+
+@pytest.mark.parametrize("tma", [0, 1], ids=["pointers", "descriptors"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", PIPE_CASES, ids=case_id)
+def test_pipelined_forward_is_the_plain_loop_and_matches_reference(case, causal, tma, pipelined_steps):
+    """PIPE=1 reorders the unmasked blocks' operations across steps, never within a block's: O and
+    LSE are the plain loop's bit for bit (the interpreter's dots are deterministic)."""
+    B, H, S, D, dtype = case
+    q, k, v = qkv(B, H, S, D, dtype)
+    plain = {**FWD, "TMA": tma}
+    o, lse = launch_attention(q, k, v, plain, causal=causal)
+    assert not pipelined_steps
+    o_pipe, lse_pipe = launch_attention(q, k, v, {**plain, "PIPE": 1}, causal=causal)
+    assert torch.equal(o_pipe, o) and torch.equal(lse_pipe, lse)
+    ref_o, ref_lse = reference(q, k, v, causal)
+    assert rel_error(o_pipe, ref_o) < TOL[dtype]
+    assert rel_error(lse_pipe, ref_lse) < 1e-4
+    # two key blocks or more before the ragged or causal one: the pipelined loop, else the plain one
+    assert bool(pipelined_steps) == (S >= 64 and (not causal or S > 64))
+
+
+def test_pipelined_forward_with_256_query_rows_and_a_long_causal_band():
+    # 256 query rows over 64-key blocks: the second query block walks four off-band blocks
+    # pipelined, then four on-band steps; S=300 leaves the last blocks ragged
+    q, k, v = qkv(1, 1, 300, 64, torch.bfloat16)
+    config = {"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 16, "num_stages": 3}
+    for causal in (False, True):
+        o, lse = launch_attention(q, k, v, config, causal=causal)
+        o_pipe, lse_pipe = launch_attention(q, k, v, {**config, "PIPE": 1}, causal=causal)
+        assert torch.equal(o_pipe, o) and torch.equal(lse_pipe, lse)
+
+
+def test_fast_exp_is_forced_off_in_the_interpreter(monkeypatch):
+    """Inline PTX cannot run in the interpreter: the launcher passes FAST_EXP=0 there (and keeps
+    PIPE), so a FAST_EXP config computes the plain kernel's result."""
+    import importlib
+
+    module = importlib.import_module("tunesvc.kernels.attention")
+    q, k, v = qkv(1, 2, 70, 64, torch.float16)
+    want = launch_attention(q, k, v, FWD, causal=True)
+    for fast_exp in (1, 2):
+        got = launch_attention(q, k, v, {**FWD, "FAST_EXP": fast_exp, "PIPE": 1}, causal=True)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append(kwargs)
+
+    monkeypatch.setattr(module, "_attn_fwd_kernel", Recorder())
+    launch_attention(q, k, v, {**FWD, "FAST_EXP": 2, "PIPE": 1})
+    assert seen[0]["FAST_EXP"] == 0 and seen[0]["PIPE"] == 1
+    # configs stored before the two existed are the plain kernel
+    launch_attention(q, k, v, FWD)
+    assert seen[1]["FAST_EXP"] == seen[1]["PIPE"] == 0
+
+
+def test_packed_exp2_is_offered_only_on_hopper_gpus(monkeypatch, device):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import attention_fwd_variants as survey
+
+    a100 = dataclasses.replace(H100, name="NVIDIA A100-SXM4-80GB", capability="8.0")
+    assert H100.limits()["has_packed_ex2"] == 1
+    assert a100.limits()["has_packed_ex2"] == 0
+    if not device.is_gpu:
+        assert device.limits()["has_packed_ex2"] == 0  # the interpreter runs no PTX
+    space = survey.variant_space()
+    problem = TEMPLATE.problem(B=2, H=64, S=3000, D=128, causal=False, dtype="bfloat16")
+    env = TEMPLATE.problem_vars(problem)
+    config = {"BLOCK_M": 128, "BLOCK_N": 64, "TMA": 0, "WS": 0, "num_warps": 8, "num_stages": 3}
+    for fast_exp in (1, 2):
+        assert space.violations({**config, "FAST_EXP": fast_exp}, env, H100.limits()) == []
+        assert space.violations({**config, "FAST_EXP": fast_exp}, env, a100.limits()) == ["fast_exp"]
+        interpreter = dataclasses.replace(H100, kind="interpreter", capability="0.0")
+        assert space.violations({**config, "FAST_EXP": fast_exp}, env, interpreter.limits()) == ["fast_exp"]
+    # the pipelined loop: not warp-specialised, and one K and one V tile more in shared memory
+    assert space.violations({**config, "PIPE": 1}, env, H100.limits()) == []
+    assert space.violations({**config, "PIPE": 1, "TMA": 1, "WS": 1}, env, H100.limits()) == ["pipe"]
+    wide = {**config, "BLOCK_N": 128, "PIPE": 1}
+    assert space.violations({**wide, "num_stages": 2}, env, H100.limits()) == []
+    assert space.violations({**wide, "num_stages": 3}, env, H100.limits()) == ["pipe_shared_memory"]
+    # the survey's lists: each form at every tile the space and these constraints allow on an H100
+    forms = [survey.form_of(c) for c in survey.form_configs(problem, survey.TILES[128], 1, H100.limits())]
+    assert {f: forms.count(f) for f in survey.FORMS} == {"baseline": 10, "fast exp": 10, "pipelined": 8, "both": 8}
+    assert all(
+        survey.form_of(c) in ("baseline", "pipelined")
+        for c in survey.form_configs(problem, survey.TILES[128], 1, a100.limits())
+    )
+
+
+def test_forward_variants_survey_check_runs_every_step():
+    """benchmarks/attention_fwd_variants.py --check: tiny shapes through the sweep (reference check,
+    timing, trials), the CSV rows and the report, every form of every shape measured."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "attention_fwd_variants.py", "--check"],
+        cwd=BENCHMARKS,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "16 trials written" in done.stdout, done.stdout[-3000:]
+    table = done.stdout[done.stdout.index("SDPA ms") :]
+    assert all(form in table for form in ("baseline", "fast exp", "pipelined", "both", "geomean"))
+    assert "B1 H2 S130 D64 causal" in table and "B1 H1 S70 D128 full" in table
+    assert " - " not in table  # no form without an ok trial
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_forward_fast_exp_and_pipelined_match_reference(D, causal):
+    # the real compiler (inline PTX where the device runs it); S=1000 is ragged for every block
+    B, H, S, dtype = 2, 4, 1000, torch.bfloat16
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype) for _ in range(3))
+    ref_o, ref_lse = reference(q.cpu(), k.cpu(), v.cpu(), causal)
+    device = tunesvc.current_device()
+    variants = [(0, 1)] + ([(1, 0), (2, 0), (1, 1), (2, 1)] if device.has_packed_ex2 else [])
+    for fast_exp, pipe in variants:
+        for tma in (0, 1) if device.has_tma else (0,):
+            config = {"BLOCK_M": 128, "BLOCK_N": 64, "TMA": tma, "FAST_EXP": fast_exp, "PIPE": pipe}
+            o, lse = launch_attention(q, k, v, {**config, "num_warps": 8, "num_stages": 3}, causal=causal)
+            assert rel_error(o.cpu(), ref_o) < TOL[dtype], config
+            assert rel_error(lse.cpu(), ref_lse) < 1e-4, config

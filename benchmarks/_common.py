@@ -112,15 +112,13 @@ def sweep(
     refit_selector: bool = True,
     candidates: Callable[[dict], list[dict]] | None = None,
     on_result: Callable[[Any], None] | None = None,
-    stop: Callable[[dict], bool] | None = None,
 ) -> dict[str, float]:
     """Tune every problem into db (resuming what is stored there: a killed run continues where
     it stopped); shape key -> wall seconds. One compile pool and one measuring process serve
     every problem, as ``tune sweep`` over several shapes does: their start-up (processes, CUDA
     contexts, imports) is paid once. ``refit_selector``: as run_sweep's, after each problem;
     ``candidates``: a problem's explicit configs (run_sweep's), in place of the space's;
-    ``on_result``: called with each problem's ProblemResult as it ends; ``stop``: asked with each
-    problem before it starts, True ends the sweep there (the problems before it kept)."""
+    ``on_result``: called with each problem's ProblemResult as it ends."""
     if not problems:
         return {}
     store = Store(db)
@@ -129,8 +127,6 @@ def sweep(
     measurer = measuring_process(template, problems[0])
     try:
         for problem in problems:
-            if stop is not None and stop(problem):
-                break
             [result] = run_sweep(
                 template,
                 [problem],

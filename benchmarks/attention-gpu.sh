@@ -5,8 +5,6 @@
 # in turn while time is left:
 #   heldout:SLICE   heldout.py --kernels attention,attention_bwd --shapes SLICE (--list's indices):
 #                   tune (Optuna, 32 trials a shape) and time against SDPA
-#   fwd-variants:I:J  attention_fwd_variants.py --shapes I:J: the forward's forms (FAST_EXP, PIPE)
-#                   against SDPA, ending between shapes before the step's time is up
 #   tests:EXPR      the GPU tests that pytest -k EXPR selects
 #   e.g. ATTENTION_RUN=r1 bash benchmarks/attention-gpu.sh heldout:0-7 tests:backward_peer
 # The database lives in /tmp/attention-work (a copy of tune.db.example at first), with the untuned
@@ -16,15 +14,13 @@
 # one run (forward+backward against SDPA). ATTENTION_END: seconds after the start by which steps
 # must end (540).
 WORK=attention-work END=${ATTENTION_END:-540} LOG=attention.log
-SAVED=(benchmarks/results/heldout.csv benchmarks/results/heldout_reasons.csv benchmarks/data/attention_fwd_variants.csv)
+SAVED=(benchmarks/results/heldout.csv benchmarks/results/heldout_reasons.csv)
 source benchmarks/_gpu_steps.sh
 [ -f $W/heldout.db ] || { cp tune.db.example $W/heldout.db && chmod u+w $W/heldout.db; }
 step_command() {
   case $1 in
     heldout) cmd=(python3 "$R/benchmarks/heldout.py" --db $W/heldout.db --size medium
       --kernels attention,attention_bwd --shapes "$2" --run "${ATTENTION_RUN:-attention}" --picks $W/picks.json) ;;
-    fwd-variants) cmd=(python3 "$R/benchmarks/attention_fwd_variants.py" --db $W/fwd_variants.db --shapes "$2"
-      --time-limit $((END - SECONDS - 15))) ;;
     tests) cmd=(python3 -m pytest -q -p no:cacheprovider --rootdir "$R" -c "$R/pyproject.toml" -m gpu "$R/tests" -k "$2") ;;
     *) return 1 ;;
   esac

@@ -61,28 +61,6 @@ _PRE_BLOCK = 64
 
 
 @triton.jit
-def _exp2(x, FAST_EXP: tl.constexpr):
-    """2^x of a float32 block: in float32 (FAST_EXP 0), or two elements per MUFU instruction in
-    half precision, the result in that type: 1 ``ex2.approx.f16x2`` on x rounded to float16
-    (PTX ISA 7.0, sm_75+), 2 ``ex2.approx.ftz.bf16x2`` on x rounded to bfloat16 (PTX ISA 7.8,
-    sm_90+, subnormals flushed to zero). pack=2: each 32-bit register ("=r,r") holds two
-    neighbouring elements of one thread. The softmax's x = s - m lies in [-inf, 0], so p in
-    [0, 1] (masked scores, near -1e6, give +0: float16 rounds them to -inf, bfloat16 underflows);
-    p is rounded to the inputs' type before the P V dot anyway, and the row sums and the
-    rescale factor stay in float32 (the callers)."""
-    if FAST_EXP == 1:
-        return tl.inline_asm_elementwise(
-            "ex2.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)], dtype=tl.float16, is_pure=True, pack=2
-        )
-    elif FAST_EXP == 2:
-        return tl.inline_asm_elementwise(
-            "ex2.approx.ftz.bf16x2 $0, $1;", "=r,r", [x.to(tl.bfloat16)], dtype=tl.bfloat16, is_pure=True, pack=2
-        )
-    else:
-        return tl.math.exp2(x)
-
-
-@triton.jit
 def _attn_fwd_step(
     acc, l_i, m_i, q, k_src, v_src,
     stride_kn, stride_vn,
@@ -90,7 +68,6 @@ def _attn_fwd_step(
     MASK: tl.constexpr,  # 0: none, 1: causal (on-band block), 2: keys past S
     EVEN: tl.constexpr,  # every key of the block lies inside S: unmasked pointer loads
     TMA: tl.constexpr,  # k_src and v_src are tensor descriptors, else K^T and V pointer blocks
-    FAST_EXP: tl.constexpr,  # p by packed half-precision exp2 (_exp2)
 ):  # fmt: skip
     """One BLOCK_N step of the online softmax over keys [start_n, start_n + BLOCK_N)."""
     if TMA:
@@ -113,13 +90,9 @@ def _attn_fwd_step(
     else:
         m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         qk = qk * qk_scale - m_ij[:, None]
-    if FAST_EXP:
-        p = _exp2(qk, FAST_EXP)
-    else:
-        # written out, not through _exp2: the plain kernel's code and line info stay as they were
-        p = tl.math.exp2(qk)
+    p = tl.math.exp2(qk)
     alpha = tl.math.exp2(m_i - m_ij)
-    l_ij = tl.sum(p.to(tl.float32), 1)
+    l_ij = tl.sum(p, 1)
     acc = acc * alpha[:, None]
     if TMA:
         v = v_src.load([start_n, 0])
@@ -133,116 +106,6 @@ def _attn_fwd_step(
     return acc, l_i, m_ij
 
 
-# _attn_fwd_step's unmasked case (MASK=0, EVEN) in parts, split at its two dots and before its
-# exponentials, for the pipelined loop; each does the step's operations in the step's order.
-
-
-@triton.jit
-def _attn_fwd_scores(q, k_src, stride_kn, start_n, TMA: tl.constexpr):
-    """Q K^T for keys [start_n, start_n + BLOCK_N), unscaled, float32."""
-    if TMA:
-        kT = k_src.load([start_n, 0]).T
-    else:
-        kT = tl.load(k_src + start_n * stride_kn)
-    return tl.dot(q, kT.to(q.dtype))
-
-
-@triton.jit
-def _attn_fwd_shift(qk, m_i, qk_scale):
-    """(qk * qk_scale - m_ij, m_ij): the block's scores in log2 units below m_ij, the new running max."""
-    m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    qk = qk * qk_scale - m_ij[:, None]
-    return qk, m_ij
-
-
-@triton.jit
-def _attn_fwd_exp(qk, m_i, m_ij, FAST_EXP: tl.constexpr):
-    """(p, alpha, l_ij) of shifted scores: p = exp2(qk) (float32, or _exp2's half type),
-    alpha = exp2(m_i - m_ij) and l_ij = rowsum(p), both float32."""
-    p = _exp2(qk, FAST_EXP)
-    alpha = tl.math.exp2(m_i - m_ij)
-    l_ij = tl.sum(p.to(tl.float32), 1)
-    return p, alpha, l_ij
-
-
-@triton.jit
-def _attn_fwd_pv(acc, p, q, v_src, stride_vn, start_n, TMA: tl.constexpr):
-    """acc + P V for keys [start_n, start_n + BLOCK_N), P and V in q's type."""
-    if TMA:
-        v = v_src.load([start_n, 0])
-    else:
-        v = tl.load(v_src + start_n * stride_vn)
-    return tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
-
-
-@triton.jit
-def _attn_fwd_pipelined(
-    acc, l_i, m_i, q, k_src, v_src,
-    stride_kn, stride_vn,
-    lo, hi, qk_scale, S, offs_m, offs_n,
-    BLOCK_N: tl.constexpr, TMA: tl.constexpr, FAST_EXP: tl.constexpr,
-):  # fmt: skip
-    """The unmasked key loop over [lo, hi) (a multiple of BLOCK_N), software-pipelined as
-    FlashAttention-3's intra-warpgroup overlap (Shah et al. 2024, section 3.2): the step of key
-    block j adds P_{j-1} V_{j-1}, shifts block j's scores by the new row max, issues the scores
-    Q K_{j+1}^T, and then takes block j's exponentials, so that the asynchronous wgmma of the
-    next scores runs while the MUFU computes these. The first block's scores and softmax and
-    the last block's softmax and P V are peeled off the loop; ranges of one block or none take
-    the plain loop.
-
-    Every block goes through the plain step's operations in its order (acc rescaled by block
-    j's alpha, then P_j V_j added; l_i likewise), so the result is the plain loop's. Why this
-    order (Triton 3.6 and 3.9, sm_90, read from their TTGIR, PTX and ptxas's messages):
-    - Triton keeps a loop's dot asynchronous past the end of its iteration only where the
-      result it carries is read after a ``warp_group_dot_wait {pendings=0}`` of the next one
-      (lib/Dialect/TritonGPU/Transforms/Pipeliner/WGMMAPipeline.cpp, rule 3b). The P V dot,
-      whose result the rescale reads at once, gets that wait, so it comes first; the scores
-      dot after it stays in flight across the exponentials. P is carried to the next step as
-      computed and rounded to q's type at its dot, which then reads it from registers.
-    - The carried scores are shifted before the next scores' dot is issued: read after it, they
-      and the dot's accumulator would be live at once and the loop's back edge would copy the
-      accumulator while in flight, and ptxas then serialises every wgmma of the kernel (C7511).
-    - No ``if`` around the peeled dots other than the one choosing the plain loop: with one,
-      ptxas serialised them as well.
-    """
-    if hi - lo >= 2 * BLOCK_N:
-        qk = _attn_fwd_scores(q, k_src, stride_kn, lo, TMA)
-        qk, m_ij = _attn_fwd_shift(qk, m_i, qk_scale)
-        p, alpha, l_ij = _attn_fwd_exp(qk, m_i, m_ij, FAST_EXP)
-        m_i = m_ij
-        acc = acc * alpha[:, None]
-        l_i = l_i * alpha + l_ij
-        qk = _attn_fwd_scores(q, k_src, stride_kn, lo + BLOCK_N, TMA)
-        for start_n in range(lo + BLOCK_N, hi - BLOCK_N, BLOCK_N):
-            start_n = tl.multiple_of(start_n, BLOCK_N)
-            acc = _attn_fwd_pv(acc, p, q, v_src, stride_vn, start_n - BLOCK_N, TMA)
-            qk, m_ij = _attn_fwd_shift(qk, m_i, qk_scale)
-            qk_next = _attn_fwd_scores(q, k_src, stride_kn, start_n + BLOCK_N, TMA)
-            p, alpha, l_ij = _attn_fwd_exp(qk, m_i, m_ij, FAST_EXP)
-            m_i = m_ij
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha + l_ij
-            qk = qk_next
-        last = tl.multiple_of(hi - BLOCK_N, BLOCK_N)
-        acc = _attn_fwd_pv(acc, p, q, v_src, stride_vn, last - BLOCK_N, TMA)
-        qk, m_ij = _attn_fwd_shift(qk, m_i, qk_scale)
-        p, alpha, l_ij = _attn_fwd_exp(qk, m_i, m_ij, FAST_EXP)
-        m_i = m_ij
-        acc = acc * alpha[:, None]
-        l_i = l_i * alpha + l_ij
-        acc = _attn_fwd_pv(acc, p, q, v_src, stride_vn, last, TMA)
-    else:
-        for start_n in range(lo, hi, BLOCK_N):
-            start_n = tl.multiple_of(start_n, BLOCK_N)
-            acc, l_i, m_i = _attn_fwd_step(
-                acc, l_i, m_i, q, k_src, v_src,
-                stride_kn, stride_vn,
-                start_n, qk_scale, S, offs_m, offs_n,
-                0, True, TMA, FAST_EXP,
-            )  # fmt: skip
-    return acc, l_i, m_i
-
-
 @triton.jit
 def _attn_fwd_inner(
     acc, l_i, m_i, q, k_src, v_src,
@@ -250,18 +113,8 @@ def _attn_fwd_inner(
     lo, hi, qk_scale, S, offs_m, offs_n,
     BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
     WS: tl.constexpr,  # warp-specialise the loop: producer warps issue the TMA loads
-    FAST_EXP: tl.constexpr,
-    PIPE: tl.constexpr,  # the pipelined loop (_attn_fwd_pipelined); unmasked blocks only
 ):  # fmt: skip
-    if PIPE:
-        tl.static_assert(MASK == 0 and EVEN and not WS, "the pipelined loop walks unmasked blocks only")
-        acc, l_i, m_i = _attn_fwd_pipelined(
-            acc, l_i, m_i, q, k_src, v_src,
-            stride_kn, stride_vn,
-            lo, hi, qk_scale, S, offs_m, offs_n,
-            BLOCK_N, TMA, FAST_EXP,
-        )  # fmt: skip
-    elif WS:
+    if WS:
         # only compiled where tl.range takes the flag (the space's has_ws)
         for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=True):
             start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -269,7 +122,7 @@ def _attn_fwd_inner(
                 acc, l_i, m_i, q, k_src, v_src,
                 stride_kn, stride_vn,
                 start_n, qk_scale, S, offs_m, offs_n,
-                MASK, EVEN, TMA, FAST_EXP,
+                MASK, EVEN, TMA,
             )  # fmt: skip
     else:
         for start_n in range(lo, hi, BLOCK_N):
@@ -278,7 +131,7 @@ def _attn_fwd_inner(
                 acc, l_i, m_i, q, k_src, v_src,
                 stride_kn, stride_vn,
                 start_n, qk_scale, S, offs_m, offs_n,
-                MASK, EVEN, TMA, FAST_EXP,
+                MASK, EVEN, TMA,
             )  # fmt: skip
     return acc, l_i, m_i
 
@@ -292,9 +145,8 @@ def _attn_fwd_kernel(
     stride_oz, stride_oh, stride_om, stride_od,
     H, S,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, EVEN_S: tl.constexpr,
-    TMA: tl.constexpr, WS: tl.constexpr, FAST_EXP: tl.constexpr, PIPE: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):  # fmt: skip
-    tl.static_assert(PIPE == 0 or WS == 0, "PIPE replaces the warp-specialised loop; set one of them")
     start_m = tl.program_id(0)
     if CAUSAL:
         # later query blocks have the most keys to walk: start them first, for load balance
@@ -350,21 +202,21 @@ def _attn_fwd_kernel(
             acc, l_i, m_i, q, k_src, v_src,
             stride_kn, stride_vn,
             0, start_m * BLOCK_M, qk_scale, S, offs_m, offs_n,
-            BLOCK_N, 0, True, TMA, WS, FAST_EXP, PIPE,
+            BLOCK_N, 0, True, TMA, WS,
         )  # fmt: skip
         # on-band: the diagonal block, causally masked
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_src, v_src,
             stride_kn, stride_vn,
             start_m * BLOCK_M, (start_m + 1) * BLOCK_M, qk_scale, S, offs_m, offs_n,
-            BLOCK_N, 1, EVEN_S, TMA, False, FAST_EXP, False,
+            BLOCK_N, 1, EVEN_S, TMA, False,
         )  # fmt: skip
     elif EVEN_S:
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_src, v_src,
             stride_kn, stride_vn,
             0, S, qk_scale, S, offs_m, offs_n,
-            BLOCK_N, 0, True, TMA, WS, FAST_EXP, PIPE,
+            BLOCK_N, 0, True, TMA, WS,
         )  # fmt: skip
     else:
         # whole key blocks unmasked, then the ragged last block (if any) with the key mask
@@ -373,13 +225,13 @@ def _attn_fwd_kernel(
             acc, l_i, m_i, q, k_src, v_src,
             stride_kn, stride_vn,
             0, full, qk_scale, S, offs_m, offs_n,
-            BLOCK_N, 0, True, TMA, WS, FAST_EXP, PIPE,
+            BLOCK_N, 0, True, TMA, WS,
         )  # fmt: skip
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_src, v_src,
             stride_kn, stride_vn,
             full, S, qk_scale, S, offs_m, offs_n,
-            BLOCK_N, 2, False, TMA, False, FAST_EXP, False,
+            BLOCK_N, 2, False, TMA, False,
         )  # fmt: skip
 
     m_i += tl.math.log2(l_i)
@@ -424,20 +276,16 @@ def launch_attention(
     """Run the forward kernel with one explicit config: (O, LSE), LSE float32 of shape (B, H, S).
 
     A config with TMA=1 falls back to pointer loads with the same tiles when a tensor's rows are
-    not 16-byte aligned (a sliced or padded layout); configs stored before TMA/WS are TMA=WS=0,
-    and those without FAST_EXP or PIPE are the plain kernel, FAST_EXP=PIPE=0. FAST_EXP is inline
-    PTX, which Triton's interpreter cannot run: there it computes exp2 in float32.
+    not 16-byte aligned (a sliced or padded layout); configs stored before TMA/WS are TMA=WS=0.
     """
     B, H, S, D = q.shape
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     o = torch.empty_like(q)
     lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
     meta, options = _split(config)
-    meta = {"TMA": 0, "WS": 0, "FAST_EXP": 0, "PIPE": 0, **meta}
+    meta = {"TMA": 0, "WS": 0, **meta}
     if meta["TMA"] and not all(_tma_ready(t) for t in (q, k, v, o)):
         meta["TMA"] = meta["WS"] = 0
-    if interpreting():
-        meta["FAST_EXP"] = 0
     if meta["TMA"] and q.is_cuda:
         _use_torch_allocator()
     # Query blocks on axis 0 run side by side and share their head's K and V in L2 (at S=4096,

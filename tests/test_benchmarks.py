@@ -158,7 +158,7 @@ def test_the_gpu_step_scripts_run_their_steps_in_turn_and_keep_their_files(tmp_p
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "OUT": str(out)}
     try:
         for script, steps in (
-            ("attention-gpu.sh", ["heldout:0-1", "fwd-variants:0:2", "tests:a or b", "bogus:1"]),
+            ("attention-gpu.sh", ["heldout:0-1", "tests:a or b", "bogus:1"]),
             ("gemm-gpu.sh", ["example:4", "sweep:0:2"]),
         ):
             kind = script.removesuffix("-gpu.sh")
@@ -172,8 +172,6 @@ def test_the_gpu_step_scripts_run_their_steps_in_turn_and_keep_their_files(tmp_p
         attention, gemm = (out / "attention.log").read_text(), (out / "gemm.log").read_text()
         assert f"ran {repo}/benchmarks/heldout.py --db /tmp/attention-work-{work}/heldout.db --size medium" in attention
         assert f"--run attention --picks /tmp/attention-work-{work}/picks.json" in attention
-        variants = f"ran {repo}/benchmarks/attention_fwd_variants.py --db /tmp/attention-work-{work}/fwd_variants.db"
-        assert f"{variants} --shapes 0:2 --time-limit " in attention
         assert f"-m gpu {repo}/tests -k a or b\nexit 0" in attention
         assert "ran -m tunesvc sweep matmul -s 1x2x3 -s 4x5x6 --dtype bfloat16 --strategy optuna --budget 4" in gemm
         assert (

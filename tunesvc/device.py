@@ -93,20 +93,6 @@ class Device:
             return True
         return tuple(int(part) for part in self.capability.split(".")) >= (9, 0)
 
-    @property
-    def has_packed_ex2(self) -> bool:
-        """Whether kernels may take exp2 of packed half-precision pairs through inline PTX
-        (``ex2.approx.f16x2``, sm_75+, and ``ex2.approx.ftz.bf16x2``, sm_90+, PTX ISA 7.8).
-
-        Asks for both, so Hopper (sm_90) or newer, and a Triton with
-        ``tl.inline_asm_elementwise``; never the interpreter, which cannot run PTX.
-        """
-        import triton.language as tl  # triton is heavy: a Device is made and read without it
-
-        if self.kind != "cuda" or not hasattr(tl, "inline_asm_elementwise"):
-            return False
-        return tuple(int(part) for part in self.capability.split(".")) >= (9, 0)
-
     def limits(self) -> dict[str, int]:
         """The names that space constraints may use."""
         return {
@@ -115,7 +101,6 @@ class Device:
             "max_num_regs": self.max_num_regs,
             "has_tma": int(self.has_tma),
             "has_ws": int(self.has_ws),
-            "has_packed_ex2": int(self.has_packed_ex2),
         }
 
     def to_dict(self) -> dict:

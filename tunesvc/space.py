@@ -15,7 +15,7 @@ A space file looks like::
 
 Constraint expressions see the config's names, the template's problem variables (e.g. M, N,
 K, elem_bytes) and the device's limits (max_shared_memory, sm_count, max_num_regs, has_tma,
-has_ws, has_packed_ex2). They are parsed with :mod:`ast` and evaluated by a small whitelist interpreter, never
+has_ws). They are parsed with :mod:`ast` and evaluated by a small whitelist interpreter, never
 ``eval`` of the file's text: a space file may come from anyone on the team. Once checked, an
 expression is compiled into a Python function (it holds only whitelisted nodes, so it can do
 nothing the interpreter cannot), which is what configs are checked with. Strings may appear only compared with
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 Config = dict[str, int | str]
 
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-DEVICE_VARS = ("max_shared_memory", "sm_count", "max_num_regs", "has_tma", "has_ws", "has_packed_ex2")
+DEVICE_VARS = ("max_shared_memory", "sm_count", "max_num_regs", "has_tma", "has_ws")
 
 
 def config_hash(config: Config) -> str:

@@ -103,19 +103,7 @@ class _AttentionBase(ShippedTemplate):
 class AttentionTemplate(_AttentionBase):
     name = "attention"
     kernel_module = "attention"
-    kernel_sources = (
-        "_exp2",
-        "_attn_fwd_step",
-        "_attn_fwd_scores",
-        "_attn_fwd_shift",
-        "_attn_fwd_exp",
-        "_attn_fwd_pv",
-        "_attn_fwd_pipelined",
-        "_attn_fwd_inner",
-        "_attn_fwd_kernel",
-        "_tma_ready",
-        "launch_attention",
-    )
+    kernel_sources = ("_attn_fwd_step", "_attn_fwd_inner", "_attn_fwd_kernel", "_tma_ready", "launch_attention")
 
     # The fastest tiles of the pointer kernel in the H100 ground truth (benchmarks/data), both settings,
     # and 256 query rows on 16 warps (the fastest of the 41 configs an H100 probe tried at B2 H64

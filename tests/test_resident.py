@@ -194,6 +194,7 @@ def test_the_resident_process_refuses_what_it_must_not_run(resident):
     assert "three streams" in ask({**base, "fingerprint": real}, None)["refused"]
     assert "commands" in ask({**base, "fingerprint": real, "argv": ["tune", "run"]}, [0, 1, 2])["refused"]
     assert "not text" in ask({**base, "fingerprint": real, "env": {"HOME": 1}}, [0, 1, 2])["refused"]
+    assert "umask" in ask({**base, "fingerprint": real, "umask": -1}, [0, 1, 2])["refused"]
     os.kill(resident.pid, 0)  # still serving
 
 

@@ -526,6 +526,8 @@ def _refusal(conn: socket.socket, request: Any, fds: list[int]) -> str | None:
     for name, kind in expected.items():
         if not isinstance(request.get(name), kind):
             return f"the request's {name} is missing or not a {kind.__name__}"
+    if not 0 <= request["umask"] <= 0o777:
+        return "the request's umask is not a file mode"
     texts = [*request["argv"], *request["path"], *request["env"], *request["env"].values()]
     if not all(isinstance(text, str) for text in texts):
         return "the request's argv, path or environment holds what is not text"
@@ -556,7 +558,11 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.set_wakeup_fd(-1)
-    os.chdir(request["cwd"])
+    try:
+        os.chdir(request["cwd"])
+    except OSError as exc:  # removed since the caller asked: said on the caller's stderr, as a fresh start would fail
+        os.write(2, f"tunesvc: cannot enter the working folder {request['cwd']!r}: {exc.strerror}.\n".encode())
+        os._exit(1)
     os.umask(request["umask"])
     os.environ.clear()
     os.environ.update(request["env"])

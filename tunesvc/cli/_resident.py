@@ -349,8 +349,8 @@ class _Resident:
     def __init__(self, where: Path) -> None:
         self.where = where
         self.forked = False  # True in a child, which returns out of the loop to run its command
-        self.children: dict[int, _Channel | None] = {}  # child pid -> its caller (None: gone)
-        self.callers: dict[int, int] = {}  # caller socket fd -> child pid
+        # child pid -> its caller (None: gone); a caller's socket is in the selector with its child's pid
+        self.children: dict[int, _Channel | None] = {}
 
     def run(self) -> tuple[dict[str, Any], list[int]] | None:
         """Serve until idle; in a forked child, the request it is to run and its streams."""
@@ -406,7 +406,7 @@ class _Resident:
                                 for fd in (wake_read, wake_write, lock):
                                     os.close(fd)
                                 for other in list(selector.get_map().values()):
-                                    if other.data == "caller":
+                                    if isinstance(other.data, int):  # a caller's socket
                                         other.fileobj.close()  # type: ignore[union-attr]
                                 selector.close()
                                 listener.close()
@@ -415,7 +415,7 @@ class _Resident:
                         with contextlib.suppress(BlockingIOError):
                             os.read(wake_read, 4096)
                     else:  # a caller's socket: it went away (killed), or sent what it must not
-                        self._caller_gone(key.fileobj, selector)  # type: ignore[arg-type]
+                        self._caller_gone(key.fileobj, key.data, selector)  # type: ignore[arg-type]
                 if self._reap():
                     since = time.monotonic()
         finally:
@@ -452,21 +452,19 @@ class _Resident:
         for fd in fds:
             os.close(fd)
         self.children[pid] = channel
-        self.callers[conn.fileno()] = pid
-        selector.register(conn, selectors.EVENT_READ, "caller")
+        selector.register(conn, selectors.EVENT_READ, pid)
         try:
             channel.send({"pid": pid})
         except OSError:  # the caller went away while its child was forked
-            self._caller_gone(conn, selector)
+            self._caller_gone(conn, pid, selector)
             return None
         conn.settimeout(None)
         return None
 
-    def _caller_gone(self, conn: socket.socket, selector: selectors.BaseSelector) -> None:
-        pid = self.callers.pop(conn.fileno(), None)
+    def _caller_gone(self, conn: socket.socket, pid: int, selector: selectors.BaseSelector) -> None:
         selector.unregister(conn)
         conn.close()
-        if pid is not None and pid in self.children:
+        if pid in self.children:  # its child still runs
             self.children[pid] = None
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGINT)  # as Ctrl-C would: a sweep gives its jobs back
@@ -481,7 +479,6 @@ class _Resident:
             ended = True
             channel = self.children.pop(pid)
             if channel is not None:
-                self.callers.pop(channel.sock.fileno(), None)
                 with contextlib.suppress(OSError):
                     channel.send({"exit": os.waitstatus_to_exitcode(status)})
                 # the selector holds it until the caller closes its end (its EOF: _caller_gone)
@@ -503,14 +500,19 @@ def _preload() -> str | None:
             importlib.import_module(name)
         except ImportError:  # not installed (Optuna is optional)
             continue
-    import torch
+    return _cannot_fork()
 
-    if torch.cuda.is_initialized():
-        return "an import initialised CUDA, so a forked sweep could not use the GPU"
+
+def _cannot_fork() -> str | None:
+    """Why a child forked from this process now could not run a GPU sweep, or None."""
+    from tunesvc._processes import can_fork_gpu_children
+
+    if not can_fork_gpu_children():
+        return "CUDA is initialised here, so a forked sweep could not use the GPU"
     # Python threads, as a sweep's own forks require: torch's import leaves an idle native thread
     # in every process, the one a fresh `tune sweep` forks its workers with too
     if threading.active_count() > 1:
-        return f"an import started a thread ({threading.active_count()} running), so forking could deadlock"
+        return f"a thread was started here ({threading.active_count()} running), so forking could deadlock"
     return None
 
 
@@ -535,11 +537,7 @@ def _refusal(conn: socket.socket, request: Any, fds: list[int]) -> str | None:
         return "another fingerprint: its imports differ from this process's"
     if not request["argv"][1:2] or request["argv"][1] not in COMMANDS:
         return f"not one of the commands {', '.join(COMMANDS)}"
-    import torch
-
-    if torch.cuda.is_initialized() or threading.active_count() > 1:
-        return "this process can no longer fork a sweep that uses the GPU"
-    return None
+    return _cannot_fork()
 
 
 def _own_fingerprint() -> str:

@@ -324,3 +324,11 @@ def test_the_caller_imports_neither_torch_nor_triton():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     seen = subprocess.run([sys.executable, "-c", MAYBE_GPU_CALLER], env=env, capture_output=True, text=True, check=True)
     assert seen.stdout.split() == ["False", "False"]
+
+
+def test_sweep_help_says_a_resident_process_may_run_it():
+    shown = subprocess.run(
+        [sys.executable, "-m", "tunesvc", "sweep", "--help"], capture_output=True, text=True, check=True
+    )
+    said = " ".join(shown.stdout.replace("│", " ").split())
+    assert "the first sweep leaves a resident process behind" in said and "TUNESVC_RESIDENT=0" in said

@@ -114,7 +114,12 @@ def sweep(
         ),
     ] = None,
 ) -> None:
-    """Benchmark configs for each shape on this device, store every trial and the winners."""
+    """Benchmark configs for each shape on this device, store every trial and the winners.
+
+    Where a GPU may be present, the first sweep leaves a resident process behind with torch, Triton
+    and the kernels imported, and the next ones run as its forks, without that import
+    (TUNESVC_RESIDENT=0: never; it exits after TUNESVC_RESIDENT_IDLE_S idle, 600 s).
+    """
     # the sweep measures (torch, Triton) and stores (SQLAlchemy); rich.progress only draws its bar
     from tunesvc.template import get_template
 
